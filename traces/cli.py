@@ -1,0 +1,41 @@
+"""`python -m traces {import,record,synth,stats,validate}`: the command line of the traces package.
+
+Each sub-command lives in its own module that exposes ``register(subparsers)``; heavy imports (torch,
+transformers) happen inside the command, so `stats` and `validate` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from traces.errors import InputError
+
+COMMAND_MODULES = ("traces.importers", "traces.record", "traces.synth", "traces.stats", "traces.check")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(prog="python -m traces", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Parse, run ``args.func(args)``, and turn bad input into one line on stderr and exit status 2."""
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main(build_parser(), argv)

@@ -1,0 +1,280 @@
+"""The one trace format: routing of every token in every MoE layer, request boundaries, and metadata.
+
+A trace holds, for T tokens, L MoE layers and top-k routing:
+
+- ``experts``: int16 [T, L, k], the expert ids a token was routed to in a layer, in the router's order
+  (highest gate weight first). -1 means "no routing here": a dropped token, or a layer the token never
+  passes (encoder layers for generated tokens, decoder layers for prompt tokens in an encoder-decoder model).
+- ``weights``: optional float16 [T, L, k], the gate weights of those experts (0 where the id is -1).
+- ``request_offsets``: int64 [R + 1], request r owns tokens ``offsets[r]:offsets[r+1]``, in time order.
+- ``prefill_lengths``: int64 [R], how many leading tokens of each request are its prompt (prefill); the rest
+  are generated (decode) tokens, one per decode iteration.
+- ``meta``: :class:`TraceMeta`, the model routed, where the trace came from, and the seed that made it.
+
+Invariants are checked by :meth:`Trace.validate`; :func:`traces.io.load_trace` calls it on every load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+FORMAT_VERSION = 1
+LAYER_ROLES = ("encoder", "decoder")
+PROVENANCE_KINDS = ("recorded", "imported", "synthetic")
+
+
+def _fail(msg: str):
+    raise ValueError(msg)
+
+
+def _check_keys(d: Any, where: str, required: set[str], optional: set[str] = frozenset()) -> None:
+    if not isinstance(d, dict):
+        _fail(f"metadata {where} must be an object, got {type(d).__name__}")
+    missing = sorted(required - d.keys())
+    if missing:
+        _fail(f"metadata {where} is missing {', '.join(missing)}")
+    unknown = sorted(d.keys() - required - set(optional))
+    if unknown:
+        _fail(f"metadata {where} has unknown key(s) {', '.join(unknown)}")
+
+
+def _int(value: Any, where: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        _fail(f"metadata {where} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _str(value: Any, where: str, allow_none: bool = False) -> str | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str) or not value:
+        _fail(f"metadata {where} must be a non-empty string, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """One MoE layer: its position among the model's transformer blocks and which stack it is in."""
+
+    index: int
+    role: str = "decoder"
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> "LayerInfo":
+        _check_keys(d, where, {"index", "role"})
+        role = d["role"]
+        if role not in LAYER_ROLES:
+            _fail(f"metadata {where}.role must be one of {', '.join(LAYER_ROLES)}, got {role!r}")
+        return cls(index=_int(d["index"], f"{where}.index"), role=role)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The routed model: name, experts per MoE layer, experts per token, and its MoE layers in order."""
+
+    name: str
+    num_experts: int
+    top_k: int
+    layers: tuple[LayerInfo, ...]
+
+    @classmethod
+    def decoder_only(cls, name: str, num_experts: int, top_k: int, num_layers: int) -> "ModelInfo":
+        return cls(name, num_experts, top_k, tuple(LayerInfo(i, "decoder") for i in range(num_layers)))
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "ModelInfo":
+        _check_keys(d, "model", {"name", "num_experts", "top_k", "layers"})
+        if not isinstance(d["layers"], list) or not d["layers"]:
+            _fail("metadata model.layers must be a non-empty list")
+        layers = tuple(LayerInfo.from_dict(x, f"model.layers[{i}]") for i, x in enumerate(d["layers"]))
+        num_experts = _int(d["num_experts"], "model.num_experts", 1)
+        if num_experts > np.iinfo(np.int16).max:
+            _fail(f"metadata model.num_experts must be at most {np.iinfo(np.int16).max}")
+        top_k = _int(d["top_k"], "model.top_k", 1)
+        if top_k > num_experts:
+            _fail(f"metadata model.top_k ({top_k}) exceeds model.num_experts ({num_experts})")
+        return cls(_str(d["name"], "model.name"), num_experts, top_k, layers)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "num_experts": self.num_experts, "top_k": self.top_k,
+                "layers": [{"index": x.index, "role": x.role} for x in self.layers]}
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a trace came from: how it was made, by which tool, from which model and data set, and when.
+
+    ``date`` is an ISO-8601 date or date-time; it may be None only for synthetic traces, whose content is a
+    function of their knobs and seed (leaving the date out keeps same-seed files byte-identical).
+    """
+
+    kind: str
+    tool: str
+    model: str
+    dataset: str
+    date: str | None
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Provenance":
+        _check_keys(d, "provenance", {"kind", "tool", "model", "dataset", "date"})
+        kind = d["kind"]
+        if kind not in PROVENANCE_KINDS:
+            _fail(f"metadata provenance.kind must be one of {', '.join(PROVENANCE_KINDS)}, got {kind!r}")
+        date = _str(d["date"], "provenance.date", allow_none=(kind == "synthetic"))
+        if date is not None:
+            try:
+                _dt.datetime.fromisoformat(date.replace("Z", "+00:00"))
+            except ValueError:
+                _fail(f"metadata provenance.date must be an ISO-8601 date, got {date!r}")
+        return cls(kind, _str(d["tool"], "provenance.tool"), _str(d["model"], "provenance.model"),
+                   _str(d["dataset"], "provenance.dataset"), date)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def today() -> str:
+    """Today's UTC date-time, the default ``provenance.date`` of recorded and imported traces."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """Metadata of a trace. ``request_ids`` name the requests (optional); ``extra`` is free-form notes
+    from the tool that made the trace (e.g. how many tokens an import dropped, the knobs of a synthetic trace)."""
+
+    model: ModelInfo
+    provenance: Provenance
+    seed: int | None = None
+    request_ids: tuple[str, ...] | None = None
+    extra: dict = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "TraceMeta":
+        _check_keys(d, "", {"format_version", "model", "provenance", "seed"}, {"request_ids", "extra"})
+        version = d["format_version"]
+        if version != FORMAT_VERSION:
+            _fail(f"metadata format_version {version!r} is not supported (this version reads {FORMAT_VERSION})")
+        seed = None if d["seed"] is None else _int(d["seed"], "seed")
+        ids = d.get("request_ids")
+        if ids is not None:
+            if not isinstance(ids, list) or not all(isinstance(x, str) for x in ids):
+                _fail("metadata request_ids must be a list of strings")
+            ids = tuple(ids)
+        extra = d.get("extra", {})
+        if not isinstance(extra, dict):
+            _fail("metadata extra must be an object")
+        return cls(ModelInfo.from_dict(d["model"]), Provenance.from_dict(d["provenance"]), seed, ids, extra)
+
+    def to_dict(self) -> dict:
+        d = {"format_version": self.format_version, "model": self.model.to_dict(),
+             "provenance": self.provenance.to_dict(), "seed": self.seed}
+        if self.request_ids is not None:
+            d["request_ids"] = list(self.request_ids)
+        if self.extra:
+            d["extra"] = self.extra
+        return d
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """Routing of T tokens (all requests, concatenated in time order) through L MoE layers, top-k each."""
+
+    experts: np.ndarray
+    request_offsets: np.ndarray
+    prefill_lengths: np.ndarray
+    meta: TraceMeta
+    weights: np.ndarray | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.experts.shape[0])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.experts.shape[1])
+
+    @property
+    def top_k(self) -> int:
+        return int(self.experts.shape[2])
+
+    @property
+    def num_experts(self) -> int:
+        return self.meta.model.num_experts
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.request_offsets.shape[0] - 1)
+
+    @property
+    def request_lengths(self) -> np.ndarray:
+        return np.diff(self.request_offsets)
+
+    def request_slice(self, r: int) -> slice:
+        return slice(int(self.request_offsets[r]), int(self.request_offsets[r + 1]))
+
+    def request_index(self) -> np.ndarray:
+        """int64 [T]: the request each token belongs to."""
+        return np.repeat(np.arange(self.num_requests), self.request_lengths)
+
+    def position_in_request(self) -> np.ndarray:
+        """int64 [T]: each token's position within its request (0 = first prompt token)."""
+        return np.arange(self.num_tokens) - np.repeat(self.request_offsets[:-1], self.request_lengths)
+
+    def decode_mask(self) -> np.ndarray:
+        """bool [T]: True for generated (decode) tokens, False for prompt (prefill) tokens."""
+        return self.position_in_request() >= np.repeat(self.prefill_lengths, self.request_lengths)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first broken rule of the format."""
+        e, off, pre, meta = self.experts, self.request_offsets, self.prefill_lengths, self.meta
+        if not isinstance(meta, TraceMeta):
+            _fail("meta must be a TraceMeta")
+        if not isinstance(e, np.ndarray) or e.dtype != np.int16 or e.ndim != 3:
+            _fail(f"experts must be int16 [tokens, layers, top_k], got {_describe(e)}")
+        if e.shape[1] != len(meta.model.layers):
+            _fail(f"experts has {e.shape[1]} layers but metadata model.layers lists {len(meta.model.layers)}")
+        if e.shape[2] != meta.model.top_k:
+            _fail(f"experts has top_k {e.shape[2]} but metadata model.top_k is {meta.model.top_k}")
+        if e.size:
+            lo, hi = int(e.min()), int(e.max())
+            if lo < -1 or hi >= meta.model.num_experts:
+                bad = lo if lo < -1 else hi
+                _fail(f"experts holds id {bad}, outside -1..{meta.model.num_experts - 1} "
+                      f"(model.num_experts = {meta.model.num_experts})")
+            if e.shape[2] > 1:
+                s = np.sort(e, axis=2)
+                dup = (s[:, :, 1:] == s[:, :, :-1]) & (s[:, :, 1:] >= 0)
+                if dup.any():
+                    t, layer, _ = np.argwhere(dup)[0]
+                    _fail(f"experts repeats an expert id within one token's top-k (token {t}, layer {layer})")
+        if not isinstance(off, np.ndarray) or off.dtype != np.int64 or off.ndim != 1 or off.shape[0] < 2:
+            _fail(f"request_offsets must be int64 [requests + 1] with at least one request, got {_describe(off)}")
+        if off[0] != 0 or off[-1] != e.shape[0]:
+            _fail(f"request_offsets must run from 0 to the token count {e.shape[0]}, got {off[0]}..{off[-1]}")
+        if np.any(np.diff(off) < 0):
+            _fail("request_offsets must be non-decreasing")
+        if not isinstance(pre, np.ndarray) or pre.dtype != np.int64 or pre.shape != (off.shape[0] - 1,):
+            _fail(f"prefill_lengths must be int64 [{off.shape[0] - 1}], got {_describe(pre)}")
+        if np.any(pre < 0) or np.any(pre > np.diff(off)):
+            _fail("prefill_lengths must lie between 0 and each request's token count")
+        if meta.request_ids is not None and len(meta.request_ids) != off.shape[0] - 1:
+            _fail(f"metadata request_ids has {len(meta.request_ids)} names for {off.shape[0] - 1} requests")
+        w = self.weights
+        if w is not None:
+            if not isinstance(w, np.ndarray) or w.dtype != np.float16 or w.shape != e.shape:
+                _fail(f"weights must be float16 {list(e.shape)} like experts, got {_describe(w)}")
+            if not np.all(np.isfinite(w)):
+                _fail("weights holds a value that is not finite")
+
+
+def _describe(a: Any) -> str:
+    if isinstance(a, np.ndarray):
+        return f"{a.dtype} {list(a.shape)}"
+    return type(a).__name__
