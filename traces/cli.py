@@ -32,6 +32,9 @@ def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> 
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

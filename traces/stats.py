@@ -31,6 +31,7 @@ from traces.format import Trace
 DEFAULT_CAPACITIES = (1, 2, 4, 6, 8, 16, 32, 64)
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 _CHUNK = 1 << 15
+_STACK_CHUNK = 2048  # rows of the [chunk, experts] last-access table: small enough to stay in cache
 
 
 # ------------------------------------------------------------------------------------------------ per figure
@@ -84,21 +85,24 @@ def stack_distances(accesses: np.ndarray, num_experts: int) -> np.ndarray:
     out = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return out
+    dt = np.int32 if n < np.iinfo(np.int32).max else np.int64
     order = np.argsort(accesses, kind="stable")
     same = accesses[order[1:]] == accesses[order[:-1]]
-    prev = np.full(n, -1, dtype=np.int64)
+    prev = np.full(n, -1, dtype=dt)
     prev[order[1:][same]] = order[:-1][same]
-    carry = np.full(num_experts, -1, dtype=np.int64)
-    for s in range(0, n, _CHUNK):
-        a = accesses[s:s + _CHUNK]
+    carry = np.full(num_experts, -1, dtype=dt)
+    chunk = _STACK_CHUNK
+    rows = np.arange(chunk)
+    for s in range(0, n, chunk):
+        a = accesses[s:s + chunk]
         b = a.shape[0]
-        last = np.full((b, num_experts), -1, dtype=np.int64)
-        last[np.arange(b), a] = np.arange(s, s + b)
+        last = np.full((b, num_experts), -1, dtype=dt)
+        last[rows[:b], a] = np.arange(s, s + b, dtype=dt)
         last[0] = np.maximum(last[0], carry)
         np.maximum.accumulate(last, axis=0, out=last)
         carry = last[-1].copy()
         p = prev[s:s + b]
-        d = (last > p[:, None]).sum(1) - 1
+        d = np.count_nonzero(last > p[:, None], axis=1) - 1
         out[s:s + b] = np.where(p >= 0, d, -1)
     return out
 
@@ -128,7 +132,8 @@ def lru_hit_rates(hists: list[np.ndarray], capacities) -> tuple[dict[int, float]
 def distinct_experts_vs_batch(trace: Trace, batch_sizes=DEFAULT_BATCH_SIZES, samples: int = 8,
                               max_steps: int = 256, seed: int = 0):
     """batch size -> mean distinct experts per layer and decode step: (overall, per layer, sizes that re-used
-    requests). Decode tokens are used; a trace with none uses all tokens."""
+    requests). Decode tokens are used (a trace with none uses all tokens); a layer counts only in steps where it
+    routes something, so encoder layers do not dilute the figure for decode steps."""
     rng = np.random.default_rng(seed)
     decode = trace.decode_mask()
     if not decode.any():
@@ -144,7 +149,7 @@ def distinct_experts_vs_batch(trace: Trace, batch_sizes=DEFAULT_BATCH_SIZES, sam
         if pool.size < b:
             reused.append(b)
         sums = np.zeros(trace.num_layers)
-        count = 0
+        count = np.zeros(trace.num_layers)
         for _ in range(samples):
             chosen, shift = _sample_batch(rng, pool, lengths, b)
             m = int(min(lengths[chosen].min(), max_steps))
@@ -154,11 +159,12 @@ def distinct_experts_vs_batch(trace: Trace, batch_sizes=DEFAULT_BATCH_SIZES, sam
             ids = np.where(ids < 0, e, ids).transpose(1, 2, 0, 3).reshape(m, trace.num_layers, -1)
             present = np.zeros((m, trace.num_layers, e + 1), dtype=bool)
             np.put_along_axis(present, ids, True, axis=2)
-            sums += present[:, :, :e].sum(2).sum(0)
-            count += m
+            distinct = present[:, :, :e].sum(2)  # [m, L]
+            sums += distinct.sum(0)
+            count += (distinct > 0).sum(0)  # steps in which the layer routes anything
         for layer in range(trace.num_layers):
-            per_layer[layer][b] = float(sums[layer] / count)
-        overall[b] = float(sums.sum() / (count * trace.num_layers))
+            per_layer[layer][b] = float(sums[layer] / count[layer]) if count[layer] else float("nan")
+        overall[b] = float(sums.sum() / count.sum()) if count.sum() else float("nan")
     return overall, per_layer, reused
 
 
@@ -174,6 +180,17 @@ def _sample_batch(rng, pool: np.ndarray, lengths: np.ndarray, b: int):
     first[np.unique(chosen, return_index=True)[1]] = True
     shift[~first] = rng.integers(0, lengths[chosen[~first]])
     return chosen, shift
+
+
+def _predict_from_table(table: np.ndarray, popular: np.ndarray, sources: np.ndarray, k: int) -> np.ndarray:
+    """Top-k of the summed table rows of each source set (ids of -1 add nothing; popularity breaks ties).
+    Computed once per distinct source set, since a trace repeats few of them."""
+    e = table.shape[0]
+    uniq, inverse = np.unique(sources, axis=0, return_inverse=True)
+    table_pad = np.vstack([table, np.zeros(e)])
+    scores = table_pad[np.where(uniq < 0, e, uniq)].sum(1) + popular * 1e-9
+    pred = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return pred[inverse.reshape(-1)]
 
 
 def transition_accuracy(trace: Trace, holdout_every: int = 5):
@@ -199,9 +216,7 @@ def transition_accuracy(trace: Trace, holdout_every: int = 5):
         table = np.bincount(codes, minlength=e * e).reshape(e, e).astype(np.float64)
         popular = np.bincount(tb[tb >= 0], minlength=e)
         xa, xb = a[test], b[test]
-        table_pad = np.vstack([table, np.zeros(e)])  # row e: an id of -1 adds nothing
-        scores = table_pad[np.where(xa < 0, e, xa)].sum(1) + popular * 1e-9  # popularity breaks ties
-        pred = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        pred = _predict_from_table(table, popular, np.sort(xa, axis=1), k)
         base = np.argsort(-popular, kind="stable")[:k]
         n_true = (xb >= 0).sum(1)
         hits = ((pred[:, :, None] == xb[:, None, :]) & (xb[:, None, :] >= 0)).any(1).sum(1)
@@ -273,7 +288,7 @@ def format_stats(s: dict) -> str:
         f"(popular-experts baseline {f(s['transition_baseline_accuracy'])})",
         "LRU hit rate per layer cache:  " + "  ".join(f"cap {c}: {f(v)}" for c, v in s["lru_hit_rate"].items()),
         "distinct experts per layer and step:  " + "  ".join(
-            f"batch {b}: {v:.1f}" for b, v in s["distinct_experts_vs_batch"].items()),
+            f"batch {b}: {f(v)}" for b, v in s["distinct_experts_vs_batch"].items()),
     ]
     if s["requests_reused_at_batch"]:
         lines.append(f"(requests re-used to fill batches of {', '.join(map(str, s['requests_reused_at_batch']))})")

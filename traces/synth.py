@@ -213,7 +213,7 @@ def knobs_like(real: Trace, requests: int | None = None, **overrides) -> tuple[S
     return knobs, (prompt, decode)
 
 
-def fit(real: Trace, seed: int = 0, min_tokens: int = 20000, log=None) -> tuple[SynthKnobs, dict]:
+def fit(real: Trace, seed: int = 0, min_tokens: int = 16000, max_evals: int = 60, log=None) -> tuple[SynthKnobs, dict]:
     """Search skew, stickiness and correlation so the synthetic locality figures match REAL's.
 
     Every candidate is scored on a trace with REAL's shape and at least ``min_tokens`` tokens (REAL's requests
@@ -236,31 +236,53 @@ def fit(real: Trace, seed: int = 0, min_tokens: int = 20000, log=None) -> tuple[
             cache[key] = (err, got)
         return cache[key]
 
-    bounds = ((0.0, 4.0), (0.0, 0.95), (0.0, 0.95))
-    x = [0.5, 0.2, 0.2]
-    steps = [0.5, 0.2, 0.2]
-    best, _ = score(tuple(x))
-    for _ in range(6):  # coordinate descent with shrinking steps
-        improved = False
-        for i in range(3):
-            for direction in (1, -1):
-                while True:
-                    cand = list(x)
-                    cand[i] = min(max(cand[i] + direction * steps[i], bounds[i][0]), bounds[i][1])
-                    if cand[i] == x[i]:
-                        break
-                    err, _ = score(tuple(cand))
-                    if err < best:
-                        best, x, improved = err, cand, True
-                    else:
-                        break
-        if log:
-            log(f"fit: skew {x[0]:.3f} stickiness {x[1]:.3f} correlation {x[2]:.3f} error {best:.5f}")
-        if not improved:
-            steps = [s / 2 for s in steps]
+    bounds = np.array([(0.0, 4.0), (0.0, 0.95), (0.0, 0.95)])
+    x = _nelder_mead(lambda v: score(tuple(v))[0], np.array([0.5, 0.2, 0.2]), np.array([0.4, 0.15, 0.15]),
+                     bounds, max_evals=max_evals, log=log)
     fitted = score(tuple(x))[1]
     knobs, _ = knobs_like(real, skew=round(x[0], 4), stickiness=round(x[1], 4), correlation=round(x[2], 4))
     return knobs, {"target": target, "fitted": fitted, "evaluations": len(cache), "capacity": cap}
+
+
+def _nelder_mead(f, x0: np.ndarray, step: np.ndarray, bounds: np.ndarray, max_evals: int, log=None,
+                 tol: float = 1e-6) -> np.ndarray:
+    """Minimise f over a box by the Nelder-Mead simplex method (points clipped into the box)."""
+    clip = lambda v: np.clip(v, bounds[:, 0], bounds[:, 1])  # noqa: E731
+    pts = [clip(x0)] + [clip(x0 + np.eye(len(x0))[i] * step[i]) for i in range(len(x0))]
+    vals = [f(p) for p in pts]
+    evals = len(pts)
+    best_logged = None
+    while evals < max_evals:
+        order = np.argsort(vals)
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        if log and (best_logged is None or vals[0] < best_logged):
+            best_logged = vals[0]
+            b = pts[0]
+            log(f"fit: skew {b[0]:.3f} stickiness {b[1]:.3f} correlation {b[2]:.3f} error {vals[0]:.6f}")
+        if vals[-1] - vals[0] < tol:
+            break
+        centre = np.mean(pts[:-1], axis=0)
+        xr = clip(centre + (centre - pts[-1]))
+        fr = f(xr)
+        evals += 1
+        if fr < vals[0]:
+            xe = clip(centre + 2 * (centre - pts[-1]))
+            fe = f(xe)
+            evals += 1
+            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = xr, fr
+        else:
+            xc = clip(centre + 0.5 * (pts[-1] - centre))
+            fc = f(xc)
+            evals += 1
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = xc, fc
+            else:  # shrink towards the best point
+                pts = [pts[0]] + [clip(pts[0] + 0.5 * (p - pts[0])) for p in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+                evals += len(pts) - 1
+    return pts[int(np.argmin(vals))]
 
 
 def side_by_side(real: dict, synth: dict, capacity: int) -> str:
