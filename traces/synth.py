@@ -153,22 +153,22 @@ def _sticky_dedupe(base: np.ndarray, sticky: np.ndarray, draw, by_rank: np.ndarr
     slot stops being sticky); repeated until no token holds an expert twice."""
     k = base.shape[1]
     choice = _forward_fill(base, sticky)
-    for attempt in range(10):
+    for attempt in range(1000):
         dup = np.zeros(choice.shape, dtype=bool)
         for j in range(1, k):
             dup[:, j] = (choice[:, j:j + 1] == choice[:, :j]).any(1)
         if not dup.any():
             return choice
         rows, cols = np.nonzero(dup)
-        if attempt < 9:
+        if attempt < 8:
             base[rows, cols] = draw(rows.size)
-        else:  # rare: fall back to the most popular expert the token does not hold yet
+        else:  # rare: the most popular expert that no other slot of the token holds
             for i, j in zip(rows, cols):
-                taken = set(choice[i, :j].tolist())
+                taken = set(choice[i, :j].tolist()) | set(choice[i, j + 1:].tolist())
                 base[i, j] = next(int(x) for x in by_rank if int(x) not in taken)
         sticky[rows, cols] = False
         choice = _forward_fill(base, sticky)
-    return choice
+    raise RuntimeError("synth: could not make each token's experts distinct")
 
 
 def _knobs_dict(knobs: SynthKnobs) -> dict:

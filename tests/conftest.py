@@ -1,0 +1,64 @@
+"""Shared fixtures: small hand-made traces, and the real Mixtral routing from ../shared (skipped when absent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from traces.format import LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_MIXTRAL = ROOT.parent / "shared" / "traces" / "mixtral-8x7b-instruct"
+MIXTRAL_FILES = {name: SHARED_MIXTRAL / f"{name}_2_routing.jsonl" for name in ("humaneval", "gsm8k")}
+
+
+def make_trace(experts, lengths=None, prefill=None, num_experts=None, roles=None, weights=None,
+               kind="synthetic") -> Trace:
+    """A valid trace around an expert array [T, L, k] (lists accepted)."""
+    e = np.asarray(experts, dtype=np.int16)
+    if e.ndim == 2:
+        e = e[:, :, None]
+    t, n_layers, k = e.shape
+    lengths = [t] if lengths is None else list(lengths)
+    prefill = [0] * len(lengths) if prefill is None else list(prefill)
+    num_experts = int(max(e.max() + 1, k)) if num_experts is None else num_experts
+    roles = roles or ["decoder"] * n_layers
+    meta = TraceMeta(ModelInfo("test-model", num_experts, k, tuple(LayerInfo(i, r) for i, r in enumerate(roles))),
+                     Provenance(kind, "tests", "test-model", "handmade", None if kind == "synthetic" else "2026-01-01"),
+                     seed=0)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return Trace(e, offsets, np.asarray(prefill, dtype=np.int64), meta, weights)
+
+
+def random_trace(rng: np.random.Generator, tokens=200, layers=3, experts=8, k=2, requests=3) -> Trace:
+    """Uniformly random routing (distinct experts per token), split into ``requests`` requests."""
+    e = np.argsort(rng.random((tokens, layers, experts)), axis=2)[:, :, :k].astype(np.int16)
+    cuts = np.sort(rng.choice(np.arange(1, tokens), size=requests - 1, replace=False)) if requests > 1 else []
+    lengths = np.diff(np.concatenate([[0], cuts, [tokens]]))
+    return make_trace(e, lengths, num_experts=experts)
+
+
+@pytest.fixture(scope="session")
+def mixtral_real_paths():
+    missing = [str(p) for p in MIXTRAL_FILES.values() if not p.is_file()]
+    if missing:
+        pytest.skip(f"real Mixtral traces not found ({missing[0]}): ../shared is absent in this checkout")
+    return MIXTRAL_FILES
+
+
+@pytest.fixture(scope="session")
+def mixtral_real(mixtral_real_paths, tmp_path_factory):
+    """The two real Mixtral routing files imported (each alone, and both together), as trace paths."""
+    from traces.importers import import_mixtral_jsonl
+    from traces.io import save_trace
+
+    d = tmp_path_factory.mktemp("mixtral")
+    out = {}
+    for name, path in mixtral_real_paths.items():
+        trace, _ = import_mixtral_jsonl([path])
+        out[name] = save_trace(trace, d / f"{name}.npz")
+    trace, _ = import_mixtral_jsonl(list(mixtral_real_paths.values()))
+    out["both"] = save_trace(trace, d / "both.npz")
+    return out
