@@ -652,6 +652,8 @@ def load_checkpoint(path: str | Path, dtype: str = "float32", device: str = "cpu
     except Exception as exc:
         raise InputError(f"--model {path}: cannot read its config ({_first_line(exc)})") from None
     auto = tf.AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else tf.AutoModelForCausalLM
+    if _has_no_router(auto, config):
+        raise InputError(f"no MoE router modules found in {path}")
     try:
         kwargs = {"local_files_only": True}
         kwargs["dtype" if _accepts_dtype(tf) else "torch_dtype"] = "auto" if dtype == "auto" else _torch_dtype(dtype)
@@ -667,6 +669,19 @@ def load_checkpoint(path: str | Path, dtype: str = "float32", device: str = "cpu
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def _has_no_router(auto, config) -> bool:
+    """True when the model built from ``config`` (weightless, on the meta device) has no MoE router: a dense
+    checkpoint is then refused before its weights are read. False when that cannot be told this way."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            skeleton = auto.from_config(config)
+    except Exception:
+        return False
+    return not find_moe_layers(skeleton)
 
 
 def _accepts_dtype(tf) -> bool:
@@ -729,9 +744,11 @@ def run(args) -> int:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        torch.device(device)
+        kind = torch.device(device).type
     except RuntimeError:
         raise InputError(f"--device: unknown device {device!r}") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: CUDA is not available here")
     torch.manual_seed(args.seed)
     if args.tiny is not None:
         if device == "cpu":
