@@ -55,7 +55,6 @@ special tokens); the tiny models use the byte mapping of :func:`traces.tiny_mode
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import json
@@ -94,7 +93,6 @@ class MoELayer:
 
 
 _ROUTER_CLASS = re.compile(r"router$", re.IGNORECASE)
-_ROLE_PARTS = ("encoder", "decoder")
 
 
 def _block_and_role(name: str) -> tuple[int, str]:
@@ -134,8 +132,10 @@ def find_moe_layers(model) -> list[MoELayer]:
         parent_name, _, attr = name.rpartition(".")
         parent = modules.get(parent_name)
         has_experts = parent is not None and "experts" in dict(parent.named_children())
-        if _ROUTER_CLASS.search(type(mod).__name__) or (attr in ("gate", "router") and has_experts
-                                                        and not isinstance(mod, torch.nn.ModuleList)):
+        by_class = _ROUTER_CLASS.search(type(mod).__name__) and (
+            has_experts or _int_attr([mod], ("num_experts", "n_routed_experts")) is not None)
+        by_place = attr in ("gate", "router") and has_experts and not isinstance(mod, torch.nn.ModuleList)
+        if by_class or by_place:
             candidates.append((name, mod, parent if has_experts else None))
     # keep the innermost router when routers nest (a wrapper around the real router)
     names = [c[0] for c in candidates]
