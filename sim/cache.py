@@ -1,0 +1,168 @@
+"""The GPU expert-cache tiers as state, with their invariants (no time here: engines own time).
+
+- **HPC** (high priority), per MoE layer: up to ``hpc_slots`` experts pinned before inference, never replaced.
+- **MPC** (medium priority), per MoE layer: up to ``mpc_slots`` experts that a policy inserts and evicts.
+- **LPC** (low priority), shared: the working buffers that experts copied from host land in. An expert is in
+  the LPC from the moment a policy decides to copy it (demand miss or prefetch) until its layer finishes; then
+  it is dropped unless a policy promoted it into the MPC. How many copies occupy buffers *at once* is the
+  engine's business (a copy waits for a free buffer); the LPC here is the logical set.
+
+Every mutation checks the invariants and raises ``CacheInvariantError``: a tier over capacity, an HPC expert
+evicted or moved, an expert held twice in one layer, a promotion of an expert that is not in a working buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+HPC, MPC, LPC, MISS = "hpc", "mpc", "lpc", "miss"
+TIERS = (HPC, MPC, LPC)
+
+
+class CacheInvariantError(AssertionError):
+    """A decision broke a tier rule: always a bug in a policy, never bad input."""
+
+
+@dataclass
+class CacheCounters:
+    """What happened to the tiers over a run."""
+
+    hits: dict = field(default_factory=lambda: {t: 0 for t in TIERS})
+    misses: int = 0
+    insertions: int = 0
+    evictions: int = 0
+    promotions: int = 0
+
+    @property
+    def accesses(self) -> int:
+        return sum(self.hits.values()) + self.misses
+
+
+class TierCache:
+    """HPC and MPC contents per layer, and the LPC set of (layer, expert) in working buffers."""
+
+    def __init__(self, num_layers: int, num_experts: int, hpc_slots: int, mpc_slots: int, cached_layers):
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+        self.hpc_slots = hpc_slots
+        self.mpc_slots = mpc_slots
+        self.cached_layers = frozenset(cached_layers)
+        self.hpc: list[frozenset[int]] = [frozenset() for _ in range(num_layers)]
+        self.mpc: list[dict[int, None]] = [{} for _ in range(num_layers)]  # insertion-ordered sets
+        self.lpc: set[tuple[int, int]] = set()
+        self._hpc_pinned = [False] * num_layers
+        self.counters = CacheCounters()
+
+    # ------------------------------------------------------------------------------------------------ queries
+    def tier_of(self, layer: int, expert: int) -> str | None:
+        if expert in self.hpc[layer]:
+            return HPC
+        if expert in self.mpc[layer]:
+            return MPC
+        if (layer, expert) in self.lpc:
+            return LPC
+        return None
+
+    def cached(self, layer: int, expert: int) -> bool:
+        """Held in a slot of the layer (HPC or MPC), i.e. survives the iteration."""
+        return expert in self.hpc[layer] or expert in self.mpc[layer]
+
+    def resident_count(self, layer: int) -> int:
+        return len(self.hpc[layer]) + len(self.mpc[layer])
+
+    # -------------------------------------------------------------------------------------------- mutations
+    def pin_hpc(self, layer: int, experts) -> None:
+        """Fill a layer's HPC once, before inference; it never changes afterwards."""
+        experts = frozenset(int(e) for e in experts)
+        if self._hpc_pinned[layer]:
+            if experts != self.hpc[layer]:
+                raise CacheInvariantError(f"layer {layer}: HPC re-pinned with different experts")
+            return
+        if layer not in self.cached_layers and experts:
+            raise CacheInvariantError(f"layer {layer} is not cached but HPC experts were pinned")
+        if len(experts) > self.hpc_slots:
+            raise CacheInvariantError(f"layer {layer}: {len(experts)} HPC experts exceed {self.hpc_slots} slots")
+        self._check_ids(layer, experts)
+        self.hpc[layer] = experts
+        self._hpc_pinned[layer] = True
+
+    def fill_mpc(self, layer: int, experts) -> None:
+        """Replace a layer's MPC contents outright (a policy's state at the start of a batch)."""
+        experts = [int(e) for e in experts]
+        if len(set(experts)) != len(experts):
+            raise CacheInvariantError(f"layer {layer}: MPC filled with a repeated expert")
+        if len(experts) > self.mpc_slots or (experts and layer not in self.cached_layers):
+            raise CacheInvariantError(f"layer {layer}: MPC fill of {len(experts)} exceeds {self.mpc_slots} slots")
+        if self.hpc[layer] & set(experts):
+            raise CacheInvariantError(f"layer {layer}: MPC fill repeats an HPC expert")
+        self._check_ids(layer, experts)
+        self.mpc[layer] = dict.fromkeys(experts)
+
+    def add_lpc(self, layer: int, expert: int) -> None:
+        """An expert is being copied from host into a working buffer for ``layer``."""
+        if self.cached(layer, expert):
+            raise CacheInvariantError(f"layer {layer}: expert {expert} copied from host while cached")
+        if (layer, expert) in self.lpc:
+            raise CacheInvariantError(f"layer {layer}: expert {expert} copied twice")
+        self._check_ids(layer, [expert])
+        self.lpc.add((layer, expert))
+
+    def promote(self, layer: int, expert: int, victim: int | None) -> None:
+        """Move ``expert`` from its working buffer into an MPC slot, evicting ``victim`` (an MPC expert) if given."""
+        if (layer, expert) not in self.lpc:
+            raise CacheInvariantError(f"layer {layer}: promoted expert {expert} is not in a working buffer")
+        if layer not in self.cached_layers:
+            raise CacheInvariantError(f"layer {layer} is not cached but expert {expert} was promoted")
+        if victim is not None:
+            if victim in self.hpc[layer]:
+                raise CacheInvariantError(f"layer {layer}: HPC expert {victim} chosen for eviction")
+            if victim not in self.mpc[layer]:
+                raise CacheInvariantError(f"layer {layer}: evicted expert {victim} is not in the MPC")
+            del self.mpc[layer][victim]
+            self.counters.evictions += 1
+        if len(self.mpc[layer]) >= self.mpc_slots:
+            raise CacheInvariantError(f"layer {layer}: MPC full ({self.mpc_slots}) and no victim given")
+        self.mpc[layer][expert] = None
+        self.counters.promotions += 1
+        self.counters.insertions += 1
+
+    def touch(self, layer: int, expert: int) -> None:
+        """Mark an MPC expert most recently used (moves it to the end of the layer's insertion order)."""
+        d = self.mpc[layer]
+        del d[expert]
+        d[expert] = None
+
+    def finish_layer(self, layer: int) -> list[int]:
+        """A layer is done: its working buffers are dropped. Returns the experts that were in them."""
+        gone = [e for (lyr, e) in self.lpc if lyr == layer]
+        for e in gone:
+            self.lpc.discard((layer, e))
+        return gone
+
+    def count(self, source: str) -> None:
+        """Record one access served from ``source`` (a tier, or MISS)."""
+        if source == MISS:
+            self.counters.misses += 1
+        else:
+            self.counters.hits[source] += 1
+
+    # -------------------------------------------------------------------------------------------- checking
+    def _check_ids(self, layer: int, experts) -> None:
+        if not 0 <= layer < self.num_layers:
+            raise CacheInvariantError(f"layer {layer} out of range")
+        for e in experts:
+            if not 0 <= e < self.num_experts:
+                raise CacheInvariantError(f"layer {layer}: expert {e} out of range")
+
+    def check(self) -> None:
+        """Full invariant check (tests call it after every step)."""
+        for layer in range(self.num_layers):
+            if len(self.hpc[layer]) > self.hpc_slots or len(self.mpc[layer]) > self.mpc_slots:
+                raise CacheInvariantError(f"layer {layer}: a tier is over capacity")
+            if self.hpc[layer] & set(self.mpc[layer]):
+                raise CacheInvariantError(f"layer {layer}: an expert is in both HPC and MPC")
+            if layer not in self.cached_layers and (self.hpc[layer] or self.mpc[layer]):
+                raise CacheInvariantError(f"layer {layer} is not cached but holds experts")
+        for layer, e in self.lpc:  # a promoted expert is in its buffer and the MPC until the layer ends
+            if e in self.hpc[layer]:
+                raise CacheInvariantError(f"layer {layer}: expert {e} in a working buffer and the HPC")

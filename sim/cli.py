@@ -1,0 +1,66 @@
+"""`python -m sim run CONFIG [--set key.path=value ...] [--out DIR] [--timeline] [--json]`.
+
+Exit status 0 on success, 2 on bad input (config, trace, arguments) with one line naming the field or file,
+1 on an internal error. Nothing is written to ``--out`` unless the config is valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+from traces.cli import run_main
+
+
+def _progress_printer():
+    """Progress on stderr for long runs when it is a terminal."""
+    if not sys.stderr.isatty():
+        return None
+    state = {"last": 0}
+
+    def show(done: int, total: int) -> None:
+        pct = done * 100 // total
+        if pct != state["last"] or done == total:
+            state["last"] = pct
+            print(f"\r  simulating: {done}/{total} iterations ({pct}%)", end="" if done < total else "\n",
+                  file=sys.stderr, flush=True)
+    return show
+
+
+def cmd_run(args) -> int:
+    from sim.config import load_run_config
+    from sim.policies import POLICIES
+    from sim.predictors import PREDICTORS
+    from sim.results import format_summary, write_outputs
+    from sim.run import simulate
+
+    cfg = load_run_config(args.config, args.set or [], POLICIES.names(), PREDICTORS.names())
+    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.config).stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    result = simulate(cfg, timeline=args.timeline, progress=None if args.json else _progress_printer())
+    written = write_outputs(out, result.resolved, result.summary, result.engine.iterations, result.engine.timeline)
+    if args.json:
+        print(json.dumps(result.summary, indent=1))
+    else:
+        print(format_summary(result.summary))
+        print(f"  results           {out}/ ({', '.join(p.name for p in written)})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sim", description="Simulator of offloaded MoE inference.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("run", help="simulate one run config")
+    p.add_argument("config", help="run config (YAML), e.g. configs/switch_xxl.yaml")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
+    p.add_argument("--out", help="results folder (default: runs/CONFIG-TIMESTAMP)")
+    p.add_argument("--timeline", action="store_true", help="also write timeline.json (Chrome trace, opens in Perfetto)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
+    p.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main(build_parser(), argv)

@@ -1,0 +1,137 @@
+"""The host-to-device copy engine and the shared working buffers, as one SimPy process.
+
+One copy at a time crosses the link (a GPU has one host-to-device copy engine). Demand copies (a layer waits for
+them now) are served before queued prefetches; a copy in flight is never preempted. Every copy lands in a
+working buffer (the LPC) and needs a free one before it starts: demand copies may take any free buffer,
+prefetches leave ``reserve`` buffers free so that a demand copy can always make progress (at least one buffer is
+always reserved when prefetching, whatever the config says, or prefetches for the next layer could hold every
+buffer while the current layer waits). A buffer is freed when the expert in it has computed (and been promoted,
+if it is), or at once for a prefetch nobody used.
+
+Finished copies are queued per layer, in completion order, for the compute stream to take.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import simpy
+
+
+class CopyJob:
+    """One expert's copy from host into a working buffer, for one MoE layer."""
+
+    __slots__ = ("layer", "expert", "was_prefetch", "started", "finished", "dropped", "start", "end")
+
+    def __init__(self, layer: int, expert: int, prefetch: bool):
+        self.layer, self.expert, self.was_prefetch = layer, expert, prefetch
+        self.started = self.finished = self.dropped = False
+        self.start = self.end = 0.0
+
+
+class CopyEngine:
+    def __init__(self, env: simpy.Environment, copy_s: float, nbytes: int, buffers: int, reserve: int,
+                 timeline: list | None = None):
+        self.env = env
+        self.copy_s = copy_s
+        self.nbytes = nbytes
+        self.capacity = buffers
+        self.free = buffers
+        self.reserve = max(1, reserve) if buffers > 1 else 0
+        self.demand: deque[CopyJob] = deque()
+        self.prefetch: deque[CopyJob] = deque()
+        self.ready: dict[int, deque[CopyJob]] = {}
+        self.waiter: dict[int, simpy.Event] = {}
+        self._wake: simpy.Event | None = None
+        self.timeline = timeline
+        # counters
+        self.copies = 0
+        self.prefetch_copies = 0
+        self.busy_s = 0.0
+        self.max_in_use = 0
+        self.process = env.process(self._run())
+
+    # ---------------------------------------------------------------------------------------------- requests
+    def submit(self, layer: int, expert: int, prefetch: bool) -> CopyJob:
+        job = CopyJob(layer, expert, prefetch)
+        (self.prefetch if prefetch else self.demand).append(job)
+        self._poke()
+        return job
+
+    def upgrade(self, job: CopyJob) -> None:
+        """A prefetched expert is needed now: if its copy has not started, it joins the demand queue."""
+        if not job.started and job in self.prefetch:
+            self.prefetch.remove(job)
+            self.demand.append(job)
+            self._poke()
+
+    def drop(self, job: CopyJob) -> None:
+        """A prefetched expert went unused: cancel its copy, or free its buffer once it has landed."""
+        job.dropped = True
+        if not job.started:
+            (self.prefetch if job in self.prefetch else self.demand).remove(job)
+        elif job.finished:
+            q = self.ready.get(job.layer)
+            if q is not None and job in q:
+                q.remove(job)
+            self.release()
+        # in flight: released when it lands (see _run)
+
+    def release(self) -> None:
+        """A working buffer is free again."""
+        self.free += 1
+        if self.free > self.capacity:
+            raise AssertionError("working buffer released twice")
+        self._poke()
+
+    def wait_ready(self, layer: int) -> simpy.Event:
+        """An event that fires when the next copy for ``layer`` lands."""
+        ev = self.env.event()
+        self.waiter[layer] = ev
+        return ev
+
+    # -------------------------------------------------------------------------------------------- the engine
+    def _poke(self) -> None:
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _next(self) -> CopyJob | None:
+        if self.demand and self.free >= 1:
+            return self.demand.popleft()
+        if self.prefetch and self.free > self.reserve:
+            return self.prefetch.popleft()
+        return None
+
+    def _run(self):
+        env = self.env
+        while True:
+            job = self._next()
+            if job is None:
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            self.free -= 1
+            self.max_in_use = max(self.max_in_use, self.capacity - self.free)
+            job.started = True
+            job.start = env.now
+            yield env.timeout(self.copy_s)
+            job.end = env.now
+            job.finished = True
+            self.copies += 1
+            self.prefetch_copies += job.was_prefetch
+            self.busy_s += self.copy_s
+            if self.timeline is not None:
+                kind = "prefetch" if job.was_prefetch else "demand"
+                self.timeline.append(("copy", f"L{job.layer} E{job.expert} {kind}", job.start, self.copy_s))
+            if job.dropped:
+                self.release()
+                continue
+            self.ready.setdefault(job.layer, deque()).append(job)
+            w = self.waiter.pop(job.layer, None)
+            if w is not None:
+                w.succeed()
+
+    @property
+    def pcie_bytes(self) -> int:
+        return self.copies * self.nbytes

@@ -1,0 +1,213 @@
+"""The SimPy engine: replays a workload's iterations through the compute stream and the copy engine, asking the
+policy and the predictor (plain Python, shared with the validator) for every decision. It owns time and
+nothing else.
+
+Per iteration, for each MoE layer of the iteration's phase, on the compute stream:
+
+1. the layer's dense work (attention and the rest, ``CostModel.dense_s``);
+2. the gate: the predictor guesses the next layer's experts and the policy picks prefetches, which the copy
+   engine serves behind demand copies;
+3. the policy's plan: active experts served from the HPC/MPC compute at once (after a device-to-device copy
+   into the working arena when the policy says hits are not free); the others compute as their copies land
+   (demand copies are issued now; prefetched ones are moved up to demand if still queued), each followed by its
+   promotion into the MPC when the plan says so (a device-to-device copy unless the policy copies into slots);
+4. the layer finishes: its working buffers are dropped.
+
+Events are coarse: one per copy, one per expert compute that waits on a copy, one for the dense work and one for
+all cached experts of a layer together.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import simpy
+
+from sim.cache import HPC, LPC, MPC
+from sim.copy_engine import CopyEngine
+from sim.costs import CostModel
+from sim.policies.base import Policy
+from sim.predictors.base import PredictionScore, Predictor
+from sim.workload import Iteration, active_sets, phase_layers
+from traces.format import Trace
+
+
+@dataclass
+class IterationRecord:
+    index: int
+    batch: int
+    kind: str
+    requests: int
+    tokens: int
+    decode_tokens: int
+    start_s: float
+    end_s: float
+    stall_s: float
+    hits_hpc: int
+    hits_mpc: int
+    hits_lpc: int
+    misses: int
+    copies: int
+    prefetches: int
+    unused_prefetches: int
+
+    @property
+    def latency_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass
+class EngineResult:
+    iterations: list[IterationRecord]
+    sim_time_s: float
+    compute_busy_s: float
+    link_busy_s: float
+    stall_s: float
+    copies: int
+    prefetch_copies: int
+    pcie_bytes: int
+    prefetches_issued: int
+    prefetches_used: int
+    unused_prefetches: int
+    wasted_bytes: int
+    max_buffers_in_use: int
+    events: int
+    wall_s: float
+    prediction: PredictionScore
+    timeline: list | None = field(default=None)
+
+
+class Simulation:
+    """One run: a trace, its iterations, a policy, a predictor and a cost model."""
+
+    def __init__(self, trace: Trace, iterations: list[Iteration], policy: Policy, predictor: Predictor,
+                 costs: CostModel, lpc_buffers: int, prefetch_reserve: int = 1, timeline: bool = False,
+                 progress=None):
+        self.trace = trace
+        self.iterations = iterations
+        self.policy = policy
+        self.predictor = predictor
+        self.costs = costs
+        self.lpc_buffers = lpc_buffers
+        self.prefetch_reserve = prefetch_reserve
+        self.timeline = [] if timeline else None
+        self.progress = progress
+        self.roles = [x.role for x in trace.meta.model.layers]
+        self.phase_layers = phase_layers(trace)
+
+    def run(self) -> EngineResult:
+        wall0 = time.perf_counter()
+        env = simpy.Environment()
+        costs, policy, predictor = self.costs, self.policy, self.predictor
+        expert_bytes = costs.expert_bytes
+        copy = CopyEngine(env, costs.copy_s(expert_bytes), expert_bytes, self.lpc_buffers, self.prefetch_reserve,
+                          self.timeline)
+        d2d = costs.d2d_s(expert_bytes)
+        expert_s = costs.expert_s
+        tl = self.timeline
+        score = PredictionScore(len(self.roles))
+        records: list[IterationRecord] = []
+        totals = {"busy": 0.0, "stall": 0.0, "issued": 0, "used": 0, "unused": 0, "wasted": 0}
+        counters = policy.cache.counters
+
+        def compute_stream():
+            for it in self.iterations:
+                if it.new_batch:
+                    policy.start_batch()
+                layers = self.phase_layers[it.kind]
+                actives = active_sets(self.trace, it.rows, layers)
+                t_start = env.now
+                stall = 0.0
+                before = (dict(counters.hits), counters.misses, copy.copies)
+                issued = unused = 0
+                jobs = {}
+                n_tok = int(it.rows.size)
+                for pos, layer in enumerate(layers):
+                    active, counts = actives[pos]
+                    dense = costs.dense_s(self.roles[layer], n_tok, it.context)
+                    if tl is not None:
+                        tl.append(("compute", f"L{layer} dense", env.now, dense))
+                    yield env.timeout(dense)
+                    totals["busy"] += dense
+                    if predictor.predicts and pos + 1 < len(layers):
+                        nxt = layers[pos + 1]
+                        truth = frozenset(actives[pos + 1][0])
+                        guess = predictor.predict(it.index, nxt, truth, frozenset(active))
+                        score.add(nxt, guess, truth)
+                        for e in policy.plan_prefetch(it.index, nxt, guess):
+                            jobs[(nxt, e)] = copy.submit(nxt, e, prefetch=True)
+                            issued += 1
+                    plan = policy.plan_layer(it.index, layer, active)
+                    for e in plan.unused_prefetch:
+                        job = jobs.pop((layer, e))
+                        if job.started:
+                            totals["wasted"] += expert_bytes
+                        copy.drop(job)
+                        unused += 1
+                    resident_s = 0.0
+                    waiting = 0
+                    for e in active:
+                        src = plan.sources[e]
+                        if src == HPC or src == MPC:
+                            t = expert_s(counts[e]) + (d2d if policy.hit_d2d else 0.0)
+                            if tl is not None:
+                                tl.append(("compute", f"L{layer} E{e} {src}", env.now + resident_s, t))
+                            resident_s += t
+                        elif src == LPC:
+                            copy.upgrade(jobs.pop((layer, e)))
+                            totals["used"] += 1
+                            waiting += 1
+                        else:
+                            jobs[(layer, e)] = copy.submit(layer, e, prefetch=False)
+                            waiting += 1
+                    if resident_s:
+                        yield env.timeout(resident_s)
+                        totals["busy"] += resident_s
+                    ready = copy.ready.setdefault(layer, deque())
+                    while waiting:
+                        if not ready:
+                            t0 = env.now
+                            yield copy.wait_ready(layer)
+                            stall += env.now - t0
+                            continue
+                        job = ready.popleft()
+                        jobs.pop((layer, job.expert), None)
+                        waiting -= 1
+                        t = expert_s(counts[job.expert])
+                        if job.expert in plan.promote and not policy.promotion_is_free:
+                            t += d2d
+                        if tl is not None:
+                            tl.append(("compute", f"L{layer} E{job.expert} copied", env.now, t))
+                        yield env.timeout(t)
+                        totals["busy"] += t
+                        copy.release()
+                    policy.finish_layer(it.index, layer)
+                hits = counters.hits
+                records.append(IterationRecord(
+                    it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, t_start, env.now, stall,
+                    hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC], hits[LPC] - before[0][LPC],
+                    counters.misses - before[1], copy.copies - before[2], issued, unused))
+                totals["stall"] += stall
+                totals["issued"] += issued
+                totals["unused"] += unused
+                if self.progress is not None:
+                    self.progress(it.index + 1, len(self.iterations))
+
+        main = env.process(compute_stream())
+        events = 0
+        try:
+            while not main.triggered:
+                env.step()
+                events += 1
+        except simpy.core.EmptySchedule:
+            raise RuntimeError("simulation deadlocked: the compute stream waits on a copy that never comes") from None
+        if not main.ok:
+            raise main.value
+        return EngineResult(
+            iterations=records, sim_time_s=env.now, compute_busy_s=totals["busy"], link_busy_s=copy.busy_s,
+            stall_s=totals["stall"], copies=copy.copies, prefetch_copies=copy.prefetch_copies,
+            pcie_bytes=copy.pcie_bytes, prefetches_issued=totals["issued"], prefetches_used=totals["used"],
+            unused_prefetches=totals["unused"], wasted_bytes=totals["wasted"], max_buffers_in_use=copy.max_in_use,
+            events=events, wall_s=time.perf_counter() - wall0, prediction=score, timeline=self.timeline)

@@ -1,0 +1,144 @@
+"""What every policy is: an object the engine asks, per (iteration, MoE layer), where each active expert comes
+from, what to promote into the MPC, and what to prefetch for the next layer. It never sees time.
+
+Protocol, per layer of an iteration (the simulator and the validator call exactly this, in this order):
+
+1. ``plan_prefetch(it, next_layer, predicted)`` at the gate of the current layer: experts of the next layer to
+   copy ahead into working buffers (the base class: predicted experts that are neither cached nor already
+   being copied).
+2. ``plan_layer(it, layer, active)`` once the gate has chosen the layer's experts: a :class:`LayerPlan` saying,
+   per active expert, whether it is served from the HPC, the MPC, a working buffer it was prefetched into
+   (LPC), or is a miss to copy now; which experts move from their working buffer into the MPC after they
+   compute (and whom they evict); and which prefetched experts went unused.
+3. ``finish_layer(it, layer)`` when the layer's experts have computed: its working buffers are dropped.
+
+``start_batch()`` is called before the first iteration of each static batch (and once for continuous batching).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from sim.cache import HPC, LPC, MISS, MPC, TierCache
+from sim.params import resolve_params
+from sim.registry import Registry
+
+#: Every policy, by the name a run config gives (``policy.name``).
+POLICIES: Registry = Registry("policy")
+
+
+@dataclass
+class LayerPlan:
+    """A policy's decisions for one MoE layer in one iteration."""
+
+    sources: dict[int, str]                        # active expert -> HPC | MPC | LPC | MISS
+    promote: dict[int, int | None] = field(default_factory=dict)   # expert -> evicted MPC expert (or None)
+    unused_prefetch: list[int] = field(default_factory=list)       # prefetched for this layer, not active
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may know besides its params: the model's shape, which layers are cached, tier sizes,
+    the hot-expert ranking per layer (most selected first), and a seed."""
+
+    num_layers: int
+    num_experts: int
+    layer_roles: tuple[str, ...]
+    cached_layers: frozenset[int]
+    hpc_slots: int
+    mpc_slots: int
+    hot_ranking: tuple[tuple[int, ...], ...]
+    seed: int = 0
+    extra: dict = field(default_factory=dict)      # e.g. the whole trace, for offline policies
+
+
+class Policy:
+    """Base class: serve hits from the HPC/MPC and prefetched buffers, copy misses, keep nothing new."""
+
+    name = "base"
+    PARAMS: dict[str, Any] = {}
+    #: True when a copied expert lands straight in its cache slot, so a promotion costs no device copy.
+    promotion_is_free = False
+    #: True when a cached expert is copied device-to-device into the working arena before it computes.
+    hit_d2d = False
+    #: True when every expert is resident and the GPU-memory check does not apply.
+    all_resident = False
+
+    def __init__(self, params: dict | None, ctx: PolicyContext, where: str = "policy.params"):
+        self.params = resolve_params(self.PARAMS, params, where)
+        self.ctx = ctx
+        self.cache = TierCache(ctx.num_layers, ctx.num_experts, self.hpc_capacity(ctx), self.mpc_capacity(ctx),
+                               ctx.cached_layers)
+        self.configure()
+
+    # Tier sizes the policy uses (a policy that keeps nothing ignores the configured slots).
+    def hpc_capacity(self, ctx: PolicyContext) -> int:
+        return ctx.hpc_slots
+
+    def mpc_capacity(self, ctx: PolicyContext) -> int:
+        return ctx.mpc_slots
+
+    def configure(self) -> None:
+        """Read params, pin the HPC. Called once at construction."""
+
+    def start_batch(self) -> None:
+        """A new static batch begins."""
+
+    # ----------------------------------------------------------------------------------------------- protocol
+    def plan_prefetch(self, iteration: int, layer: int, predicted) -> list[int]:
+        out = []
+        for e in sorted(predicted):
+            if self.cache.tier_of(layer, e) is None:
+                self.cache.add_lpc(layer, e)
+                out.append(e)
+        return out
+
+    def plan_layer(self, iteration: int, layer: int, active: Sequence[int]) -> LayerPlan:
+        plan = self.classify(layer, active)
+        self.update(iteration, layer, active, plan)
+        return plan
+
+    def finish_layer(self, iteration: int, layer: int) -> None:
+        self.cache.finish_layer(layer)
+
+    # ---------------------------------------------------------------------------------------------- helpers
+    def classify(self, layer: int, active: Sequence[int]) -> LayerPlan:
+        """Sources of the active experts; misses are entered into the LPC (they are copied now)."""
+        cache = self.cache
+        sources = {}
+        for e in active:
+            t = cache.tier_of(layer, e)
+            if t is None:
+                cache.add_lpc(layer, e)
+                t = MISS
+            sources[e] = t
+            cache.count(t)
+        active_set = set(active)
+        unused = sorted(e for (lyr, e) in cache.lpc if lyr == layer and e not in active_set)
+        return LayerPlan(sources, unused_prefetch=unused)
+
+    def update(self, iteration: int, layer: int, active: Sequence[int], plan: LayerPlan) -> None:
+        """Policy-specific bookkeeping and promotions after classification (base: none)."""
+
+
+def hot_ranking_from_counts(counts: np.ndarray) -> tuple[tuple[int, ...], ...]:
+    """Per layer, expert ids sorted by selection count (descending; ties by id). counts: [layers, experts]."""
+    order = np.lexsort((np.arange(counts.shape[1])[None, :].repeat(counts.shape[0], 0), -counts), axis=1)
+    return tuple(tuple(int(x) for x in row) for row in order)
+
+
+def selection_counts(experts: np.ndarray, num_experts: int) -> np.ndarray:
+    """[layers, experts] selection counts of a trace's expert array [tokens, layers, k]."""
+    n_layers = experts.shape[1]
+    out = np.zeros((n_layers, num_experts), dtype=np.int64)
+    for layer in range(n_layers):
+        ids = experts[:, layer, :].ravel()
+        out[layer] = np.bincount(ids[ids >= 0], minlength=num_experts)
+    return out
+
+
+__all__ = ["POLICIES", "HPC", "LPC", "MISS", "MPC", "LayerPlan", "Policy", "PolicyContext", "hot_ranking_from_counts",
+           "selection_counts"]

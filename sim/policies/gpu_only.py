@@ -1,0 +1,30 @@
+"""`gpu-only`: every expert resident on the GPU (the ceiling no offloading policy can beat)."""
+
+from __future__ import annotations
+
+from sim.policies.base import Policy, PolicyContext
+from sim.policies.base import POLICIES
+
+
+@POLICIES.register("gpu-only")
+class GpuOnly(Policy):
+    """All experts of every layer sit in the HPC; nothing is ever copied."""
+
+    all_resident = True
+
+    def hpc_capacity(self, ctx: PolicyContext) -> int:
+        return ctx.num_experts
+
+    def mpc_capacity(self, ctx: PolicyContext) -> int:
+        return 0
+
+    def __init__(self, params, ctx: PolicyContext, where: str = "policy.params"):
+        ctx = PolicyContext(**{**ctx.__dict__, "cached_layers": frozenset(range(ctx.num_layers))})
+        super().__init__(params, ctx, where)
+
+    def configure(self) -> None:
+        for layer in range(self.ctx.num_layers):
+            self.cache.pin_hpc(layer, range(self.ctx.num_experts))
+
+    def plan_prefetch(self, iteration, layer, predicted):
+        return []

@@ -1,0 +1,43 @@
+"""`lru` (Mixtral-offloading): a per-layer cache of ``mpc_slots`` experts with least-recently-used eviction.
+
+Optionally the HPC pins the layer's ``hpc_slots`` hottest experts (``hpc_slots: 0`` for plain LRU). Within one
+iteration a layer's active experts are used together: hits become most recent first, then each missing (or
+prefetched) expert enters the cache in the router's order, evicting the least recently used expert that this
+layer does not need now. Prefetching follows the configured predictor (none: no prefetch).
+"""
+
+from __future__ import annotations
+
+from sim.cache import LPC, MISS
+from sim.policies.base import LayerPlan, Policy
+from sim.policies.base import POLICIES
+
+
+@POLICIES.register("lru")
+class LRU(Policy):
+    PARAMS = {"pin_hot": True}
+    promotion_is_free = True  # the copy lands in the slot it will occupy
+
+    def configure(self) -> None:
+        if self.params["pin_hot"]:
+            for layer in self.ctx.cached_layers:
+                self.cache.pin_hpc(layer, self.ctx.hot_ranking[layer][: self.cache.hpc_slots])
+
+    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
+            return
+        mpc = self.cache.mpc[layer]
+        for e in active:
+            if e in mpc:
+                self.cache.touch(layer, e)
+        active_set = set(active)
+        for e in active:
+            if plan.sources[e] not in (MISS, LPC):
+                continue
+            victim = None
+            if len(mpc) >= self.cache.mpc_slots:
+                victim = next((v for v in mpc if v not in active_set), None)
+                if victim is None:
+                    continue  # every slot holds an expert this layer uses now
+            self.cache.promote(layer, e, victim)
+            plan.promote[e] = victim

@@ -1,0 +1,82 @@
+"""What a predictor is: given what is known at the gate of MoE layer l, guess layer l+1's active set, so that a
+policy can prefetch it during layer l. Engines measure every prediction's precision and recall.
+
+``predict(iteration, layer, truth, current)``: ``layer`` is the layer predicted, ``current`` the active set of
+the layer whose gate just ran, ``truth`` the real active set of ``layer`` (given so that oracle-style
+predictors can be modelled; a realistic predictor must not read it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sim.params import resolve_params
+from sim.registry import Registry
+
+#: Every predictor, by the name a run config gives (``predictor.name``).
+PREDICTORS: Registry = Registry("predictor")
+
+
+@dataclass(frozen=True)
+class PredictorContext:
+    num_layers: int
+    num_experts: int
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class Predictor:
+    name = "base"
+    PARAMS: dict[str, Any] = {}
+    #: False for "no prediction at all" (the engine then skips prefetch planning and reports no precision).
+    predicts = True
+
+    def __init__(self, params: dict | None, ctx: PredictorContext, where: str = "predictor.params"):
+        self.params = resolve_params(self.PARAMS, params, where)
+        self.ctx = ctx
+        self.rng = np.random.default_rng(ctx.seed)
+        self.configure()
+
+    def configure(self) -> None:
+        """Read params. Called once at construction."""
+
+    def predict(self, iteration: int, layer: int, truth: frozenset[int], current: frozenset[int]) -> frozenset[int]:
+        raise NotImplementedError
+
+
+@dataclass
+class PredictionScore:
+    """Running precision/recall of a predictor, overall and per predicted layer."""
+
+    num_layers: int
+    tp: np.ndarray = None
+    predicted: np.ndarray = None
+    actual: np.ndarray = None
+
+    def __post_init__(self):
+        self.tp = np.zeros(self.num_layers, dtype=np.int64)
+        self.predicted = np.zeros(self.num_layers, dtype=np.int64)
+        self.actual = np.zeros(self.num_layers, dtype=np.int64)
+
+    def add(self, layer: int, predicted: frozenset[int], truth: frozenset[int]) -> None:
+        self.tp[layer] += len(predicted & truth)
+        self.predicted[layer] += len(predicted)
+        self.actual[layer] += len(truth)
+
+    @staticmethod
+    def _ratio(a, b):
+        return float(a / b) if b else None
+
+    def precision(self) -> float | None:
+        return self._ratio(self.tp.sum(), self.predicted.sum())
+
+    def recall(self) -> float | None:
+        return self._ratio(self.tp.sum(), self.actual.sum())
+
+    def per_layer(self) -> list[dict]:
+        return [{"layer": i, "precision": self._ratio(self.tp[i], self.predicted[i]),
+                 "recall": self._ratio(self.tp[i], self.actual[i])}
+                for i in range(self.num_layers) if self.actual[i] or self.predicted[i]]

@@ -1,0 +1,40 @@
+"""Registries of pluggable parts chosen by name in a run config (policies, predictors).
+
+A part registers itself with ``@POLICIES.register("name")`` in its own module; the package ``__init__`` imports
+every module, so adding a part is adding one module (and one import line).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Name -> class, with a helpful error for unknown names."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, type[T]] = {}
+
+    def register(self, name: str) -> Callable[[type[T]], type[T]]:
+        def deco(cls: type[T]) -> type[T]:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            cls.name = name
+            self._items[name] = cls
+            return cls
+        return deco
+
+    def get(self, name: str) -> type[T]:
+        try:
+            return self._items[name]
+        except KeyError:
+            raise KeyError(f"unknown {self.kind} {name!r} (known: {', '.join(self.names())})") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items

@@ -1,0 +1,163 @@
+"""A run's results: the summary every user and sweep reads, the per-iteration table, and their files.
+
+Summary fields (``summary.json``):
+
+- ``throughput_tok_s``: generated tokens per second of simulated time (prefill time included);
+- ``iteration_ms``: ``mean``, ``p50``, ``p99`` of decode-iteration latency; ``prefill_ms`` likewise for prefills;
+- ``hit_rate``: ``overall`` and per tier (``hpc``, ``mpc``, ``lpc`` = prefetched into a working buffer in time
+  to be used), each as a share of all expert accesses; hits + misses = accesses;
+- ``pcie_bytes`` (= copies x expert bytes), ``link_busy_frac`` and ``compute_busy_frac`` (busy time over
+  simulated time), ``stall_ms`` (compute stream waiting on copies);
+- ``prefetch``: ``precision`` and ``recall`` of the predictor (null without predictions), copies issued, used
+  and unused, ``wasted_bytes`` (unused prefetches that crossed the link), per layer precision/recall;
+- ``events`` (SimPy events processed), ``wall_s`` (real seconds the simulation took).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from sim.cache import HPC, LPC, MPC
+from sim.engine import EngineResult, IterationRecord
+from sim.workload import WorkloadInfo
+from traces.io import atomic_write_bytes
+
+
+def _stats_ms(values: list[float]) -> dict:
+    if not values:
+        return {"count": 0, "mean": None, "p50": None, "p99": None, "total": 0.0}
+    a = np.asarray(values) * 1e3
+    return {"count": int(a.size), "mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
+            "p99": float(np.percentile(a, 99)), "total": float(a.sum())}
+
+
+def summarize(res: EngineResult, counters, workload: WorkloadInfo, labels: dict) -> dict:
+    """The summary dict of one run."""
+    decode = [r.latency_s for r in res.iterations if r.kind == "decode"]
+    prefill = [r.latency_s for r in res.iterations if r.kind == "prefill"]
+    accesses = counters.accesses
+    hits = counters.hits
+    t = res.sim_time_s
+
+    def share(n):
+        return float(n / accesses) if accesses else None
+
+    return {
+        **labels,
+        "throughput_tok_s": float(workload.decode_tokens / t) if t > 0 else None,
+        "iteration_ms": _stats_ms(decode),
+        "prefill_ms": _stats_ms(prefill),
+        "hit_rate": {"overall": share(hits[HPC] + hits[MPC] + hits[LPC]), "hpc": share(hits[HPC]),
+                     "mpc": share(hits[MPC]), "lpc": share(hits[LPC])},
+        "accesses": accesses,
+        "hits": {k: int(v) for k, v in hits.items()},
+        "misses": counters.misses,
+        "pcie_bytes": int(res.pcie_bytes),
+        "copies": res.copies,
+        "link_busy_frac": float(res.link_busy_s / t) if t > 0 else 0.0,
+        "compute_busy_frac": float(res.compute_busy_s / t) if t > 0 else 0.0,
+        "stall_ms": res.stall_s * 1e3,
+        "prefetch": {"precision": res.prediction.precision(), "recall": res.prediction.recall(),
+                     "issued": res.prefetches_issued, "used": res.prefetches_used,
+                     "unused": res.unused_prefetches, "wasted_bytes": int(res.wasted_bytes),
+                     "per_layer": res.prediction.per_layer()},
+        "evictions": counters.evictions,
+        "promotions": counters.promotions,
+        "max_buffers_in_use": res.max_buffers_in_use,
+        "sim_time_s": t,
+        "iterations": len(res.iterations),
+        "decode_tokens": workload.decode_tokens,
+        "prefill_tokens": workload.prefill_tokens,
+        "requests_served": workload.requests_served,
+        "requests_reused": workload.reused,
+        "events": res.events,
+        "events_per_s": float(res.events / res.wall_s) if res.wall_s > 0 else None,
+        "wall_s": res.wall_s,
+    }
+
+
+ITERATION_COLUMNS = ["index", "batch", "kind", "requests", "tokens", "decode_tokens", "start_ms", "end_ms",
+                     "latency_ms", "stall_ms", "hits_hpc", "hits_mpc", "hits_lpc", "misses", "copies",
+                     "prefetches", "unused_prefetches"]
+
+
+def iteration_rows(records: list[IterationRecord]) -> list[dict]:
+    rows = []
+    for r in records:
+        d = asdict(r)
+        start, end, stall = d.pop("start_s"), d.pop("end_s"), d.pop("stall_s")
+        d.update(start_ms=start * 1e3, end_ms=end * 1e3, latency_ms=(end - start) * 1e3, stall_ms=stall * 1e3)
+        rows.append({k: d[k] for k in ITERATION_COLUMNS})
+    return rows
+
+
+def iterations_csv(records: list[IterationRecord]) -> bytes:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=ITERATION_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for row in iteration_rows(records):
+        w.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in row.items()})
+    return buf.getvalue().encode()
+
+
+def chrome_trace(timeline: list) -> bytes:
+    """Copies and computes as a Chrome trace (opens in Perfetto / chrome://tracing)."""
+    tids = {"compute": 1, "copy": 2}
+    events = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": f"{name} stream"}}
+              for name, tid in tids.items()]
+    events.append({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "simulated GPU"}})
+    for track, name, start, dur in timeline:
+        events.append({"name": name, "cat": track, "ph": "X", "pid": 1, "tid": tids[track],
+                       "ts": round(start * 1e6, 3), "dur": round(dur * 1e6, 3)})
+    return json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode()
+
+
+def write_outputs(out: Path, resolved: dict, summary: dict, records: list[IterationRecord],
+                  timeline: list | None) -> list[Path]:
+    """Write a run's files into ``out``, each atomically; returns their paths."""
+    import yaml
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "config.resolved.yaml": yaml.safe_dump(resolved, sort_keys=False).encode(),
+        "summary.json": (json.dumps(summary, indent=1) + "\n").encode(),
+        "iterations.csv": iterations_csv(records),
+    }
+    if timeline is not None:
+        files["timeline.json"] = chrome_trace(timeline)
+    written = []
+    for name, data in files.items():
+        atomic_write_bytes(out / name, data)
+        written.append(out / name)
+    return written
+
+
+def format_summary(s: dict) -> str:
+    """The short table printed on the terminal."""
+    def f(x, spec=".3f"):
+        return "-" if x is None else format(x, spec)
+
+    hr, it, pf = s["hit_rate"], s["iteration_ms"], s["prefetch"]
+    lines = [
+        f"policy {s.get('policy')} | predictor {s.get('predictor')} | model {s.get('model')} | "
+        f"hardware {s.get('hardware')} | batch {s.get('batch_size')} ({s.get('batching')})",
+        f"  throughput        {f(s['throughput_tok_s'], ',.1f')} tokens/s   "
+        f"({s['decode_tokens']} tokens, {s['requests_served']} requests"
+        + (f", {s['requests_reused']} re-used" if s["requests_reused"] else "") + f", {f(s['sim_time_s'], '.3f')} s simulated)",
+        f"  iteration latency mean {f(it['mean'], '.2f')} ms   p50 {f(it['p50'], '.2f')} ms   p99 {f(it['p99'], '.2f')} ms"
+        + (f"   (prefill total {s['prefill_ms']['total']:.1f} ms)" if s["prefill_ms"]["count"] else ""),
+        f"  hit rate          {f(hr['overall'])}  (hpc {f(hr['hpc'])}, mpc {f(hr['mpc'])}, lpc/prefetched {f(hr['lpc'])})"
+        f"   of {s['accesses']} accesses",
+        f"  PCIe              {s['pcie_bytes'] / 1e9:,.2f} GB in {s['copies']} copies   link busy "
+        f"{s['link_busy_frac']:.1%}   compute busy {s['compute_busy_frac']:.1%}   stall {s['stall_ms']:,.1f} ms",
+        f"  prefetch          precision {f(pf['precision'])}  recall {f(pf['recall'])}  issued {pf['issued']}  "
+        f"unused {pf['unused']}  wasted {pf['wasted_bytes'] / 1e9:.2f} GB",
+        f"  simulator         {s['events']:,} events in {s['wall_s']:.2f} s ({f(s['events_per_s'], ',.0f')} events/s)",
+    ]
+    return "\n".join(lines)

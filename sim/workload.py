@@ -1,0 +1,146 @@
+"""Batches formed from a trace's requests, as the sequence of iterations an engine runs.
+
+An *iteration* is one forward pass of the model over some trace rows:
+
+- ``prefill``: the prompt tokens of requests entering the batch (routed in the encoder layers of an
+  encoder-decoder model, in every layer of a decoder-only one);
+- ``decode``: one generated token of every running request.
+
+Static batching (the Diff-MoE evaluation): ``batch_size`` requests start together, are prefilled in one
+iteration, then decode until the last of them finishes; the next batch starts after. Continuous batching: a
+finished request's place is taken by the next one waiting, whose prompt is prefilled in its own iteration just
+before the decode iteration it joins.
+
+Requests are served in trace order; when the workload needs more than the trace has (``requests`` above the
+trace's count, or static batches to fill), requests are re-used from the start, and ``WorkloadInfo.reused``
+says how many times that happened.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from traces.format import Trace
+
+
+@dataclass(frozen=True)
+class Iteration:
+    index: int
+    batch: int            # static batch number (0 for continuous batching)
+    kind: str             # "prefill" | "decode"
+    rows: np.ndarray      # trace rows processed
+    requests: int         # requests in the batch during this iteration
+    context: float        # mean attention context (tokens) of the rows
+    new_batch: bool       # first iteration of a static batch (or of the run)
+
+    @property
+    def decode_tokens(self) -> int:
+        return int(self.rows.size) if self.kind == "decode" else 0
+
+
+@dataclass(frozen=True)
+class WorkloadInfo:
+    requests_served: int
+    distinct_requests: int
+    reused: int           # requests served beyond the trace's distinct ones
+    iterations: int
+    decode_tokens: int
+    prefill_tokens: int
+
+
+def _request_plan(trace: Trace, max_decode_tokens: int | None):
+    """Per request: first prompt row, prompt length, first decode row, decode length (capped)."""
+    start = trace.request_offsets[:-1]
+    prompt = trace.prefill_lengths
+    decode = trace.request_lengths - prompt
+    if max_decode_tokens is not None:
+        decode = np.minimum(decode, max_decode_tokens)
+    return start, prompt, start + prompt, decode
+
+
+def build_iterations(trace: Trace, batch_size: int, batching: str = "static", max_decode_tokens: int | None = None,
+                     prefill: bool = True, requests: int | None = None) -> tuple[list[Iteration], WorkloadInfo]:
+    """The iterations of a workload, and a summary of it."""
+    start, prompt, dstart, decode = _request_plan(trace, max_decode_tokens)
+    n_trace = trace.num_requests
+    served = requests if requests is not None else n_trace
+    if batching == "static":
+        served = -(-max(served, 1) // batch_size) * batch_size  # whole batches
+    elif requests is None:
+        served = max(served, batch_size)  # enough to fill the batch once
+    order = np.arange(served) % n_trace
+    its: list[Iteration] = []
+
+    def prefill_it(reqs, batch, size, new_batch):
+        rows = np.concatenate([np.arange(start[r], start[r] + prompt[r]) for r in reqs]) if len(reqs) else []
+        rows = np.asarray(rows, dtype=np.int64)
+        if not prefill or rows.size == 0:
+            return False
+        ctx = float(np.mean([(prompt[r] + 1) / 2 for r in reqs if prompt[r] > 0]))
+        its.append(Iteration(len(its), batch, "prefill", rows, size, ctx, new_batch))
+        return True
+
+    def decode_it(reqs, steps, batch, new_batch):
+        rows = np.array([dstart[r] + s for r, s in zip(reqs, steps)], dtype=np.int64)
+        ctx = float(np.mean([prompt[r] + s + 1 for r, s in zip(reqs, steps)]))
+        its.append(Iteration(len(its), batch, "decode", rows, len(reqs), ctx, new_batch))
+
+    if batching == "static":
+        for b in range(served // batch_size):
+            reqs = order[b * batch_size:(b + 1) * batch_size]
+            new = not prefill_it(reqs, b, len(reqs), True)
+            for s in range(int(decode[reqs].max(initial=0))):
+                live = [r for r in reqs if decode[r] > s]
+                decode_it(live, [s] * len(live), b, new)
+                new = False
+    elif batching == "continuous":
+        waiting = deque(order.tolist())
+        running: list[list[int]] = []  # [request, next decode step]
+        first = True
+        while waiting or running:
+            joining = []
+            while waiting and len(running) + len(joining) < batch_size:
+                joining.append(waiting.popleft())
+            if joining:
+                if prefill_it(joining, 0, len(running) + len(joining), first):
+                    first = False
+                running.extend([r, 0] for r in joining if decode[r] > 0)
+            if not running:
+                continue
+            decode_it([r for r, _ in running], [s for _, s in running], 0, first)
+            first = False
+            for item in running:
+                item[1] += 1
+            running = [item for item in running if item[1] < decode[item[0]]]
+    else:
+        raise ValueError(f"unknown batching {batching!r}")
+    info = WorkloadInfo(
+        requests_served=int(served), distinct_requests=int(min(served, n_trace)), reused=int(max(0, served - n_trace)),
+        iterations=len(its), decode_tokens=sum(it.decode_tokens for it in its),
+        prefill_tokens=sum(int(it.rows.size) for it in its if it.kind == "prefill"))
+    return its, info
+
+
+def phase_layers(trace: Trace) -> dict[str, list[int]]:
+    """The MoE layers each kind of iteration runs: encoder layers for prefill and decoder layers for decode in an
+    encoder-decoder model; every layer in both for a decoder-only one."""
+    roles = [x.role for x in trace.meta.model.layers]
+    every = list(range(len(roles)))
+    if "encoder" in roles and "decoder" in roles:
+        return {"prefill": [i for i in every if roles[i] == "encoder"],
+                "decode": [i for i in every if roles[i] == "decoder"]}
+    return {"prefill": every, "decode": every}
+
+
+def active_sets(trace: Trace, rows: np.ndarray, layers: list[int]) -> list[tuple[tuple[int, ...], dict[int, int]]]:
+    """Per layer: the sorted active experts of the rows (the union of their top-k) and tokens routed to each."""
+    ids = trace.experts[rows][:, layers, :]
+    out = []
+    for j in range(len(layers)):
+        flat = ids[:, j, :].ravel()
+        experts, counts = np.unique(flat[flat >= 0], return_counts=True)
+        out.append((tuple(experts.tolist()), dict(zip(experts.tolist(), counts.tolist()))))
+    return out
