@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -119,7 +120,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
 def _read_meta(zf: zipfile.ZipFile, path: Path) -> TraceMeta:
     try:
         raw = zf.read(META_ENTRY)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error) as exc:
         raise TraceError(path, f"truncated or corrupt {META_ENTRY} ({exc})") from None
     try:
         d = json.loads(raw.decode("utf-8"))
@@ -135,7 +136,7 @@ def _read_array(zf: zipfile.ZipFile, member: str, path: Path) -> np.ndarray:
     try:
         with zf.open(member) as f:
             return np.lib.format.read_array(io.BytesIO(f.read()), allow_pickle=False)
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
         raise TraceError(path, f"truncated or corrupt entry {member} ({exc})") from None
     except ValueError as exc:
         raise TraceError(path, f"entry {member} is not a plain numeric array ({exc})") from None
