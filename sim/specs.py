@@ -146,23 +146,25 @@ def resolve_path(value: str | os.PathLike, where: str, what: str = "file") -> Pa
     raise ConfigError(where, f"no such {what} {str(value)!r}{looked}")
 
 
-def read_structured_file(path: Path, where: str) -> Any:
-    """YAML (or JSON for ``.json``) content of ``path``; errors name ``where`` and the file, on one line."""
+def read_structured_file(path: Path, where: str, name_file: bool = True) -> Any:
+    """YAML (or JSON for ``.json``) content of ``path``; errors name ``where`` (and the file, unless ``name_file``
+    is false because ``where`` is the file), on one line."""
+    it = f"{path} is" if name_file else "is"
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(where, f"cannot read {path} ({getattr(exc, 'strerror', None) or exc})") from None
+        raise ConfigError(where, f"cannot read{' ' + str(path) if name_file else ''} ({getattr(exc, 'strerror', None) or exc})") from None
     try:
         if path.suffix.lower() == ".json":
             return json.loads(text)
         return yaml.safe_load(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(where, f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        raise ConfigError(where, f"{it} not valid JSON (line {exc.lineno}: {exc.msg})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(where, f"{path} is not valid YAML ({line}{problem})") from None
+        raise ConfigError(where, f"{it} not valid YAML ({line}{problem})") from None
 
 
 # --------------------------------------------------------------------------------------------- model

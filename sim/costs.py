@@ -1,0 +1,244 @@
+"""How long things take, in seconds: host->device copies, device->device copies, one expert's FFN, and the dense
+(non-expert) work attached to one MoE layer.
+
+By default every duration is a roofline over a :class:`~sim.specs.HardwareSpec`: the larger of compute time
+(FLOPs / FLOP rate) and memory time (bytes moved / HBM bandwidth), plus a fixed cost per kernel launch or copy.
+A hardware profile's measured ``tables`` (from a calibration run) replace the roofline where given:
+
+- ``copy``, ``d2d`` (bytes -> s) and ``expert`` (tokens -> s) are interpolated linearly between points, held at the
+  first point's value below it, and extrapolated beyond the last point with the last two points' slope (never
+  negative);
+- ``dense`` (tokens, context -> s) is interpolated bilinearly over its grid, held at the edge below the grid and
+  extrapolated (never below the edge value) above it. One table serves both stacks of an encoder-decoder model.
+
+The expert and dense tables hold for one model's shapes: a :class:`CostModel` refuses tables measured for another
+model (:class:`~sim.errors.ConfigError` naming ``hardware.tables.model``).
+
+All methods are plain Python over scalars and memoise what they compute: they are called once per simulated event.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+from sim.errors import ConfigError
+from sim.specs import HardwareSpec, ModelSpec
+
+ATTENTION_KERNELS = 5   # per attention sublayer: norm, fused q/k/v projection, attention, output projection, residual
+FFN_EXTRA_KERNELS = 2   # around a dense FFN block, beside one GEMM per weight matrix: norm, residual
+GATE_KERNELS = 2        # the router GEMM, then softmax + top-k
+MOE_EXTRA_KERNELS = 1   # the norm in front of an MoE layer
+_CACHE_LIMIT = 1 << 17  # memo entries kept per method before the memo is cleared
+
+
+def check_tables(model: ModelSpec, hw: HardwareSpec, where: str = "hardware") -> None:
+    """Raise ConfigError when ``hw`` carries expert/dense tables measured for a model other than ``model``."""
+    t = hw.tables
+    if t is not None and (t.expert is not None or t.dense is not None) and t.model != model.name:
+        raise ConfigError(f"{where}.tables.model",
+                          f"the expert/dense tables in {hw.source} were measured for model {t.model!r}, "
+                          f"but the run's model is {model.name!r} (calibrate for it, or drop those tables)")
+
+
+class _Table1D:
+    """Piecewise-linear y(x) over sorted points; held below the first, extrapolated (slope >= 0) beyond the last."""
+
+    __slots__ = ("xs", "ys", "tail")
+
+    def __init__(self, points):
+        self.xs = [float(p[0]) for p in points]
+        self.ys = [float(p[1]) for p in points]
+        if len(self.xs) < 2:
+            raise ValueError("a table needs at least 2 points")
+        self.tail = max(0.0, (self.ys[-1] - self.ys[-2]) / (self.xs[-1] - self.xs[-2]))
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1] + self.tail * (x - xs[-1])
+        i = bisect_right(xs, x)
+        x0, x1 = xs[i - 1], xs[i]
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0)
+
+
+def _axis(xs: list[float], x: float) -> tuple[int, int, float]:
+    """Bracketing indices and weight of ``x`` on a sorted axis: w = 0 below it, w > 1 beyond it."""
+    n = len(xs)
+    if n == 1 or x <= xs[0]:
+        return 0, 0, 0.0
+    if x >= xs[-1]:
+        i = n - 1
+    else:
+        i = bisect_right(xs, x)
+    return i - 1, i, (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+
+
+class _Table2D:
+    """Bilinear y(t, c) over a full grid; held below it, extrapolated above it but never below the edge value."""
+
+    __slots__ = ("ts", "cs", "v")
+
+    def __init__(self, points):
+        self.ts = sorted({float(p[0]) for p in points})
+        self.cs = sorted({float(p[1]) for p in points})
+        grid = {(float(p[0]), float(p[1])): float(p[2]) for p in points}
+        try:
+            self.v = [[grid[(t, c)] for c in self.cs] for t in self.ts]
+        except KeyError as exc:
+            raise ValueError(f"dense table is not a full grid: missing {exc.args[0]}") from None
+
+    def _at(self, ti, ci, wt, wc) -> float:
+        v = self.v
+        t0, t1 = ti
+        c0, c1 = ci
+        lo = v[t0][c0] + (v[t0][c1] - v[t0][c0]) * wc
+        hi = v[t1][c0] + (v[t1][c1] - v[t1][c0]) * wc
+        return lo + (hi - lo) * wt
+
+    def __call__(self, t: float, c: float) -> float:
+        t0, t1, wt = _axis(self.ts, t)
+        c0, c1, wc = _axis(self.cs, c)
+        value = self._at((t0, t1), (c0, c1), wt, wc)
+        if wt > 1.0 or wc > 1.0:
+            value = max(value, self._at((t0, t1), (c0, c1), min(wt, 1.0), min(wc, 1.0)))
+        return value
+
+
+class CostModel:
+    """Durations, in seconds, of the operations the engine schedules, for one model on one machine."""
+
+    def __init__(self, model: ModelSpec, hw: HardwareSpec):
+        check_tables(model, hw)
+        self.model = model
+        self.hw = hw
+        self.rate = hw.rate(model.dtype_bytes)
+        t = hw.tables
+        self._copy_table = _Table1D(t.copy) if t is not None and t.copy is not None else None
+        self._d2d_table = _Table1D(t.d2d) if t is not None and t.d2d is not None else None
+        self._expert_table = _Table1D(t.expert) if t is not None and t.expert is not None else None
+        self._dense_table = _Table2D(t.dense) if t is not None and t.dense is not None else None
+        self._expert_memo: dict[int, float] = {}
+        self._dense_memo: dict[tuple, float] = {}
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.model.expert_bytes
+
+    # ------------------------------------------------------------------ copies
+    def copy_s(self, nbytes: int) -> float:
+        """Host -> device copy of ``nbytes`` (pinned): latency + bytes / link bandwidth, or the copy table."""
+        if nbytes <= 0:
+            return 0.0
+        if self._copy_table is not None:
+            return self._copy_table(nbytes)
+        return self.hw.pcie_latency_s + nbytes / self.hw.pcie_bw
+
+    def d2d_s(self, nbytes: int) -> float:
+        """Device -> device copy of ``nbytes``: one launch + bytes / d2d bandwidth, or the d2d table."""
+        if nbytes <= 0:
+            return 0.0
+        if self._d2d_table is not None:
+            return self._d2d_table(nbytes)
+        return self.hw.launch_overhead_s + nbytes / self.hw.d2d_bw
+
+    # ------------------------------------------------------------------ compute
+    def _roofline(self, flops: float, nbytes: float) -> float:
+        return max(flops / self.rate, nbytes / self.hw.hbm_bw)
+
+    def expert_s(self, tokens: int) -> float:
+        """One expert's FFN on ``tokens`` tokens (0 for none): a launch per weight matrix + the roofline of its
+        FLOPs against its weight bytes plus the activations read and written; or the expert table."""
+        memo = self._expert_memo
+        try:
+            return memo[tokens]
+        except KeyError:
+            pass
+        n = int(tokens)
+        if n <= 0:
+            value = 0.0
+        elif self._expert_table is not None:
+            value = self._expert_table(n)
+        else:
+            m = self.model
+            activations = 2 * n * m.d_model * m.dtype_bytes
+            value = (m.expert_matrices * self.hw.launch_overhead_s
+                     + self._roofline(n * m.expert_flops_per_token, m.expert_bytes + activations))
+        if len(memo) >= _CACHE_LIMIT:
+            memo.clear()
+        memo[tokens] = value
+        return value
+
+    def dense_s(self, role: str, tokens: int, context: float) -> float:
+        """The dense work attached to ONE MoE layer of the ``role`` stack ("encoder"/"decoder") in one iteration
+        over ``tokens`` tokens whose mean attention context is ``context`` tokens (0 for no tokens).
+
+        A stack of B blocks with M MoE layers gives each MoE layer B/M attention blocks, (B-M)/M dense FFN blocks,
+        its shared experts, its gate and the launches of all of them. Each part is a roofline: attention reads its
+        weights once and each token's K/V over its context (``tokens * context * kv bytes per block``), with FLOPs
+        ``2 * params * tokens + 4 * tokens * context * n_heads * head_dim``; decoder blocks of an encoder-decoder
+        model have a second (cross-) attention sublayer, taken over the same context. The dense table, when given,
+        replaces all of it.
+        """
+        key = (role, tokens, context)
+        memo = self._dense_memo
+        try:
+            return memo[key]
+        except KeyError:
+            pass
+        m = self.model
+        if role not in ("encoder", "decoder"):
+            raise ValueError(f"role must be 'encoder' or 'decoder', got {role!r}")
+        moe = m.moe_layers_of(role)
+        if moe == 0:
+            raise ValueError(f"model {m.name!r} has no {role} MoE layers")
+        n = int(tokens)
+        ctx = max(float(context), 0.0)
+        if n <= 0:
+            value = 0.0
+        elif self._dense_table is not None:
+            value = self._dense_table(n, ctx)
+        else:
+            value = self._dense_roofline(role, n, ctx, moe)
+        if len(memo) >= _CACHE_LIMIT:
+            memo.clear()
+        memo[key] = value
+        return value
+
+    def _dense_roofline(self, role: str, n: int, ctx: float, moe: int) -> float:
+        m, launch, dt = self.model, self.hw.launch_overhead_s, self.model.dtype_bytes
+        blocks = m.blocks(role)
+        act = n * m.d_model * dt  # one activation tensor [tokens, d_model]
+
+        sublayers = 2 if (role == "decoder" and m.is_encoder_decoder) else 1
+        ap = m.attention_params(role)
+        attn_flops = 2 * ap * n + sublayers * 4 * n * ctx * m.n_heads * m.head_dim
+        attn_bytes = ap * dt + sublayers * (n * ctx * m.kv_bytes_per_block_token + 2 * act)
+        attention = self._roofline(attn_flops, attn_bytes) + sublayers * ATTENTION_KERNELS * launch
+
+        total = (blocks / moe) * attention
+        dense_blocks = blocks - moe
+        if dense_blocks:
+            p = m.dense_ffn_params
+            ffn = (self._roofline(2 * p * n, p * dt + 2 * act)
+                   + (m.dense_ffn_matrices + FFN_EXTRA_KERNELS) * launch)
+            total += (dense_blocks / moe) * ffn
+        if m.shared_expert_d_ff:
+            p = m.shared_expert_params
+            total += self._roofline(2 * p * n, p * dt + 2 * act) + m.expert_matrices * launch
+        p = m.gate_params
+        total += self._roofline(2 * p * n, p * dt + act) + GATE_KERNELS * launch
+        total += MOE_EXTRA_KERNELS * launch
+        return total
+
+    def lm_head_s(self, tokens: int) -> float:
+        """The LM head (vocabulary projection) over ``tokens`` tokens, once per iteration: not part of any MoE
+        layer's dense work; a roofline plus two launches (GEMM, sampling)."""
+        n = int(tokens)
+        if n <= 0:
+            return 0.0
+        m = self.model
+        p = m.vocab_size * m.d_model
+        return (self._roofline(2 * p * n, p * m.dtype_bytes + n * (m.d_model + m.vocab_size) * m.dtype_bytes)
+                + 2 * self.hw.launch_overhead_s)
