@@ -142,7 +142,8 @@ def resolve_path(value: str | os.PathLike, where: str, what: str = "file") -> Pa
             if c.is_dir():
                 raise ConfigError(where, f"{str(value)!r} is a folder, not a {what}")
             return c
-    looked = "" if p.is_absolute() else f" (looked in {Path.cwd()} and {PROJECT_ROOT})"
+    folders = [] if p.is_absolute() else list(dict.fromkeys(str(x) for x in (Path.cwd(), PROJECT_ROOT)))
+    looked = f" (looked in {' and '.join(folders)})" if folders else ""
     raise ConfigError(where, f"no such {what} {str(value)!r}{looked}")
 
 
@@ -562,7 +563,8 @@ def _load_profile(value: Any, where: str, kind: str, keys, depth: int = 0) -> tu
         if not isinstance(d, dict):
             raise ConfigError(where, f"{source} must hold a mapping, got {_show(d)}")
         d = dict(d)
-        d.setdefault("name", path.stem)
+        if "base" not in d:
+            d.setdefault("name", path.stem)  # with a base, the base's name (a calibration of h200 is still h200)
     elif isinstance(value, dict):
         d, source = dict(check_mapping(value, where)), "inline"
     else:
