@@ -37,7 +37,7 @@ class CopyEngine:
         self.nbytes = nbytes
         self.capacity = buffers
         self.free = buffers
-        self.reserve = max(1, reserve) if buffers > 1 else 0
+        self.reserve = max(1, reserve)  # with one buffer, prefetches wait until their layer needs them
         self.demand: deque[CopyJob] = deque()
         self.prefetch: deque[CopyJob] = deque()
         self.ready: dict[int, deque[CopyJob]] = {}

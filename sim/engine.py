@@ -84,7 +84,7 @@ class Simulation:
 
     def __init__(self, trace: Trace, iterations: list[Iteration], policy: Policy, predictor: Predictor,
                  costs: CostModel, lpc_buffers: int, prefetch_reserve: int = 1, timeline: bool = False,
-                 progress=None):
+                 progress=None, check_invariants: bool = False):
         self.trace = trace
         self.iterations = iterations
         self.policy = policy
@@ -94,6 +94,7 @@ class Simulation:
         self.prefetch_reserve = prefetch_reserve
         self.timeline = [] if timeline else None
         self.progress = progress
+        self.check_invariants = check_invariants  # full tier check after every layer (tests)
         self.roles = [x.role for x in trace.meta.model.layers]
         self.phase_layers = phase_layers(trace)
 
@@ -184,6 +185,10 @@ class Simulation:
                         totals["busy"] += t
                         copy.release()
                     policy.finish_layer(it.index, layer)
+                    if self.check_invariants:
+                        policy.cache.check()
+                        if copy.free < 0 or copy.capacity - copy.free > copy.capacity:
+                            raise AssertionError("working buffers over capacity")
                 hits = counters.hits
                 records.append(IterationRecord(
                     it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, t_start, env.now, stall,

@@ -101,7 +101,8 @@ def versions() -> dict:
     return out
 
 
-def simulate(cfg: RunConfig, timeline: bool = False, progress=None, trace: Trace | None = None) -> RunOutput:
+def simulate(cfg: RunConfig, timeline: bool = False, progress=None, trace: Trace | None = None,
+             check_invariants: bool = False) -> RunOutput:
     """Run the simulator for one config; returns the summary and everything behind it."""
     trace = trace if trace is not None else load_trace(cfg.workload.trace)
     w = cfg.workload
@@ -109,7 +110,7 @@ def simulate(cfg: RunConfig, timeline: bool = False, progress=None, trace: Trace
     policy, predictor = build_decisions(cfg, trace)
     costs = CostModel(cfg.model, cfg.hardware)
     sim = Simulation(trace, iterations, policy, predictor, costs, cfg.cache.lpc_buffers, cfg.cache.prefetch_reserve,
-                     timeline=timeline, progress=progress)
+                     timeline=timeline, progress=progress, check_invariants=check_invariants)
     res = sim.run()
     labels = {"policy": cfg.policy.name, "predictor": cfg.predictor.name, "model": cfg.model.name,
               "hardware": cfg.hardware.name, "batch_size": w.batch_size, "batching": w.batching, "seed": cfg.seed}
