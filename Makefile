@@ -14,13 +14,14 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m traces stats traces/data/switch_xxl_128.npz
+	$(PY) -m sim run configs/switch_xxl.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_stats.py
+	$(PY) benchmarks/bench_sim.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -100,12 +100,12 @@ class TierCache:
 
     def add_lpc(self, layer: int, expert: int) -> None:
         """An expert is being copied from host into a working buffer for ``layer``."""
-        if self.cached(layer, expert):
-            raise CacheInvariantError(f"layer {layer}: expert {expert} copied from host while cached")
-        if (layer, expert) in self.lpc:
-            raise CacheInvariantError(f"layer {layer}: expert {expert} copied twice")
-        self._check_ids(layer, [expert])
-        self.lpc.add((layer, expert))
+        key = (layer, expert)
+        if expert in self.hpc[layer] or expert in self.mpc[layer] or key in self.lpc:
+            raise CacheInvariantError(f"layer {layer}: expert {expert} copied from host while cached or in flight")
+        if not 0 <= expert < self.num_experts:
+            raise CacheInvariantError(f"layer {layer}: expert {expert} out of range")
+        self.lpc.add(key)
 
     def promote(self, layer: int, expert: int, victim: int | None) -> None:
         """Move ``expert`` from its working buffer into an MPC slot, evicting ``victim`` (an MPC expert) if given."""
@@ -138,6 +138,15 @@ class TierCache:
         for e in gone:
             self.lpc.discard((layer, e))
         return gone
+
+    def count_all(self, sources) -> None:
+        """Record one access per entry of ``sources`` (tiers, or MISS)."""
+        hits = self.counters.hits
+        for src in sources:
+            if src == MISS:
+                self.counters.misses += 1
+            else:
+                hits[src] += 1
 
     def count(self, source: str) -> None:
         """Record one access served from ``source`` (a tier, or MISS)."""

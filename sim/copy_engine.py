@@ -1,4 +1,4 @@
-"""The host-to-device copy engine and the shared working buffers, as one SimPy process.
+"""The host-to-device copy engine and the shared working buffers.
 
 One copy at a time crosses the link (a GPU has one host-to-device copy engine). Demand copies (a layer waits for
 them now) are served before queued prefetches; a copy in flight is never preempted. Every copy lands in a
@@ -30,6 +30,8 @@ class CopyJob:
 
 
 class CopyEngine:
+    """Callback-driven: a copy is one SimPy timeout whose callback lands it and starts the next; no process."""
+
     def __init__(self, env: simpy.Environment, copy_s: float, nbytes: int, buffers: int, reserve: int,
                  timeline: list | None = None):
         self.env = env
@@ -42,20 +44,19 @@ class CopyEngine:
         self.prefetch: deque[CopyJob] = deque()
         self.ready: dict[int, deque[CopyJob]] = {}
         self.waiter: dict[int, simpy.Event] = {}
-        self._wake: simpy.Event | None = None
         self.timeline = timeline
+        self.current: CopyJob | None = None  # the copy on the link
         # counters
         self.copies = 0
         self.prefetch_copies = 0
-        self.busy_s = 0.0
         self.max_in_use = 0
-        self.process = env.process(self._run())
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, layer: int, expert: int, prefetch: bool) -> CopyJob:
         job = CopyJob(layer, expert, prefetch)
         (self.prefetch if prefetch else self.demand).append(job)
-        self._poke()
+        if self.current is None:
+            self._start_next()
         return job
 
     def upgrade(self, job: CopyJob) -> None:
@@ -63,7 +64,8 @@ class CopyEngine:
         if not job.started and job in self.prefetch:
             self.prefetch.remove(job)
             self.demand.append(job)
-            self._poke()
+            if self.current is None:
+                self._start_next()
 
     def drop(self, job: CopyJob) -> None:
         """A prefetched expert went unused: cancel its copy, or free its buffer once it has landed."""
@@ -75,14 +77,15 @@ class CopyEngine:
             if q is not None and job in q:
                 q.remove(job)
             self.release()
-        # in flight: released when it lands (see _run)
+        # in flight: released when it lands (see _land)
 
     def release(self) -> None:
         """A working buffer is free again."""
         self.free += 1
         if self.free > self.capacity:
             raise AssertionError("working buffer released twice")
-        self._poke()
+        if self.current is None:
+            self._start_next()
 
     def wait_ready(self, layer: int) -> simpy.Event:
         """An event that fires when the next copy for ``layer`` lands."""
@@ -90,47 +93,49 @@ class CopyEngine:
         self.waiter[layer] = ev
         return ev
 
-    # -------------------------------------------------------------------------------------------- the engine
-    def _poke(self) -> None:
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
-
-    def _next(self) -> CopyJob | None:
+    # -------------------------------------------------------------------------------------------- the link
+    def _start_next(self) -> None:
         if self.demand and self.free >= 1:
-            return self.demand.popleft()
-        if self.prefetch and self.free > self.reserve:
-            return self.prefetch.popleft()
-        return None
+            job = self.demand.popleft()
+        elif self.prefetch and self.free > self.reserve:
+            job = self.prefetch.popleft()
+        else:
+            return
+        self.free -= 1
+        in_use = self.capacity - self.free
+        if in_use > self.max_in_use:
+            self.max_in_use = in_use
+        job.started = True
+        job.start = self.env.now
+        self.current = job
+        self.env.timeout(self.copy_s).callbacks.append(self._land)
 
-    def _run(self):
-        env = self.env
-        while True:
-            job = self._next()
-            if job is None:
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
-                continue
-            self.free -= 1
-            self.max_in_use = max(self.max_in_use, self.capacity - self.free)
-            job.started = True
-            job.start = env.now
-            yield env.timeout(self.copy_s)
-            job.end = env.now
-            job.finished = True
-            self.copies += 1
-            self.prefetch_copies += job.was_prefetch
-            self.busy_s += self.copy_s
-            if self.timeline is not None:
-                kind = "prefetch" if job.was_prefetch else "demand"
-                self.timeline.append(("copy", f"L{job.layer} E{job.expert} {kind}", job.start, self.copy_s))
-            if job.dropped:
-                self.release()
-                continue
-            self.ready.setdefault(job.layer, deque()).append(job)
+    def _land(self, _event) -> None:
+        job = self.current
+        self.current = None
+        job.end = self.env.now
+        job.finished = True
+        self.copies += 1
+        if job.was_prefetch:
+            self.prefetch_copies += 1
+        if self.timeline is not None:
+            kind = "prefetch" if job.was_prefetch else "demand"
+            self.timeline.append(("copy", f"L{job.layer} E{job.expert} {kind}", job.start, self.copy_s))
+        if job.dropped:
+            self.free += 1
+        else:
+            q = self.ready.get(job.layer)
+            if q is None:
+                q = self.ready[job.layer] = deque()
+            q.append(job)
             w = self.waiter.pop(job.layer, None)
             if w is not None:
                 w.succeed()
+        self._start_next()
+
+    @property
+    def busy_s(self) -> float:
+        return self.copies * self.copy_s
 
     @property
     def pcie_bytes(self) -> int:

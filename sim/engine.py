@@ -79,6 +79,12 @@ class EngineResult:
     timeline: list | None = field(default=None)
 
 
+def _events_processed(env: simpy.Environment) -> int:
+    """Events SimPy has processed: it numbers every scheduled event (``_eid``, a counter); the ones still queued
+    were not processed. Reading the counter once at the end costs nothing during the run."""
+    return next(env._eid) - len(env._queue)
+
+
 class Simulation:
     """One run: a trace, its iterations, a policy, a predictor and a cost model."""
 
@@ -114,15 +120,18 @@ class Simulation:
         counters = policy.cache.counters
 
         def compute_stream():
+            timeout, submit, release, upgrade = env.timeout, copy.submit, copy.release, copy.upgrade
+            hit_d2d = d2d if policy.hit_d2d else 0.0
+            promote_d2d = 0.0 if policy.promotion_is_free else d2d
             for it in self.iterations:
                 if it.new_batch:
                     policy.start_batch()
                 layers = self.phase_layers[it.kind]
                 actives = active_sets(self.trace, it.rows, layers)
                 t_start = env.now
-                stall = 0.0
+                stall = busy = 0.0
                 before = (dict(counters.hits), counters.misses, copy.copies)
-                issued = unused = 0
+                issued = unused = used = 0
                 jobs = {}
                 n_tok = int(it.rows.size)
                 for pos, layer in enumerate(layers):
@@ -130,15 +139,15 @@ class Simulation:
                     dense = costs.dense_s(self.roles[layer], n_tok, it.context)
                     if tl is not None:
                         tl.append(("compute", f"L{layer} dense", env.now, dense))
-                    yield env.timeout(dense)
-                    totals["busy"] += dense
+                    yield timeout(dense)
+                    busy += dense
                     if predictor.predicts and pos + 1 < len(layers):
                         nxt = layers[pos + 1]
                         truth = frozenset(actives[pos + 1][0])
                         guess = predictor.predict(it.index, nxt, truth, frozenset(active))
                         score.add(nxt, guess, truth)
                         for e in policy.plan_prefetch(it.index, nxt, guess):
-                            jobs[(nxt, e)] = copy.submit(nxt, e, prefetch=True)
+                            jobs[(nxt, e)] = submit(nxt, e, True)
                             issued += 1
                     plan = policy.plan_layer(it.index, layer, active)
                     for e in plan.unused_prefetch:
@@ -149,41 +158,42 @@ class Simulation:
                         unused += 1
                     resident_s = 0.0
                     waiting = 0
+                    sources = plan.sources
                     for e in active:
-                        src = plan.sources[e]
+                        src = sources[e]
                         if src == HPC or src == MPC:
-                            t = expert_s(counts[e]) + (d2d if policy.hit_d2d else 0.0)
+                            t = expert_s(counts[e]) + hit_d2d
                             if tl is not None:
                                 tl.append(("compute", f"L{layer} E{e} {src}", env.now + resident_s, t))
                             resident_s += t
                         elif src == LPC:
-                            copy.upgrade(jobs.pop((layer, e)))
-                            totals["used"] += 1
+                            upgrade(jobs.pop((layer, e)))
+                            used += 1
                             waiting += 1
                         else:
-                            jobs[(layer, e)] = copy.submit(layer, e, prefetch=False)
+                            submit(layer, e, False)
                             waiting += 1
                     if resident_s:
-                        yield env.timeout(resident_s)
-                        totals["busy"] += resident_s
+                        yield timeout(resident_s)
+                        busy += resident_s
                     ready = copy.ready.setdefault(layer, deque())
+                    promote = plan.promote
                     while waiting:
                         if not ready:
                             t0 = env.now
                             yield copy.wait_ready(layer)
                             stall += env.now - t0
                             continue
-                        job = ready.popleft()
-                        jobs.pop((layer, job.expert), None)
+                        e = ready.popleft().expert
                         waiting -= 1
-                        t = expert_s(counts[job.expert])
-                        if job.expert in plan.promote and not policy.promotion_is_free:
-                            t += d2d
+                        t = expert_s(counts[e])
+                        if e in promote:
+                            t += promote_d2d
                         if tl is not None:
-                            tl.append(("compute", f"L{layer} E{job.expert} copied", env.now, t))
-                        yield env.timeout(t)
-                        totals["busy"] += t
-                        copy.release()
+                            tl.append(("compute", f"L{layer} E{e} copied", env.now, t))
+                        yield timeout(t)
+                        busy += t
+                        release()
                     policy.finish_layer(it.index, layer)
                     if self.check_invariants:
                         policy.cache.check()
@@ -194,22 +204,22 @@ class Simulation:
                     it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, t_start, env.now, stall,
                     hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC], hits[LPC] - before[0][LPC],
                     counters.misses - before[1], copy.copies - before[2], issued, unused))
+                totals["busy"] += busy
                 totals["stall"] += stall
                 totals["issued"] += issued
                 totals["unused"] += unused
+                totals["used"] += used
                 if self.progress is not None:
                     self.progress(it.index + 1, len(self.iterations))
 
         main = env.process(compute_stream())
-        events = 0
         try:
-            while not main.triggered:
-                env.step()
-                events += 1
-        except simpy.core.EmptySchedule:
-            raise RuntimeError("simulation deadlocked: the compute stream waits on a copy that never comes") from None
-        if not main.ok:
-            raise main.value
+            env.run(until=main)
+        except RuntimeError as exc:
+            if main.triggered:
+                raise
+            raise RuntimeError("simulation deadlocked: the compute stream waits on a copy that never comes") from exc
+        events = _events_processed(env)
         return EngineResult(
             iterations=records, sim_time_s=env.now, compute_busy_s=totals["busy"], link_busy_s=copy.busy_s,
             stall_s=totals["stall"], copies=copy.copies, prefetch_copies=copy.prefetch_copies,

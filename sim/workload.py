@@ -137,10 +137,15 @@ def phase_layers(trace: Trace) -> dict[str, list[int]]:
 
 def active_sets(trace: Trace, rows: np.ndarray, layers: list[int]) -> list[tuple[tuple[int, ...], dict[int, int]]]:
     """Per layer: the sorted active experts of the rows (the union of their top-k) and tokens routed to each."""
-    ids = trace.experts[rows][:, layers, :]
+    e = trace.num_experts
+    ids = trace.experts[rows][:, layers, :].astype(np.int64)  # [rows, layers, k]
+    codes = ids + (np.arange(len(layers)) * e)[None, :, None]
+    counts = np.bincount(codes[ids >= 0], minlength=len(layers) * e).reshape(len(layers), e)
+    layer_of, expert = np.nonzero(counts)  # row-major: grouped by layer, experts ascending
+    bounds = np.searchsorted(layer_of, np.arange(len(layers) + 1)).tolist()
+    experts, tokens = expert.tolist(), counts[layer_of, expert].tolist()
     out = []
     for j in range(len(layers)):
-        flat = ids[:, j, :].ravel()
-        experts, counts = np.unique(flat[flat >= 0], return_counts=True)
-        out.append((tuple(experts.tolist()), dict(zip(experts.tolist(), counts.tolist()))))
+        ex = experts[bounds[j]:bounds[j + 1]]
+        out.append((tuple(ex), dict(zip(ex, tokens[bounds[j]:bounds[j + 1]]))))
     return out

@@ -89,11 +89,11 @@ class Policy:
 
     # ----------------------------------------------------------------------------------------------- protocol
     def plan_prefetch(self, iteration: int, layer: int, predicted) -> list[int]:
-        out = []
-        for e in sorted(predicted):
-            if self.cache.tier_of(layer, e) is None:
-                self.cache.add_lpc(layer, e)
-                out.append(e)
+        cache = self.cache
+        hpc, mpc, lpc = cache.hpc[layer], cache.mpc[layer], cache.lpc
+        out = [e for e in sorted(predicted) if e not in hpc and e not in mpc and (layer, e) not in lpc]
+        for e in out:
+            cache.add_lpc(layer, e)
         return out
 
     def plan_layer(self, iteration: int, layer: int, active: Sequence[int]) -> LayerPlan:
@@ -108,16 +108,20 @@ class Policy:
     def classify(self, layer: int, active: Sequence[int]) -> LayerPlan:
         """Sources of the active experts; misses are entered into the LPC (they are copied now)."""
         cache = self.cache
+        hpc, mpc, lpc = cache.hpc[layer], cache.mpc[layer], cache.lpc
         sources = {}
         for e in active:
-            t = cache.tier_of(layer, e)
-            if t is None:
+            if e in hpc:
+                sources[e] = HPC
+            elif e in mpc:
+                sources[e] = MPC
+            elif (layer, e) in lpc:
+                sources[e] = LPC
+            else:
                 cache.add_lpc(layer, e)
-                t = MISS
-            sources[e] = t
-            cache.count(t)
-        active_set = set(active)
-        unused = sorted(e for (lyr, e) in cache.lpc if lyr == layer and e not in active_set)
+                sources[e] = MISS
+        cache.count_all(sources.values())
+        unused = sorted(e for (lyr, e) in lpc if lyr == layer and e not in sources) if lpc else []
         return LayerPlan(sources, unused_prefetch=unused)
 
     def update(self, iteration: int, layer: int, active: Sequence[int], plan: LayerPlan) -> None:

@@ -61,34 +61,42 @@ class DiffMoE(Policy):
             hot = self.ctx.hot_ranking[layer][: h + m]
             self.cache.fill_mpc(layer, hot[h:])
             self.scores[layer, list(hot)] = self.params["max_val"]
+        # per layer, each expert's decay when inactive: dec_in_cache where cached (HPC or MPC), else dec_out_cache
+        self.decay = np.full((self.ctx.num_layers, self.ctx.num_experts), self.params["dec_out_cache"])
+        for layer in self.ctx.cached_layers:
+            held = list(self.cache.hpc[layer]) + list(self.cache.mpc[layer])
+            self.decay[layer, held] = self.params["dec_in_cache"]
 
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.ctx.cached_layers:
             return
         p, cache = self.params, self.cache
         score = self.scores[layer]
-        is_active = np.zeros(self.ctx.num_experts, dtype=bool)
-        is_active[list(active)] = True
-        cached = np.zeros(self.ctx.num_experts, dtype=bool)
-        cached[list(cache.hpc[layer])] = True
-        cached[list(cache.mpc[layer])] = True
-        score[is_active] = np.minimum(score[is_active] + 1.0, p["max_val"])
-        decay = np.where(cached, p["dec_in_cache"], p["dec_out_cache"])
-        score[~is_active] = np.maximum(score[~is_active] - decay[~is_active], 0.0)
-
-        candidates = sorted(active, key=lambda e: (-score[e], e))
+        gained = np.minimum(score[list(active)] + 1.0, p["max_val"])  # 1. active experts gain 1, capped
+        score -= self.decay[layer]  # 2. inactive ones decay (by whether they are cached)
+        np.maximum(score, 0.0, out=score)
+        score[list(active)] = gained
+        hpc, mpc = cache.hpc[layer], cache.mpc[layer]
+        newcomers = [e for e in active if e not in hpc and e not in mpc]
+        if not newcomers:
+            return  # 3. nothing to promote: every active expert is cached already
+        sc = score.tolist()
+        threshold = p["threshold"]
+        # candidates by score, highest first (ties: lower id, as ``active`` is sorted); cached ones are skipped
+        # without using a slot, so only the uncached ones matter for the walk
+        candidates = sorted(newcomers, key=lambda e: -sc[e])
         # weakest first; an empty slot counts as score 0; an expert in use now is never a victim
-        held = sorted((e for e in cache.mpc[layer] if not is_active[e]), key=lambda e: score[e])
-        slots = [None] * (cache.mpc_slots - len(cache.mpc[layer])) + held
-        j = 0
-        for c in candidates:
-            if j >= len(slots) or score[c] < p["threshold"]:
+        active_set = set(active)
+        held = sorted((e for e in mpc if e not in active_set), key=sc.__getitem__)
+        slots = [None] * (cache.mpc_slots - len(mpc)) + held
+        for j, c in enumerate(candidates):
+            if j >= len(slots) or sc[c] < threshold:
                 break
             victim = slots[j]
-            if victim is not None and score[victim] >= p["threshold"]:
+            if victim is not None and sc[victim] >= threshold:
                 break
-            if cached[c]:
-                continue
             cache.promote(layer, c, victim)
             plan.promote[c] = victim
-            j += 1
+            self.decay[layer, c] = p["dec_in_cache"]
+            if victim is not None:
+                self.decay[layer, victim] = p["dec_out_cache"]
