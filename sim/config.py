@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import copy
 import functools
-import io
 import json
 import math
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -38,6 +36,7 @@ from sim.specs import (GB, HARDWARE_KEYS, MODEL_KEYS, PROJECT_ROOT, TABLE_KEYS, 
                        load_hardware, load_model, read_structured_file, resolve_path)
 from traces.errors import TraceError
 from traces.format import TraceMeta
+from traces.io import load_trace_header
 
 BATCHING = ("static", "continuous")
 CACHE_LAYERS = ("all", "decoder", "encoder")
@@ -131,29 +130,7 @@ def read_trace_summary(path: str | Path) -> TraceSummary:
 @functools.lru_cache(maxsize=32)
 def _trace_summary(path_str: str, mtime_ns: int, size: int) -> TraceSummary:
     path = Path(path_str)
-    try:
-        zf = zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
-        raise TraceError(path, "not a trace file (not a zip/.npz archive, or truncated)") from None
-    except OSError as exc:
-        raise TraceError(path, f"cannot be read ({exc.strerror or exc})") from None
-    with zf:
-        names = set(zf.namelist())
-        missing = [n for n in ("meta.json", "experts.npy", "request_offsets.npy", "prefill_lengths.npy")
-                   if n not in names]
-        if missing:
-            raise TraceError(path, f"not a trace file: it has no {', '.join(missing)}")
-        try:
-            meta = TraceMeta.from_dict(json.loads(zf.read("meta.json").decode("utf-8")))
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
-            raise TraceError(path, f"truncated or corrupt meta.json ({exc})") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TraceError(path, f"meta.json is not valid JSON ({exc})") from None
-        except ValueError as exc:
-            raise TraceError(path, str(exc)) from None
-        experts_shape = _npy_shape(zf, "experts.npy", path)
-        offsets = _npy(zf, "request_offsets.npy", path)
-        prefill = _npy(zf, "prefill_lengths.npy", path)
+    meta, experts_shape, offsets, prefill = load_trace_header(path)
     if offsets.dtype != np.int64 or offsets.ndim != 1 or offsets.shape[0] < 2 or offsets[0] != 0 \
             or np.any(np.diff(offsets) < 0):
         raise TraceError(path, "request_offsets must be non-decreasing int64 [requests + 1] starting at 0")
@@ -165,27 +142,6 @@ def _trace_summary(path_str: str, mtime_ns: int, size: int) -> TraceSummary:
             or np.any(prefill > lengths):
         raise TraceError(path, "prefill_lengths must be int64, one per request, between 0 and its token count")
     return TraceSummary(path, meta, prefill, lengths - prefill)
-
-
-def _npy(zf: zipfile.ZipFile, member: str, path: Path) -> np.ndarray:
-    try:
-        with zf.open(member) as f:
-            return np.lib.format.read_array(io.BytesIO(f.read()), allow_pickle=False)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        raise TraceError(path, f"truncated or corrupt entry {member} ({exc})") from None
-
-
-def _npy_shape(zf: zipfile.ZipFile, member: str, path: Path) -> tuple:
-    try:
-        with zf.open(member) as f:
-            version = np.lib.format.read_magic(f)  # header only: no data read
-            if version == (1, 0):
-                shape, _, _ = np.lib.format.read_array_header_1_0(f)
-            else:
-                shape, _, _ = np.lib.format.read_array_header_2_0(f)
-            return tuple(shape)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, AttributeError) as exc:
-        raise TraceError(path, f"truncated or corrupt entry {member} ({exc})") from None
 
 
 def _norm_name(name: str) -> str:

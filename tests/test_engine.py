@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, make_trace, random_trace
-from sim.cache import HPC, LPC, MPC
+from sim.cache import HPC, MPC
 from sim.config import config_from_dict
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS

@@ -81,9 +81,8 @@ def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
-def load_trace(path: str | os.PathLike) -> Trace:
-    """Read and fully validate a trace file; raises TraceError naming the file and the problem."""
-    path = Path(path)
+def _open_trace_zip(path: Path) -> zipfile.ZipFile:
+    """Open a trace file's archive and check its entries; raises TraceError naming the file."""
     if not path.exists():
         raise TraceError(path, "no such file")
     if path.is_dir():
@@ -94,15 +93,24 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise TraceError(path, "not a trace file (not a zip/.npz archive, or truncated)") from None
     except OSError as exc:
         raise TraceError(path, f"cannot be read ({exc.strerror or exc})") from None
-    with zf:
+    names = set(zf.namelist())
+    expected = {f"{a}.npy" for a in ARRAYS_REQUIRED + ARRAYS_OPTIONAL} | {META_ENTRY}
+    missing = [n for n in (META_ENTRY, *(f"{a}.npy" for a in ARRAYS_REQUIRED)) if n not in names]
+    if missing:
+        zf.close()
+        raise TraceError(path, f"not a trace file: it has no {', '.join(missing)}")
+    unknown = sorted(names - expected)
+    if unknown:
+        zf.close()
+        raise TraceError(path, f"unknown entry {unknown[0]} in trace file")
+    return zf
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """Read and fully validate a trace file; raises TraceError naming the file and the problem."""
+    path = Path(path)
+    with _open_trace_zip(path) as zf:
         names = set(zf.namelist())
-        expected = {f"{a}.npy" for a in ARRAYS_REQUIRED + ARRAYS_OPTIONAL} | {META_ENTRY}
-        missing = [n for n in (META_ENTRY, *(f"{a}.npy" for a in ARRAYS_REQUIRED)) if n not in names]
-        if missing:
-            raise TraceError(path, f"not a trace file: it has no {', '.join(missing)}")
-        unknown = sorted(names - expected)
-        if unknown:
-            raise TraceError(path, f"unknown entry {unknown[0]} in trace file")
         meta = _read_meta(zf, path)
         arrays = {}
         for name in ARRAYS_REQUIRED + ARRAYS_OPTIONAL:
@@ -115,6 +123,25 @@ def load_trace(path: str | os.PathLike) -> Trace:
     except ValueError as exc:
         raise TraceError(path, str(exc)) from None
     return trace
+
+
+def load_trace_header(path: str | os.PathLike) -> tuple[TraceMeta, tuple[int, ...], np.ndarray, np.ndarray]:
+    """A trace's metadata, the shape of its expert array, its request offsets and prefill lengths, without reading
+    the routing itself (for checking a config against a trace quickly). Raises TraceError like load_trace."""
+    path = Path(path)
+    with _open_trace_zip(path) as zf:
+        meta = _read_meta(zf, path)
+        try:
+            with zf.open("experts.npy") as f:
+                version = np.lib.format.read_magic(f)  # header only: no data read
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape = tuple(read_header(f)[0])
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error) as exc:
+            raise TraceError(path, f"truncated or corrupt entry experts.npy ({exc})") from None
+        offsets = _read_array(zf, "request_offsets.npy", path)
+        prefill = _read_array(zf, "prefill_lengths.npy", path)
+    return meta, shape, offsets, prefill
 
 
 def _read_meta(zf: zipfile.ZipFile, path: Path) -> TraceMeta:
