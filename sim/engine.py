@@ -126,6 +126,8 @@ class Simulation:
             for it in self.iterations:
                 if it.new_batch:
                     policy.start_batch()
+                policy.start_iteration(it)
+                predictor.start_iteration(it)
                 layers = self.phase_layers[it.kind]
                 actives = active_sets(self.trace, it.rows, layers)
                 t_start = env.now
@@ -141,11 +143,13 @@ class Simulation:
                         tl.append(("compute", f"L{layer} dense", env.now, dense))
                     yield timeout(dense)
                     busy += dense
-                    if predictor.predicts and pos + 1 < len(layers):
+                    if pos + 1 < len(layers):
                         nxt = layers[pos + 1]
-                        truth = frozenset(actives[pos + 1][0])
-                        guess = predictor.predict(it.index, nxt, truth, frozenset(active))
-                        score.add(nxt, guess, truth)
+                        guess = frozenset()
+                        if predictor.predicts:
+                            truth = frozenset(actives[pos + 1][0])
+                            guess = predictor.predict(it.index, nxt, truth, frozenset(active))
+                            score.add(nxt, guess, truth)
                         for e in policy.plan_prefetch(it.index, nxt, guess):
                             jobs[(nxt, e)] = submit(nxt, e, True)
                             issued += 1

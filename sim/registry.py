@@ -1,11 +1,13 @@
 """Registries of pluggable parts chosen by name in a run config (policies, predictors).
 
-A part registers itself with ``@POLICIES.register("name")`` in its own module; the package ``__init__`` imports
-every module, so adding a part is adding one module (and one import line).
+A part registers itself with ``@POLICIES.register("name")`` in its own module, and its package imports every
+module it holds (``import_submodules``): adding a part is adding one module, nothing else.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
@@ -38,3 +40,10 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._items
+
+
+def import_submodules(package_name: str, package_path) -> None:
+    """Import every module of a package (so that the parts in them register themselves)."""
+    for info in sorted(pkgutil.iter_modules(package_path), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{package_name}.{info.name}")

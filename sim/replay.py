@@ -31,14 +31,18 @@ def replay(trace: Trace, iterations: list[Iteration], policy: Policy, predictor:
     for it in iterations:
         if it.new_batch:
             policy.start_batch()
+        policy.start_iteration(it)
+        predictor.start_iteration(it)
         layers = layers_of[it.kind]
         actives = active_sets(trace, it.rows, layers)
         for pos, layer in enumerate(layers):
             active = actives[pos][0]
             prefetched = ()
-            if predictor.predicts and pos + 1 < len(layers):
+            if pos + 1 < len(layers):
                 nxt = layers[pos + 1]
-                guess = predictor.predict(it.index, nxt, frozenset(actives[pos + 1][0]), frozenset(active))
+                guess = frozenset()
+                if predictor.predicts:
+                    guess = predictor.predict(it.index, nxt, frozenset(actives[pos + 1][0]), frozenset(active))
                 prefetched = tuple(policy.plan_prefetch(it.index, nxt, guess))
             plan = policy.plan_layer(it.index, layer, active)
             out.append(LayerDecision(it.index, layer, active, tuple((e, plan.sources[e]) for e in active),

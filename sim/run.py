@@ -64,20 +64,22 @@ def hot_ranking(cfg: RunConfig, trace: Trace) -> tuple[tuple[int, ...], ...]:
     return tuple(out)
 
 
-def build_decisions(cfg: RunConfig, trace: Trace) -> tuple[Policy, Predictor]:
-    """The policy and predictor a run config names, set up for ``trace``: plain Python, shared by engines."""
+def build_decisions(cfg: RunConfig, trace: Trace, iterations=None) -> tuple[Policy, Predictor]:
+    """The policy and predictor a run config names, set up for ``trace`` (and the workload's ``iterations``,
+    which offline policies read): plain Python, shared by engines."""
     roles = tuple(x.role for x in trace.meta.model.layers)
     ctx = PolicyContext(num_layers=trace.num_layers, num_experts=trace.num_experts, layer_roles=roles,
                         cached_layers=cached_layers(trace, cfg.cache.layers), hpc_slots=cfg.cache.hpc_slots,
                         mpc_slots=cfg.cache.mpc_slots, hot_ranking=hot_ranking(cfg, trace), seed=cfg.seed,
-                        extra={"trace": trace})
+                        extra={"trace": trace, "iterations": iterations})
     if cfg.cache.hpc_slots + cfg.cache.mpc_slots > trace.num_experts:
         raise ConfigError("cache", f"hpc_slots + mpc_slots ({cfg.cache.hpc_slots} + {cfg.cache.mpc_slots}) exceed "
                           f"the {trace.num_experts} experts of a layer")
     try:
         policy = POLICIES.get(cfg.policy.name)(cfg.policy.params, ctx)
         predictor = PREDICTORS.get(cfg.predictor.name)(
-            cfg.predictor.params, PredictorContext(trace.num_layers, trace.num_experts, cfg.seed, {"trace": trace}))
+            cfg.predictor.params,
+            PredictorContext(trace.num_layers, trace.num_experts, cfg.seed, {"trace": trace, "iterations": iterations}))
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None
     return policy, predictor
@@ -107,7 +109,7 @@ def simulate(cfg: RunConfig, timeline: bool = False, progress=None, trace: Trace
     trace = trace if trace is not None else load_trace(cfg.workload.trace)
     w = cfg.workload
     iterations, info = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
-    policy, predictor = build_decisions(cfg, trace)
+    policy, predictor = build_decisions(cfg, trace, iterations)
     costs = CostModel(cfg.model, cfg.hardware)
     sim = Simulation(trace, iterations, policy, predictor, costs, cfg.cache.lpc_buffers, cfg.cache.prefetch_reserve,
                      timeline=timeline, progress=progress, check_invariants=check_invariants)

@@ -3,9 +3,10 @@ from, what to promote into the MPC, and what to prefetch for the next layer. It 
 
 Protocol, per layer of an iteration (the simulator and the validator call exactly this, in this order):
 
-1. ``plan_prefetch(it, next_layer, predicted)`` at the gate of the current layer: experts of the next layer to
-   copy ahead into working buffers (the base class: predicted experts that are neither cached nor already
-   being copied).
+0. ``start_iteration(iteration)`` before the iteration's first layer.
+1. ``plan_prefetch(it, next_layer, predicted)`` at the gate of the current layer (``predicted`` is empty when
+   the predictor is ``none``): experts of the next layer to copy ahead into working buffers (the base class:
+   predicted experts that are neither cached nor already being copied).
 2. ``plan_layer(it, layer, active)`` once the gate has chosen the layer's experts: a :class:`LayerPlan` saying,
    per active expert, whether it is served from the HPC, the MPC, a working buffer it was prefetched into
    (LPC), or is a miss to copy now; which experts move from their working buffer into the MPC after they
@@ -52,7 +53,8 @@ class PolicyContext:
     mpc_slots: int
     hot_ranking: tuple[tuple[int, ...], ...]
     seed: int = 0
-    extra: dict = field(default_factory=dict)      # e.g. the whole trace, for offline policies
+    extra: dict = field(default_factory=dict)      # "trace" and "iterations" (the whole workload) for offline
+    #                                                policies such as belady; online policies must not look ahead
 
 
 class Policy:
@@ -86,6 +88,10 @@ class Policy:
 
     def start_batch(self) -> None:
         """A new static batch begins."""
+
+    def start_iteration(self, iteration) -> None:
+        """An iteration (a ``sim.workload.Iteration``: its kind, trace rows, requests) is about to run. A policy
+        may read the routing of a layer's rows only once that layer's gate has run (in ``plan_layer``)."""
 
     # ----------------------------------------------------------------------------------------------- protocol
     def plan_prefetch(self, iteration: int, layer: int, predicted) -> list[int]:

@@ -1,4 +1,9 @@
-"""Next-layer predictors, one module each, registered by name in ``PREDICTORS`` (see ``base.py``)."""
+"""Next-layer predictors, one module each, registered by name in ``PREDICTORS`` (see ``base.py``).
+Every module here is imported, so a new predictor is one new module."""
 
-from sim.predictors.base import PREDICTORS, PredictionScore, Predictor, PredictorContext  # noqa: F401
-from sim.predictors import noisy, none, oracle  # noqa: F401,E402  (registers them)
+from sim.predictors.base import PREDICTORS, PredictionScore, Predictor, PredictorContext
+from sim.registry import import_submodules
+
+import_submodules(__name__, __path__)
+
+__all__ = ["PREDICTORS", "PredictionScore", "Predictor", "PredictorContext"]

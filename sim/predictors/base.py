@@ -43,6 +43,10 @@ class Predictor:
     def configure(self) -> None:
         """Read params. Called once at construction."""
 
+    def start_iteration(self, iteration) -> None:
+        """An iteration (``sim.workload.Iteration``) is about to run; ``ctx.extra["trace"]`` holds the routing of
+        its rows, of which a realistic predictor may read a layer only once that layer's gate has run."""
+
     def predict(self, iteration: int, layer: int, truth: frozenset[int], current: frozenset[int]) -> frozenset[int]:
         raise NotImplementedError
 
