@@ -1,0 +1,241 @@
+"""`belady`: offline optimal replacement for the MPC (Belady's MIN with bypass), reading the workload's future.
+
+It needs the future: ``ctx.extra["iterations"]`` (the run's list of ``sim.workload.Iteration``, in run order)
+and ``ctx.extra["trace"]``, which ``sim.run.build_decisions`` passes. From them, once, per cached layer, it
+tabulates every (iteration, active expert) pair and each pair's *next use* (the next iteration in which that
+expert is active in that layer), with numpy.
+
+Rule, per cached layer, after the gate (the layer's active experts are used together, as in ``lru``):
+the MPC after the step holds the ``mpc_slots`` experts with the soonest next use among the experts in the MPC
+and the layer's active experts that are not in the HPC; an expert never used again is not admitted (bypass).
+Evicted are the experts used furthest in the future (or never). Ties keep the expert already cached, then the
+lower id. Nothing moves when no active expert is a newcomer worth admitting.
+
+**Sets, not single requests.** With top-k > 1 or batch > 1 a layer's step is a *set* of accesses. The rule
+above may evict an MPC expert that is active now (after it has computed: promotions happen after compute), and
+so picks the best ``mpc_slots`` of the whole pool. This is provably optimal among all demand policies (those
+whose new MPC entries are experts active in the step): an exchange argument (swap a kept expert for one with a
+sooner next use and follow the other schedule until either is next used) shows no schedule gets more hits.
+The textbook variant that never evicts an expert active now (the rule ``lru`` follows) is *not* optimal for
+sets: being forced to keep an active expert can cost more hits later than the one it gave, and on random
+top-2 traces it loses to the optimum by up to 2 hits in 8 steps (tests/test_baselines.py has an example).
+
+**Warm start** (``warm``, default true): at the start of each batch the MPC is refilled, free, with the experts
+whose next use is soonest — the privilege ``diffmoe`` has (its start-of-batch fill from the hot profile) and
+``lru``/``lfu`` have in their pinned HPC, so that ``belady`` at HPC+MPC = C slots bounds every such policy at C
+slots. ``warm: false`` starts cold and keeps its MPC across batches.
+
+The HPC is optional (``pin_hot``, default false: give ``belady`` all its slots as MPC for the bound).
+``belady_bound`` computes the same hits without an engine.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from sim.cache import LPC, MISS
+from sim.errors import ConfigError
+from sim.policies.base import POLICIES, LayerPlan, Policy
+from sim.workload import phase_layers
+
+#: "Never used again" as a next-use iteration index.
+NEVER = int(np.iinfo(np.int64).max)
+
+
+class FutureUses:
+    """Per layer: the (iteration, expert) pairs where the expert is active, grouped by iteration (CSR), each
+    pair's next use, and per expert its sorted uses (for "first use at or after iteration i")."""
+
+    def __init__(self, trace, iterations, layers):
+        self.num_experts = n_exp = trace.num_experts
+        idx = np.fromiter((it.index for it in iterations), dtype=np.int64, count=len(iterations))
+        if idx.size and (np.any(np.diff(idx) <= 0) or idx[0] < 0):
+            raise ConfigError("belady: the workload's iterations must be in run order with increasing indices")
+        self.n = n = int(idx[-1]) + 1 if idx.size else 0
+        sizes = np.fromiter((it.rows.size for it in iterations), dtype=np.int64, count=len(iterations))
+        rows = np.concatenate([np.asarray(it.rows, dtype=np.int64) for it in iterations]) if iterations \
+            else np.zeros(0, np.int64)
+        iter_of_row = np.repeat(idx, sizes)
+        phases = phase_layers(trace)
+        kind_code = np.fromiter((1 if it.kind == "decode" else 0 for it in iterations), dtype=np.int64,
+                                count=len(iterations))
+        kind_of_row = np.repeat(kind_code, sizes)
+        self.offsets, self.experts, self.next_use, self.keys = {}, {}, {}, {}
+        for layer in layers:
+            runs = np.array([layer in phases["prefill"], layer in phases["decode"]])
+            ids = trace.experts[rows, layer, :].astype(np.int64)          # [rows, k]
+            valid = (ids >= 0) & runs[kind_of_row][:, None]
+            codes = np.unique((iter_of_row[:, None] * n_exp + ids)[valid])  # sorted by (iteration, expert)
+            its, exps = codes // n_exp, codes % n_exp
+            order = np.argsort(exps, kind="stable")                        # by (expert, iteration)
+            s_it, s_ex = its[order], exps[order]
+            nxt_sorted = np.full(codes.size, NEVER, dtype=np.int64)
+            if codes.size > 1:
+                same = s_ex[1:] == s_ex[:-1]
+                nxt_sorted[:-1] = np.where(same, s_it[1:], NEVER)
+            nxt = np.empty_like(nxt_sorted)
+            nxt[order] = nxt_sorted
+            self.offsets[layer] = np.searchsorted(its, np.arange(n + 1)).tolist()
+            self.experts[layer] = exps.tolist()
+            self.next_use[layer] = nxt.tolist()
+            self.keys[layer] = s_ex * max(n, 1) + s_it                     # sorted: expert-major uses
+
+    def at(self, layer: int, iteration: int) -> tuple[list[int], list[int]]:
+        """The layer's active experts in ``iteration`` (ascending) and each one's next use after it."""
+        off = self.offsets[layer]
+        lo, hi = off[iteration], off[iteration + 1]
+        return self.experts[layer][lo:hi], self.next_use[layer][lo:hi]
+
+    def accesses(self, layer: int) -> int:
+        return len(self.experts[layer])
+
+    def first_use_from(self, layer: int, iteration: int) -> np.ndarray:
+        """Per expert, the first iteration >= ``iteration`` in which it is active in ``layer`` (NEVER if none)."""
+        n = max(self.n, 1)
+        keys = self.keys[layer]
+        e = np.arange(self.num_experts, dtype=np.int64)
+        pos = np.searchsorted(keys, e * n + iteration)
+        hit = np.minimum(pos, max(keys.size - 1, 0))
+        found = (pos < keys.size) & (keys[hit] // n == e) if keys.size else np.zeros(self.num_experts, bool)
+        return np.where(found, keys[hit] % n if keys.size else 0, NEVER)
+
+
+def warm_fill(first_use: np.ndarray, excluded, slots: int) -> list[int]:
+    """The ``slots`` experts used soonest (never-used ones left out), ``excluded`` (the HPC) aside."""
+    order = np.lexsort((np.arange(first_use.size), first_use))
+    return [int(e) for e in order if first_use[e] != NEVER and int(e) not in excluded][:slots]
+
+
+def min_step(held: Sequence[int], newcomers: Sequence[int], next_use, slots: int) -> list[tuple[int, int | None]]:
+    """One MIN step: ``held`` the MPC (may include experts active now), ``newcomers`` the active experts in
+    neither HPC nor MPC, ``next_use[e]`` each one's next use. Returns (admitted expert, evicted expert or None)
+    so that the MPC ends up holding the ``slots`` soonest-used experts of the pool (never-used newcomers stay out;
+    ties keep the cached expert, then the lower id)."""
+    cand = [e for e in newcomers if next_use[e] != NEVER]
+    if not cand:
+        return []
+    new = set(cand)
+    pool = sorted([*held, *cand], key=lambda e: (next_use[e], e in new, e))
+    keep = set(pool[:slots])
+    incoming = [e for e in pool[:slots] if e in new]
+    if not incoming:
+        return []
+    victims = sorted((v for v in held if v not in keep), key=lambda v: (-next_use[v], v))  # furthest first
+    free = slots - len(held)
+    out = []
+    for j, e in enumerate(incoming):
+        out.append((e, None) if j < free else (e, victims[j - max(free, 0)]))
+    return out
+
+
+def _future_of(ctx, who: str):
+    extra = ctx.extra or {}
+    trace, iterations = extra.get("trace"), extra.get("iterations")
+    if trace is None or iterations is None:
+        raise ConfigError(f"{who}: needs the workload's future: ctx.extra['trace'] and ctx.extra['iterations'] "
+                          "(sim.run.build_decisions passes them)")
+    return trace, iterations
+
+
+@POLICIES.register("belady")
+class Belady(Policy):
+    """MIN with bypass over the MPC of each cached layer, from the workload's future."""
+
+    PARAMS = {"pin_hot": False, "warm": True}
+    promotion_is_free = True  # the copy lands in the slot it will occupy (after the victim has computed)
+
+    def configure(self) -> None:
+        if self.params["pin_hot"]:
+            for layer in self.ctx.cached_layers:
+                self.cache.pin_hpc(layer, self.ctx.hot_ranking[layer][: self.cache.hpc_slots])
+        self.layers = sorted(self.ctx.cached_layers) if self.cache.mpc_slots > 0 else []
+        self.future = None
+        if self.layers:
+            trace, iterations = _future_of(self.ctx, "policy belady")
+            self.future = FutureUses(trace, iterations, self.layers)
+        # per layer, each expert's next use as known at its last use (valid for experts held in the MPC)
+        self.next_use = {layer: [NEVER] * self.ctx.num_experts for layer in self.layers}
+        self._fill = False
+
+    def start_batch(self) -> None:
+        self._fill = self.params["warm"]
+
+    def start_iteration(self, iteration) -> None:
+        if not self._fill:
+            return
+        self._fill = False
+        for layer in self.layers:
+            first = self.future.first_use_from(layer, iteration.index)
+            chosen = warm_fill(first, self.cache.hpc[layer], self.cache.mpc_slots)
+            self.cache.fill_mpc(layer, chosen)
+            nxt = self.next_use[layer]
+            for e in chosen:
+                nxt[e] = int(first[e])
+
+    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.next_use:
+            return
+        experts, uses = self.future.at(layer, iteration)
+        if len(experts) != len(active) or list(active) != experts:
+            raise RuntimeError(f"belady: iteration {iteration}, layer {layer}: active set {list(active)} differs "
+                               f"from the workload's ({experts}); ctx.extra['iterations'] is not this run's")
+        nxt = self.next_use[layer]
+        for e, u in zip(experts, uses):
+            nxt[e] = u
+        sources = plan.sources
+        newcomers = [e for e in active if sources[e] in (MISS, LPC)]
+        if not newcomers:
+            return
+        cache = self.cache
+        for e, victim in min_step(list(cache.mpc[layer]), newcomers, nxt, cache.mpc_slots):
+            cache.promote(layer, e, victim)
+            plan.promote[e] = victim
+
+
+def belady_bound(trace, iterations, capacity_per_layer: int, cached_layers=None, warm: bool = True) -> dict:
+    """Hits of a MIN cache of ``capacity_per_layer`` experts in each of ``cached_layers`` (default: all), over
+    the workload ``iterations`` of ``trace``, without an engine: exactly the ``belady`` policy's HPC+MPC hits
+    with ``hpc_slots: 0, mpc_slots: capacity_per_layer`` (``warm`` as its param). No policy whose new cache
+    entries are experts active in the step gets more hits at that total capacity per layer (the HPC included).
+
+    ``accesses`` counts every (iteration, layer, active expert) of the workload, cached layers or not (as the
+    engine's counters do). Returns {"hits", "accesses", "hit_rate"}."""
+    layers = list(range(trace.num_layers))
+    cached = set(layers if cached_layers is None else cached_layers)
+    future = FutureUses(trace, iterations, layers)
+    accesses = sum(future.accesses(layer) for layer in layers)
+    hits = 0
+    if capacity_per_layer > 0:
+        starts = [it.index for it in iterations if it.new_batch]
+        for layer in sorted(cached):
+            off, exps, uses = future.offsets[layer], future.experts[layer], future.next_use[layer]
+            nxt = [NEVER] * trace.num_experts
+            held: dict[int, None] = {}
+            fills = set(starts) if warm else set()
+            for it in iterations:
+                i = it.index
+                if i in fills:
+                    first = future.first_use_from(layer, i)
+                    held = dict.fromkeys(warm_fill(first, (), capacity_per_layer))
+                    for e in held:
+                        nxt[e] = int(first[e])
+                lo, hi = off[i], off[i + 1]
+                if lo == hi:
+                    continue
+                newcomers = []
+                for e, u in zip(exps[lo:hi], uses[lo:hi]):
+                    nxt[e] = u
+                    if e in held:
+                        hits += 1
+                    else:
+                        newcomers.append(e)
+                for e, victim in min_step(list(held), newcomers, nxt, capacity_per_layer):
+                    if victim is not None:
+                        del held[victim]
+                    held[e] = None
+    return {"hits": hits, "accesses": accesses, "hit_rate": hits / accesses if accesses else 0.0}
+
+
+__all__ = ["Belady", "FutureUses", "NEVER", "belady_bound", "min_step"]
