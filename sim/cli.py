@@ -1,4 +1,5 @@
-"""`python -m sim run CONFIG [--set key.path=value ...] [--out DIR] [--timeline] [--json]`.
+"""`python -m sim run CONFIG [--set key.path=value ...] [--out DIR] [--timeline] [--json]` and
+`python -m sim compare CONFIG --policies a,b,c [--baseline NAME]` (see ``sim/compare.py``).
 
 Exit status 0 on success, 2 on bad input (config, trace, arguments) with one line naming the field or file,
 1 on an internal error. Nothing is written to ``--out`` unless the config is valid.
@@ -59,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", action="store_true", help="also write timeline.json (Chrome trace, opens in Perfetto)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.set_defaults(func=cmd_run)
+    from sim import compare
+
+    compare.register(sub)
     return parser
 
 
