@@ -17,15 +17,17 @@ so picks the best ``mpc_slots`` of the whole pool. This is provably optimal amon
 whose new MPC entries are experts active in the step): an exchange argument (swap a kept expert for one with a
 sooner next use and follow the other schedule until either is next used) shows no schedule gets more hits.
 The textbook variant that never evicts an expert active now (the rule ``lru`` follows) is *not* optimal for
-sets: being forced to keep an active expert can cost more hits later than the one it gave, and on random
-top-2 traces it loses to the optimum by up to 2 hits in 8 steps (tests/test_baselines.py has an example).
+sets: being forced to keep an active expert can cost more hits later than the one it gave (in the 7-step
+top-3 example of tests/test_baselines.py it gets 6 hits where the optimum gets 8).
 
 **Warm start** (``warm``, default true): at the start of each batch the MPC is refilled, free, with the experts
 whose next use is soonest — the privilege ``diffmoe`` has (its start-of-batch fill from the hot profile) and
 ``lru``/``lfu`` have in their pinned HPC, so that ``belady`` at HPC+MPC = C slots bounds every such policy at C
 slots. ``warm: false`` starts cold and keeps its MPC across batches.
 
-The HPC is optional (``pin_hot``, default false: give ``belady`` all its slots as MPC for the bound).
+The HPC is optional (``pin_hot``, default false). Without it the configured HPC slots join the MPC
+(``hpc_slots + mpc_slots`` MIN slots per cached layer), so that a run config's total capacity is compared as
+is; with it, the HPC pins the layer's ``hpc_slots`` hottest experts as in ``lru`` and MIN runs on the MPC.
 ``belady_bound`` computes the same hits without an engine.
 """
 
@@ -146,6 +148,12 @@ class Belady(Policy):
     PARAMS = {"pin_hot": False, "warm": True}
     promotion_is_free = True  # the copy lands in the slot it will occupy (after the victim has computed)
 
+    def hpc_capacity(self, ctx) -> int:
+        return ctx.hpc_slots if self.params["pin_hot"] else 0
+
+    def mpc_capacity(self, ctx) -> int:
+        return ctx.mpc_slots if self.params["pin_hot"] else ctx.hpc_slots + ctx.mpc_slots
+
     def configure(self) -> None:
         if self.params["pin_hot"]:
             for layer in self.ctx.cached_layers:
@@ -197,7 +205,7 @@ class Belady(Policy):
 def belady_bound(trace, iterations, capacity_per_layer: int, cached_layers=None, warm: bool = True) -> dict:
     """Hits of a MIN cache of ``capacity_per_layer`` experts in each of ``cached_layers`` (default: all), over
     the workload ``iterations`` of ``trace``, without an engine: exactly the ``belady`` policy's HPC+MPC hits
-    with ``hpc_slots: 0, mpc_slots: capacity_per_layer`` (``warm`` as its param). No policy whose new cache
+    with ``hpc_slots + mpc_slots = capacity_per_layer`` and no pinned HPC (``warm`` as its param). No policy whose new cache
     entries are experts active in the step gets more hits at that total capacity per layer (the HPC included).
 
     ``accesses`` counts every (iteration, layer, active expert) of the workload, cached layers or not (as the
