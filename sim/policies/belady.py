@@ -205,8 +205,9 @@ class Belady(Policy):
 def belady_bound(trace, iterations, capacity_per_layer: int, cached_layers=None, warm: bool = True) -> dict:
     """Hits of a MIN cache of ``capacity_per_layer`` experts in each of ``cached_layers`` (default: all), over
     the workload ``iterations`` of ``trace``, without an engine: exactly the ``belady`` policy's HPC+MPC hits
-    with ``hpc_slots + mpc_slots = capacity_per_layer`` and no pinned HPC (``warm`` as its param). No policy whose new cache
-    entries are experts active in the step gets more hits at that total capacity per layer (the HPC included).
+    with ``hpc_slots + mpc_slots = capacity_per_layer`` and no pinned HPC (``warm`` as its param). No policy
+    whose new cache entries are experts active in the step (and whose only free entries are a start-of-batch
+    fill or a pinned HPC) gets more hits at that total capacity per layer, the HPC included.
 
     ``accesses`` counts every (iteration, layer, active expert) of the workload, cached layers or not (as the
     engine's counters do). Returns {"hits", "accesses", "hit_rate"}."""
