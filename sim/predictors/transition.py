@@ -95,14 +95,15 @@ class TransitionPredictor(Predictor):
 
     def configure(self) -> None:
         self.trace = workload_trace(self)
-        self.train = load_training_trace(self.params["train"], "predictor.params.train", self.trace,
-                                         self.ctx.extra.get("trace_path"))
         top = self.params["top"]
         if top is None:
             top = self.trace.top_k
         if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= self.ctx.num_experts:
-            raise ConfigError("predictor.params.top", f"must be an integer in 1..{self.ctx.num_experts}, got {top!r}")
+            raise ConfigError("predictor.params.top", f"must be an integer in 1..{self.ctx.num_experts} or null "
+                                                      f"(the model's top-k), got {top!r}")
         self.top = top
+        self.train = load_training_trace(self.params["train"], "predictor.params.train", self.trace,
+                                         self.ctx.extra.get("trace_path"))
         self.phase_layers = phase_layers(self.trace)
         self.tables: dict[tuple[int, int], np.ndarray] = {}
         self.rows = None
