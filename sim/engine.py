@@ -143,6 +143,7 @@ class Simulation:
                         tl.append(("compute", f"L{layer} dense", env.now, dense))
                     yield timeout(dense)
                     busy += dense
+                    prefetch = ()
                     if pos + 1 < len(layers):
                         nxt = layers[pos + 1]
                         guess = frozenset()
@@ -150,9 +151,7 @@ class Simulation:
                             truth = frozenset(actives[pos + 1][0])
                             guess = predictor.predict(it.index, nxt, truth, frozenset(active))
                             score.add(nxt, guess, truth)
-                        for e in policy.plan_prefetch(it.index, nxt, guess):
-                            jobs[(nxt, e)] = submit(nxt, e, True)
-                            issued += 1
+                        prefetch = policy.plan_prefetch(it.index, nxt, guess)
                     plan = policy.plan_layer(it.index, layer, active)
                     for e in plan.unused_prefetch:
                         job = jobs.pop((layer, e))
@@ -177,6 +176,11 @@ class Simulation:
                         else:
                             submit(layer, e, False)
                             waiting += 1
+                    # prefetches reach the copy engine after this layer's demand copies, so that an idle link
+                    # starts a copy this layer waits for, not one for the next layer
+                    for e in prefetch:
+                        jobs[(nxt, e)] = submit(nxt, e, True)
+                        issued += 1
                     if resident_s:
                         yield timeout(resident_s)
                         busy += resident_s

@@ -361,18 +361,13 @@ def throughput_by_recall(tmp_path, policy, batch, buffers, seed):
 
 # With precision 1 the noisy predictor draws the same random numbers whatever the recall, so a higher recall
 # prefetches a superset of the same experts and every prefetch is used.
-ENGINE_ORDER_BUG = (
-    "engine: at layer l's gate the prefetches for l+1 are submitted before plan_layer(l)'s demand copies; an idle "
-    "link starts the prefetch at once (copies are not preempted), so layer l's demand copies, issued at the same "
-    "instant, wait behind a copy for a later layer, and with 2 working buffers the landed prefetch also holds the "
-    "buffer layer l's second demand copy needed (no copy/compute pipelining). Submitting demand copies first "
-    "(or starting a prefetch only after the current instant's demand copies) makes throughput monotone in every "
-    "case measured")
+# The engine submits a layer's demand copies before the next layer's prefetches, so an idle link never starts a
+# prefetch while this layer waits (before that fix, the 2-buffer case below lost throughput as recall rose).
 
 
 @pytest.mark.parametrize("policy, batch, buffers, seed", [
     ("pregated", 1, 4, 0), ("pregated", 4, 4, 1), ("diffmoe", 1, 4, 0), ("diffmoe", 4, 4, 1), ("diffmoe", 2, 8, 2),
-    pytest.param("diffmoe", 1, 2, 0, marks=pytest.mark.xfail(strict=True, reason=ENGINE_ORDER_BUG)),
+    ("diffmoe", 1, 2, 0),
 ])
 def test_throughput_never_falls_as_recall_rises_with_everything_else_fixed(tmp_path, policy, batch, buffers, seed):
     th = throughput_by_recall(tmp_path, policy, batch, buffers, seed)
