@@ -86,6 +86,11 @@ class Policy:
     def configure(self) -> None:
         """Read params, pin the HPC. Called once at construction."""
 
+    def pin_hot_experts(self) -> None:
+        """Fill every cached layer's HPC with its ``hpc_slots`` hottest experts (from the hot-expert profile)."""
+        for layer in self.ctx.cached_layers:
+            self.cache.pin_hpc(layer, self.ctx.hot_ranking[layer][: self.cache.hpc_slots])
+
     def start_batch(self) -> None:
         """A new static batch begins."""
 
@@ -134,6 +139,17 @@ class Policy:
         """Policy-specific bookkeeping and promotions after classification (base: none)."""
 
 
+class KeepNothing(Policy):
+    """A policy that caches nothing across iterations (no HPC, no MPC, whatever the configured slots say): every
+    expert comes from host memory, on demand or prefetched, into the working buffers."""
+
+    def hpc_capacity(self, ctx: PolicyContext) -> int:
+        return 0
+
+    def mpc_capacity(self, ctx: PolicyContext) -> int:
+        return 0
+
+
 def hot_ranking_from_counts(counts: np.ndarray) -> tuple[tuple[int, ...], ...]:
     """Per layer, expert ids sorted by selection count (descending; ties by id). counts: [layers, experts]."""
     order = np.lexsort((np.arange(counts.shape[1])[None, :].repeat(counts.shape[0], 0), -counts), axis=1)
@@ -150,5 +166,5 @@ def selection_counts(experts: np.ndarray, num_experts: int) -> np.ndarray:
     return out
 
 
-__all__ = ["POLICIES", "HPC", "LPC", "MISS", "MPC", "LayerPlan", "Policy", "PolicyContext", "hot_ranking_from_counts",
+__all__ = ["POLICIES", "KeepNothing", "HPC", "LPC", "MISS", "MPC", "LayerPlan", "Policy", "PolicyContext", "hot_ranking_from_counts",
            "selection_counts"]

@@ -156,8 +156,7 @@ class Belady(Policy):
 
     def configure(self) -> None:
         if self.params["pin_hot"]:
-            for layer in self.ctx.cached_layers:
-                self.cache.pin_hpc(layer, self.ctx.hot_ranking[layer][: self.cache.hpc_slots])
+            self.pin_hot_experts()
         self.layers = sorted(self.ctx.cached_layers) if self.cache.mpc_slots > 0 else []
         self.future = None
         if self.layers:

@@ -47,8 +47,7 @@ class DiffMoE(Policy):
                 raise ConfigError(f"policy.params.{name}: must be >= 0, got {p[name]}")
         self.hit_d2d = bool(p["hit_d2d"])
         self.scores = np.zeros((self.ctx.num_layers, self.ctx.num_experts))
-        for layer in self.ctx.cached_layers:
-            self.cache.pin_hpc(layer, self.ctx.hot_ranking[layer][: self.cache.hpc_slots])
+        self.pin_hot_experts()
         self._started = False
 
     def start_batch(self) -> None:

@@ -119,8 +119,8 @@ class DiffMoEARC(Policy):
     def configure(self) -> None:
         self.hit_d2d = bool(self.params["hit_d2d"])
         self.arc = {}
+        self.pin_hot_experts()
         for layer in self.ctx.cached_layers:
-            self.cache.pin_hpc(layer, self.ctx.hot_ranking[layer][: self.cache.hpc_slots])
             self.arc[layer] = _ARC(self.cache.mpc_slots, [0] * self.ctx.num_experts if self.params["t2_lfu"] else None)
 
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:

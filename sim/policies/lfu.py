@@ -26,8 +26,7 @@ class LFU(Policy):
 
     def configure(self) -> None:
         if self.params["pin_hot"]:
-            for layer in self.ctx.cached_layers:
-                self.cache.pin_hpc(layer, self.ctx.hot_ranking[layer][: self.cache.hpc_slots])
+            self.pin_hot_experts()
         n, e = self.ctx.num_layers, self.ctx.num_experts
         self.freq = [[0] * e for _ in range(n)]       # accesses per (layer, expert) since the run started
         self.last = [[-1] * e for _ in range(n)]      # the step of the last access (a counter of layer steps)

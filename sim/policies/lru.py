@@ -20,8 +20,7 @@ class LRU(Policy):
 
     def configure(self) -> None:
         if self.params["pin_hot"]:
-            for layer in self.ctx.cached_layers:
-                self.cache.pin_hpc(layer, self.ctx.hot_ranking[layer][: self.cache.hpc_slots])
+            self.pin_hot_experts()
 
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:

@@ -69,8 +69,7 @@ class MoEInfinity(Policy):
                              "(PolicyContext.extra['trace'])")
         self.tracker = ActivationTracker(trace, cap)
         if p["pin_hot"]:
-            for layer in self.ctx.cached_layers:
-                self.cache.pin_hpc(layer, self.ctx.hot_ranking[layer][: self.cache.hpc_slots])
+            self.pin_hot_experts()
 
     def start_iteration(self, iteration) -> None:
         self.tracker.start_iteration(iteration)

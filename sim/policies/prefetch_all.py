@@ -8,23 +8,12 @@ started). The first MoE layer of an iteration has no layer before it, so it fetc
 
 from __future__ import annotations
 
-from sim.policies.base import POLICIES, Policy, PolicyContext
+from sim.policies.base import POLICIES, KeepNothing
 
 
 @POLICIES.register("prefetch-all")
-class PrefetchAll(Policy):
+class PrefetchAll(KeepNothing):
     """Prefetch all of the next layer's uncached experts; cache nothing."""
 
-    def hpc_capacity(self, ctx: PolicyContext) -> int:
-        return 0
-
-    def mpc_capacity(self, ctx: PolicyContext) -> int:
-        return 0
-
     def plan_prefetch(self, iteration, layer, predicted):
-        cache = self.cache
-        hpc, mpc, lpc = cache.hpc[layer], cache.mpc[layer], cache.lpc
-        out = [e for e in range(self.ctx.num_experts) if e not in hpc and e not in mpc and (layer, e) not in lpc]
-        for e in out:
-            cache.add_lpc(layer, e)
-        return out
+        return super().plan_prefetch(iteration, layer, range(self.ctx.num_experts))

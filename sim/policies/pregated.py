@@ -13,15 +13,10 @@ during layer l's compute; nothing is kept across iterations.
 
 from __future__ import annotations
 
-from sim.policies.base import POLICIES, Policy, PolicyContext
+from sim.policies.base import POLICIES, KeepNothing
 
 
 @POLICIES.register("pregated")
-class PreGated(Policy):
+class PreGated(KeepNothing):
     """Prefetch the predicted next-layer experts into working buffers; cache nothing."""
 
-    def hpc_capacity(self, ctx: PolicyContext) -> int:
-        return 0
-
-    def mpc_capacity(self, ctx: PolicyContext) -> int:
-        return 0
