@@ -60,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", action="store_true", help="also write timeline.json (Chrome trace, opens in Perfetto)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.set_defaults(func=cmd_run)
-    from sim import compare
+    from sim import compare, sweep
 
     compare.register(sub)
+    sweep.register(sub)
     return parser
 
 

@@ -1,0 +1,97 @@
+"""`python -m sim sweep`: the CI sweep's checks, resuming after SIGKILL, failing points, bad sweep files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+
+SWEEP_CMD = [sys.executable, "-m", "sim", "sweep"]
+
+
+def _sweep(*args, **kw):
+    return subprocess.run([*SWEEP_CMD, *map(str, args)], cwd=ROOT, capture_output=True, text=True, **kw)
+
+
+def test_ci_sweep_runs_and_its_invariant_checks_pass(tmp_path):
+    out = tmp_path / "ci"
+    res = _sweep("configs/sweeps/ci.yaml", "--out", out, "--workers", "2")
+    assert res.returncode == 0, res.stderr + res.stdout  # exit 3 would mean a check failed
+    df = pd.read_parquet(out / "results.parquet")
+    assert len(df) == 36 and (df["status"] == "ok").all() and df["point"].is_unique
+    report = (out / "report.md").read_text()
+    for check in ("gpu_only_ceiling", "belady_bound", "lru_monotone_in_cache"):
+        assert f"`{check}`: passed" in report
+    assert (out / "throughput_vs_cache_slots.png").stat().st_size > 1000
+
+
+def _write_sweep(path, body):
+    path.write_text(f"base: {ROOT / 'configs' / 'switch_xxl.yaml'}\n" + body)
+    return path
+
+
+def test_a_sweep_killed_midway_resumes_without_recomputing_finished_points(tmp_path):
+    sweep = _write_sweep(tmp_path / "s.yaml", """
+set: {workload.requests: 16, workload.max_decode_tokens: 64, workload.prefill: false}
+grid:
+  policy.name: [on-demand, lru, diffmoe, lfu]
+  workload.batch_size: [1, 4]
+""")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*SWEEP_CMD, str(sweep), "--out", str(out), "--workers", "1"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    rows = out / "rows"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not rows.exists() or len(list(rows.glob("*.parquet"))) < 2):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = {f.name: f.stat().st_mtime_ns for f in rows.glob("*.parquet")}
+    assert 2 <= len(finished) < 8, "the sweep should have been killed midway"
+    again = _sweep(sweep, "--out", out)
+    assert again.returncode == 2 and "--resume" in again.stderr  # never mixes two sweeps silently
+    res = _sweep(sweep, "--out", out, "--resume", "--workers", "2")
+    assert res.returncode == 0, res.stderr
+    assert f"{len(finished)} already done" in res.stderr
+    df = pd.read_parquet(out / "results.parquet")
+    assert len(df) == 8 and df["point"].is_unique and (df["status"] == "ok").all()
+    for name, mtime in finished.items():  # finished points were not recomputed
+        assert (rows / name).stat().st_mtime_ns == mtime
+
+
+def test_a_failing_point_is_recorded_and_the_others_run(tmp_path):
+    sweep = _write_sweep(tmp_path / "s.yaml", """
+set: {workload.requests: 8, workload.max_decode_tokens: 8, policy.name: diffmoe}
+grid:
+  policy.params.threshold: [1.0, high, 0.5]
+""")
+    out = tmp_path / "out"
+    res = _sweep(sweep, "--out", out, "--workers", "2")
+    assert res.returncode == 0, res.stderr
+    df = pd.read_parquet(out / "results.parquet").set_index("policy.params.threshold")
+    assert df.loc["high", "status"] == "failed" and "threshold" in df.loc["high", "error"]
+    assert set(df.index) == {"1.0", "high", "0.5"}
+    assert (df.drop(index="high")["status"] == "ok").all()
+    assert "Failed points" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("body, field", [
+    ("grid: {policy.name: [lru]}\ncolour: red\n", "sweep.colour"),
+    ("grid: {policy.name: []}\n", "sweep.grid.policy.name"),
+    ("zip: {cache.hpc_slots: [1, 2], cache.mpc_slots: [3]}\n", "sweep.zip"),
+    ("grid: {workload.batch_size: [0]}\n", "workload.batch_size"),
+    ("grid: {policy.name: [lru]}\nchecks: [everything_fine]\n", "sweep.checks"),
+])
+def test_bad_sweep_files_exit_2_naming_the_field(tmp_path, body, field):
+    sweep = _write_sweep(tmp_path / "s.yaml", body)
+    out = tmp_path / "out"
+    res = _sweep(sweep, "--out", out)
+    assert res.returncode == 2 and field in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert not out.exists()
