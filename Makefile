@@ -22,6 +22,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_stats.py
 	$(PY) benchmarks/bench_sim.py
+	$(PY) benchmarks/bench_sweep.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
