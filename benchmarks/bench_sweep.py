@@ -1,7 +1,7 @@
-"""Benchmark: points per minute of a 64-point sweep with the local executor at 1 and 2 workers.
+"""Benchmark: points per minute of a 64-point sweep with the local executor at 1 and 2 workers, and with Ray
+(a local Ray instance of 2 CPUs; its start-up, a few seconds, is included).
 
 Run: .venv/bin/python benchmarks/bench_sweep.py
-(The Ray executor of issue 5 is not built yet; this measures the local process pool only.)
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sim.sweep import Progress, load_sweep, run_local
+from sim.sweep import Progress, load_sweep, run_local, run_ray
 
 SWEEP = """
 base: {root}/configs/switch_xxl.yaml
@@ -40,6 +40,12 @@ def main() -> None:
             rates[workers] = len(sweep.points) / wall * 60
             print(f"local executor, {workers} worker(s): 64 points in {wall:.1f} s = {rates[workers]:.0f} points/min")
         print(f"speed-up with 2 workers: {rates[2] / rates[1]:.2f}x   (target >= 1.6x)")
+        out = Path(d) / "ray"
+        t0 = time.perf_counter()
+        run_ray(sweep, sweep.points, out, 2, Progress(len(sweep.points), quiet=True))
+        wall = time.perf_counter() - t0
+        print(f"ray executor, 2 workers (local instance, start-up included): 64 points in {wall:.1f} s = "
+              f"{len(sweep.points) / wall * 60:.0f} points/min")
 
 
 if __name__ == "__main__":

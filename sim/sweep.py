@@ -1,4 +1,5 @@
-"""`python -m sim sweep configs/sweeps/NAME.yaml [--workers N] [--resume] [--out DIR]`: many runs of one base config.
+"""`python -m sim sweep configs/sweeps/NAME.yaml [--executor local|ray] [--workers N] [--resume] [--out DIR]`:
+many runs of one base config.
 
 A sweep file:
 
@@ -8,8 +9,8 @@ set: {workload.requests: 32}    # overrides applied to every point (optional)
 grid:                           # the cartesian product of these axes
   policy.name: [on-demand, lru, diffmoe]
   workload.batch_size: [1, 16]
-zip:                            # optional: axes varied together (equal lengths), crossed with the grid
-  cache.hpc_slots: [1, 2, 4]
+zip:                            # optional: axes varied together (equal lengths), crossed with the grid;
+  cache.hpc_slots: [1, 2, 4]    # a list of such mappings gives several groups, each crossed with the rest
   cache.mpc_slots: [2, 4, 9]
 checks: [gpu_only_ceiling, belady_bound, lru_monotone_in_cache]   # optional invariants; a broken one -> exit 3
 ```
@@ -101,34 +102,40 @@ def load_sweep(path: str | Path) -> Sweep:
     base = d["base"]
     if isinstance(base, str):
         base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)
-        base = str(base_path if base_path.exists() else base)
+        base = str(base_path.resolve() if base_path.exists() else base)  # absolute: workers may run elsewhere
     elif not isinstance(base, dict):
         raise ConfigError("sweep.base", "must be a path to a run config or an inline mapping")
     common = d.get("set") or {}
     grid = d.get("grid") or {}
-    zipped = d.get("zip") or {}
-    for name, axes in (("set", common), ("grid", grid), ("zip", zipped)):
+    groups = d.get("zip") or []
+    groups = [groups] if isinstance(groups, dict) else groups
+    if not isinstance(groups, list):
+        raise ConfigError("sweep.zip", "must be a mapping of zipped axes, or a list of such mappings")
+    for name, axes in [("set", common), ("grid", grid)] + [(f"zip[{i}]", g) for i, g in enumerate(groups)]:
         if not isinstance(axes, dict):
             raise ConfigError(f"sweep.{name}", "must be a mapping of config field -> value(s)")
-    for name, axes in (("grid", grid), ("zip", zipped)):
+    for name, axes in [("grid", grid)] + [("zip" if len(groups) == 1 else f"zip[{i}]", g) for i, g in enumerate(groups)]:
         for key, values in axes.items():
             if not isinstance(values, list) or not values:
                 raise ConfigError(f"sweep.{name}.{key}", "must be a non-empty list of values")
-    if zipped and len({len(v) for v in zipped.values()}) != 1:
-        raise ConfigError("sweep.zip", "every zipped axis needs the same number of values")
-    if not grid and not zipped:
+        if name.startswith("zip") and len({len(v) for v in axes.values()}) > 1:
+            raise ConfigError(f"sweep.{name}", "every zipped axis needs the same number of values")
+    if not grid and not groups:
         raise ConfigError("sweep.grid", "give at least one axis (grid or zip)")
     checks = d.get("checks") or []
     for c in checks:
         if c not in CHECKS:
             raise ConfigError("sweep.checks", f"unknown check {c!r} (known: {', '.join(CHECKS)})")
     base_overrides = [_override(k, v) for k, v in common.items()]
-    grid_keys, zip_keys = list(grid), list(zipped)
+    grid_keys = list(grid)
+    zip_keys = [k for g in groups for k in g]
+    # each zip group is one axis of tuples; the groups and the grid axes are crossed
+    group_rows = [list(zip(*g.values())) for g in groups]
     combos = []
-    zip_rows = list(zip(*zipped.values())) if zipped else [()]
     for g in itertools.product(*grid.values()) if grid else [()]:
-        for z in zip_rows:
-            combos.append(dict(zip(grid_keys + zip_keys, list(g) + list(z))))
+        for zs in itertools.product(*group_rows) if group_rows else [()]:
+            values = list(g) + [v for z in zs for v in z]
+            combos.append(dict(zip(grid_keys + zip_keys, values)))
     points, seen = [], set()
     for fields in combos:
         overrides = tuple(base_overrides + [_override(k, v) for k, v in fields.items()])
@@ -252,6 +259,36 @@ def run_local(sweep: Sweep, todo: list[Point], out: Path, workers: int, progress
                 status, metrics, error, wall = "failed", None, f"worker died: {exc}", 0.0
             write_row(out, row_of(sweep, p, status, metrics, error, wall))
             progress.update(status)
+
+
+def run_ray(sweep: Sweep, todo: list[Point], out: Path, workers: int, progress: Progress,
+            address: str | None = None) -> None:
+    """Run points as Ray tasks: on a local Ray instance of ``workers`` CPUs, or on the cluster at ``address``
+    (whose nodes need this project installed and the traces at the same paths). Rows are stored by this process
+    as the tasks finish, exactly as with the local executor."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor", "ray is not installed (pip install 'moe-offload-sim[ray]')") from None
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    try:
+        task = ray.remote(num_cpus=1, max_retries=0)(_guarded)
+        pending = {task.remote(sweep.base, p.overrides, sweep.source): p for p in todo}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                p = pending.pop(ref)
+                try:
+                    status, metrics, error, wall = ray.get(ref)
+                except Exception as exc:  # the worker died: recorded as failed, --resume reruns it
+                    status, metrics, error, wall = "failed", None, f"ray task failed: {exc}".splitlines()[0], 0.0
+                write_row(out, row_of(sweep, p, status, metrics, error, wall))
+                progress.update(status)
+    finally:
+        ray.shutdown()
 
 
 # ---------------------------------------------------------------------------------------------------- checks
@@ -428,7 +465,9 @@ def make_plots(out: Path, sweep: Sweep, df) -> list[Path]:
 def register(sub) -> None:
     p = sub.add_parser("sweep", help="run a grid of configs (resumable), with a report and checks")
     p.add_argument("sweep", help="sweep file, e.g. configs/sweeps/ci.yaml")
-    p.add_argument("--executor", choices=["local"], default="local", help="where points run (default: local)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local: a process pool (default); ray: Ray tasks, on --address or a local Ray instance")
+    p.add_argument("--address", default=None, help="address of an existing Ray cluster (with --executor ray)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     p.add_argument("--resume", action="store_true", help="keep the rows already in --out; run only missing points")
     p.add_argument("--out", help="results folder (default runs/sweep-NAME)")
@@ -452,7 +491,10 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     progress = Progress(len(todo), args.quiet)
     try:
-        run_local(sweep, todo, out, args.workers, progress)
+        if args.executor == "ray":
+            run_ray(sweep, todo, out, args.workers, progress, args.address)
+        else:
+            run_local(sweep, todo, out, args.workers, progress)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished rows are kept in {out}; rerun with --resume", file=sys.stderr)
         return 130
