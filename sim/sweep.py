@@ -415,7 +415,8 @@ def make_plots(out: Path, sweep: Sweep, df) -> list[Path]:
         numeric = [a for a in numeric if not a.startswith("cache.")] + ["cache_slots"]
     for axis in numeric:
         fig, ax = plt.subplots(figsize=(6, 4))
-        others = [a for a in sweep.axes if a in df and a not in (axis, series) and not a.startswith("cache.")]
+        others = [a for a in sweep.axes if a in df and a not in (axis, series) and not a.startswith("cache.")
+                  and not (series and (df.groupby(series)[a].nunique() <= 1).all())]  # zipped with the series
         sub = df
         if others:  # one line per series at the first value of every other axis
             for a in others:
@@ -429,7 +430,8 @@ def make_plots(out: Path, sweep: Sweep, df) -> list[Path]:
         if lo > 0 and hi / lo > 20:  # gpu-only dwarfs the offloading policies
             ax.set_yscale("log")
         if others:
-            ax.set_title(", ".join(f"{a}={sub[a].iloc[0]}" for a in others), fontsize=8)
+            title = ", ".join(f"{a}={sub[a].iloc[0]}" for a in others)
+            ax.set_title(title if len(title) <= 90 else title[:87] + "...", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
