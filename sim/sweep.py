@@ -13,6 +13,7 @@ zip:                            # optional: axes varied together (equal lengths)
   cache.hpc_slots: [1, 2, 4]    # a list of such mappings gives several groups, each crossed with the rest
   cache.mpc_slots: [2, 4, 9]
 checks: [gpu_only_ceiling, belady_bound, lru_monotone_in_cache]   # optional invariants; a broken one -> exit 3
+plots: [workload.batch_size, cache_slots]   # optional: x axes of the throughput plots (default: every numeric axis)
 ```
 
 Each point is one simulator run, identified by a hash of its resolved config. Results are stored one row per point
@@ -42,7 +43,7 @@ import yaml
 from sim.errors import ConfigError
 from traces.io import atomic_write_bytes
 
-SWEEP_KEYS = {"base", "set", "grid", "zip", "checks", "name"}
+SWEEP_KEYS = {"base", "set", "grid", "zip", "checks", "name", "plots"}
 METRICS = {  # row column -> path in summary.json
     "throughput_tok_s": ("throughput_tok_s",), "iteration_ms_mean": ("iteration_ms", "mean"),
     "iteration_ms_p50": ("iteration_ms", "p50"), "iteration_ms_p99": ("iteration_ms", "p99"),
@@ -73,6 +74,7 @@ class Sweep:
     points: list[Point]
     checks: list[str]
     source: str
+    plots: list[str] | None = None   # x axes of the throughput plots (None: every numeric swept axis)
 
 
 def _override(key: str, value) -> str:
@@ -122,6 +124,9 @@ def load_sweep(path: str | Path) -> Sweep:
             raise ConfigError(f"sweep.{name}", "every zipped axis needs the same number of values")
     if not grid and not groups:
         raise ConfigError("sweep.grid", "give at least one axis (grid or zip)")
+    plots = d.get("plots")
+    if plots is not None and (not isinstance(plots, list) or not all(isinstance(x, str) for x in plots)):
+        raise ConfigError("sweep.plots", "must list swept fields (or cache_slots) to plot throughput against")
     checks = d.get("checks") or []
     for c in checks:
         if c not in CHECKS:
@@ -154,7 +159,11 @@ def load_sweep(path: str | Path) -> Sweep:
             continue
         seen.add(pid)
         points.append(Point(pid, fields, overrides))
-    return Sweep(d.get("name") or path.stem, base, common, grid_keys + zip_keys, points, list(checks), str(path))
+    for x in plots or []:
+        if x not in grid_keys + zip_keys + ["cache_slots"]:
+            raise ConfigError("sweep.plots", f"{x!r} is not a swept field (nor cache_slots)")
+    return Sweep(d.get("name") or path.stem, base, common, grid_keys + zip_keys, points, list(checks), str(path),
+                 plots)
 
 
 # --------------------------------------------------------------------------------------------------- running
@@ -413,6 +422,8 @@ def make_plots(out: Path, sweep: Sweep, df) -> list[Path]:
                                                                                and not isinstance(v, bool)).all()]
     if any(a.startswith("cache.") for a in numeric):
         numeric = [a for a in numeric if not a.startswith("cache.")] + ["cache_slots"]
+    if sweep.plots is not None:  # the sweep file chose its plots
+        numeric = [a for a in sweep.plots if a in df]
     for axis in numeric:
         fig, ax = plt.subplots(figsize=(6, 4))
         others = [a for a in sweep.axes if a in df and a not in (axis, series) and not a.startswith("cache.")
