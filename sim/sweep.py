@@ -446,12 +446,7 @@ def make_plots(out: Path, sweep: Sweep, df) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        path = out / f"throughput_vs_{axis.replace('.', '_')}.png"
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=110)
-        plt.close(fig)
-        atomic_write_bytes(path, buf.getvalue())
-        made.append(path)
+        made.append(_save_png(plt, fig, out / f"throughput_vs_{axis.replace('.', '_')}.png"))
     if series:
         tiers = df.groupby(series)[["hit_rate_hpc", "hit_rate_mpc", "hit_rate_lpc"]].mean()
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -464,13 +459,16 @@ def make_plots(out: Path, sweep: Sweep, df) -> list[Path]:
         ax.tick_params(axis="x", rotation=30, labelsize=7)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        path = out / "hit_rate_per_tier.png"
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=110)
-        plt.close(fig)
-        atomic_write_bytes(path, buf.getvalue())
-        made.append(path)
+        made.append(_save_png(plt, fig, out / "hit_rate_per_tier.png"))
     return made
+
+
+def _save_png(plt, fig, path: Path) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
 
 
 # ---------------------------------------------------------------------------------------------------- cli
