@@ -143,3 +143,21 @@ def test_shipped_sweeps_load(name):
         assert name == "diffmoe_paper_mixtral" and "workload.trace" in str(exc)
         return
     assert len(sweep.points) >= 30 and len({p.id for p in sweep.points}) == len(sweep.points)
+
+
+def test_plots_chosen_in_the_sweep_file(tmp_path):
+    sweep = _write_sweep(tmp_path / "s.yaml", """
+set: {workload.requests: 8, workload.max_decode_tokens: 8, predictor.name: noisy, policy.name: pregated}
+grid:
+  predictor.params.recall: [0.0, 1.0]
+  workload.batch_size: [1, 2]
+plots: [predictor.params.recall]
+""")
+    out = tmp_path / "out"
+    res = _sweep(sweep, "--out", out, "--workers", "1")
+    assert res.returncode == 0, res.stderr
+    pngs = sorted(p.name for p in out.glob("throughput_vs_*.png"))
+    assert pngs == ["throughput_vs_predictor_params_recall.png"]
+    bad = _write_sweep(tmp_path / "b.yaml", "grid: {workload.batch_size: [1]}\nplots: [colour]\n")
+    res = _sweep(bad, "--out", tmp_path / "o2")
+    assert res.returncode == 2 and "sweep.plots" in res.stderr
