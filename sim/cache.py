@@ -67,9 +67,6 @@ class TierCache:
         """Held in a slot of the layer (HPC or MPC), i.e. survives the iteration."""
         return expert in self.hpc[layer] or expert in self.mpc[layer]
 
-    def resident_count(self, layer: int) -> int:
-        return len(self.hpc[layer]) + len(self.mpc[layer])
-
     # -------------------------------------------------------------------------------------------- mutations
     def pin_hpc(self, layer: int, experts) -> None:
         """Fill a layer's HPC once, before inference; it never changes afterwards."""
@@ -147,13 +144,6 @@ class TierCache:
                 self.counters.misses += 1
             else:
                 hits[src] += 1
-
-    def count(self, source: str) -> None:
-        """Record one access served from ``source`` (a tier, or MISS)."""
-        if source == MISS:
-            self.counters.misses += 1
-        else:
-            self.counters.hits[source] += 1
 
     # -------------------------------------------------------------------------------------------- checking
     def _check_ids(self, layer: int, experts) -> None:

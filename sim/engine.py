@@ -13,6 +13,8 @@ Per iteration, for each MoE layer of the iteration's phase, on the compute strea
    promotion into the MPC when the plan says so (a device-to-device copy unless the policy copies into slots);
 4. the layer finishes: its working buffers are dropped.
 
+After the last layer the LM head runs (``CostModel.lm_head_s``).
+
 Events are coarse: one per copy, one per expert compute that waits on a copy, one for the dense work and one for
 all cached experts of a layer together.
 """
@@ -207,6 +209,13 @@ class Simulation:
                         policy.cache.check()
                         if copy.free < 0 or copy.capacity - copy.free > copy.capacity:
                             raise AssertionError("working buffers over capacity")
+                # the LM head closes the iteration: over every generated token, or each prefilled request's last
+                lm = costs.lm_head_s(n_tok if it.kind == "decode" else it.requests)
+                if lm:
+                    if tl is not None:
+                        tl.append(("compute", "lm head", env.now, lm))
+                    yield timeout(lm)
+                    busy += lm
                 hits = counters.hits
                 records.append(IterationRecord(
                     it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, t_start, env.now, stall,
