@@ -139,6 +139,18 @@ class Policy:
         """Policy-specific bookkeeping and promotions after classification (base: none)."""
 
 
+class PerLayerCache(Policy):
+    """A per-layer cache of ``mpc_slots`` experts whose copies land straight in their slots (no device-to-device
+    promotion); with ``pin_hot`` (default) the HPC pins each layer's ``hpc_slots`` hottest experts."""
+
+    PARAMS = {"pin_hot": True}
+    promotion_is_free = True
+
+    def configure(self) -> None:
+        if self.params["pin_hot"]:
+            self.pin_hot_experts()
+
+
 class KeepNothing(Policy):
     """A policy that caches nothing across iterations (no HPC, no MPC, whatever the configured slots say): every
     expert comes from host memory, on demand or prefetched, into the working buffers."""
@@ -166,5 +178,5 @@ def selection_counts(experts: np.ndarray, num_experts: int) -> np.ndarray:
     return out
 
 
-__all__ = ["POLICIES", "KeepNothing", "HPC", "LPC", "MISS", "MPC", "LayerPlan", "Policy", "PolicyContext", "hot_ranking_from_counts",
+__all__ = ["POLICIES", "KeepNothing", "PerLayerCache", "HPC", "LPC", "MISS", "MPC", "LayerPlan", "Policy", "PolicyContext", "hot_ranking_from_counts",
            "selection_counts"]

@@ -16,17 +16,13 @@ prefetch).
 from __future__ import annotations
 
 from sim.cache import LPC, MISS
-from sim.policies.base import POLICIES, LayerPlan, Policy
+from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
 
 @POLICIES.register("lfu")
-class LFU(Policy):
-    PARAMS = {"pin_hot": True}
-    promotion_is_free = True  # the copy lands in the slot it will occupy
-
+class LFU(PerLayerCache):
     def configure(self) -> None:
-        if self.params["pin_hot"]:
-            self.pin_hot_experts()
+        super().configure()
         n, e = self.ctx.num_layers, self.ctx.num_experts
         self.freq = [[0] * e for _ in range(n)]       # accesses per (layer, expert) since the run started
         self.last = [[-1] * e for _ in range(n)]      # the step of the last access (a counter of layer steps)

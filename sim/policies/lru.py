@@ -9,19 +9,11 @@ layer does not need now. Prefetching follows the configured predictor (none: no 
 from __future__ import annotations
 
 from sim.cache import LPC, MISS
-from sim.policies.base import LayerPlan, Policy
-from sim.policies.base import POLICIES
+from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
 
 @POLICIES.register("lru")
-class LRU(Policy):
-    PARAMS = {"pin_hot": True}
-    promotion_is_free = True  # the copy lands in the slot it will occupy
-
-    def configure(self) -> None:
-        if self.params["pin_hot"]:
-            self.pin_hot_experts()
-
+class LRU(PerLayerCache):
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
             return
