@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# CI explores the same examples on every run (a new random counterexample is found by developers, not by CI)
+settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 from traces.format import LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
 

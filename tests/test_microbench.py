@@ -27,7 +27,7 @@ def calibration(tmp_path_factory):
     model_path.write_text(yaml.safe_dump(TINY))
     out = d / "cal.yaml"
     res = subprocess.run([sys.executable, "-m", "validate", "microbench", "--model", str(model_path), "--out",
-                          str(out), "--quick", "--repeat", "2"], cwd=ROOT, capture_output=True, text=True)
+                          str(out), "--quick", "--repeat", "3"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     return model_path, out
 
