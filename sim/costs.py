@@ -5,9 +5,9 @@ By default every duration is a roofline over a :class:`~sim.specs.HardwareSpec`:
 (FLOPs / FLOP rate) and memory time (bytes moved / HBM bandwidth), plus a fixed cost per kernel launch or copy.
 A hardware profile's measured ``tables`` (from a calibration run) replace the roofline where given:
 
-- ``copy``, ``d2d`` (bytes -> s) and ``expert`` (tokens -> s) are interpolated linearly between points, held at the
-  first point's value below it, and extrapolated beyond the last point with the last two points' slope (never
-  negative);
+- ``copy``, ``d2d`` (bytes -> s), ``expert`` and ``lm_head`` (tokens -> s) are interpolated linearly between
+  points, held at the first point's value below it, and extrapolated beyond the last point with the last two
+  points' slope (never negative);
 - ``dense`` (tokens, context -> s) is interpolated bilinearly over its grid, held at the edge below the grid and
   extrapolated (never below the edge value) above it. One table serves both stacks of an encoder-decoder model.
 
@@ -34,9 +34,10 @@ _CACHE_LIMIT = 1 << 17  # memo entries kept per method before the memo is cleare
 def check_tables(model: ModelSpec, hw: HardwareSpec, where: str = "hardware") -> None:
     """Raise ConfigError when ``hw`` carries expert/dense tables measured for a model other than ``model``."""
     t = hw.tables
-    if t is not None and (t.expert is not None or t.dense is not None) and t.model != model.name:
+    if t is not None and (t.expert is not None or t.dense is not None or t.lm_head is not None) \
+            and t.model != model.name:
         raise ConfigError(f"{where}.tables.model",
-                          f"the expert/dense tables in {hw.source} were measured for model {t.model!r}, "
+                          f"the expert/dense/lm_head tables in {hw.source} were measured for model {t.model!r}, "
                           f"but the run's model is {model.name!r} (calibrate for it, or drop those tables)")
 
 
@@ -119,6 +120,7 @@ class CostModel:
         self._d2d_table = _Table1D(t.d2d) if t is not None and t.d2d is not None else None
         self._expert_table = _Table1D(t.expert) if t is not None and t.expert is not None else None
         self._dense_table = _Table2D(t.dense) if t is not None and t.dense is not None else None
+        self._lm_head_table = _Table1D(t.lm_head) if t is not None and t.lm_head is not None else None
         self._expert_memo: dict[int, float] = {}
         self._dense_memo: dict[tuple, float] = {}
 
@@ -234,10 +236,12 @@ class CostModel:
 
     def lm_head_s(self, tokens: int) -> float:
         """The LM head (vocabulary projection) over ``tokens`` tokens, once per iteration: not part of any MoE
-        layer's dense work; a roofline plus two launches (GEMM, sampling)."""
+        layer's dense work; a roofline plus two launches (GEMM, sampling), or the lm_head table."""
         n = int(tokens)
         if n <= 0:
             return 0.0
+        if self._lm_head_table is not None:
+            return self._lm_head_table(n)
         m = self.model
         p = m.vocab_size * m.d_model
         return (self._roofline(2 * p * n, p * m.dtype_bytes + n * (m.d_model + m.vocab_size) * m.dtype_bytes)

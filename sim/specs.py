@@ -25,6 +25,7 @@ Hardware files use readable units, converted to SI in :class:`HardwareSpec` (GB 
       d2d: [[bytes, seconds], ...]             # device -> device
       expert: [[tokens, seconds], ...]         # one expert of `model` on that many tokens
       dense: [[tokens, context, seconds], ...] # dense work per MoE layer; a full grid over (tokens, context)
+      lm_head: [[tokens, seconds], ...]        # the LM head of `model` over that many tokens
 
 A calibration file is the same schema, in YAML or JSON, usually ``{"base": "h200", "tables": {...}}`` plus any
 fitted scalar (e.g. ``pcie_bw_gb_s``).
@@ -377,14 +378,15 @@ class CalibrationTables:
     d2d: Points2 | None = None     # (bytes, seconds) device->device
     expert: Points2 | None = None  # (tokens routed to one expert, seconds) for THIS model's expert shape
     dense: Points3 | None = None   # (batch tokens, context length, seconds) dense work per MoE layer
-    model: str | None = None       # the model the expert/dense tables were measured for
+    lm_head: Points2 | None = None  # (tokens, seconds) the LM head of THIS model
+    model: str | None = None       # the model the expert/dense/lm_head tables were measured for
 
     def to_dict(self) -> dict:
         """The tables in the hardware-file schema (lists of lists, SI units)."""
         def pts(v):
             return None if v is None else [list(p) for p in v]
         return {"model": self.model, "copy": pts(self.copy), "d2d": pts(self.d2d), "expert": pts(self.expert),
-                "dense": pts(self.dense)}
+                "dense": pts(self.dense), "lm_head": pts(self.lm_head)}
 
 
 @dataclass(frozen=True)
@@ -425,7 +427,7 @@ _HW_REQUIRED = ("gpu_memory_gb", "hbm_bw_gb_s", "flops_tflops", "flops_fp32_tflo
                 "pcie_latency_us", "launch_overhead_us", "reserved_gb")
 HARDWARE_FIELDS = ("name",) + _HW_REQUIRED + ("d2d_bw_gb_s", "tables", "source")
 HARDWARE_KEYS = HARDWARE_FIELDS + ("base",)
-TABLE_KEYS = ("model", "copy", "d2d", "expert", "dense")
+TABLE_KEYS = ("model", "copy", "d2d", "expert", "dense", "lm_head")
 
 
 def hardware_from_dict(d: Any, where: str = "hardware", suffix: str = "", source: str = "inline") -> HardwareSpec:
@@ -468,10 +470,11 @@ def tables_from_dict(d: Any, where: str = "hardware.tables", suffix: str = "") -
     model = d.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise ConfigError(_join(where, "model"), f"must be a model name or null, got {_show(model)}{suffix}")
-    out = {k: _points(d.get(k), _join(where, k), 2, suffix) for k in ("copy", "d2d", "expert")}
+    out = {k: _points(d.get(k), _join(where, k), 2, suffix) for k in ("copy", "d2d", "expert", "lm_head")}
     out["dense"] = _points(d.get("dense"), _join(where, "dense"), 3, suffix)
-    if (out["expert"] or out["dense"]) and model is None:
-        raise ConfigError(_join(where, "model"), f"missing: expert and dense tables hold for one model's shapes{suffix}")
+    if (out["expert"] or out["dense"] or out["lm_head"]) and model is None:
+        raise ConfigError(_join(where, "model"), f"missing: expert, dense and lm_head tables hold for one model's "
+                                                 f"shapes{suffix}")
     if all(v is None for v in out.values()):
         return None if model is None else CalibrationTables(model=model)
     return CalibrationTables(model=model, **out)

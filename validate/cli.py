@@ -1,11 +1,16 @@
-"""`python -m validate microbench`: measure this machine and write a calibration profile for the simulator.
+"""`python -m validate`: measure a machine and check the simulator against it.
 
-(The executor and the sim-vs-real comparison, `python -m validate gpu|cpu|compare`, are not built yet.)
+- ``microbench``: microbenchmarks only, into a calibration profile ``sim run`` reads (``hardware: FILE``);
+- ``gpu`` / ``cpu``: microbenchmarks, then the executor (the simulator's policies run for real with torch) over a
+  set of configurations, into a measurement folder;
+- ``compare DIR``: calibrate the simulator from the folder's microbenchmarks, simulate the same configurations,
+  and report the error per configuration (CSV, Markdown, PNG).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from traces.cli import run_main
 
@@ -13,23 +18,57 @@ from traces.cli import run_main
 def cmd_microbench(args) -> int:
     from sim.errors import ConfigError
     from sim.specs import load_hardware, load_model
+    from validate.backends import make_backend
     from validate.microbench import calibrate, write_calibration
 
     model = load_model(args.model, "--model")
     load_hardware(args.hardware, "--hardware")  # the base must exist
-    device = args.device
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("--device", "CUDA is not available on this machine (use --device cpu)")
-    cal = calibrate(model, args.hardware, device, quick=args.quick, repeat=args.repeat)
+    try:
+        backend = make_backend(args.device, args.threads)
+    except ValueError as exc:
+        raise ConfigError("--device", str(exc)) from None
+    cal = calibrate(model, args.hardware, quick=args.quick, repeat=args.repeat, backend=backend)
     path = write_calibration(args.out, cal)
     t = cal["tables"]
-    print(f"wrote {path}: {len(t['copy'])} copy, {len(t['d2d'])} d2d, {len(t['expert'])} expert and "
-          f"{len(t['dense'])} dense points for {model.name} on {cal['source'].split(' on ', 1)[1]}")
+    print(f"wrote {path}: {len(t['copy'])} copy, {len(t['d2d'])} d2d, {len(t['expert'])} expert, "
+          f"{len(t['dense'])} dense and {len(t['lm_head'])} lm_head points for {model.name} on "
+          f"{cal['source'].split(' on ', 1)[1]}")
     print(f"use it with: python -m sim run CONFIG --set hardware={path}")
     return 0
+
+
+def cmd_measure(args) -> int:
+    from validate.measure import measure
+
+    device = args.device or ("cuda" if args.command == "gpu" else "cpu")
+    measure(args.command if not args.suite else args.suite, args.out, device, quick=args.quick,
+            only=args.configs.split(",") if args.configs else None, repeat=args.repeat, threads=args.threads,
+            resume=args.resume, host_pool_gb=args.host_pool_gb)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from validate.compare import compare, median_abs
+
+    rows, _ = compare(args.folder, args.out)
+    if args.max_median_error is not None:
+        worst = median_abs(rows, "err_mean_pct")
+        if worst > args.max_median_error:
+            print(f"FAIL: median |error| of mean latency {worst:.1f}% is above --max-median-error "
+                  f"{args.max_median_error:g}%")
+            return 1
+    if not all(r["decisions_identical"] for r in rows):
+        print("FAIL: the simulator and the executor made different decisions for: "
+              + ", ".join(r["config"] for r in rows if not r["decisions_identical"]))
+        return 1
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,10 +80,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--out", required=True, help="calibration file to write (YAML)")
     p.add_argument("--quick", action="store_true", help="fewer points (for CI and smoke tests)")
-    p.add_argument("--repeat", type=int, default=5, help="timed runs per point, median kept (default 5)")
+    p.add_argument("--repeat", type=_positive_int, default=5, help="timed runs per point, median kept (default 5)")
+    p.add_argument("--threads", type=_positive_int, default=1, help="torch threads on the CPU (default 1)")
     p.set_defaults(func=cmd_microbench)
+    for name, what in (("gpu", "on a CUDA GPU: Switch-XXL experts over PCIe"),
+                       ("cpu", "with the CPU as the device (a copy thread moves experts)")):
+        p = sub.add_parser(name, help=f"calibrate, then run the executor over a set of configurations {what}")
+        p.add_argument("--out", required=True, help="measurement folder to write (compare reads it)")
+        p.add_argument("--quick", action="store_true", help="6 configurations, 4 decode steps each")
+        p.add_argument("--configs", help="comma-separated configuration names to measure (default: all)")
+        p.add_argument("--device", help=f"device (default {'cuda' if name == 'gpu' else 'cpu'})")
+        p.add_argument("--suite", choices=("cpu", "gpu"), help=f"configuration set (default {name})")
+        p.add_argument("--repeat", type=_positive_int, default=5, help="microbenchmark runs per point (default 5)")
+        p.add_argument("--threads", type=_positive_int, default=1,
+                       help="torch compute threads in CPU mode (default 1; the copy thread takes another core)")
+        p.add_argument("--host-pool-gb", type=float, default=None,
+                       help="host memory for expert weights (default 8 on a GPU, 2 on the CPU); experts beyond it "
+                            "share physical buffers")
+        p.add_argument("--resume", action="store_true", help="keep finished configurations in --out")
+        p.set_defaults(func=cmd_measure)
+    p = sub.add_parser("compare", help="simulate the measured configurations and report the simulator's error")
+    p.add_argument("folder", help="measurement folder from validate gpu|cpu")
+    p.add_argument("--out", help="where to write compare.{csv,md,png} (default FOLDER/compare)")
+    p.add_argument("--max-median-error", type=float, default=None,
+                   help="exit 1 when the median |error| of mean latency (%%) is above this")
+    p.set_defaults(func=cmd_compare)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     return run_main(build_parser(), argv)

@@ -1,22 +1,25 @@
 """Microbenchmarks that turn a machine into a calibration profile the simulator reads (``hardware:`` accepts it).
 
-Measured with torch on the chosen device (CUDA events on a GPU, ``time.perf_counter`` on the CPU), each point the
-median of ``repeat`` runs after a warm-up:
+Each point is the median of ``repeat`` timed runs after a warm-up, of the very calls the executor makes
+(``validate.backends``, ``validate.kernels``), so that what is calibrated is what runs:
 
-- ``copy``: host -> device copy time against size (from pinned host memory on a dedicated stream on a GPU; on the
-  CPU, a copy between two preallocated buffers, which is what the CPU mode's copy thread does);
+- ``copy``: host -> device copy time against size, as the executor's copy thread does it (a GPU: from pinned
+  memory on the copy stream, waited for; the CPU: a copy between two buffers), timed on the host;
 - ``d2d``: device -> device copy time against size;
 - ``expert``: one expert FFN of the model's shape and dtype against tokens routed to it;
-- ``dense``: the dense work the simulator attaches to one MoE layer (attention projections, attention over a KV
-  cache, and the dense FFN blocks in between), against batch tokens and context length.
+- ``dense``: the dense work attached to one MoE layer (``validate.kernels.DenseLayer``) against batch tokens and
+  context length;
+- ``lm_head``: the vocabulary projection against tokens.
 
-The output is ``{base: HARDWARE, source: MACHINE, tables: {model, copy, d2d, expert, dense}}`` in YAML.
+Sources and weights rotate over enough buffers (about 256 MB, or every MoE layer's dense weights) that a CPU's
+caches cannot hold them, as they cannot in a real run. GPU work is timed with CUDA events, CPU work with
+``time.perf_counter``.
+
+The output is ``{base: HARDWARE, source: MACHINE, tables: {model, copy, d2d, expert, dense, lm_head}}`` in YAML.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -25,150 +28,147 @@ import yaml
 
 from sim.specs import ModelSpec
 from traces.io import atomic_write_bytes
+from validate.kernels import DenseLayer, LMHead, expert_forward, expert_views, fill_random, torch_dtype
 
-DTYPES = {2: "bfloat16", 4: "float32"}
+ROTATE_BYTES = 256 << 20
 
 
 class Timer:
-    """Times a callable on a device: CUDA events on a GPU, perf_counter on the CPU (median of ``repeat``)."""
+    """Times a callable on a backend: CUDA events on a GPU, perf_counter on the CPU (median of ``repeat``)."""
 
-    def __init__(self, torch, device: str, repeat: int = 5):
-        self.torch, self.device, self.repeat = torch, device, repeat
+    def __init__(self, backend, repeat: int = 5):
+        self.backend, self.repeat = backend, repeat
 
-    def __call__(self, fn) -> float:
-        torch = self.torch
+    def __call__(self, fn, host: bool = False) -> float:
+        """Seconds per call of ``fn``; ``host`` times it on the host (for calls that wait for themselves)."""
+        be = self.backend
         fn()  # warm-up
         times = []
         for _ in range(self.repeat):
-            if self.device.startswith("cuda"):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
+            if host or be.name == "cpu":
+                be.synchronize()
                 t0 = time.perf_counter()
                 fn()
+                be.synchronize()
                 times.append(time.perf_counter() - t0)
+            else:
+                a = be.mark()
+                fn()
+                times.append(be.elapsed(a, be.mark()))
         return statistics.median(times)
 
 
-def machine_description(torch, device: str) -> str:
-    if device.startswith("cuda"):
-        name = torch.cuda.get_device_name(device)
-        return f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, host {platform.node()}"
-    return f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads), torch " \
-           f"{torch.__version__}, host {platform.node()}"
+def _rotation(nbytes: int, most: int = 16) -> int:
+    return max(2, min(most, ROTATE_BYTES // max(nbytes, 1) + 1))
 
 
-def measure_copies(torch, timer: Timer, device: str, sizes: list[int]) -> tuple[list, list]:
+def _cycle(items):
+    state = {"i": -1}
+
+    def nxt():
+        state["i"] = (state["i"] + 1) % len(items)
+        return items[state["i"]]
+    return nxt
+
+
+def measure_copies(backend, timer: Timer, sizes: list[int]) -> tuple[list, list]:
     """(bytes, seconds) for host->device and device->device copies of each size."""
-    on_gpu = device.startswith("cuda")
     h2d, d2d = [], []
-    stream = torch.cuda.Stream(device) if on_gpu else None
     for n in sizes:
-        src = torch.empty(n, dtype=torch.uint8, pin_memory=on_gpu)
-        dst = torch.empty(n, dtype=torch.uint8, device=device)
-        dst2 = torch.empty(n, dtype=torch.uint8, device=device)
-        if on_gpu:
-            def h2d_copy():
-                with torch.cuda.stream(stream):
-                    dst.copy_(src, non_blocking=True)
-                stream.synchronize()
-        else:
-            def h2d_copy():
-                dst.copy_(src)
-        h2d.append([n, timer(h2d_copy)])
-        d2d.append([n, timer(lambda: dst2.copy_(dst))])
+        srcs = [backend.host_buffer(n) for _ in range(_rotation(n))]
+        dst = backend.device_buffer(n)
+        devs = [backend.device_buffer(n) for _ in range(_rotation(n, 4))]
+        for s in srcs + devs + [dst]:
+            s.fill_(1)
+        src = _cycle(srcs)
+        dev = _cycle(devs)
+        h2d.append([n, timer(lambda: backend.copy_in(dst, src()), host=True)])
+        d2d.append([n, timer(lambda: backend.device_copy(dst, dev()))])
     return h2d, d2d
 
 
-def _expert_weights(torch, model: ModelSpec, device: str, dtype):
-    shapes = [(model.d_model, model.d_ff)] * (model.expert_matrices - 1) + [(model.d_ff, model.d_model)]
-    return [torch.randn(*s, device=device, dtype=dtype) * 0.02 for s in shapes]
-
-
-def expert_forward(torch, weights, x, gated: bool):
-    """One expert FFN: x @ w_in (gated: act(x @ w1) * (x @ w3)) @ w_out."""
-    if gated:
-        h = torch.nn.functional.gelu(x @ weights[0]) * (x @ weights[1])
-    else:
-        h = torch.relu(x @ weights[0])
-    return h @ weights[-1]
-
-
-def measure_expert(torch, timer: Timer, model: ModelSpec, device: str, tokens: list[int]) -> list:
-    dtype = getattr(torch, DTYPES[model.dtype_bytes])
-    weights = _expert_weights(torch, model, device, dtype)
+def measure_expert(backend, timer: Timer, model: ModelSpec, tokens: list[int]) -> list:
+    torch = backend.torch
+    dtype = torch_dtype(torch, model)
+    bufs = [backend.device_buffer(model.expert_bytes) for _ in range(_rotation(model.expert_bytes))]
+    for b in bufs:
+        fill_random(torch, b, model, dtype)
+    weights = _cycle([expert_views(b, model, dtype) for b in bufs])
+    gated = model.expert_matrices == 3
     out = []
-    for t in tokens:
-        x = torch.randn(t, model.d_model, device=device, dtype=dtype)
-        out.append([t, timer(lambda: expert_forward(torch, weights, x, model.expert_matrices == 3))])
+    with torch.inference_mode():
+        for t in tokens:
+            x = torch.randn(t, model.d_model, device=backend.device, dtype=dtype) * 0.1
+            out.append([t, timer(lambda: expert_forward(torch, weights(), x, gated))])
     return out
 
 
-def measure_dense(torch, timer: Timer, model: ModelSpec, device: str, tokens: list[int], contexts: list[int],
+def measure_dense(backend, timer: Timer, model: ModelSpec, tokens: list[int], contexts: list[int],
                   role: str = "decoder") -> list:
-    """(tokens, context, seconds) of the dense work per MoE layer: ``blocks / moe layers`` attention blocks
-    (q/k/v/o projections and attention of each token over ``context`` cached keys) plus the dense FFN blocks
-    between MoE layers."""
-    dtype = getattr(torch, DTYPES[model.dtype_bytes])
-    d, h, hd, kv = model.d_model, model.n_heads, model.head_dim, model.n_kv_heads
-    blocks = model.blocks(role) / max(model.moe_layers_of(role), 1)
-    n_attn = max(1, round(blocks))
-    n_ffn = max(0, round(blocks) - 1) if model.dense_d_ff else 0
-    wq = torch.randn(d, h * hd, device=device, dtype=dtype) * 0.02
-    wkv = torch.randn(d, 2 * kv * hd, device=device, dtype=dtype) * 0.02
-    wo = torch.randn(h * hd, d, device=device, dtype=dtype) * 0.02
-    ffn = None
-    if n_ffn:
-        dense = dataclasses.replace(model, d_ff=model.dense_d_ff, expert_matrices=model.dense_ffn_matrices)
-        ffn = _expert_weights(torch, dense, device, dtype)
+    """(tokens, context, seconds) of the dense work of one MoE layer, rotating over the role's MoE layers."""
+    torch = backend.torch
+    dtype = torch_dtype(torch, model)
+    role = role if model.moe_layers_of(role) else ("encoder" if role == "decoder" else "decoder")
+    layers = [DenseLayer(torch, model, role, backend.device, max(contexts))
+              for _ in range(max(1, min(model.moe_layers_of(role), 8)))]
+    layer = _cycle(layers)
     out = []
-    for t in tokens:
-        x = torch.randn(t, d, device=device, dtype=dtype)
-        for c in contexts:
-            k = torch.randn(kv, c, hd, device=device, dtype=dtype)
-            v = torch.randn(kv, c, hd, device=device, dtype=dtype)
-
-            def work():
-                y = x
-                for _ in range(n_attn):
-                    q = (y @ wq).view(t, h, hd).transpose(0, 1)             # [h, t, hd]
-                    _ = y @ wkv                                             # the new tokens' keys and values
-                    kk = k.repeat_interleave(h // kv, dim=0) if h != kv else k
-                    vv = v.repeat_interleave(h // kv, dim=0) if h != kv else v
-                    att = torch.softmax(q @ kk.transpose(1, 2) / hd ** 0.5, dim=-1) @ vv  # [h, t, hd]
-                    y = att.transpose(0, 1).reshape(t, h * hd) @ wo
-                for _ in range(n_ffn):
-                    y = expert_forward(torch, ffn, y, model.dense_ffn_matrices == 3)
-                return y
-            out.append([t, c, timer(work)])
+    with torch.inference_mode():
+        for t in tokens:
+            x = torch.randn(t, model.d_model, device=backend.device, dtype=dtype) * 0.1
+            for c in contexts:
+                out.append([t, c, timer(lambda: layer()(x, c))])
     return out
 
 
-def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = False, repeat: int = 5) -> dict:
-    """Run every microbenchmark; returns the calibration mapping."""
-    import torch
+def measure_lm_head(backend, timer: Timer, model: ModelSpec, tokens: list[int]) -> list:
+    torch = backend.torch
+    head = LMHead(torch, model, backend.device)
+    out = []
+    with torch.inference_mode():
+        for t in tokens:
+            x = torch.randn(t, model.d_model, device=backend.device, dtype=torch_dtype(torch, model)) * 0.1
+            out.append([t, timer(lambda: head(x))])
+    return out
 
-    timer = Timer(torch, device, repeat)
+
+def grids(model: ModelSpec, quick: bool, max_tokens: int | None = None, max_context: int | None = None) -> dict:
+    """The points measured: copy sizes around one expert, tokens and contexts covering the workload."""
     eb = model.expert_bytes
     sizes = sorted({max(1, eb // 64), max(1, eb // 8), eb, 2 * eb} if quick else
                    {max(1, eb // 256), max(1, eb // 64), max(1, eb // 16), max(1, eb // 4), eb, 2 * eb})
     tokens = [1, 4, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
     dense_tokens = [1, 8, 64] if quick else [1, 4, 16, 64, 256]
     contexts = [32, 256] if quick else [32, 128, 512, 2048]
-    h2d, d2d = measure_copies(torch, timer, device, sizes)
+    if max_tokens is not None:  # cover the workload's batch without measuring far beyond it
+        tokens = [t for t in tokens if t < max_tokens] + [max_tokens]
+        dense_tokens = sorted({t for t in dense_tokens if t < max_tokens} | {1, max_tokens})
+    if max_context is not None:
+        contexts = sorted({c for c in contexts if c < max_context} | {max_context})
+        if len(contexts) == 1:
+            contexts = sorted({1, max_context})
+    return {"sizes": sizes, "tokens": tokens, "dense_tokens": dense_tokens, "contexts": contexts}
+
+
+def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = False, repeat: int = 5,
+              backend=None, max_tokens: int | None = None, max_context: int | None = None) -> dict:
+    """Run every microbenchmark; returns the calibration mapping."""
+    from validate.backends import make_backend
+
+    be = backend if backend is not None else make_backend(device)
+    timer = Timer(be, repeat)
+    g = grids(model, quick, max_tokens, max_context)
+    h2d, d2d = measure_copies(be, timer, g["sizes"])
     return {
         "base": base,
-        "source": f"calibrated with python -m validate microbench on {machine_description(torch, device)}",
+        "source": f"calibrated with python -m validate microbench on {be.describe()}",
         "tables": {
             "model": model.name,
             "copy": h2d,
             "d2d": d2d,
-            "expert": measure_expert(torch, timer, model, device, tokens),
-            "dense": measure_dense(torch, timer, model, device, dense_tokens, contexts),
+            "expert": measure_expert(be, timer, model, g["tokens"]),
+            "dense": measure_dense(be, timer, model, g["dense_tokens"], g["contexts"]),
+            "lm_head": measure_lm_head(be, timer, model, g["tokens"]),
         },
     }
 

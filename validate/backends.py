@@ -1,0 +1,136 @@
+"""Where the executor's work runs and how it is timed: a CUDA GPU (a copy stream and a compute stream ordered by
+CUDA events, pinned host memory) or the CPU standing in for one (copies by a copy thread, compute in the main
+thread, ``time.perf_counter``).
+
+The executor and the copier speak to a backend only through these calls:
+
+- ``host_buffer(n)`` / ``device_buffer(n)``: flat uint8 buffers of ``n`` bytes (host ones pinned on a GPU);
+- ``copy_in(dst, src, after)``, from the copy thread: copy host -> device, once the compute that last read
+  ``dst`` (its ``after`` marker) is done; returns when the copy has landed;
+- ``compute_done()``, from the compute thread: a marker of the work issued so far, for ``copy_in``'s ``after``;
+- ``wait_landed(marker)``: order the compute stream after a landed copy;
+- ``mark()`` / ``elapsed(a, b)``: timestamps on the compute stream and the seconds between two;
+- ``synchronize()``: wait for all issued work.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+
+
+class CpuBackend:
+    """The CPU as the device: compute is synchronous, so a copy may reuse a buffer as soon as it is released."""
+
+    name = "cpu"
+
+    def __init__(self, torch, threads: int = 1):
+        self.torch = torch
+        self.device = "cpu"
+        self.threads = threads
+        torch.set_num_threads(threads)
+
+    def host_buffer(self, nbytes: int):
+        return self.torch.empty(nbytes, dtype=self.torch.uint8)
+
+    def device_buffer(self, nbytes: int):
+        return self.torch.empty(nbytes, dtype=self.torch.uint8)
+
+    def copy_in(self, dst, src, after=None):
+        dst.copy_(src)
+        return None
+
+    def device_copy(self, dst, src):
+        dst.copy_(src)
+
+    def compute_done(self):
+        return None
+
+    def wait_landed(self, marker) -> None:
+        pass
+
+    def mark(self):
+        return time.perf_counter()
+
+    def elapsed(self, a, b) -> float:
+        return b - a
+
+    def synchronize(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return (f"CPU {platform.processor() or platform.machine()} as the device ({self.threads} compute thread(s) "
+                f"+ 1 copy thread), torch {self.torch.__version__}, host {platform.node()}")
+
+
+class CudaBackend:
+    """A CUDA GPU: host buffers pinned, copies on a dedicated stream, compute on the current stream, ordered by
+    CUDA events; timestamps are CUDA events on the compute stream."""
+
+    name = "cuda"
+
+    def __init__(self, torch, device: str = "cuda"):
+        self.torch = torch
+        self.device = device
+        torch.cuda.set_device(torch.device(device))
+        self.compute = torch.cuda.current_stream()
+        self.copy_stream = torch.cuda.Stream()
+
+    def host_buffer(self, nbytes: int):
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True)
+
+    def device_buffer(self, nbytes: int):
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
+
+    def copy_in(self, dst, src, after=None):
+        torch = self.torch
+        with torch.cuda.stream(self.copy_stream):
+            if after is not None:
+                self.copy_stream.wait_event(after)
+            dst.copy_(src, non_blocking=True)
+            landed = torch.cuda.Event()
+            landed.record(self.copy_stream)
+        landed.synchronize()
+        return landed
+
+    def device_copy(self, dst, src):
+        dst.copy_(src, non_blocking=True)
+
+    def compute_done(self):
+        ev = self.torch.cuda.Event()
+        ev.record(self.compute)
+        return ev
+
+    def wait_landed(self, marker) -> None:
+        if marker is not None:
+            self.compute.wait_event(marker)
+
+    def mark(self):
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record(self.compute)
+        return ev
+
+    def elapsed(self, a, b) -> float:
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3
+
+    def synchronize(self) -> None:
+        self.torch.cuda.synchronize()
+
+    def describe(self) -> str:
+        t = self.torch
+        return (f"{t.cuda.get_device_name(self.device)}, torch {t.__version__}, CUDA {t.version.cuda}, "
+                f"host {platform.node()}")
+
+
+def make_backend(device: str, threads: int = 1):
+    """The backend for ``device`` ("cpu" or "cuda[:N]"); ValueError when CUDA is asked for and absent."""
+    import torch
+
+    if device == "cpu":
+        return CpuBackend(torch, threads)
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError("CUDA is not available on this machine (use the CPU mode)")
+        return CudaBackend(torch, device)
+    raise ValueError(f"device must be cpu or cuda[:N], got {device!r}")

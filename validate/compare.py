@@ -1,0 +1,186 @@
+"""`validate compare DIR`: calibrate the simulator from DIR's microbenchmarks only, simulate every configuration
+that was measured, and report how far the simulator is from the real runs.
+
+Per configuration: mean and p50 decode-iteration latency and throughput, real and simulated, and the simulator's
+signed relative error ``(sim - real) / real``; whether the simulator made the very decisions the executor made
+(every (iteration, layer): sources per active expert, promotions, prefetches, unused prefetches); the median
+absolute errors over the configurations. Written to ``DIR/compare/`` (or ``--out``): ``compare.csv``,
+``compare.md`` and ``compare.png`` (simulated against real latency, and the errors per configuration).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from sim.config import config_from_dict
+from sim.errors import ConfigError
+from sim.policies import POLICIES
+from sim.predictors import PREDICTORS
+from sim.replay import replay
+from sim.run import build_decisions, simulate
+from sim.workload import build_iterations
+from traces.io import atomic_write_bytes, load_trace
+from validate.measure import decisions_digest
+
+COLUMNS = ["config", "policy", "predictor", "batch_size", "hpc_slots", "mpc_slots", "iterations",
+           "real_mean_ms", "sim_mean_ms", "err_mean_pct", "real_p50_ms", "sim_p50_ms", "err_p50_pct",
+           "real_tok_s", "sim_tok_s", "err_tok_s_pct", "real_copies", "sim_copies", "decisions_identical"]
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(path), f"missing: not a finished validate measurement ({what})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), f"is not valid JSON ({exc})") from None
+
+
+def _err(sim: float, real: float) -> float:
+    return 100.0 * (sim - real) / real
+
+
+def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
+    """One configuration's row: simulate it on the folder's calibration and set it beside the real run."""
+    real = _read_json(run_dir / "summary.json", "summary.json")
+    try:
+        raw = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(run_dir / "config.yaml"), "missing: not a finished validate measurement") from None
+    raw["hardware"] = str(folder / "calibration.yaml")
+    cfg = config_from_dict(raw, str(run_dir / "config.yaml"), POLICIES.names(), PREDICTORS.names())
+    trace_key = raw["workload"]["trace"]
+    want = manifest.get("traces", {}).get(str(cfg.workload.trace)) or manifest.get("traces", {}).get(trace_key)
+    have = hashlib.sha256(Path(cfg.workload.trace).read_bytes()).hexdigest()
+    if want is not None and want != have:
+        raise ConfigError(str(cfg.workload.trace), "differs from the trace that was measured (checksum mismatch)")
+    trace = load_trace(cfg.workload.trace)
+    s = simulate(cfg, trace=trace).summary
+    # the decisions: the protocol replayed without time must be what the executor recorded
+    w = cfg.workload
+    its, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
+    policy, predictor = build_decisions(cfg, trace, its)
+    identical = decisions_digest(replay(trace, its, policy, predictor)) == real["decisions_sha256"]
+    rm, sm = real["iteration_ms"]["mean"], s["iteration_ms"]["mean"]
+    rp, sp = real["iteration_ms"]["p50"], s["iteration_ms"]["p50"]
+    rt, st = real["throughput_tok_s"], s["throughput_tok_s"]
+    return {
+        "config": run_dir.name, "policy": cfg.policy.name, "predictor": cfg.predictor.name,
+        "batch_size": w.batch_size, "hpc_slots": cfg.cache.hpc_slots, "mpc_slots": cfg.cache.mpc_slots,
+        "iterations": real["iterations"],
+        "real_mean_ms": rm, "sim_mean_ms": sm, "err_mean_pct": _err(sm, rm),
+        "real_p50_ms": rp, "sim_p50_ms": sp, "err_p50_pct": _err(sp, rp),
+        "real_tok_s": rt, "sim_tok_s": st, "err_tok_s_pct": _err(st, rt),
+        "real_copies": real["copies"], "sim_copies": s["copies"], "decisions_identical": identical,
+    }
+
+
+def median_abs(rows: list[dict], key: str) -> float:
+    return float(np.median([abs(r[key]) for r in rows])) if rows else float("nan")
+
+
+def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tuple[list[dict], Path]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(str(folder), "no such measurement folder (run python -m validate cpu|gpu --out DIR)")
+    manifest = _read_json(folder / "manifest.json", "manifest.json")
+    if not (folder / "calibration.yaml").exists():
+        raise ConfigError(str(folder / "calibration.yaml"), "missing: the microbenchmarks did not finish")
+    runs = [folder / "runs" / n for n in manifest.get("configs", []) if (folder / "runs" / n / "summary.json").exists()]
+    if not runs:
+        raise ConfigError(str(folder), "holds no finished configuration (runs/*/summary.json)")
+    rows = []
+    for i, run_dir in enumerate(runs, 1):
+        row = compare_run(folder, run_dir, manifest)
+        rows.append(row)
+        log(f"[{i}/{len(runs)}] {row['config']}: real {row['real_mean_ms']:.2f} ms, sim {row['sim_mean_ms']:.2f} ms "
+            f"({row['err_mean_pct']:+.1f}%), decisions identical: {'yes' if row['decisions_identical'] else 'NO'}")
+    out = Path(out) if out is not None else folder / "compare"
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / "compare.csv", _csv(rows))
+    atomic_write_bytes(out / "compare.md", markdown(rows, manifest).encode())
+    plot(rows, manifest, out / "compare.png")
+    missing = [n for n in manifest.get("configs", []) if not (folder / "runs" / n / "summary.json").exists()]
+    if missing:
+        log(f"not measured (skipped): {', '.join(missing)}")
+    log(f"median |error|: mean latency {median_abs(rows, 'err_mean_pct'):.1f}%, p50 "
+        f"{median_abs(rows, 'err_p50_pct'):.1f}%, throughput {median_abs(rows, 'err_tok_s_pct'):.1f}% over "
+        f"{len(rows)} configurations; wrote {out}/compare.{{csv,md,png}}")
+    return rows, out
+
+
+def _csv(rows: list[dict]) -> bytes:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    return buf.getvalue().encode()
+
+
+def markdown(rows: list[dict], manifest: dict) -> str:
+    lines = [f"# Simulator against real runs: {manifest.get('suite')} suite", "",
+             f"Measured on {manifest.get('device')} ({manifest.get('date')}). The simulator is calibrated from the "
+             f"microbenchmarks only (`calibration.yaml`). Error = (sim - real) / real.", "",
+             "| config | real mean ms | sim mean ms | err mean | real p50 ms | sim p50 ms | err p50 | real tok/s | "
+             "sim tok/s | err tok/s | same decisions |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['real_mean_ms']:.2f} | {r['sim_mean_ms']:.2f} | {r['err_mean_pct']:+.1f}% "
+                     f"| {r['real_p50_ms']:.2f} | {r['sim_p50_ms']:.2f} | {r['err_p50_pct']:+.1f}% "
+                     f"| {r['real_tok_s']:.1f} | {r['sim_tok_s']:.1f} | {r['err_tok_s_pct']:+.1f}% "
+                     f"| {'yes' if r['decisions_identical'] else 'NO'} |")
+    lines += ["", f"Median absolute error over {len(rows)} configurations: mean latency "
+              f"{median_abs(rows, 'err_mean_pct'):.1f}%, p50 latency {median_abs(rows, 'err_p50_pct'):.1f}%, "
+              f"throughput {median_abs(rows, 'err_tok_s_pct'):.1f}%.", ""]
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], manifest: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.5))
+    real = np.array([r["real_mean_ms"] for r in rows])
+    sim = np.array([r["sim_mean_ms"] for r in rows])
+    lo, hi = min(real.min(), sim.min()) * 0.8, max(real.max(), sim.max()) * 1.2
+    xs = np.linspace(lo, hi, 50)
+    ax.fill_between(xs, xs * 0.85, xs * 1.15, color="0.9", label="±15%")
+    ax.plot(xs, xs, color="0.4", lw=1, label="sim = real")
+    ax.scatter(real, sim, zorder=3)
+    for r in rows:
+        ax.annotate(r["config"], (r["real_mean_ms"], r["sim_mean_ms"]), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("real mean iteration latency (ms)")
+    ax.set_ylabel("simulated mean iteration latency (ms)")
+    ax.set_title(f"{manifest.get('suite')} suite: {str(manifest.get('device'))[:60]}", fontsize=8)
+    ax.legend(fontsize=7)
+    names = [r["config"] for r in rows]
+    x = np.arange(len(rows))
+    bx.bar(x - 0.2, [r["err_mean_pct"] for r in rows], 0.4, label="mean latency")
+    bx.bar(x + 0.2, [r["err_tok_s_pct"] for r in rows], 0.4, label="throughput")
+    bx.axhline(0, color="0.3", lw=0.8)
+    bx.set_xticks(x)
+    bx.set_xticklabels(names, rotation=35, ha="right", fontsize=7)
+    bx.set_ylabel("simulator error (%)")
+    bx.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+__all__ = ["compare", "compare_run", "markdown", "median_abs"]

@@ -1,0 +1,240 @@
+"""The executor: runs a workload for real, with the very policy and predictor objects the simulator uses
+(``sim.run.build_decisions``), asking them in the simulator's order (``sim/engine.py``, ``sim/replay.py``), and
+measures each iteration's latency.
+
+Memory, as an offloading server lays it out:
+
+- expert weights in host memory (pinned on a GPU). When the host cannot hold every expert, a pool of physical
+  buffers serves all logical experts (expert ``i`` of the model reads pool buffer ``i mod pool``): a copy's time
+  depends on its bytes, not its contents. ``host_pool`` in the result says how many there were;
+- per cached MoE layer, the HPC and MPC slots, preallocated on the device (again a physical pool when the slots
+  would not fit the budget); an expert of a layer lives in slot ``expert mod slots`` of it (the policy says which
+  experts are cached; which slot holds which changes no timing);
+- the ``lpc_buffers`` shared working buffers that every copy from the host lands in, and one arena buffer that a
+  cached expert is copied into before it computes when the policy says hits are not free (``hit_d2d``);
+- the dense weights and a KV cache per MoE layer (``validate.kernels.DenseLayer``), and the LM head.
+
+Per iteration, per MoE layer: dense work; the gate (prediction, then ``plan_prefetch``); ``plan_layer``; unused
+prefetches dropped; demand copies submitted (queued prefetches that are now needed move up); prefetches for the
+next layer submitted; cached experts computed; copied experts computed in landing order, each promoted by a device
+copy into its slot when the plan says so; ``finish_layer``. The LM head closes the iteration. Copies run on the
+copier's thread (``validate.copier``). Latency is measured with the backend's timestamps (CUDA events on a GPU).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.cache import HPC, LPC, MPC
+from sim.config import RunConfig
+from sim.engine import IterationRecord
+from sim.replay import LayerDecision
+from sim.run import build_decisions
+from sim.workload import active_sets, build_iterations, phase_layers
+from traces.format import Trace
+from validate.copier import Copier
+from validate.kernels import DenseLayer, LMHead, expert_forward, expert_views, fill_random, torch_dtype
+
+GB = 1 << 30
+
+
+@dataclass
+class ExecResult:
+    iterations: list[IterationRecord]
+    decisions: list[LayerDecision]
+    total_s: float
+    copies: int
+    prefetch_copies: int
+    max_buffers_in_use: int
+    host_pool: int            # physical host buffers serving all logical experts
+    logical_experts: int
+    device_slots: int         # physical slot buffers on the device
+    logical_slots: int
+    device: str
+    warmup_iterations: int
+    layers: int               # MoE layers run
+    notes: list[str] = field(default_factory=list)
+
+
+class Executor:
+    """Runs one config on a backend (``validate.backends``)."""
+
+    def __init__(self, cfg: RunConfig, trace: Trace, backend, host_pool_bytes: int = 2 * GB,
+                 slot_budget_bytes: int = 4 * GB, warmup: int = 1, progress=None):
+        self.cfg, self.trace, self.backend = cfg, trace, backend
+        self.host_pool_bytes, self.slot_budget_bytes = host_pool_bytes, slot_budget_bytes
+        self.warmup = warmup
+        self.progress = progress
+        w = cfg.workload
+        self.iterations, self.info = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens,
+                                                      w.prefill, w.requests)
+        self.phase_layers = phase_layers(trace)
+        self.roles = [x.role for x in trace.meta.model.layers]
+
+    # -------------------------------------------------------------------------------------------- memory
+    def _allocate(self, policy) -> None:
+        torch, be, m = self.backend.torch, self.backend, self.cfg.model
+        self.dtype = torch_dtype(torch, m)
+        nbytes = m.expert_bytes
+        n_layers, n_exp = self.trace.num_layers, self.trace.num_experts
+        self.logical_experts = n_layers * n_exp
+        pool = max(2, min(self.logical_experts, self.host_pool_bytes // nbytes))
+        self.host = [be.host_buffer(nbytes) for _ in range(pool)]
+        seed = be.device_buffer(nbytes) if be.name != "cpu" else be.host_buffer(nbytes)
+        fill_random(torch, seed, m, self.dtype)
+        for buf in self.host:
+            buf.copy_(seed)
+        cache = policy.cache
+        self.slot_counts = {layer: cache.hpc_slots + cache.mpc_slots for layer in range(n_layers)
+                            if layer in cache.cached_layers and cache.hpc_slots + cache.mpc_slots > 0}
+        self.logical_slots = sum(self.slot_counts.values())
+        physical = min(self.logical_slots, max(1, self.slot_budget_bytes // nbytes)) if self.logical_slots else 0
+        self.slots = [be.device_buffer(nbytes) for _ in range(physical)]
+        for s in self.slots:
+            s.copy_(seed)
+        self.slot_views = [expert_views(s, m, self.dtype) for s in self.slots]
+        base, self.slot_base = 0, {}
+        for layer, n in sorted(self.slot_counts.items()):
+            self.slot_base[layer] = base
+            base += n
+        self.physical_slots = physical
+        lpc = self.cfg.cache.lpc_buffers
+        self.work = [be.device_buffer(nbytes) for _ in range(lpc)]
+        self.work_views = [expert_views(b, m, self.dtype) for b in self.work]
+        self.arena = be.device_buffer(nbytes)
+        self.arena.copy_(seed)
+        self.arena_views = expert_views(self.arena, m, self.dtype)
+        max_ctx = int(np.ceil(max((it.context for it in self.iterations), default=1))) + 1
+        self.dense = [DenseLayer(torch, m, self.roles[layer], be.device, max_ctx) for layer in range(n_layers)]
+        self.lm_head = LMHead(torch, m, be.device)
+        max_tokens = max((int(it.rows.size) for it in self.iterations), default=1)
+        self.x = torch.randn(max_tokens, m.d_model, device=be.device, dtype=self.dtype) * 0.1
+        be.synchronize()
+
+    def _source(self, layer: int, expert: int):
+        return self.host[(layer * self.trace.num_experts + expert) % len(self.host)]
+
+    def _slot(self, layer: int, expert: int) -> int:
+        return (self.slot_base[layer] + expert % self.slot_counts[layer]) % self.physical_slots
+
+    # ---------------------------------------------------------------------------------------------- run
+    def run(self) -> ExecResult:
+        policy, _ = build_decisions(self.cfg, self.trace, self.iterations)
+        self._allocate(policy)
+        warm = self.iterations[:self.warmup]
+        if warm:  # cuBLAS/allocator start-up and first-touch page faults, on throwaway decision objects
+            self._run(warm, *build_decisions(self.cfg, self.trace, self.iterations), record=False)
+        policy, predictor = build_decisions(self.cfg, self.trace, self.iterations)
+        return self._run(self.iterations, policy, predictor, record=True)
+
+    def _run(self, iterations, policy, predictor, record: bool) -> ExecResult:
+        be, m, trace = self.backend, self.cfg.model, self.trace
+        torch = be.torch
+        gated = m.expert_matrices == 3
+        copier = Copier(be, self._source, self.work, self.cfg.cache.prefetch_reserve)
+        counters = policy.cache.counters
+        hit_d2d = policy.hit_d2d
+        promote_d2d = not policy.promotion_is_free
+        decisions: list[LayerDecision] = []
+        marks, rows = [], []
+        x_all = self.x
+        try:
+            with torch.inference_mode():
+                be.synchronize()
+                marks.append(be.mark())
+                for it in iterations:
+                    if it.new_batch:
+                        policy.start_batch()
+                    policy.start_iteration(it)
+                    predictor.start_iteration(it)
+                    layers = self.phase_layers[it.kind]
+                    actives = active_sets(trace, it.rows, layers)
+                    n_tok = int(it.rows.size)
+                    x = x_all[:n_tok]
+                    before = (dict(counters.hits), counters.misses, copier.copies)
+                    issued = unused = 0
+                    wait = 0.0
+                    jobs = {}
+                    for pos, layer in enumerate(layers):
+                        active, counts = actives[pos]
+                        self.dense[layer](x, it.context)
+                        prefetch, nxt = (), None
+                        if pos + 1 < len(layers):
+                            nxt = layers[pos + 1]
+                            guess = frozenset()
+                            if predictor.predicts:
+                                guess = predictor.predict(it.index, nxt, frozenset(actives[pos + 1][0]),
+                                                          frozenset(active))
+                            prefetch = tuple(policy.plan_prefetch(it.index, nxt, guess))
+                        plan = policy.plan_layer(it.index, layer, active)
+                        if record:
+                            decisions.append(LayerDecision(
+                                it.index, layer, active, tuple((e, plan.sources[e]) for e in active),
+                                tuple(plan.promote.items()), prefetch, tuple(plan.unused_prefetch)))
+                        for e in plan.unused_prefetch:
+                            copier.drop(jobs.pop((layer, e)))
+                            unused += 1
+                        resident, waiting = [], 0
+                        for e in active:
+                            src = plan.sources[e]
+                            if src == HPC or src == MPC:
+                                resident.append(e)
+                            elif src == LPC:
+                                copier.upgrade(jobs.pop((layer, e)))
+                                waiting += 1
+                            else:
+                                copier.submit(layer, e, False)
+                                waiting += 1
+                        for e in prefetch:
+                            jobs[(nxt, e)] = copier.submit(nxt, e, True)
+                            issued += 1
+                        for e in resident:
+                            weights = self.slot_views[self._slot(layer, e)]
+                            if hit_d2d:
+                                be.device_copy(self.arena, self.slots[self._slot(layer, e)])
+                                weights = self.arena_views
+                            expert_forward(torch, weights, x[:counts[e]], gated)
+                        promote = plan.promote
+                        while waiting:
+                            t0 = time.perf_counter()
+                            job = copier.take(layer)
+                            wait += time.perf_counter() - t0
+                            waiting -= 1
+                            e = job.expert
+                            be.wait_landed(job.landed)
+                            expert_forward(torch, self.work_views[job.buffer], x[:counts[e]], gated)
+                            if e in promote and promote_d2d:
+                                be.device_copy(self.slots[self._slot(layer, e)], self.work[job.buffer])
+                            copier.release(job, be.compute_done())
+                        policy.finish_layer(it.index, layer)
+                    self.lm_head(x if it.kind == "decode" else x[:it.requests])
+                    marks.append(be.mark())
+                    hits = counters.hits
+                    rows.append((it, n_tok, wait, hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC],
+                                 hits[LPC] - before[0][LPC], counters.misses - before[1],
+                                 copier.copies - before[2], issued, unused))
+                    if self.progress is not None and record:
+                        self.progress(it.index + 1, len(iterations))
+                be.synchronize()
+        finally:
+            copier.close()
+        times = [be.elapsed(marks[0], mk) for mk in marks]
+        records = []
+        for i, (it, n_tok, wait, h, mp, lp, miss, copies, issued, unused) in enumerate(rows):
+            records.append(IterationRecord(
+                it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, times[i], times[i + 1], wait,
+                h, mp, lp, miss, copies, issued, unused))
+        notes = []
+        if len(self.host) < self.logical_experts:
+            notes.append(f"{len(self.host)} physical host buffers served {self.logical_experts} logical experts "
+                         f"(a copy's time depends on its bytes, not its contents)")
+        if self.physical_slots < self.logical_slots:
+            notes.append(f"{self.physical_slots} physical device slots served {self.logical_slots} logical cache "
+                         f"slots")
+        return ExecResult(records, decisions, times[-1], copier.copies, copier.prefetch_copies, copier.max_in_use,
+                          len(self.host), self.logical_experts, self.physical_slots, self.logical_slots, be.name,
+                          self.warmup, trace.num_layers, notes)
+

@@ -1,0 +1,77 @@
+"""The configuration sets the validator measures: several policies x batch sizes x cache sizes on one model and
+trace per device kind. Each configuration is an ordinary run config (``sim run`` reads the same mapping), so the
+simulator can replay exactly what was measured.
+
+- ``gpu``: Switch-XXL (bf16, 251.7 MB experts) on the bundled switch-xxl trace: every expert copy is a real
+  PCIe transfer of a real expert's bytes.
+- ``cpu``: Switch-Base in fp32 (18.9 MB experts) on the bundled switch-base trace, the CPU standing in for the
+  GPU (a copy thread moves the experts; see ``validate.backends``).
+
+Decode only (``prefill: false``), one static batch per configuration, a few decode steps each; the first
+iteration runs once more beforehand as a warm-up.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    model: object               # a model name or mapping, as in a run config
+    trace: str
+    decode_tokens: int          # decode steps per configuration
+    quick_decode_tokens: int
+    lpc_buffers: int
+    points: tuple               # (name, policy, predictor, batch, hpc_slots, mpc_slots)
+    quick: tuple                # names of the points a --quick run measures
+
+    def configs(self, quick: bool = False, only: list[str] | None = None) -> list[tuple[str, dict]]:
+        """(name, run-config mapping) of each point measured."""
+        names = [p[0] for p in self.points]
+        if only:
+            unknown = [n for n in only if n not in names]
+            if unknown:
+                raise KeyError(f"--configs: unknown configuration(s) {', '.join(unknown)}; known: {', '.join(names)}")
+        out = []
+        for name, policy, predictor, batch, hpc, mpc in self.points:
+            if (only and name not in only) or (quick and not only and name not in self.quick):
+                continue
+            out.append((name, {
+                "model": copy.deepcopy(self.model),
+                "hardware": "h200",
+                "workload": {"trace": self.trace, "batch_size": batch, "batching": "static",
+                             "max_decode_tokens": self.quick_decode_tokens if quick else self.decode_tokens,
+                             "prefill": False, "requests": batch},
+                "cache": {"hpc_slots": hpc, "mpc_slots": mpc, "lpc_buffers": self.lpc_buffers,
+                          "prefetch_reserve": 1, "layers": "decoder"},
+                "policy": {"name": policy, "params": {}},
+                "predictor": {"name": predictor, "params": {}},
+                "seed": 0,
+            }))
+        return out
+
+
+_POINTS = (
+    ("on-demand-b4", "on-demand", "none", 4, 0, 0),
+    ("on-demand-b16", "on-demand", "none", 16, 0, 0),
+    ("pregated-b16", "pregated", "oracle", 16, 0, 0),
+    ("lru-b8-c6", "lru", "none", 8, 2, 4),
+    ("diffmoe-b8-c6", "diffmoe", "oracle", 8, 2, 4),
+    ("diffmoe-b16-c13", "diffmoe", "oracle", 16, 4, 9),
+    ("moe-infinity-b8-c6", "moe-infinity", "moe-infinity", 8, 2, 4),
+    ("diffmoe-arc-b16-c13", "diffmoe-arc", "oracle", 16, 4, 9),
+)
+_QUICK = ("on-demand-b4", "pregated-b16", "lru-b8-c6", "diffmoe-b8-c6", "diffmoe-b16-c13", "moe-infinity-b8-c6")
+
+SUITES = {
+    "cpu": Suite("cpu", {"base": "switch-base-128", "dtype_bytes": 4}, "traces/data/switch_base_128.npz",
+                 decode_tokens=12, quick_decode_tokens=4, lpc_buffers=8, points=_POINTS, quick=_QUICK),
+    "gpu": Suite("gpu", "switch-xxl-128", "traces/data/switch_xxl_128.npz",
+                 decode_tokens=8, quick_decode_tokens=4, lpc_buffers=16,
+                 points=tuple((n.replace("b16", "b32").replace("b8", "b16").replace("b4", "b8"), p, pr,
+                               b * 2, h, m) for n, p, pr, b, h, m in _POINTS),
+                 quick=tuple(n.replace("b16", "b32").replace("b8", "b16").replace("b4", "b8") for n in _QUICK)),
+}
