@@ -9,6 +9,9 @@ buffer while the current layer waits). A buffer is freed when the expert in it h
 if it is), or at once for a prefetch nobody used.
 
 Finished copies are queued per layer, in completion order, for the compute stream to take.
+
+Interference: a copy that starts while the compute stream computes (``computing``, kept by the engine) takes
+``slowdown`` times longer (copies and compute share memory bandwidth; 1 on a machine calibrated without it).
 """
 
 from __future__ import annotations
@@ -33,9 +36,12 @@ class CopyEngine:
     """Callback-driven: a copy is one SimPy timeout whose callback lands it and starts the next; no process."""
 
     def __init__(self, env: simpy.Environment, copy_s: float, nbytes: int, buffers: int, reserve: int,
-                 timeline: list | None = None):
+                 timeline: list | None = None, slowdown: float = 1.0):
         self.env = env
         self.copy_s = copy_s
+        self.slowdown = slowdown
+        self.computing = True  # the compute stream is busy (not stalled on a copy)
+        self.busy_s = 0.0
         self.nbytes = nbytes
         self.capacity = buffers
         self.free = buffers
@@ -107,20 +113,22 @@ class CopyEngine:
             self.max_in_use = in_use
         job.started = True
         job.start = self.env.now
+        duration = self.copy_s * self.slowdown if self.computing else self.copy_s
+        job.end = job.start + duration  # planned; the engine reads it to stretch overlapping compute
+        self.busy_s += duration
         self.current = job
-        self.env.timeout(self.copy_s).callbacks.append(self._land)
+        self.env.timeout(duration).callbacks.append(self._land)
 
     def _land(self, _event) -> None:
         job = self.current
         self.current = None
-        job.end = self.env.now
         job.finished = True
         self.copies += 1
         if job.was_prefetch:
             self.prefetch_copies += 1
         if self.timeline is not None:
             kind = "prefetch" if job.was_prefetch else "demand"
-            self.timeline.append(("copy", f"L{job.layer} E{job.expert} {kind}", job.start, self.copy_s))
+            self.timeline.append(("copy", f"L{job.layer} E{job.expert} {kind}", job.start, job.end - job.start))
         if job.dropped:
             self.free += 1
         else:
@@ -132,10 +140,6 @@ class CopyEngine:
             if w is not None:
                 w.succeed()
         self._start_next()
-
-    @property
-    def busy_s(self) -> float:
-        return self.copies * self.copy_s
 
     @property
     def pcie_bytes(self) -> int:

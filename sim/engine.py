@@ -15,6 +15,9 @@ Per iteration, for each MoE layer of the iteration's phase, on the compute strea
 
 After the last layer the LM head runs (``CostModel.lm_head_s``).
 
+Interference (a calibrated machine's ``compute_slowdown`` and ``copy_slowdown``, 1 by default): compute that
+overlaps a copy on the link runs slower, and so does a copy started while the compute stream computes.
+
 Events are coarse: one per copy, one per expert compute that waits on a copy, one for the dense work and one for
 all cached experts of a layer together.
 """
@@ -112,7 +115,19 @@ class Simulation:
         costs, policy, predictor = self.costs, self.policy, self.predictor
         expert_bytes = costs.expert_bytes
         copy = CopyEngine(env, costs.copy_s(expert_bytes), expert_bytes, self.lpc_buffers, self.prefetch_reserve,
-                          self.timeline)
+                          self.timeline, costs.hw.copy_slowdown)
+        slow = costs.hw.compute_slowdown
+
+        def stretch(t: float) -> float:
+            """Compute of ``t`` seconds started now, slowed by ``slow`` while it overlaps a copy: the whole of it
+            when more copies are queued, else only until the copy on the link lands."""
+            job = copy.current
+            if job is None:
+                return t
+            if copy.demand or copy.prefetch:
+                return t * slow
+            left = job.end - env.now
+            return t * slow if left >= t * slow else left + (t - left / slow)
         d2d = costs.d2d_s(expert_bytes)
         expert_s = costs.expert_s
         tl = self.timeline
@@ -125,6 +140,7 @@ class Simulation:
             timeout, submit, release, upgrade = env.timeout, copy.submit, copy.release, copy.upgrade
             hit_d2d = d2d if policy.hit_d2d else 0.0
             promote_d2d = 0.0 if policy.promotion_is_free else d2d
+            slowed = slow != 1.0
             for it in self.iterations:
                 if it.new_batch:
                     policy.start_batch()
@@ -141,6 +157,8 @@ class Simulation:
                 for pos, layer in enumerate(layers):
                     active, counts = actives[pos]
                     dense = costs.dense_s(self.roles[layer], n_tok, it.context)
+                    if slowed:
+                        dense = stretch(dense)
                     if tl is not None:
                         tl.append(("compute", f"L{layer} dense", env.now, dense))
                     yield timeout(dense)
@@ -184,6 +202,8 @@ class Simulation:
                         jobs[(nxt, e)] = submit(nxt, e, True)
                         issued += 1
                     if resident_s:
+                        if slowed:
+                            resident_s = stretch(resident_s)
                         yield timeout(resident_s)
                         busy += resident_s
                     ready = copy.ready.setdefault(layer, deque())
@@ -191,7 +211,9 @@ class Simulation:
                     while waiting:
                         if not ready:
                             t0 = env.now
+                            copy.computing = False
                             yield copy.wait_ready(layer)
+                            copy.computing = True
                             stall += env.now - t0
                             continue
                         e = ready.popleft().expert
@@ -199,6 +221,8 @@ class Simulation:
                         t = expert_s(counts[e])
                         if e in promote:
                             t += promote_d2d
+                        if slowed:
+                            t = stretch(t)
                         if tl is not None:
                             tl.append(("compute", f"L{layer} E{e} copied", env.now, t))
                         yield timeout(t)
@@ -211,6 +235,8 @@ class Simulation:
                             raise AssertionError("working buffers over capacity")
                 # the LM head closes the iteration: over every generated token, or each prefilled request's last
                 lm = costs.lm_head_s(n_tok if it.kind == "decode" else it.requests)
+                if lm and slowed:
+                    lm = stretch(lm)
                 if lm:
                     if tl is not None:
                         tl.append(("compute", "lm head", env.now, lm))

@@ -18,6 +18,9 @@ Hardware files use readable units, converted to SI in :class:`HardwareSpec` (GB 
     pcie_latency_us: 10         # -> pcie_latency_s: fixed cost per copy
     d2d_bw_gb_s: 2400           # optional (default hbm_bw_gb_s / 2: a copy reads and writes) -> d2d_bw
     launch_overhead_us: 3       # -> launch_overhead_s: per kernel
+    compute_slowdown: 1.0       # optional: compute runs this many times longer while a copy crosses the link
+    copy_slowdown: 1.0          # optional: a copy runs this many times longer while compute runs (both measured
+                                #   by validate microbench: copies and compute share memory bandwidth)
     reserved_gb: 4              # -> reserved_bytes: runtime, activations, fragmentation
     tables:                     # optional, measured (a calibration file from validate/ writes these); SI units
       model: switch-xxl-128     #   the model the expert/dense tables were measured for
@@ -405,6 +408,8 @@ class HardwareSpec:
     reserved_bytes: int       # runtime, activations, fragmentation: not available to weights/KV/tiers
     tables: CalibrationTables | None
     source: str               # the file it came from, or "inline"
+    compute_slowdown: float = 1.0  # compute stretch while the link is busy (shared memory bandwidth), >= 1
+    copy_slowdown: float = 1.0     # copy stretch while compute runs, >= 1
 
     def rate(self, dtype_bytes: int) -> float:
         """Dense FLOP/s for weights of ``dtype_bytes`` per element."""
@@ -418,6 +423,7 @@ class HardwareSpec:
             "pcie_bw_gb_s": self.pcie_bw / GB, "pcie_latency_us": self.pcie_latency_s * 1e6,
             "d2d_bw_gb_s": self.d2d_bw / GB, "launch_overhead_us": self.launch_overhead_s * 1e6,
             "reserved_gb": self.reserved_bytes / GB,
+            "compute_slowdown": self.compute_slowdown, "copy_slowdown": self.copy_slowdown,
             "tables": None if self.tables is None else self.tables.to_dict(),
             "source": self.source,
         }
@@ -425,7 +431,8 @@ class HardwareSpec:
 
 _HW_REQUIRED = ("gpu_memory_gb", "hbm_bw_gb_s", "flops_tflops", "flops_fp32_tflops", "pcie_bw_gb_s",
                 "pcie_latency_us", "launch_overhead_us", "reserved_gb")
-HARDWARE_FIELDS = ("name",) + _HW_REQUIRED + ("d2d_bw_gb_s", "tables", "source")
+HARDWARE_FIELDS = ("name",) + _HW_REQUIRED + ("d2d_bw_gb_s", "compute_slowdown", "copy_slowdown", "tables",
+                                              "source")
 HARDWARE_KEYS = HARDWARE_FIELDS + ("base",)
 TABLE_KEYS = ("model", "copy", "d2d", "expert", "dense", "lm_head")
 
@@ -459,7 +466,16 @@ def hardware_from_dict(d: Any, where: str = "hardware", suffix: str = "", source
         pcie_latency_s=num("pcie_latency_us", strict=False) / 1e6, d2d_bw=d2d * GB,
         launch_overhead_s=num("launch_overhead_us", strict=False) / 1e6,
         reserved_bytes=int(round(reserved * GB)),
+        compute_slowdown=_slowdown(d, "compute_slowdown", where, suffix),
+        copy_slowdown=_slowdown(d, "copy_slowdown", where, suffix),
         tables=tables_from_dict(d.get("tables"), _join(where, "tables"), suffix), source=src)
+
+
+def _slowdown(d: dict, key: str, where: str, suffix: str) -> float:
+    value = d.get(key, 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1.0:
+        raise ConfigError(_join(where, key), f"must be a number >= 1 (1 = no interference), got {_show(value)}{suffix}")
+    return float(value)
 
 
 def tables_from_dict(d: Any, where: str = "hardware.tables", suffix: str = "") -> CalibrationTables | None:

@@ -9,6 +9,7 @@ The executor and the copier speak to a backend only through these calls:
   ``dst`` (its ``after`` marker) is done; returns when the copy has landed;
 - ``compute_done()``, from the compute thread: a marker of the work issued so far, for ``copy_in``'s ``after``;
 - ``wait_landed(marker)``: order the compute stream after a landed copy;
+- ``wait_host(marker)``: block the calling thread until the marked work is done;
 - ``mark()`` / ``elapsed(a, b)``: timestamps on the compute stream and the seconds between two;
 - ``synchronize()``: wait for all issued work.
 """
@@ -47,6 +48,9 @@ class CpuBackend:
         return None
 
     def wait_landed(self, marker) -> None:
+        pass
+
+    def wait_host(self, marker) -> None:
         pass
 
     def mark(self):
@@ -104,6 +108,10 @@ class CudaBackend:
     def wait_landed(self, marker) -> None:
         if marker is not None:
             self.compute.wait_event(marker)
+
+    def wait_host(self, marker) -> None:
+        if marker is not None:
+            marker.synchronize()
 
     def mark(self):
         ev = self.torch.cuda.Event(enable_timing=True)

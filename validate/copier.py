@@ -9,6 +9,7 @@ Landed copies are queued per layer, in landing order, for the compute thread to 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 
@@ -41,6 +42,7 @@ class Copier:
         self.stopping = False
         self.error: BaseException | None = None
         self.copies = 0
+        self.copy_s = 0.0   # host time spent in copies (a GPU's include the wait for buffer release)
         self.prefetch_copies = 0
         self.max_in_use = 0
         self.thread = threading.Thread(target=self._loop, name="copier", daemon=True)
@@ -123,8 +125,11 @@ class Copier:
                     buffer, after = self.free.popleft()
                     job.buffer, job.started = buffer, True
                     self.max_in_use = max(self.max_in_use, len(self.buffers) - len(self.free))
+                t0 = time.perf_counter()
                 landed = self.backend.copy_in(self.buffers[buffer], self.source(job.layer, job.expert), after)
+                spent = time.perf_counter() - t0
                 with self.cond:
+                    self.copy_s += spent
                     job.landed, job.finished = landed, True
                     self.copies += 1
                     self.prefetch_copies += job.was_prefetch

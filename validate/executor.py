@@ -47,6 +47,7 @@ class ExecResult:
     decisions: list[LayerDecision]
     total_s: float
     copies: int
+    copy_s: float             # host seconds the copy thread spent copying
     prefetch_copies: int
     max_buffers_in_use: int
     host_pool: int            # physical host buffers serving all logical experts
@@ -234,7 +235,7 @@ class Executor:
         if self.physical_slots < self.logical_slots:
             notes.append(f"{self.physical_slots} physical device slots served {self.logical_slots} logical cache "
                          f"slots")
-        return ExecResult(records, decisions, times[-1], copier.copies, copier.prefetch_copies, copier.max_in_use,
+        return ExecResult(records, decisions, times[-1], copier.copies, copier.copy_s, copier.prefetch_copies, copier.max_in_use,
                           len(self.host), self.logical_experts, self.physical_slots, self.logical_slots, be.name,
                           self.warmup, trace.num_layers, notes)
 

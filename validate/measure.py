@@ -70,6 +70,8 @@ def real_summary(name: str, res, workload_info, description: str) -> dict:
                  "lpc": sum(r.hits_lpc for r in res.iterations)},
         "misses": sum(r.misses for r in res.iterations),
         "copies": res.copies,
+        "mean_copy_ms": 1e3 * res.copy_s / res.copies if res.copies else None,
+        "link_busy_frac": res.copy_s / res.total_s if res.total_s > 0 else None,
         "prefetch_copies": res.prefetch_copies,
         "max_buffers_in_use": res.max_buffers_in_use,
         "host_pool": {"physical": res.host_pool, "logical": res.logical_experts},
@@ -113,7 +115,7 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
     for _, _, cfg in cfgs:
         traces.setdefault(str(cfg.workload.trace), load_trace(cfg.workload.trace))
     model = cfgs[0][2].model
-    max_tokens = max(c.workload.batch_size for _, _, c in cfgs)
+    batch_sizes = sorted({c.workload.batch_size for _, _, c in cfgs})
     max_ctx = 0
     for _, _, c in cfgs:
         tr = traces[str(c.workload.trace)]
@@ -125,7 +127,7 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
     else:
         log(f"calibration: microbenchmarks of {model.name} on {backend.describe()} ...")
         t0 = time.perf_counter()
-        cal = calibrate(model, "h200", backend=backend, quick=quick, repeat=repeat, max_tokens=max_tokens,
+        cal = calibrate(model, "h200", backend=backend, quick=quick, repeat=repeat, batch_sizes=batch_sizes,
                         max_context=max_ctx)
         write_calibration(cal_path, cal)
         log(f"calibration: wrote {cal_path} in {time.perf_counter() - t0:.1f} s")

@@ -9,7 +9,10 @@ Each point is the median of ``repeat`` timed runs after a warm-up, of the very c
 - ``expert``: one expert FFN of the model's shape and dtype against tokens routed to it;
 - ``dense``: the dense work attached to one MoE layer (``validate.kernels.DenseLayer``) against batch tokens and
   context length;
-- ``lm_head``: the vocabulary projection against tokens.
+- ``lm_head``: the vocabulary projection against tokens;
+- interference: ``compute_slowdown``, how much longer one expert's FFN takes while the copy thread copies
+  experts, and ``copy_slowdown``, how much longer a copy takes while experts compute (copies and compute share
+  memory bandwidth; each the median ratio over a few token counts, never below 1).
 
 Sources and weights rotate over enough buffers (about 256 MB, or every MoE layer's dense weights) that a CPU's
 caches cannot hold them, as they cannot in a real run. GPU work is timed with CUDA events, CPU work with
@@ -21,6 +24,7 @@ The output is ``{base: HARDWARE, source: MACHINE, tables: {model, copy, d2d, exp
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -132,17 +136,91 @@ def measure_lm_head(backend, timer: Timer, model: ModelSpec, tokens: list[int]) 
     return out
 
 
-def grids(model: ModelSpec, quick: bool, max_tokens: int | None = None, max_context: int | None = None) -> dict:
-    """The points measured: copy sizes around one expert, tokens and contexts covering the workload."""
+class Background:
+    """Runs ``fn`` in a loop on another thread while the ``with`` block runs."""
+
+    def __init__(self, fn):
+        self.fn, self.stop = fn, threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        while not self.stop.is_set():
+            self.fn()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def measure_interference(backend, timer: Timer, model: ModelSpec, tokens: list[int]) -> dict:
+    """``compute_slowdown`` and ``copy_slowdown``: loaded over unloaded time of an expert FFN while copies run,
+    and of an expert-sized copy while expert FFNs run (median over a few token counts, at least 1)."""
+    torch = backend.torch
+    dtype = torch_dtype(torch, model)
+    nbytes = model.expert_bytes
+    bufs = [backend.device_buffer(nbytes) for _ in range(_rotation(nbytes))]
+    for b in bufs:
+        fill_random(torch, b, model, dtype)
+    weights = _cycle([expert_views(b, model, dtype) for b in bufs])
+    srcs = [backend.host_buffer(nbytes) for _ in range(_rotation(nbytes))]
+    bg_srcs = [backend.host_buffer(nbytes) for _ in range(_rotation(nbytes))]
+    dst, bg_dst = backend.device_buffer(nbytes), backend.device_buffer(nbytes)
+    for s in srcs + bg_srcs + [dst, bg_dst]:
+        s.fill_(1)
+    src, bg_src = _cycle(srcs), _cycle(bg_srcs)
+    gated = model.expert_matrices == 3
+    picks = sorted({tokens[0], tokens[len(tokens) // 2], tokens[-1]})
+    compute, copy = [], []
+    with torch.inference_mode():
+        for t in picks:
+            x = torch.randn(t, model.d_model, device=backend.device, dtype=dtype) * 0.1
+
+            def ffn():
+                expert_forward(torch, weights(), x, gated)
+
+            def ffn_waited():
+                ffn()
+                backend.wait_host(backend.compute_done())
+
+            def cp():
+                backend.copy_in(dst, src())
+
+            alone_ffn, alone_cp = timer(ffn), timer(cp, host=True)
+            with Background(lambda: backend.copy_in(bg_dst, bg_src())):
+                loaded_ffn = timer(ffn)
+            with Background(ffn_waited):
+                loaded_cp = timer(cp, host=True)
+            compute.append(loaded_ffn / alone_ffn)
+            copy.append(loaded_cp / alone_cp)
+    return {"compute_slowdown": max(1.0, round(statistics.median(compute), 3)),
+            "copy_slowdown": max(1.0, round(statistics.median(copy), 3))}
+
+
+def grids(model: ModelSpec, quick: bool, batch_sizes: list[int] | None = None,
+          max_context: int | None = None) -> dict:
+    """The points measured: copy sizes around one expert; expert tokens at every power of two up to the largest
+    batch (and the batch itself); dense and LM-head tokens at 1 and at each batch size of the workload (the curves
+    are not linear between small sizes, so the workload's own sizes are measured, not interpolated); contexts
+    covering the workload."""
     eb = model.expert_bytes
     sizes = sorted({max(1, eb // 64), max(1, eb // 8), eb, 2 * eb} if quick else
                    {max(1, eb // 256), max(1, eb // 64), max(1, eb // 16), max(1, eb // 4), eb, 2 * eb})
-    tokens = [1, 4, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    dense_tokens = [1, 8, 64] if quick else [1, 4, 16, 64, 256]
     contexts = [32, 256] if quick else [32, 128, 512, 2048]
-    if max_tokens is not None:  # cover the workload's batch without measuring far beyond it
-        tokens = [t for t in tokens if t < max_tokens] + [max_tokens]
-        dense_tokens = sorted({t for t in dense_tokens if t < max_tokens} | {1, max_tokens})
+    if batch_sizes:
+        top = max(batch_sizes)
+        tokens = sorted({1 << i for i in range(top.bit_length()) if 1 << i < top} | {top})
+        dense_tokens = sorted({1, *batch_sizes})
+    else:
+        tokens = [1, 4, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
+        dense_tokens = [1, 8, 64] if quick else [1, 4, 16, 64, 256]
+    if len(tokens) == 1:
+        tokens = [1, 2]
+    if len(dense_tokens) == 1:
+        dense_tokens = [1, 2]
     if max_context is not None:
         contexts = sorted({c for c in contexts if c < max_context} | {max_context})
         if len(contexts) == 1:
@@ -151,24 +229,25 @@ def grids(model: ModelSpec, quick: bool, max_tokens: int | None = None, max_cont
 
 
 def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = False, repeat: int = 5,
-              backend=None, max_tokens: int | None = None, max_context: int | None = None) -> dict:
+              backend=None, batch_sizes: list[int] | None = None, max_context: int | None = None) -> dict:
     """Run every microbenchmark; returns the calibration mapping."""
     from validate.backends import make_backend
 
     be = backend if backend is not None else make_backend(device)
     timer = Timer(be, repeat)
-    g = grids(model, quick, max_tokens, max_context)
+    g = grids(model, quick, batch_sizes, max_context)
     h2d, d2d = measure_copies(be, timer, g["sizes"])
     return {
         "base": base,
         "source": f"calibrated with python -m validate microbench on {be.describe()}",
+        **measure_interference(be, timer, model, g["tokens"]),
         "tables": {
             "model": model.name,
             "copy": h2d,
             "d2d": d2d,
             "expert": measure_expert(be, timer, model, g["tokens"]),
             "dense": measure_dense(be, timer, model, g["dense_tokens"], g["contexts"]),
-            "lm_head": measure_lm_head(be, timer, model, g["tokens"]),
+            "lm_head": measure_lm_head(be, timer, model, g["dense_tokens"]),
         },
     }
 
