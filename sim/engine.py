@@ -34,33 +34,10 @@ from sim.cache import HPC, LPC, MPC
 from sim.copy_engine import CopyEngine
 from sim.costs import CostModel
 from sim.policies.base import Policy
+from sim.records import IterationRecord
 from sim.predictors.base import PredictionScore, Predictor
 from sim.workload import Iteration, active_sets, phase_layers
 from traces.format import Trace
-
-
-@dataclass
-class IterationRecord:
-    index: int
-    batch: int
-    kind: str
-    requests: int
-    tokens: int
-    decode_tokens: int
-    start_s: float
-    end_s: float
-    stall_s: float
-    hits_hpc: int
-    hits_mpc: int
-    hits_lpc: int
-    misses: int
-    copies: int
-    prefetches: int
-    unused_prefetches: int
-
-    @property
-    def latency_s(self) -> float:
-        return self.end_s - self.start_s
 
 
 @dataclass

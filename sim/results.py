@@ -20,13 +20,17 @@ import io
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.cache import HPC, LPC, MPC
-from sim.engine import EngineResult, IterationRecord
+from sim.records import IterationRecord
 from sim.workload import WorkloadInfo
 from traces.io import atomic_write_bytes
+
+if TYPE_CHECKING:  # the engine needs SimPy; results are read where it may be absent
+    from sim.engine import EngineResult
 
 
 def _stats_ms(values: list[float]) -> dict:
@@ -37,7 +41,7 @@ def _stats_ms(values: list[float]) -> dict:
             "p99": float(np.percentile(a, 99)), "total": float(a.sum())}
 
 
-def summarize(res: EngineResult, counters, workload: WorkloadInfo, labels: dict) -> dict:
+def summarize(res: "EngineResult", counters, workload: WorkloadInfo, labels: dict) -> dict:
     """The summary dict of one run."""
     decode = [r.latency_s for r in res.iterations if r.kind == "decode"]
     prefill = [r.latency_s for r in res.iterations if r.kind == "prefill"]

@@ -43,7 +43,7 @@ def cmd_measure(args) -> int:
     device = args.device or ("cuda" if args.command == "gpu" else "cpu")
     measure(args.command if not args.suite else args.suite, args.out, device, quick=args.quick,
             only=args.configs.split(",") if args.configs else None, repeat=args.repeat, threads=args.threads,
-            resume=args.resume, host_pool_gb=args.host_pool_gb)
+            resume=args.resume, host_pool_gb=args.host_pool_gb, rounds=args.rounds)
     return 0
 
 
@@ -97,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--host-pool-gb", type=float, default=None,
                        help="host memory for expert weights (default 8 on a GPU, 2 on the CPU); experts beyond it "
                             "share physical buffers")
-        p.add_argument("--resume", action="store_true", help="keep finished configurations in --out")
+        p.add_argument("--rounds", type=_positive_int, default=1 if name == "gpu" else 2,
+                       help=f"runs of every configuration, interleaved (default {1 if name == 'gpu' else 2})")
+        p.add_argument("--resume", action="store_true", help="keep finished rounds in --out")
         p.set_defaults(func=cmd_measure)
     p = sub.add_parser("compare", help="simulate the measured configurations and report the simulator's error")
     p.add_argument("folder", help="measurement folder from validate gpu|cpu")

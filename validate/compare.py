@@ -2,7 +2,8 @@
 that was measured, and report how far the simulator is from the real runs.
 
 Per configuration: mean and p50 decode-iteration latency and throughput, real and simulated, and the simulator's
-signed relative error ``(sim - real) / real``; whether the simulator made the very decisions the executor made
+signed relative error ``(sim - real) / real``; where the time went, to explain an error: mean copy time, host
+wait (real) against compute-stream stall (simulated) per iteration, and the link's busy fraction; whether the simulator made the very decisions the executor made
 (every (iteration, layer): sources per active expert, promotions, prefetches, unused prefetches); the median
 absolute errors over the configurations. Written to ``DIR/compare/`` (or ``--out``): ``compare.csv``,
 ``compare.md`` and ``compare.png`` (simulated against real latency, and the errors per configuration).
@@ -31,7 +32,8 @@ from validate.measure import decisions_digest
 
 COLUMNS = ["config", "policy", "predictor", "batch_size", "hpc_slots", "mpc_slots", "iterations",
            "real_mean_ms", "sim_mean_ms", "err_mean_pct", "real_p50_ms", "sim_p50_ms", "err_p50_pct",
-           "real_tok_s", "sim_tok_s", "err_tok_s_pct", "real_copies", "sim_copies", "decisions_identical"]
+           "real_tok_s", "sim_tok_s", "err_tok_s_pct", "real_copies", "sim_copies", "real_copy_ms", "sim_copy_ms",
+           "real_wait_ms", "sim_stall_ms", "real_link_busy", "sim_link_busy", "decisions_identical"]
 
 
 def _read_json(path: Path, what: str):
@@ -78,7 +80,12 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
         "real_mean_ms": rm, "sim_mean_ms": sm, "err_mean_pct": _err(sm, rm),
         "real_p50_ms": rp, "sim_p50_ms": sp, "err_p50_pct": _err(sp, rp),
         "real_tok_s": rt, "sim_tok_s": st, "err_tok_s_pct": _err(st, rt),
-        "real_copies": real["copies"], "sim_copies": s["copies"], "decisions_identical": identical,
+        "real_copies": real["copies"], "sim_copies": s["copies"],
+        "real_copy_ms": real.get("mean_copy_ms"),
+        "sim_copy_ms": 1e3 * s["link_busy_frac"] * s["sim_time_s"] / s["copies"] if s["copies"] else None,
+        "real_wait_ms": real.get("wait_ms"), "sim_stall_ms": s["stall_ms"] / max(1, s["iterations"]),
+        "real_link_busy": real.get("link_busy_frac"), "sim_link_busy": s["link_busy_frac"],
+        "decisions_identical": identical,
     }
 
 

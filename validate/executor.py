@@ -10,8 +10,9 @@ Memory, as an offloading server lays it out:
 - per cached MoE layer, the HPC and MPC slots, preallocated on the device (again a physical pool when the slots
   would not fit the budget); an expert of a layer lives in slot ``expert mod slots`` of it (the policy says which
   experts are cached; which slot holds which changes no timing);
-- the ``lpc_buffers`` shared working buffers that every copy from the host lands in, and one arena buffer that a
-  cached expert is copied into before it computes when the policy says hits are not free (``hit_d2d``);
+- the ``lpc_buffers`` shared working buffers that every copy from the host lands in, and the arena buffers (a
+  ring of 4) that a cached expert is copied into before it computes when the policy says hits are not free
+  (``hit_d2d``);
 - the dense weights and a KV cache per MoE layer (``validate.kernels.DenseLayer``), and the LM head.
 
 Per iteration, per MoE layer: dense work; the gate (prediction, then ``plan_prefetch``); ``plan_layer``; unused
@@ -30,15 +31,16 @@ import numpy as np
 
 from sim.cache import HPC, LPC, MPC
 from sim.config import RunConfig
-from sim.engine import IterationRecord
+from sim.records import IterationRecord
 from sim.replay import LayerDecision
-from sim.run import build_decisions
+from sim.decisions import build_decisions
 from sim.workload import active_sets, build_iterations, phase_layers
 from traces.format import Trace
 from validate.copier import Copier
 from validate.kernels import DenseLayer, LMHead, expert_forward, expert_views, fill_random, torch_dtype
 
 GB = 1 << 30
+ARENA_BUFFERS = 4
 
 
 @dataclass
@@ -64,8 +66,11 @@ class Executor:
     """Runs one config on a backend (``validate.backends``)."""
 
     def __init__(self, cfg: RunConfig, trace: Trace, backend, host_pool_bytes: int = 2 * GB,
-                 slot_budget_bytes: int = 4 * GB, warmup: int = 1, progress=None):
+                 slot_budget_bytes: int = 4 * GB, warmup: int = 1, progress=None, host_pool: list | None = None):
+        """``host_pool``: host buffers of one expert each, from an earlier executor of the same model, to reuse
+        (pinning gigabytes takes seconds)."""
         self.cfg, self.trace, self.backend = cfg, trace, backend
+        self.host = host_pool
         self.host_pool_bytes, self.slot_budget_bytes = host_pool_bytes, slot_budget_bytes
         self.warmup = warmup
         self.progress = progress
@@ -83,11 +88,13 @@ class Executor:
         n_layers, n_exp = self.trace.num_layers, self.trace.num_experts
         self.logical_experts = n_layers * n_exp
         pool = max(2, min(self.logical_experts, self.host_pool_bytes // nbytes))
-        self.host = [be.host_buffer(nbytes) for _ in range(pool)]
-        seed = be.device_buffer(nbytes) if be.name != "cpu" else be.host_buffer(nbytes)
+        seed = be.device_buffer(nbytes)
         fill_random(torch, seed, m, self.dtype)
-        for buf in self.host:
-            buf.copy_(seed)
+        if not self.host or self.host[0].numel() != nbytes or len(self.host) < pool:
+            self.host = [be.host_buffer(nbytes) for _ in range(pool)]
+            for buf in self.host:
+                buf.copy_(seed)
+        self.host = self.host[:pool]
         cache = policy.cache
         self.slot_counts = {layer: cache.hpc_slots + cache.mpc_slots for layer in range(n_layers)
                             if layer in cache.cached_layers and cache.hpc_slots + cache.mpc_slots > 0}
@@ -105,9 +112,13 @@ class Executor:
         lpc = self.cfg.cache.lpc_buffers
         self.work = [be.device_buffer(nbytes) for _ in range(lpc)]
         self.work_views = [expert_views(b, m, self.dtype) for b in self.work]
-        self.arena = be.device_buffer(nbytes)
-        self.arena.copy_(seed)
-        self.arena_views = expert_views(self.arena, m, self.dtype)
+        # a ring of arena buffers: one would stay in a CPU's cache between hits, which no GPU arena of real
+        # experts does (nor the microbenchmarks' rotating buffers)
+        self.arena = [be.device_buffer(nbytes) for _ in range(ARENA_BUFFERS)]
+        for a in self.arena:
+            a.copy_(seed)
+        self.arena_views = [expert_views(a, m, self.dtype) for a in self.arena]
+        self.arena_next = 0
         max_ctx = int(np.ceil(max((it.context for it in self.iterations), default=1))) + 1
         self.dense = [DenseLayer(torch, m, self.roles[layer], be.device, max_ctx) for layer in range(n_layers)]
         self.lm_head = LMHead(torch, m, be.device)
@@ -195,8 +206,9 @@ class Executor:
                         for e in resident:
                             weights = self.slot_views[self._slot(layer, e)]
                             if hit_d2d:
-                                be.device_copy(self.arena, self.slots[self._slot(layer, e)])
-                                weights = self.arena_views
+                                a = self.arena_next = (self.arena_next + 1) % ARENA_BUFFERS
+                                be.device_copy(self.arena[a], self.slots[self._slot(layer, e)])
+                                weights = self.arena_views[a]
                             expert_forward(torch, weights, x[:counts[e]], gated)
                         promote = plan.promote
                         while waiting:

@@ -3,15 +3,20 @@ decision code (no SimPy).
 
 The folder::
 
-    calibration.yaml           microbenchmarks (validate.microbench): the only thing compare calibrates from
+    calibration.yaml           microbenchmarks (validate.microbench): the only thing compare calibrates from; the
+                               median of the passes in calibration-passes.json (one before each round and one
+                               after the last, when there are several rounds)
     manifest.json              device, machine, suite, versions, the configurations and their trace checksums
     runs/NAME/config.yaml      the run config measured (a `sim run` config; hardware is replaced by compare)
-    runs/NAME/iterations.csv   per iteration: real latency, host wait, hits per tier, misses, copies, prefetches
-    runs/NAME/summary.json     throughput, iteration latency mean/p50/p99, totals, notes (physical buffer pools)
+    runs/NAME/round-R/         one run of it: iterations.csv (per iteration: real latency, host wait, hits per
+                               tier, misses, copies, prefetches) and summary.json
+    runs/NAME/summary.json     over its finished rounds: throughput, iteration latency mean/p50/p99, totals,
+                               notes (physical buffer pools)
     runs/NAME/decisions.json   every (iteration, layer) decision the policy made, for the identical-decisions check
 
-Every file is written atomically; a folder left by an interrupted run keeps its finished configurations, and
-``--resume`` skips them.
+With ``rounds`` > 1 every configuration runs that many times, the rounds interleaved (all configurations, then all
+again), so that a machine whose speed drifts affects them alike. Every file is written atomically; a folder left
+by an interrupted run keeps its finished rounds, and ``--resume`` skips them.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ def real_summary(name: str, res, workload_info, description: str) -> dict:
         "device": description,
         "throughput_tok_s": workload_info.decode_tokens / res.total_s if res.total_s > 0 else None,
         "iteration_ms": stats_ms(decode),
+        "decode_latencies_ms": [1e3 * x for x in decode],
+        "wait_ms": 1e3 * float(np.mean([r.stall_s for r in res.iterations])) if res.iterations else None,
         "total_s": res.total_s,
         "iterations": len(res.iterations),
         "decode_tokens": workload_info.decode_tokens,
@@ -82,6 +89,24 @@ def real_summary(name: str, res, workload_info, description: str) -> dict:
     }
 
 
+def aggregate(run_dir: Path) -> dict:
+    """A configuration's summary over its finished rounds: latency statistics over every round's decode
+    iterations, throughput over their total time; the first round's counts (decisions are the same each round)."""
+    rounds = sorted(run_dir.glob("round-*/summary.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    summaries = [json.loads(p.read_text()) for p in rounds]
+    first = dict(summaries[0])
+    lat = [x for s in summaries for x in s["decode_latencies_ms"]]
+    total = sum(s["total_s"] for s in summaries)
+    tokens = sum(s["decode_tokens"] for s in summaries)
+    first.update(
+        rounds=len(summaries), iteration_ms=stats_ms(np.asarray(lat) / 1e3), total_s=total,
+        throughput_tok_s=tokens / total if total > 0 else None,
+        round_mean_ms=[s["iteration_ms"]["mean"] for s in summaries],
+        decisions_same_every_round=len({s["decisions_sha256"] for s in summaries}) == 1)
+    first.pop("decode_latencies_ms")
+    return first
+
+
 def _trace_sha(path: Path) -> str:
     h = hashlib.sha256()
     h.update(path.read_bytes())
@@ -90,11 +115,11 @@ def _trace_sha(path: Path) -> str:
 
 def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: list[str] | None = None,
             repeat: int = 5, threads: int = 1, resume: bool = False, host_pool_gb: float | None = None,
-            log=print) -> Path:
+            rounds: int = 1, log=print) -> Path:
     """Calibrate, then run every configuration of suite ``kind`` on ``device``; returns the folder."""
     from validate.backends import make_backend
     from validate.executor import Executor
-    from validate.microbench import calibrate, write_calibration
+    from validate.microbench import calibrate, combine, write_calibration
 
     suite = SUITES[kind]
     try:
@@ -122,15 +147,19 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
         max_ctx = max(max_ctx, int(tr.prefill_lengths.max()) + (c.workload.max_decode_tokens or 0) + 1)
     started = time.perf_counter()
     cal_path = out / "calibration.yaml"
-    if resume and cal_path.exists():
-        log(f"calibration: kept {cal_path}")
-    else:
-        log(f"calibration: microbenchmarks of {model.name} on {backend.describe()} ...")
+    passes_path = out / "calibration-passes.json"
+    passes = json.loads(passes_path.read_text()) if resume and passes_path.exists() else []
+
+    def calibration_pass(when: str) -> None:
+        """One microbenchmark pass; calibration.yaml becomes the median of the passes so far."""
+        log(f"calibration ({when}): microbenchmarks of {model.name} on {backend.describe()} ...")
         t0 = time.perf_counter()
-        cal = calibrate(model, "h200", backend=backend, quick=quick, repeat=repeat, batch_sizes=batch_sizes,
-                        max_context=max_ctx)
-        write_calibration(cal_path, cal)
-        log(f"calibration: wrote {cal_path} in {time.perf_counter() - t0:.1f} s")
+        passes.append(calibrate(model, "h200", backend=backend, quick=quick, repeat=repeat, batch_sizes=batch_sizes,
+                                max_context=max_ctx))
+        atomic_write_bytes(passes_path, _json(passes))
+        write_calibration(cal_path, combine(passes))
+        log(f"calibration ({when}): pass {len(passes)} done in {time.perf_counter() - t0:.1f} s; wrote {cal_path}")
+
     manifest = {
         "suite": kind, "quick": quick, "device": backend.describe(), "device_kind": backend.name,
         "threads": threads if backend.name == "cpu" else None,
@@ -139,6 +168,7 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
         "command": " ".join(["python -m validate"] + sys.argv[1:]) if sys.argv and sys.argv[0].endswith(
             ("__main__.py", "validate")) else None,
         "configs": [name for name, _, _ in cfgs],
+        "rounds": rounds,
         "traces": {p: _trace_sha(Path(cfg.workload.trace)) for p, cfg in
                    {str(c.workload.trace): c for _, _, c in cfgs}.items()},
     }
@@ -149,26 +179,38 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
         slot_budget = max(GB, free - 16 * GB)
     else:
         slot_budget = 4 * GB
-    for i, (name, raw, cfg) in enumerate(cfgs, 1):
-        run_dir = out / "runs" / name
-        if resume and (run_dir / "summary.json").exists():
-            log(f"[{i}/{len(cfgs)}] {name}: kept (--resume)")
-            continue
-        t0 = time.perf_counter()
-        ex = Executor(cfg, traces[str(cfg.workload.trace)], backend, host_pool_bytes=pool,
-                      slot_budget_bytes=slot_budget)
-        res = ex.run()
-        summary = real_summary(name, res, ex.info, backend.describe())
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(run_dir / "config.yaml", yaml.safe_dump(raw, sort_keys=False).encode())
-        atomic_write_bytes(run_dir / "iterations.csv", iterations_csv(res.iterations))
-        atomic_write_bytes(run_dir / "decisions.json", _json([asdict(d) for d in res.decisions]))
-        atomic_write_bytes(run_dir / "summary.json", _json(summary))
-        it = summary["iteration_ms"]
-        log(f"[{i}/{len(cfgs)}] {name}: {summary['iterations']} iterations, mean {it['mean']:.2f} ms, "
-            f"p50 {it['p50']:.2f} ms, {summary['throughput_tok_s']:.1f} tok/s, {res.copies} copies "
-            f"({time.perf_counter() - t0:.1f} s)")
-        del ex, res
+    total = len(cfgs) * rounds
+    step = 0
+    host_pool = None  # allocated (pinned) once, shared by every configuration
+    for r in range(rounds):  # rounds interleave the configurations, so that a drifting machine hits all alike
+        if len(passes) <= r:
+            calibration_pass(f"before round {r + 1}" if rounds > 1 else "before the runs")
+        for name, raw, cfg in cfgs:
+            step += 1
+            run_dir = out / "runs" / name
+            round_dir = run_dir / f"round-{r}"
+            where = f"[{step}/{total}] {name}" + (f" round {r + 1}/{rounds}" if rounds > 1 else "")
+            if resume and (round_dir / "summary.json").exists():
+                log(f"{where}: kept (--resume)")
+                continue
+            t0 = time.perf_counter()
+            ex = Executor(cfg, traces[str(cfg.workload.trace)], backend, host_pool_bytes=pool,
+                          slot_budget_bytes=slot_budget, host_pool=host_pool)
+            res = ex.run()
+            host_pool = ex.host
+            summary = real_summary(name, res, ex.info, backend.describe())
+            atomic_write_bytes(run_dir / "config.yaml", yaml.safe_dump(raw, sort_keys=False).encode())
+            atomic_write_bytes(round_dir / "iterations.csv", iterations_csv(res.iterations))
+            atomic_write_bytes(round_dir / "summary.json", _json(summary))
+            if not (run_dir / "decisions.json").exists():
+                atomic_write_bytes(run_dir / "decisions.json", _json([asdict(d) for d in res.decisions]))
+            atomic_write_bytes(run_dir / "summary.json", _json(aggregate(run_dir)))
+            it = summary["iteration_ms"]
+            log(f"{where}: {summary['iterations']} iterations, mean {it['mean']:.2f} ms, p50 {it['p50']:.2f} ms, "
+                f"{summary['throughput_tok_s']:.1f} tok/s, {res.copies} copies ({time.perf_counter() - t0:.1f} s)")
+            del ex, res
+    if rounds > 1 and len(passes) <= rounds:
+        calibration_pass("after the last round")
     log(f"measured {len(cfgs)} configuration(s) into {out} in {time.perf_counter() - started:.1f} s; "
         f"next: python -m validate compare {out}")
     return out

@@ -10,9 +10,9 @@ Each point is the median of ``repeat`` timed runs after a warm-up, of the very c
 - ``dense``: the dense work attached to one MoE layer (``validate.kernels.DenseLayer``) against batch tokens and
   context length;
 - ``lm_head``: the vocabulary projection against tokens;
-- interference: ``compute_slowdown``, how much longer one expert's FFN takes while the copy thread copies
-  experts, and ``copy_slowdown``, how much longer a copy takes while experts compute (copies and compute share
-  memory bandwidth; each the median ratio over a few token counts, never below 1).
+- interference: ``compute_slowdown``, how much longer one MoE layer's compute (dense work and the batch's
+  experts) takes while the copy thread copies experts, and ``copy_slowdown``, how much longer a copy takes while
+  such layers compute (copies and compute share memory bandwidth; never below 1).
 
 Sources and weights rotate over enough buffers (about 256 MB, or every MoE layer's dense weights) that a CPU's
 caches cannot hold them, as they cannot in a real run. GPU work is timed with CUDA events, CPU work with
@@ -80,14 +80,12 @@ def measure_copies(backend, timer: Timer, sizes: list[int]) -> tuple[list, list]
     h2d, d2d = [], []
     for n in sizes:
         srcs = [backend.host_buffer(n) for _ in range(_rotation(n))]
-        dst = backend.device_buffer(n)
-        devs = [backend.device_buffer(n) for _ in range(_rotation(n, 4))]
-        for s in srcs + devs + [dst]:
+        dsts = [backend.device_buffer(n) for _ in range(_rotation(n, 8))]  # as the working buffers rotate
+        for s in srcs + dsts:
             s.fill_(1)
-        src = _cycle(srcs)
-        dev = _cycle(devs)
-        h2d.append([n, timer(lambda: backend.copy_in(dst, src()), host=True)])
-        d2d.append([n, timer(lambda: backend.device_copy(dst, dev()))])
+        src, dst, dev = _cycle(srcs), _cycle(dsts), _cycle(dsts[::-1])
+        h2d.append([n, timer(lambda: backend.copy_in(dst(), src()), host=True)])
+        d2d.append([n, timer(lambda: backend.device_copy(dst(), dev()))])
     return h2d, d2d
 
 
@@ -156,9 +154,15 @@ class Background:
         self.thread.join()
 
 
-def measure_interference(backend, timer: Timer, model: ModelSpec, tokens: list[int]) -> dict:
-    """``compute_slowdown`` and ``copy_slowdown``: loaded over unloaded time of an expert FFN while copies run,
-    and of an expert-sized copy while expert FFNs run (median over a few token counts, at least 1)."""
+def measure_interference(backend, timer: Timer, model: ModelSpec, batch: int, context: int,
+                         blocks: int = 5) -> dict:
+    """``compute_slowdown`` and ``copy_slowdown``: loaded over unloaded time of one MoE layer's compute while the
+    copy thread copies experts, and of one expert's copy while MoE layers compute (at least 1 each).
+
+    The layer is what a decode iteration runs at ``batch`` tokens: the dense work over ``context``, then the
+    experts the batch routes to (``min(batch * top_k, experts)`` of them, sharing the batch's tokens): how much
+    copies slow compute down depends on how memory-bound that compute is. Each factor is the median over
+    ``blocks`` blocks of alone-then-loaded timings."""
     torch = backend.torch
     dtype = torch_dtype(torch, model)
     nbytes = model.expert_bytes
@@ -168,33 +172,39 @@ def measure_interference(backend, timer: Timer, model: ModelSpec, tokens: list[i
     weights = _cycle([expert_views(b, model, dtype) for b in bufs])
     srcs = [backend.host_buffer(nbytes) for _ in range(_rotation(nbytes))]
     bg_srcs = [backend.host_buffer(nbytes) for _ in range(_rotation(nbytes))]
-    dst, bg_dst = backend.device_buffer(nbytes), backend.device_buffer(nbytes)
-    for s in srcs + bg_srcs + [dst, bg_dst]:
+    dsts = [backend.device_buffer(nbytes) for _ in range(_rotation(nbytes, 8))]
+    bg_dsts = [backend.device_buffer(nbytes) for _ in range(_rotation(nbytes, 8))]
+    for s in srcs + bg_srcs + dsts + bg_dsts:
         s.fill_(1)
-    src, bg_src = _cycle(srcs), _cycle(bg_srcs)
+    src, bg_src, dst, bg_dst = _cycle(srcs), _cycle(bg_srcs), _cycle(dsts), _cycle(bg_dsts)
     gated = model.expert_matrices == 3
-    picks = sorted({tokens[0], tokens[len(tokens) // 2], tokens[-1]})
+    role = "decoder" if model.moe_layers_of("decoder") else "encoder"
+    dense = DenseLayer(torch, model, role, backend.device, context)
+    n_exp = min(batch * model.top_k, model.num_experts)
+    per = max(1, round(batch * model.top_k / n_exp))
+    x = torch.randn(batch, model.d_model, device=backend.device, dtype=dtype) * 0.1
+
+    def layer():
+        dense(x, context)
+        for _ in range(n_exp):
+            expert_forward(torch, weights(), x[:per], gated)
+
+    def layer_waited():
+        layer()
+        backend.wait_host(backend.compute_done())
+
+    def cp():
+        backend.copy_in(dst(), src())
+
     compute, copy = [], []
     with torch.inference_mode():
-        for t in picks:
-            x = torch.randn(t, model.d_model, device=backend.device, dtype=dtype) * 0.1
-
-            def ffn():
-                expert_forward(torch, weights(), x, gated)
-
-            def ffn_waited():
-                ffn()
-                backend.wait_host(backend.compute_done())
-
-            def cp():
-                backend.copy_in(dst, src())
-
-            alone_ffn, alone_cp = timer(ffn), timer(cp, host=True)
-            with Background(lambda: backend.copy_in(bg_dst, bg_src())):
-                loaded_ffn = timer(ffn)
-            with Background(ffn_waited):
+        for _ in range(blocks):  # alone and loaded side by side, block after block: a drifting machine cancels out
+            alone_layer, alone_cp = timer(layer), timer(cp, host=True)
+            with Background(lambda: backend.copy_in(bg_dst(), bg_src())):
+                loaded_layer = timer(layer)
+            with Background(layer_waited):
                 loaded_cp = timer(cp, host=True)
-            compute.append(loaded_ffn / alone_ffn)
+            compute.append(loaded_layer / alone_layer)
             copy.append(loaded_cp / alone_cp)
     return {"compute_slowdown": max(1.0, round(statistics.median(compute), 3)),
             "copy_slowdown": max(1.0, round(statistics.median(copy), 3))}
@@ -240,7 +250,8 @@ def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = Fa
     return {
         "base": base,
         "source": f"calibrated with python -m validate microbench on {be.describe()}",
-        **measure_interference(be, timer, model, g["tokens"]),
+        **measure_interference(be, Timer(be, max(repeat, 9)), model, g["dense_tokens"][len(g["dense_tokens"]) // 2],
+                               g["contexts"][-1]),
         "tables": {
             "model": model.name,
             "copy": h2d,
@@ -250,6 +261,30 @@ def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = Fa
             "lm_head": measure_lm_head(be, timer, model, g["dense_tokens"]),
         },
     }
+
+
+def combine(calibrations: list[dict]) -> dict:
+    """One calibration from several passes over the same points: the median of each measured value. Passes spread
+    over a measurement (before, between and after its rounds) describe a machine whose speed drifts better than
+    any single pass."""
+    first = calibrations[0]
+    if len(calibrations) == 1:
+        return first
+    out = {k: v for k, v in first.items() if k != "tables"}
+    for key in ("compute_slowdown", "copy_slowdown"):
+        out[key] = round(statistics.median(c[key] for c in calibrations), 3)
+    out["source"] = f"{first['source']} (median of {len(calibrations)} passes)"
+    tables = {"model": first["tables"]["model"]}
+    for name, points in first["tables"].items():
+        if name == "model":
+            continue
+        merged = []
+        for i, p in enumerate(points):
+            values = [c["tables"][name][i][-1] for c in calibrations]
+            merged.append(list(p[:-1]) + [statistics.median(values)])
+        tables[name] = merged
+    out["tables"] = tables
+    return out
 
 
 def write_calibration(path: str | Path, calibration: dict) -> Path:

@@ -1,0 +1,30 @@
+"""What an engine records per iteration, shared by the simulator and the validator's executor (no SimPy here, so
+that a measuring machine needs only torch and the decision code)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class IterationRecord:
+    index: int
+    batch: int
+    kind: str
+    requests: int
+    tokens: int
+    decode_tokens: int
+    start_s: float
+    end_s: float
+    stall_s: float
+    hits_hpc: int
+    hits_mpc: int
+    hits_lpc: int
+    misses: int
+    copies: int
+    prefetches: int
+    unused_prefetches: int
+
+    @property
+    def latency_s(self) -> float:
+        return self.end_s - self.start_s
