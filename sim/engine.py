@@ -127,7 +127,7 @@ class Simulation:
                 actives = active_sets(self.trace, it.rows, layers)
                 t_start = env.now
                 stall = busy = 0.0
-                before = (dict(counters.hits), counters.misses, copy.copies)
+                before = (dict(counters.hits), counters.misses, copy.copies, counters.promotions, counters.evictions)
                 issued = unused = used = 0
                 jobs = {}
                 n_tok = int(it.rows.size)
@@ -223,7 +223,8 @@ class Simulation:
                 records.append(IterationRecord(
                     it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, t_start, env.now, stall,
                     hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC], hits[LPC] - before[0][LPC],
-                    counters.misses - before[1], copy.copies - before[2], issued, unused))
+                    counters.misses - before[1], copy.copies - before[2], issued, unused,
+                    counters.promotions - before[3], counters.evictions - before[4]))
                 totals["busy"] += busy
                 totals["stall"] += stall
                 totals["issued"] += issued

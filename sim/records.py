@@ -24,6 +24,8 @@ class IterationRecord:
     copies: int
     prefetches: int
     unused_prefetches: int
+    promotions: int = 0   # experts moved into the MPC
+    evictions: int = 0    # experts they displaced
 
     @property
     def latency_s(self) -> float:

@@ -88,7 +88,7 @@ def summarize(res: "EngineResult", counters, workload: WorkloadInfo, labels: dic
 
 ITERATION_COLUMNS = ["index", "batch", "kind", "requests", "tokens", "decode_tokens", "start_ms", "end_ms",
                      "latency_ms", "stall_ms", "hits_hpc", "hits_mpc", "hits_lpc", "misses", "copies",
-                     "prefetches", "unused_prefetches"]
+                     "prefetches", "unused_prefetches", "promotions", "evictions"]
 
 
 def iteration_rows(records: list[IterationRecord]) -> list[dict]:

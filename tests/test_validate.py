@@ -83,8 +83,9 @@ def test_the_executor_makes_the_simulators_decisions(tiny, policy, predictor):
     sim = simulate(cfg, trace=trace).engine.iterations
     assert len(sim) == len(res.iterations) > 0
     for s, r in zip(sim, res.iterations):
-        assert (s.hits_hpc, s.hits_mpc, s.hits_lpc, s.misses, s.prefetches, s.unused_prefetches) == \
-               (r.hits_hpc, r.hits_mpc, r.hits_lpc, r.misses, r.prefetches, r.unused_prefetches)
+        assert (s.hits_hpc, s.hits_mpc, s.hits_lpc, s.misses, s.prefetches, s.unused_prefetches, s.promotions,
+                s.evictions) == (r.hits_hpc, r.hits_mpc, r.hits_lpc, r.misses, r.prefetches, r.unused_prefetches,
+                                 r.promotions, r.evictions)
         assert r.latency_s > 0 and r.copies >= r.misses
     assert 0 < res.max_buffers_in_use <= cfg.cache.lpc_buffers or res.copies == 0
     assert res.copies == sum(r.copies for r in res.iterations)
@@ -96,6 +97,7 @@ def test_promotions_and_d2d_hits_run_on_the_device_buffers(tiny):
     cfg = tiny_config(tiny, "diffmoe", "oracle", batch=8, hpc=1, mpc=5, hit_d2d=True)
     res = Executor(cfg, tiny[2], CpuBackend(__import__("torch")), host_pool_bytes=1 << 20).run()
     assert any(d.promote for d in res.decisions)
+    assert sum(r.promotions for r in res.iterations) > 0 and sum(r.evictions for r in res.iterations) > 0
     assert sum(r.hits_mpc for r in res.iterations) > 0
 
 

@@ -76,7 +76,8 @@ class CudaBackend:
     def __init__(self, torch, device: str = "cuda"):
         self.torch = torch
         self.device = device
-        torch.cuda.set_device(torch.device(device))
+        if ":" in device:
+            torch.cuda.set_device(int(device.split(":", 1)[1]))
         self.compute = torch.cuda.current_stream()
         self.copy_stream = torch.cuda.Stream()
 

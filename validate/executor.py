@@ -120,7 +120,8 @@ class Executor:
         self.arena_views = [expert_views(a, m, self.dtype) for a in self.arena]
         self.arena_next = 0
         max_ctx = int(np.ceil(max((it.context for it in self.iterations), default=1))) + 1
-        self.dense = [DenseLayer(torch, m, self.roles[layer], be.device, max_ctx) for layer in range(n_layers)]
+        run = {layer for it in self.iterations for layer in self.phase_layers[it.kind]}
+        self.dense = {layer: DenseLayer(torch, m, self.roles[layer], be.device, max_ctx) for layer in sorted(run)}
         self.lm_head = LMHead(torch, m, be.device)
         max_tokens = max((int(it.rows.size) for it in self.iterations), default=1)
         self.x = torch.randn(max_tokens, m.d_model, device=be.device, dtype=self.dtype) * 0.1
@@ -166,7 +167,8 @@ class Executor:
                     actives = active_sets(trace, it.rows, layers)
                     n_tok = int(it.rows.size)
                     x = x_all[:n_tok]
-                    before = (dict(counters.hits), counters.misses, copier.copies)
+                    before = (dict(counters.hits), counters.misses, copier.copies, counters.promotions,
+                              counters.evictions)
                     issued = unused = 0
                     wait = 0.0
                     jobs = {}
@@ -228,7 +230,8 @@ class Executor:
                     hits = counters.hits
                     rows.append((it, n_tok, wait, hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC],
                                  hits[LPC] - before[0][LPC], counters.misses - before[1],
-                                 copier.copies - before[2], issued, unused))
+                                 copier.copies - before[2], issued, unused, counters.promotions - before[3],
+                                 counters.evictions - before[4]))
                     if self.progress is not None and record:
                         self.progress(it.index + 1, len(iterations))
                 be.synchronize()
@@ -236,10 +239,9 @@ class Executor:
             copier.close()
         times = [be.elapsed(marks[0], mk) for mk in marks]
         records = []
-        for i, (it, n_tok, wait, h, mp, lp, miss, copies, issued, unused) in enumerate(rows):
-            records.append(IterationRecord(
-                it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, times[i], times[i + 1], wait,
-                h, mp, lp, miss, copies, issued, unused))
+        for i, (it, n_tok, wait, *counts) in enumerate(rows):
+            records.append(IterationRecord(it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens,
+                                           times[i], times[i + 1], wait, *counts))
         notes = []
         if len(self.host) < self.logical_experts:
             notes.append(f"{len(self.host)} physical host buffers served {self.logical_experts} logical experts "

@@ -49,7 +49,7 @@ def expert_forward(torch, weights, x, gated: bool):
 def fill_random(torch, flat, model: ModelSpec, dtype) -> None:
     """Small random values in an expert buffer (so GEMMs see ordinary numbers, not denormals or NaNs)."""
     for w in expert_views(flat, model, dtype):
-        w.copy_(torch.randn(w.shape, dtype=torch.float32).to(dtype) * 0.02)
+        w.copy_(torch.randn(w.shape, dtype=torch.float32, device=w.device) * 0.02)
 
 
 class DenseLayer:

@@ -102,9 +102,16 @@ def aggregate(run_dir: Path) -> dict:
         rounds=len(summaries), iteration_ms=stats_ms(np.asarray(lat) / 1e3), total_s=total,
         throughput_tok_s=tokens / total if total > 0 else None,
         round_mean_ms=[s["iteration_ms"]["mean"] for s in summaries],
+        mean_copy_ms=_mean_of(summaries, "mean_copy_ms"), wait_ms=_mean_of(summaries, "wait_ms"),
+        link_busy_frac=_mean_of(summaries, "link_busy_frac"),
         decisions_same_every_round=len({s["decisions_sha256"] for s in summaries}) == 1)
     first.pop("decode_latencies_ms")
     return first
+
+
+def _mean_of(summaries: list[dict], key: str):
+    values = [s[key] for s in summaries if s.get(key) is not None]
+    return float(np.mean(values)) if values else None
 
 
 def _trace_sha(path: Path) -> str:

@@ -1,10 +1,13 @@
 """Microbenchmarks that turn a machine into a calibration profile the simulator reads (``hardware:`` accepts it).
 
-Each point is the median of ``repeat`` timed runs after a warm-up, of the very calls the executor makes
-(``validate.backends``, ``validate.kernels``), so that what is calibrated is what runs:
+Each point is the mean of ``repeat`` timed runs after a warm-up (the simulator predicts means, and a busy machine's
+timings are skewed: a median would miss their slow tail), of the very calls the executor makes
+(``validate.backends``, ``validate.kernels``, ``validate.copier``), so that what is calibrated is what runs:
 
-- ``copy``: host -> device copy time against size, as the executor's copy thread does it (a GPU: from pinned
-  memory on the copy stream, waited for; the CPU: a copy between two buffers), timed on the host;
+- ``copy``: host -> device copy time against size, per copy through the executor's own copy thread
+  (``validate.copier``) kept busy with demand copies into rotating working buffers (a GPU: from pinned memory on
+  the copy stream, each waited for; the CPU: a copy between two buffers), timed on the host: the handoffs between
+  the compute thread and the copy thread are part of what a copy costs;
 - ``d2d``: device -> device copy time against size;
 - ``expert``: one expert FFN of the model's shape and dtype against tokens routed to it;
 - ``dense``: the dense work attached to one MoE layer (``validate.kernels.DenseLayer``) against batch tokens and
@@ -32,13 +35,14 @@ import yaml
 
 from sim.specs import ModelSpec
 from traces.io import atomic_write_bytes
+from validate.copier import Copier
 from validate.kernels import DenseLayer, LMHead, expert_forward, expert_views, fill_random, torch_dtype
 
 ROTATE_BYTES = 256 << 20
 
 
 class Timer:
-    """Times a callable on a backend: CUDA events on a GPU, perf_counter on the CPU (median of ``repeat``)."""
+    """Times a callable on a backend: CUDA events on a GPU, perf_counter on the CPU (mean of ``repeat``)."""
 
     def __init__(self, backend, repeat: int = 5):
         self.backend, self.repeat = backend, repeat
@@ -59,7 +63,7 @@ class Timer:
                 a = be.mark()
                 fn()
                 times.append(be.elapsed(a, be.mark()))
-        return statistics.median(times)
+        return statistics.fmean(times)
 
 
 def _rotation(nbytes: int, most: int = 16) -> int:
@@ -75,16 +79,41 @@ def _cycle(items):
     return nxt
 
 
+def copier_rate(backend, srcs: list, dsts: list, count: int) -> float:
+    """Seconds per copy when the executor's copy thread copies ``count`` experts back to back, the compute thread
+    taking each as it lands and releasing its buffer."""
+    src = _cycle(srcs)
+    copier = Copier(backend, lambda layer, expert: src(), dsts, reserve=1)
+    try:
+        backend.synchronize()
+        t0 = time.perf_counter()
+        submitted = min(count, len(dsts))
+        for i in range(submitted):
+            copier.submit(0, i, False)
+        for _ in range(count):
+            job = copier.take(0)
+            copier.release(job, None)
+            if submitted < count:
+                copier.submit(0, submitted, False)
+                submitted += 1
+        backend.synchronize()
+        return (time.perf_counter() - t0) / count
+    finally:
+        copier.close()
+
+
 def measure_copies(backend, timer: Timer, sizes: list[int]) -> tuple[list, list]:
-    """(bytes, seconds) for host->device and device->device copies of each size."""
+    """(bytes, seconds) for host->device copies through the copy thread, and device->device copies, of each size."""
     h2d, d2d = [], []
     for n in sizes:
         srcs = [backend.host_buffer(n) for _ in range(_rotation(n))]
         dsts = [backend.device_buffer(n) for _ in range(_rotation(n, 8))]  # as the working buffers rotate
         for s in srcs + dsts:
             s.fill_(1)
-        src, dst, dev = _cycle(srcs), _cycle(dsts), _cycle(dsts[::-1])
-        h2d.append([n, timer(lambda: backend.copy_in(dst(), src()), host=True)])
+        copier_rate(backend, srcs, dsts, len(dsts))  # warm-up
+        rates = [copier_rate(backend, srcs, dsts, 2 * len(dsts)) for _ in range(max(1, timer.repeat // 2))]
+        h2d.append([n, statistics.fmean(rates)])
+        dst, dev = _cycle(dsts), _cycle(dsts[::-1])
         d2d.append([n, timer(lambda: backend.device_copy(dst(), dev()))])
     return h2d, d2d
 
@@ -250,8 +279,8 @@ def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = Fa
     return {
         "base": base,
         "source": f"calibrated with python -m validate microbench on {be.describe()}",
-        **measure_interference(be, Timer(be, max(repeat, 9)), model, g["dense_tokens"][len(g["dense_tokens"]) // 2],
-                               g["contexts"][-1]),
+        **measure_interference(be, Timer(be, max(repeat, 20)), model,
+                               g["dense_tokens"][len(g["dense_tokens"]) // 2], g["contexts"][-1]),
         "tables": {
             "model": model.name,
             "copy": h2d,
