@@ -17,6 +17,7 @@ The executor and the copier speak to a backend only through these calls:
 from __future__ import annotations
 
 import platform
+import sys
 import time
 
 
@@ -80,6 +81,9 @@ class CudaBackend:
             torch.cuda.set_device(int(device.split(":", 1)[1]))
         self.compute = torch.cuda.current_stream()
         self.copy_stream = torch.cuda.Stream()
+        # the copy thread takes the GIL back after every copy; by default a busy compute thread gives it up only
+        # every 5 ms, a delay the size of a copy
+        sys.setswitchinterval(2e-4)
 
     def host_buffer(self, nbytes: int):
         return self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True)

@@ -53,11 +53,13 @@ class Timer:
         fn()  # warm-up
         times = []
         for _ in range(self.repeat):
-            if host or be.name == "cpu":
-                be.synchronize()
+            if host or be.name == "cpu":  # host: fn waits for its own work (a copy); another thread may compute
+                if not host:
+                    be.synchronize()
                 t0 = time.perf_counter()
                 fn()
-                be.synchronize()
+                if not host:
+                    be.synchronize()
                 times.append(time.perf_counter() - t0)
             else:
                 a = be.mark()
@@ -113,7 +115,7 @@ def measure_copies(backend, timer: Timer, sizes: list[int]) -> tuple[list, list]
         copier_rate(backend, srcs, dsts, len(dsts))  # warm-up
         rates = [copier_rate(backend, srcs, dsts, 2 * len(dsts)) for _ in range(max(1, timer.repeat // 2))]
         h2d.append([n, statistics.fmean(rates)])
-        dst, dev = _cycle(dsts), _cycle(dsts[::-1])
+        dst, dev = _cycle(dsts), _cycle(dsts[1:] + dsts[:1])  # never a buffer onto itself
         d2d.append([n, timer(lambda: backend.device_copy(dst(), dev()))])
     return h2d, d2d
 
@@ -168,11 +170,15 @@ class Background:
 
     def __init__(self, fn):
         self.fn, self.stop = fn, threading.Event()
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self):
-        while not self.stop.is_set():
-            self.fn()
+        try:
+            while not self.stop.is_set():
+                self.fn()
+        except BaseException as exc:  # an unloaded "loaded" timing would pass for no interference
+            self.error = exc
 
     def __enter__(self):
         self.thread.start()
@@ -181,6 +187,8 @@ class Background:
     def __exit__(self, *exc):
         self.stop.set()
         self.thread.join()
+        if self.error is not None and exc[0] is None:
+            raise RuntimeError(f"the background load failed: {self.error!r}") from self.error
 
 
 def measure_interference(backend, timer: Timer, model: ModelSpec, batch: int, context: int,

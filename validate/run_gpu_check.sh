@@ -38,7 +38,7 @@ suite=gpu
 start=$(date +%s)
 # shellcheck disable=SC2086
 status=0
-timeout --signal=INT "$LIMIT_S" "$PYTHON" -m validate gpu --out "$OUT" --device "$DEVICE" --suite "$suite" \
+timeout -k 20 --signal=INT "$LIMIT_S" "$PYTHON" -m validate gpu --out "$OUT" --device "$DEVICE" --suite "$suite" \
     ${EXTRA:-} || status=$?
 echo "measurement took $(( $(date +%s) - start )) s (exit status $status); folder: $OUT"
 if [[ $status -ne 0 ]]; then
