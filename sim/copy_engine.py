@@ -10,6 +10,10 @@ if it is), or at once for a prefetch nobody used.
 
 Finished copies are queued per layer, in completion order, for the compute stream to take.
 
+Hand-off: the copy engine is driven by a host thread; when the link is idle, a copy asked for by the compute
+stream (a submission, or a freed buffer) starts ``handoff`` seconds later, the time that thread takes to wake up
+(0 unless calibrated). Copies that follow one another on a busy link start at once.
+
 Interference: a copy that starts while the compute stream computes (``computing``, kept by the engine) takes
 ``slowdown`` times longer (copies and compute share memory bandwidth; 1 on a machine calibrated without it).
 """
@@ -36,8 +40,10 @@ class CopyEngine:
     """Callback-driven: a copy is one SimPy timeout whose callback lands it and starts the next; no process."""
 
     def __init__(self, env: simpy.Environment, copy_s: float, nbytes: int, buffers: int, reserve: int,
-                 timeline: list | None = None, slowdown: float = 1.0):
+                 timeline: list | None = None, slowdown: float = 1.0, handoff: float = 0.0):
         self.env = env
+        self.handoff = handoff
+        self.waking = False  # the copy thread is waking up to start the next copy
         self.copy_s = copy_s
         self.slowdown = slowdown
         self.computing = True  # the compute stream is busy (not stalled on a copy)
@@ -62,7 +68,7 @@ class CopyEngine:
         job = CopyJob(layer, expert, prefetch)
         (self.prefetch if prefetch else self.demand).append(job)
         if self.current is None:
-            self._start_next()
+            self._wake()
         return job
 
     def upgrade(self, job: CopyJob) -> None:
@@ -71,7 +77,7 @@ class CopyEngine:
             self.prefetch.remove(job)
             self.demand.append(job)
             if self.current is None:
-                self._start_next()
+                self._wake()
 
     def drop(self, job: CopyJob) -> None:
         """A prefetched expert went unused: cancel its copy, or free its buffer once it has landed."""
@@ -91,7 +97,7 @@ class CopyEngine:
         if self.free > self.capacity:
             raise AssertionError("working buffer released twice")
         if self.current is None:
-            self._start_next()
+            self._wake()
 
     def wait_ready(self, layer: int) -> simpy.Event:
         """An event that fires when the next copy for ``layer`` lands."""
@@ -100,6 +106,19 @@ class CopyEngine:
         return ev
 
     # -------------------------------------------------------------------------------------------- the link
+    def _wake(self) -> None:
+        """The compute stream asks the idle copy thread for a copy: it starts after the hand-off."""
+        if not self.handoff:
+            self._start_next()
+        elif not self.waking:
+            self.waking = True
+            self.env.timeout(self.handoff).callbacks.append(self._woken)
+
+    def _woken(self, _event) -> None:
+        self.waking = False
+        if self.current is None:
+            self._start_next()
+
     def _start_next(self) -> None:
         if self.demand and self.free >= 1:
             job = self.demand.popleft()

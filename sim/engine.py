@@ -15,7 +15,9 @@ Per iteration, for each MoE layer of the iteration's phase, on the compute strea
 
 After the last layer the LM head runs (``CostModel.lm_head_s``).
 
-Interference (a calibrated machine's ``compute_slowdown`` and ``copy_slowdown``, 1 by default): compute that
+Hand-off (a calibrated machine's ``handoff_us``, 0 by default): the host threads that drive copies and compute
+take that long to wake up, when the compute stream waits for a copy that lands, and when the idle link is asked
+for a copy. Interference (a calibrated machine's ``compute_slowdown`` and ``copy_slowdown``, 1 by default): compute that
 overlaps a copy on the link runs slower, and so does a copy started while the compute stream computes.
 
 Events are coarse: one per copy, one per expert compute that waits on a copy, one for the dense work and one for
@@ -92,7 +94,8 @@ class Simulation:
         costs, policy, predictor = self.costs, self.policy, self.predictor
         expert_bytes = costs.expert_bytes
         copy = CopyEngine(env, costs.copy_s(expert_bytes), expert_bytes, self.lpc_buffers, self.prefetch_reserve,
-                          self.timeline, costs.hw.copy_slowdown)
+                          self.timeline, costs.hw.copy_slowdown, costs.hw.handoff_s)
+        handoff = costs.hw.handoff_s
         slow = costs.hw.compute_slowdown
 
         def stretch(t: float) -> float:
@@ -190,6 +193,8 @@ class Simulation:
                             t0 = env.now
                             copy.computing = False
                             yield copy.wait_ready(layer)
+                            if handoff:  # the compute side wakes up to the landed copy
+                                yield timeout(handoff)
                             copy.computing = True
                             stall += env.now - t0
                             continue

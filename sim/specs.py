@@ -18,6 +18,8 @@ Hardware files use readable units, converted to SI in :class:`HardwareSpec` (GB 
     pcie_latency_us: 10         # -> pcie_latency_s: fixed cost per copy
     d2d_bw_gb_s: 2400           # optional (default hbm_bw_gb_s / 2: a copy reads and writes) -> d2d_bw
     launch_overhead_us: 3       # -> launch_overhead_s: per kernel
+    handoff_us: 0               # optional: host threads' wake-up time between a landed copy and its compute,
+                                #   and between asking an idle link for a copy and its start
     compute_slowdown: 1.0       # optional: compute runs this many times longer while a copy crosses the link
     copy_slowdown: 1.0          # optional: a copy runs this many times longer while compute runs (both measured
                                 #   by validate microbench: copies and compute share memory bandwidth)
@@ -410,6 +412,7 @@ class HardwareSpec:
     source: str               # the file it came from, or "inline"
     compute_slowdown: float = 1.0  # compute stretch while the link is busy (shared memory bandwidth), >= 1
     copy_slowdown: float = 1.0     # copy stretch while compute runs, >= 1
+    handoff_s: float = 0.0         # host wake-up between a copy and the compute that waits for it (and back)
 
     def rate(self, dtype_bytes: int) -> float:
         """Dense FLOP/s for weights of ``dtype_bytes`` per element."""
@@ -424,6 +427,7 @@ class HardwareSpec:
             "d2d_bw_gb_s": self.d2d_bw / GB, "launch_overhead_us": self.launch_overhead_s * 1e6,
             "reserved_gb": self.reserved_bytes / GB,
             "compute_slowdown": self.compute_slowdown, "copy_slowdown": self.copy_slowdown,
+            "handoff_us": self.handoff_s * 1e6,
             "tables": None if self.tables is None else self.tables.to_dict(),
             "source": self.source,
         }
@@ -431,8 +435,8 @@ class HardwareSpec:
 
 _HW_REQUIRED = ("gpu_memory_gb", "hbm_bw_gb_s", "flops_tflops", "flops_fp32_tflops", "pcie_bw_gb_s",
                 "pcie_latency_us", "launch_overhead_us", "reserved_gb")
-HARDWARE_FIELDS = ("name",) + _HW_REQUIRED + ("d2d_bw_gb_s", "compute_slowdown", "copy_slowdown", "tables",
-                                              "source")
+HARDWARE_FIELDS = ("name",) + _HW_REQUIRED + ("d2d_bw_gb_s", "compute_slowdown", "copy_slowdown", "handoff_us",
+                                              "tables", "source")
 HARDWARE_KEYS = HARDWARE_FIELDS + ("base",)
 TABLE_KEYS = ("model", "copy", "d2d", "expert", "dense", "lm_head")
 
@@ -468,6 +472,7 @@ def hardware_from_dict(d: Any, where: str = "hardware", suffix: str = "", source
         reserved_bytes=int(round(reserved * GB)),
         compute_slowdown=_slowdown(d, "compute_slowdown", where, suffix),
         copy_slowdown=_slowdown(d, "copy_slowdown", where, suffix),
+        handoff_s=num("handoff_us", strict=False, default=0.0) / 1e6,
         tables=tables_from_dict(d.get("tables"), _join(where, "tables"), suffix), source=src)
 
 

@@ -219,14 +219,28 @@ def test_combined_calibration_is_the_median_of_its_passes():
     assert c["compute_slowdown"] == 2.0 and "median of 3 passes" in c["source"]
 
 
+def _with_hardware(cfg, **fields):
+    return config_from_dict({**_raw(cfg), "hardware": {"base": "h200", **fields}}, "t", POLICIES.names(),
+                            PREDICTORS.names())
+
+
 def test_interference_slows_the_simulation_but_never_past_its_factors(tiny):
     base = tiny_config(tiny, "lru", "oracle", batch=8)
-    slow = config_from_dict({**_raw(base), "hardware": {"base": "h200", "compute_slowdown": 1.5,
-                                                        "copy_slowdown": 1.2}}, "t", POLICIES.names(),
-                            PREDICTORS.names())
+    slow = _with_hardware(base, compute_slowdown=1.5, copy_slowdown=1.2)
     t0 = simulate(base, trace=tiny[2]).summary["sim_time_s"]
     t1 = simulate(slow, trace=tiny[2]).summary["sim_time_s"]
     assert t0 < t1 <= 1.5 * t0 + 1e-12
+
+
+def test_handoffs_delay_stalled_compute_and_idle_copies_by_at_most_two_per_copy(tiny):
+    base = tiny_config(tiny, "on-demand", batch=8)
+    r0 = simulate(base, trace=tiny[2], check_invariants=True)
+    r1 = simulate(_with_hardware(base, handoff_us=50), trace=tiny[2], check_invariants=True)
+    t0, t1 = r0.summary["sim_time_s"], r1.summary["sim_time_s"]
+    assert t0 < t1 <= t0 + 2 * 50e-6 * r1.summary["copies"] + 1e-12
+    assert r1.summary["stall_ms"] > r0.summary["stall_ms"]
+    assert [(r.hits_hpc, r.misses, r.copies) for r in r0.engine.iterations] == \
+           [(r.hits_hpc, r.misses, r.copies) for r in r1.engine.iterations]  # time moves, decisions do not
 
 
 def _raw(cfg):
@@ -256,7 +270,8 @@ def test_validate_cpu_writes_a_measurement_folder(measured):
         assert s["iterations"] == 4 and s["iteration_ms"]["mean"] > 0 and s["rounds"] == 1
         assert s["decisions_same_every_round"]
         assert (out / "runs" / name / "round-0" / "iterations.csv").exists()
-    assert "compute_slowdown" in yaml.safe_load((out / "calibration.yaml").read_text())
+    cal = yaml.safe_load((out / "calibration.yaml").read_text())
+    assert cal["compute_slowdown"] >= 1 and cal["copy_slowdown"] >= 1 and cal["handoff_us"] >= 0
     assert "next: python -m validate compare" in log
 
 

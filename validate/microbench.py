@@ -13,6 +13,8 @@ timings are skewed: a median would miss their slow tail), of the very calls the 
 - ``dense``: the dense work attached to one MoE layer (``validate.kernels.DenseLayer``) against batch tokens and
   context length;
 - ``lm_head``: the vocabulary projection against tokens;
+- ``handoff_us``: how long the host threads take to hand a copy over (the compute thread waking up to a landed
+  copy, the copy thread to a request), from a tiny copy's round trip through the copy thread;
 - interference: ``compute_slowdown``, how much longer one MoE layer's compute (dense work and the batch's
   experts) takes while the copy thread copies experts, and ``copy_slowdown``, how much longer a copy takes while
   such layers compute (copies and compute share memory bandwidth; never below 1).
@@ -102,6 +104,46 @@ def copier_rate(backend, srcs: list, dsts: list, count: int) -> float:
         return (time.perf_counter() - t0) / count
     finally:
         copier.close()
+
+
+class _Stamped:
+    """A backend whose copies record when they start and end (on the copy thread)."""
+
+    def __init__(self, backend):
+        self.backend, self.stamps = backend, []
+
+    def copy_in(self, dst, src, after=None):
+        t0 = time.perf_counter()
+        landed = self.backend.copy_in(dst, src, after)
+        self.stamps.append((t0, time.perf_counter()))
+        return landed
+
+
+def measure_handoff(backend, nbytes: int, samples: int = 20) -> float:
+    """Microseconds the host threads take to hand a copy over, the mean of both directions: from asking the idle
+    copy thread for a copy to its start, and from a copy landing to the waiting compute thread taking it. Both
+    threads idle for milliseconds first, as in a run (an idle core wakes up slower than a busy one)."""
+    srcs = [backend.host_buffer(nbytes) for _ in range(2)]
+    dsts = [backend.device_buffer(nbytes) for _ in range(2)]
+    for b in srcs + dsts:
+        b.fill_(1)
+    stamped = _Stamped(backend)
+    copier = Copier(stamped, lambda layer, expert: srcs[expert % 2], dsts, reserve=1)
+    gaps = []
+    try:
+        for i in range(samples + 2):
+            time.sleep(0.002)
+            asked = time.perf_counter()
+            copier.submit(0, i, False)
+            job = copier.take(0)
+            taken = time.perf_counter()
+            copier.release(job, None)
+            start, end = stamped.stamps[-1]
+            if i >= 2:
+                gaps += [start - asked, taken - end]
+    finally:
+        copier.close()
+    return max(0.0, statistics.fmean(gaps)) * 1e6
 
 
 def measure_copies(backend, timer: Timer, sizes: list[int]) -> tuple[list, list]:
@@ -287,6 +329,7 @@ def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = Fa
     return {
         "base": base,
         "source": f"calibrated with python -m validate microbench on {be.describe()}",
+        "handoff_us": round(measure_handoff(be, model.expert_bytes), 1),
         **measure_interference(be, Timer(be, max(repeat, 20)), model,
                                g["dense_tokens"][len(g["dense_tokens"]) // 2], g["contexts"][-1]),
         "tables": {
@@ -308,8 +351,9 @@ def combine(calibrations: list[dict]) -> dict:
     if len(calibrations) == 1:
         return first
     out = {k: v for k, v in first.items() if k != "tables"}
-    for key in ("compute_slowdown", "copy_slowdown"):
-        out[key] = round(statistics.median(c[key] for c in calibrations), 3)
+    for key in ("compute_slowdown", "copy_slowdown", "handoff_us"):
+        if all(key in c for c in calibrations):
+            out[key] = round(statistics.median(c[key] for c in calibrations), 3)
     out["source"] = f"{first['source']} (median of {len(calibrations)} passes)"
     tables = {"model": first["tables"]["model"]}
     for name, points in first["tables"].items():
