@@ -21,6 +21,13 @@ SHARED_MIXTRAL = ROOT.parent / "shared" / "traces" / "mixtral-8x7b-instruct"
 MIXTRAL_FILES = {name: SHARED_MIXTRAL / f"{name}_2_routing.jsonl" for name in ("humaneval", "gsm8k")}
 
 
+#: A tiny model profile (the shapes of a decoder-only MoE, small enough for the CPU in milliseconds).
+TINY_MODEL = {"name": "tiny-moe", "d_model": 128, "d_ff": 256, "expert_matrices": 2, "num_experts": 8, "top_k": 2,
+              "encoder_blocks": 0, "decoder_blocks": 2, "encoder_moe_layers": 0, "decoder_moe_layers": 2,
+              "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "dense_d_ff": 0, "dense_ffn_matrices": 2,
+              "shared_expert_d_ff": 0, "dtype_bytes": 4, "vocab_size": 1000}
+
+
 def make_trace(experts, lengths=None, prefill=None, num_experts=None, roles=None, weights=None,
                kind="synthetic") -> Trace:
     """A valid trace around an expert array [T, L, k] (lists accepted)."""

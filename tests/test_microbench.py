@@ -9,15 +9,12 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT, random_trace
+from conftest import ROOT, TINY_MODEL, random_trace
 from sim.costs import CostModel
 from sim.specs import load_hardware, load_model
 from traces.io import save_trace
 
-TINY = {"name": "tiny-moe", "d_model": 128, "d_ff": 256, "expert_matrices": 2, "num_experts": 8, "top_k": 2,
-        "encoder_blocks": 0, "decoder_blocks": 2, "encoder_moe_layers": 0, "decoder_moe_layers": 2, "n_heads": 4,
-        "n_kv_heads": 2, "head_dim": 32, "dense_d_ff": 0, "dense_ffn_matrices": 2, "shared_expert_d_ff": 0,
-        "dtype_bytes": 4, "vocab_size": 1000}
+TINY = TINY_MODEL
 
 
 @pytest.fixture(scope="module")

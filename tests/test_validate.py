@@ -17,7 +17,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, random_trace
+from conftest import ROOT, TINY_MODEL, random_trace
 from sim.config import config_from_dict
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
@@ -30,10 +30,8 @@ from validate.copier import Copier
 from validate.executor import Executor
 from validate.microbench import combine
 
-TINY = {"name": "tiny-moe", "d_model": 64, "d_ff": 128, "expert_matrices": 2, "num_experts": 16, "top_k": 2,
-        "encoder_blocks": 0, "decoder_blocks": 3, "encoder_moe_layers": 0, "decoder_moe_layers": 3, "n_heads": 4,
-        "n_kv_heads": 2, "head_dim": 16, "dense_d_ff": 0, "dense_ffn_matrices": 2, "shared_expert_d_ff": 0,
-        "dtype_bytes": 4, "vocab_size": 300}
+TINY = {**TINY_MODEL, "d_model": 64, "d_ff": 128, "num_experts": 16, "decoder_blocks": 3, "decoder_moe_layers": 3,
+        "head_dim": 16, "vocab_size": 300}
 
 
 @pytest.fixture(scope="module")
