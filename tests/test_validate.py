@@ -215,6 +215,9 @@ def test_combined_calibration_is_the_median_of_its_passes():
     c = combine([cal(1.0), cal(3.0), cal(2.0)])
     assert c["tables"]["copy"] == [[1, 2.0], [2, 4.0]] and c["tables"]["dense"] == [[1, 8, 2.0]]
     assert c["compute_slowdown"] == 2.0 and "median of 3 passes" in c["source"]
+    light = {k: v for k, v in cal(9.0).items() if k not in ("compute_slowdown", "copy_slowdown")}
+    c = combine([cal(1.0), light, light])  # light passes add table samples, not interference ones
+    assert c["compute_slowdown"] == 1.0 and c["tables"]["copy"][0] == [1, 9.0]
 
 
 def _with_hardware(cfg, **fields):
@@ -270,6 +273,9 @@ def test_validate_cpu_writes_a_measurement_folder(measured):
         assert (out / "runs" / name / "round-0" / "iterations.csv").exists()
     cal = yaml.safe_load((out / "calibration.yaml").read_text())
     assert cal["compute_slowdown"] >= 1 and cal["copy_slowdown"] >= 1 and cal["handoff_us"] >= 0
+    passes = json.loads((out / "calibration-passes.json").read_text())
+    assert ["handoff_us" in p for p in passes] == [True, False, False, False]  # one full, a light one per run
+    assert "median of 4 passes" in cal["source"]
     assert "next: python -m validate compare" in log
 
 

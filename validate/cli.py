@@ -43,7 +43,8 @@ def cmd_measure(args) -> int:
     device = args.device or ("cuda" if args.command == "gpu" else "cpu")
     measure(args.command if not args.suite else args.suite, args.out, device, quick=args.quick,
             only=args.configs.split(",") if args.configs else None, repeat=args.repeat, threads=args.threads,
-            resume=args.resume, host_pool_gb=args.host_pool_gb, rounds=args.rounds)
+            resume=args.resume, host_pool_gb=args.host_pool_gb, rounds=args.rounds,
+            calibrate_between=args.calibrate_between)
     return 0
 
 
@@ -99,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "share physical buffers")
         p.add_argument("--rounds", type=_positive_int, default=1 if name == "gpu" else 2,
                        help=f"runs of every configuration, interleaved (default {1 if name == 'gpu' else 2})")
+        p.add_argument("--calibrate-between", action=argparse.BooleanOptionalAction, default=name == "cpu",
+                       help="a light calibration pass (tables only) after every configuration run "
+                            f"(default {'on' if name == 'cpu' else 'off'})")
         p.add_argument("--resume", action="store_true", help="keep finished rounds in --out")
         p.set_defaults(func=cmd_measure)
     p = sub.add_parser("compare", help="simulate the measured configurations and report the simulator's error")

@@ -15,7 +15,9 @@ The folder::
     runs/NAME/decisions.json   every (iteration, layer) decision the policy made, for the identical-decisions check
 
 With ``rounds`` > 1 every configuration runs that many times, the rounds interleaved (all configurations, then all
-again), so that a machine whose speed drifts affects them alike. Every file is written atomically; a folder left
+again), so that a machine whose speed drifts affects them alike. With ``calibrate_between`` a light calibration
+pass (the tables only) follows every configuration run, so that the calibration samples the machine as often as
+the runs do. Every file is written atomically; a folder left
 by an interrupted run keeps its finished rounds, and ``--resume`` skips them.
 """
 
@@ -122,7 +124,7 @@ def _trace_sha(path: Path) -> str:
 
 def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: list[str] | None = None,
             repeat: int = 5, threads: int = 1, resume: bool = False, host_pool_gb: float | None = None,
-            rounds: int = 1, log=print) -> Path:
+            rounds: int = 1, calibrate_between: bool = False, log=print) -> Path:
     """Calibrate, then run every configuration of suite ``kind`` on ``device``; returns the folder."""
     from validate.backends import make_backend
     from validate.executor import Executor
@@ -157,15 +159,17 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
     passes_path = out / "calibration-passes.json"
     passes = json.loads(passes_path.read_text()) if resume and passes_path.exists() else []
 
-    def calibration_pass(when: str) -> None:
+    def calibration_pass(when: str, light: bool = False) -> None:
         """One microbenchmark pass; calibration.yaml becomes the median of the passes so far."""
-        log(f"calibration ({when}): microbenchmarks of {model.name} on {backend.describe()} ...")
+        if not light:
+            log(f"calibration ({when}): microbenchmarks of {model.name} on {backend.describe()} ...")
         t0 = time.perf_counter()
         passes.append(calibrate(model, "h200", backend=backend, quick=quick, repeat=repeat, batch_sizes=batch_sizes,
-                                max_context=max_ctx))
+                                max_context=max_ctx, light=light))
         atomic_write_bytes(passes_path, _json(passes))
         write_calibration(cal_path, combine(passes))
-        log(f"calibration ({when}): pass {len(passes)} done in {time.perf_counter() - t0:.1f} s; wrote {cal_path}")
+        log(f"calibration ({when}): {'light ' if light else ''}pass {len(passes)} done in "
+            f"{time.perf_counter() - t0:.1f} s")
 
     manifest = {
         "suite": kind, "quick": quick, "device": backend.describe(), "device_kind": backend.name,
@@ -176,6 +180,7 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
             ("__main__.py", "validate")) else None,
         "configs": [name for name, _, _ in cfgs],
         "rounds": rounds,
+        "calibrate_between": calibrate_between,
         "traces": {p: _trace_sha(Path(cfg.workload.trace)) for p, cfg in
                    {str(c.workload.trace): c for _, _, c in cfgs}.items()},
     }
@@ -189,9 +194,11 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
     total = len(cfgs) * rounds
     step = 0
     host_pool = None  # allocated (pinned) once, shared by every configuration
+    full_passes = sum("handoff_us" in p for p in passes)
     for r in range(rounds):  # rounds interleave the configurations, so that a drifting machine hits all alike
-        if len(passes) <= r:
+        if full_passes <= r:
             calibration_pass(f"before round {r + 1}" if rounds > 1 else "before the runs")
+            full_passes += 1
         for name, raw, cfg in cfgs:
             step += 1
             run_dir = out / "runs" / name
@@ -216,7 +223,9 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
             log(f"{where}: {summary['iterations']} iterations, mean {it['mean']:.2f} ms, p50 {it['p50']:.2f} ms, "
                 f"{summary['throughput_tok_s']:.1f} tok/s, {res.copies} copies ({time.perf_counter() - t0:.1f} s)")
             del ex, res
-    if rounds > 1 and len(passes) <= rounds:
+            if calibrate_between:
+                calibration_pass(f"after {name}", light=True)
+    if rounds > 1 and full_passes <= rounds:
         calibration_pass("after the last round")
     log(f"measured {len(cfgs)} configuration(s) into {out} in {time.perf_counter() - started:.1f} s; "
         f"next: python -m validate compare {out}")

@@ -318,20 +318,25 @@ def grids(model: ModelSpec, quick: bool, batch_sizes: list[int] | None = None,
 
 
 def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = False, repeat: int = 5,
-              backend=None, batch_sizes: list[int] | None = None, max_context: int | None = None) -> dict:
-    """Run every microbenchmark; returns the calibration mapping."""
+              backend=None, batch_sizes: list[int] | None = None, max_context: int | None = None,
+              light: bool = False) -> dict:
+    """Run every microbenchmark; returns the calibration mapping. A ``light`` pass measures the tables only (no
+    hand-off, no interference): a cheap extra sample of a machine whose speed drifts."""
     from validate.backends import make_backend
 
     be = backend if backend is not None else make_backend(device)
     timer = Timer(be, repeat)
     g = grids(model, quick, batch_sizes, max_context)
     h2d, d2d = measure_copies(be, timer, g["sizes"])
-    return {
-        "base": base,
-        "source": f"calibrated with python -m validate microbench on {be.describe()}",
+    scalars = {} if light else {
         "handoff_us": round(measure_handoff(be, model.expert_bytes), 1),
         **measure_interference(be, Timer(be, max(repeat, 20)), model,
                                g["dense_tokens"][len(g["dense_tokens"]) // 2], g["contexts"][-1]),
+    }
+    return {
+        "base": base,
+        "source": f"calibrated with python -m validate microbench on {be.describe()}",
+        **scalars,
         "tables": {
             "model": model.name,
             "copy": h2d,
@@ -344,16 +349,17 @@ def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = Fa
 
 
 def combine(calibrations: list[dict]) -> dict:
-    """One calibration from several passes over the same points: the median of each measured value. Passes spread
-    over a measurement (before, between and after its rounds) describe a machine whose speed drifts better than
-    any single pass."""
+    """One calibration from several passes over the same points: the median of each measured value (of the passes
+    that measured it). Passes spread over a measurement (before, between and after its runs) describe a machine
+    whose speed drifts better than any single pass."""
     first = calibrations[0]
     if len(calibrations) == 1:
         return first
     out = {k: v for k, v in first.items() if k != "tables"}
-    for key in ("compute_slowdown", "copy_slowdown", "handoff_us"):
-        if all(key in c for c in calibrations):
-            out[key] = round(statistics.median(c[key] for c in calibrations), 3)
+    for key in ("compute_slowdown", "copy_slowdown", "handoff_us"):  # light passes do not measure these
+        values = [c[key] for c in calibrations if key in c]
+        if values:
+            out[key] = round(statistics.median(values), 3)
     out["source"] = f"{first['source']} (median of {len(calibrations)} passes)"
     tables = {"model": first["tables"]["model"]}
     for name, points in first["tables"].items():
