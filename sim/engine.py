@@ -17,8 +17,9 @@ After the last layer the LM head runs (``CostModel.lm_head_s``).
 
 Hand-off (a calibrated machine's ``handoff_us``, 0 by default): the host threads that drive copies and compute
 take that long to wake up, when the compute stream waits for a copy that lands, and when the idle link is asked
-for a copy. Interference (a calibrated machine's ``compute_slowdown`` and ``copy_slowdown``, 1 by default): compute that
-overlaps a copy on the link runs slower, and so does a copy started while the compute stream computes.
+for a copy. Interference (a calibrated machine's ``compute_slowdown``, ``dense_slowdown`` and ``copy_slowdown``, 1 by
+default): expert compute (and dense work and the LM head) that overlaps a copy on the link runs slower, and so
+does a copy started while the compute stream computes.
 
 Events are coarse: one per copy, one per expert compute that waits on a copy, one for the dense work and one for
 all cached experts of a layer together.
@@ -96,9 +97,7 @@ class Simulation:
         copy = CopyEngine(env, costs.copy_s(expert_bytes), expert_bytes, self.lpc_buffers, self.prefetch_reserve,
                           self.timeline, costs.hw.copy_slowdown, costs.hw.handoff_s)
         handoff = costs.hw.handoff_s
-        slow = costs.hw.compute_slowdown
-
-        def stretch(t: float) -> float:
+        def stretch(t: float, slow: float) -> float:
             """Compute of ``t`` seconds started now, slowed by ``slow`` while it overlaps a copy: the whole of it
             when more copies are queued, else only until the copy on the link lands."""
             job = copy.current
@@ -120,7 +119,8 @@ class Simulation:
             timeout, submit, release, upgrade = env.timeout, copy.submit, copy.release, copy.upgrade
             hit_d2d = d2d if policy.hit_d2d else 0.0
             promote_d2d = 0.0 if policy.promotion_is_free else d2d
-            slowed = slow != 1.0
+            slow, dense_slow = costs.hw.compute_slowdown, costs.hw.dense_slowdown
+            slowed = slow != 1.0 or dense_slow != 1.0
             for it in self.iterations:
                 if it.new_batch:
                     policy.start_batch()
@@ -138,7 +138,7 @@ class Simulation:
                     active, counts = actives[pos]
                     dense = costs.dense_s(self.roles[layer], n_tok, it.context)
                     if slowed:
-                        dense = stretch(dense)
+                        dense = stretch(dense, dense_slow)
                     if tl is not None:
                         tl.append(("compute", f"L{layer} dense", env.now, dense))
                     yield timeout(dense)
@@ -183,7 +183,7 @@ class Simulation:
                         issued += 1
                     if resident_s:
                         if slowed:
-                            resident_s = stretch(resident_s)
+                            resident_s = stretch(resident_s, slow)
                         yield timeout(resident_s)
                         busy += resident_s
                     ready = copy.ready.setdefault(layer, deque())
@@ -204,7 +204,7 @@ class Simulation:
                         if e in promote:
                             t += promote_d2d
                         if slowed:
-                            t = stretch(t)
+                            t = stretch(t, slow)
                         if tl is not None:
                             tl.append(("compute", f"L{layer} E{e} copied", env.now, t))
                         yield timeout(t)
@@ -218,7 +218,7 @@ class Simulation:
                 # the LM head closes the iteration: over every generated token, or each prefilled request's last
                 lm = costs.lm_head_s(n_tok if it.kind == "decode" else it.requests)
                 if lm and slowed:
-                    lm = stretch(lm)
+                    lm = stretch(lm, dense_slow)
                 if lm:
                     if tl is not None:
                         tl.append(("compute", "lm head", env.now, lm))

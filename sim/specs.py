@@ -20,7 +20,8 @@ Hardware files use readable units, converted to SI in :class:`HardwareSpec` (GB 
     launch_overhead_us: 3       # -> launch_overhead_s: per kernel
     handoff_us: 0               # optional: host threads' wake-up time between a landed copy and its compute,
                                 #   and between asking an idle link for a copy and its start
-    compute_slowdown: 1.0       # optional: compute runs this many times longer while a copy crosses the link
+    compute_slowdown: 1.0       # optional: expert compute runs this many times longer while a copy crosses the link
+    dense_slowdown: 1.0         # optional: the same for dense work and the LM head (default: compute_slowdown)
     copy_slowdown: 1.0          # optional: a copy runs this many times longer while compute runs (both measured
                                 #   by validate microbench: copies and compute share memory bandwidth)
     reserved_gb: 4              # -> reserved_bytes: runtime, activations, fragmentation
@@ -410,7 +411,8 @@ class HardwareSpec:
     reserved_bytes: int       # runtime, activations, fragmentation: not available to weights/KV/tiers
     tables: CalibrationTables | None
     source: str               # the file it came from, or "inline"
-    compute_slowdown: float = 1.0  # compute stretch while the link is busy (shared memory bandwidth), >= 1
+    compute_slowdown: float = 1.0  # expert compute stretch while the link is busy (shared memory bandwidth), >= 1
+    dense_slowdown: float = 1.0    # dense work and LM head stretch while the link is busy, >= 1
     copy_slowdown: float = 1.0     # copy stretch while compute runs, >= 1
     handoff_s: float = 0.0         # host wake-up between a copy and the compute that waits for it (and back)
 
@@ -426,7 +428,8 @@ class HardwareSpec:
             "pcie_bw_gb_s": self.pcie_bw / GB, "pcie_latency_us": self.pcie_latency_s * 1e6,
             "d2d_bw_gb_s": self.d2d_bw / GB, "launch_overhead_us": self.launch_overhead_s * 1e6,
             "reserved_gb": self.reserved_bytes / GB,
-            "compute_slowdown": self.compute_slowdown, "copy_slowdown": self.copy_slowdown,
+            "compute_slowdown": self.compute_slowdown, "dense_slowdown": self.dense_slowdown,
+            "copy_slowdown": self.copy_slowdown,
             "handoff_us": self.handoff_s * 1e6,
             "tables": None if self.tables is None else self.tables.to_dict(),
             "source": self.source,
@@ -435,8 +438,8 @@ class HardwareSpec:
 
 _HW_REQUIRED = ("gpu_memory_gb", "hbm_bw_gb_s", "flops_tflops", "flops_fp32_tflops", "pcie_bw_gb_s",
                 "pcie_latency_us", "launch_overhead_us", "reserved_gb")
-HARDWARE_FIELDS = ("name",) + _HW_REQUIRED + ("d2d_bw_gb_s", "compute_slowdown", "copy_slowdown", "handoff_us",
-                                              "tables", "source")
+HARDWARE_FIELDS = ("name",) + _HW_REQUIRED + ("d2d_bw_gb_s", "compute_slowdown", "dense_slowdown", "copy_slowdown",
+                                              "handoff_us", "tables", "source")
 HARDWARE_KEYS = HARDWARE_FIELDS + ("base",)
 TABLE_KEYS = ("model", "copy", "d2d", "expert", "dense", "lm_head")
 
@@ -471,6 +474,8 @@ def hardware_from_dict(d: Any, where: str = "hardware", suffix: str = "", source
         launch_overhead_s=num("launch_overhead_us", strict=False) / 1e6,
         reserved_bytes=int(round(reserved * GB)),
         compute_slowdown=_slowdown(d, "compute_slowdown", where, suffix),
+        dense_slowdown=_slowdown(d, "dense_slowdown" if "dense_slowdown" in d else "compute_slowdown", where,
+                                 suffix),
         copy_slowdown=_slowdown(d, "copy_slowdown", where, suffix),
         handoff_s=num("handoff_us", strict=False, default=0.0) / 1e6,
         tables=tables_from_dict(d.get("tables"), _join(where, "tables"), suffix), source=src)

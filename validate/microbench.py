@@ -15,9 +15,9 @@ timings are skewed: a median would miss their slow tail), of the very calls the 
 - ``lm_head``: the vocabulary projection against tokens;
 - ``handoff_us``: how long the host threads take to hand a copy over (the compute thread waking up to a landed
   copy, the copy thread to a request), from a tiny copy's round trip through the copy thread;
-- interference: ``compute_slowdown``, how much longer one MoE layer's compute (dense work and the batch's
-  experts) takes while the copy thread copies experts, and ``copy_slowdown``, how much longer a copy takes while
-  such layers compute (copies and compute share memory bandwidth; never below 1).
+- interference: ``compute_slowdown`` and ``dense_slowdown``, how much longer an expert FFN and a layer's dense work
+  take while the copy thread copies experts, and ``copy_slowdown``, how much longer a copy takes while experts
+  compute (copies and compute share memory bandwidth; never below 1).
 
 Sources and weights rotate over enough buffers (about 256 MB, or every MoE layer's dense weights) that a CPU's
 caches cannot hold them, as they cannot in a real run. GPU work is timed with CUDA events, CPU work with
@@ -235,13 +235,16 @@ class Background:
 
 def measure_interference(backend, timer: Timer, model: ModelSpec, batch: int, context: int,
                          blocks: int = 5) -> dict:
-    """``compute_slowdown`` and ``copy_slowdown``: loaded over unloaded time of one MoE layer's compute while the
-    copy thread copies experts, and of one expert's copy while MoE layers compute (at least 1 each).
+    """How much copies and compute slow each other down (loaded over alone, at least 1 each, the median over
+    ``blocks`` blocks of alone-then-loaded timings, so that a drifting machine cancels out):
 
-    The layer is what a decode iteration runs at ``batch`` tokens: the dense work over ``context``, then the
-    experts the batch routes to (``min(batch * top_k, experts)`` of them, sharing the batch's tokens): how much
-    copies slow compute down depends on how memory-bound that compute is. Each factor is the median over
-    ``blocks`` blocks of alone-then-loaded timings."""
+    - ``compute_slowdown``: an expert FFN while the copy thread copies experts;
+    - ``dense_slowdown``: the dense work of one MoE layer while the copy thread copies experts;
+    - ``copy_slowdown``: an expert's copy while experts compute, which is what runs beside copies in an offloaded
+      layer (the dense work runs mostly before its layer's copies start).
+
+    Experts get the tokens a decode batch of ``batch`` gives each (``batch * top_k`` spread over as many experts,
+    at most all of them); how much copies and compute interfere depends on how memory-bound the compute is."""
     torch = backend.torch
     dtype = torch_dtype(torch, model)
     nbytes = model.expert_bytes
@@ -263,30 +266,33 @@ def measure_interference(backend, timer: Timer, model: ModelSpec, batch: int, co
     per = max(1, round(batch * model.top_k / n_exp))
     x = torch.randn(batch, model.d_model, device=backend.device, dtype=dtype) * 0.1
 
-    def layer():
-        dense(x, context)
-        for _ in range(n_exp):
-            expert_forward(torch, weights(), x[:per], gated)
+    def expert():
+        expert_forward(torch, weights(), x[:per], gated)
 
-    def layer_waited():
-        layer()
+    def expert_waited():
+        expert()
         backend.wait_host(backend.compute_done())
+
+    def layer_dense():
+        dense(x, context)
 
     def cp():
         backend.copy_in(dst(), src())
 
-    compute, copy = [], []
+    def copies():
+        backend.copy_in(bg_dst(), bg_src())
+
+    ratios = {"compute_slowdown": [], "dense_slowdown": [], "copy_slowdown": []}
     with torch.inference_mode():
-        for _ in range(blocks):  # alone and loaded side by side, block after block: a drifting machine cancels out
-            alone_layer, alone_cp = timer(layer), timer(cp, host=True)
-            with Background(lambda: backend.copy_in(bg_dst(), bg_src())):
-                loaded_layer = timer(layer)
-            with Background(layer_waited):
-                loaded_cp = timer(cp, host=True)
-            compute.append(loaded_layer / alone_layer)
-            copy.append(loaded_cp / alone_cp)
-    return {"compute_slowdown": max(1.0, round(statistics.median(compute), 3)),
-            "copy_slowdown": max(1.0, round(statistics.median(copy), 3))}
+        for _ in range(blocks):
+            alone = (timer(expert), timer(layer_dense), timer(cp, host=True))
+            with Background(copies):
+                loaded = (timer(expert), timer(layer_dense))
+            with Background(expert_waited):
+                loaded += (timer(cp, host=True),)
+            for key, a, b in zip(ratios, alone, loaded):
+                ratios[key].append(b / a)
+    return {key: max(1.0, round(statistics.median(v), 3)) for key, v in ratios.items()}
 
 
 def grids(model: ModelSpec, quick: bool, batch_sizes: list[int] | None = None,
@@ -356,7 +362,7 @@ def combine(calibrations: list[dict]) -> dict:
     if len(calibrations) == 1:
         return first
     out = {k: v for k, v in first.items() if k != "tables"}
-    for key in ("compute_slowdown", "copy_slowdown", "handoff_us"):  # light passes do not measure these
+    for key in ("compute_slowdown", "dense_slowdown", "copy_slowdown", "handoff_us"):  # not in light passes
         values = [c[key] for c in calibrations if key in c]
         if values:
             out[key] = round(statistics.median(values), 3)
