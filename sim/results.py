@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # the engine needs SimPy; results are read where it may be ab
     from sim.engine import EngineResult
 
 
-def _stats_ms(values: list[float]) -> dict:
+def stats_ms(values) -> dict:
+    """count, mean, p50, p99 and total, in ms, of durations in seconds (None for no values)."""
     if not values:
         return {"count": 0, "mean": None, "p50": None, "p99": None, "total": 0.0}
     a = np.asarray(values) * 1e3
@@ -55,8 +56,8 @@ def summarize(res: "EngineResult", counters, workload: WorkloadInfo, labels: dic
     return {
         **labels,
         "throughput_tok_s": float(workload.decode_tokens / t) if t > 0 else None,
-        "iteration_ms": _stats_ms(decode),
-        "prefill_ms": _stats_ms(prefill),
+        "iteration_ms": stats_ms(decode),
+        "prefill_ms": stats_ms(prefill),
         "hit_rate": {"overall": share(hits[HPC] + hits[MPC] + hits[LPC]), "hpc": share(hits[HPC]),
                      "mpc": share(hits[MPC]), "lpc": share(hits[LPC])},
         "accesses": accesses,

@@ -3,12 +3,9 @@ summary. The same assembly (``build_decisions``) gives the validator its policy 
 
 from __future__ import annotations
 
-import hashlib
 import platform
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
-
 
 from sim.config import RunConfig
 from sim.costs import CostModel
@@ -18,7 +15,7 @@ from sim.policies import Policy
 from sim.results import summarize
 from sim.workload import WorkloadInfo, build_iterations
 from traces.format import Trace
-from traces.io import load_trace
+from traces.io import file_sha256, load_trace
 
 
 @dataclass
@@ -28,14 +25,6 @@ class RunOutput:
     workload: WorkloadInfo
     resolved: dict
     policy: Policy
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def versions() -> dict:

@@ -76,3 +76,26 @@ def mixtral_real(mixtral_real_paths, tmp_path_factory):
     trace, _ = import_mixtral_jsonl(list(mixtral_real_paths.values()))
     out["both"] = save_trace(trace, d / "both.npz")
     return out
+
+
+def plain_lru(steps, cap):
+    """A plain re-statement of per-layer LRU on one layer's steps ``(step, active experts)``: hits are the step's
+    experts already cached; hits become most recent; then the misses enter in id order, each evicting the least
+    recent expert the step does not use. Returns the hits."""
+    cache, hits = [], 0  # least recent first
+    for _, act in steps:
+        hits += sum(1 for e in act if e in cache)
+        for e in sorted(act):
+            if e in cache:
+                cache.remove(e)
+                cache.append(e)
+        for e in sorted(act):
+            if e in cache:
+                continue
+            if len(cache) >= cap:
+                victims = [v for v in cache if v not in act]
+                if not victims:
+                    continue
+                cache.remove(victims[0])
+            cache.append(e)
+    return hits

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import make_trace, random_trace
+from conftest import make_trace, plain_lru, random_trace
 from sim.cache import HPC, LPC, MISS, MPC
 from sim.policies import POLICIES, PolicyContext
 from sim.policies.base import hot_ranking_from_counts, selection_counts
@@ -88,28 +88,6 @@ def enc_dec_trace(rng, tokens=40, experts=6, k=2, requests=4):
 
 
 # ---------------------------------------------------------------------------------- plain re-statements (lists)
-
-def plain_lru(steps, cap):
-    """LRU on one layer's steps: hits are the step's experts already cached; hits become most recent; then the
-    misses enter in id order, each evicting the least recent expert the step does not use."""
-    cache, hits = [], 0  # least recent first
-    for _, act in steps:
-        hits += sum(1 for e in act if e in cache)
-        for e in sorted(act):
-            if e in cache:
-                cache.remove(e)
-                cache.append(e)
-        for e in sorted(act):
-            if e in cache:
-                continue
-            if len(cache) >= cap:
-                victims = [v for v in cache if v not in act]
-                if not victims:
-                    continue
-                cache.remove(victims[0])
-            cache.append(e)
-    return hits
-
 
 def next_use(steps, t, e):
     for s in range(t + 1, len(steps)):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import make_trace, random_trace
+from conftest import make_trace, plain_lru, random_trace
 from sim.cache import HPC, LPC, MISS, MPC
 from sim.policies import POLICIES, PolicyContext
 from sim.policies.base import hot_ranking_from_counts, selection_counts
@@ -39,27 +39,10 @@ def run_decisions(trace, policy, predictor="none", batch=1, check=True, pred_par
 # ------------------------------------------------------------------------------------------------------ LRU
 
 def plain_lru_hits(trace, capacity):
-    """Per layer, one token at a time: hits are the token's experts already cached; then hits become most
-    recent, then misses enter in id order, evicting the least recent expert the token does not use."""
-    hits = 0
-    for layer in range(trace.num_layers):
-        cache = []  # least recent first
-        for t in range(trace.num_tokens):
-            act = sorted({int(x) for x in trace.experts[t, layer] if x >= 0})
-            missing = [e for e in act if e not in cache]
-            hits += len(act) - len(missing)
-            for e in act:
-                if e in cache:
-                    cache.remove(e)
-                    cache.append(e)
-            for e in missing:
-                if len(cache) >= capacity:
-                    victims = [v for v in cache if v not in act]
-                    if not victims:
-                        continue
-                    cache.remove(victims[0])
-                cache.append(e)
-    return hits
+    """Per layer, one token at a time, through the plain LRU re-statement."""
+    return sum(plain_lru([(t, sorted({int(x) for x in trace.experts[t, layer] if x >= 0}))
+                          for t in range(trace.num_tokens)], capacity)
+               for layer in range(trace.num_layers))
 
 
 @settings(max_examples=40, deadline=None)

@@ -7,6 +7,7 @@ timestamps, so the same trace gives byte-identical files). Reading checks everyt
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -167,3 +168,12 @@ def _read_array(zf: zipfile.ZipFile, member: str, path: Path) -> np.ndarray:
         raise TraceError(path, f"truncated or corrupt entry {member} ({exc})") from None
     except ValueError as exc:
         raise TraceError(path, f"entry {member} is not a plain numeric array ({exc})") from None
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes (a trace's checksum in results and measurements)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -12,7 +12,6 @@ absolute errors over the configurations. Written to ``DIR/compare/`` (or ``--out
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 from pathlib import Path
@@ -27,7 +26,7 @@ from sim.predictors import PREDICTORS
 from sim.replay import replay
 from sim.run import build_decisions, simulate
 from sim.workload import build_iterations
-from traces.io import atomic_write_bytes, load_trace
+from traces.io import atomic_write_bytes, file_sha256, load_trace
 from validate.measure import decisions_digest
 
 COLUMNS = ["config", "policy", "predictor", "batch_size", "hpc_slots", "mpc_slots", "iterations",
@@ -60,7 +59,7 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
     cfg = config_from_dict(raw, str(run_dir / "config.yaml"), POLICIES.names(), PREDICTORS.names())
     trace_key = raw["workload"]["trace"]
     want = manifest.get("traces", {}).get(str(cfg.workload.trace)) or manifest.get("traces", {}).get(trace_key)
-    have = hashlib.sha256(Path(cfg.workload.trace).read_bytes()).hexdigest()
+    have = file_sha256(cfg.workload.trace)
     if want is not None and want != have:
         raise ConfigError(str(cfg.workload.trace), "differs from the trace that was measured (checksum mismatch)")
     trace = load_trace(cfg.workload.trace)

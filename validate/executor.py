@@ -135,12 +135,12 @@ class Executor:
 
     # ---------------------------------------------------------------------------------------------- run
     def run(self) -> ExecResult:
-        policy, _ = build_decisions(self.cfg, self.trace, self.iterations)
-        self._allocate(policy)
-        warm = self.iterations[:self.warmup]
-        if warm:  # cuBLAS/allocator start-up and first-touch page faults, on throwaway decision objects
-            self._run(warm, *build_decisions(self.cfg, self.trace, self.iterations), record=False)
         policy, predictor = build_decisions(self.cfg, self.trace, self.iterations)
+        self._allocate(policy)  # the tier sizes
+        warm = self.iterations[:self.warmup]
+        if warm:  # cuBLAS/allocator start-up and first-touch page faults, on these throwaway decision objects
+            self._run(warm, policy, predictor, record=False)
+            policy, predictor = build_decisions(self.cfg, self.trace, self.iterations)
         return self._run(self.iterations, policy, predictor, record=True)
 
     def _run(self, iterations, policy, predictor, record: bool) -> ExecResult:

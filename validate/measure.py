@@ -39,8 +39,8 @@ from sim.config import config_from_dict
 from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
-from sim.results import iterations_csv
-from traces.io import atomic_write_bytes, load_trace
+from sim.results import iterations_csv, stats_ms
+from traces.io import atomic_write_bytes, file_sha256, load_trace
 from validate.suites import SUITES
 
 GB = 1 << 30
@@ -48,14 +48,6 @@ GB = 1 << 30
 
 def _json(obj) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode()
-
-
-def stats_ms(values) -> dict:
-    a = np.asarray(list(values), dtype=float) * 1e3
-    if a.size == 0:
-        return {"count": 0, "mean": None, "p50": None, "p99": None}
-    return {"count": int(a.size), "mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
-            "p99": float(np.percentile(a, 99))}
 
 
 def decisions_digest(decisions) -> str:
@@ -101,7 +93,7 @@ def aggregate(run_dir: Path) -> dict:
     total = sum(s["total_s"] for s in summaries)
     tokens = sum(s["decode_tokens"] for s in summaries)
     first.update(
-        rounds=len(summaries), iteration_ms=stats_ms(np.asarray(lat) / 1e3), total_s=total,
+        rounds=len(summaries), iteration_ms=stats_ms([x / 1e3 for x in lat]), total_s=total,
         throughput_tok_s=tokens / total if total > 0 else None,
         round_mean_ms=[s["iteration_ms"]["mean"] for s in summaries],
         mean_copy_ms=_mean_of(summaries, "mean_copy_ms"), wait_ms=_mean_of(summaries, "wait_ms"),
@@ -114,12 +106,6 @@ def aggregate(run_dir: Path) -> dict:
 def _mean_of(summaries: list[dict], key: str):
     values = [s[key] for s in summaries if s.get(key) is not None]
     return float(np.mean(values)) if values else None
-
-
-def _trace_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    h.update(path.read_bytes())
-    return h.hexdigest()
 
 
 def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: list[str] | None = None,
@@ -181,7 +167,7 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
         "configs": [name for name, _, _ in cfgs],
         "rounds": rounds,
         "calibrate_between": calibrate_between,
-        "traces": {p: _trace_sha(Path(cfg.workload.trace)) for p, cfg in
+        "traces": {p: file_sha256(cfg.workload.trace) for p, cfg in
                    {str(c.workload.trace): c for _, _, c in cfgs}.items()},
     }
     atomic_write_bytes(out / "manifest.json", _json(manifest))

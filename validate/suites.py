@@ -54,24 +54,28 @@ class Suite:
         return out
 
 
-_POINTS = (
-    ("on-demand-b4", "on-demand", "none", 4, 0, 0),
-    ("on-demand-b16", "on-demand", "none", 16, 0, 0),
-    ("pregated-b16", "pregated", "oracle", 16, 0, 0),
-    ("lru-b8-c6", "lru", "none", 8, 2, 4),
-    ("diffmoe-b8-c6", "diffmoe", "oracle", 8, 2, 4),
-    ("diffmoe-b16-c13", "diffmoe", "oracle", 16, 4, 9),
-    ("moe-infinity-b8-c6", "moe-infinity", "moe-infinity", 8, 2, 4),
-    ("diffmoe-arc-b16-c13", "diffmoe-arc", "oracle", 16, 4, 9),
-)
-_QUICK = ("on-demand-b4", "pregated-b16", "lru-b8-c6", "diffmoe-b8-c6", "diffmoe-b16-c13", "moe-infinity-b8-c6")
+def point_name(policy: str, batch: int, hpc: int, mpc: int) -> str:
+    """A configuration's name: policy, batch size and (for a caching policy) cache slots per layer."""
+    return f"{policy}-b{batch}" + (f"-c{hpc + mpc}" if hpc + mpc else "")
 
+
+def _points(scale: int) -> tuple:
+    """(name, policy, predictor, batch, hpc, mpc), batch sizes times ``scale``."""
+    base = (("on-demand", "none", 4, 0, 0), ("on-demand", "none", 16, 0, 0), ("pregated", "oracle", 16, 0, 0),
+            ("lru", "none", 8, 2, 4), ("diffmoe", "oracle", 8, 2, 4), ("diffmoe", "oracle", 16, 4, 9),
+            ("moe-infinity", "moe-infinity", 8, 2, 4), ("diffmoe-arc", "oracle", 16, 4, 9))
+    return tuple((point_name(p, b * scale, h, m), p, pr, b * scale, h, m) for p, pr, b, h, m in base)
+
+
+def _quick(points: tuple) -> tuple:
+    """Six of the eight: every policy but the second on-demand and diffmoe-arc."""
+    return tuple(p[0] for i, p in enumerate(points) if i not in (1, 7))
+
+
+_CPU, _GPU = _points(1), _points(2)
 SUITES = {
     "cpu": Suite("cpu", {"base": "switch-base-128", "dtype_bytes": 4}, "traces/data/switch_base_128.npz",
-                 decode_tokens=12, quick_decode_tokens=4, lpc_buffers=8, points=_POINTS, quick=_QUICK),
+                 decode_tokens=12, quick_decode_tokens=4, lpc_buffers=8, points=_CPU, quick=_quick(_CPU)),
     "gpu": Suite("gpu", "switch-xxl-128", "traces/data/switch_xxl_128.npz",
-                 decode_tokens=8, quick_decode_tokens=4, lpc_buffers=16,
-                 points=tuple((n.replace("b16", "b32").replace("b8", "b16").replace("b4", "b8"), p, pr,
-                               b * 2, h, m) for n, p, pr, b, h, m in _POINTS),
-                 quick=tuple(n.replace("b16", "b32").replace("b8", "b16").replace("b4", "b8") for n in _QUICK)),
+                 decode_tokens=8, quick_decode_tokens=4, lpc_buffers=16, points=_GPU, quick=_quick(_GPU)),
 }
