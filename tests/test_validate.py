@@ -287,9 +287,10 @@ def test_validate_compare_reports_the_error_and_identical_decisions(measured, tm
     rows = list(csv.DictReader((tmp_path / "compare.csv").open()))
     assert [r["config"] for r in rows] == ["on-demand-b4", "diffmoe-b8-c6", "moe-infinity-b8-c6"]
     for r in rows:
-        assert r["decisions_identical"] == "True"
+        assert r["decisions_identical"] == "True", r
         real, sim = float(r["real_mean_ms"]), float(r["sim_mean_ms"])
-        assert float(r["err_mean_pct"]) == pytest.approx(100 * (sim - real) / real, rel=1e-3)
+        # the CSV rounds to 6 significant digits: near 0% the recomputed error differs by ~1e-3 points
+        assert float(r["err_mean_pct"]) == pytest.approx(100 * (sim - real) / real, rel=1e-3, abs=1e-2), r
     md = (tmp_path / "compare.md").read_text()
     assert "Median absolute error over 3 configurations" in md
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
