@@ -10,9 +10,11 @@ if it is), or at once for a prefetch nobody used.
 
 Finished copies are queued per layer, in completion order, for the compute stream to take.
 
-Hand-off: the copy engine is driven by a host thread; when the link is idle, a copy asked for by the compute
-stream (a submission, or a freed buffer) starts ``handoff`` seconds later, the time that thread takes to wake up
-(0 unless calibrated). Copies that follow one another on a busy link start at once.
+Hand-off: the copy engine is driven by a host thread that issues one copy at a time and waits for it to land;
+when the link is idle, a copy asked for by the compute stream (a submission, or a freed buffer) starts ``handoff``
+seconds later, the time that thread takes to wake up; a copy already queued when the last one lands starts
+``gap`` seconds after that landing, the time the thread takes to notice the landing and issue the next one while
+the compute thread keeps the host busy (both 0 unless calibrated: ``handoff_us``, ``copy_gap_us``).
 
 Interference: a copy that starts while the compute stream computes (``computing``, kept by the engine) takes
 ``slowdown`` times longer (copies and compute share memory bandwidth; 1 on a machine calibrated without it).
@@ -40,9 +42,10 @@ class CopyEngine:
     """Callback-driven: a copy is one SimPy timeout whose callback lands it and starts the next; no process."""
 
     def __init__(self, env: simpy.Environment, copy_s: float, nbytes: int, buffers: int, reserve: int,
-                 timeline: list | None = None, slowdown: float = 1.0, handoff: float = 0.0):
+                 timeline: list | None = None, slowdown: float = 1.0, handoff: float = 0.0, gap: float = 0.0):
         self.env = env
         self.handoff = handoff
+        self.gap = gap
         self.waking = False  # the copy thread is waking up to start the next copy
         self.copy_s = copy_s
         self.slowdown = slowdown
@@ -108,11 +111,16 @@ class CopyEngine:
     # -------------------------------------------------------------------------------------------- the link
     def _wake(self) -> None:
         """The compute stream asks the idle copy thread for a copy: it starts after the hand-off."""
+        if self.waking:
+            return
         if not self.handoff:
             self._start_next()
-        elif not self.waking:
+        else:
             self.waking = True
             self.env.timeout(self.handoff).callbacks.append(self._woken)
+
+    def _has_next(self) -> bool:
+        return bool((self.demand and self.free >= 1) or (self.prefetch and self.free > self.reserve))
 
     def _woken(self, _event) -> None:
         self.waking = False
@@ -158,7 +166,11 @@ class CopyEngine:
             w = self.waiter.pop(job.layer, None)
             if w is not None:
                 w.succeed()
-        self._start_next()
+        if self.gap and self._has_next():  # the copy thread notices the landing, then issues the next copy
+            self.waking = True
+            self.env.timeout(self.gap).callbacks.append(self._woken)
+        else:
+            self._start_next()
 
     @property
     def pcie_bytes(self) -> int:

@@ -17,8 +17,9 @@ After the last layer the LM head runs (``CostModel.lm_head_s``).
 
 Hand-off (a calibrated machine's ``handoff_us``, 0 by default): the host threads that drive copies and compute
 take that long to wake up, when the compute stream waits for a copy that lands, and when the idle link is asked
-for a copy. Interference (a calibrated machine's ``compute_slowdown``, ``dense_slowdown`` and ``copy_slowdown``, 1 by
-default): expert compute (and dense work and the LM head) that overlaps a copy on the link runs slower, and so
+for a copy; ``copy_gap_us`` idles the link between a landed copy and the next queued one (``sim/copy_engine.py``).
+Interference (a calibrated machine's ``compute_slowdown``, ``dense_slowdown`` and ``copy_slowdown``, 1 by default):
+expert compute (and dense work and the LM head) that overlaps a copy on the link runs slower, and so
 does a copy started while the compute stream computes.
 
 Events are coarse: one per copy, one per expert compute that waits on a copy, one for the dense work and one for
@@ -95,7 +96,7 @@ class Simulation:
         costs, policy, predictor = self.costs, self.policy, self.predictor
         expert_bytes = costs.expert_bytes
         copy = CopyEngine(env, costs.copy_s(expert_bytes), expert_bytes, self.lpc_buffers, self.prefetch_reserve,
-                          self.timeline, costs.hw.copy_slowdown, costs.hw.handoff_s)
+                          self.timeline, costs.hw.copy_slowdown, costs.hw.handoff_s, costs.hw.copy_gap_s)
         handoff = costs.hw.handoff_s
         def stretch(t: float, slow: float) -> float:
             """Compute of ``t`` seconds started now, slowed by ``slow`` while it overlaps a copy: the whole of it

@@ -20,6 +20,8 @@ Hardware files use readable units, converted to SI in :class:`HardwareSpec` (GB 
     launch_overhead_us: 3       # -> launch_overhead_s: per kernel
     handoff_us: 0               # optional: host threads' wake-up time between a landed copy and its compute,
                                 #   and between asking an idle link for a copy and its start
+    copy_gap_us: 0              # optional: the link idles this long between a copy landing and the start of the
+                                #   next one already queued (the copy thread's wake-up, under load)
     compute_slowdown: 1.0       # optional: expert compute runs this many times longer while a copy crosses the link
     dense_slowdown: 1.0         # optional: the same for dense work and the LM head (default: compute_slowdown)
     copy_slowdown: 1.0          # optional: a copy runs this many times longer while compute runs (both measured
@@ -415,6 +417,7 @@ class HardwareSpec:
     dense_slowdown: float = 1.0    # dense work and LM head stretch while the link is busy, >= 1
     copy_slowdown: float = 1.0     # copy stretch while compute runs, >= 1
     handoff_s: float = 0.0         # host wake-up between a copy and the compute that waits for it (and back)
+    copy_gap_s: float = 0.0        # link idle between a landed copy and the next queued one's start
 
     def rate(self, dtype_bytes: int) -> float:
         """Dense FLOP/s for weights of ``dtype_bytes`` per element."""
@@ -430,7 +433,7 @@ class HardwareSpec:
             "reserved_gb": self.reserved_bytes / GB,
             "compute_slowdown": self.compute_slowdown, "dense_slowdown": self.dense_slowdown,
             "copy_slowdown": self.copy_slowdown,
-            "handoff_us": self.handoff_s * 1e6,
+            "handoff_us": self.handoff_s * 1e6, "copy_gap_us": self.copy_gap_s * 1e6,
             "tables": None if self.tables is None else self.tables.to_dict(),
             "source": self.source,
         }
@@ -439,7 +442,7 @@ class HardwareSpec:
 _HW_REQUIRED = ("gpu_memory_gb", "hbm_bw_gb_s", "flops_tflops", "flops_fp32_tflops", "pcie_bw_gb_s",
                 "pcie_latency_us", "launch_overhead_us", "reserved_gb")
 HARDWARE_FIELDS = ("name",) + _HW_REQUIRED + ("d2d_bw_gb_s", "compute_slowdown", "dense_slowdown", "copy_slowdown",
-                                              "handoff_us", "tables", "source")
+                                              "handoff_us", "copy_gap_us", "tables", "source")
 HARDWARE_KEYS = HARDWARE_FIELDS + ("base",)
 TABLE_KEYS = ("model", "copy", "d2d", "expert", "dense", "lm_head")
 
@@ -478,6 +481,7 @@ def hardware_from_dict(d: Any, where: str = "hardware", suffix: str = "", source
                                  suffix),
         copy_slowdown=_slowdown(d, "copy_slowdown", where, suffix),
         handoff_s=num("handoff_us", strict=False, default=0.0) / 1e6,
+        copy_gap_s=num("copy_gap_us", strict=False, default=0.0) / 1e6,
         tables=tables_from_dict(d.get("tables"), _join(where, "tables"), suffix), source=src)
 
 

@@ -25,7 +25,7 @@ from sim.replay import replay
 from sim.run import build_decisions, simulate
 from traces.format import ModelInfo, Trace, TraceMeta
 from traces.io import save_trace
-from validate.backends import CpuBackend
+from validate.backends import CpuBackend, Landed
 from validate.copier import Copier
 from validate.executor import Executor
 from validate.microbench import combine
@@ -111,8 +111,12 @@ class FakeBackend:
 
     def copy_in(self, dst, src, after=None):
         self.order.append(src)
+        t0 = time.perf_counter()
         time.sleep(self.delay)
-        return None
+        return Landed(t0, time.perf_counter())
+
+    def elapsed(self, a, b):
+        return b - a
 
 
 def test_demand_copies_overtake_queued_prefetches_but_not_a_copy_in_flight():
@@ -176,7 +180,7 @@ def test_copier_never_overfills_its_buffers_and_lands_every_kept_copy_once(ops, 
             with lock:
                 in_use.add(dst)
                 peak[0] = max(peak[0], len(in_use))
-            return None
+            return Landed(0.0, 0.0)
 
     bufs = list(range(buffers))
     c = Copier(Tracking(0), lambda layer, e: e, bufs, reserve=reserve)
@@ -313,6 +317,8 @@ def test_compare_fails_when_the_trace_changed(measured, tmp_path):
     (["compare", "/no/such/folder"], "/no/such/folder"),
     (["cpu", "--out", "{tmp}/x", "--configs", "no-such-config"], "--configs"),
     (["gpu", "--out", "{tmp}/x"], "--device"),
+    (["cpu", "--out", "{tmp}/x", "--host-pool-gb", "1e9"], "--host-pool-gb"),
+    (["cpu", "--out", "{tmp}/x", "--host-pool-gb", "0"], "--host-pool-gb"),
 ])
 def test_bad_input_exits_2_with_the_field_named(tmp_path, args, word):
     import torch
@@ -323,7 +329,7 @@ def test_bad_input_exits_2_with_the_field_named(tmp_path, args, word):
     res = subprocess.run([sys.executable, "-m", "validate", *args], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 2 and word in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "x" / "manifest.json").exists()
+    assert not (tmp_path / "x").exists()
 
 
 def test_measuring_needs_no_simpy():
@@ -336,13 +342,52 @@ def test_measuring_needs_no_simpy():
 
 def test_the_gpu_check_script_runs_the_same_path_on_the_cpu(tmp_path):
     out = tmp_path / "check"
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "DEVICE": "cpu",
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "DEVICE": "cpu", "ROUNDS": "1",
            "EXTRA": "--quick --configs lru-b8-c6 --repeat 3"}
     res = subprocess.run(["bash", str(ROOT / "validate" / "run_gpu_check.sh"), str(out)], cwd=tmp_path, env=env,
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr + res.stdout
     assert (out / "runs" / "lru-b8-c6" / "summary.json").exists() and (out / "calibration.yaml").exists()
+    assert (out / "env-before.txt").exists() and (out / "env-after.txt").exists() and (out / "run.log").exists()
     assert f"next: python -m validate compare {out}" in res.stdout
+
+
+def test_the_packed_gpu_check_leaves_five_flat_files_and_compare_reads_the_archive(tmp_path):
+    pack = tmp_path / "out"
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "DEVICE": "cpu", "ROUNDS": "1",
+           "EXTRA": "--quick --configs on-demand-b4 --repeat 3"}
+    res = subprocess.run(["bash", str(ROOT / "validate" / "run_gpu_check.sh"), "--pack", str(pack)], cwd=tmp_path,
+                         env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr + res.stdout
+    files = sorted(p.name for p in pack.iterdir())
+    assert files == ["calibration.yaml", "env-after.txt", "env-before.txt", "gpu-check.tar.gz", "run.log"]
+    assert all(p.is_file() for p in pack.iterdir())  # flat: a runner returning plain files gets all of them
+    assert "[1/1] on-demand-b4" in (pack / "run.log").read_text()
+    res = subprocess.run([sys.executable, "-m", "validate", "compare", str(pack / "gpu-check.tar.gz")], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr + res.stdout
+    rows = list(csv.DictReader((pack / "gpu-check" / "compare" / "compare.csv").open()))
+    assert [r["config"] for r in rows] == ["on-demand-b4"] and rows[0]["decisions_identical"] == "True"
+    assert (pack / "gpu-check" / "env-before.txt").exists()
+    manifest = json.loads((pack / "gpu-check" / "manifest.json").read_text())
+    assert manifest["machine_before"]["torch"] and manifest["machine_after"]["date"] >= manifest["machine_before"]["date"]
+
+
+def test_compare_refuses_an_archive_that_is_not_a_measurement(tmp_path):
+    import tarfile
+
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("x")
+    with tarfile.open(tmp_path / "junk.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "junk", arcname="junk")
+    (tmp_path / "junk" / "notes.txt").unlink()
+    (tmp_path / "junk").rmdir()
+    (tmp_path / "broken.tar.gz").write_bytes(b"\x1f\x8b not really gzip")
+    for name in ("junk.tar.gz", "broken.tar.gz"):
+        res = subprocess.run([sys.executable, "-m", "validate", "compare", str(tmp_path / name)], cwd=ROOT,
+                             capture_output=True, text=True)
+        assert res.returncode == 2 and name in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.tar.gz", "junk.tar.gz"]  # nothing left behind
 
 
 def test_the_gpu_check_script_refuses_a_machine_without_cuda(tmp_path):

@@ -6,11 +6,14 @@ The executor and the copier speak to a backend only through these calls:
 
 - ``host_buffer(n)`` / ``device_buffer(n)``: flat uint8 buffers of ``n`` bytes (host ones pinned on a GPU);
 - ``copy_in(dst, src, after)``, from the copy thread: copy host -> device, once the compute that last read
-  ``dst`` (its ``after`` marker) is done; returns when the copy has landed;
+  ``dst`` (its ``after`` marker) is done; returns a :class:`Landed` (the copy's start and end timestamps on the
+  device) when the copy has landed;
 - ``compute_done()``, from the compute thread: a marker of the work issued so far, for ``copy_in``'s ``after``;
-- ``wait_landed(marker)``: order the compute stream after a landed copy;
+- ``wait_landed(landed)``: order the compute stream after a landed copy;
 - ``wait_host(marker)``: block the calling thread until the marked work is done;
-- ``mark()`` / ``elapsed(a, b)``: timestamps on the compute stream and the seconds between two;
+- ``on_compute()``: a context that puts the calling thread's work on the compute stream;
+- ``mark()`` / ``elapsed(a, b)``: a timestamp on the compute stream, and the seconds between two timestamps (of
+  either stream: a copy's ``start``/``end`` too);
 - ``synchronize()``: wait for all issued work.
 """
 
@@ -19,6 +22,17 @@ from __future__ import annotations
 import platform
 import sys
 import time
+from contextlib import nullcontext
+
+
+class Landed:
+    """A landed copy: timestamps (``mark()``-like) of when it started and ended on the device. On a GPU they are
+    CUDA events on the copy stream, so ``elapsed(start, end)`` is the copy itself, not the host's wait for it."""
+
+    __slots__ = ("start", "end")
+
+    def __init__(self, start, end):
+        self.start, self.end = start, end
 
 
 class CpuBackend:
@@ -38,9 +52,10 @@ class CpuBackend:
     def device_buffer(self, nbytes: int):
         return self.torch.empty(nbytes, dtype=self.torch.uint8)
 
-    def copy_in(self, dst, src, after=None):
+    def copy_in(self, dst, src, after=None) -> Landed:
+        t0 = time.perf_counter()
         dst.copy_(src)
-        return None
+        return Landed(t0, time.perf_counter())
 
     def device_copy(self, dst, src):
         dst.copy_(src)
@@ -48,11 +63,15 @@ class CpuBackend:
     def compute_done(self):
         return None
 
-    def wait_landed(self, marker) -> None:
+    def wait_landed(self, landed) -> None:
         pass
 
     def wait_host(self, marker) -> None:
         pass
+
+    def on_compute(self):
+        """A context in which the calling thread's work runs on the compute stream (the CPU has one)."""
+        return nullcontext()
 
     def mark(self):
         return time.perf_counter()
@@ -91,32 +110,39 @@ class CudaBackend:
     def device_buffer(self, nbytes: int):
         return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
 
-    def copy_in(self, dst, src, after=None):
+    def copy_in(self, dst, src, after=None) -> Landed:
         torch = self.torch
         with torch.cuda.stream(self.copy_stream):
             if after is not None:
                 self.copy_stream.wait_event(after)
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(self.copy_stream)  # completes when the copy can start: after ``after``
             dst.copy_(src, non_blocking=True)
-            landed = torch.cuda.Event()
-            landed.record(self.copy_stream)
-        landed.synchronize()
-        return landed
+            end = torch.cuda.Event(enable_timing=True)
+            end.record(self.copy_stream)
+        end.synchronize()
+        return Landed(start, end)
 
     def device_copy(self, dst, src):
         dst.copy_(src, non_blocking=True)
 
     def compute_done(self):
-        ev = self.torch.cuda.Event()
+        ev = self.torch.cuda.Event(enable_timing=True)  # timed: the copier measures link gaps from it
         ev.record(self.compute)
         return ev
 
-    def wait_landed(self, marker) -> None:
-        if marker is not None:
-            self.compute.wait_event(marker)
+    def wait_landed(self, landed) -> None:
+        if landed is not None:
+            self.compute.wait_event(landed.end)
 
     def wait_host(self, marker) -> None:
         if marker is not None:
             marker.synchronize()
+
+    def on_compute(self):
+        """A context in which the calling thread's work runs on the compute stream (a new thread's current stream
+        is the default stream, which need not be it)."""
+        return self.torch.cuda.stream(self.compute)
 
     def mark(self):
         ev = self.torch.cuda.Event(enable_timing=True)
@@ -124,6 +150,7 @@ class CudaBackend:
         return ev
 
     def elapsed(self, a, b) -> float:
+        a.synchronize()
         b.synchronize()
         return a.elapsed_time(b) / 1e3
 

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import argparse
-import os
+import sys
 
 from traces.cli import run_main
 
@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="torch compute threads in CPU mode (default 1; the copy thread takes another core)")
         p.add_argument("--host-pool-gb", type=float, default=None,
                        help="host memory for expert weights (default 8 on a GPU, 2 on the CPU); experts beyond it "
-                            "share physical buffers")
+                            "share physical buffers. At most what the host can spare (3/4 of its memory, 8 GiB "
+                            "less than is free), counting pinned buffers at their power-of-two size")
         p.add_argument("--rounds", type=_positive_int, default=1 if name == "gpu" else 2,
                        help=f"runs of every configuration, interleaved (default {1 if name == 'gpu' else 2})")
         p.add_argument("--calibrate-between", action=argparse.BooleanOptionalAction, default=name == "cpu",
@@ -106,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--resume", action="store_true", help="keep finished rounds in --out")
         p.set_defaults(func=cmd_measure)
     p = sub.add_parser("compare", help="simulate the measured configurations and report the simulator's error")
-    p.add_argument("folder", help="measurement folder from validate gpu|cpu")
+    p.add_argument("folder", help="measurement folder from validate gpu|cpu, or the archive run_gpu_check.sh packs "
+                                  "(gpu-check.tar.gz: unpacked beside itself)")
     p.add_argument("--out", help="where to write compare.{csv,md,png} (default FOLDER/compare)")
     p.add_argument("--max-median-error", type=float, default=None,
                    help="exit 1 when the median |error| of mean latency (%%) is above this")
@@ -115,5 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # progress must reach a pipe line by line: a run cut off by a time limit keeps what it printed
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
     return run_main(build_parser(), argv)

@@ -2,11 +2,16 @@
 that was measured, and report how far the simulator is from the real runs.
 
 Per configuration: mean and p50 decode-iteration latency and throughput, real and simulated, and the simulator's
-signed relative error ``(sim - real) / real``; where the time went, to explain an error: mean copy time, host
-wait (real) against compute-stream stall (simulated) per iteration, and the link's busy fraction; whether the simulator made the very decisions the executor made
+signed relative error ``(sim - real) / real``; where the time went, to explain an error: mean copy time (timed on
+the device), the compute stream's stall per iteration (real: timed on the device around each wait; simulated),
+the link's mean idle gap between queued copies (real) and the link's busy fraction; whether the simulator made the
+very decisions the executor made
 (every (iteration, layer): sources per active expert, promotions, prefetches, unused prefetches); the median
 absolute errors over the configurations. Written to ``DIR/compare/`` (or ``--out``): ``compare.csv``,
 ``compare.md`` and ``compare.png`` (simulated against real latency, and the errors per configuration).
+
+DIR may also be the archive ``run_gpu_check.sh`` packs (``gpu-check.tar.gz``): it is unpacked beside itself first
+(``gpu-check.tar.gz`` -> ``gpu-check/``), and kept.
 """
 
 from __future__ import annotations
@@ -14,6 +19,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import shutil
+import tarfile
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +41,8 @@ from validate.measure import decisions_digest
 COLUMNS = ["config", "policy", "predictor", "batch_size", "hpc_slots", "mpc_slots", "iterations",
            "real_mean_ms", "sim_mean_ms", "err_mean_pct", "real_p50_ms", "sim_p50_ms", "err_p50_pct",
            "real_tok_s", "sim_tok_s", "err_tok_s_pct", "real_copies", "sim_copies", "real_copy_ms", "sim_copy_ms",
-           "real_wait_ms", "sim_stall_ms", "real_link_busy", "sim_link_busy", "decisions_identical"]
+           "real_stall_ms", "sim_stall_ms", "real_copy_gap_us", "real_link_busy", "sim_link_busy",
+           "decisions_identical"]
 
 
 def _read_json(path: Path, what: str):
@@ -82,7 +92,8 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
         "real_copies": real["copies"], "sim_copies": s["copies"],
         "real_copy_ms": real.get("mean_copy_ms"),
         "sim_copy_ms": 1e3 * s["link_busy_frac"] * s["sim_time_s"] / s["copies"] if s["copies"] else None,
-        "real_wait_ms": real.get("wait_ms"), "sim_stall_ms": s["stall_ms"] / max(1, s["iterations"]),
+        "real_stall_ms": real.get("stall_ms", real.get("wait_ms")), "real_copy_gap_us": real.get("mean_copy_gap_us"),
+        "sim_stall_ms": s["stall_ms"] / max(1, s["iterations"]),
         "real_link_busy": real.get("link_busy_frac"), "sim_link_busy": s["link_busy_frac"],
         "decisions_identical": identical,
     }
@@ -92,8 +103,45 @@ def median_abs(rows: list[dict], key: str) -> float:
     return float(np.median([abs(r[key]) for r in rows])) if rows else float("nan")
 
 
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
+
+
+def unpack(archive: Path, log=print) -> Path:
+    """The measurement folder inside ``archive`` (one top folder holding ``manifest.json``), unpacked beside the
+    archive under the archive's name without its suffix; an existing folder of that name is used as it is."""
+    name = archive.name
+    for suffix in ARCHIVE_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    target = archive.parent / name
+    if target.is_dir():
+        log(f"using {target}/ (already unpacked from {archive.name})")
+        return target
+    try:
+        with tarfile.open(archive) as tar:
+            members = tar.getmembers()
+            tops = {Path(m.name).parts[0] for m in members if Path(m.name).parts}
+            if len(tops) != 1 or not any(Path(m.name).parts[1:] == ("manifest.json",) for m in members):
+                raise ConfigError(str(archive), "is not a measurement archive (one folder holding manifest.json)")
+            tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=archive.parent))
+            try:
+                tar.extractall(tmp, filter="data")
+                os.replace(tmp / tops.pop(), target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        if isinstance(exc, FileNotFoundError) and not archive.exists():
+            raise ConfigError(str(archive), "no such file") from None
+        raise ConfigError(str(archive), f"cannot be unpacked ({exc.__class__.__name__}: {exc})") from None
+    log(f"unpacked {archive.name} into {target}/")
+    return target
+
+
 def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tuple[list[dict], Path]:
     folder = Path(folder)
+    if folder.is_file() and folder.name.endswith(ARCHIVE_SUFFIXES):
+        folder = unpack(folder, log)
     if not folder.is_dir():
         raise ConfigError(str(folder), "no such measurement folder (run python -m validate cpu|gpu --out DIR)")
     manifest = _read_json(folder / "manifest.json", "manifest.json")

@@ -4,12 +4,16 @@ flight is never preempted, every copy needs a free working buffer, prefetches le
 buffer is free again once the expert in it has computed (and been promoted), or at once for an unused prefetch.
 
 Landed copies are queued per layer, in landing order, for the compute thread to take.
+
+What it counts, timed on the device (CUDA events on a GPU): ``copy_s``, the copies themselves (not the host's wait
+for them), and ``gap_s`` over ``gaps``, how long the link stood idle between a copy landing and the start of the
+next one that was already queued: the copy thread's wake-up and hand-off, under whatever load the run puts on the
+host (the simulator's ``copy_gap_us``).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 
 
@@ -22,7 +26,7 @@ class Job:
         self.layer, self.expert, self.was_prefetch = layer, expert, prefetch
         self.started = self.finished = self.dropped = False
         self.buffer = None   # index of the working buffer it lands in
-        self.landed = None   # the backend's marker of the landed copy
+        self.landed = None   # the backend's Landed (start and end timestamps of the copy)
 
 
 class Copier:
@@ -42,7 +46,11 @@ class Copier:
         self.stopping = False
         self.error: BaseException | None = None
         self.copies = 0
-        self.copy_s = 0.0   # host time spent in copies (a GPU's include the wait for buffer release)
+        self.copy_s = 0.0   # device time spent in copies
+        self.gap_s = 0.0    # device time the link stood idle before a copy that was queued when the last one landed
+        self.gaps = 0
+        self._queued_at_landing = False
+        self._last_end = None
         self.prefetch_copies = 0
         self.max_in_use = 0
         self.thread = threading.Thread(target=self._loop, name="copier", daemon=True)
@@ -105,6 +113,10 @@ class Copier:
             raise RuntimeError(f"the copy thread failed: {self.error!r}") from self.error
 
     # ------------------------------------------------------------------------------------- copy thread
+    def _startable(self) -> bool:
+        """A copy could start now (what :meth:`_next` would take, without taking it)."""
+        return bool((self.demand and self.free) or (self.prefetch and len(self.free) > self.reserve))
+
     def _next(self):
         if self.demand and self.free:
             return self.demand.popleft()
@@ -125,11 +137,20 @@ class Copier:
                     buffer, after = self.free.popleft()
                     job.buffer, job.started = buffer, True
                     self.max_in_use = max(self.max_in_use, len(self.buffers) - len(self.free))
-                t0 = time.perf_counter()
+                    back_to_back, last_end = self._queued_at_landing, self._last_end
                 landed = self.backend.copy_in(self.buffers[buffer], self.source(job.layer, job.expert), after)
-                spent = time.perf_counter() - t0
+                spent = self.backend.elapsed(landed.start, landed.end)
+                gap = None
+                if back_to_back and last_end is not None:  # idle from the later of: the last landing, the buffer free
+                    gap = self.backend.elapsed(last_end, landed.start)
+                    if after is not None:
+                        gap = min(gap, self.backend.elapsed(after, landed.start))
                 with self.cond:
                     self.copy_s += spent
+                    if gap is not None:
+                        self.gap_s += max(0.0, gap)
+                        self.gaps += 1
+                    self._last_end = landed.end
                     job.landed, job.finished = landed, True
                     self.copies += 1
                     self.prefetch_copies += job.was_prefetch
@@ -137,6 +158,7 @@ class Copier:
                         self.free.append((buffer, None))
                     else:
                         self.ready.setdefault(job.layer, deque()).append(job)
+                    self._queued_at_landing = self._startable()
                     self.cond.notify_all()
         except BaseException as exc:  # surfaced on the compute thread's next take/close
             with self.cond:

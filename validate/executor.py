@@ -19,7 +19,13 @@ Per iteration, per MoE layer: dense work; the gate (prediction, then ``plan_pref
 prefetches dropped; demand copies submitted (queued prefetches that are now needed move up); prefetches for the
 next layer submitted; cached experts computed; copied experts computed in landing order, each promoted by a device
 copy into its slot when the plan says so; ``finish_layer``. The LM head closes the iteration. Copies run on the
-copier's thread (``validate.copier``). Latency is measured with the backend's timestamps (CUDA events on a GPU).
+copier's thread (``validate.copier``). Latency is measured with the backend's timestamps (CUDA events on a GPU),
+and so is the stall: how long the compute stream stood idle waiting for each copied expert (from the end of the
+work before the wait to the moment it could go on: the copy's landing plus the host's hand-off), the simulator's
+``stall``. The host's own blocking time is kept beside it (``host_wait_s``).
+
+Warm-up, untimed: every token count an expert, a layer's dense work and the LM head will see (GEMM kernels load on
+first use of a shape), then the first iteration on throwaway decision objects.
 """
 
 from __future__ import annotations
@@ -49,7 +55,10 @@ class ExecResult:
     decisions: list[LayerDecision]
     total_s: float
     copies: int
-    copy_s: float             # host seconds the copy thread spent copying
+    copy_s: float             # device seconds the copies took (events on the copy stream on a GPU)
+    gap_s: float              # device seconds the link idled before copies that were queued when the last landed
+    gaps: int
+    host_wait_s: float        # host seconds the compute thread blocked waiting for copies
     prefetch_copies: int
     max_buffers_in_use: int
     host_pool: int            # physical host buffers serving all logical experts
@@ -134,9 +143,27 @@ class Executor:
         return (self.slot_base[layer] + expert % self.slot_counts[layer]) % self.physical_slots
 
     # ---------------------------------------------------------------------------------------------- run
+    def _warm_shapes(self) -> None:
+        """Run every GEMM shape of the workload once: expert FFNs at 1..max tokens, dense work and the LM head at
+        each iteration's token count."""
+        be, m = self.backend, self.cfg.model
+        gated = m.expert_matrices == 3
+        with be.torch.inference_mode():
+            for n in range(1, self.x.shape[0] + 1):
+                expert_forward(be.torch, self.work_views[0], self.x[:n], gated)
+            shapes = {(int(it.rows.size), it.kind, it.requests, int(it.context)) for it in self.iterations}
+            for n, kind, requests, ctx in sorted(shapes):
+                for layer in self.phase_layers[kind]:
+                    self.dense[layer](self.x[:n], ctx)
+                    break
+                self.lm_head(self.x[:n] if kind == "decode" else self.x[:requests])
+        be.synchronize()
+
     def run(self) -> ExecResult:
         policy, predictor = build_decisions(self.cfg, self.trace, self.iterations)
         self._allocate(policy)  # the tier sizes
+        if self.warmup:
+            self._warm_shapes()
         warm = self.iterations[:self.warmup]
         if warm:  # cuBLAS/allocator start-up and first-touch page faults, on these throwaway decision objects
             self._run(warm, policy, predictor, record=False)
@@ -152,7 +179,7 @@ class Executor:
         hit_d2d = policy.hit_d2d
         promote_d2d = not policy.promotion_is_free
         decisions: list[LayerDecision] = []
-        marks, rows = [], []
+        marks, rows, stalls = [], [], []
         x_all = self.x
         try:
             with torch.inference_mode():
@@ -171,6 +198,7 @@ class Executor:
                               counters.evictions)
                     issued = unused = 0
                     wait = 0.0
+                    stalled = []  # (before, after) timestamps around each wait of the compute stream
                     jobs = {}
                     for pos, layer in enumerate(layers):
                         active, counts = actives[pos]
@@ -214,12 +242,14 @@ class Executor:
                             expert_forward(torch, weights, x[:counts[e]], gated)
                         promote = plan.promote
                         while waiting:
+                            idle_from = be.mark()
                             t0 = time.perf_counter()
                             job = copier.take(layer)
                             wait += time.perf_counter() - t0
                             waiting -= 1
                             e = job.expert
                             be.wait_landed(job.landed)
+                            stalled.append((idle_from, be.mark()))
                             expert_forward(torch, self.work_views[job.buffer], x[:counts[e]], gated)
                             if e in promote and promote_d2d:
                                 be.device_copy(self.slots[self._slot(layer, e)], self.work[job.buffer])
@@ -227,6 +257,7 @@ class Executor:
                         policy.finish_layer(it.index, layer)
                     self.lm_head(x if it.kind == "decode" else x[:it.requests])
                     marks.append(be.mark())
+                    stalls.append(stalled)
                     hits = counters.hits
                     rows.append((it, n_tok, wait, hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC],
                                  hits[LPC] - before[0][LPC], counters.misses - before[1],
@@ -239,9 +270,12 @@ class Executor:
             copier.close()
         times = [be.elapsed(marks[0], mk) for mk in marks]
         records = []
+        host_wait = 0.0
         for i, (it, n_tok, wait, *counts) in enumerate(rows):
+            stall = sum(max(0.0, be.elapsed(a, b)) for a, b in stalls[i])
+            host_wait += wait
             records.append(IterationRecord(it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens,
-                                           times[i], times[i + 1], wait, *counts))
+                                           times[i], times[i + 1], stall, *counts))
         notes = []
         if len(self.host) < self.logical_experts:
             notes.append(f"{len(self.host)} physical host buffers served {self.logical_experts} logical experts "
@@ -249,7 +283,7 @@ class Executor:
         if self.physical_slots < self.logical_slots:
             notes.append(f"{self.physical_slots} physical device slots served {self.logical_slots} logical cache "
                          f"slots")
-        return ExecResult(records, decisions, times[-1], copier.copies, copier.copy_s, copier.prefetch_copies, copier.max_in_use,
-                          len(self.host), self.logical_experts, self.physical_slots, self.logical_slots, be.name,
-                          self.warmup, trace.num_layers, notes)
+        return ExecResult(records, decisions, times[-1], copier.copies, copier.copy_s, copier.gap_s, copier.gaps,
+                          host_wait, copier.prefetch_copies, copier.max_in_use, len(self.host), self.logical_experts,
+                          self.physical_slots, self.logical_slots, be.name, self.warmup, trace.num_layers, notes)
 

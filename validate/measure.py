@@ -6,10 +6,11 @@ The folder::
     calibration.yaml           microbenchmarks (validate.microbench): the only thing compare calibrates from; the
                                median of the passes in calibration-passes.json (one before each round and one
                                after the last, when there are several rounds)
-    manifest.json              device, machine, suite, versions, the configurations and their trace checksums
+    manifest.json              device, machine, suite, versions, the configurations and their trace checksums, and
+                               the machine's state before and after (GPU clocks, power, PCIe link, driver, CUDA)
     runs/NAME/config.yaml      the run config measured (a `sim run` config; hardware is replaced by compare)
-    runs/NAME/round-R/         one run of it: iterations.csv (per iteration: real latency, host wait, hits per
-                               tier, misses, copies, prefetches) and summary.json
+    runs/NAME/round-R/         one run of it: iterations.csv (per iteration: real latency, the compute stream's
+                               stall, hits per tier, misses, copies, prefetches) and summary.json
     runs/NAME/summary.json     over its finished rounds: throughput, iteration latency mean/p50/p99, totals,
                                notes (physical buffer pools)
     runs/NAME/decisions.json   every (iteration, layer) decision the policy made, for the identical-decisions check
@@ -25,7 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -62,7 +65,8 @@ def real_summary(name: str, res, workload_info, description: str) -> dict:
         "throughput_tok_s": workload_info.decode_tokens / res.total_s if res.total_s > 0 else None,
         "iteration_ms": stats_ms(decode),
         "decode_latencies_ms": [1e3 * x for x in decode],
-        "wait_ms": 1e3 * float(np.mean([r.stall_s for r in res.iterations])) if res.iterations else None,
+        "stall_ms": 1e3 * float(np.mean([r.stall_s for r in res.iterations])) if res.iterations else None,
+        "host_wait_ms": 1e3 * res.host_wait_s / len(res.iterations) if res.iterations else None,
         "total_s": res.total_s,
         "iterations": len(res.iterations),
         "decode_tokens": workload_info.decode_tokens,
@@ -72,6 +76,8 @@ def real_summary(name: str, res, workload_info, description: str) -> dict:
         "misses": sum(r.misses for r in res.iterations),
         "copies": res.copies,
         "mean_copy_ms": 1e3 * res.copy_s / res.copies if res.copies else None,
+        "mean_copy_gap_us": 1e6 * res.gap_s / res.gaps if res.gaps else None,
+        "copy_gaps": res.gaps,
         "link_busy_frac": res.copy_s / res.total_s if res.total_s > 0 else None,
         "prefetch_copies": res.prefetch_copies,
         "max_buffers_in_use": res.max_buffers_in_use,
@@ -96,11 +102,85 @@ def aggregate(run_dir: Path) -> dict:
         rounds=len(summaries), iteration_ms=stats_ms([x / 1e3 for x in lat]), total_s=total,
         throughput_tok_s=tokens / total if total > 0 else None,
         round_mean_ms=[s["iteration_ms"]["mean"] for s in summaries],
-        mean_copy_ms=_mean_of(summaries, "mean_copy_ms"), wait_ms=_mean_of(summaries, "wait_ms"),
+        mean_copy_ms=_mean_of(summaries, "mean_copy_ms"), stall_ms=_mean_of(summaries, "stall_ms"),
+        host_wait_ms=_mean_of(summaries, "host_wait_ms"), mean_copy_gap_us=_mean_of(summaries, "mean_copy_gap_us"),
         link_busy_frac=_mean_of(summaries, "link_busy_frac"),
         decisions_same_every_round=len({s["decisions_sha256"] for s in summaries}) == 1)
     first.pop("decode_latencies_ms")
     return first
+
+
+GPU_QUERY = ("name", "driver_version", "pstate", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
+             "power.draw", "power.limit", "temperature.gpu", "pcie.link.gen.current", "pcie.link.gen.max",
+             "pcie.link.width.current", "pcie.link.width.max", "memory.used", "memory.total")
+
+
+def machine_state(backend) -> dict:
+    """What the figures depend on, read now: host memory and load, versions, and for a GPU its clocks, power,
+    temperature and PCIe link (``nvidia-smi``; clocks in MHz, power in W, memory in MiB)."""
+    torch = backend.torch
+    mem = _meminfo()
+    state = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
+             "torch": torch.__version__, "cpus": os.cpu_count(),
+             "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+             "mem_total_gib": round(mem.get("MemTotal", 0) / GB, 2), "mem_available_gib":
+             round(mem.get("MemAvailable", 0) / GB, 2)}
+    if backend.name == "cuda":
+        state["cuda"] = torch.version.cuda
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(GPU_QUERY), "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=20)
+            values = [v.strip() for v in out.stdout.splitlines()[0].split(",")] if out.returncode == 0 else []
+            state["gpu"] = dict(zip(GPU_QUERY, values)) if values else {"error": out.stderr.strip()[:200]}
+        except (OSError, subprocess.SubprocessError, IndexError) as exc:
+            state["gpu"] = {"error": f"nvidia-smi: {exc}"[:200]}
+    return state
+
+
+def _meminfo() -> dict:
+    """/proc/meminfo in bytes ({} where there is none)."""
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    return out
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """What the CUDA host allocator pins for a buffer of ``nbytes``: the next power of two."""
+    return 1 << max(0, int(nbytes) - 1).bit_length()
+
+
+def host_pool_size(requested_gb: float | None, default_gb: float, expert_bytes: int, pinned: bool,
+                   mem: dict | None = None, log=print) -> int:
+    """Bytes of host memory for the expert pool. An explicit ``--host-pool-gb`` that would pin more than the host
+    can spare (three quarters of its memory, and 8 GiB less than is available now, buffers counted at what the
+    allocator rounds them up to) is an error; the default is cut down to fit."""
+    mem = _meminfo() if mem is None else mem
+    if requested_gb is not None and not requested_gb > 0:
+        raise ConfigError("--host-pool-gb", f"must be > 0, got {requested_gb:g}")
+    want = int((requested_gb if requested_gb is not None else default_gb) * GB)
+    if not mem.get("MemTotal"):
+        return want
+    cap = min(0.75 * mem["MemTotal"], mem.get("MemAvailable", mem["MemTotal"]) - 8 * GB)
+    each = pinned_bytes(expert_bytes) if pinned else expert_bytes
+    held = max(2, want // expert_bytes) * each
+    if held <= cap:
+        return want
+    fits = int(max(0, cap) // each)
+    if requested_gb is not None or fits < 2:
+        raise ConfigError("--host-pool-gb", f"{requested_gb if requested_gb is not None else default_gb:g} GB "
+                          f"would hold {held / GB:.1f} GiB of host memory ({max(2, want // expert_bytes)} experts of "
+                          f"{expert_bytes / 2**20:.1f} MiB, {each / 2**20:.0f} MiB each as allocated); this machine "
+                          f"can spare {max(0.0, cap) / GB:.1f} GiB")
+    log(f"host pool: {want / GB:g} GB does not fit this machine; using {fits} experts ({fits * each / GB:.1f} GiB)")
+    return fits * expert_bytes
 
 
 def _mean_of(summaries: list[dict], key: str):
@@ -130,11 +210,13 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
         backend = make_backend(device, threads)
     except ValueError as exc:
         raise ConfigError("--device", str(exc)) from None
+    model = cfgs[0][2].model
+    pool = host_pool_size(host_pool_gb, 8 if backend.name != "cpu" else 2, model.expert_bytes,
+                          pinned=backend.name != "cpu", log=log)
     out.mkdir(parents=True, exist_ok=True)
     traces = {}
     for _, _, cfg in cfgs:
         traces.setdefault(str(cfg.workload.trace), load_trace(cfg.workload.trace))
-    model = cfgs[0][2].model
     batch_sizes = sorted({c.workload.batch_size for _, _, c in cfgs})
     max_ctx = 0
     for _, _, c in cfgs:
@@ -169,9 +251,9 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
         "calibrate_between": calibrate_between,
         "traces": {p: file_sha256(cfg.workload.trace) for p, cfg in
                    {str(c.workload.trace): c for _, _, c in cfgs}.items()},
+        "machine_before": machine_state(backend),
     }
     atomic_write_bytes(out / "manifest.json", _json(manifest))
-    pool = int((host_pool_gb if host_pool_gb is not None else (8 if backend.name != "cpu" else 2)) * GB)
     if backend.name != "cpu":
         free, _ = backend.torch.cuda.mem_get_info()
         slot_budget = max(GB, free - 16 * GB)
@@ -213,6 +295,8 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
                 calibration_pass(f"after {name}", light=True)
     if rounds > 1 and full_passes <= rounds:
         calibration_pass("after the last round")
+    manifest["machine_after"] = machine_state(backend)
+    atomic_write_bytes(out / "manifest.json", _json(manifest))
     log(f"measured {len(cfgs)} configuration(s) into {out} in {time.perf_counter() - started:.1f} s; "
         f"next: python -m validate compare {out}")
     return out

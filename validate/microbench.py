@@ -6,15 +6,18 @@ timings are skewed: a median would miss their slow tail), of the very calls the 
 
 - ``copy``: host -> device copy time against size, per copy through the executor's own copy thread
   (``validate.copier``) kept busy with demand copies into rotating working buffers (a GPU: from pinned memory on
-  the copy stream, each waited for; the CPU: a copy between two buffers), timed on the host: the handoffs between
-  the compute thread and the copy thread are part of what a copy costs;
+  the copy stream; the CPU: a copy between two buffers), the copy itself timed on the device (CUDA events on the
+  copy stream): the hand-offs between copies are measured apart (``copy_gap_us``);
 - ``d2d``: device -> device copy time against size;
 - ``expert``: one expert FFN of the model's shape and dtype against tokens routed to it;
 - ``dense``: the dense work attached to one MoE layer (``validate.kernels.DenseLayer``) against batch tokens and
   context length;
 - ``lm_head``: the vocabulary projection against tokens;
-- ``handoff_us``: how long the host threads take to hand a copy over (the compute thread waking up to a landed
-  copy, the copy thread to a request), from a tiny copy's round trip through the copy thread;
+- ``handoff_us``: how long the idle host threads take to hand a copy over (the compute stream going on after a
+  landed copy it waited for, the idle copy thread starting a requested copy), timed on the device;
+- ``copy_gap_us``: how long the link idles between a copy landing and the next queued copy starting (the copy
+  thread's wake-up), measured while another thread computes experts, as in a run: the copy thread waits for the
+  interpreter lock then;
 - interference: ``compute_slowdown`` and ``dense_slowdown``, how much longer an expert FFN and a layer's dense work
   take while the copy thread copies experts, and ``copy_slowdown``, how much longer a copy takes while experts
   compute (copies and compute share memory bandwidth; never below 1).
@@ -49,19 +52,15 @@ class Timer:
     def __init__(self, backend, repeat: int = 5):
         self.backend, self.repeat = backend, repeat
 
-    def __call__(self, fn, host: bool = False) -> float:
-        """Seconds per call of ``fn``; ``host`` times it on the host (for calls that wait for themselves)."""
+    def __call__(self, fn) -> float:
+        """Seconds per call of ``fn``."""
         be = self.backend
         fn()  # warm-up
         times = []
         for _ in range(self.repeat):
-            if host or be.name == "cpu":  # host: fn waits for its own work (a copy); another thread may compute
-                if not host:
-                    be.synchronize()
+            if be.name == "cpu":
                 t0 = time.perf_counter()
                 fn()
-                if not host:
-                    be.synchronize()
                 times.append(time.perf_counter() - t0)
             else:
                 a = be.mark()
@@ -83,14 +82,14 @@ def _cycle(items):
     return nxt
 
 
-def copier_rate(backend, srcs: list, dsts: list, count: int) -> float:
-    """Seconds per copy when the executor's copy thread copies ``count`` experts back to back, the compute thread
-    taking each as it lands and releasing its buffer."""
+def copier_rate(backend, srcs: list, dsts: list, count: int) -> tuple[float, float | None]:
+    """(seconds per copy, link gap per copy or None) when the executor's copy thread copies ``count`` experts back to
+    back, the calling thread taking each as it lands and releasing its buffer: the copies timed on the device, and
+    the time the link stood idle between a landing and the next queued copy's start."""
     src = _cycle(srcs)
     copier = Copier(backend, lambda layer, expert: src(), dsts, reserve=1)
     try:
         backend.synchronize()
-        t0 = time.perf_counter()
         submitted = min(count, len(dsts))
         for i in range(submitted):
             copier.submit(0, i, False)
@@ -101,53 +100,69 @@ def copier_rate(backend, srcs: list, dsts: list, count: int) -> float:
                 copier.submit(0, submitted, False)
                 submitted += 1
         backend.synchronize()
-        return (time.perf_counter() - t0) / count
     finally:
         copier.close()
-
-
-class _Stamped:
-    """A backend whose copies record when they start and end (on the copy thread)."""
-
-    def __init__(self, backend):
-        self.backend, self.stamps = backend, []
-
-    def copy_in(self, dst, src, after=None):
-        t0 = time.perf_counter()
-        landed = self.backend.copy_in(dst, src, after)
-        self.stamps.append((t0, time.perf_counter()))
-        return landed
+    return copier.copy_s / copier.copies, (copier.gap_s / copier.gaps if copier.gaps else None)
 
 
 def measure_handoff(backend, nbytes: int, samples: int = 20) -> float:
-    """Microseconds the host threads take to hand a copy over, the mean of both directions: from asking the idle
-    copy thread for a copy to its start, and from a copy landing to the waiting compute thread taking it. Both
-    threads idle for milliseconds first, as in a run (an idle core wakes up slower than a busy one)."""
+    """Microseconds the host threads take to hand a copy over, timed on the device, the mean of both directions:
+    from asking the idle copy thread for a copy to the copy's start, and from a copy's landing to the waiting
+    compute stream going on. Both threads idle for milliseconds first, as in a run (an idle core wakes up slower
+    than a busy one)."""
     srcs = [backend.host_buffer(nbytes) for _ in range(2)]
     dsts = [backend.device_buffer(nbytes) for _ in range(2)]
     for b in srcs + dsts:
         b.fill_(1)
-    stamped = _Stamped(backend)
-    copier = Copier(stamped, lambda layer, expert: srcs[expert % 2], dsts, reserve=1)
-    gaps = []
+    copier = Copier(backend, lambda layer, expert: srcs[expert % 2], dsts, reserve=1)
+    pairs = []
     try:
         for i in range(samples + 2):
             time.sleep(0.002)
-            asked = time.perf_counter()
+            asked = backend.mark()
             copier.submit(0, i, False)
             job = copier.take(0)
-            taken = time.perf_counter()
+            backend.wait_landed(job.landed)
+            resumed = backend.mark()
             copier.release(job, None)
-            start, end = stamped.stamps[-1]
             if i >= 2:
-                gaps += [start - asked, taken - end]
+                pairs += [(asked, job.landed.start), (job.landed.end, resumed)]
+        backend.synchronize()
     finally:
         copier.close()
-    return max(0.0, statistics.fmean(gaps)) * 1e6
+    return max(0.0, statistics.fmean(backend.elapsed(a, b) for a, b in pairs)) * 1e6
+
+
+def measure_copy_gap(backend, model: ModelSpec, copies: int = 24) -> float:
+    """Microseconds the link stands idle between one copy's landing and the start of the next, already queued, as
+    the executor's copy thread hands over while another thread keeps computing experts (holding the interpreter
+    in bursts, as the executor's compute thread does): the simulator's ``copy_gap_us``."""
+    torch = backend.torch
+    nbytes = model.expert_bytes
+    dtype = torch_dtype(torch, model)
+    srcs = [backend.host_buffer(nbytes) for _ in range(_rotation(nbytes))]
+    dsts = [backend.device_buffer(nbytes) for _ in range(_rotation(nbytes, 8))]
+    for b in srcs + dsts:
+        b.fill_(1)
+    weights = backend.device_buffer(nbytes)
+    fill_random(torch, weights, model, dtype)
+    views = expert_views(weights, model, dtype)
+    x = torch.randn(min(4, model.top_k * 4), model.d_model, device=backend.device, dtype=dtype) * 0.1
+    gated = model.expert_matrices == 3
+
+    def experts():
+        for _ in range(4):
+            expert_forward(torch, views, x, gated)
+        backend.wait_host(backend.compute_done())
+
+    with torch.inference_mode(), Background(experts, backend):
+        _, gap = copier_rate(backend, srcs, dsts, copies)
+    return 1e6 * (gap or 0.0)
 
 
 def measure_copies(backend, timer: Timer, sizes: list[int]) -> tuple[list, list]:
-    """(bytes, seconds) for host->device copies through the copy thread, and device->device copies, of each size."""
+    """(bytes, seconds) for host->device copies through the copy thread (the copies themselves, timed on the
+    device), and device->device copies, of each size."""
     h2d, d2d = [], []
     for n in sizes:
         srcs = [backend.host_buffer(n) for _ in range(_rotation(n))]
@@ -155,7 +170,7 @@ def measure_copies(backend, timer: Timer, sizes: list[int]) -> tuple[list, list]
         for s in srcs + dsts:
             s.fill_(1)
         copier_rate(backend, srcs, dsts, len(dsts))  # warm-up
-        rates = [copier_rate(backend, srcs, dsts, 2 * len(dsts)) for _ in range(max(1, timer.repeat // 2))]
+        rates = [copier_rate(backend, srcs, dsts, 2 * len(dsts))[0] for _ in range(max(1, timer.repeat // 2))]
         h2d.append([n, statistics.fmean(rates)])
         dst, dev = _cycle(dsts), _cycle(dsts[1:] + dsts[:1])  # never a buffer onto itself
         d2d.append([n, timer(lambda: backend.device_copy(dst(), dev()))])
@@ -208,22 +223,32 @@ def measure_lm_head(backend, timer: Timer, model: ModelSpec, tokens: list[int]) 
 
 
 class Background:
-    """Runs ``fn`` in a loop on another thread while the ``with`` block runs."""
+    """Runs ``fn`` in a loop on another thread, on the backend's compute stream, while the ``with`` block runs; the
+    block starts once the first call has finished, so that everything it times is loaded."""
 
-    def __init__(self, fn):
-        self.fn, self.stop = fn, threading.Event()
+    def __init__(self, fn, backend):
+        self.fn, self.backend, self.stop = fn, backend, threading.Event()
+        self.running = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self):
         try:
-            while not self.stop.is_set():
+            with self.backend.torch.inference_mode(), self.backend.on_compute():
                 self.fn()
+                self.running.set()
+                while not self.stop.is_set():
+                    self.fn()
         except BaseException as exc:  # an unloaded "loaded" timing would pass for no interference
             self.error = exc
+        finally:
+            self.running.set()
 
     def __enter__(self):
         self.thread.start()
+        self.running.wait()
+        if self.error is not None:
+            self.__exit__(None, None, None)
         return self
 
     def __exit__(self, *exc):
@@ -276,8 +301,14 @@ def measure_interference(backend, timer: Timer, model: ModelSpec, batch: int, co
     def layer_dense():
         dense(x, context)
 
-    def cp():
-        backend.copy_in(dst(), src())
+    def cp() -> float:
+        landed = backend.copy_in(dst(), src())
+        return backend.elapsed(landed.start, landed.end)
+
+    def copy_time() -> float:
+        """Seconds per copy, timed on the device (the mean of the timer's repeats, after one warm-up)."""
+        cp()
+        return statistics.fmean(cp() for _ in range(timer.repeat))
 
     def copies():
         backend.copy_in(bg_dst(), bg_src())
@@ -285,11 +316,11 @@ def measure_interference(backend, timer: Timer, model: ModelSpec, batch: int, co
     ratios = {"compute_slowdown": [], "dense_slowdown": [], "copy_slowdown": []}
     with torch.inference_mode():
         for _ in range(blocks):
-            alone = (timer(expert), timer(layer_dense), timer(cp, host=True))
-            with Background(copies):
+            alone = (timer(expert), timer(layer_dense), copy_time())
+            with Background(copies, backend):
                 loaded = (timer(expert), timer(layer_dense))
-            with Background(expert_waited):
-                loaded += (timer(cp, host=True),)
+            with Background(expert_waited, backend):
+                loaded += (copy_time(),)
             for key, a, b in zip(ratios, alone, loaded):
                 ratios[key].append(b / a)
     return {key: max(1.0, round(statistics.median(v), 3)) for key, v in ratios.items()}
@@ -336,6 +367,7 @@ def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = Fa
     h2d, d2d = measure_copies(be, timer, g["sizes"])
     scalars = {} if light else {
         "handoff_us": round(measure_handoff(be, model.expert_bytes), 1),
+        "copy_gap_us": round(measure_copy_gap(be, model), 1),
         **measure_interference(be, Timer(be, max(repeat, 20)), model,
                                g["dense_tokens"][len(g["dense_tokens"]) // 2], g["contexts"][-1]),
     }
@@ -362,7 +394,7 @@ def combine(calibrations: list[dict]) -> dict:
     if len(calibrations) == 1:
         return first
     out = {k: v for k, v in first.items() if k != "tables"}
-    for key in ("compute_slowdown", "dense_slowdown", "copy_slowdown", "handoff_us"):  # not in light passes
+    for key in ("compute_slowdown", "dense_slowdown", "copy_slowdown", "handoff_us", "copy_gap_us"):  # full passes
         values = [c[key] for c in calibrations if key in c]
         if values:
             out[key] = round(statistics.median(values), 3)
