@@ -275,8 +275,13 @@ def test_validate_cpu_writes_a_measurement_folder(measured):
         assert s["iterations"] == 4 and s["iteration_ms"]["mean"] > 0 and s["rounds"] == 1
         assert s["decisions_same_every_round"]
         assert (out / "runs" / name / "round-0" / "iterations.csv").exists()
+        # the compute stream's stall is part of an iteration; the host's busy time is never negative
+        assert 0 <= s["stall_ms"] <= s["iteration_ms"]["mean"] and s["host_busy_ms"] > 0
+        assert s["mean_copy_ms"] > 0 and s["copy_gaps"] <= s["copies"]
     cal = yaml.safe_load((out / "calibration.yaml").read_text())
     assert cal["compute_slowdown"] >= 1 and cal["copy_slowdown"] >= 1 and cal["handoff_us"] >= 0
+    assert cal["copy_gap_us"] >= 0
+    assert manifest["machine_before"]["mem_total_gib"] > 0 and "machine_after" in manifest
     passes = json.loads((out / "calibration-passes.json").read_text())
     assert ["handoff_us" in p for p in passes] == [True, False, False, False]  # one full, a light one per run
     assert "median of 4 passes" in cal["source"]

@@ -4,7 +4,9 @@ that was measured, and report how far the simulator is from the real runs.
 Per configuration: mean and p50 decode-iteration latency and throughput, real and simulated, and the simulator's
 signed relative error ``(sim - real) / real``; where the time went, to explain an error: mean copy time (timed on
 the device), the compute stream's stall per iteration (real: timed on the device around each wait; simulated),
-the link's mean idle gap between queued copies (real) and the link's busy fraction; whether the simulator made the
+the host's busy time per iteration (real: deciding and issuing work, not waiting for copies: where it comes near
+the latency, the run is bound by the host, which the simulator does not model), the link's mean idle gap between
+queued copies (real) and the link's busy fraction; whether the simulator made the
 very decisions the executor made
 (every (iteration, layer): sources per active expert, promotions, prefetches, unused prefetches); the median
 absolute errors over the configurations. Written to ``DIR/compare/`` (or ``--out``): ``compare.csv``,
@@ -41,7 +43,8 @@ from validate.measure import decisions_digest
 COLUMNS = ["config", "policy", "predictor", "batch_size", "hpc_slots", "mpc_slots", "iterations",
            "real_mean_ms", "sim_mean_ms", "err_mean_pct", "real_p50_ms", "sim_p50_ms", "err_p50_pct",
            "real_tok_s", "sim_tok_s", "err_tok_s_pct", "real_copies", "sim_copies", "real_copy_ms", "sim_copy_ms",
-           "real_stall_ms", "sim_stall_ms", "real_copy_gap_us", "real_link_busy", "sim_link_busy",
+           "real_stall_ms", "sim_stall_ms", "real_host_busy_ms", "real_copy_gap_us", "real_link_busy",
+           "sim_link_busy",
            "decisions_identical"]
 
 
@@ -93,6 +96,7 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
         "real_copy_ms": real.get("mean_copy_ms"),
         "sim_copy_ms": 1e3 * s["link_busy_frac"] * s["sim_time_s"] / s["copies"] if s["copies"] else None,
         "real_stall_ms": real.get("stall_ms", real.get("wait_ms")), "real_copy_gap_us": real.get("mean_copy_gap_us"),
+        "real_host_busy_ms": real.get("host_busy_ms"),
         "sim_stall_ms": s["stall_ms"] / max(1, s["iterations"]),
         "real_link_busy": real.get("link_busy_frac"), "sim_link_busy": s["link_busy_frac"],
         "decisions_identical": identical,

@@ -5,10 +5,11 @@ buffer is free again once the expert in it has computed (and been promoted), or 
 
 Landed copies are queued per layer, in landing order, for the compute thread to take.
 
-What it counts, timed on the device (CUDA events on a GPU): ``copy_s``, the copies themselves (not the host's wait
-for them), and ``gap_s`` over ``gaps``, how long the link stood idle between a copy landing and the start of the
-next one that was already queued: the copy thread's wake-up and hand-off, under whatever load the run puts on the
-host (the simulator's ``copy_gap_us``).
+What it counts, timed on the device (CUDA events on a GPU) and read once the copier is closed (reading an event's
+time takes the interpreter lock, which the copy thread must not wait for between copies): :meth:`timings` gives
+the copies' own time, not the host's wait for them, and how long the link stood idle between a copy landing and
+the start of the next one that was already queued: the copy thread's wake-up and hand-off, under whatever load the
+run puts on the host (the simulator's ``copy_gap_us``).
 """
 
 from __future__ import annotations
@@ -46,9 +47,7 @@ class Copier:
         self.stopping = False
         self.error: BaseException | None = None
         self.copies = 0
-        self.copy_s = 0.0   # device time spent in copies
-        self.gap_s = 0.0    # device time the link stood idle before a copy that was queued when the last one landed
-        self.gaps = 0
+        self._spans: list[tuple] = []  # (landed, previous landing's end, buffer's release marker, was queued)
         self._queued_at_landing = False
         self._last_end = None
         self.prefetch_copies = 0
@@ -108,6 +107,22 @@ class Copier:
         self.thread.join()
         self._raise()
 
+    def timings(self) -> tuple[float, float, int]:
+        """(seconds of copies, seconds the link idled before copies queued when the last one landed, how many such
+        copies), timed on the device; call once the copier is closed."""
+        elapsed = self.backend.elapsed
+        copy_s = gap_s = 0.0
+        gaps = 0
+        for landed, last_end, after, queued in self._spans:
+            copy_s += elapsed(landed.start, landed.end)
+            if queued and last_end is not None:  # idle from the later of: the last landing, the buffer's release
+                gap = elapsed(last_end, landed.start)
+                if after is not None:
+                    gap = min(gap, elapsed(after, landed.start))
+                gap_s += max(0.0, gap)
+                gaps += 1
+        return copy_s, gap_s, gaps
+
     def _raise(self) -> None:
         if self.error is not None:
             raise RuntimeError(f"the copy thread failed: {self.error!r}") from self.error
@@ -139,17 +154,8 @@ class Copier:
                     self.max_in_use = max(self.max_in_use, len(self.buffers) - len(self.free))
                     back_to_back, last_end = self._queued_at_landing, self._last_end
                 landed = self.backend.copy_in(self.buffers[buffer], self.source(job.layer, job.expert), after)
-                spent = self.backend.elapsed(landed.start, landed.end)
-                gap = None
-                if back_to_back and last_end is not None:  # idle from the later of: the last landing, the buffer free
-                    gap = self.backend.elapsed(last_end, landed.start)
-                    if after is not None:
-                        gap = min(gap, self.backend.elapsed(after, landed.start))
                 with self.cond:
-                    self.copy_s += spent
-                    if gap is not None:
-                        self.gap_s += max(0.0, gap)
-                        self.gaps += 1
+                    self._spans.append((landed, last_end, after, back_to_back))
                     self._last_end = landed.end
                     job.landed, job.finished = landed, True
                     self.copies += 1

@@ -68,6 +68,7 @@ class ExecResult:
     device: str
     warmup_iterations: int
     layers: int               # MoE layers run
+    host_busy_s: float        # host seconds the compute thread spent issuing work and deciding (not waiting)
     notes: list[str] = field(default_factory=list)
 
 
@@ -179,7 +180,7 @@ class Executor:
         hit_d2d = policy.hit_d2d
         promote_d2d = not policy.promotion_is_free
         decisions: list[LayerDecision] = []
-        marks, rows, stalls = [], [], []
+        marks, rows, stalls, host_busy = [], [], [], []
         x_all = self.x
         try:
             with torch.inference_mode():
@@ -188,6 +189,7 @@ class Executor:
                 for it in iterations:
                     if it.new_batch:
                         policy.start_batch()
+                    h0 = time.perf_counter()
                     policy.start_iteration(it)
                     predictor.start_iteration(it)
                     layers = self.phase_layers[it.kind]
@@ -258,6 +260,7 @@ class Executor:
                     self.lm_head(x if it.kind == "decode" else x[:it.requests])
                     marks.append(be.mark())
                     stalls.append(stalled)
+                    host_busy.append(time.perf_counter() - h0 - wait)
                     hits = counters.hits
                     rows.append((it, n_tok, wait, hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC],
                                  hits[LPC] - before[0][LPC], counters.misses - before[1],
@@ -283,7 +286,8 @@ class Executor:
         if self.physical_slots < self.logical_slots:
             notes.append(f"{self.physical_slots} physical device slots served {self.logical_slots} logical cache "
                          f"slots")
-        return ExecResult(records, decisions, times[-1], copier.copies, copier.copy_s, copier.gap_s, copier.gaps,
-                          host_wait, copier.prefetch_copies, copier.max_in_use, len(self.host), self.logical_experts,
-                          self.physical_slots, self.logical_slots, be.name, self.warmup, trace.num_layers, notes)
+        return ExecResult(records, decisions, times[-1], copier.copies, *copier.timings(), host_wait,
+                          copier.prefetch_copies, copier.max_in_use, len(self.host), self.logical_experts,
+                          self.physical_slots, self.logical_slots, be.name, self.warmup, trace.num_layers,
+                          sum(host_busy), notes)
 

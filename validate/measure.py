@@ -67,6 +67,7 @@ def real_summary(name: str, res, workload_info, description: str) -> dict:
         "decode_latencies_ms": [1e3 * x for x in decode],
         "stall_ms": 1e3 * float(np.mean([r.stall_s for r in res.iterations])) if res.iterations else None,
         "host_wait_ms": 1e3 * res.host_wait_s / len(res.iterations) if res.iterations else None,
+        "host_busy_ms": 1e3 * res.host_busy_s / len(res.iterations) if res.iterations else None,
         "total_s": res.total_s,
         "iterations": len(res.iterations),
         "decode_tokens": workload_info.decode_tokens,
@@ -103,7 +104,8 @@ def aggregate(run_dir: Path) -> dict:
         throughput_tok_s=tokens / total if total > 0 else None,
         round_mean_ms=[s["iteration_ms"]["mean"] for s in summaries],
         mean_copy_ms=_mean_of(summaries, "mean_copy_ms"), stall_ms=_mean_of(summaries, "stall_ms"),
-        host_wait_ms=_mean_of(summaries, "host_wait_ms"), mean_copy_gap_us=_mean_of(summaries, "mean_copy_gap_us"),
+        host_wait_ms=_mean_of(summaries, "host_wait_ms"), host_busy_ms=_mean_of(summaries, "host_busy_ms"),
+        mean_copy_gap_us=_mean_of(summaries, "mean_copy_gap_us"),
         link_busy_frac=_mean_of(summaries, "link_busy_frac"),
         decisions_same_every_round=len({s["decisions_sha256"] for s in summaries}) == 1)
     first.pop("decode_latencies_ms")

@@ -16,8 +16,8 @@ timings are skewed: a median would miss their slow tail), of the very calls the 
 - ``handoff_us``: how long the idle host threads take to hand a copy over (the compute stream going on after a
   landed copy it waited for, the idle copy thread starting a requested copy), timed on the device;
 - ``copy_gap_us``: how long the link idles between a copy landing and the next queued copy starting (the copy
-  thread's wake-up), measured while another thread computes experts, as in a run: the copy thread waits for the
-  interpreter lock then;
+  thread's wake-up), measured while the calling thread computes each landed expert as the executor does: the copy
+  thread waits for the interpreter lock then;
 - interference: ``compute_slowdown`` and ``dense_slowdown``, how much longer an expert FFN and a layer's dense work
   take while the copy thread copies experts, and ``copy_slowdown``, how much longer a copy takes while experts
   compute (copies and compute share memory bandwidth; never below 1).
@@ -82,10 +82,11 @@ def _cycle(items):
     return nxt
 
 
-def copier_rate(backend, srcs: list, dsts: list, count: int) -> tuple[float, float | None]:
+def copier_rate(backend, srcs: list, dsts: list, count: int, work=None) -> tuple[float, float | None]:
     """(seconds per copy, link gap per copy or None) when the executor's copy thread copies ``count`` experts back to
-    back, the calling thread taking each as it lands and releasing its buffer: the copies timed on the device, and
-    the time the link stood idle between a landing and the next queued copy's start."""
+    back, the calling thread taking each as it lands, running ``work(job)`` on it if given (which returns the
+    marker the buffer's release waits for), and releasing its buffer: the copies timed on the device, and the time
+    the link stood idle between a landing and the next queued copy's start."""
     src = _cycle(srcs)
     copier = Copier(backend, lambda layer, expert: src(), dsts, reserve=1)
     try:
@@ -95,14 +96,15 @@ def copier_rate(backend, srcs: list, dsts: list, count: int) -> tuple[float, flo
             copier.submit(0, i, False)
         for _ in range(count):
             job = copier.take(0)
-            copier.release(job, None)
+            copier.release(job, None if work is None else work(job))
             if submitted < count:
                 copier.submit(0, submitted, False)
                 submitted += 1
         backend.synchronize()
     finally:
         copier.close()
-    return copier.copy_s / copier.copies, (copier.gap_s / copier.gaps if copier.gaps else None)
+    copy_s, gap_s, gaps = copier.timings()
+    return copy_s / copier.copies, (gap_s / gaps if gaps else None)
 
 
 def measure_handoff(backend, nbytes: int, samples: int = 20) -> float:
@@ -134,9 +136,10 @@ def measure_handoff(backend, nbytes: int, samples: int = 20) -> float:
 
 
 def measure_copy_gap(backend, model: ModelSpec, copies: int = 24) -> float:
-    """Microseconds the link stands idle between one copy's landing and the start of the next, already queued, as
-    the executor's copy thread hands over while another thread keeps computing experts (holding the interpreter
-    in bursts, as the executor's compute thread does): the simulator's ``copy_gap_us``."""
+    """Microseconds the link stands idle between one copy's landing and the start of the next, already queued, while
+    the calling thread does what the executor's compute thread does with each landed copy (takes it, orders the
+    compute stream after it, computes the expert in it, releases the buffer after that compute): the copy thread
+    waits for the interpreter lock then. The simulator's ``copy_gap_us``."""
     torch = backend.torch
     nbytes = model.expert_bytes
     dtype = torch_dtype(torch, model)
@@ -144,19 +147,21 @@ def measure_copy_gap(backend, model: ModelSpec, copies: int = 24) -> float:
     dsts = [backend.device_buffer(nbytes) for _ in range(_rotation(nbytes, 8))]
     for b in srcs + dsts:
         b.fill_(1)
-    weights = backend.device_buffer(nbytes)
-    fill_random(torch, weights, model, dtype)
-    views = expert_views(weights, model, dtype)
-    x = torch.randn(min(4, model.top_k * 4), model.d_model, device=backend.device, dtype=dtype) * 0.1
+    for b in dsts:
+        fill_random(torch, b, model, dtype)
+    views = {id(b): expert_views(b, model, dtype) for b in dsts}
+    x = torch.randn(max(1, model.top_k), model.d_model, device=backend.device, dtype=dtype) * 0.1
     gated = model.expert_matrices == 3
 
-    def experts():
-        for _ in range(4):
-            expert_forward(torch, views, x, gated)
-        backend.wait_host(backend.compute_done())
+    def compute(job):
+        backend.wait_landed(job.landed)
+        backend.mark()
+        expert_forward(torch, views[id(dsts[job.buffer])], x, gated)
+        return backend.compute_done()
 
-    with torch.inference_mode(), Background(experts, backend):
-        _, gap = copier_rate(backend, srcs, dsts, copies)
+    with torch.inference_mode():
+        copier_rate(backend, srcs, dsts, len(dsts), compute)  # warm-up
+        _, gap = copier_rate(backend, srcs, dsts, copies, compute)
     return 1e6 * (gap or 0.0)
 
 
