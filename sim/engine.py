@@ -22,6 +22,13 @@ Interference (a calibrated machine's ``compute_slowdown``, ``dense_slowdown`` an
 expert compute (and dense work and the LM head) that overlaps a copy on the link runs slower, and so
 does a copy started while the compute stream computes.
 
+Host costs (a calibrated machine's ``layer_roundtrip_us``, ``copy_issue_us``, ``expert_issue_us`` and
+``hit_issue_us``, 0 by default): after each MoE layer's dense work and gate, the compute stream waits one round trip
+while the gate's choice reaches the host (nothing of the layer is issued before it); then the host issues the
+layer's new copies (the compute stream waits ``copy_issue_us`` per copy); an expert computed from a copy takes at
+least ``expert_issue_us`` (the host's time to issue it: the GPU cannot run ahead of it), and the cached experts of
+a layer at least ``hit_issue_us`` each. The measured ``dense``/``expert`` tables hold the kernels' own launches.
+
 Events are coarse: one per copy, one per expert compute that waits on a copy, one for the dense work and one for
 all cached experts of a layer together.
 """
@@ -122,6 +129,9 @@ class Simulation:
             promote_d2d = 0.0 if policy.promotion_is_free else d2d
             slow, dense_slow = costs.hw.compute_slowdown, costs.hw.dense_slowdown
             slowed = slow != 1.0 or dense_slow != 1.0
+            hw = costs.hw
+            roundtrip, copy_issue = hw.layer_roundtrip_s, hw.copy_issue_s
+            expert_issue, hit_issue = hw.expert_issue_s, hw.hit_issue_s
             for it in self.iterations:
                 if it.new_batch:
                     policy.start_batch()
@@ -144,6 +154,8 @@ class Simulation:
                         tl.append(("compute", f"L{layer} dense", env.now, dense))
                     yield timeout(dense)
                     busy += dense
+                    if roundtrip:  # the gate's choice reaches the host before anything of the layer is issued
+                        yield timeout(roundtrip)
                     prefetch = ()
                     if pos + 1 < len(layers):
                         nxt = layers[pos + 1]
@@ -161,7 +173,7 @@ class Simulation:
                         copy.drop(job)
                         unused += 1
                     resident_s = 0.0
-                    waiting = 0
+                    residents = waiting = new_copies = 0
                     sources = plan.sources
                     for e in active:
                         src = sources[e]
@@ -170,6 +182,7 @@ class Simulation:
                             if tl is not None:
                                 tl.append(("compute", f"L{layer} E{e} {src}", env.now + resident_s, t))
                             resident_s += t
+                            residents += 1
                         elif src == LPC:
                             upgrade(jobs.pop((layer, e)))
                             used += 1
@@ -177,14 +190,19 @@ class Simulation:
                         else:
                             submit(layer, e, False)
                             waiting += 1
+                            new_copies += 1
                     # prefetches reach the copy engine after this layer's demand copies, so that an idle link
                     # starts a copy this layer waits for, not one for the next layer
                     for e in prefetch:
                         jobs[(nxt, e)] = submit(nxt, e, True)
                         issued += 1
+                        new_copies += 1
+                    if copy_issue and new_copies:  # the host issues the copies before the layer's experts
+                        yield timeout(copy_issue * new_copies)
                     if resident_s:
                         if slowed:
                             resident_s = stretch(resident_s, slow)
+                        resident_s = max(resident_s, hit_issue * residents)
                         yield timeout(resident_s)
                         busy += resident_s
                     ready = copy.ready.setdefault(layer, deque())
@@ -206,6 +224,7 @@ class Simulation:
                             t += promote_d2d
                         if slowed:
                             t = stretch(t, slow)
+                        t = max(t, expert_issue)
                         if tl is not None:
                             tl.append(("compute", f"L{layer} E{e} copied", env.now, t))
                         yield timeout(t)

@@ -22,6 +22,12 @@ Hardware files use readable units, converted to SI in :class:`HardwareSpec` (GB 
                                 #   and between asking an idle link for a copy and its start
     copy_gap_us: 0              # optional: the link idles this long between a copy landing and the start of the
                                 #   next one already queued (the copy thread's wake-up, under load)
+    layer_roundtrip_us: 0       # optional: per MoE layer, the gate's choice is brought to the host (a device ->
+                                #   host sync) before any copy or expert of the layer is issued
+    copy_issue_us: 0            # optional: host time to issue one copy (the compute thread waits that long)
+    expert_issue_us: 0          # optional: host time to issue one copied expert's compute (taking the landed copy,
+                                #   ordering, launching, releasing its buffer); an expert takes at least this long
+    hit_issue_us: 0             # optional: host time to issue one cached expert's compute
     compute_slowdown: 1.0       # optional: expert compute runs this many times longer while a copy crosses the link
     dense_slowdown: 1.0         # optional: the same for dense work and the LM head (default: compute_slowdown)
     copy_slowdown: 1.0          # optional: a copy runs this many times longer while compute runs (both measured
@@ -418,6 +424,10 @@ class HardwareSpec:
     copy_slowdown: float = 1.0     # copy stretch while compute runs, >= 1
     handoff_s: float = 0.0         # host wake-up between a copy and the compute that waits for it (and back)
     copy_gap_s: float = 0.0        # link idle between a landed copy and the next queued one's start
+    layer_roundtrip_s: float = 0.0 # per MoE layer: the gate's choice to the host before the layer's copies/experts
+    copy_issue_s: float = 0.0      # host time per copy issued
+    expert_issue_s: float = 0.0    # host time per copied expert's compute issued (a floor on its duration)
+    hit_issue_s: float = 0.0       # host time per cached expert's compute issued
 
     def rate(self, dtype_bytes: int) -> float:
         """Dense FLOP/s for weights of ``dtype_bytes`` per element."""
@@ -434,15 +444,18 @@ class HardwareSpec:
             "compute_slowdown": self.compute_slowdown, "dense_slowdown": self.dense_slowdown,
             "copy_slowdown": self.copy_slowdown,
             "handoff_us": self.handoff_s * 1e6, "copy_gap_us": self.copy_gap_s * 1e6,
+            "layer_roundtrip_us": self.layer_roundtrip_s * 1e6, "copy_issue_us": self.copy_issue_s * 1e6,
+            "expert_issue_us": self.expert_issue_s * 1e6, "hit_issue_us": self.hit_issue_s * 1e6,
             "tables": None if self.tables is None else self.tables.to_dict(),
             "source": self.source,
         }
 
 
+HOST_COST_FIELDS = ("layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us")
 _HW_REQUIRED = ("gpu_memory_gb", "hbm_bw_gb_s", "flops_tflops", "flops_fp32_tflops", "pcie_bw_gb_s",
                 "pcie_latency_us", "launch_overhead_us", "reserved_gb")
 HARDWARE_FIELDS = ("name",) + _HW_REQUIRED + ("d2d_bw_gb_s", "compute_slowdown", "dense_slowdown", "copy_slowdown",
-                                              "handoff_us", "copy_gap_us", "tables", "source")
+                                              "handoff_us", "copy_gap_us") + HOST_COST_FIELDS + ("tables", "source")
 HARDWARE_KEYS = HARDWARE_FIELDS + ("base",)
 TABLE_KEYS = ("model", "copy", "d2d", "expert", "dense", "lm_head")
 
@@ -482,6 +495,10 @@ def hardware_from_dict(d: Any, where: str = "hardware", suffix: str = "", source
         copy_slowdown=_slowdown(d, "copy_slowdown", where, suffix),
         handoff_s=num("handoff_us", strict=False, default=0.0) / 1e6,
         copy_gap_s=num("copy_gap_us", strict=False, default=0.0) / 1e6,
+        layer_roundtrip_s=num("layer_roundtrip_us", strict=False, default=0.0) / 1e6,
+        copy_issue_s=num("copy_issue_us", strict=False, default=0.0) / 1e6,
+        expert_issue_s=num("expert_issue_us", strict=False, default=0.0) / 1e6,
+        hit_issue_s=num("hit_issue_us", strict=False, default=0.0) / 1e6,
         tables=tables_from_dict(d.get("tables"), _join(where, "tables"), suffix), source=src)
 
 

@@ -281,6 +281,7 @@ def test_validate_cpu_writes_a_measurement_folder(measured):
     cal = yaml.safe_load((out / "calibration.yaml").read_text())
     assert cal["compute_slowdown"] >= 1 and cal["copy_slowdown"] >= 1 and cal["handoff_us"] >= 0
     assert cal["copy_gap_us"] >= 0
+    assert all(cal[k] > 0 for k in ("layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us"))
     assert manifest["machine_before"]["mem_total_gib"] > 0 and "machine_after" in manifest
     passes = json.loads((out / "calibration-passes.json").read_text())
     assert ["handoff_us" in p for p in passes] == [True, False, False, False]  # one full, a light one per run

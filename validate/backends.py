@@ -12,6 +12,7 @@ The executor and the copier speak to a backend only through these calls:
 - ``wait_landed(landed)``: order the compute stream after a landed copy;
 - ``wait_host(marker)``: block the calling thread until the marked work is done;
 - ``on_compute()``: a context that puts the calling thread's work on the compute stream;
+- ``to_host(t)``: bring a small tensor (a layer's routing) to the host, waiting for the work that produces it;
 - ``mark()`` / ``elapsed(a, b)``: a timestamp on the compute stream, and the seconds between two timestamps (of
   either stream: a copy's ``start``/``end`` too);
 - ``synchronize()``: wait for all issued work.
@@ -72,6 +73,9 @@ class CpuBackend:
     def on_compute(self):
         """A context in which the calling thread's work runs on the compute stream (the CPU has one)."""
         return nullcontext()
+
+    def to_host(self, t):
+        return t.numpy()
 
     def mark(self):
         return time.perf_counter()
@@ -143,6 +147,9 @@ class CudaBackend:
         """A context in which the calling thread's work runs on the compute stream (a new thread's current stream
         is the default stream, which need not be it)."""
         return self.torch.cuda.stream(self.compute)
+
+    def to_host(self, t):
+        return t.cpu().numpy()  # a device -> host copy on the compute stream: the host waits for it
 
     def mark(self):
         ev = self.torch.cuda.Event(enable_timing=True)

@@ -15,7 +15,9 @@ Memory, as an offloading server lays it out:
   (``hit_d2d``);
 - the dense weights and a KV cache per MoE layer (``validate.kernels.DenseLayer``), and the LM head.
 
-Per iteration, per MoE layer: dense work; the gate (prediction, then ``plan_prefetch``); ``plan_layer``; unused
+Per iteration, per MoE layer: dense work; the gate's routing brought to the host (a device -> host copy the host
+waits for, as an offloading server must before it issues the layer's copies: the simulator's
+``layer_roundtrip_us``); the gate (prediction, then ``plan_prefetch``); ``plan_layer``; unused
 prefetches dropped; demand copies submitted (queued prefetches that are now needed move up); prefetches for the
 next layer submitted; cached experts computed; copied experts computed in landing order, each promoted by a device
 copy into its slot when the plan says so; ``finish_layer``. The LM head closes the iteration. Copies run on the
@@ -204,7 +206,9 @@ class Executor:
                     jobs = {}
                     for pos, layer in enumerate(layers):
                         active, counts = actives[pos]
-                        self.dense[layer](x, it.context)
+                        dense = self.dense[layer]
+                        dense(x, it.context)
+                        be.to_host(dense.routing)  # the trace decides; the round trip is paid all the same
                         prefetch, nxt = (), None
                         if pos + 1 < len(layers):
                             nxt = layers[pos + 1]

@@ -92,7 +92,7 @@ class DenseLayer:
             y = att.transpose(0, 1).reshape(t, h * hd) @ wo
         for weights in self.ffn:
             y = expert_forward(torch, weights, y, m.dense_ffn_matrices == 3)
-        _ = torch.topk(y @ self.gate, m.top_k, dim=-1)
+        self.routing = torch.topk(y @ self.gate, m.top_k, dim=-1).indices  # the gate's choice, on the device
         return y
 
 

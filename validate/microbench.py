@@ -18,6 +18,12 @@ timings are skewed: a median would miss their slow tail), of the very calls the 
 - ``copy_gap_us``: how long the link idles between a copy landing and the next queued copy starting (the copy
   thread's wake-up), measured while the calling thread computes each landed expert as the executor does: the copy
   thread waits for the interpreter lock then;
+- host costs, what the executor's compute thread spends that no kernel table holds: ``layer_roundtrip_us``, from
+  a layer's routing done on the device to the host having it and issuing again (a device -> host copy and the
+  wait for it, timed on the device); ``copy_issue_us``, host time to ask the copy thread for a copy;
+  ``expert_issue_us``, host time to issue one copied expert as the executor does (take the landed copy, order the
+  compute stream after it, timestamps, the expert's kernels, release its buffer), measured on copies already
+  landed; ``hit_issue_us``, host time to issue one cached expert's kernels;
 - interference: ``compute_slowdown`` and ``dense_slowdown``, how much longer an expert FFN and a layer's dense work
   take while the copy thread copies experts, and ``copy_slowdown``, how much longer a copy takes while experts
   compute (copies and compute share memory bandwidth; never below 1).
@@ -163,6 +169,71 @@ def measure_copy_gap(backend, model: ModelSpec, copies: int = 24) -> float:
         copier_rate(backend, srcs, dsts, len(dsts), compute)  # warm-up
         _, gap = copier_rate(backend, srcs, dsts, copies, compute)
     return 1e6 * (gap or 0.0)
+
+
+def measure_host_costs(backend, model: ModelSpec, samples: int = 32) -> dict:
+    """The host's own costs per MoE layer, per copy and per expert, in microseconds (see the module docstring);
+    the GPU is idle or ahead of nothing while they are timed, so what is measured is the host's time."""
+    torch = backend.torch
+    nbytes = model.expert_bytes
+    dtype = torch_dtype(torch, model)
+    gated = model.expert_matrices == 3
+    x = torch.randn(max(1, model.top_k), model.d_model, device=backend.device, dtype=dtype) * 0.1
+    gate = torch.randn(model.d_model, model.num_experts, device=backend.device, dtype=dtype) * 0.02
+    srcs = [backend.host_buffer(nbytes) for _ in range(2)]
+    dsts = [backend.device_buffer(nbytes) for _ in range(min(samples, _rotation(nbytes, 8)))]
+    for b in srcs:
+        b.fill_(1)
+    for b in dsts:
+        fill_random(torch, b, model, dtype)
+    views = [expert_views(b, model, dtype) for b in dsts]
+    out = {}
+    with torch.inference_mode():
+        pairs = []
+        for i in range(samples + 2):  # a layer's routing to the host, and the host issuing again
+            routing = torch.topk(x @ gate, model.top_k, dim=-1).indices
+            done = backend.mark()
+            backend.to_host(routing)
+            if i >= 2:
+                pairs.append((done, backend.mark()))
+        backend.synchronize()
+        out["layer_roundtrip_us"] = statistics.fmean(backend.elapsed(a, b) for a, b in pairs) * 1e6
+        for _ in range(3):  # warm the kernels
+            expert_forward(torch, views[0], x, gated)
+        backend.synchronize()
+        t0 = time.perf_counter()
+        for i in range(samples):
+            expert_forward(torch, views[i % len(views)], x, gated)
+        out["hit_issue_us"] = (time.perf_counter() - t0) / samples * 1e6
+        backend.synchronize()
+        copier = Copier(backend, lambda layer, expert: srcs[expert % 2], dsts, reserve=1)
+        try:
+            issue = expert = 0.0
+            rounds = max(1, samples // len(dsts))
+            for r in range(rounds + 1):
+                t0 = time.perf_counter()
+                jobs = [copier.submit(0, i, False) for i in range(len(dsts))]
+                spent = time.perf_counter() - t0
+                while sum(j.finished for j in jobs) < len(jobs):  # every copy lands before the timed part
+                    time.sleep(0.0005)
+                backend.synchronize()
+                t0 = time.perf_counter()
+                for _ in jobs:  # what the executor does with each landed copy
+                    backend.mark()
+                    job = copier.take(0)
+                    backend.wait_landed(job.landed)
+                    backend.mark()
+                    expert_forward(torch, views[job.buffer], x, gated)
+                    copier.release(job, backend.compute_done())
+                if r:  # the first round warms up
+                    issue += spent
+                    expert += time.perf_counter() - t0
+                backend.synchronize()
+        finally:
+            copier.close()
+        out["copy_issue_us"] = issue / (rounds * len(dsts)) * 1e6
+        out["expert_issue_us"] = expert / (rounds * len(dsts)) * 1e6
+    return {k: round(v, 1) for k, v in out.items()}
 
 
 def measure_copies(backend, timer: Timer, sizes: list[int]) -> tuple[list, list]:
@@ -373,6 +444,7 @@ def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = Fa
     scalars = {} if light else {
         "handoff_us": round(measure_handoff(be, model.expert_bytes), 1),
         "copy_gap_us": round(measure_copy_gap(be, model), 1),
+        **measure_host_costs(be, model),
         **measure_interference(be, Timer(be, max(repeat, 20)), model,
                                g["dense_tokens"][len(g["dense_tokens"]) // 2], g["contexts"][-1]),
     }
@@ -399,7 +471,8 @@ def combine(calibrations: list[dict]) -> dict:
     if len(calibrations) == 1:
         return first
     out = {k: v for k, v in first.items() if k != "tables"}
-    for key in ("compute_slowdown", "dense_slowdown", "copy_slowdown", "handoff_us", "copy_gap_us"):  # full passes
+    for key in ("compute_slowdown", "dense_slowdown", "copy_slowdown", "handoff_us", "copy_gap_us",
+                "layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us"):  # full passes only
         values = [c[key] for c in calibrations if key in c]
         if values:
             out[key] = round(statistics.median(values), 3)
