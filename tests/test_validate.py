@@ -275,6 +275,8 @@ def test_validate_cpu_writes_a_measurement_folder(measured):
         assert s["iterations"] == 4 and s["iteration_ms"]["mean"] > 0 and s["rounds"] == 1
         assert s["decisions_same_every_round"]
         assert (out / "runs" / name / "round-0" / "iterations.csv").exists()
+        written = yaml.safe_load((out / "runs" / name / "config.yaml").read_text())["policy"]
+        assert set(POLICIES.get(written["name"]).PARAMS) <= set(written["params"])  # defaults written out
         # the compute stream's stall is part of an iteration; the host's busy time is never negative
         assert 0 <= s["stall_ms"] <= s["iteration_ms"]["mean"] and s["host_busy_ms"] > 0
         assert s["mean_copy_ms"] > 0 and s["copy_gaps"] <= s["copies"]

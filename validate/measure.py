@@ -185,6 +185,17 @@ def host_pool_size(requested_gb: float | None, default_gb: float, expert_bytes: 
     return fits * expert_bytes
 
 
+def explicit(raw: dict) -> dict:
+    """The run config with the policy's and predictor's default parameters written out, so that a later version
+    whose defaults changed still replays what was measured."""
+    out = dict(raw)
+    for key, registry in (("policy", POLICIES), ("predictor", PREDICTORS)):
+        part = dict(out[key])
+        part["params"] = {**registry.get(part["name"]).PARAMS, **(part.get("params") or {})}
+        out[key] = part
+    return out
+
+
 def _mean_of(summaries: list[dict], key: str):
     values = [s[key] for s in summaries if s.get(key) is not None]
     return float(np.mean(values)) if values else None
@@ -283,7 +294,7 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
             res = ex.run()
             host_pool = ex.host
             summary = real_summary(name, res, ex.info, backend.describe())
-            atomic_write_bytes(run_dir / "config.yaml", yaml.safe_dump(raw, sort_keys=False).encode())
+            atomic_write_bytes(run_dir / "config.yaml", yaml.safe_dump(explicit(raw), sort_keys=False).encode())
             atomic_write_bytes(round_dir / "iterations.csv", iterations_csv(res.iterations))
             atomic_write_bytes(round_dir / "summary.json", _json(summary))
             if not (run_dir / "decisions.json").exists():
