@@ -9,7 +9,9 @@ A trace holds, for T tokens, L MoE layers and top-k routing:
 - ``request_offsets``: int64 [R + 1], request r owns tokens ``offsets[r]:offsets[r+1]``, in time order.
 - ``prefill_lengths``: int64 [R], how many leading tokens of each request are its prompt (prefill); the rest
   are generated (decode) tokens, one per decode iteration.
-- ``meta``: :class:`TraceMeta`, the model routed, where the trace came from, and the seed that made it.
+- ``meta``: :class:`TraceMeta`, the model routed, where the trace came from, and the seed that made it;
+  optionally ``request_info``, per-request facts from the source (one list of R plain values per field, e.g. the
+  data set and prompt length of each request of a decode-only import).
 
 Invariants are checked by :meth:`Trace.validate`; :func:`traces.io.load_trace` calls it on every load.
 """
@@ -146,7 +148,9 @@ def today() -> str:
 @dataclass(frozen=True)
 class TraceMeta:
     """Metadata of a trace. ``request_ids`` name the requests (optional); ``extra`` is free-form notes
-    from the tool that made the trace (e.g. how many tokens an import dropped, the knobs of a synthetic trace)."""
+    from the tool that made the trace (e.g. how many tokens an import dropped, the knobs of a synthetic trace).
+    ``request_info`` (optional) holds per-request facts as columns: field name -> one plain value (string,
+    number, bool or null) per request, in request order, e.g. ``{"dataset": [...], "prompt_len": [...]}``."""
 
     model: ModelInfo
     provenance: Provenance
@@ -154,10 +158,12 @@ class TraceMeta:
     request_ids: tuple[str, ...] | None = None
     extra: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    request_info: dict[str, list] | None = None
 
     @classmethod
     def from_dict(cls, d: Any) -> "TraceMeta":
-        _check_keys(d, "", {"format_version", "model", "provenance", "seed"}, {"request_ids", "extra"})
+        _check_keys(d, "", {"format_version", "model", "provenance", "seed"},
+                    {"request_ids", "extra", "request_info"})
         version = d["format_version"]
         if version != FORMAT_VERSION:
             _fail(f"metadata format_version {version!r} is not supported (this version reads {FORMAT_VERSION})")
@@ -170,7 +176,11 @@ class TraceMeta:
         extra = d.get("extra", {})
         if not isinstance(extra, dict):
             _fail("metadata extra must be an object")
-        return cls(ModelInfo.from_dict(d["model"]), Provenance.from_dict(d["provenance"]), seed, ids, extra)
+        info = d.get("request_info")
+        if info is not None:
+            info = _request_info(info)
+        return cls(ModelInfo.from_dict(d["model"]), Provenance.from_dict(d["provenance"]), seed, ids, extra,
+                   request_info=info)
 
     def to_dict(self) -> dict:
         d = {"format_version": self.format_version, "model": self.model.to_dict(),
@@ -179,7 +189,32 @@ class TraceMeta:
             d["request_ids"] = list(self.request_ids)
         if self.extra:
             d["extra"] = self.extra
+        if self.request_info is not None:
+            d["request_info"] = {k: [x.item() if isinstance(x, np.generic) else x for x in v]
+                                 for k, v in self.request_info.items()}
         return d
+
+
+def _request_info(info: Any) -> dict[str, list]:
+    """Check ``request_info``: an object of columns, each a list of plain values, all of one length."""
+    if not isinstance(info, dict):
+        _fail("metadata request_info must be an object of per-request lists")
+    lengths = set()
+    for name, column in info.items():
+        if not isinstance(name, str) or not name:
+            _fail(f"metadata request_info has a field name that is not a non-empty string: {name!r}")
+        if not isinstance(column, (list, tuple)):
+            _fail(f"metadata request_info.{name} must be a list (one value per request)")
+        for i, v in enumerate(column):
+            plain = v is None or isinstance(v, (str, bool, int, np.integer)) or \
+                (isinstance(v, (float, np.floating)) and np.isfinite(v))
+            if not plain:
+                _fail(f"metadata request_info.{name}[{i}] must be a string, finite number, bool or null, "
+                      f"got {repr(v)[:80]}")
+        lengths.add(len(column))
+    if len(lengths) > 1:
+        _fail(f"metadata request_info lists have different lengths ({', '.join(map(str, sorted(lengths)))})")
+    return {k: list(v) for k, v in info.items()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -266,6 +301,11 @@ class Trace:
             _fail("prefill_lengths must lie between 0 and each request's token count")
         if meta.request_ids is not None and len(meta.request_ids) != off.shape[0] - 1:
             _fail(f"metadata request_ids has {len(meta.request_ids)} names for {off.shape[0] - 1} requests")
+        if meta.request_info is not None:
+            _request_info(meta.request_info)
+            for name, column in meta.request_info.items():
+                if len(column) != off.shape[0] - 1:
+                    _fail(f"metadata request_info.{name} has {len(column)} values for {off.shape[0] - 1} requests")
         w = self.weights
         if w is not None:
             if not isinstance(w, np.ndarray) or w.dtype != np.float16 or w.shape != e.shape:

@@ -2,7 +2,7 @@
 
 Formats:
 
-- ``mixtral-jsonl``: one JSON object per (request, layer, token), as in ``../shared/traces/mixtral-8x7b-instruct``:
+- ``mixtral-jsonl``: one JSON object per (request, layer, token), as in GitHub Mario928/speculative-moe's ``routing_data_collected/``:
   ``{"dataset", "problem_id", "layer", "experts": [...], "gating_probs": [...], "token_idx"}``. Records may be
   missing for some layers; tokens are aligned across layers by ``token_idx`` and a token missing in any layer
   is dropped (the count per request goes to the trace's ``extra.dropped_tokens`` and to the terminal).
@@ -10,6 +10,14 @@ Formats:
   (one request each), ``.npz`` archives (one array per request, in archive order) or ``.jsonl`` lines (a nested
   list, or an object with ``routed_experts`` and optional ``request_id``, ``prompt_len``, ``routed_weights``).
   Rows are taken as decode tokens unless ``prompt_len`` (or ``--prompt-len``) says how many lead as prompt.
+- ``expert-arrays`` (:mod:`traces.import_arrays`): one ``.npz`` with ``expert_ids`` [tokens, layers, top_k], optional
+  ``expert_probs`` (kept as weights) and ``request_offsets``, and a ``requests.json`` beside it whose plain
+  per-request fields (data set, prompt length, ...) go to ``meta.request_info``; ``--datasets`` and
+  ``--exclude-repetitive`` filter requests. Rows are decode tokens (as in gpt-oss-20b routing recorded with forward hooks).
+- ``ft-log`` (:mod:`traces.import_ftlog`): the ``permuted_experts_`` logs of the Pre-gated MoE FasterTransformer
+  build (GitHub ceciliawinter/Pregated_MoE, ``expert_log/``): one line per MoE layer call with the sorted expert ids of
+  its tokens; each run becomes one static batch of ``--batch`` requests, with encoder and decoder MoE layers.
+  Each iteration's active set and tokens per expert are exact; which request chose which expert is not.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from traces import import_arrays, import_ftlog
 from traces.errors import InputError
 from traces.format import ModelInfo, Provenance, Trace, TraceMeta, today
 from traces.io import save_trace
@@ -51,6 +60,9 @@ def register(sub) -> None:
     v.add_argument("--prompt-len", type=int, default=0,
                    help="leading rows of each request that are prompt tokens, where a record does not say")
     v.set_defaults(func=_run_vllm)
+
+    import_arrays.add_parser(fmt)
+    import_ftlog.add_parser(fmt)
 
 
 # --------------------------------------------------------------------------------------------- mixtral-jsonl
