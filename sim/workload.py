@@ -51,6 +51,18 @@ class WorkloadInfo:
     prefill_tokens: int
 
 
+def prompt_context(trace: Trace) -> np.ndarray:
+    """Per request, the prompt tokens its decode steps attend over: its prefill rows, or, for a request whose
+    prompt's routing was not recorded (a decode-only import), ``request_info.prompt_len`` where the trace has it."""
+    ctx = trace.prefill_lengths.astype(np.int64).copy()
+    known = (trace.meta.request_info or {}).get("prompt_len")
+    if known is not None:
+        lens = np.array([int(x) if isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x > 0 else 0
+                         for x in known], dtype=np.int64)
+        ctx = np.where(ctx > 0, ctx, lens)
+    return ctx
+
+
 def _request_plan(trace: Trace, max_decode_tokens: int | None):
     """Per request: first prompt row, prompt length, first decode row, decode length (capped)."""
     start = trace.request_offsets[:-1]
@@ -83,9 +95,11 @@ def build_iterations(trace: Trace, batch_size: int, batching: str = "static", ma
         its.append(Iteration(len(its), batch, "prefill", rows, size, ctx, new_batch))
         return True
 
+    attended = prompt_context(trace)
+
     def decode_it(reqs, steps, batch, new_batch):
         rows = np.array([dstart[r] + s for r, s in zip(reqs, steps)], dtype=np.int64)
-        ctx = float(np.mean([prompt[r] + s + 1 for r, s in zip(reqs, steps)]))
+        ctx = float(np.mean([attended[r] + s + 1 for r, s in zip(reqs, steps)]))
         its.append(Iteration(len(its), batch, "decode", rows, len(reqs), ctx, new_batch))
 
     if batching == "static":

@@ -277,3 +277,18 @@ def test_real_gpt_oss_filters(gpt_oss):
     assert trace.num_tokens == sum(entries[i]["n_decode_steps"] for i in keep)
     with pytest.raises(InputError, match="unknown data set"):
         import_expert_arrays(gpt_oss, "gpt-oss-20b", datasets=["no-such-set"])
+
+
+def test_decode_steps_of_a_decode_only_import_attend_over_the_recorded_prompt():
+    import dataclasses
+
+    from conftest import random_trace
+    from sim.workload import build_iterations
+
+    t = random_trace(np.random.default_rng(0), tokens=40, layers=2, experts=8, k=2, requests=2)
+    t = dataclasses.replace(t, prefill_lengths=np.zeros(2, dtype=np.int64))
+    its, _ = build_iterations(t, 2, "static", 3, prefill=False)
+    bare = [it.context for it in its]
+    meta = dataclasses.replace(t.meta, request_info={"prompt_len": [100, 50]})
+    its, _ = build_iterations(dataclasses.replace(t, meta=meta), 2, "static", 3, prefill=False)
+    assert [it.context for it in its] == [c + 75 for c in bare] == [76.0, 77.0, 78.0]
