@@ -51,6 +51,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,13 @@ def read_structured_file(path: Path, where: str, name_file: bool = True) -> Any:
 # --------------------------------------------------------------------------------------------- model
 @dataclass(frozen=True)
 class ModelSpec:
-    """The shapes of an MoE model's weights. Sizes in elements; ``dtype_bytes`` per element."""
+    """The shapes of an MoE model's weights. Sizes in elements; ``dtype_bytes`` per element.
+
+    ``expert_bits`` (optional) is the routed experts' storage width in bits per weight, scales included, for
+    checkpoints whose experts are quantized while the dense weights are not (e.g. gpt-oss: MXFP4 experts, 4 bits
+    per weight plus one 8-bit scale per 32 weights = 4.25). It sets :attr:`expert_bytes` (what a copy moves and a
+    slot holds); dense weights, shared experts, KV cache and activations keep ``dtype_bytes``. Default (None):
+    ``8 * dtype_bytes``."""
 
     name: str
     d_model: int
@@ -206,6 +213,7 @@ class ModelSpec:
     shared_expert_d_ff: int   # total width of always-on shared experts in each MoE layer (0 if none)
     dtype_bytes: int          # 2 for bf16, 4 for fp32
     vocab_size: int
+    expert_bits: float | None = None  # routed experts' bits per weight (scales included); None = 8 * dtype_bytes
 
     # -- per expert
     @property
@@ -213,8 +221,17 @@ class ModelSpec:
         return self.expert_matrices * self.d_model * self.d_ff
 
     @property
+    def expert_bits_per_weight(self) -> float:
+        """The routed experts' storage width in bits per weight (``expert_bits``, or ``8 * dtype_bytes``)."""
+        return 8.0 * self.dtype_bytes if self.expert_bits is None else float(self.expert_bits)
+
+    @property
     def expert_bytes(self) -> int:
-        return self.expert_params * self.dtype_bytes
+        """Bytes of one routed expert's weights: ``ceil(expert_params * expert_bits / 8)``, with ``expert_bits``
+        taken as the decimal it is written as (4.4 is 22/5, not its binary neighbour)."""
+        if self.expert_bits is None:
+            return self.expert_params * self.dtype_bytes
+        return math.ceil(self.expert_params * Fraction(repr(float(self.expert_bits))) / 8)
 
     @property
     def expert_flops_per_token(self) -> int:
@@ -296,8 +313,9 @@ class ModelSpec:
         return self.dense_params + self.moe_layers * self.num_experts * self.expert_params
 
     def to_dict(self) -> dict:
-        """The profile as a plain mapping (the model-file schema; loads back with :func:`load_model`)."""
-        return {f: getattr(self, f) for f in MODEL_FIELDS}
+        """The profile as a plain mapping (the model-file schema; loads back with :func:`load_model`).
+        ``expert_bits`` appears only when set."""
+        return {f: getattr(self, f) for f in MODEL_FIELDS if f != "expert_bits" or self.expert_bits is not None}
 
 
 MODEL_FIELDS = tuple(ModelSpec.__dataclass_fields__)
@@ -350,7 +368,8 @@ def model_from_dict(d: Any, where: str = "model", suffix: str = "") -> ModelSpec
         dense_d_ff=integer("dense_d_ff", 0, default=0),
         dense_ffn_matrices=integer("dense_ffn_matrices", 2, 3, default=expert_matrices),
         shared_expert_d_ff=integer("shared_expert_d_ff", 0, default=0),
-        dtype_bytes=integer("dtype_bytes", 1, 8), vocab_size=integer("vocab_size"))
+        dtype_bytes=integer("dtype_bytes", 1, 8), vocab_size=integer("vocab_size"),
+        expert_bits=_expert_bits(d.get("expert_bits"), f("expert_bits"), suffix))
     if spec.dtype_bytes not in (1, 2, 4, 8):
         fail("dtype_bytes", f"must be 1, 2, 4 or 8, got {spec.dtype_bytes}")
     if spec.top_k > spec.num_experts:
@@ -367,6 +386,16 @@ def model_from_dict(d: Any, where: str = "model", suffix: str = "") -> ModelSpec
             fail("dense_d_ff", f"must be >= 1: the {role} has {spec.blocks(role) - spec.moe_layers_of(role)} "
                                "non-MoE blocks")
     return spec
+
+
+def _expert_bits(value: Any, where: str, suffix: str) -> float | None:
+    """``expert_bits``: None (absent: 8 * dtype_bytes), or a number of bits per weight in (0, 64]."""
+    if value is None:
+        return None
+    try:
+        return check_number(value, where, 0.0, strict=True, maximum=64.0)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.problem + " (bits per expert weight, scales included)" + suffix) from None
 
 
 def load_model(spec_or_name: Any, where: str = "model") -> ModelSpec:

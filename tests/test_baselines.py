@@ -271,17 +271,22 @@ def test_belady_needs_the_workload():
 
 # ------------------------------------------------------------------------------------------------------------ LFU
 
-@pytest.mark.parametrize("batch, hpc, mpc", [(1, 0, 1), (1, 0, 3), (1, 2, 2), (3, 1, 3), (4, 0, 5)])
-def test_lfu_matches_a_plain_restatement(batch, hpc, mpc):
+@pytest.mark.parametrize("batch, hpc, mpc, pin_hot", [(1, 0, 1, False), (1, 0, 3, False), (1, 2, 2, True),
+                                                      (3, 1, 3, True), (4, 0, 5, False), (1, 2, 2, False),
+                                                      (3, 1, 3, False)])
+def test_lfu_matches_a_plain_restatement(batch, hpc, mpc, pin_hot):
+    """With ``pin_hot`` the HPC pins the hottest ``hpc`` experts and LFU runs on ``mpc`` slots; without (the
+    default) LFU runs on all ``hpc + mpc`` slots."""
     trace = random_trace(np.random.default_rng(batch * 10 + mpc), tokens=120, layers=2, experts=10, k=2,
                          requests=6)
     its = workload(trace, batch)
     ranking = [tuple(range(trace.num_experts))[::-1]] * trace.num_layers
-    pol = policy_for("lfu", trace, its, hpc=hpc, mpc=mpc, ranking=ranking)
+    pol = policy_for("lfu", trace, its, hpc=hpc, mpc=mpc, ranking=ranking, params={"pin_hot": pin_hot})
     snapshots = []
     decisions = run(trace, its, pol, after=lambda p: snapshots.append([sorted(m) for m in p.cache.mpc]))
     steps = layer_steps(trace, its)
-    want = {layer: iter(plain_lfu(s, set(ranking[layer][:hpc]), mpc)) for layer, s in steps.items()}
+    pinned, cap = (hpc, mpc) if pin_hot else (0, hpc + mpc)
+    want = {layer: iter(plain_lfu(s, set(ranking[layer][:pinned]), cap)) for layer, s in steps.items()}
     for d, snap in zip(decisions, snapshots):
         src, mpc_after = next(want[d.layer])
         assert dict(d.sources) == src

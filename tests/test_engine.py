@@ -105,12 +105,14 @@ def test_lru_through_the_engine_matches_a_plain_lru(tmp_path):
 
 
 def test_diffmoe_through_the_engine_matches_the_plain_rules(tmp_path):
-    from test_policies import HAND_MADE
+    """The legacy rules (before issue 10) through the engine; the default (the artifact's rules) through the engine
+    is checked against fetcher.cc in tests/test_diffmoe_artifact.py."""
+    from test_policies import HAND_MADE, LEGACY
 
     trace = make_trace(HAND_MADE, num_experts=6)
     path = save_trace(trace, tmp_path / "t.npz")
     ranking = [list(range(6))]
-    cfg = config_for(path, trace, "diffmoe", "none", batch=1, hpc=1, mpc=2)
+    cfg = config_for(path, trace, "diffmoe", "none", batch=1, hpc=1, mpc=2, policy_params=LEGACY)
     cfg = config_from_dict({**cfg.resolved, "model": tiny_model(trace),
                             "cache": {**cfg.resolved["cache"], "hot_profile": ranking}}, "test", POLICY_NAMES,
                            PREDICTOR_NAMES)

@@ -136,3 +136,10 @@ def test_progress_lines_reach_a_pipe_at_once():
             "print(sys.stdout.line_buffering, sys.stderr.line_buffering)")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.stdout.strip() == "True True", res.stderr
+
+
+def test_the_validator_refuses_quantized_experts_naming_the_field(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "validate", "microbench", "--model", "gpt-oss-20b", "--out",
+                          str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 2 and "--model.expert_bits" in res.stderr, res.stderr
+    assert not (tmp_path / "c.yaml").exists()

@@ -69,8 +69,15 @@ def test_lru_top1_hit_rate_equals_the_stack_distance_figure_of_traces_stats():
 
 # -------------------------------------------------------------------------------------------------- Diff-MoE
 
+#: The rules of this simulator's ``diffmoe`` before issue 10 (scores floored at 0, victims weakest first among
+#: the MPC experts not active now with ties longest-held first, Python floats): kept as params. The default is
+#: the artifact's rules, checked hit for hit against fetcher.cc in tests/test_diffmoe_artifact.py.
+LEGACY = {"floor": True, "victim_order": "legacy", "arithmetic": "float64"}
+
+
 def plain_diffmoe(trace, hpc, mpc, ranking, max_val=2.0, dec_in=0.4, dec_out=0.2, threshold=1.0):
-    """DESIGN 2.2 written out directly, for a decode-only trace at batch 1 (one static batch).
+    """DESIGN 2.2 as this simulator read it before issue 10 (see ``LEGACY``), written out directly, for a
+    decode-only trace at batch 1 (one static batch).
     Returns per (token, layer): ({expert: source}, sorted MPC contents after the step)."""
     steps = []
     state = {}
@@ -99,7 +106,8 @@ def plain_diffmoe(trace, hpc, mpc, ranking, max_val=2.0, dec_in=0.4, dec_out=0.2
                     break
                 if c in hpc_set or c in mpc_list:
                     continue
-                mpc_list[mpc_list.index(slots[i])] = c
+                mpc_list.remove(slots[i])  # ``mpc_list`` is in order of entry: ties among victims go to the
+                mpc_list.append(c)         # longest held
                 i += 1
             steps.append((src, sorted(mpc_list)))
     return steps
@@ -109,23 +117,46 @@ HAND_MADE = [[[0, 1]], [[2, 3]], [[2, 4]], [[2, 4]], [[5, 1]], [[3, 4]], [[3, 4]
              [[4, 5]], [[4, 5]], [[4, 0]], [[3, 2]]]
 
 
-@pytest.mark.parametrize("experts", [HAND_MADE, "random"])
-def test_diffmoe_matches_a_plain_restatement_of_the_rules(experts):
-    if experts == "random":
-        trace = random_trace(np.random.default_rng(11), tokens=120, layers=2, experts=10, k=2, requests=1)
-    else:
-        trace = make_trace(HAND_MADE, num_experts=6)
+def legacy_vs_plain(trace, hpc, mpc):
     ranking = [tuple(range(trace.num_experts))] * trace.num_layers
-    policy = make_policy("diffmoe", trace, hpc=1, mpc=2, ranking=ranking)
+    policy = make_policy("diffmoe", trace, hpc=hpc, mpc=mpc, ranking=ranking, params=LEGACY)
     snapshots = []  # MPC of every layer after each (token, layer) step
     its, _ = build_iterations(trace, 1, "static", None, True, None)
     decisions = replay(trace, its, policy, make_predictor("none", trace),
                        after_step=lambda p: snapshots.append([sorted(m) for m in p.cache.mpc]))
     mpc_after = [snap[d.layer] for snap, d in zip(snapshots, decisions)]
-    want = plain_diffmoe(trace, 1, 2, ranking)
+    want = plain_diffmoe(trace, hpc, mpc, ranking)
     assert [dict(d.sources) for d in decisions] == [w[0] for w in want]
     assert mpc_after == [w[1] for w in want]
+    return policy
+
+
+@pytest.mark.parametrize("experts", [HAND_MADE, "random"])
+def test_diffmoe_legacy_params_reproduce_the_rules_before_issue_10(experts):
+    if experts == "random":
+        trace = random_trace(np.random.default_rng(11), tokens=120, layers=2, experts=10, k=2, requests=1)
+    else:
+        trace = make_trace(HAND_MADE, num_experts=6)
+    policy = legacy_vs_plain(trace, 1, 2)
     assert policy.cache.counters.promotions > 0 and policy.cache.counters.hits[MPC] > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), hpc=st.integers(0, 2), mpc=st.integers(0, 3), k=st.integers(1, 3))
+def test_diffmoe_legacy_params_reproduce_the_old_rules_on_random_traces(seed, hpc, mpc, k):
+    trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=8, k=k, requests=1)
+    legacy_vs_plain(trace, hpc, mpc)
+
+
+def test_diffmoe_default_is_not_the_legacy_rule():
+    """The artifact's rules (no floor) promote less: on this trace the legacy rules promote where they do not."""
+    trace = random_trace(np.random.default_rng(11), tokens=120, layers=2, experts=10, k=2, requests=1)
+    ranking = [tuple(range(trace.num_experts))] * trace.num_layers
+    new = make_policy("diffmoe", trace, hpc=1, mpc=2, ranking=ranking)
+    old = make_policy("diffmoe", trace, hpc=1, mpc=2, ranking=ranking, params=LEGACY)
+    run_decisions(trace, new)
+    run_decisions(trace, old)
+    assert new.cache.counters.promotions < old.cache.counters.promotions
 
 
 def test_diffmoe_start_of_batch_state_and_hpc_never_change():

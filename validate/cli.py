@@ -21,7 +21,10 @@ def cmd_microbench(args) -> int:
     from validate.backends import make_backend
     from validate.microbench import calibrate, write_calibration
 
+    from validate.kernels import check_runnable
+
     model = load_model(args.model, "--model")
+    check_runnable(model, "--model")
     load_hardware(args.hardware, "--hardware")  # the base must exist
     try:
         backend = make_backend(args.device, args.threads)

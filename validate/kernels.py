@@ -17,6 +17,17 @@ from sim.specs import ModelSpec
 DTYPES = {2: "bfloat16", 4: "float32"}
 
 
+def check_runnable(model: ModelSpec, where: str) -> None:
+    """The validator runs experts' GEMMs in ``dtype_bytes`` weights: quantized experts (``expert_bits``) would need
+    a dequantizing kernel it does not have."""
+    from sim.errors import ConfigError
+
+    if model.expert_bits is not None and model.expert_bits != 8 * model.dtype_bytes:
+        raise ConfigError(f"{where}.expert_bits", f"the validator cannot run quantized experts ({model.name}: "
+                          f"{model.expert_bits:g} bits per weight); it runs experts in {8 * model.dtype_bytes}-bit "
+                          "weights only")
+
+
 def torch_dtype(torch, model: ModelSpec):
     return getattr(torch, DTYPES[model.dtype_bytes])
 

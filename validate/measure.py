@@ -44,6 +44,7 @@ from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.results import iterations_csv, stats_ms
 from traces.io import atomic_write_bytes, file_sha256, load_trace
+from validate.kernels import check_runnable
 from validate.suites import SUITES
 
 GB = 1 << 30
@@ -224,6 +225,7 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
     except ValueError as exc:
         raise ConfigError("--device", str(exc)) from None
     model = cfgs[0][2].model
+    check_runnable(model, "model")
     pool = host_pool_size(host_pool_gb, 8 if backend.name != "cpu" else 2, model.expert_bytes,
                           pinned=backend.name != "cpu", log=log)
     out.mkdir(parents=True, exist_ok=True)

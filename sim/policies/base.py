@@ -140,11 +140,22 @@ class Policy:
 
 
 class PerLayerCache(Policy):
-    """A per-layer cache of ``mpc_slots`` experts whose copies land straight in their slots (no device-to-device
-    promotion); with ``pin_hot`` (default) the HPC pins each layer's ``hpc_slots`` hottest experts."""
+    """A per-layer cache whose copies land straight in their slots (no device-to-device promotion).
 
-    PARAMS = {"pin_hot": True}
+    Capacity: without ``pin_hot`` (default, as Mixtral-offloading: no pinned experts) there is no HPC and the
+    policy manages all ``hpc_slots + mpc_slots`` slots of a layer as one cache (the tier counters show its hits
+    as MPC hits), so that policies compared at equal slots per layer get equal room whatever the HPC/MPC split.
+    With ``pin_hot: true`` the HPC pins each layer's ``hpc_slots`` hottest experts (``cache.hot_profile``) and
+    the policy manages the ``mpc_slots`` others."""
+
+    PARAMS = {"pin_hot": False}
     promotion_is_free = True
+
+    def hpc_capacity(self, ctx: PolicyContext) -> int:
+        return ctx.hpc_slots if self.params["pin_hot"] else 0
+
+    def mpc_capacity(self, ctx: PolicyContext) -> int:
+        return ctx.mpc_slots if self.params["pin_hot"] else ctx.hpc_slots + ctx.mpc_slots
 
     def configure(self) -> None:
         if self.params["pin_hot"]:

@@ -22,12 +22,13 @@ top-3 example of tests/test_baselines.py it gets 6 hits where the optimum gets 8
 
 **Warm start** (``warm``, default true): at the start of each batch the MPC is refilled, free, with the experts
 whose next use is soonest — the privilege ``diffmoe`` has (its start-of-batch fill from the hot profile) and
-``lru``/``lfu`` have in their pinned HPC, so that ``belady`` at HPC+MPC = C slots bounds every such policy at C
-slots. ``warm: false`` starts cold and keeps its MPC across batches.
+``lru``/``lfu`` have in their pinned HPC (with ``pin_hot: true``), so that ``belady`` at HPC+MPC = C slots bounds
+every such policy at C slots. ``warm: false`` starts cold and keeps its MPC across batches.
 
 The HPC is optional (``pin_hot``, default false). Without it the configured HPC slots join the MPC
 (``hpc_slots + mpc_slots`` MIN slots per cached layer), so that a run config's total capacity is compared as
-is; with it, the HPC pins the layer's ``hpc_slots`` hottest experts as in ``lru`` and MIN runs on the MPC.
+is; with it, the HPC pins the layer's ``hpc_slots`` hottest experts as ``lru`` with ``pin_hot: true`` does and MIN
+runs on the MPC.
 ``belady_bound`` computes the same hits without an engine.
 """
 

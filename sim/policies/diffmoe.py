@@ -1,101 +1,235 @@
-"""`diffmoe`: Diff-MoE's priority-driven differential expert caching (SC 2025), as its artifact implements it
-(``ceciliawinter/Diff-MoE``, ``src/fastertransformer/utils/fetcher.cc``); DESIGN 2.2 states the rules.
+"""`diffmoe`: Diff-MoE's priority-driven differential expert caching (SC 2025), as its artifact runs it
+(``ceciliawinter/Diff-MoE``, ``src/fastertransformer/utils/fetcher.cc``, ``FetcherContext::fetch``, cache
+policy 0); DESIGN 2.2 and 6 state the rules, docs/diffmoe_artifact.md walks through the code.
 
-Per cached MoE layer there are ``hpc_slots + mpc_slots`` slots. The HPC holds the layer's ``hpc_slots`` hottest
-experts (from the hot-expert profile) for the whole run. At the start of each batch the MPC is filled with the
-next ``mpc_slots`` hot experts, and those ``hpc_slots + mpc_slots`` experts start at score ``max_val``; every
-other expert starts at 0.
+State per cached MoE layer: a score per expert and a *slot array* of ``hpc_slots + mpc_slots`` experts, as the
+artifact's ``expert_in_cache`` row: the first ``hpc_slots`` are the HPC (never replaced), the rest the MPC.
 
-Each iteration in which the layer runs, after its gate:
+**Start of a batch** (each static batch; ``reset_per_batch: false`` keeps the state across batches): with
+``fill: hot`` (default) the slots hold the layer's ``hpc_slots + mpc_slots`` hottest experts (``cache.hot_profile``,
+in ranking order) and those start at ``max_val``; with ``fill: expert0`` every slot holds expert 0 (what the
+artifact does when the model has no hot-expert list, as for the base switch-base-128: its scripts then pass a list
+of zeros), and only expert 0 starts at ``max_val``. Every other expert starts at 0. (The ranking is
+``ctx.hot_ranking``, built by ``sim.decisions.hot_ranking`` from ``cache.hot_profile``: the run's own trace by
+default, a profiling trace, or explicit per-layer lists, which are padded with the other experts by id and so
+cannot say "expert 0 everywhere": that is what ``fill: expert0`` is for.)
 
-1. every active expert gains 1 (capped at ``max_val``);
-2. every inactive expert decays by ``dec_in_cache`` if it is cached (HPC or MPC) or ``dec_out_cache`` if not
-   (floored at 0);
-3. MPC replacement: the active experts sorted by score, highest first (ties: lower id first), are walked
-   against the MPC slots sorted by score, weakest first (ties: longest held first). The walk stops when the
-   weakest remaining slot's score is >= ``threshold`` or the next candidate's is < ``threshold``; a candidate
-   already cached is skipped without using up the slot; otherwise the candidate takes the slot. A promoted
-   expert is copied device-to-device from its working buffer (no second PCIe transfer).
+**Each iteration in which the layer runs**, after its gate (the active experts in ascending id order, as the
+artifact's ``std::unique`` over the sorted ``permuted_experts_`` leaves them):
 
-Misses and prefetched experts use the shared working buffers (the LPC) and are dropped after use unless promoted.
-With ``hit_d2d`` (the artifact's behaviour), a cached expert is also copied device-to-device into the layer's
-working arena before it computes.
+1. every active expert gains 1, capped at ``max_val``;
+2. every inactive expert decays by ``dec_in_cache`` if it is cached (in the slot array) or ``dec_out_cache`` if
+   not. Scores are **not floored at 0** (``floor: false``, the artifact): an idle expert goes negative and then
+   needs several activations to reach the threshold. ``floor: true`` floors decayed scores at 0 (this simulator's
+   rule before issue 10: an idle expert's first activation reaches 1.0 and can be promoted at once);
+3. MPC replacement (``victim_order: artifact``): the active experts are sorted by score, highest first, and the
+   MPC part of the slot array is re-sorted in place by score, highest first, both with ``std::sort`` (exactly as
+   libstdc++ does it, :mod:`sim.policies._libstdcxx`: stable for at most 16 elements, introsort above). The walk
+   takes MPC slots from the array's end (so the weakest slot first; among equal scores the one *latest in the
+   array*, i.e. the last of the tied run after the stable re-sort, which keeps the previous order) and candidates
+   from the front: it stops when the slot's score is >= ``threshold`` or the candidate's is < ``threshold``; a
+   candidate already cached is skipped without using up the slot; otherwise the candidate takes the slot (its
+   position in the array). An expert active now may be evicted (its score is then below the threshold); it has
+   already been read for this layer. The re-sorted array order persists to the next iteration.
+   ``victim_order: legacy`` is this simulator's rule before issue 10: candidates by score (ties: lower id),
+   victims among the MPC experts *not* active now, weakest first (ties: longest held first).
 
-Deviation from the artifact, on purpose: the artifact's cached/uncached test compares slot ids with expert ids,
-which is wrong for layers above 0; this module uses the intended rule (cached = held in the layer's HPC or MPC).
-Layers that are not cached (``cache.layers``) fetch on demand and keep no scores.
+**Arithmetic** (``arithmetic``): ``exact`` (default) keeps scores in integer millionths, so that 1.8 - 0.4 - 0.4
+is 1.0 and reaches a threshold of 1.0 (params need at most 6 decimals); ``float32`` reproduces the artifact's
+``float`` scores bit for bit, drift included (there, with both decays 0.2, 2.0 - 5 x 0.2 is 0.9999998 and falls
+below the threshold); ``float64`` reproduces this simulator before issue 10 (Python floats: 1.8 - 0.4 - 0.4 is
+0.9999999999999999).
+
+**Cached-or-not test** for the decay (``in_cache_check``): ``intended`` (default, DESIGN 2.2) = held in the
+layer's slot array. ``artifact`` = the artifact's comparison of slot contents with ``layer * 128 + expert``, true
+only in the first cached layer: in every other cached layer every idle expert decays by ``dec_out_cache``.
+
+Tiers and copies: a promoted expert moves from its working buffer into the MPC by a device-to-device copy (no
+second PCIe transfer); the artifact's copy runs the other way, slot to buffer (a correctness bug with no timing
+effect: the same bytes cross HBM). With ``hit_d2d`` (default, the artifact) a cached expert is copied
+device-to-device into the layer's working arena before it computes. Misses and prefetched experts use the shared
+working buffers (the LPC) and are dropped after the layer unless promoted. Layers not cached (``cache.layers``)
+fetch on demand and keep no scores.
+
+What the artifact's measured runs did, beyond this module (docs/diffmoe_artifact.md): they decode greedily, beam
+1 (the scripts pass ``--beam_width 4`` but select the sampling path, which sets beam 1); the prefetch of layer
+l+1 (``decoder_fetcher_mode`` 2) fetches and scores the ids layer l's gate chose, so cached layer l+1's cache is
+driven by layer l's routing (the first MoE layer's ids drive both cached layer 0, by its own fetch, and cached
+layer 1); the scores index experts as ``layer * 128 + id`` and the decay loop runs over 128 experts whatever the
+model has, so only 128-expert models run as intended.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from sim.errors import ConfigError
+from sim.policies._libstdcxx import sort_by_key_descending
 from sim.policies.base import POLICIES, LayerPlan, Policy
+
+#: Score units per 1.0 with ``arithmetic: exact``.
+EXACT_SCALE = 10**6
+
+CHOICES = {"victim_order": ("artifact", "legacy"), "arithmetic": ("exact", "float32", "float64"),
+           "fill": ("hot", "expert0"), "in_cache_check": ("intended", "artifact")}
+NUMBERS = ("max_val", "dec_in_cache", "dec_out_cache", "threshold")
 
 
 @POLICIES.register("diffmoe")
 class DiffMoE(Policy):
     PARAMS = {"max_val": 2.0, "dec_in_cache": 0.4, "dec_out_cache": 0.2, "threshold": 1.0, "hit_d2d": True,
-              "reset_per_batch": True}
+              "reset_per_batch": True, "floor": False, "victim_order": "artifact", "arithmetic": "exact",
+              "fill": "hot", "in_cache_check": "intended"}
 
     def configure(self) -> None:
         p = self.params
-        for name in ("max_val", "dec_in_cache", "dec_out_cache", "threshold"):
-            if p[name] < 0:
-                from sim.errors import ConfigError
-
-                raise ConfigError(f"policy.params.{name}: must be >= 0, got {p[name]}")
+        where = "policy.params"
+        for name, choices in CHOICES.items():
+            if p[name] not in choices:
+                raise ConfigError(f"{where}.{name}", f"must be one of {', '.join(choices)}, got {p[name]!r}")
+        for name in NUMBERS:
+            v = p[name]
+            if not np.isfinite(v) or v < 0:
+                raise ConfigError(f"{where}.{name}", f"must be a finite number >= 0, got {v!r}")
+        if p["fill"] == "expert0" and p["victim_order"] != "artifact":
+            raise ConfigError(f"{where}.fill", "expert0 (every slot holds expert 0) needs victim_order: artifact")
+        arith = p["arithmetic"]
+        if arith == "exact":
+            self._dtype = np.int64
+            for name in NUMBERS:
+                units = p[name] * EXACT_SCALE
+                if abs(units - round(units)) > 1e-6 * max(1.0, abs(units)):
+                    raise ConfigError(f"{where}.{name}", f"must have at most 6 decimals with arithmetic: exact, got "
+                                                         f"{p[name]!r} (or set arithmetic: float32)")
+            conv = lambda v: np.int64(round(v * EXACT_SCALE))  # noqa: E731
+        else:
+            self._dtype = np.float32 if arith == "float32" else np.float64
+            conv = self._dtype
+        self._one = conv(1.0)
+        self._max, self._thr = conv(p["max_val"]), conv(p["threshold"])
+        self._dec_in, self._dec_out = conv(p["dec_in_cache"]), conv(p["dec_out_cache"])
+        self._zero = conv(0.0)
         self.hit_d2d = bool(p["hit_d2d"])
-        self.scores = np.zeros((self.ctx.num_layers, self.ctx.num_experts))
-        self.pin_hot_experts()
+        n, e = self.ctx.num_layers, self.ctx.num_experts
+        self._s = np.zeros((n, e), dtype=self._dtype)
+        self.held = np.zeros((n, e), dtype=bool)   # in the layer's slot array (HPC or MPC)
+        self.slots: list[list[int]] = [[] for _ in range(n)]  # the MPC part of the slot array, in array order
+        self._first_cached = min(self.ctx.cached_layers) if self.ctx.cached_layers else -1
+        if p["fill"] == "expert0":
+            for layer in self.ctx.cached_layers:
+                self.cache.pin_hpc(layer, [0] if self.cache.hpc_slots else [])
+        else:
+            self.pin_hot_experts()
         self._started = False
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Scores per (layer, expert), in score units (a float copy)."""
+        if self._dtype is np.int64:
+            return self._s / EXACT_SCALE
+        return self._s.astype(np.float64)
 
     def start_batch(self) -> None:
         if self._started and not self.params["reset_per_batch"]:
             return
         self._started = True
-        h, m = self.cache.hpc_slots, self.cache.mpc_slots
-        self.scores[:] = 0.0
+        cache = self.cache
+        h, m = cache.hpc_slots, cache.mpc_slots
+        self._s[:] = self._zero
+        self.held[:] = False
         for layer in self.ctx.cached_layers:
-            hot = self.ctx.hot_ranking[layer][: h + m]
-            self.cache.fill_mpc(layer, hot[h:])
-            self.scores[layer, list(hot)] = self.params["max_val"]
-        # per layer, each expert's decay when inactive: dec_in_cache where cached (HPC or MPC), else dec_out_cache
-        self.decay = np.full((self.ctx.num_layers, self.ctx.num_experts), self.params["dec_out_cache"])
-        for layer in self.ctx.cached_layers:
-            held = list(self.cache.hpc[layer]) + list(self.cache.mpc[layer])
-            self.decay[layer, held] = self.params["dec_in_cache"]
+            hpc = cache.hpc[layer]
+            if self.params["fill"] == "expert0":
+                slots = [0] * m
+                start = [0] if h + m else []
+            else:
+                hot = list(self.ctx.hot_ranking[layer][: h + m])
+                slots, start = hot[h:], hot
+            self.slots[layer] = slots
+            cache.fill_mpc(layer, [e for e in dict.fromkeys(slots) if e not in hpc])
+            self._s[layer, start] = self._max
+            self.held[layer, list(hpc)] = True
+            self.held[layer, slots] = True
 
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.ctx.cached_layers:
             return
-        p, cache = self.params, self.cache
-        score = self.scores[layer]
-        gained = np.minimum(score[list(active)] + 1.0, p["max_val"])  # 1. active experts gain 1, capped
-        score -= self.decay[layer]  # 2. inactive ones decay (by whether they are cached)
-        np.maximum(score, 0.0, out=score)
-        score[list(active)] = gained
+        p = self.params
+        s = self._s[layer]
+        act = list(active)
+        # 1. active experts gain 1, capped at max_val
+        gained = np.minimum(s[act] + self._one, self._max)
+        # 2. inactive ones decay by whether they are cached (state before this step's replacements)
+        cached = self.held[layer] if (p["in_cache_check"] == "intended" or layer == self._first_cached) \
+            else np.zeros_like(self.held[layer])
+        s -= np.where(cached, self._dec_in, self._dec_out).astype(self._dtype)
+        if p["floor"]:
+            np.maximum(s, self._zero, out=s)
+        s[act] = gained
+        # 3. MPC replacement
+        if p["victim_order"] == "artifact":
+            self._replace_artifact(layer, act, plan)
+        else:
+            self._replace_legacy(layer, act, plan)
+
+    # ---------------------------------------------------------------------------------------------- replacement
+    def _replace_artifact(self, layer: int, active: list[int], plan: LayerPlan) -> None:
+        slots = self.slots[layer]
+        m = len(slots)
+        if m == 0:
+            return
+        sc = self._s[layer].tolist()
+        thr = self._thr
+        candidates = list(active)                 # ascending ids: std::unique over the sorted permuted experts
+        sort_by_key_descending(candidates, sc)    # std::sort(expert_pairs_using, priority >)
+        sort_by_key_descending(slots, sc)         # std::sort(MPC part of expert_in_cache, priority >), in place
+        hpc, cache, held = self.cache.hpc[layer], self.cache, self.held[layer]
+        i = j = 0
+        while i < m and j < len(candidates):
+            pos = m - 1 - i
+            if sc[slots[pos]] >= thr:
+                break
+            c = candidates[j]
+            if sc[c] < thr:
+                break
+            if c in hpc or c in slots:            # already cached: skipped, the slot stays for the next one
+                j += 1
+                continue
+            old = slots[pos]
+            slots[pos] = c
+            still = old in hpc or old in slots    # expert 0 may fill several slots (fill: expert0)
+            victim = None if still else old
+            cache.promote(layer, c, victim)
+            plan.promote[c] = victim
+            held[c] = True
+            held[old] = still
+            i += 1
+            j += 1
+
+    def _replace_legacy(self, layer: int, active: list[int], plan: LayerPlan) -> None:
+        cache = self.cache
         hpc, mpc = cache.hpc[layer], cache.mpc[layer]
         newcomers = [e for e in active if e not in hpc and e not in mpc]
         if not newcomers:
-            return  # 3. nothing to promote: every active expert is cached already
-        sc = score.tolist()
-        threshold = p["threshold"]
-        # candidates by score, highest first (ties: lower id, as ``active`` is sorted); cached ones are skipped
-        # without using a slot, so only the uncached ones matter for the walk
-        candidates = sorted(newcomers, key=lambda e: -sc[e])
-        # weakest first; an empty slot counts as score 0; an expert in use now is never a victim
+            return
+        sc = self._s[layer].tolist()
+        thr = self._thr
+        candidates = sorted(newcomers, key=sc.__getitem__, reverse=True)  # stable: ties keep lower id first
         active_set = set(active)
-        held = sorted((e for e in mpc if e not in active_set), key=sc.__getitem__)
-        slots = [None] * (cache.mpc_slots - len(mpc)) + held
+        held = sorted((e for e in mpc if e not in active_set), key=sc.__getitem__)  # ties: longest held first
+        order = [None] * (cache.mpc_slots - len(mpc)) + held  # an empty slot counts as score 0, first
+        slots = self.slots[layer]
         for j, c in enumerate(candidates):
-            if j >= len(slots) or sc[c] < threshold:
+            if j >= len(order) or sc[c] < thr:
                 break
-            victim = slots[j]
-            if victim is not None and sc[victim] >= threshold:
+            victim = order[j]
+            if victim is not None and sc[victim] >= thr:
                 break
             cache.promote(layer, c, victim)
             plan.promote[c] = victim
-            self.decay[layer, c] = p["dec_in_cache"]
-            if victim is not None:
-                self.decay[layer, victim] = p["dec_out_cache"]
+            self.held[layer, c] = True
+            if victim is None:
+                slots.append(c)
+            else:
+                slots[slots.index(victim)] = c
+                self.held[layer, victim] = False

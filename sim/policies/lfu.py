@@ -1,49 +1,69 @@
-"""`lfu`: a per-layer cache of ``mpc_slots`` experts with least-frequently-used eviction.
+"""`lfu`: a per-layer cache with least-frequently-used eviction.
 
-An expert's frequency in a layer is the number of iterations since the run started in which it was active in
-that layer, counted whether it was cached or not (perfect LFU: the count survives eviction and batches). Ties
-are broken by least recent use, then by lower id.
+Which LFU (``counts``):
 
-Optionally (``pin_hot``, default true) the HPC pins the layer's ``hpc_slots`` hottest experts, as in ``lru``
-(``hpc_slots: 0`` for plain LFU). Set semantics as in ``lru``: within one iteration a layer's active experts
-are used together. First every active expert's count and last use are updated; then each active expert that
-is not cached (a miss, or a prefetched expert) enters the MPC, most frequent first (ties: router's order),
-evicting the least frequently used expert this layer does not need now; when every slot holds an expert in
-use now, the remaining newcomers are not admitted. Prefetching follows the configured predictor (none: no
-prefetch).
+- ``perfect`` (default): "perfect LFU". An expert's frequency in a layer is the number of iterations since the run
+  started in which it was active in that layer, counted whether it was cached or not: the count survives
+  eviction and batches.
+- ``in_cache``: "in-cache LFU". Only cached experts have counts: an expert admitted into the cache starts at 1
+  (this use), each later iteration in which it is active adds 1, and its count is forgotten when it is evicted
+  (or when it is not admitted). A newcomer therefore always has count 1.
+
+Ties are broken by least recent use, then by lower id.
+
+Plain by default: no pinned experts, and the cache holds ``hpc_slots + mpc_slots`` experts per cached layer (the
+whole configured room; its hits count as MPC hits). The cache starts empty. With ``pin_hot: true`` the HPC pins
+the layer's ``hpc_slots`` hottest experts and LFU runs on the ``mpc_slots`` others (see
+``sim.policies.base.PerLayerCache``).
+
+Set semantics as in ``lru``: within one iteration a layer's active experts are used together. First every
+active expert's count and last use are updated; then each active expert that is not cached (a miss, or a
+prefetched expert) enters the cache, most frequent first (ties: lower id first), evicting the least frequently
+used expert this layer does not need now; when every slot holds an expert in use now, the remaining newcomers are
+not admitted. Prefetching follows the configured predictor (none: no prefetch).
 """
 
 from __future__ import annotations
 
 from sim.cache import LPC, MISS
+from sim.errors import ConfigError
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
+
+COUNTS = ("perfect", "in_cache")
 
 
 @POLICIES.register("lfu")
 class LFU(PerLayerCache):
+    PARAMS = {**PerLayerCache.PARAMS, "counts": "perfect"}
+
     def configure(self) -> None:
+        if self.params["counts"] not in COUNTS:
+            raise ConfigError("policy.params.counts", f"must be one of {', '.join(COUNTS)}, got "
+                                                      f"{self.params['counts']!r}")
         super().configure()
         n, e = self.ctx.num_layers, self.ctx.num_experts
-        self.freq = [[0] * e for _ in range(n)]       # accesses per (layer, expert) since the run started
+        self.freq = [[0] * e for _ in range(n)]       # uses per (layer, expert): see ``counts``
         self.last = [[-1] * e for _ in range(n)]      # the step of the last access (a counter of layer steps)
         self.clock = 0
+        self.in_cache = self.params["counts"] == "in_cache"
 
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
             return
         self.clock += 1
         freq, last, clock = self.freq[layer], self.last[layer], self.clock
-        for e in active:
-            freq[e] += 1
-            last[e] = clock
         cache = self.cache
         mpc, slots = cache.mpc[layer], cache.mpc_slots
         sources = plan.sources
+        for e in active:
+            freq[e] = 1 if self.in_cache and sources[e] in (MISS, LPC) else freq[e] + 1
+            last[e] = clock
         newcomers = [e for e in active if sources[e] in (MISS, LPC)]
         if not newcomers:
             return
-        newcomers.sort(key=lambda e: -freq[e])  # stable: ties keep the router's order
+        newcomers.sort(key=lambda e: -freq[e])  # stable: ties keep the id order of ``active``
         active_set = set(active)
+        admitted = 0
         for e in newcomers:
             victim = None
             if len(mpc) >= slots:
@@ -51,5 +71,11 @@ class LFU(PerLayerCache):
                 if not held:
                     break  # every slot holds an expert this layer uses now
                 victim = min(held, key=lambda v: (freq[v], last[v], v))
+                if self.in_cache:
+                    freq[victim] = 0
             cache.promote(layer, e, victim)
             plan.promote[e] = victim
+            admitted += 1
+        if self.in_cache:
+            for e in newcomers[admitted:]:
+                freq[e] = 0

@@ -1,9 +1,14 @@
-"""`lru` (Mixtral-offloading): a per-layer cache of ``mpc_slots`` experts with least-recently-used eviction.
+"""`lru` (Mixtral-offloading): a per-layer cache with least-recently-used eviction.
 
-Optionally the HPC pins the layer's ``hpc_slots`` hottest experts (``hpc_slots: 0`` for plain LRU). Within one
-iteration a layer's active experts are used together: hits become most recent first, then each missing (or
-prefetched) expert enters the cache in the router's order, evicting the least recently used expert that this
-layer does not need now. Prefetching follows the configured predictor (none: no prefetch).
+Plain by default, as Mixtral-offloading's per-layer LRU: no pinned experts, and the cache holds
+``hpc_slots + mpc_slots`` experts per cached layer (the whole configured room; its hits count as MPC hits). The
+cache starts empty. With ``pin_hot: true`` the HPC pins the layer's ``hpc_slots`` hottest experts and LRU runs on
+the ``mpc_slots`` others (see ``sim.policies.base.PerLayerCache``).
+
+Within one iteration a layer's active experts are used together: hits become most recent first (in id order),
+then each missing (or prefetched) expert enters the cache in id order, evicting the least recently used expert
+that this layer does not need now; when every slot holds an expert in use now, the newcomer is not admitted.
+Prefetching follows the configured predictor (none: no prefetch).
 """
 
 from __future__ import annotations
