@@ -174,7 +174,7 @@ def test_unknown_model_name_lists_the_profiles():
     assert "switch-xxl-128" in str(exc.value) and "mixtral-8x7b" in str(exc.value)
     with pytest.raises(ConfigError) as exc:
         load_hardware("h300")
-    assert "a100-pcie, gh200, h200" in str(exc.value)
+    assert "a100-pcie, gh200, h100-pcie, h200" in str(exc.value)
 
 
 # ------------------------------------------------------------------------------------------ overrides
