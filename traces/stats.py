@@ -7,9 +7,15 @@ All figures count an *access* as one (token, layer, expert) selection; ids of -1
   same request also used in that layer; averaged over all (token, layer) pairs that have a previous token.
 - ``reuse_distance``: LRU stack distance of each access within its layer (how many *other* experts of the layer
   were accessed since this expert's last access); ``cold`` counts first accesses.
-- ``lru_hit_rate``: capacity -> hit rate of one LRU cache per layer holding ``capacity`` experts, requests
-  replayed one after another in file order, the cache kept across requests, every token's k experts accessed
-  in router order. An access hits exactly when its stack distance is below the capacity.
+- ``lru_hit_rate``: capacity -> hit rate of the simulator's ``lru`` policy at batch 1 (``step-wise`` LRU): one
+  cache of ``capacity`` experts per layer, requests replayed one after another in file order, the cache kept
+  across requests; each token is one step in which the layer's experts are used together: hits become most
+  recent, then misses enter, never evicting an expert of the same step (see :mod:`traces.step_lru`). With as
+  many slots as top-k, the cache after a step holds exactly that step's experts, so the figure is the share of
+  a token's experts that the previous token (in file order, across requests) used too.
+- ``lru_hit_rate_sequential``: the same cache fed one access at a time, a token's k experts in router order
+  (a token's experts may evict each other). An access hits exactly when its stack distance is below the
+  capacity. Equal to ``lru_hit_rate`` at top-1; far lower at top-k > 1 when the capacity is near k.
 - ``distinct_experts_vs_batch``: batch size -> mean number of distinct experts a layer needs in one decode
   step when that many requests decode together (requests sampled; re-used when the trace has too few).
 - ``transition_accuracy``: how predictable layer l+1 is from layer l: a table of layer-l -> layer-l+1 expert
@@ -26,6 +32,7 @@ import sys
 
 import numpy as np
 
+from traces import step_lru
 from traces.format import Trace
 
 DEFAULT_CAPACITIES = (1, 2, 4, 6, 8, 16, 32, 64)
@@ -126,6 +133,26 @@ def lru_hit_rates(hists: list[np.ndarray], capacities) -> tuple[dict[int, float]
         overall[c] = sum(hits) / total if total else float("nan")
         for i, (h, n) in enumerate(zip(hists, hits)):
             per_layer[i][c] = n / int(h.sum()) if h.sum() else float("nan")
+    return overall, per_layer
+
+
+def step_lru_hit_rates(trace: Trace, capacities, hists: list[np.ndarray] | None = None
+                       ) -> tuple[dict[int, float], list[dict[int, float]]]:
+    """capacity -> step-wise LRU hit rate (the simulator's ``lru`` at batch 1): (over all layers, per layer).
+
+    At top-1 a step is one access, so the figure equals the sequential one; it is then read from the stack
+    distance histograms ``hists`` when given (cheaper). Beyond top-64 the figure is not computed (NaN)."""
+    capacities = [int(c) for c in capacities]
+    if trace.top_k == 1 and hists is not None:
+        return lru_hit_rates(hists, capacities)
+    if trace.top_k > step_lru.MAX_TOP_K:
+        nan = {c: float("nan") for c in capacities}
+        return dict(nan), [dict(nan) for _ in range(trace.num_layers)]
+    hits, accesses = step_lru.layer_hits(trace.experts, trace.num_experts, capacities)
+    total = int(accesses.sum())
+    overall = {c: (int(hits[:, j].sum()) / total if total else float("nan")) for j, c in enumerate(capacities)}
+    per_layer = [{c: (int(hits[i, j]) / int(n) if n else float("nan")) for j, c in enumerate(capacities)}
+                 for i, n in enumerate(accesses)]
     return overall, per_layer
 
 
@@ -238,7 +265,9 @@ def compute_stats(trace: Trace, capacities=DEFAULT_CAPACITIES, batch_sizes=DEFAU
     skew, skew_l = popularity_skew(trace)
     overlap, overlap_l = overlap_prev(trace)
     hists = reuse_profile(trace)
-    lru, lru_l = lru_hit_rates(hists, [c for c in capacities if c >= 1])
+    caps = [c for c in capacities if c >= 1]
+    lru, lru_l = step_lru_hit_rates(trace, caps, hists)
+    seq, seq_l = lru_hit_rates(hists, caps)
     distinct, distinct_l, reused = distinct_experts_vs_batch(trace, batch_sizes, samples, seed=seed)
     trans, trans_l, trans_base = transition_accuracy(trace)
     total_hist = np.sum(hists, axis=0)
@@ -249,6 +278,7 @@ def compute_stats(trace: Trace, capacities=DEFAULT_CAPACITIES, batch_sizes=DEFAU
             "index": info.index, "role": info.role,
             "popularity_skew": _num(skew_l[i]), "overlap_prev": _num(overlap_l[i]),
             "lru_hit_rate": {str(c): _num(v) for c, v in lru_l[i].items()},
+            "lru_hit_rate_sequential": {str(c): _num(v) for c, v in seq_l[i].items()},
             "distinct_experts_vs_batch": {str(b): _num(v) for b, v in distinct_l[i].items()},
             "transition_accuracy_to_next": _num(trans_l[i]) if i < len(trans_l) else None,
             "accesses": int(hists[i].sum()),
@@ -261,6 +291,7 @@ def compute_stats(trace: Trace, capacities=DEFAULT_CAPACITIES, batch_sizes=DEFAU
         "popularity_skew": _num(skew),
         "overlap_prev": _num(overlap),
         "lru_hit_rate": {str(c): _num(v) for c, v in lru.items()},
+        "lru_hit_rate_sequential": {str(c): _num(v) for c, v in seq.items()},
         "reuse_distance": {"cold": int(total_hist[-1]), "histogram": [int(x) for x in total_hist[:-1]]},
         "distinct_experts_vs_batch": {str(b): _num(v) for b, v in distinct.items()},
         "requests_reused_at_batch": reused,
@@ -286,23 +317,29 @@ def format_stats(s: dict) -> str:
         f"popularity skew (top 10% share) {f(s['popularity_skew'])}   overlap with previous token "
         f"{f(s['overlap_prev'])}   transition accuracy {f(s['transition_accuracy'])} "
         f"(popular-experts baseline {f(s['transition_baseline_accuracy'])})",
-        "LRU hit rate per layer cache:  " + "  ".join(f"cap {c}: {f(v)}" for c, v in s["lru_hit_rate"].items()),
+        "LRU hit rate, step-wise (the simulator's lru, batch 1), slots per layer:  "
+        + "  ".join(f"{c}: {f(v)}" for c, v in s["lru_hit_rate"].items()),
+        "LRU hit rate, sequential (one access at a time, router order), slots per layer:  "
+        + "  ".join(f"{c}: {f(v)}" for c, v in s["lru_hit_rate_sequential"].items()),
         "distinct experts per layer and step:  " + "  ".join(
             f"batch {b}: {f(v)}" for b, v in s["distinct_experts_vs_batch"].items()),
     ]
     if s["requests_reused_at_batch"]:
         lines.append(f"(requests re-used to fill batches of {', '.join(map(str, s['requests_reused_at_batch']))})")
-    lines.append(f"{'layer':>5} {'role':>7} {'skew':>6} {'overlap':>7} {'lru@4':>6} {'next-acc':>8}")
+    cap = "4" if "4" in s["lru_hit_rate"] else next(iter(s["lru_hit_rate"]), "4")
+    lines.append(f"{'layer':>5} {'role':>7} {'skew':>6} {'overlap':>7} {'lru@' + cap:>7} {'seq@' + cap:>7} "
+                 f"{'next-acc':>8}   (lru: step-wise, seq: sequential)")
     for p in s["per_layer"]:
         lines.append(f"{p['index']:>5} {p['role']:>7} {f(p['popularity_skew']):>6} {f(p['overlap_prev']):>7} "
-                     f"{f(p['lru_hit_rate'].get('4')):>6} {f(p['transition_accuracy_to_next']):>8}")
+                     f"{f(p['lru_hit_rate'].get(cap)):>7} {f(p['lru_hit_rate_sequential'].get(cap)):>7} "
+                     f"{f(p['transition_accuracy_to_next']):>8}")
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------------- cli
 
 def register(sub) -> None:
-    p = sub.add_parser("stats", help="locality figures of a trace (skew, overlap, reuse, LRU hit rate, ...)")
+    p = sub.add_parser("stats", help="locality figures of a trace (skew, overlap, reuse, LRU hit rates, ...)")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--capacities", default=",".join(map(str, DEFAULT_CAPACITIES)),

@@ -12,9 +12,14 @@ The generative model, per request, token (in time order), MoE layer and top-k sl
 
 A slot that repeats an expert already in the token's top-k is re-drawn from the popularity. Prompt tokens are
 routed in encoder layers and generated tokens in decoder layers when the model has both; a decoder-only model
-routes every token in every layer. ``--fit REAL`` searches skew, stickiness and correlation so that the
-synthetic trace's popularity skew, ``overlap_prev``, LRU hit rate and transition accuracy match REAL, with
-REAL's model shape and request lengths.
+routes every token in every layer.
+
+``--fit REAL`` fits a richer model to a real trace instead (``traces.fit``; knobs ``layer_popularity``,
+``layer_stickiness``, ``request_concentration``, ``prefix_popularity``, ``layer_transition`` and
+``transition_power`` of :class:`SynthKnobs`): per-layer empirical popularity in place of the Zipf law, per-layer
+stickiness, each request's own popularity, per-position laws for the opening tokens every request shares, and a
+cross-layer pull in place of the rank-for-rank map. It prints the fit checked on held-out requests and writes
+a trace with REAL's model shape and request lengths; its metadata hold every knob and what it was fitted to.
 
 The same knobs and seed give a byte-identical file (the trace's date is left empty unless ``--date`` is given).
 """
@@ -22,6 +27,8 @@ The same knobs and seed give a byte-identical file (the trace's date is left emp
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import sys
 from dataclasses import dataclass
 
@@ -35,7 +42,28 @@ TOOL = "traces synth"
 
 @dataclass(frozen=True)
 class SynthKnobs:
-    """Everything a synthetic trace is a function of (with the seed)."""
+    """Everything a synthetic trace is a function of (with the seed).
+
+    The knobs after ``correlation`` describe a model fitted to a real trace (``traces.fit``); each is optional,
+    and a trace made without them is the same as before they existed:
+
+    - ``layer_popularity`` [layers][experts]: each layer's draw weights (replaces the Zipf ``skew``; a layer's
+      popularity ranks, which the cross-layer map follows, are the order of these weights).
+    - ``layer_stickiness`` [layers]: P(a slot re-uses the previous token's expert), per layer (replaces
+      ``stickiness``).
+    - ``request_concentration`` [layers]: each request draws its own popularity per layer from a Dirichlet
+      distribution with mean ``layer_popularity`` and this total concentration (small: a request keeps to few
+      experts; large: every request routes like the layer as a whole).
+    - ``prefix_popularity`` [positions][layers][experts]: draw weights of a request's first routed tokens in a
+      layer, one set per position (the fixed opening a chat template gives every answer); those tokens are drawn
+      from these alone, neither sticky nor correlated.
+    - ``layer_transition`` [layers - 1][experts][experts] and ``transition_power``: for layer l >= 1, entry
+      [a][b] of table l - 1 is the lift of layer l's expert b on tokens whose layer l - 1 chose a (how many times
+      more often b is chosen there than overall). A token's fresh draws in layer l follow its popularity law
+      times (the mean lift of its layer l - 1 experts) to the power ``transition_power`` (0: no cross-layer
+      pull; larger: the next layer follows the previous one more tightly). ``correlation`` (the rank-for-rank
+      map) is not used with these.
+    """
 
     model: str = "synthetic"
     num_experts: int = 8
@@ -48,6 +76,26 @@ class SynthKnobs:
     skew: float = 0.5
     stickiness: float = 0.2
     correlation: float = 0.2
+    layer_popularity: tuple[tuple[float, ...], ...] | None = None
+    layer_stickiness: tuple[float, ...] | None = None
+    request_concentration: tuple[float, ...] | None = None
+    prefix_popularity: tuple[tuple[tuple[float, ...], ...], ...] | None = None
+    layer_transition: tuple[tuple[tuple[float, ...], ...], ...] | None = None
+    transition_power: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SynthKnobs":
+        """Knobs from their form in a trace's metadata (``extra.knobs``); lists become tuples."""
+        d = dict(d)
+        for name in ("prompt_len", "decode_len", "layer_stickiness", "request_concentration"):
+            if d.get(name) is not None:
+                d[name] = tuple(d[name])
+        if d.get("layer_popularity") is not None:
+            d["layer_popularity"] = tuple(tuple(row) for row in d["layer_popularity"])
+        for name in ("prefix_popularity", "layer_transition"):
+            if d.get(name) is not None:
+                d[name] = tuple(tuple(tuple(row) for row in table) for table in d[name])
+        return cls(**d)
 
     def check(self) -> None:
         """Raise InputError naming the first impossible knob."""
@@ -71,6 +119,39 @@ class SynthKnobs:
         for name, v in (("--stickiness", self.stickiness), ("--correlation", self.correlation)):
             if not 0.0 <= v <= 1.0:
                 raise InputError(f"{name} must lie in [0, 1], got {v}")
+        self._check_fitted()
+
+    def _check_fitted(self) -> None:
+        n_layers, e = self.encoder_layers + self.decoder_layers, self.num_experts
+        if self.layer_popularity is not None:
+            _check_weights(np.asarray(self.layer_popularity, dtype=float), (n_layers, e), "knobs.layer_popularity")
+        if self.prefix_popularity is not None:
+            w = np.asarray(self.prefix_popularity, dtype=float)
+            if w.size and (w.ndim != 3 or w.shape[1:] != (n_layers, e)):
+                raise InputError(f"knobs.prefix_popularity must be [positions][{n_layers} layers][{e} experts], "
+                                 f"got shape {list(w.shape)}")
+            if w.size:
+                _check_weights(w.reshape(-1, e), (w.shape[0] * n_layers, e), "knobs.prefix_popularity")
+        if self.layer_transition is not None:
+            w = np.asarray(self.layer_transition, dtype=float)
+            if w.shape != (n_layers - 1, e, e):
+                raise InputError(f"knobs.layer_transition must be [{n_layers - 1} layers][{e}][{e}], "
+                                 f"got shape {list(w.shape)}")
+            if w.size and (not np.all(np.isfinite(w)) or w.min() < 0):
+                raise InputError("knobs.layer_transition must hold finite lifts >= 0")
+        if self.transition_power is not None and not (np.isfinite(self.transition_power) and
+                                                      0 <= self.transition_power <= 64):
+            raise InputError(f"knobs.transition_power must lie in [0, 64], got {self.transition_power}")
+        for name, lo, hi in (("layer_stickiness", 0.0, 1.0), ("request_concentration", 0.0, np.inf)):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            a = np.asarray(v, dtype=float)
+            if a.shape != (n_layers,):
+                raise InputError(f"knobs.{name} must list one value per layer ({n_layers}), got shape {list(a.shape)}")
+            if not np.all(np.isfinite(a)) or a.min(initial=lo) < lo or a.max(initial=lo) > hi or (
+                    name == "request_concentration" and a.min(initial=1) <= 0):
+                raise InputError(f"knobs.{name} must hold values in {'(0, inf)' if hi == np.inf else '[0, 1]'}")
 
     def layers(self) -> tuple[LayerInfo, ...]:
         enc = [LayerInfo(i, "encoder") for i in range(self.encoder_layers)]
@@ -78,8 +159,19 @@ class SynthKnobs:
         return tuple(enc + dec)
 
 
+FITTED_KNOBS = ("layer_popularity", "layer_stickiness", "request_concentration", "prefix_popularity",
+                "layer_transition", "transition_power")
+
+
+def _check_weights(w: np.ndarray, shape: tuple[int, int], name: str) -> None:
+    if w.shape != shape:
+        raise InputError(f"{name} must be [{shape[0]}][{shape[1]}], got shape {list(w.shape)}")
+    if w.size and (not np.all(np.isfinite(w)) or w.min() < 0 or (w.sum(axis=-1) <= 0).any()):
+        raise InputError(f"{name} must hold finite weights >= 0 with a positive sum in every row")
+
+
 def generate(knobs: SynthKnobs, seed: int = 0, lengths: tuple[np.ndarray, np.ndarray] | None = None,
-             date: str | None = None, extra: dict | None = None) -> Trace:
+             date: str | None = None, extra: dict | None = None, dataset: str = "synthetic") -> Trace:
     """A synthetic trace. ``lengths`` = (prompt lengths, decode lengths) per request overrides the drawn ones."""
     knobs.check()
     rng = np.random.default_rng(seed)
@@ -95,27 +187,18 @@ def generate(knobs: SynthKnobs, seed: int = 0, lengths: tuple[np.ndarray, np.nda
         prompt, decode = (np.asarray(x, dtype=np.int64) for x in lengths)
     total = prompt + decode
     offsets = np.concatenate([[0], np.cumsum(total)]).astype(np.int64)
-
-    # Per-layer popularity: Zipf over a random ordering; rank_to_expert[l, r] is layer l's rank-r expert.
-    ranks = np.arange(e)
-    pop = (ranks + 1.0) ** -knobs.skew
-    pop /= pop.sum()
-    cdf = np.cumsum(pop)
-    rank_to_expert = np.stack([rng.permutation(e) for _ in range(n_layers)])
-    expert_to_rank = np.argsort(rank_to_expert, axis=1)
-
-    def draw(n: int, layer: int) -> np.ndarray:
-        r = np.minimum(np.searchsorted(cdf, rng.random(n), side="right"), e - 1)
-        return rank_to_expert[layer, r]
+    pop = _Popularity(knobs, rng)
 
     is_encoder = np.array([x.role == "encoder" for x in layers])
     both_roles = bool(is_encoder.any()) and bool((~is_encoder).any())
     n_tok = int(offsets[-1])
+    request = np.repeat(np.arange(total.size), total)
     position = np.arange(n_tok) - np.repeat(offsets[:-1], total)
     in_prompt = position < np.repeat(prompt, total)
     first_of_request = position == 0
     if both_roles:  # a request's first generated token starts the decoder layers' sequence
         first_of_request = first_of_request | (position == np.repeat(prompt, total))
+    stickiness = knobs.layer_stickiness or (knobs.stickiness,) * n_layers
     experts = np.full((n_tok, n_layers, k), -1, dtype=np.int16)
     for layer in range(n_layers):
         rows = np.flatnonzero((in_prompt if is_encoder[layer] else ~in_prompt) if both_roles
@@ -123,21 +206,160 @@ def generate(knobs: SynthKnobs, seed: int = 0, lengths: tuple[np.ndarray, np.nda
         if rows.size == 0:
             continue
         n = rows.size
-        base = draw(n * k, layer).reshape(n, k)
-        if layer > 0 and knobs.correlation > 0:
-            src = experts[rows, layer - 1].astype(np.int64)
-            mapped = rank_to_expert[layer, expert_to_rank[layer - 1, np.maximum(src, 0)]]
-            use = (rng.random((n, k)) < knobs.correlation) & (src >= 0)
+        src = experts[rows, layer - 1].astype(np.int64) if layer > 0 else None
+        draw = pop.sampler(layer, request[rows], _rank_in_group(request[rows]), src, rng)
+        base = draw(np.arange(n * k) // k).reshape(n, k)
+        free = ~draw.in_prefix  # rows outside the prefix: stickiness (and the rank-for-rank map) apply
+        if layer > 0 and knobs.correlation > 0 and knobs.layer_transition is None:
+            mapped = pop.rank_to_expert[layer, pop.expert_to_rank[layer - 1, np.maximum(src, 0)]]
+            use = (rng.random((n, k)) < knobs.correlation) & (src >= 0) & free[:, None]
             base = np.where(use, mapped, base)
-        sticky = (rng.random((n, k)) < knobs.stickiness) & ~first_of_request[rows][:, None]
-        experts[rows, layer] = _sticky_dedupe(base, sticky, lambda m: draw(m, layer), rank_to_expert[layer])
+        sticky = (rng.random((n, k)) < stickiness[layer]) & ~first_of_request[rows][:, None] & free[:, None]
+        experts[rows, layer] = _sticky_dedupe(base, sticky, draw, pop.rank_to_expert[layer])
     meta = TraceMeta(
         model=ModelInfo(knobs.model, e, k, layers),
-        provenance=Provenance("synthetic", TOOL, knobs.model, "synthetic", date),
+        provenance=Provenance("synthetic", TOOL, knobs.model, dataset, date),
         seed=int(seed),
         extra={"knobs": _knobs_dict(knobs), **(extra or {})},
     )
     return Trace(experts, offsets, prompt.astype(np.int64), meta)
+
+
+def _rank_in_group(group: np.ndarray) -> np.ndarray:
+    """Position of each element within its run of equal, sorted ``group`` values (0 for the first)."""
+    return np.arange(group.size) - np.searchsorted(group, group, side="left")
+
+
+class _Popularity:
+    """Where a slot's fresh expert is drawn from: per layer, a Zipf law over a random ordering of the experts
+    (``skew``) or the fitted ``layer_popularity``; with ``request_concentration`` each request's own draw of it;
+    with ``prefix_popularity`` a per-position law for a request's first routed tokens."""
+
+    def __init__(self, knobs: SynthKnobs, rng: np.random.Generator):
+        e, n_layers = knobs.num_experts, knobs.encoder_layers + knobs.decoder_layers
+        self.knobs, self.e = knobs, e
+        if knobs.layer_popularity is None:  # rank_to_expert[l, r] is layer l's rank-r expert
+            pop = (np.arange(e) + 1.0) ** -knobs.skew
+            self.weights = np.tile(pop / pop.sum(), (n_layers, 1))
+            self.rank_to_expert = np.stack([rng.permutation(e) for _ in range(n_layers)])
+            self.weights = np.take_along_axis(self.weights, np.argsort(self.rank_to_expert, axis=1), axis=1)
+        else:
+            w = np.asarray(knobs.layer_popularity, dtype=float)
+            self.weights = w / w.sum(axis=1, keepdims=True)
+            self.rank_to_expert = np.argsort(-self.weights, axis=1, kind="stable")
+        self.expert_to_rank = np.argsort(self.rank_to_expert, axis=1)
+        self.prefix = None
+        if knobs.prefix_popularity is not None and len(knobs.prefix_popularity):
+            p = np.asarray(knobs.prefix_popularity, dtype=float)
+            self.prefix = p / p.sum(axis=2, keepdims=True)
+
+    def sampler(self, layer: int, request: np.ndarray, position: np.ndarray, src: np.ndarray | None,
+                rng) -> "_ZipfSampler | _TableSampler":
+        """The draw function of one layer's rows (their requests, positions among the layer's rows, and experts in
+        the previous layer, or None for the first layer)."""
+        knobs = self.knobs
+        if (knobs.layer_popularity is None and knobs.request_concentration is None and self.prefix is None
+                and knobs.layer_transition is None):  # the original Zipf draw (same random numbers as before)
+            return _ZipfSampler(self.rank_to_expert[layer], self.weights[layer][self.rank_to_expert[layer]], rng,
+                                request.size)
+        laws = [self.weights[layer][None, :]]
+        source = np.zeros(request.size, dtype=np.int64)
+        if knobs.request_concentration is not None:
+            alpha = knobs.request_concentration[layer] * self.weights[layer]
+            n_req = int(request.max()) + 1 if request.size else 0
+            own = rng.dirichlet(np.maximum(alpha, 1e-3), size=n_req)
+            bad = ~np.isfinite(own).all(axis=1) | (own.sum(axis=1) <= 0)  # all mass underflowed: use the layer's
+            own[bad] = self.weights[layer]
+            laws = [_balance(own, np.bincount(request, minlength=n_req), self.weights[layer])]
+            source = request.astype(np.int64)
+        in_prefix = np.zeros(request.size, dtype=bool)
+        if self.prefix is not None:
+            n_pre = self.prefix.shape[0]
+            in_prefix = position < n_pre
+            source = np.where(in_prefix, position, source + n_pre)
+            laws = [self.prefix[:, layer, :]] + laws
+        follow = None
+        if knobs.layer_transition is not None and src is not None and (knobs.transition_power or 0) > 0:
+            follow = (np.asarray(knobs.layer_transition[layer - 1], dtype=float), src, float(knobs.transition_power))
+        return _TableSampler(np.vstack(laws), source, in_prefix, rng, follow)
+
+
+def _balance(laws: np.ndarray, rows: np.ndarray, target: np.ndarray, sweeps: int = 3) -> np.ndarray:
+    """Requests' own laws [requests, experts] rescaled so that their mix, weighted by each request's ``rows``,
+    is ``target`` (a few sweeps of iterative proportional fitting): the requests differ from one another, but
+    not, by chance, the layer as a whole."""
+    w = rows / max(rows.sum(), 1)
+    for _ in range(sweeps):
+        mix = w @ laws
+        laws = laws * np.where(mix > 0, target / np.maximum(mix, 1e-300), 1.0)
+        laws /= np.maximum(laws.sum(axis=1, keepdims=True), 1e-300)
+    return laws
+
+
+class _ZipfSampler:
+    """The original draw: one law for every row (rank drawn from the Zipf CDF, mapped to the layer's order)."""
+
+    def __init__(self, by_rank: np.ndarray, law_by_rank: np.ndarray, rng, n_rows: int):
+        self.by_rank, self.cdf, self.rng = by_rank, np.cumsum(law_by_rank), rng
+        self.in_prefix = np.zeros(n_rows, dtype=bool)
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        r = np.minimum(np.searchsorted(self.cdf, self.rng.random(rows.size), side="right"), self.cdf.size - 1)
+        return self.by_rank[r]
+
+
+class _TableSampler:
+    """Draws for rows that each follow one of several laws (rows of ``laws`` [m, experts], row i's law
+    ``laws[source[i]]``), tilted for rows outside the prefix by the cross-layer pull ``follow`` = (table, the
+    rows' previous-layer experts [n, k], power) when given."""
+
+    CHUNK = 1 << 15
+    CACHE_CELLS = 1 << 24  # tilted laws of up to this many (row, expert) cells are computed once and kept
+
+    def __init__(self, laws: np.ndarray, source: np.ndarray, in_prefix: np.ndarray, rng, follow=None):
+        laws = laws / laws.sum(axis=1, keepdims=True)
+        self.laws, self.e = laws, laws.shape[1]
+        self.flat = self._flat_cdf(laws)
+        self.source, self.in_prefix, self.rng, self.follow = source, in_prefix, rng, follow
+        self.row_flat = None  # every row's tilted CDF, when small enough to keep
+        if follow is not None and source.size * self.e <= self.CACHE_CELLS:
+            chunks = [np.arange(s, min(s + self.CHUNK, source.size)) for s in range(0, source.size, self.CHUNK)]
+            self.row_flat = np.concatenate([self._flat_cdf(self._tilted(c), int(c[0])) for c in chunks]
+                                           or [np.zeros(0)])
+
+    @staticmethod
+    def _flat_cdf(laws: np.ndarray, first: int = 0) -> np.ndarray:
+        """The laws' CDFs laid end to end, law i's shifted by ``first + i`` (for one searchsorted over all)."""
+        cdf = np.cumsum(laws / laws.sum(axis=1, keepdims=True), axis=1)
+        if cdf.size:
+            cdf[:, -1] = 1.0
+        return (cdf + (first + np.arange(laws.shape[0]))[:, None]).ravel()
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        u = self.rng.random(rows.size)
+        if self.follow is None or self.row_flat is not None:
+            flat, src = (self.flat, self.source[rows]) if self.follow is None else (self.row_flat, rows)
+            return np.clip(np.searchsorted(flat, u + src, side="right") - src * self.e, 0, self.e - 1)
+        uniq, inverse = np.unique(rows, return_inverse=True)  # one tilted law per row, however many draws
+        out = np.empty(rows.size, dtype=np.int64)
+        for s in range(0, uniq.size, self.CHUNK):
+            law = self._tilted(uniq[s:s + self.CHUNK])
+            mine = np.flatnonzero((inverse >= s) & (inverse < s + law.shape[0]))
+            local = inverse[mine] - s
+            out[mine] = np.searchsorted(self._flat_cdf(law), u[mine] + local, side="right") - local * self.e
+        return np.clip(out, 0, self.e - 1)
+
+    def _tilted(self, rows: np.ndarray) -> np.ndarray:
+        """[len(rows), experts]: each row's law times its cross-layer pull (none in the prefix, or when the
+        previous layer routed nothing)."""
+        table, src, power = self.follow
+        law = self.laws[self.source[rows]]
+        prev = src[rows]
+        valid = prev >= 0
+        score = np.where(valid[:, :, None], table[np.maximum(prev, 0)], 0.0).sum(axis=1)
+        score /= np.maximum(valid.sum(axis=1), 1)[:, None]  # mean lift over the previous layer's experts
+        pull = valid.any(axis=1) & ~self.in_prefix[rows]
+        return law * np.where(pull[:, None], score, 1.0) ** power + 1e-300
 
 
 def _forward_fill(base: np.ndarray, sticky: np.ndarray) -> np.ndarray:
@@ -150,7 +372,8 @@ def _forward_fill(base: np.ndarray, sticky: np.ndarray) -> np.ndarray:
 
 def _sticky_dedupe(base: np.ndarray, sticky: np.ndarray, draw, by_rank: np.ndarray) -> np.ndarray:
     """Resolve stickiness along time, then re-draw any slot that repeats an expert of its own token (such a
-    slot stops being sticky); repeated until no token holds an expert twice."""
+    slot stops being sticky); repeated until no token holds an expert twice. ``draw(rows)`` draws one fresh
+    expert for each of the given rows."""
     k = base.shape[1]
     choice = _forward_fill(base, sticky)
     for attempt in range(1000):
@@ -161,7 +384,7 @@ def _sticky_dedupe(base: np.ndarray, sticky: np.ndarray, draw, by_rank: np.ndarr
             return choice
         rows, cols = np.nonzero(dup)
         if attempt < 8:
-            base[rows, cols] = draw(rows.size)
+            base[rows, cols] = draw(rows)
         else:  # rare: the most popular expert that no other slot of the token holds
             for i, j in zip(rows, cols):
                 taken = set(choice[i, :j].tolist()) | set(choice[i, j + 1:].tolist())
@@ -172,40 +395,44 @@ def _sticky_dedupe(base: np.ndarray, sticky: np.ndarray, draw, by_rank: np.ndarr
 
 
 def _knobs_dict(knobs: SynthKnobs) -> dict:
+    """The knobs as JSON-ready metadata; fitted-model knobs appear only when set (so traces made without them
+    keep their bytes)."""
     d = dataclasses.asdict(knobs)
     d["prompt_len"], d["decode_len"] = list(knobs.prompt_len), list(knobs.decode_len)
+    for name in FITTED_KNOBS:
+        v = d.pop(name)
+        if v is not None:
+            d[name] = round(float(v), 6) if np.ndim(v) == 0 else np.round(np.asarray(v, dtype=float), 6).tolist()
     return d
 
 
 # ------------------------------------------------------------------------------------------------------ fit
 
-FIT_TARGETS = ("popularity_skew", "overlap_prev", "lru_hit_rate", "transition_accuracy")
-
-
-def fit_capacity(num_experts: int) -> int:
-    """The LRU capacity whose hit rate the fit matches: 4, or less for models with very few experts."""
-    return max(1, min(4, num_experts - 1))
-
-
 def locality(trace: Trace, capacity: int) -> dict[str, float]:
-    """The figures the fit matches (a subset of traces.stats, without the costlier ones)."""
+    """A few locality figures of a trace: popularity skew, overlap with the previous token, the step-wise LRU hit
+    rate (the simulator's ``lru`` at batch 1) at ``capacity`` slots per layer, and the transition accuracy."""
     from traces import stats
 
-    hists = stats.reuse_profile(trace)
-    lru, _ = stats.lru_hit_rates(hists, [capacity])
+    lru, _ = stats.step_lru_hit_rates(trace, [capacity])
     trans = stats.transition_accuracy(trace)[0]
     return {"popularity_skew": stats.popularity_skew(trace)[0], "overlap_prev": stats.overlap_prev(trace)[0],
             "lru_hit_rate": lru[capacity], "transition_accuracy": trans if trans is not None else 0.0}
 
 
-def knobs_like(real: Trace, requests: int | None = None, **overrides) -> tuple[SynthKnobs, tuple[np.ndarray, np.ndarray]]:
-    """Knobs with REAL's model shape, and request lengths that cycle through REAL's requests."""
+def knobs_like(real: Trace, requests: int | None = None, tokens: int | None = None,
+               **overrides) -> tuple[SynthKnobs, tuple[np.ndarray, np.ndarray]]:
+    """Knobs with REAL's model shape, and request lengths that cycle through REAL's requests: ``requests`` of them,
+    or as many as it takes to reach ``tokens`` tokens, or REAL's count."""
     m = real.meta.model
     enc = sum(1 for x in m.layers if x.role == "encoder")
+    lengths = real.request_lengths
+    if requests is None and tokens is not None:
+        cycle = np.cumsum(np.tile(lengths, -(-int(tokens) // max(int(lengths.sum()), 1)) + 1))
+        requests = int(np.searchsorted(cycle, tokens, side="left")) + 1
     n = requests or real.num_requests
     pick = np.arange(n) % real.num_requests
     prompt = real.prefill_lengths[pick]
-    decode = (real.request_lengths - real.prefill_lengths)[pick]
+    decode = (lengths - real.prefill_lengths)[pick]
     knobs = SynthKnobs(model=m.name, num_experts=m.num_experts, top_k=m.top_k, encoder_layers=enc,
                        decoder_layers=len(m.layers) - enc, requests=n,
                        prompt_len=(int(prompt.min()), int(prompt.max())),
@@ -213,88 +440,12 @@ def knobs_like(real: Trace, requests: int | None = None, **overrides) -> tuple[S
     return knobs, (prompt, decode)
 
 
-def fit(real: Trace, seed: int = 0, min_tokens: int = 16000, max_evals: int = 60, log=None) -> tuple[SynthKnobs, dict]:
-    """Search skew, stickiness and correlation so the synthetic locality figures match REAL's.
-
-    Every candidate is scored on a trace with REAL's shape and at least ``min_tokens`` tokens (REAL's requests
-    cycled), generated from the same seed so that the search compares knobs, not noise. Returns the best
-    knobs (with REAL's shape) and {"target": ..., "fitted": ..., "evaluations": n}.
-    """
-    cap = fit_capacity(real.num_experts)
-    target = locality(real, cap)
-    reps = max(1, -(-min_tokens // max(real.num_tokens, 1)))
-    base, lengths = knobs_like(real, requests=real.num_requests * reps)
-    weights = {"popularity_skew": 1.0, "overlap_prev": 2.0, "lru_hit_rate": 2.0, "transition_accuracy": 1.0}
-    cache: dict[tuple, tuple[float, dict]] = {}
-
-    def score(x: tuple[float, float, float]) -> tuple[float, dict]:
-        key = tuple(round(v, 4) for v in x)
-        if key not in cache:
-            kn = dataclasses.replace(base, skew=key[0], stickiness=key[1], correlation=key[2])
-            got = locality(generate(kn, seed, lengths), cap)
-            err = sum(w * (got[n] - target[n]) ** 2 for n, w in weights.items())
-            cache[key] = (err, got)
-        return cache[key]
-
-    bounds = np.array([(0.0, 4.0), (0.0, 0.95), (0.0, 0.95)])
-    x = _nelder_mead(lambda v: score(tuple(v))[0], np.array([0.5, 0.2, 0.2]), np.array([0.4, 0.15, 0.15]),
-                     bounds, max_evals=max_evals, log=log)
-    fitted = score(tuple(x))[1]
-    knobs, _ = knobs_like(real, skew=round(x[0], 4), stickiness=round(x[1], 4), correlation=round(x[2], 4))
-    return knobs, {"target": target, "fitted": fitted, "evaluations": len(cache), "capacity": cap}
-
-
-def _nelder_mead(f, x0: np.ndarray, step: np.ndarray, bounds: np.ndarray, max_evals: int, log=None,
-                 tol: float = 1e-6) -> np.ndarray:
-    """Minimise f over a box by the Nelder-Mead simplex method (points clipped into the box)."""
-    clip = lambda v: np.clip(v, bounds[:, 0], bounds[:, 1])  # noqa: E731
-    pts = [clip(x0)] + [clip(x0 + np.eye(len(x0))[i] * step[i]) for i in range(len(x0))]
-    vals = [f(p) for p in pts]
-    evals = len(pts)
-    best_logged = None
-    while evals < max_evals:
-        order = np.argsort(vals)
-        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
-        if log and (best_logged is None or vals[0] < best_logged):
-            best_logged = vals[0]
-            b = pts[0]
-            log(f"fit: skew {b[0]:.3f} stickiness {b[1]:.3f} correlation {b[2]:.3f} error {vals[0]:.6f}")
-        if vals[-1] - vals[0] < tol:
-            break
-        centre = np.mean(pts[:-1], axis=0)
-        xr = clip(centre + (centre - pts[-1]))
-        fr = f(xr)
-        evals += 1
-        if fr < vals[0]:
-            xe = clip(centre + 2 * (centre - pts[-1]))
-            fe = f(xe)
-            evals += 1
-            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
-        elif fr < vals[-2]:
-            pts[-1], vals[-1] = xr, fr
-        else:
-            xc = clip(centre + 0.5 * (pts[-1] - centre))
-            fc = f(xc)
-            evals += 1
-            if fc < vals[-1]:
-                pts[-1], vals[-1] = xc, fc
-            else:  # shrink towards the best point
-                pts = [pts[0]] + [clip(pts[0] + 0.5 * (p - pts[0])) for p in pts[1:]]
-                vals = [vals[0]] + [f(p) for p in pts[1:]]
-                evals += len(pts) - 1
-    return pts[int(np.argmin(vals))]
-
-
-def side_by_side(real: dict, synth: dict, capacity: int) -> str:
-    """A table of real against synthetic figures."""
-    lines = [f"{'figure':<24} {'real':>8} {'synthetic':>10} {'diff':>8}"]
-    for name in FIT_TARGETS:
-        label = f"lru_hit_rate@{capacity}" if name == "lru_hit_rate" else name
-        lines.append(f"{label:<24} {real[name]:>8.3f} {synth[name]:>10.3f} {synth[name] - real[name]:>+8.3f}")
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------------------------------------------ cli
+
+_FLAGS = {"num_experts": "--experts", "top_k": "--top-k", "encoder_layers": "--layers/--encoder-layers",
+          "decoder_layers": "--layers/--decoder-layers", "prompt_len": "--prompt-len", "decode_len": "--decode-len",
+          "skew": "--skew", "stickiness": "--stickiness", "correlation": "--correlation"}
+
 
 def register(sub) -> None:
     p = sub.add_parser("synth", help="write a synthetic trace (knobs, or --fit to a real trace)")
@@ -306,14 +457,21 @@ def register(sub) -> None:
     p.add_argument("--layers", type=int, default=None, help="MoE layers of a decoder-only model (default 32)")
     p.add_argument("--encoder-layers", type=int, default=None, help="encoder MoE layers (encoder-decoder model)")
     p.add_argument("--decoder-layers", type=int, default=None, help="decoder MoE layers (encoder-decoder model)")
-    p.add_argument("--requests", type=int, default=None, help="requests (default 64; with --fit: REAL's count)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests (default 64; with --fit: REAL's count, lengths cycling through REAL's)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="with --fit: at least this many tokens (REAL's request lengths cycled), instead of --requests")
     p.add_argument("--prompt-len", default=None, help="MIN,MAX prompt tokens per request (default 16,64)")
     p.add_argument("--decode-len", default=None, help="MIN,MAX generated tokens per request (default 64,256)")
     p.add_argument("--skew", type=float, default=None, help="Zipf exponent of expert popularity (default 0.5)")
     p.add_argument("--stickiness", type=float, default=None, help="P(re-use the previous token's expert)")
     p.add_argument("--correlation", type=float, default=None, help="P(follow the previous layer's expert)")
     p.add_argument("--fit", metavar="REAL_TRACE", default=None,
-                   help="fit skew, stickiness and correlation to a real trace (shape and lengths from it)")
+                   help="fit per-layer popularity, stickiness, request concentration, opening positions and "
+                        "cross-layer pull to a real trace (shape and lengths from it; see traces/fit.py), and "
+                        "print the fit checked on held-out requests")
+    p.add_argument("--no-holdout", action="store_true",
+                   help="with --fit: skip the held-out check (fit on half, compare on the other half)")
     p.add_argument("--date", default=None, help="provenance date to stamp (default: none, for reproducibility)")
     p.set_defaults(func=run)
 
@@ -329,7 +487,7 @@ def _pair(text: str | None, name: str) -> tuple[int, int] | None:
 
 
 def run(args) -> int:
-    from traces.io import load_trace, save_trace
+    from traces.io import save_trace
 
     given = {"model": args.model, "num_experts": args.experts, "top_k": args.top_k,
              "requests": args.requests, "prompt_len": _pair(args.prompt_len, "--prompt-len"),
@@ -342,29 +500,60 @@ def run(args) -> int:
     else:
         given.update(encoder_layers=args.encoder_layers, decoder_layers=args.decoder_layers)
     given = {k: v for k, v in given.items() if v is not None}
-    extra = {}
+    for name, value in (("--requests", args.requests), ("--tokens", args.tokens)):
+        if value is not None and value < 1:
+            raise InputError(f"{name} must be >= 1, got {value}")
     if args.fit:
-        real = load_trace(args.fit)
-        shape_fields = {"num_experts", "top_k", "encoder_layers", "decoder_layers", "prompt_len", "decode_len"}
-        clash = sorted(shape_fields & given.keys())
-        if clash:
-            raise InputError(f"--fit takes the model shape and lengths from {args.fit}; drop --{clash[0].replace('_', '-')}")
-        print(f"fitting to {args.fit} ...", file=sys.stderr)
-        knobs, report = fit(real, seed=args.seed, log=lambda m: print(m, file=sys.stderr))
-        knobs, lengths = knobs_like(real, requests=given.get("requests"), skew=knobs.skew,
-                                    stickiness=knobs.stickiness, correlation=knobs.correlation)
-        if "model" in given:
-            knobs = dataclasses.replace(knobs, model=given["model"])
-        extra = {"fitted_to": {"model": real.meta.model.name, "provenance": real.meta.provenance.to_dict(),
-                               "target": {k: round(v, 6) for k, v in report["target"].items()}}}
-        trace = generate(knobs, args.seed, lengths, args.date, extra)
-        cap = report["capacity"]
-        print(side_by_side(report["target"], locality(trace, cap), cap))
+        trace = _run_fit(args, given)
     else:
+        if args.tokens is not None or args.no_holdout:
+            raise InputError(f"{'--tokens' if args.tokens is not None else '--no-holdout'} goes with --fit")
         trace = generate(SynthKnobs(**given), args.seed, date=args.date)
     save_trace(trace, args.out)
     k = trace.meta.extra["knobs"]
+    what = ("fitted: per-layer popularity, stickiness and request concentration, "
+            f"{len(k.get('prefix_popularity') or [])} opening positions, cross-layer power "
+            f"{k.get('transition_power')}" if "layer_popularity" in k else
+            f"skew {k['skew']}, stickiness {k['stickiness']}, correlation {k['correlation']}")
     print(f"wrote {args.out}: {trace.num_tokens} tokens in {trace.num_requests} requests, "
-          f"{trace.num_layers} layers, {trace.num_experts} experts top-{trace.top_k}; skew {k['skew']}, "
-          f"stickiness {k['stickiness']}, correlation {k['correlation']}, seed {args.seed}")
+          f"{trace.num_layers} layers, {trace.num_experts} experts top-{trace.top_k}; {what}; seed {args.seed}")
     return 0
+
+
+def _run_fit(args, given: dict) -> Trace:
+    """``--fit``: the held-out check (printed), then the fit on all of REAL, and the synthetic trace."""
+    from traces import fit as fitting
+    from traces.io import load_trace
+
+    real = load_trace(args.fit)
+    clash = [f for f in _FLAGS if f in given]
+    if clash:
+        raise InputError(f"--fit takes the model shape, lengths and knobs from {args.fit}; drop {_FLAGS[clash[0]]}")
+    if args.requests is not None and args.tokens is not None:
+        raise InputError("give either --requests or --tokens, not both")
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    held = None
+    if not args.no_holdout:
+        if real.num_requests < 2:
+            raise InputError(f"{args.fit}: the held-out check needs at least 2 requests; use --no-holdout")
+        print(f"fitting to half of {args.fit} (held-out check) ...", file=sys.stderr)
+        rows, _ = fitting.held_out_check(real, seed=args.seed, log=log)
+        print(f"held-out check: fit on the {(real.num_requests + 1) // 2} even-numbered requests of {args.fit}, "
+              f"compared on the {real.num_requests // 2} odd-numbered ones")
+        print(fitting.format_table(rows, real.num_experts))
+        held = [{k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else
+                     (None if isinstance(v, float) else v)) for k, v in r.items()} for r in rows]
+    print(f"fitting to all of {args.fit} ...", file=sys.stderr)
+    result = fitting.fit_knobs(real, seed=args.seed, log=log)
+    knobs, lengths = knobs_like(real, requests=args.requests, tokens=args.tokens)
+    fitted = {n: getattr(result.knobs, n) for n in FITTED_KNOBS}
+    knobs = dataclasses.replace(knobs, model=given.get("model", knobs.model), correlation=0.0, **fitted)
+    extra = {"fitted_to": {
+        "file": os.path.basename(str(args.fit)), "model": real.meta.model.name,
+        "provenance": real.meta.provenance.to_dict(), "requests": real.num_requests, "tokens": real.num_tokens,
+        "method": "traces.fit: per-layer empirical popularity, stickiness, request concentration, opening "
+                  "positions and cross-layer pull, calibrated by simulation",
+        "calibration": {"rounds": result.rounds, "residual": {k: round(v, 6) for k, v in result.residual.items()}},
+        "held_out": held}}
+    return generate(knobs, args.seed, lengths, args.date, extra,
+                    dataset=f"fitted to {real.meta.model.name} ({real.meta.provenance.dataset})")
