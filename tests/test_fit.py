@@ -200,3 +200,20 @@ def test_real_switch_fit_on_one_prompt_compared_on_another():
     for r in rows:
         if r["figure"].startswith("distinct"):
             assert r["within"], r
+
+
+def test_stretched_layers_take_the_fitted_layer_at_the_same_depth():
+    knobs = dataclasses.replace(truth_knobs(layers=3, experts=8, requests=20, prefix=0))
+    knobs = dataclasses.replace(knobs, encoder_layers=0, decoder_layers=3)
+    deep, source = fit.stretch_layers(knobs, 0, 6)
+    assert source == [0, 0, 1, 1, 2, 2]
+    assert [deep.layer_popularity[i] for i in range(6)] == [knobs.layer_popularity[j] for j in source]
+    assert deep.layer_stickiness == tuple(knobs.layer_stickiness[j] for j in source)
+    ones = np.ones((8, 8))
+    for i, (a, b) in enumerate(zip(source, source[1:])):  # pull only where the fitted layers follow one another
+        want = np.asarray(knobs.layer_transition[a]) if b == a + 1 else ones
+        assert np.array_equal(np.asarray(deep.layer_transition[i]), want)
+    t = generate(deep, 3)
+    assert t.num_layers == 6
+    with pytest.raises(InputError):
+        fit.stretch_layers(knobs, 2, 4)  # a decoder-only fit cannot grow an encoder

@@ -291,3 +291,29 @@ def test_real_prefill_only_log_gives_an_encoder_only_trace():
     assert summary["decode_steps"] == [0] and not trace.decode_mask().any()
     assert trace.num_tokens == len(line_ids(lines[0]))
     assert [set(a) for a, _ in replay_sets(trace, 512)] == [set(line_ids(t)) for t in lines]
+
+
+def test_several_logs_become_one_trace_in_file_order_with_each_lines_sets(tmp_path):
+    from traces.import_ftlog import import_ft_logs
+
+    rng = np.random.default_rng(11)
+    a = write_log(tmp_path / "a.txt", random_log(rng, runs=2, batch=2, prompt=5, steps=3))
+    b = write_log(tmp_path / "b.txt", random_log(rng, runs=1, batch=2, prompt=4, steps=3))
+    trace, summary = import_ft_logs([a, b], "switch-base-128", 2, shape=LogShape(decode_steps=3))
+    assert trace.num_requests == 6 and trace.meta.request_info["file"] == ["a.txt"] * 4 + ["b.txt"] * 2
+    lines = [line_ids(x) for p in (a, b) for x in p.read_text().splitlines()]
+    sets = replay_sets(trace, 2)
+    assert [tuple(sorted(set(ids))) for ids in lines] == [s for s, _ in sets]
+    assert [dict(Counter(ids)) for ids in lines] == [c for _, c in sets]
+    assert set(summary["files"]) == {"a.txt", "b.txt"}
+
+
+def test_prompt_rows_keep_each_requests_ids_but_not_their_sorted_order(tmp_path):
+    rng = np.random.default_rng(5)
+    path = write_log(tmp_path / "x.txt", random_log(rng, runs=1, batch=2, prompt=40, steps=1))
+    trace, _ = import_ft_log(path, "switch-base-128", 2, shape=LogShape(decode_steps=1))
+    first = line_ids(path.read_text().splitlines()[0])
+    rows = trace.experts[: 40, 0, 0].tolist()     # request 0's prompt rows in encoder layer 0
+    assert sorted(rows) == first[:40] and rows != first[:40]
+    again, _ = import_ft_log(path, "switch-base-128", 2, shape=LogShape(decode_steps=1))
+    assert np.array_equal(again.experts, trace.experts)  # seeded: the same file gives the same trace

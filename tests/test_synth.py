@@ -104,8 +104,17 @@ def test_bundled_workloads_load_and_regenerate_byte_for_byte():
     sw = ROOT / "traces" / "data" / "switch_xxl_128.npz"
     t = load_trace(sw)
     assert t.meta.model.name == "switch-xxl-128" and t.num_requests >= 128 and t.num_layers == 24
-    knobs = SynthKnobs(**{**t.meta.extra["knobs"], "prompt_len": tuple(t.meta.extra["knobs"]["prompt_len"]),
-                          "decode_len": tuple(t.meta.extra["knobs"]["decode_len"])})
-    assert trace_bytes(generate(knobs, t.meta.seed)) == sw.read_bytes()
+    # fitted to the real switch-base-128 logs, stretched over 12 + 12 layers; the metadata regenerate it
+    extra = t.meta.extra
+    assert extra["fitted_to"]["model"] == "switch-base-128" and len(extra["fitted_to"]["layers_from"]) == 24
+    again = generate(SynthKnobs.from_dict(extra["knobs"]), t.meta.seed,
+                     (t.prefill_lengths, t.request_lengths - t.prefill_lengths), None,
+                     {"fitted_to": extra["fitted_to"]}, dataset=t.meta.provenance.dataset)
+    assert trace_bytes(again) == sw.read_bytes()
+    base = ROOT / "traces" / "data" / "switch_base_128.npz"  # the assumed-knob trace stays, for comparison
+    b = load_trace(base)
+    knobs = SynthKnobs(**{**b.meta.extra["knobs"], "prompt_len": tuple(b.meta.extra["knobs"]["prompt_len"]),
+                          "decode_len": tuple(b.meta.extra["knobs"]["decode_len"])})
+    assert trace_bytes(generate(knobs, b.meta.seed)) == base.read_bytes()
     mx = load_trace(ROOT / "traces" / "data" / "mixtral_8x7b.npz")
     assert mx.meta.model.num_experts == 8 and mx.top_k == 2 and mx.num_layers == 32

@@ -443,3 +443,39 @@ def format_table(rows: list[dict], num_experts: int) -> str:
 
 def _f(x: float, sign: str = "") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:{sign}.3f}"
+
+
+def stretch_layers(knobs: SynthKnobs, encoder_layers: int, decoder_layers: int) -> tuple[SynthKnobs, list[int]]:
+    """Fitted knobs for a deeper (or shallower) model of the same family: layer i of a role takes the knobs of the
+    fitted layer of that role at the same relative depth (``floor(i * fitted / wanted)``). Between two new layers
+    that take the same fitted layer there is no cross-layer pull (all lifts 1: nothing was measured between them);
+    between layers that take consecutive fitted layers, the fitted pull. Returns the knobs and, per new layer, the
+    fitted layer it came from. The opening positions' popularity follows the same map."""
+    old_enc, old_dec = knobs.encoder_layers, knobs.decoder_layers
+    if (encoder_layers > 0) != (old_enc > 0) or (decoder_layers > 0) != (old_dec > 0):
+        raise InputError(f"--encoder-layers/--decoder-layers: the fitted trace has {old_enc} encoder and {old_dec} "
+                         f"decoder MoE layers; a stretched model must keep the same roles")
+    source = [int(i * old_enc // encoder_layers) for i in range(encoder_layers)]
+    source += [old_enc + int(i * old_dec // decoder_layers) for i in range(decoder_layers)]
+
+    def per_layer(values):
+        return None if values is None else tuple(values[j] for j in source)
+
+    transition = None
+    if knobs.layer_transition is not None:
+        e = knobs.num_experts
+        ones = tuple(tuple(1.0 for _ in range(e)) for _ in range(e))
+        table = []
+        for a, b in zip(source, source[1:]):
+            table.append(knobs.layer_transition[a] if b == a + 1 else ones)
+        transition = tuple(table)
+    prefix = None
+    if knobs.prefix_popularity is not None:
+        prefix = tuple(tuple(pos[j] for j in source) for pos in knobs.prefix_popularity)
+    stretched = dataclasses.replace(
+        knobs, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+        layer_popularity=per_layer(knobs.layer_popularity), layer_stickiness=per_layer(knobs.layer_stickiness),
+        request_concentration=per_layer(knobs.request_concentration), prefix_popularity=prefix,
+        layer_transition=transition)
+    stretched.check()
+    return stretched, source

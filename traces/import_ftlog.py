@@ -32,6 +32,8 @@ with continuous batching see a made-up assignment. The trace says the same in ``
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +50,7 @@ EXACT = ("per (iteration, MoE layer) at the log's batch size with static batchin
          "the number of tokens routed to each")
 NOT_EXACT = ("which request (or which prompt token) chose which expert: each line's sorted ids are dealt to the "
              "batch's requests in order, so per-token paths across layers and steps are made up (exact for B = 1 "
-             "decode rows) and prompt rows come in sorted order; per-token figures (overlap with the previous "
+             "decode rows) and a request's prompt rows come in a seeded random order; per-token figures (overlap with the previous "
              "token, layer transitions, predictors learned from rows) and replays at another batch size or with "
              "continuous batching are therefore not the log's")
 
@@ -86,7 +88,9 @@ class LogShape:
 def add_parser(fmt) -> None:
     """Register ``ft-log`` under ``traces import``."""
     f = fmt.add_parser("ft-log", help="FasterTransformer permuted_experts_ logs (Pre-gated MoE expert_log)")
-    f.add_argument("file", metavar="FILE", help="log file, one 'permuted_experts_ ids...' line per MoE layer call")
+    f.add_argument("files", nargs="+", metavar="FILE",
+                   help="log file(s), one 'permuted_experts_ ids...' line per MoE layer call; several files (of the "
+                        "same batch size and shape) are imported one after another into one trace")
     f.add_argument("--out", "-o", required=True, help="trace file to write (.npz)")
     f.add_argument("--model", required=True, help="model name in the trace, e.g. switch-base-128")
     f.add_argument("--batch", type=int, required=True, help="requests per run (the batch size the log ran at)")
@@ -200,14 +204,19 @@ def check_ids(runs: list[LogRun], num_experts: int, source: str, path: Path) -> 
 # --------------------------------------------------------------------------------------------- building
 def run_rows(run: LogRun, batch: int, prompt: int, shape: LogShape) -> np.ndarray:
     """int16 [batch x (prompt + steps), enc + dec layers, 1]: the run's requests one after another, each its
-    prompt rows (encoder layers) then its decode rows (decoder layers), the lines' sorted ids dealt in order."""
+    prompt rows (encoder layers) then its decode rows (decoder layers), the lines' sorted ids dealt in order.
+    Within a request, the order of its prompt rows in each encoder layer is shuffled (seeded by the run and the
+    layer): the log keeps no token order, and sorted rows would look like tokens that keep choosing the same
+    expert (a prompt is prefilled in one iteration, so the order changes no replay, only per-token figures and a
+    fit to them)."""
     enc, dec, steps = shape.encoder_layers, shape.decoder_layers, len(run.decoder)
     per_request = prompt + steps
     e = np.full((batch * per_request, enc + dec, 1), -1, dtype=np.int16)
     starts = np.arange(batch) * per_request
     prompt_rows = starts[:, None] + np.arange(prompt)[None, :]                       # [B, P]
     for layer, line in enumerate(run.encoder):
-        e[prompt_rows, layer, 0] = line.ids.reshape(batch, prompt)
+        rng = np.random.default_rng([run.index, layer])
+        e[prompt_rows, layer, 0] = rng.permuted(line.ids.reshape(batch, prompt), axis=1)
     if steps:
         decode_rows = starts[:, None] + prompt + np.arange(steps)[None, :]          # [B, steps]
         ids = np.array([[line.ids for line in step] for step in run.decoder])      # [steps, dec, B]
@@ -258,6 +267,34 @@ def import_ft_log(path: str | Path, model: str, batch: int, num_experts: int | N
     return trace, summary
 
 
+def import_ft_logs(paths: list[str | Path], model: str, batch: int, num_experts: int | None = None,
+                   runs: str = "all", shape: LogShape = LogShape(), source_model: str | None = None,
+                   dataset: str = "unknown") -> tuple[Trace, dict]:
+    """Several logs, each read by :func:`import_ft_log` (``runs`` applies to each), one after another in one trace;
+    ``request_info.file`` says which file each request came from."""
+    parts = [import_ft_log(p, model, batch, num_experts, runs, shape, source_model, dataset) for p in paths]
+    if len(parts) == 1:
+        return parts[0]
+    traces = [t for t, _ in parts]
+    first = traces[0]
+    lengths = np.concatenate([t.request_lengths for t in traces])
+    info = {k: [v for t in traces for v in t.meta.request_info[k]] for k in first.meta.request_info}
+    info["file"] = [Path(p).name for p, t in zip(paths, traces) for _ in range(t.num_requests)]
+    summary = {"files": {Path(p).name: s for p, (_, s) in zip(paths, parts)},
+               "num_experts_from": parts[0][1]["num_experts_from"],
+               "runs_kept": [i for _, s in parts for i in s["runs_kept"]],
+               "runs_in_file": sum(s["runs_in_file"] for _, s in parts),
+               "decode_steps": [d for _, s in parts for d in s["decode_steps"]]}
+    extra = {k: v for k, v in first.meta.extra.items() if k not in ("runs_in_file", "runs_kept", "prompt_len",
+                                                                     "decode_steps", "source_files")}
+    extra.update(source_files=[Path(p).name for p in paths], files=summary["files"])
+    meta = dataclasses.replace(first.meta, request_ids=tuple(i for t in traces for i in t.meta.request_ids),
+                               extra=extra, request_info=info)
+    trace = Trace(np.concatenate([t.experts for t in traces]), offsets_from_lengths(lengths.tolist()),
+                  np.concatenate([t.prefill_lengths for t in traces]), meta)
+    return trace, summary
+
+
 def _check_shape_args(batch: int, shape: LogShape) -> None:
     if batch < 1:
         raise InputError(f"--batch: must be >= 1, got {batch}")
@@ -272,14 +309,16 @@ def _run(args) -> int:
 
     t0 = time.perf_counter()
     shape = LogShape(args.encoder_layers, args.decoder_layers, args.decode_steps)
-    trace, s = import_ft_log(args.file, args.model, args.batch, args.num_experts, args.runs, shape,
-                             args.source_model, args.dataset)
+    trace, s = import_ft_logs(args.files, args.model, args.batch, args.num_experts, args.runs, shape,
+                              args.source_model, args.dataset)
     save_trace(trace, args.out)
     decode = int(trace.decode_mask().sum())
     kind = "encoder only, " if not any(s["decode_steps"]) else ""
+    where = (f"runs {_ranges(s['runs_kept'])} of {s['runs_in_file']}" if len(args.files) == 1 else
+             f"{len(args.files)} files, runs '{args.runs}' of each")
     print(f"wrote {args.out}: {trace.num_tokens} tokens ({trace.num_tokens - decode} prompt + {decode} decode) in "
-          f"{trace.num_requests} requests = {len(s['runs_kept'])} runs x batch {args.batch} ({kind}runs "
-          f"{_ranges(s['runs_kept'])} of {s['runs_in_file']}), {shape.encoder_layers} encoder + "
+          f"{trace.num_requests} requests = {len(s['runs_kept'])} runs x batch {args.batch} ({kind}"
+          f"{where}), {shape.encoder_layers} encoder + "
           f"{shape.decoder_layers} decoder layers, top-1 of {trace.num_experts} experts "
           f"(from {s['num_experts_from']}), {time.perf_counter() - t0:.1f} s")
     return 0

@@ -442,8 +442,7 @@ def knobs_like(real: Trace, requests: int | None = None, tokens: int | None = No
 
 # ------------------------------------------------------------------------------------------------------ cli
 
-_FLAGS = {"num_experts": "--experts", "top_k": "--top-k", "encoder_layers": "--layers/--encoder-layers",
-          "decoder_layers": "--layers/--decoder-layers", "prompt_len": "--prompt-len", "decode_len": "--decode-len",
+_FLAGS = {"num_experts": "--experts", "top_k": "--top-k", "prompt_len": "--prompt-len", "decode_len": "--decode-len",
           "skew": "--skew", "stickiness": "--stickiness", "correlation": "--correlation"}
 
 
@@ -469,7 +468,8 @@ def register(sub) -> None:
     p.add_argument("--fit", metavar="REAL_TRACE", default=None,
                    help="fit per-layer popularity, stickiness, request concentration, opening positions and "
                         "cross-layer pull to a real trace (shape and lengths from it; see traces/fit.py), and "
-                        "print the fit checked on held-out requests")
+                        "print the fit checked on held-out requests; --encoder-layers/--decoder-layers (or "
+                        "--layers) stretch the fitted layers over a deeper model of the same family")
     p.add_argument("--no-holdout", action="store_true",
                    help="with --fit: skip the held-out check (fit on half, compare on the other half)")
     p.add_argument("--date", default=None, help="provenance date to stamp (default: none, for reproducibility)")
@@ -526,6 +526,7 @@ def _run_fit(args, given: dict) -> Trace:
     from traces.io import load_trace
 
     real = load_trace(args.fit)
+    depth = {k: given.pop(k) for k in ("encoder_layers", "decoder_layers") if k in given}
     clash = [f for f in _FLAGS if f in given]
     if clash:
         raise InputError(f"--fit takes the model shape, lengths and knobs from {args.fit}; drop {_FLAGS[clash[0]]}")
@@ -548,6 +549,12 @@ def _run_fit(args, given: dict) -> Trace:
     knobs, lengths = knobs_like(real, requests=args.requests, tokens=args.tokens)
     fitted = {n: getattr(result.knobs, n) for n in FITTED_KNOBS}
     knobs = dataclasses.replace(knobs, model=given.get("model", knobs.model), correlation=0.0, **fitted)
+    stretched = None
+    if depth:
+        enc = depth.get("encoder_layers", knobs.encoder_layers)
+        dec = depth.get("decoder_layers", knobs.decoder_layers)
+        if (enc, dec) != (knobs.encoder_layers, knobs.decoder_layers):
+            knobs, stretched = fitting.stretch_layers(knobs, enc, dec)
     extra = {"fitted_to": {
         "file": os.path.basename(str(args.fit)), "model": real.meta.model.name,
         "provenance": real.meta.provenance.to_dict(), "requests": real.num_requests, "tokens": real.num_tokens,
@@ -555,5 +562,10 @@ def _run_fit(args, given: dict) -> Trace:
                   "positions and cross-layer pull, calibrated by simulation",
         "calibration": {"rounds": result.rounds, "residual": {k: round(v, 6) for k, v in result.residual.items()}},
         "held_out": held}}
+    if stretched is not None:
+        extra["fitted_to"]["layers_from"] = stretched
+        extra["fitted_to"]["stretched"] = (f"{len(stretched)} MoE layers from the fitted {real.num_layers}: each "
+                                           "takes the fitted layer of its role at the same relative depth; no "
+                                           "cross-layer pull between two layers from the same fitted one")
     return generate(knobs, args.seed, lengths, args.date, extra,
                     dataset=f"fitted to {real.meta.model.name} ({real.meta.provenance.dataset})")
