@@ -119,8 +119,13 @@ class CopyEngine:
             self.waking = True
             self.env.timeout(self.handoff).callbacks.append(self._woken)
 
-    def _has_next(self) -> bool:
-        return bool((self.demand and self.free >= 1) or (self.prefetch and self.free > self.reserve))
+    def _queue(self) -> deque | None:
+        """The queue the next copy may come from now (demand first; prefetches leave the reserve free), or None."""
+        if self.demand and self.free >= 1:
+            return self.demand
+        if self.prefetch and self.free > self.reserve:
+            return self.prefetch
+        return None
 
     def _woken(self, _event) -> None:
         self.waking = False
@@ -128,12 +133,10 @@ class CopyEngine:
             self._start_next()
 
     def _start_next(self) -> None:
-        if self.demand and self.free >= 1:
-            job = self.demand.popleft()
-        elif self.prefetch and self.free > self.reserve:
-            job = self.prefetch.popleft()
-        else:
+        queue = self._queue()
+        if queue is None:
             return
+        job = queue.popleft()
         self.free -= 1
         in_use = self.capacity - self.free
         if in_use > self.max_in_use:
@@ -166,7 +169,7 @@ class CopyEngine:
             w = self.waiter.pop(job.layer, None)
             if w is not None:
                 w.succeed()
-        if self.gap and self._has_next():  # the copy thread notices the landing, then issues the next copy
+        if self.gap and self._queue() is not None:  # the copy thread notices the landing, then issues the next copy
             self.waking = True
             self.env.timeout(self.gap).callbacks.append(self._woken)
         else:

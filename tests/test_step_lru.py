@@ -10,38 +10,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import make_trace, random_trace
+from conftest import make_trace, plain_lru, random_trace
 from real_traces import gpt_oss
 from traces import stats, step_lru
 
 
 def replay_step_lru(trace, capacity):
-    """A plain replay, one layer at a time, of the rule in sim/policies/lru.py at batch 1 (one token per step):
-    the step's cached experts hit and become most recent in ascending id order; then each missing expert, in
-    ascending id order, evicts the least recent cached expert the step does not use (none left: not cached).
-    Returns (hits, accesses) per layer."""
+    """A plain replay, one layer at a time, of the rule in sim/policies/lru.py at batch 1 (one token per step),
+    through the suite's LRU re-statement (``conftest.plain_lru``). Returns (hits, accesses) per layer."""
     hits, accesses = [], []
     for layer in range(trace.num_layers):
-        cache, h, n = [], 0, 0  # least recent first
-        for t in range(trace.num_tokens):
-            step = sorted({int(x) for x in trace.experts[t, layer] if x >= 0})
-            n += len(step)
-            h += sum(1 for x in step if x in cache)
-            for x in step:
-                if x in cache:
-                    cache.remove(x)
-                    cache.append(x)
-            for x in step:
-                if x in cache:
-                    continue
-                if len(cache) >= capacity:
-                    victims = [v for v in cache if v not in step]
-                    if not victims:
-                        continue
-                    cache.remove(victims[0])
-                cache.append(x)
-        hits.append(h)
-        accesses.append(n)
+        steps = [(t, {int(x) for x in trace.experts[t, layer] if x >= 0}) for t in range(trace.num_tokens)]
+        hits.append(plain_lru(steps, capacity))
+        accesses.append(sum(len(act) for _, act in steps))
     return hits, accesses
 
 

@@ -128,16 +128,17 @@ class Copier:
             raise RuntimeError(f"the copy thread failed: {self.error!r}") from self.error
 
     # ------------------------------------------------------------------------------------- copy thread
-    def _startable(self) -> bool:
-        """A copy could start now (what :meth:`_next` would take, without taking it)."""
-        return bool((self.demand and self.free) or (self.prefetch and len(self.free) > self.reserve))
+    def _queue(self) -> deque | None:
+        """The queue the next copy may come from now (demand first; prefetches leave the reserve free), or None."""
+        if self.demand and self.free:
+            return self.demand
+        if self.prefetch and len(self.free) > self.reserve:
+            return self.prefetch
+        return None
 
     def _next(self):
-        if self.demand and self.free:
-            return self.demand.popleft()
-        if self.prefetch and len(self.free) > self.reserve:
-            return self.prefetch.popleft()
-        return None
+        queue = self._queue()
+        return None if queue is None else queue.popleft()
 
     def _loop(self) -> None:
         try:
@@ -164,7 +165,7 @@ class Copier:
                         self.free.append((buffer, None))
                     else:
                         self.ready.setdefault(job.layer, deque()).append(job)
-                    self._queued_at_landing = self._startable()
+                    self._queued_at_landing = self._queue() is not None
                     self.cond.notify_all()
         except BaseException as exc:  # surfaced on the compute thread's next take/close
             with self.cond:

@@ -141,6 +141,28 @@ def measure_handoff(backend, nbytes: int, samples: int = 20) -> float:
     return max(0.0, statistics.fmean(backend.elapsed(a, b) for a, b in pairs)) * 1e6
 
 
+def _executor_work(backend, views: list, x, gated: bool):
+    """What the executor's compute thread does with a landed copy in working buffer ``job.buffer`` (whose expert
+    matrices are ``views[job.buffer]``): order the compute stream after it, a timestamp, the expert's kernels; it
+    returns the marker the buffer's release waits for."""
+    torch = backend.torch
+
+    def work(job):
+        backend.wait_landed(job.landed)
+        backend.mark()
+        expert_forward(torch, views[job.buffer], x, gated)
+        return backend.compute_done()
+    return work
+
+
+def _expert_buffers(backend, model: ModelSpec, n: int, dtype) -> tuple[list, list]:
+    """``n`` device buffers of one expert each, filled with random weights, and their matrices."""
+    bufs = [backend.device_buffer(model.expert_bytes) for _ in range(n)]
+    for b in bufs:
+        fill_random(backend.torch, b, model, dtype)
+    return bufs, [expert_views(b, model, dtype) for b in bufs]
+
+
 def measure_copy_gap(backend, model: ModelSpec, copies: int = 24) -> float:
     """Microseconds the link stands idle between one copy's landing and the start of the next, already queued, while
     the calling thread does what the executor's compute thread does with each landed copy (takes it, orders the
@@ -150,24 +172,14 @@ def measure_copy_gap(backend, model: ModelSpec, copies: int = 24) -> float:
     nbytes = model.expert_bytes
     dtype = torch_dtype(torch, model)
     srcs = [backend.host_buffer(nbytes) for _ in range(_rotation(nbytes))]
-    dsts = [backend.device_buffer(nbytes) for _ in range(_rotation(nbytes, 8))]
-    for b in srcs + dsts:
+    for b in srcs:
         b.fill_(1)
-    for b in dsts:
-        fill_random(torch, b, model, dtype)
-    views = {id(b): expert_views(b, model, dtype) for b in dsts}
+    dsts, views = _expert_buffers(backend, model, _rotation(nbytes, 8), dtype)
     x = torch.randn(max(1, model.top_k), model.d_model, device=backend.device, dtype=dtype) * 0.1
-    gated = model.expert_matrices == 3
-
-    def compute(job):
-        backend.wait_landed(job.landed)
-        backend.mark()
-        expert_forward(torch, views[id(dsts[job.buffer])], x, gated)
-        return backend.compute_done()
-
+    work = _executor_work(backend, views, x, model.expert_matrices == 3)
     with torch.inference_mode():
-        copier_rate(backend, srcs, dsts, len(dsts), compute)  # warm-up
-        _, gap = copier_rate(backend, srcs, dsts, copies, compute)
+        copier_rate(backend, srcs, dsts, len(dsts), work)  # warm-up
+        _, gap = copier_rate(backend, srcs, dsts, copies, work)
     return 1e6 * (gap or 0.0)
 
 
@@ -181,12 +193,10 @@ def measure_host_costs(backend, model: ModelSpec, samples: int = 32) -> dict:
     x = torch.randn(max(1, model.top_k), model.d_model, device=backend.device, dtype=dtype) * 0.1
     gate = torch.randn(model.d_model, model.num_experts, device=backend.device, dtype=dtype) * 0.02
     srcs = [backend.host_buffer(nbytes) for _ in range(2)]
-    dsts = [backend.device_buffer(nbytes) for _ in range(min(samples, _rotation(nbytes, 8)))]
     for b in srcs:
         b.fill_(1)
-    for b in dsts:
-        fill_random(torch, b, model, dtype)
-    views = [expert_views(b, model, dtype) for b in dsts]
+    dsts, views = _expert_buffers(backend, model, min(samples, _rotation(nbytes, 8)), dtype)
+    work = _executor_work(backend, views, x, gated)
     out = {}
     with torch.inference_mode():
         pairs = []
@@ -221,10 +231,7 @@ def measure_host_costs(backend, model: ModelSpec, samples: int = 32) -> dict:
                 for _ in jobs:  # what the executor does with each landed copy
                     backend.mark()
                     job = copier.take(0)
-                    backend.wait_landed(job.landed)
-                    backend.mark()
-                    expert_forward(torch, views[job.buffer], x, gated)
-                    copier.release(job, backend.compute_done())
+                    copier.release(job, work(job))
                 if r:  # the first round warms up
                     issue += spent
                     expert += time.perf_counter() - t0
@@ -256,10 +263,7 @@ def measure_copies(backend, timer: Timer, sizes: list[int]) -> tuple[list, list]
 def measure_expert(backend, timer: Timer, model: ModelSpec, tokens: list[int]) -> list:
     torch = backend.torch
     dtype = torch_dtype(torch, model)
-    bufs = [backend.device_buffer(model.expert_bytes) for _ in range(_rotation(model.expert_bytes))]
-    for b in bufs:
-        fill_random(torch, b, model, dtype)
-    weights = _cycle([expert_views(b, model, dtype) for b in bufs])
+    weights = _cycle(_expert_buffers(backend, model, _rotation(model.expert_bytes), dtype)[1])
     gated = model.expert_matrices == 3
     out = []
     with torch.inference_mode():
@@ -349,10 +353,7 @@ def measure_interference(backend, timer: Timer, model: ModelSpec, batch: int, co
     torch = backend.torch
     dtype = torch_dtype(torch, model)
     nbytes = model.expert_bytes
-    bufs = [backend.device_buffer(nbytes) for _ in range(_rotation(nbytes))]
-    for b in bufs:
-        fill_random(torch, b, model, dtype)
-    weights = _cycle([expert_views(b, model, dtype) for b in bufs])
+    weights = _cycle(_expert_buffers(backend, model, _rotation(nbytes), dtype)[1])
     srcs = [backend.host_buffer(nbytes) for _ in range(_rotation(nbytes))]
     bg_srcs = [backend.host_buffer(nbytes) for _ in range(_rotation(nbytes))]
     dsts = [backend.device_buffer(nbytes) for _ in range(_rotation(nbytes, 8))]
