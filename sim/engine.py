@@ -1,6 +1,6 @@
 """The SimPy engine: replays a workload's iterations through the compute stream and the copy engine, asking the
-policy and the predictor (plain Python, shared with the validator) for every decision. It owns time and
-nothing else.
+policy and the predictor for every decision through the decision protocol (``sim/protocol.py``, shared with the
+validator). It owns time and nothing else.
 
 Per iteration, for each MoE layer of the iteration's phase, on the compute stream:
 
@@ -47,7 +47,8 @@ from sim.costs import CostModel
 from sim.policies.base import Policy
 from sim.records import IterationRecord
 from sim.predictors.base import PredictionScore, Predictor
-from sim.workload import Iteration, active_sets, phase_layers
+from sim.protocol import DecisionProtocol, LayerDecision
+from sim.workload import Iteration, phase_layers
 from traces.format import Trace
 
 
@@ -70,6 +71,7 @@ class EngineResult:
     wall_s: float
     prediction: PredictionScore
     timeline: list | None = field(default=None)
+    decisions: list[LayerDecision] | None = field(default=None)   # with record_decisions
 
 
 def _events_processed(env: simpy.Environment) -> int:
@@ -83,7 +85,7 @@ class Simulation:
 
     def __init__(self, trace: Trace, iterations: list[Iteration], policy: Policy, predictor: Predictor,
                  costs: CostModel, lpc_buffers: int, prefetch_reserve: int = 1, timeline: bool = False,
-                 progress=None, check_invariants: bool = False):
+                 progress=None, check_invariants: bool = False, record_decisions: bool = False):
         self.trace = trace
         self.iterations = iterations
         self.policy = policy
@@ -94,15 +96,22 @@ class Simulation:
         self.timeline = [] if timeline else None
         self.progress = progress
         self.check_invariants = check_invariants  # full tier check after every layer (tests)
+        self.record_decisions = record_decisions  # keep every step's LayerDecision (the validator compares them)
         self.roles = [x.role for x in trace.meta.model.layers]
         self.phase_layers = phase_layers(trace)
+
+    def _check(self, policy: Policy) -> None:
+        """The full invariant check after a layer: the tiers, and the working buffers within their number."""
+        policy.cache.check()
+        if not 0 <= self.copy.queue.in_use <= self.copy.queue.capacity:
+            raise AssertionError("working buffers over capacity")
 
     def run(self) -> EngineResult:
         wall0 = time.perf_counter()
         env = simpy.Environment()
         costs, policy, predictor = self.costs, self.policy, self.predictor
         expert_bytes = costs.expert_bytes
-        copy = CopyEngine(env, costs.copy_s(expert_bytes), expert_bytes, self.lpc_buffers, self.prefetch_reserve,
+        copy = self.copy = CopyEngine(env, costs.copy_s(expert_bytes), expert_bytes, self.lpc_buffers, self.prefetch_reserve,
                           self.timeline, costs.hw.copy_slowdown, costs.hw.handoff_s, costs.hw.copy_gap_s)
         handoff = costs.hw.handoff_s
         def stretch(t: float, slow: float) -> float:
@@ -123,8 +132,11 @@ class Simulation:
         totals = {"busy": 0.0, "stall": 0.0, "issued": 0, "used": 0, "unused": 0, "wasted": 0}
         counters = policy.cache.counters
 
+        protocol = self.protocol = DecisionProtocol(self.trace, policy, predictor, score, self.record_decisions,
+                                                    self._check if self.check_invariants else None)
+
         def compute_stream():
-            timeout, submit, release, upgrade = env.timeout, copy.submit, copy.release, copy.upgrade
+            timeout, submit, release, upgrade, drop = env.timeout, copy.submit, copy.release, copy.upgrade, copy.drop
             hit_d2d = d2d if policy.hit_d2d else 0.0
             promote_d2d = 0.0 if policy.promotion_is_free else d2d
             slow, dense_slow = costs.hw.compute_slowdown, costs.hw.dense_slowdown
@@ -132,22 +144,17 @@ class Simulation:
             hw = costs.hw
             roundtrip, copy_issue = hw.layer_roundtrip_s, hw.copy_issue_s
             expert_issue, hit_issue = hw.expert_issue_s, hw.hit_issue_s
+            roles, decide = self.roles, protocol.decide
             for it in self.iterations:
-                if it.new_batch:
-                    policy.start_batch()
-                policy.start_iteration(it)
-                predictor.start_iteration(it)
-                layers = self.phase_layers[it.kind]
-                actives = active_sets(self.trace, it.rows, layers)
                 t_start = env.now
                 stall = busy = 0.0
                 before = (dict(counters.hits), counters.misses, copy.copies, counters.promotions, counters.evictions)
                 issued = unused = used = 0
                 jobs = {}
                 n_tok = int(it.rows.size)
-                for pos, layer in enumerate(layers):
-                    active, counts = actives[pos]
-                    dense = costs.dense_s(self.roles[layer], n_tok, it.context)
+                for step in protocol.steps(it):
+                    layer, counts = step.layer, step.counts
+                    dense = costs.dense_s(roles[layer], n_tok, it.context)
                     if slowed:
                         dense = stretch(dense, dense_slow)
                     if tl is not None:
@@ -156,44 +163,32 @@ class Simulation:
                     busy += dense
                     if roundtrip:  # the gate's choice reaches the host before anything of the layer is issued
                         yield timeout(roundtrip)
-                    prefetch = ()
-                    if pos + 1 < len(layers):
-                        nxt = layers[pos + 1]
-                        guess = frozenset()
-                        if predictor.predicts:
-                            truth = frozenset(actives[pos + 1][0])
-                            guess = predictor.predict(it.index, nxt, truth, frozenset(active))
-                            score.add(nxt, guess, truth)
-                        prefetch = policy.plan_prefetch(it.index, nxt, guess)
-                    plan = policy.plan_layer(it.index, layer, active)
-                    for e in plan.unused_prefetch:
+                    decide(step)
+                    for e in step.plan.unused_prefetch:
                         job = jobs.pop((layer, e))
                         if job.started:
                             totals["wasted"] += expert_bytes
-                        copy.drop(job)
+                        drop(job)
                         unused += 1
                     resident_s = 0.0
-                    residents = waiting = new_copies = 0
-                    sources = plan.sources
-                    for e in active:
-                        src = sources[e]
-                        if src == HPC or src == MPC:
-                            t = expert_s(counts[e]) + hit_d2d
-                            if tl is not None:
-                                tl.append(("compute", f"L{layer} E{e} {src}", env.now + resident_s, t))
-                            resident_s += t
-                            residents += 1
-                        elif src == LPC:
+                    for e in step.resident:
+                        t = expert_s(counts[e]) + hit_d2d
+                        if tl is not None:
+                            tl.append(("compute", f"L{layer} E{e} {step.plan.sources[e]}", env.now + resident_s, t))
+                        resident_s += t
+                    new_copies = 0
+                    for e, src in step.copied:
+                        if src == LPC:
                             upgrade(jobs.pop((layer, e)))
                             used += 1
-                            waiting += 1
                         else:
                             submit(layer, e, False)
-                            waiting += 1
                             new_copies += 1
+                    waiting = len(step.copied)
                     # prefetches reach the copy engine after this layer's demand copies, so that an idle link
                     # starts a copy this layer waits for, not one for the next layer
-                    for e in prefetch:
+                    nxt = step.next_layer
+                    for e in step.prefetch:
                         jobs[(nxt, e)] = submit(nxt, e, True)
                         issued += 1
                         new_copies += 1
@@ -202,11 +197,11 @@ class Simulation:
                     if resident_s:
                         if slowed:
                             resident_s = stretch(resident_s, slow)
-                        resident_s = max(resident_s, hit_issue * residents)
+                        resident_s = max(resident_s, hit_issue * len(step.resident))
                         yield timeout(resident_s)
                         busy += resident_s
                     ready = copy.ready.setdefault(layer, deque())
-                    promote = plan.promote
+                    promote = step.plan.promote
                     while waiting:
                         if not ready:
                             t0 = env.now
@@ -217,7 +212,8 @@ class Simulation:
                             copy.computing = True
                             stall += env.now - t0
                             continue
-                        e = ready.popleft().expert
+                        job = ready.popleft()
+                        e = job.expert
                         waiting -= 1
                         t = expert_s(counts[e])
                         if e in promote:
@@ -229,12 +225,7 @@ class Simulation:
                             tl.append(("compute", f"L{layer} E{e} copied", env.now, t))
                         yield timeout(t)
                         busy += t
-                        release()
-                    policy.finish_layer(it.index, layer)
-                    if self.check_invariants:
-                        policy.cache.check()
-                        if copy.free < 0 or copy.capacity - copy.free > copy.capacity:
-                            raise AssertionError("working buffers over capacity")
+                        release(job)
                 # the LM head closes the iteration: over every generated token, or each prefilled request's last
                 lm = costs.lm_head_s(n_tok if it.kind == "decode" else it.requests)
                 if lm and slowed:
@@ -271,4 +262,5 @@ class Simulation:
             stall_s=totals["stall"], copies=copy.copies, prefetch_copies=copy.prefetch_copies,
             pcie_bytes=copy.pcie_bytes, prefetches_issued=totals["issued"], prefetches_used=totals["used"],
             unused_prefetches=totals["unused"], wasted_bytes=totals["wasted"], max_buffers_in_use=copy.max_in_use,
-            events=events, wall_s=time.perf_counter() - wall0, prediction=score, timeline=self.timeline)
+            events=events, wall_s=time.perf_counter() - wall0, prediction=score, timeline=self.timeline,
+            decisions=protocol.decisions)

@@ -38,15 +38,17 @@ def versions() -> dict:
 
 
 def simulate(cfg: RunConfig, timeline: bool = False, progress=None, trace: Trace | None = None,
-             check_invariants: bool = False) -> RunOutput:
-    """Run the simulator for one config; returns the summary and everything behind it."""
+             check_invariants: bool = False, record_decisions: bool = False) -> RunOutput:
+    """Run the simulator for one config; returns the summary and everything behind it (``record_decisions``: the
+    engine keeps every step's decisions, ``engine.decisions``)."""
     trace = trace if trace is not None else load_trace(cfg.workload.trace)
     w = cfg.workload
     iterations, info = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
     policy, predictor = build_decisions(cfg, trace, iterations)
     costs = CostModel(cfg.model, cfg.hardware)
     sim = Simulation(trace, iterations, policy, predictor, costs, cfg.cache.lpc_buffers, cfg.cache.prefetch_reserve,
-                     timeline=timeline, progress=progress, check_invariants=check_invariants)
+                     timeline=timeline, progress=progress, check_invariants=check_invariants,
+                     record_decisions=record_decisions)
     res = sim.run()
     labels = {"policy": cfg.policy.name, "predictor": cfg.predictor.name, "model": cfg.model.name,
               "hardware": cfg.hardware.name, "batch_size": w.batch_size, "batching": w.batching, "seed": cfg.seed}

@@ -208,7 +208,7 @@ def test_copier_never_overfills_its_buffers_and_lands_every_kept_copy_once(ops, 
     finally:
         c.close()
     assert peak[0] <= buffers
-    assert len(c.free) == buffers  # every buffer came back
+    assert len(c.queue.free) == buffers  # every buffer came back
 
 
 # ------------------------------------------------------------------------------------ measuring and comparing

@@ -6,9 +6,8 @@ signed relative error ``(sim - real) / real``; where the time went, to explain a
 the device), the compute stream's stall per iteration (real: timed on the device around each wait; simulated),
 the host's busy time per iteration (real: deciding and issuing work, not waiting for copies: where it comes near
 the latency, the run is bound by the host, which the simulator does not model), the link's mean idle gap between
-queued copies (real) and the link's busy fraction; whether the simulator made the
-very decisions the executor made
-(every (iteration, layer): sources per active expert, promotions, prefetches, unused prefetches); the median
+queued copies (real) and the link's busy fraction; whether the simulator's engine made the very decisions the
+executor made (every (iteration, layer): sources per active expert, promotions, prefetches, unused prefetches); the median
 absolute errors over the configurations. Written to ``DIR/compare/`` (or ``--out``): ``compare.csv``,
 ``compare.md`` and ``compare.png`` (simulated against real latency, and the errors per configuration).
 
@@ -34,9 +33,7 @@ from sim.config import config_from_dict
 from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
-from sim.replay import replay
-from sim.run import build_decisions, simulate
-from sim.workload import build_iterations
+from sim.run import simulate
 from traces.io import atomic_write_bytes, file_sha256, load_trace
 from validate.measure import decisions_digest
 
@@ -76,12 +73,11 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
     if want is not None and want != have:
         raise ConfigError(str(cfg.workload.trace), "differs from the trace that was measured (checksum mismatch)")
     trace = load_trace(cfg.workload.trace)
-    s = simulate(cfg, trace=trace).summary
-    # the decisions: the protocol replayed without time must be what the executor recorded
+    out = simulate(cfg, trace=trace, record_decisions=True)
+    s = out.summary
+    # the decisions: the simulator's, step by step, must be what the executor recorded
     w = cfg.workload
-    its, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
-    policy, predictor = build_decisions(cfg, trace, its)
-    identical = decisions_digest(replay(trace, its, policy, predictor)) == real["decisions_sha256"]
+    identical = decisions_digest(out.engine.decisions) == real["decisions_sha256"]
     rm, sm = real["iteration_ms"]["mean"], s["iteration_ms"]["mean"]
     rp, sp = real["iteration_ms"]["p50"], s["iteration_ms"]["p50"]
     rt, st = real["throughput_tok_s"], s["throughput_tok_s"]

@@ -1,9 +1,8 @@
 """The executor's copy engine: a thread that copies experts from host memory into the shared working buffers, one
-at a time, by the simulator's rules (``sim/copy_engine.py``): demand copies before queued prefetches, a copy in
-flight is never preempted, every copy needs a free working buffer, prefetches leave ``reserve`` buffers free, a
-buffer is free again once the expert in it has computed (and been promoted), or at once for an unused prefetch.
-
-Landed copies are queued per layer, in landing order, for the compute thread to take.
+at a time, by the copy-queue rules the simulator's copy engine follows (``sim/copy_queue.py``): demand copies before
+queued prefetches, a copy in flight is never preempted, every copy needs a free working buffer, prefetches leave
+``reserve`` buffers free, a buffer is free again once the expert in it has computed (and been promoted), or at once
+for an unused prefetch. Landed copies wait per layer, in landing order, for the compute thread to take.
 
 What it counts, timed on the device (CUDA events on a GPU) and read once the copier is closed (reading an event's
 time takes the interpreter lock, which the copy thread must not wait for between copies): :meth:`timings` gives
@@ -15,19 +14,10 @@ run puts on the host (the simulator's ``copy_gap_us``).
 from __future__ import annotations
 
 import threading
-from collections import deque
 
+from sim.copy_queue import CopyJob, CopyQueue
 
-class Job:
-    """One expert's copy into a working buffer, for one MoE layer."""
-
-    __slots__ = ("layer", "expert", "was_prefetch", "started", "finished", "dropped", "buffer", "landed")
-
-    def __init__(self, layer: int, expert: int, prefetch: bool):
-        self.layer, self.expert, self.was_prefetch = layer, expert, prefetch
-        self.started = self.finished = self.dropped = False
-        self.buffer = None   # index of the working buffer it lands in
-        self.landed = None   # the backend's Landed (start and end timestamps of the copy)
+Job = CopyJob  # the executor's name for it
 
 
 class Copier:
@@ -38,50 +28,45 @@ class Copier:
         self.backend = backend
         self.source = source
         self.buffers = buffers
-        self.reserve = max(1, reserve)
-        self.free: deque[tuple[int, object]] = deque((i, None) for i in range(len(buffers)))  # (buffer, after)
-        self.demand: deque[Job] = deque()
-        self.prefetch: deque[Job] = deque()
-        self.ready: dict[int, deque[Job]] = {}
+        self.queue = CopyQueue(len(buffers), reserve)
         self.cond = threading.Condition()
         self.stopping = False
         self.error: BaseException | None = None
-        self.copies = 0
         self._spans: list[tuple] = []  # (landed, previous landing's end, buffer's release marker, was queued)
         self._queued_at_landing = False
         self._last_end = None
-        self.prefetch_copies = 0
-        self.max_in_use = 0
         self.thread = threading.Thread(target=self._loop, name="copier", daemon=True)
         self.thread.start()
 
+    @property
+    def copies(self) -> int:
+        return self.queue.copies
+
+    @property
+    def prefetch_copies(self) -> int:
+        return self.queue.prefetch_copies
+
+    @property
+    def max_in_use(self) -> int:
+        return self.queue.max_in_use
+
     # ---------------------------------------------------------------------------------- compute thread side
     def submit(self, layer: int, expert: int, prefetch: bool) -> Job:
-        job = Job(layer, expert, prefetch)
         with self.cond:
-            (self.prefetch if prefetch else self.demand).append(job)
+            job = self.queue.submit(layer, expert, prefetch)
             self.cond.notify_all()
         return job
 
     def upgrade(self, job: Job) -> None:
         """A prefetched expert is needed now: if its copy has not started, it joins the demand queue."""
         with self.cond:
-            if not job.started and job in self.prefetch:
-                self.prefetch.remove(job)
-                self.demand.append(job)
+            if self.queue.upgrade(job):
                 self.cond.notify_all()
 
     def drop(self, job: Job) -> None:
         """A prefetched expert went unused: cancel its copy, or free its buffer once it has landed."""
         with self.cond:
-            job.dropped = True
-            if not job.started:
-                (self.prefetch if job in self.prefetch else self.demand).remove(job)
-            elif job.finished:
-                q = self.ready.get(job.layer)
-                if q is not None and job in q:
-                    q.remove(job)
-                self.free.append((job.buffer, None))
+            if self.queue.drop(job):
                 self.cond.notify_all()
 
     def take(self, layer: int) -> Job:
@@ -89,15 +74,15 @@ class Copier:
         with self.cond:
             while True:
                 self._raise()
-                q = self.ready.get(layer)
-                if q:
-                    return q.popleft()
+                job = self.queue.take(layer)
+                if job is not None:
+                    return job
                 self.cond.wait()
 
     def release(self, job: Job, after) -> None:
         """``job``'s buffer is free once the work marked by ``after`` is done."""
         with self.cond:
-            self.free.append((job.buffer, after))
+            self.queue.release(job.buffer, after)
             self.cond.notify_all()
 
     def close(self) -> None:
@@ -128,44 +113,25 @@ class Copier:
             raise RuntimeError(f"the copy thread failed: {self.error!r}") from self.error
 
     # ------------------------------------------------------------------------------------- copy thread
-    def _queue(self) -> deque | None:
-        """The queue the next copy may come from now (demand first; prefetches leave the reserve free), or None."""
-        if self.demand and self.free:
-            return self.demand
-        if self.prefetch and len(self.free) > self.reserve:
-            return self.prefetch
-        return None
-
-    def _next(self):
-        queue = self._queue()
-        return None if queue is None else queue.popleft()
-
     def _loop(self) -> None:
+        queue = self.queue
         try:
             while True:
                 with self.cond:
-                    job = self._next()
+                    job = queue.start_next()
                     while job is None:
                         if self.stopping:
                             return
                         self.cond.wait()
-                        job = self._next()
-                    buffer, after = self.free.popleft()
-                    job.buffer, job.started = buffer, True
-                    self.max_in_use = max(self.max_in_use, len(self.buffers) - len(self.free))
+                        job = queue.start_next()
                     back_to_back, last_end = self._queued_at_landing, self._last_end
-                landed = self.backend.copy_in(self.buffers[buffer], self.source(job.layer, job.expert), after)
+                landed = self.backend.copy_in(self.buffers[job.buffer], self.source(job.layer, job.expert), job.after)
                 with self.cond:
-                    self._spans.append((landed, last_end, after, back_to_back))
+                    self._spans.append((landed, last_end, job.after, back_to_back))
                     self._last_end = landed.end
-                    job.landed, job.finished = landed, True
-                    self.copies += 1
-                    self.prefetch_copies += job.was_prefetch
-                    if job.dropped:
-                        self.free.append((buffer, None))
-                    else:
-                        self.ready.setdefault(job.layer, deque()).append(job)
-                    self._queued_at_landing = self._queue() is not None
+                    job.landed = landed
+                    queue.land(job)
+                    self._queued_at_landing = queue.has_next()
                     self.cond.notify_all()
         except BaseException as exc:  # surfaced on the compute thread's next take/close
             with self.cond:

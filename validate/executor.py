@@ -1,6 +1,6 @@
 """The executor: runs a workload for real, with the very policy and predictor objects the simulator uses
-(``sim.run.build_decisions``), asking them in the simulator's order (``sim/engine.py``, ``sim/replay.py``), and
-measures each iteration's latency.
+(``sim.run.build_decisions``), asked through the simulator's decision protocol (``sim/protocol.py``), and measures
+each iteration's latency.
 
 Memory, as an offloading server lays it out:
 
@@ -40,9 +40,9 @@ import numpy as np
 from sim.cache import HPC, LPC, MPC
 from sim.config import RunConfig
 from sim.records import IterationRecord
-from sim.replay import LayerDecision
 from sim.decisions import build_decisions
-from sim.workload import active_sets, build_iterations, phase_layers
+from sim.protocol import DecisionProtocol, LayerDecision
+from sim.workload import build_iterations, phase_layers
 from traces.format import Trace
 from validate.copier import Copier
 from validate.kernels import DenseLayer, LMHead, expert_forward, expert_views, fill_random, torch_dtype
@@ -178,10 +178,10 @@ class Executor:
         torch = be.torch
         gated = m.expert_matrices == 3
         copier = Copier(be, self._source, self.work, self.cfg.cache.prefetch_reserve)
+        protocol = DecisionProtocol(trace, policy, predictor, record=record)
         counters = policy.cache.counters
         hit_d2d = policy.hit_d2d
         promote_d2d = not policy.promotion_is_free
-        decisions: list[LayerDecision] = []
         marks, rows, stalls, host_busy = [], [], [], []
         x_all = self.x
         try:
@@ -189,13 +189,7 @@ class Executor:
                 be.synchronize()
                 marks.append(be.mark())
                 for it in iterations:
-                    if it.new_batch:
-                        policy.start_batch()
                     h0 = time.perf_counter()
-                    policy.start_iteration(it)
-                    predictor.start_iteration(it)
-                    layers = self.phase_layers[it.kind]
-                    actives = active_sets(trace, it.rows, layers)
                     n_tok = int(it.rows.size)
                     x = x_all[:n_tok]
                     before = (dict(counters.hits), counters.misses, copier.copies, counters.promotions,
@@ -204,49 +198,33 @@ class Executor:
                     wait = 0.0
                     stalled = []  # (before, after) timestamps around each wait of the compute stream
                     jobs = {}
-                    for pos, layer in enumerate(layers):
-                        active, counts = actives[pos]
+                    for step in protocol.steps(it):
+                        layer, counts = step.layer, step.counts
                         dense = self.dense[layer]
                         dense(x, it.context)
                         be.to_host(dense.routing)  # the trace decides; the round trip is paid all the same
-                        prefetch, nxt = (), None
-                        if pos + 1 < len(layers):
-                            nxt = layers[pos + 1]
-                            guess = frozenset()
-                            if predictor.predicts:
-                                guess = predictor.predict(it.index, nxt, frozenset(actives[pos + 1][0]),
-                                                          frozenset(active))
-                            prefetch = tuple(policy.plan_prefetch(it.index, nxt, guess))
-                        plan = policy.plan_layer(it.index, layer, active)
-                        if record:
-                            decisions.append(LayerDecision(
-                                it.index, layer, active, tuple((e, plan.sources[e]) for e in active),
-                                tuple(plan.promote.items()), prefetch, tuple(plan.unused_prefetch)))
-                        for e in plan.unused_prefetch:
+                        protocol.decide(step)
+                        for e in step.plan.unused_prefetch:
                             copier.drop(jobs.pop((layer, e)))
                             unused += 1
-                        resident, waiting = [], 0
-                        for e in active:
-                            src = plan.sources[e]
-                            if src == HPC or src == MPC:
-                                resident.append(e)
-                            elif src == LPC:
+                        for e, src in step.copied:
+                            if src == LPC:
                                 copier.upgrade(jobs.pop((layer, e)))
-                                waiting += 1
                             else:
                                 copier.submit(layer, e, False)
-                                waiting += 1
-                        for e in prefetch:
+                        waiting = len(step.copied)
+                        nxt = step.next_layer
+                        for e in step.prefetch:
                             jobs[(nxt, e)] = copier.submit(nxt, e, True)
                             issued += 1
-                        for e in resident:
+                        for e in step.resident:
                             weights = self.slot_views[self._slot(layer, e)]
                             if hit_d2d:
                                 a = self.arena_next = (self.arena_next + 1) % ARENA_BUFFERS
                                 be.device_copy(self.arena[a], self.slots[self._slot(layer, e)])
                                 weights = self.arena_views[a]
                             expert_forward(torch, weights, x[:counts[e]], gated)
-                        promote = plan.promote
+                        promote = step.plan.promote
                         while waiting:
                             idle_from = be.mark()
                             t0 = time.perf_counter()
@@ -260,7 +238,6 @@ class Executor:
                             if e in promote and promote_d2d:
                                 be.device_copy(self.slots[self._slot(layer, e)], self.work[job.buffer])
                             copier.release(job, be.compute_done())
-                        policy.finish_layer(it.index, layer)
                     self.lm_head(x if it.kind == "decode" else x[:it.requests])
                     marks.append(be.mark())
                     stalls.append(stalled)
@@ -290,7 +267,7 @@ class Executor:
         if self.physical_slots < self.logical_slots:
             notes.append(f"{self.physical_slots} physical device slots served {self.logical_slots} logical cache "
                          f"slots")
-        return ExecResult(records, decisions, times[-1], copier.copies, *copier.timings(), host_wait,
+        return ExecResult(records, protocol.decisions or [], times[-1], copier.copies, *copier.timings(), host_wait,
                           copier.prefetch_copies, copier.max_in_use, len(self.host), self.logical_experts,
                           self.physical_slots, self.logical_slots, be.name, self.warmup, trace.num_layers,
                           sum(host_busy), notes)
