@@ -40,8 +40,8 @@ from validate.measure import decisions_digest
 COLUMNS = ["config", "policy", "predictor", "batch_size", "hpc_slots", "mpc_slots", "iterations",
            "real_mean_ms", "sim_mean_ms", "err_mean_pct", "real_p50_ms", "sim_p50_ms", "err_p50_pct",
            "real_tok_s", "sim_tok_s", "err_tok_s_pct", "real_copies", "sim_copies", "real_copy_ms", "sim_copy_ms",
-           "real_stall_ms", "sim_stall_ms", "real_host_busy_ms", "real_copy_gap_us", "real_link_busy",
-           "sim_link_busy",
+           "real_stall_ms", "sim_stall_ms", "real_host_busy_ms", "real_decide_ms", "real_gate_sync_ms",
+           "real_copy_gap_us", "real_link_busy", "sim_link_busy",
            "decisions_identical"]
 
 
@@ -93,6 +93,8 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
         "sim_copy_ms": 1e3 * s["link_busy_frac"] * s["sim_time_s"] / s["copies"] if s["copies"] else None,
         "real_stall_ms": real.get("stall_ms", real.get("wait_ms")), "real_copy_gap_us": real.get("mean_copy_gap_us"),
         "real_host_busy_ms": real.get("host_busy_ms"),
+        "real_decide_ms": (real.get("host_phase_ms") or {}).get("decide"),
+        "real_gate_sync_ms": (real.get("host_phase_ms") or {}).get("gate_sync"),
         "sim_stall_ms": s["stall_ms"] / max(1, s["iterations"]),
         "real_link_busy": real.get("link_busy_frac"), "sim_link_busy": s["link_busy_frac"],
         "decisions_identical": identical,

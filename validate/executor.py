@@ -49,6 +49,10 @@ from validate.kernels import DenseLayer, LMHead, expert_forward, expert_views, f
 
 GB = 1 << 30
 ARENA_BUFFERS = 4
+#: Where the compute thread's time goes, per MoE layer: issuing the dense work, waiting for the gate's routing on
+#: the host (the device finishing the work queued before it), deciding, issuing the copies and the cached experts,
+#: and the copied experts (waiting for their copies to land, ``copy_wait``, included; reported apart as well).
+HOST_PHASES = ("dense_issue", "gate_sync", "decide", "issue_copies_and_hits", "copied_experts", "copy_wait")
 
 
 @dataclass
@@ -71,6 +75,7 @@ class ExecResult:
     warmup_iterations: int
     layers: int               # MoE layers run
     host_busy_s: float        # host seconds the compute thread spent issuing work and deciding (not waiting)
+    host_phases: dict = field(default_factory=dict)   # host seconds per phase (HOST_PHASES), over the run
     notes: list[str] = field(default_factory=list)
 
 
@@ -183,6 +188,8 @@ class Executor:
         hit_d2d = policy.hit_d2d
         promote_d2d = not policy.promotion_is_free
         marks, rows, stalls, host_busy = [], [], [], []
+        phases = dict.fromkeys(HOST_PHASES, 0.0)
+        clock = time.perf_counter
         x_all = self.x
         try:
             with torch.inference_mode():
@@ -201,9 +208,16 @@ class Executor:
                     for step in protocol.steps(it):
                         layer, counts = step.layer, step.counts
                         dense = self.dense[layer]
+                        t0 = clock()
                         dense(x, it.context)
+                        t1 = clock()
                         be.to_host(dense.routing)  # the trace decides; the round trip is paid all the same
+                        t2 = clock()
                         protocol.decide(step)
+                        t3 = clock()
+                        phases["dense_issue"] += t1 - t0
+                        phases["gate_sync"] += t2 - t1
+                        phases["decide"] += t3 - t2
                         for e in step.plan.unused_prefetch:
                             copier.drop(jobs.pop((layer, e)))
                             unused += 1
@@ -225,6 +239,8 @@ class Executor:
                                 weights = self.arena_views[a]
                             expert_forward(torch, weights, x[:counts[e]], gated)
                         promote = step.plan.promote
+                        t4 = clock()
+                        phases["issue_copies_and_hits"] += t4 - t3
                         while waiting:
                             idle_from = be.mark()
                             t0 = time.perf_counter()
@@ -238,10 +254,12 @@ class Executor:
                             if e in promote and promote_d2d:
                                 be.device_copy(self.slots[self._slot(layer, e)], self.work[job.buffer])
                             copier.release(job, be.compute_done())
+                        phases["copied_experts"] += clock() - t4
                     self.lm_head(x if it.kind == "decode" else x[:it.requests])
                     marks.append(be.mark())
                     stalls.append(stalled)
                     host_busy.append(time.perf_counter() - h0 - wait)
+                    phases["copy_wait"] += wait
                     hits = counters.hits
                     rows.append((it, n_tok, wait, hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC],
                                  hits[LPC] - before[0][LPC], counters.misses - before[1],
@@ -270,5 +288,5 @@ class Executor:
         return ExecResult(records, protocol.decisions or [], times[-1], copier.copies, *copier.timings(), host_wait,
                           copier.prefetch_copies, copier.max_in_use, len(self.host), self.logical_experts,
                           self.physical_slots, self.logical_slots, be.name, self.warmup, trace.num_layers,
-                          sum(host_busy), notes)
+                          sum(host_busy), phases, notes)
 

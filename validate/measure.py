@@ -69,6 +69,8 @@ def real_summary(name: str, res, workload_info, description: str) -> dict:
         "stall_ms": 1e3 * float(np.mean([r.stall_s for r in res.iterations])) if res.iterations else None,
         "host_wait_ms": 1e3 * res.host_wait_s / len(res.iterations) if res.iterations else None,
         "host_busy_ms": 1e3 * res.host_busy_s / len(res.iterations) if res.iterations else None,
+        "host_phase_ms": {k: 1e3 * v / len(res.iterations) for k, v in res.host_phases.items()}
+        if res.iterations else None,
         "total_s": res.total_s,
         "iterations": len(res.iterations),
         "decode_tokens": workload_info.decode_tokens,
@@ -106,6 +108,8 @@ def aggregate(run_dir: Path) -> dict:
         round_mean_ms=[s["iteration_ms"]["mean"] for s in summaries],
         mean_copy_ms=_mean_of(summaries, "mean_copy_ms"), stall_ms=_mean_of(summaries, "stall_ms"),
         host_wait_ms=_mean_of(summaries, "host_wait_ms"), host_busy_ms=_mean_of(summaries, "host_busy_ms"),
+        host_phase_ms={k: _mean_of([s.get("host_phase_ms") or {} for s in summaries], k)
+                       for k in (first.get("host_phase_ms") or {})},
         mean_copy_gap_us=_mean_of(summaries, "mean_copy_gap_us"),
         link_busy_frac=_mean_of(summaries, "link_busy_frac"),
         decisions_same_every_round=len({s["decisions_sha256"] for s in summaries}) == 1)
