@@ -1,4 +1,5 @@
-"""`python -m sim sweep`: the CI sweep's checks, resuming after SIGKILL, failing points, bad sweep files."""
+"""`python -m sim sweep`: the CI sweep's checks, resuming after SIGKILL, failing points, bad sweep files.
+(Dying workers, retries and orphan temporary files: tests/test_sweep_faults.py.)"""
 
 from __future__ import annotations
 
@@ -70,16 +71,34 @@ def test_a_failing_point_is_recorded_and_the_others_run(tmp_path):
     sweep = _write_sweep(tmp_path / "s.yaml", """
 set: {workload.requests: 8, workload.max_decode_tokens: 8, policy.name: diffmoe}
 grid:
-  policy.params.threshold: [1.0, high, 0.5]
+  policy.params.threshold: [1.0, 0.7, 0.5]
 """)
     out = tmp_path / "out"
-    res = _sweep(sweep, "--out", out, "--workers", "2")
-    assert res.returncode == 0, res.stderr
+    # the test hook of sim.sweep_worker makes this point raise, as a bug in the simulator would
+    res = _sweep(sweep, "--out", out, "--workers", "2", env={**os.environ,
+                                                             "SIM_SWEEP_TEST_FAIL": "policy.params.threshold=0.7"})
+    assert res.returncode == 4, res.stderr  # 4: the sweep finished with failed points
+    assert "1 of 3 points failed" in res.stderr and "--resume" in res.stderr
     df = pd.read_parquet(out / "results.parquet").set_index("policy.params.threshold")
-    assert df.loc["high", "status"] == "failed" and "threshold" in df.loc["high", "error"]
-    assert set(df.index) == {"1.0", "high", "0.5"}
-    assert (df.drop(index="high")["status"] == "ok").all()
+    assert df.loc[0.7, "status"] == "failed" and "RuntimeError: failing on purpose" in df.loc[0.7, "error"]
+    assert (df["attempts"] == 1).all()  # a point that fails (rather than killing its worker) is not retried
+    assert set(df.index) == {1.0, 0.7, 0.5}
+    assert (df.drop(index=0.7)["status"] == "ok").all()
     assert "Failed points" in (out / "report.md").read_text()
+
+
+def test_an_axis_of_mixed_types_is_stored_as_text(tmp_path):
+    from sim.sweep import Sweep, write_report
+
+    sweep = Sweep("mixed", {}, {}, ["policy.params.threshold"], [], [], "inline")
+    df = pd.DataFrame({"point": ["a", "b"], "status": ["ok", "failed"], "error": [None, "ValueError: no"],
+                       "policy.params.threshold": [1.0, "high"], "throughput_tok_s": [5.0, None]})
+    for col in ("iteration_ms_mean", "hit_rate", "hit_rate_hpc", "hit_rate_mpc", "hit_rate_lpc", "pcie_bytes"):
+        df[col] = [0.5, None]
+    write_report(tmp_path, sweep, df, {})
+    stored = pd.read_parquet(tmp_path / "results.parquet")
+    assert list(stored["policy.params.threshold"]) == ["1.0", "high"]
+    assert "- b: ValueError: no" in (tmp_path / "report.md").read_text()
 
 
 @pytest.mark.parametrize("body, field", [
@@ -161,3 +180,11 @@ plots: [predictor.params.recall]
     bad = _write_sweep(tmp_path / "b.yaml", "grid: {workload.batch_size: [1]}\nplots: [colour]\n")
     res = _sweep(bad, "--out", tmp_path / "o2")
     assert res.returncode == 2 and "sweep.plots" in res.stderr
+
+
+def test_sim_sweep_still_exports_the_names_other_code_imports():
+    import sim.sweep
+
+    for name in ("Sweep", "Point", "load_sweep", "run_point", "read_rows", "run_checks", "Progress", "run_local",
+                 "run_ray", "write_report", "register", "run"):
+        assert name in sim.sweep.__all__ and getattr(sim.sweep, name) is not None
