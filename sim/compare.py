@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sim.config import RunConfig, config_from_dict, load_run_config
 from sim.errors import ConfigError
-from sim.policies import POLICIES
+from sim.policies import POLICIES, is_ceiling
 from sim.predictors import PREDICTORS
 from sim.run import cached_layers, simulate
 from traces.io import atomic_write_bytes, load_trace
@@ -93,8 +93,8 @@ def compare(base: RunConfig, entries: list[tuple[str, str | None]], baseline: st
             "link_busy_frac": s["link_busy_frac"], "prefetch_precision": s["prefetch"]["precision"],
             "prefetch_recall": s["prefetch"]["recall"],
             # gpu-only keeps every expert, so the bound at the configured slots does not apply to it
-            "belady_cache_hit_rate": None if policy == "gpu-only" else bound,
-            "gap_to_belady": None if bound is None or cache_hits is None or policy == "gpu-only"
+            "belady_cache_hit_rate": None if is_ceiling(policy) else bound,
+            "gap_to_belady": None if bound is None or cache_hits is None or is_ceiling(policy)
             else bound - cache_hits,
         })
     names = [r["policy"] for r in rows]

@@ -11,164 +11,157 @@ Shape (``configs/switch_xxl.yaml`` is a commented example)::
     predictor: {name: none, params: {}}
     seed: 0
 
+The accepted keys, their defaults and checks are declared on the dataclasses below (:func:`sim.fields.setting`);
+the ``--set`` schema and ``RunConfig.resolved`` are derived from them. Policy and predictor names and params are
+checked against the registries (``sim.policies.POLICIES``, ``sim.predictors.PREDICTORS``) when the config loads.
+
 Every problem raises :class:`~sim.errors.ConfigError` with one line that starts with the field's dotted path.
-``RunConfig.resolved`` is the whole config as plain data, defaults filled, model and hardware expanded; it loads
-back with :func:`config_from_dict` to an equal config.
+``RunConfig.resolved`` is the whole config as plain data, defaults filled (policy and predictor params too), model
+and hardware expanded; it loads back with :func:`config_from_dict` to an equal config.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import math
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-import numpy as np
-import yaml
-
+from sim.checks import (INT_MAX, check_bool, check_int, check_keys, check_mapping, check_number, check_size, check_str,
+                        integer, number, one_of, show)
 from sim.costs import check_tables
 from sim.errors import ConfigError
-from sim.specs import (GB, HARDWARE_KEYS, MODEL_KEYS, PROJECT_ROOT, TABLE_KEYS, HardwareSpec, ModelSpec,
-                       check_bool, check_choice, check_int, check_keys, check_mapping, check_number, check_str,
-                       load_hardware, load_model, read_structured_file, resolve_path)
+from sim.fields import (check_setting, key_of, keys_of, plain, read_settings, required_keys, schema_of, setting,
+                        settings_of, wrapped)
+from sim.files import PROJECT_ROOT, file_status, read_structured_file, resolve_path
+from sim.hardware_spec import HardwareSpec, load_hardware
+from sim.model_spec import ModelSpec, load_model
+from sim.overrides import apply_set
+from sim.trace_summary import TraceSummary, read_trace_summary, trace_matches_model
+from sim.units import GB
 from traces.errors import TraceError
-from traces.format import TraceMeta
-from traces.io import load_trace_header
 
 BATCHING = ("static", "continuous")
 CACHE_LAYERS = ("all", "decoder", "encoder")
-GPU_ONLY = "gpu-only"          # the policy whose run is a hypothetical ceiling: no memory check
 DEFAULT_PREDICTOR = "none"
-
-TOP_KEYS = ("model", "hardware", "workload", "cache", "policy", "predictor", "seed")
-WORKLOAD_KEYS = ("trace", "batch_size", "batching", "max_decode_tokens", "prefill", "requests")
-SLOT_KEYS = ("hpc_slots", "mpc_slots", "lpc_buffers")
-CACHE_KEYS = SLOT_KEYS + ("prefetch_reserve", "layers", "hot_profile", "gpu_memory_gb", "split")
-SPLIT_KEYS = ("hpc", "mpc", "lpc")
-NAMED_KEYS = ("name", "params")
+MAX_BATCH = 1 << 16         # requests per batch
+MAX_REQUESTS = 1 << 20      # requests a run serves
+MAX_BUFFERS = 1 << 16       # working buffers (lpc_buffers)
+MAX_SEED = 2**32 - 1        # numpy's legacy seeding takes at most 32 bits
+MAX_GPU_MEMORY_GB = 1e6
 
 
+# --------------------------------------------------------------------------------------------- field checks
+def _trace_file(value: Any, where: str) -> Path:
+    """The resolved path of a trace file (a regular file; its content is read by :func:`_load_workload`)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(where, f"must be a path to a trace file, got {show(value)}")
+    return resolve_path(value, where, "trace file").resolve()
+
+
+def _hot_profile(value: Any, where: str) -> Any:
+    """"trace" (null too), the resolved path of a profiling trace (a string), or per-layer lists of expert ids."""
+    if value is None or value == "trace":
+        return "trace"
+    if isinstance(value, str):
+        return str(resolve_path(value, where, "profiling trace file").resolve())
+    if isinstance(value, list) and all(isinstance(row, list) and all(isinstance(e, int) and not isinstance(e, bool)
+                                                                     for e in row) for row in value):
+        return [list(row) for row in value]
+    raise ConfigError(where, f"must be 'trace', a path to a profiling trace, or per-layer lists of expert ids, "
+                             f"got {show(value)}")
+
+
+def _fraction(value: Any, where: str) -> float:
+    return check_number(value, where, 0.0, strict=False, maximum=1.0)
+
+
+# --------------------------------------------------------------------------------------------- the config
 @dataclass(frozen=True)
 class WorkloadConfig:
-    trace: Path                      # resolved path of the trace file
-    batch_size: int
-    batching: str                    # static | continuous
-    max_decode_tokens: int | None    # per request; None = all of the trace's
-    prefill: bool
-    requests: int | None             # None = the trace's count (rounded up to whole static batches)
+    """What a run serves: the trace's requests, in which batches, how much of each."""
+
+    trace: Path = setting(check=_trace_file)                                   # resolved path of the trace file
+    batch_size: int = setting(1, integer(1, MAX_BATCH))
+    batching: str = setting("static", one_of(*BATCHING))                       # static | continuous
+    max_decode_tokens: int | None = setting(None, integer(0, INT_MAX, allow_none=True))  # per request; None = all
+    prefill: bool = setting(True, check_bool)
+    requests: int | None = setting(None, integer(1, MAX_REQUESTS, allow_none=True))  # None = the trace's count
+    #                                                                    (rounded up to whole static batches)
 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    hpc_slots: int                   # per cached MoE layer
-    mpc_slots: int                   # per cached MoE layer
-    lpc_buffers: int                 # shared working buffers for copies from host
-    prefetch_reserve: int            # working buffers prefetches may not take
-    layers: str                      # all | decoder | encoder: the cached MoE layers
-    hot_profile: Any = "trace"       # "trace", a resolved trace path (str), or per-layer lists of hot expert ids
+    """The expert tiers on the GPU. The slot counts are given as such, or derived from :class:`MemorySizing`."""
+
+    hpc_slots: int = setting(check=integer(0))                     # per cached MoE layer
+    mpc_slots: int = setting(check=integer(0))                     # per cached MoE layer
+    lpc_buffers: int = setting(check=integer(1, MAX_BUFFERS))      # shared working buffers for copies from host
+    prefetch_reserve: int = setting(None)                          # working buffers prefetches may not take
+    layers: str = setting("all", one_of(*CACHE_LAYERS))            # all | decoder | encoder: the cached MoE layers
+    hot_profile: Any = setting("trace", _hot_profile, constructor_default=True)
+    #                                 "trace", a resolved trace path (str), or per-layer lists of hot expert ids
+
+
+@dataclass(frozen=True)
+class TierSplit:
+    """The fractions of ``cache.gpu_memory_gb`` given to each tier (adding up to at most 1)."""
+
+    hpc: float = setting(check=_fraction)
+    mpc: float = setting(check=_fraction)
+    lpc: float = setting(check=_fraction)
+
+
+@dataclass(frozen=True)
+class MemorySizing:
+    """Cache tiers sized from memory instead of slot counts (keys of ``cache``, not kept in the resolved config)."""
+
+    gpu_memory_gb: float = setting(None, number(0.0, MAX_GPU_MEMORY_GB))
+    split: TierSplit = setting(None, nested=TierSplit)
 
 
 @dataclass(frozen=True)
 class NamedConfig:
-    name: str
-    params: dict
+    """A part chosen by name (a policy, a predictor) and its params, every declared one filled in."""
+
+    name: str = setting(check=check_str)
+    params: dict = setting(None, free=True)
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    model: ModelSpec
-    hardware: HardwareSpec
-    workload: WorkloadConfig
-    cache: CacheConfig
-    policy: NamedConfig
-    predictor: NamedConfig
-    seed: int
-    source: str                      # the config file, or "inline"
-    resolved: dict                   # the whole config as plain data, defaults filled, model/hardware expanded
+    """A checked run config. Its settings are the top-level keys of a config file."""
+
+    model: ModelSpec = setting(nested=ModelSpec, wrap="base")
+    hardware: HardwareSpec = setting(nested=HardwareSpec, wrap="base")
+    workload: WorkloadConfig = setting(nested=WorkloadConfig)
+    cache: CacheConfig = setting(None, nested=(CacheConfig, MemorySizing))
+    policy: NamedConfig = setting(nested=NamedConfig, wrap="name")
+    predictor: NamedConfig = setting(DEFAULT_PREDICTOR, nested=NamedConfig, wrap="name")
+    seed: int = setting(0, integer(0, MAX_SEED))
+    source: str = field(default="inline")        # the config file, or "inline"
+    resolved: dict = field(default_factory=dict)  # the whole config as plain data, defaults filled, profiles expanded
 
 
-# --------------------------------------------------------------------------------------------- trace metadata
-@dataclass(frozen=True)
-class TraceSummary:
-    """What a config needs from a trace without reading its routing: metadata and request lengths."""
-
-    path: Path
-    meta: TraceMeta
-    prefill_lengths: np.ndarray  # int64 [R]
-    decode_lengths: np.ndarray   # int64 [R]
-
-    @property
-    def num_requests(self) -> int:
-        return int(self.prefill_lengths.shape[0])
-
-    def layer_counts(self) -> tuple[int, int]:
-        roles = [x.role for x in self.meta.model.layers]
-        return roles.count("encoder"), roles.count("decoder")
-
-    def max_request_tokens(self, max_decode_tokens: int | None) -> int:
-        """The most KV-cache tokens one request holds: its prompt plus its (capped) generated tokens."""
-        decode = self.decode_lengths
-        if max_decode_tokens is not None:
-            decode = np.minimum(decode, max_decode_tokens)
-        return int((self.prefill_lengths + decode).max()) if self.num_requests else 0
-
-
-def read_trace_summary(path: str | Path) -> TraceSummary:
-    """Metadata and request lengths of a trace file, read without its expert arrays (cached per file version).
-    Raises TraceError naming the file, like :func:`traces.io.load_trace`."""
-    path = Path(path)
-    try:
-        st = path.stat()
-    except OSError:
-        raise TraceError(path, "no such file") from None
-    return _trace_summary(str(path), st.st_mtime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=32)
-def _trace_summary(path_str: str, mtime_ns: int, size: int) -> TraceSummary:
-    path = Path(path_str)
-    meta, experts_shape, offsets, prefill = load_trace_header(path)
-    if offsets.dtype != np.int64 or offsets.ndim != 1 or offsets.shape[0] < 2 or offsets[0] != 0 \
-            or np.any(np.diff(offsets) < 0):
-        raise TraceError(path, "request_offsets must be non-decreasing int64 [requests + 1] starting at 0")
-    if len(experts_shape) != 3 or experts_shape[0] != offsets[-1] or experts_shape[1] != len(meta.model.layers):
-        raise TraceError(path, f"experts shape {list(experts_shape)} does not match request_offsets "
-                               f"(ending at {offsets[-1]}) and the {len(meta.model.layers)} layers of its metadata")
-    lengths = np.diff(offsets)
-    if prefill.dtype != np.int64 or prefill.shape != lengths.shape or np.any(prefill < 0) \
-            or np.any(prefill > lengths):
-        raise TraceError(path, "prefill_lengths must be int64, one per request, between 0 and its token count")
-    return TraceSummary(path, meta, prefill, lengths - prefill)
-
-
-def _norm_name(name: str) -> str:
-    return name.strip().lower().rsplit("/", 1)[-1]
-
-
-def trace_matches_model(summary: TraceSummary, model: ModelSpec) -> bool:
-    """Same experts, top-k and encoder/decoder MoE layer counts, and the same model name; a trace name may carry
-    an organisation prefix and a variant suffix ("mistralai/Mixtral-8x7B-Instruct-v0.1" is a "mixtral-8x7b")."""
-    m = summary.meta.model
-    enc, dec = summary.layer_counts()
-    tn, mn = _norm_name(m.name), _norm_name(model.name)
-    return ((tn == mn or tn.startswith(mn + "-"))
-            and (m.num_experts, m.top_k, enc, dec)
-            == (model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers))
+TOP_KEYS = keys_of(RunConfig)
+WORKLOAD_KEYS = keys_of(WorkloadConfig)
+SLOT_KEYS = ("hpc_slots", "mpc_slots", "lpc_buffers")
+CACHE_KEYS = keys_of(CacheConfig) + keys_of(MemorySizing)
+SPLIT_KEYS = keys_of(TierSplit)
+NAMED_KEYS = keys_of(NamedConfig)
+_SECTIONS = ("model", "hardware", "workload", "cache", "policy", "predictor")  # read by their own functions
 
 
 # --------------------------------------------------------------------------------------------- sections
 def _load_workload(d: Any, model: ModelSpec) -> tuple[WorkloadConfig, TraceSummary]:
     d = check_mapping(d, "workload")
-    check_keys(d, "workload", ("trace",), WORKLOAD_KEYS)
-    trace_value = d["trace"]
-    if not isinstance(trace_value, str) or not trace_value.strip():
-        raise ConfigError("workload.trace", f"must be a path to a trace file, got {trace_value!r}")
-    path = resolve_path(trace_value, "workload.trace", "trace file").resolve()
+    check_keys(d, "workload", required_keys(WorkloadConfig), WORKLOAD_KEYS)
+    w = WorkloadConfig(**read_settings(WorkloadConfig, d, "workload"))
     try:
-        summary = read_trace_summary(path)
+        summary = read_trace_summary(w.trace)
     except TraceError as exc:
         raise ConfigError("workload.trace", str(exc)) from None
     if not trace_matches_model(summary, model):
@@ -176,22 +169,15 @@ def _load_workload(d: Any, model: ModelSpec) -> tuple[WorkloadConfig, TraceSumma
         enc, dec = summary.layer_counts()
         theirs = _shape(m.num_experts, m.top_k, enc, dec)
         ours = _shape(model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers)
-        raise ConfigError("workload.trace", f"trace model {m.name!r} ({theirs}) does not match model "
-                                            f"{model.name!r} ({ours}) in {path}")
-    w = WorkloadConfig(
-        trace=path,
-        batch_size=check_int(d.get("batch_size", 1), "workload.batch_size", 1),
-        batching=check_choice(d.get("batching", "static"), "workload.batching", BATCHING),
-        max_decode_tokens=check_int(d.get("max_decode_tokens"), "workload.max_decode_tokens", 0, allow_none=True),
-        prefill=check_bool(d.get("prefill", True), "workload.prefill"),
-        requests=check_int(d.get("requests"), "workload.requests", 1, allow_none=True))
+        raise ConfigError("workload.trace", f"trace model {show(m.name)} ({theirs}) does not match model "
+                                            f"{show(model.name)} ({ours}) in {w.trace}")
     has_prefill = w.prefill and int(summary.prefill_lengths.sum()) > 0
     has_decode = w.max_decode_tokens != 0 and int(summary.decode_lengths.sum()) > 0
     if not (has_prefill or has_decode):
-        field = "workload.max_decode_tokens" if w.max_decode_tokens == 0 else "workload.prefill"
-        raise ConfigError(field, f"leaves nothing to simulate: the trace has {int(summary.prefill_lengths.sum())} "
-                                 f"prompt and {int(summary.decode_lengths.sum())} generated tokens, with prefill "
-                                 f"{str(w.prefill).lower()} and max_decode_tokens {w.max_decode_tokens}")
+        field_ = "workload.max_decode_tokens" if w.max_decode_tokens == 0 else "workload.prefill"
+        raise ConfigError(field_, f"leaves nothing to simulate: the trace has {int(summary.prefill_lengths.sum())} "
+                                  f"prompt and {int(summary.decode_lengths.sum())} generated tokens, with prefill "
+                                  f"{str(w.prefill).lower()} and max_decode_tokens {w.max_decode_tokens}")
     return w, summary
 
 
@@ -206,15 +192,18 @@ def cached_layer_count(model: ModelSpec, layers: str) -> int:
     return model.encoder_moe_layers if layers == "encoder" else model.decoder_moe_layers
 
 
-def _load_cache(d: Any, model: ModelSpec, policy: str) -> tuple[CacheConfig, dict | None]:
+def _load_cache(d: Any, model: ModelSpec, all_resident: bool) -> tuple[CacheConfig, dict | None]:
+    """The tiers, and the memory sizing they came from (None when given as slot counts). ``all_resident``: the
+    policy keeps every expert (no sizes needed)."""
     d = {} if d is None else check_mapping(d, "cache")
     check_keys(d, "cache", (), CACHE_KEYS)
-    layers = check_choice(d.get("layers", "all"), "cache.layers", CACHE_LAYERS)
+    values = read_settings(CacheConfig, d, "cache", skip=SLOT_KEYS + ("prefetch_reserve",))
+    layers = values["layers"]
     n_layers = cached_layer_count(model, layers)
     if n_layers == 0:
-        raise ConfigError("cache.layers", f"model {model.name!r} has no {layers} MoE layers")
+        raise ConfigError("cache.layers", f"model {show(model.name)} has no {layers} MoE layers")
     slots_given = [k for k in SLOT_KEYS if d.get(k) is not None]
-    split_given = [k for k in ("gpu_memory_gb", "split") if d.get(k) is not None]
+    split_given = [k for k in keys_of(MemorySizing) if d.get(k) is not None]
     sized_from = None
     if slots_given and split_given:
         raise ConfigError("cache", f"give either hpc_slots/mpc_slots/lpc_buffers or gpu_memory_gb/split, not both "
@@ -226,10 +215,8 @@ def _load_cache(d: Any, model: ModelSpec, policy: str) -> tuple[CacheConfig, dic
             if d.get(k) is None:
                 raise ConfigError(f"cache.{k}", "missing (give hpc_slots, mpc_slots and lpc_buffers together, "
                                                 "or gpu_memory_gb and split)")
-        hpc = check_int(d["hpc_slots"], "cache.hpc_slots", 0)
-        mpc = check_int(d["mpc_slots"], "cache.mpc_slots", 0)
-        lpc = check_int(d["lpc_buffers"], "cache.lpc_buffers", 1)
-    elif policy == GPU_ONLY:
+        hpc, mpc, lpc = (check_setting(CacheConfig, k, d[k], f"cache.{k}") for k in SLOT_KEYS)
+    elif all_resident:
         hpc, mpc, lpc = 0, 0, 1
     else:
         raise ConfigError("cache", "give the tier sizes: hpc_slots, mpc_slots and lpc_buffers, "
@@ -240,7 +227,21 @@ def _load_cache(d: Any, model: ModelSpec, policy: str) -> tuple[CacheConfig, dic
                           f"of {model.name}")
     reserve = d.get("prefetch_reserve")
     reserve = min(1, lpc - 1) if reserve is None else check_int(reserve, "cache.prefetch_reserve", 0, lpc - 1)
-    return CacheConfig(hpc, mpc, lpc, reserve, layers, _hot_profile(d.get("hot_profile", "trace"))), sized_from
+    _check_hot_lists(values["hot_profile"], model)
+    return CacheConfig(hpc, mpc, lpc, reserve, **values), sized_from
+
+
+def _check_hot_lists(profile: Any, model: ModelSpec) -> None:
+    """Per-layer hot expert lists: one per MoE layer of the model, of distinct expert ids."""
+    if not isinstance(profile, list):
+        return
+    if len(profile) != model.moe_layers:
+        raise ConfigError("cache.hot_profile", f"must hold {model.moe_layers} per-layer lists (one per MoE layer of "
+                                               f"{show(model.name)}), got {len(profile)}")
+    for i, row in enumerate(profile):
+        if any(not 0 <= e < model.num_experts for e in row) or len(set(row)) != len(row):
+            raise ConfigError(f"cache.hot_profile[{i}]", f"must list distinct expert ids in "
+                                                         f"0..{model.num_experts - 1}, got {show(row)}")
 
 
 def _slots_from_split(d: dict, model: ModelSpec, n_layers: int) -> tuple[int, int, int, dict]:
@@ -248,10 +249,11 @@ def _slots_from_split(d: dict, model: ModelSpec, n_layers: int) -> tuple[int, in
         raise ConfigError("cache.gpu_memory_gb", "missing: cache.split needs the memory it splits")
     if d.get("split") is None:
         raise ConfigError("cache.split", "missing: give the fractions {hpc, mpc, lpc} of cache.gpu_memory_gb")
-    budget = check_number(d["gpu_memory_gb"], "cache.gpu_memory_gb", 0.0) * GB
+    sizing = read_settings(MemorySizing, d, "cache", skip=("split",))
+    budget = sizing["gpu_memory_gb"] * GB
     split = check_mapping(d["split"], "cache.split")
-    check_keys(split, "cache.split", SPLIT_KEYS)
-    frac = {k: check_number(split[k], f"cache.split.{k}", 0.0, strict=False, maximum=1.0) for k in SPLIT_KEYS}
+    check_keys(split, "cache.split", required_keys(TierSplit), SPLIT_KEYS)
+    frac = read_settings(TierSplit, split, "cache.split")
     total = sum(frac.values())
     if total > 1.0 + 1e-9:
         raise ConfigError("cache.split", f"fractions add up to {total:g}, more than 1")
@@ -265,34 +267,35 @@ def _slots_from_split(d: dict, model: ModelSpec, n_layers: int) -> tuple[int, in
     if lpc < 1:
         raise ConfigError("cache.split.lpc", f"gives {budget * frac['lpc'] / GB:g} GB, less than one working buffer "
                                              f"({eb / GB:.3g} GB per expert of {model.name})")
+    lpc = min(lpc, MAX_BUFFERS)
     return hpc, mpc, lpc, {"gpu_memory_gb": d["gpu_memory_gb"], "split": dict(frac)}
 
 
-def _hot_profile(value: Any) -> Any:
-    where = "cache.hot_profile"
-    if value is None or value == "trace":
-        return "trace"
-    if isinstance(value, str):
-        return str(resolve_path(value, where, "profiling trace file").resolve())
-    if isinstance(value, list) and all(isinstance(row, list) and all(isinstance(e, int) and not isinstance(e, bool)
-                                                                     for e in row) for row in value):
-        return [list(row) for row in value]
-    raise ConfigError(where, f"must be 'trace', a path to a profiling trace, or per-layer lists of expert ids, "
-                             f"got {value!r}"[:200])
+def _registry(section: str):
+    """The registry of the parts ``section`` ("policy" or "predictor") names (imported when first needed: it
+    imports every part's module)."""
+    if section == "policy":
+        from sim.policies import POLICIES
+        return POLICIES
+    from sim.predictors import PREDICTORS
+    return PREDICTORS
 
 
 def _load_named(d: Any, where: str, names: Iterable[str] | None, default: str | None = None) -> NamedConfig:
+    """A policy or predictor: a known name in its registry (and in ``names``, when given), and its params as the
+    part declares them, defaults filled."""
     if d is None and default is not None:
         d = {"name": default}
     if isinstance(d, str):
         d = {"name": d}
     d = check_mapping(d, where)
-    check_keys(d, where, ("name",), NAMED_KEYS)
+    check_keys(d, where, required_keys(NamedConfig), NAMED_KEYS)
     name = check_str(d["name"], f"{where}.name")
-    if names is not None:
-        known = sorted(names)
-        if name not in known:
-            raise ConfigError(f"{where}.name", f"unknown {where} {name!r} (known: {', '.join(known)})")
+    registry = _registry(where)
+    allowed = None if names is None else set(names)
+    known = [n for n in registry.names() if allowed is None or n in allowed]
+    if name not in known:
+        raise ConfigError(f"{where}.name", f"unknown {where} {show(name)} (known: {', '.join(known)})")
     params = d.get("params")
     params = {} if params is None else check_mapping(params, f"{where}.params")
     try:
@@ -300,7 +303,8 @@ def _load_named(d: Any, where: str, names: Iterable[str] | None, default: str | 
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}.params", f"must hold plain values (numbers, strings, lists, mappings): {exc}") \
             from None
-    return NamedConfig(name, copy.deepcopy(params))
+    params = registry.get(name).check_params(copy.deepcopy(params), f"{where}.params")
+    return NamedConfig(name, params)
 
 
 def memory_check(model: ModelSpec, hw: HardwareSpec, cache: CacheConfig, batch_size: int,
@@ -328,11 +332,13 @@ def memory_check(model: ModelSpec, hw: HardwareSpec, cache: CacheConfig, batch_s
 # --------------------------------------------------------------------------------------------- entry points
 def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str] | None = None,
                      predictor_names: Iterable[str] | None = None) -> RunConfig:
-    """Check a whole config mapping into a :class:`RunConfig` (the mapping is not modified)."""
+    """Check a whole config mapping into a :class:`RunConfig` (the mapping is not modified). Policy and predictor
+    names are those registered; ``policy_names``/``predictor_names``, when given, narrow them further."""
     if not isinstance(d, dict):
         raise ConfigError(source, f"must hold a mapping of config fields, got {type(d).__name__}")
     check_mapping(d, "config")
-    check_keys(d, "", ("model", "hardware", "workload", "policy"), TOP_KEYS)
+    check_size(d, "")
+    check_keys(d, "", required_keys(RunConfig), TOP_KEYS)
     d = copy.deepcopy(d)
     model = load_model(d["model"], "model")
     hardware = load_hardware(d["hardware"], "hardware")
@@ -340,37 +346,36 @@ def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str]
     policy = _load_named(d["policy"], "policy", policy_names)
     predictor = _load_named(d.get("predictor"), "predictor", predictor_names, default=DEFAULT_PREDICTOR)
     workload, summary = _load_workload(d["workload"], model)
-    cache, _ = _load_cache(d.get("cache"), model, policy.name)
-    seed = check_int(d.get("seed", 0), "seed", 0)
-    if policy.name != GPU_ONLY:
-        memory_check(model, hardware, cache, workload.batch_size, summary.max_request_tokens(workload.max_decode_tokens))
-    resolved = {
-        "model": model.to_dict(),
-        "hardware": hardware.to_dict(),
-        "workload": {"trace": str(workload.trace), "batch_size": workload.batch_size, "batching": workload.batching,
-                     "max_decode_tokens": workload.max_decode_tokens, "prefill": workload.prefill,
-                     "requests": workload.requests},
-        "cache": {"hpc_slots": cache.hpc_slots, "mpc_slots": cache.mpc_slots, "lpc_buffers": cache.lpc_buffers,
-                  "prefetch_reserve": cache.prefetch_reserve, "layers": cache.layers,
-                  "hot_profile": copy.deepcopy(cache.hot_profile)},
-        "policy": {"name": policy.name, "params": copy.deepcopy(policy.params)},
-        "predictor": {"name": predictor.name, "params": copy.deepcopy(predictor.params)},
-        "seed": seed,
-    }
-    return RunConfig(model, hardware, workload, cache, policy, predictor, seed, source, resolved)
+    all_resident = bool(getattr(_registry("policy").get(policy.name), "all_resident", False))
+    cache, _ = _load_cache(d.get("cache"), model, all_resident)
+    if not all_resident:
+        tokens = summary.max_request_tokens(workload.max_decode_tokens)
+        memory_check(model, hardware, cache, workload.batch_size, tokens)
+    parts = {"model": model, "hardware": hardware, "workload": workload, "cache": cache, "policy": policy,
+             "predictor": predictor, **read_settings(RunConfig, d, "", skip=tuple(_SECTIONS))}
+    resolved = {key_of(f): plain(parts[f.name]) for f in settings_of(RunConfig)}
+    return RunConfig(**parts, source=source, resolved=resolved)
 
 
 def load_run_config(path: str | Path, overrides: Iterable[str] = (), policy_names: Iterable[str] | None = None,
                     predictor_names: Iterable[str] | None = None) -> RunConfig:
-    """Read a YAML run config, apply ``--set`` overrides in order, and check it."""
+    """Read a YAML run config (a regular file: the current folder first, then the project root), apply ``--set``
+    overrides in order, and check it."""
     given = str(path)
-    p = Path(path).expanduser()
-    if not p.is_absolute() and not p.exists() and (PROJECT_ROOT / p).exists():
+    p = Path(path)
+    try:
+        p = p.expanduser()
+    except (RuntimeError, ValueError):  # ~nosuchuser
+        pass
+    if not p.is_absolute() and file_status(p) is None and file_status(PROJECT_ROOT / p) is not None:
         p = PROJECT_ROOT / p
-    if not p.exists():
+    st = file_status(p)
+    if st is None:
         raise ConfigError(given, "no such config file")
-    if p.is_dir():
+    if stat.S_ISDIR(st.st_mode):
         raise ConfigError(given, "is a folder, not a config file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(given, "is not a regular file (a pipe or a device?), not a config file")
     d = read_structured_file(p, given, name_file=False)
     if not isinstance(d, dict):
         raise ConfigError(given, f"must hold a mapping of config fields, got {type(d).__name__}")
@@ -380,62 +385,18 @@ def load_run_config(path: str | Path, overrides: Iterable[str] = (), policy_name
 
 
 # --------------------------------------------------------------------------------------------- --set
-_ANY = "any"  # free-form below this key (policy/predictor params)
-_SCHEMA: dict = {
-    "model": {k: None for k in MODEL_KEYS},
-    "hardware": {**{k: None for k in HARDWARE_KEYS}, "tables": {k: None for k in TABLE_KEYS}},
-    "workload": {k: None for k in WORKLOAD_KEYS},
-    "cache": {**{k: None for k in CACHE_KEYS}, "split": {k: None for k in SPLIT_KEYS}},
-    "policy": {"name": None, "params": _ANY},
-    "predictor": {"name": None, "params": _ANY},
-    "seed": None,
-}
-_PROFILES = ("model", "hardware")   # a name/path there becomes {base: name/path} when a field is set
-_NAMED = ("policy", "predictor")    # a bare name there becomes {name: name}
+SCHEMA: dict = schema_of(RunConfig)   # every key a config may hold (FREE below params)
+_SCHEMA = SCHEMA
+_WRAP = wrapped(RunConfig)            # a profile name there becomes {base: NAME}, a part's name {name: NAME}
 
 
 def apply_override(d: dict, text: str) -> None:
     """Apply one ``--set key.path=value`` to a raw config mapping, in place. The value is parsed as YAML
     (``null`` unsets an optional field). The path must name a config field (any key under ``*.params``);
     setting a field of a model/hardware given by name turns it into ``{base: NAME, field: value}``."""
-    key, sep, raw = str(text).partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ConfigError("--set", f"expected KEY.PATH=VALUE, got {text!r}")
-    parts = key.split(".")
-    if any(not part.strip() for part in parts):
-        raise ConfigError("--set", f"bad key path {key!r} in {text!r}")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(key, f"cannot parse the value {raw!r} ({problem})") from None
-    node, schema = d, _SCHEMA
-    for i, part in enumerate(parts):
-        path = ".".join(parts[: i + 1])
-        if schema is not _ANY:
-            if not isinstance(schema, dict) or part not in schema:
-                if isinstance(schema, dict):
-                    known = ", ".join(schema)
-                    raise ConfigError(path, f"unknown key (known: {known})")
-                raise ConfigError(path, f"{'.'.join(parts[:i])} has no fields to set")
-            sub = schema[part]
-        else:
-            sub = _ANY
-        if i == len(parts) - 1:
-            node[part] = value
-            return
-        child = node.get(part)
-        if not isinstance(child, dict):
-            if i == 0 and part in _PROFILES and isinstance(child, str):
-                child = {"base": child}
-            elif i == 0 and part in _NAMED and isinstance(child, str):
-                child = {"name": child}
-            else:
-                child = {}
-            node[part] = child
-        node, schema = child, sub
+    apply_set(d, text, SCHEMA, _WRAP)
 
 
-__all__ = ["CacheConfig", "NamedConfig", "RunConfig", "TraceSummary", "WorkloadConfig", "apply_override",
-           "config_from_dict", "load_run_config", "memory_check", "read_trace_summary", "trace_matches_model"]
+__all__ = ["CacheConfig", "MemorySizing", "NamedConfig", "RunConfig", "TierSplit", "TraceSummary", "WorkloadConfig",
+           "apply_override", "cached_layer_count", "config_from_dict", "load_run_config", "memory_check",
+           "read_trace_summary", "trace_matches_model"]

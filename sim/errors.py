@@ -4,10 +4,23 @@ from __future__ import annotations
 
 from traces.errors import InputError
 
+#: The longest field name and problem a message holds; longer ones are cut (a user's value can be anything).
+MAX_FIELD_CHARS = 200
+MAX_PROBLEM_CHARS = 500
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one printable line (runs of whitespace become one space, other control characters are escaped),
+    cut to at most ``limit`` characters."""
+    text = " ".join(str(text)[: 4 * limit].split())
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 class ConfigError(InputError):
     """A config value is wrong. The message is one line, ``FIELD: problem``, where FIELD is the dotted path of the
-    field (``workload.batch_size``) or a file path.
+    field (``workload.batch_size``) or a file path; both are cut to a bounded length.
 
     ``ConfigError("workload.batch_size", "must be an integer >= 1, got 0")`` and
     ``ConfigError("workload.batch_size: must be an integer >= 1, got 0")`` are the same error.
@@ -18,6 +31,6 @@ class ConfigError(InputError):
             field, sep, problem = str(field).partition(": ")
             if not sep:
                 field, problem = "", field
-        self.field = str(field)
-        self.problem = " ".join(str(problem).split())  # one line
+        self.field = one_line(field, MAX_FIELD_CHARS)
+        self.problem = one_line(problem, MAX_PROBLEM_CHARS)
         super().__init__(f"{self.field}: {self.problem}" if self.field else self.problem)

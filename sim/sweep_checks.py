@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+from sim.policies import is_ceiling
+
 
 def _check_gpu_only_ceiling(df, axes):
     """gpu-only's throughput >= every policy's at the same other fields."""
-    if "policy.name" not in df or "gpu-only" not in set(df["policy.name"]):
+    if "policy.name" not in df or not any(is_ceiling(n) for n in set(df["policy.name"])):
         return None
     others = [a for a in axes if a not in ("policy.name", "predictor.name") and a in df]
     bad = []
     for key, g in (df.groupby(others) if others else [((), df)]):
-        ceiling = g.loc[g["policy.name"] == "gpu-only", "throughput_tok_s"]
+        ceiling = g.loc[g["policy.name"].map(is_ceiling).astype(bool), "throughput_tok_s"]
         if ceiling.empty:
             continue
         worse = g[g["throughput_tok_s"] > ceiling.max() * (1 + 1e-9)]
@@ -30,7 +32,7 @@ def _check_belady_bound(df, axes):
         bound = g.loc[g["policy.name"] == "belady", "cache_hits"]
         if bound.empty:
             continue
-        above = g[(g["policy.name"] != "gpu-only") & (g["cache_hits"] > bound.max() + 1e-12)]
+        above = g[~g["policy.name"].map(is_ceiling).astype(bool) & (g["cache_hits"] > bound.max() + 1e-12)]
         bad += [f"{r['policy.name']} at {key}" for _, r in above.iterrows()]
     return bad
 

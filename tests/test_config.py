@@ -11,6 +11,7 @@ import yaml
 
 from sim.config import apply_override, config_from_dict, load_run_config, read_trace_summary
 from sim.errors import ConfigError
+from sim.policies import POLICIES as POLICY_CLASSES
 from sim.specs import available, load_hardware, load_model
 from traces.errors import InputError
 
@@ -180,11 +181,12 @@ def test_unknown_model_name_lists_the_profiles():
 # ------------------------------------------------------------------------------------------ overrides
 def test_overrides_set_fields():
     cfg = build(["workload.batch_size=32", "workload.batching=continuous", "workload.max_decode_tokens=null",
-                 "cache.layers=all", "seed=7", "policy.params.threshold=1.5", "policy.params.deep.x=[1, 2]",
+                 "cache.layers=all", "seed=7", "policy.params.threshold=1.5", "policy.params.fill=expert0",
                  "predictor=none", "cache.prefetch_reserve=0"])
     assert cfg.workload.batch_size == 32 and cfg.workload.batching == "continuous"
     assert cfg.workload.max_decode_tokens is None and cfg.cache.layers == "all" and cfg.seed == 7
-    assert cfg.policy.params == {"threshold": 1.5, "deep": {"x": [1, 2]}}
+    assert cfg.policy.params == {**POLICY_CLASSES.get("diffmoe").PARAMS, "threshold": 1.5, "fill": "expert0"}
+    assert cfg.resolved["policy"]["params"] == cfg.policy.params                 # every param, defaults filled
     assert cfg.predictor.name == "none" and cfg.predictor.params == {} and cfg.cache.prefetch_reserve == 0
 
 
@@ -284,7 +286,7 @@ def test_defaults_fill_in():
     assert cfg.workload.batch_size == 1 and cfg.workload.batching == "static" and cfg.workload.prefill is True
     assert cfg.workload.max_decode_tokens is None and cfg.workload.requests is None
     assert cfg.cache.prefetch_reserve == 0 and cfg.cache.layers == "all"
-    assert cfg.policy.params == {} and cfg.predictor.name == "none" and cfg.seed == 0
+    assert cfg.policy.params == {"pin_hot": False} and cfg.predictor.name == "none" and cfg.seed == 0
     assert cfg.source == "inline"
 
 
@@ -446,3 +448,57 @@ def test_profile_file_errors_name_the_file(tmp_path):
     path.write_text(yaml.safe_dump({"base": "mixtral-8x7b", "dtype_bytes": 4}))
     m = load_model(str(path))
     assert m.name == "mixtral-8x7b" and m.expert_bytes == 2 * load_model("mixtral-8x7b").expert_bytes
+
+
+# ------------------------------------------------------------------------------------------ declared once
+def test_keys_schema_and_resolved_come_from_the_dataclasses():
+    import dataclasses
+
+    from sim.config import SCHEMA, CacheConfig, MemorySizing, NamedConfig, RunConfig, WorkloadConfig
+    from sim.specs import HardwareSpec, ModelSpec
+
+    def names(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+
+    assert list(SCHEMA) == [k for k in names(RunConfig) if k not in ("source", "resolved")]
+    assert list(SCHEMA["workload"]) == names(WorkloadConfig)
+    assert list(SCHEMA["cache"]) == names(CacheConfig) + names(MemorySizing)
+    assert list(SCHEMA["policy"]) == names(NamedConfig) and SCHEMA["policy"]["params"] == "any"
+    assert list(SCHEMA["model"]) == names(ModelSpec) + ["base"]
+    assert len(SCHEMA["hardware"]) == len(names(HardwareSpec)) + 1 and "gpu_memory_gb" in SCHEMA["hardware"]
+    cfg = build()
+    for section in ("workload", "cache", "policy", "predictor"):
+        assert set(cfg.resolved[section]) <= set(SCHEMA[section])
+    assert set(cfg.resolved["hardware"]) == set(SCHEMA["hardware"]) - {"base"}
+
+
+def test_policy_params_are_checked_when_the_config_loads():
+    with pytest.raises(ConfigError) as exc:
+        load_run_config(SWITCH, ["policy.params.bogus=1"])              # before anything runs
+    field_error(exc, "policy.params.bogus")
+    for sets, field in ((["policy=moe-infinity", "policy.params.capacity=1000000"], "policy.params.capacity"),
+                        (["policy=lfu", "policy.params.counts=most"], "policy.params.counts"),
+                        (["policy=lru", "policy.params.pin_hot=null"], "policy.params.pin_hot"),
+                        (["policy.params.fill=expert0", "policy.params.victim_order=legacy"], "policy.params.fill"),
+                        (["predictor=noisy", "predictor.params.precision=0"], "predictor.params.precision"),
+                        (["predictor=transition"], "predictor.params.train")):
+        with pytest.raises(ConfigError) as exc:
+            build(sets)
+        field_error(exc, field)
+    cfg = build(["policy=moe-infinity", "predictor=moe-infinity", "predictor.params.budget=3"])
+    assert cfg.policy.params == {"pin_hot": False, "capacity": 256, "activation": "mix"}
+    assert cfg.predictor.params == {"threshold": 0.1, "budget": 3, "capacity": 256, "train": None}
+
+
+def test_the_ceiling_policy_is_known_by_its_flag():
+    from sim.policies import is_ceiling
+
+    assert is_ceiling("gpu-only") and not is_ceiling("lru") and not is_ceiling("no-such-policy")
+    assert POLICY_CLASSES.get("gpu-only").all_resident
+
+
+def test_decimal_and_binary_gigabytes():
+    import sim.specs
+    import sim.units
+
+    assert sim.units.GB == 1e9 and sim.units.GIB == 2**30 and sim.specs.GB is sim.units.GB

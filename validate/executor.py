@@ -43,11 +43,11 @@ from sim.records import IterationRecord
 from sim.decisions import build_decisions
 from sim.protocol import DecisionProtocol, LayerDecision
 from sim.workload import build_iterations, phase_layers
+from sim.units import GIB  # binary: 2**30 bytes
 from traces.format import Trace
 from validate.copier import Copier
 from validate.kernels import DenseLayer, LMHead, expert_forward, expert_views, fill_random, torch_dtype
 
-GB = 1 << 30
 ARENA_BUFFERS = 4
 #: Where the compute thread's time goes, per MoE layer: issuing the dense work, waiting for the gate's routing on
 #: the host (the device finishing the work queued before it), deciding, issuing the copies and the cached experts,
@@ -82,8 +82,8 @@ class ExecResult:
 class Executor:
     """Runs one config on a backend (``validate.backends``)."""
 
-    def __init__(self, cfg: RunConfig, trace: Trace, backend, host_pool_bytes: int = 2 * GB,
-                 slot_budget_bytes: int = 4 * GB, warmup: int = 1, progress=None, host_pool: list | None = None):
+    def __init__(self, cfg: RunConfig, trace: Trace, backend, host_pool_bytes: int = 2 * GIB,
+                 slot_budget_bytes: int = 4 * GIB, warmup: int = 1, progress=None, host_pool: list | None = None):
         """``host_pool``: host buffers of one expert each, from an earlier executor of the same model, to reuse
         (pinning gigabytes takes seconds)."""
         self.cfg, self.trace, self.backend = cfg, trace, backend

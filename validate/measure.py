@@ -43,11 +43,11 @@ from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.results import iterations_csv, stats_ms
+from sim.units import GIB  # binary: 2**30 bytes
 from traces.io import atomic_write_bytes, file_sha256, load_trace
 from validate.kernels import check_runnable
 from validate.suites import SUITES
 
-GB = 1 << 30
 
 
 def _json(obj) -> bytes:
@@ -130,8 +130,8 @@ def machine_state(backend) -> dict:
     state = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
              "torch": torch.__version__, "cpus": os.cpu_count(),
              "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-             "mem_total_gib": round(mem.get("MemTotal", 0) / GB, 2), "mem_available_gib":
-             round(mem.get("MemAvailable", 0) / GB, 2)}
+             "mem_total_gib": round(mem.get("MemTotal", 0) / GIB, 2), "mem_available_gib":
+             round(mem.get("MemAvailable", 0) / GIB, 2)}
     if backend.name == "cuda":
         state["cuda"] = torch.version.cuda
         try:
@@ -172,21 +172,21 @@ def host_pool_size(requested_gb: float | None, default_gb: float, expert_bytes: 
     mem = _meminfo() if mem is None else mem
     if requested_gb is not None and not requested_gb > 0:
         raise ConfigError("--host-pool-gb", f"must be > 0, got {requested_gb:g}")
-    want = int((requested_gb if requested_gb is not None else default_gb) * GB)
+    want = int((requested_gb if requested_gb is not None else default_gb) * GIB)
     if not mem.get("MemTotal"):
         return want
-    cap = min(0.75 * mem["MemTotal"], mem.get("MemAvailable", mem["MemTotal"]) - 8 * GB)
+    cap = min(0.75 * mem["MemTotal"], mem.get("MemAvailable", mem["MemTotal"]) - 8 * GIB)
     each = pinned_bytes(expert_bytes) if pinned else expert_bytes
     held = max(2, want // expert_bytes) * each
     if held <= cap:
         return want
     fits = int(max(0, cap) // each)
     if requested_gb is not None or fits < 2:
-        raise ConfigError("--host-pool-gb", f"{requested_gb if requested_gb is not None else default_gb:g} GB "
-                          f"would hold {held / GB:.1f} GiB of host memory ({max(2, want // expert_bytes)} experts of "
+        raise ConfigError("--host-pool-gb", f"{requested_gb if requested_gb is not None else default_gb:g} GiB "
+                          f"would hold {held / GIB:.1f} GiB of host memory ({max(2, want // expert_bytes)} experts of "
                           f"{expert_bytes / 2**20:.1f} MiB, {each / 2**20:.0f} MiB each as allocated); this machine "
-                          f"can spare {max(0.0, cap) / GB:.1f} GiB")
-    log(f"host pool: {want / GB:g} GB does not fit this machine; using {fits} experts ({fits * each / GB:.1f} GiB)")
+                          f"can spare {max(0.0, cap) / GIB:.1f} GiB")
+    log(f"host pool: {want / GIB:g} GiB does not fit this machine; using {fits} experts ({fits * each / GIB:.1f} GiB)")
     return fits * expert_bytes
 
 
@@ -275,9 +275,9 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
     atomic_write_bytes(out / "manifest.json", _json(manifest))
     if backend.name != "cpu":
         free, _ = backend.torch.cuda.mem_get_info()
-        slot_budget = max(GB, free - 16 * GB)
+        slot_budget = max(GIB, free - 16 * GIB)
     else:
-        slot_budget = 4 * GB
+        slot_budget = 4 * GIB
     total = len(cfgs) * rounds
     step = 0
     host_pool = None  # allocated (pinned) once, shared by every configuration

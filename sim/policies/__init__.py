@@ -6,4 +6,11 @@ from sim.registry import import_submodules
 
 import_submodules(__name__, __path__)
 
-__all__ = ["POLICIES", "LayerPlan", "Policy", "PolicyContext"]
+
+def is_ceiling(name: str) -> bool:
+    """Whether the policy ``name`` keeps every expert resident (``all_resident``, e.g. gpu-only): its run is the
+    hypothetical ceiling, which needs no tier sizes and no GPU-memory check."""
+    return isinstance(name, str) and name in POLICIES and bool(POLICIES.get(name).all_resident)
+
+
+__all__ = ["POLICIES", "LayerPlan", "Policy", "PolicyContext", "is_ceiling"]

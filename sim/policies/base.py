@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from sim.cache import HPC, LPC, MISS, MPC, TierCache
-from sim.params import resolve_params
+from sim.params import Rule, resolve_params
 from sim.registry import Registry
 
 #: Every policy, by the name a run config gives (``policy.name``).
@@ -61,7 +61,10 @@ class Policy:
     """Base class: serve hits from the HPC/MPC and prefetched buffers, copy misses, keep nothing new."""
 
     name = "base"
+    #: The params a config may give (``policy.params``), with their defaults.
     PARAMS: dict[str, Any] = {}
+    #: Bounds, choices or types of some params beyond their default's type (see ``sim.params.Rule``).
+    PARAM_RULES: dict[str, Rule] = {}
     #: True when a copied expert lands straight in its cache slot, so a promotion costs no device copy.
     promotion_is_free = False
     #: True when a cached expert is copied device-to-device into the working arena before it computes.
@@ -70,11 +73,23 @@ class Policy:
     all_resident = False
 
     def __init__(self, params: dict | None, ctx: PolicyContext, where: str = "policy.params"):
-        self.params = resolve_params(self.PARAMS, params, where)
+        self.params = self.check_params(params, where)
         self.ctx = ctx
         self.cache = TierCache(ctx.num_layers, ctx.num_experts, self.hpc_capacity(ctx), self.mpc_capacity(ctx),
                                ctx.cached_layers)
         self.configure()
+
+    @classmethod
+    def check_params(cls, params: dict | None, where: str = "policy.params") -> dict:
+        """The full params (defaults filled) for ``params`` as a config gives them; ConfigError when one is unknown,
+        of the wrong type or out of its rule. Needs no run context: a config is checked with it when it loads."""
+        out = resolve_params(cls.PARAMS, params, where, cls.PARAM_RULES)
+        cls.validate_params(out, where)
+        return out
+
+    @classmethod
+    def validate_params(cls, params: dict, where: str) -> None:
+        """Checks between params, beyond each one's rule (none here)."""
 
     # Tier sizes the policy uses (a policy that keeps nothing ignores the configured slots).
     def hpc_capacity(self, ctx: PolicyContext) -> int:

@@ -64,6 +64,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.errors import ConfigError
+from sim.params import between, one_of
 from sim.policies._libstdcxx import sort_by_key_descending
 from sim.policies.base import POLICIES, LayerPlan, Policy
 
@@ -80,6 +81,20 @@ class DiffMoE(Policy):
     PARAMS = {"max_val": 2.0, "dec_in_cache": 0.4, "dec_out_cache": 0.2, "threshold": 1.0, "hit_d2d": True,
               "reset_per_batch": True, "floor": False, "victim_order": "artifact", "arithmetic": "exact",
               "fill": "hot", "in_cache_check": "intended"}
+    PARAM_RULES = {**{name: one_of(*choices) for name, choices in CHOICES.items()},
+                   **{name: between(0.0, 1e6) for name in NUMBERS}}  # scores: finite, exact in int64 units
+
+    @classmethod
+    def validate_params(cls, params: dict, where: str) -> None:
+        """``fill: expert0`` needs the artifact's victim order; exact arithmetic needs at most 6 decimals."""
+        if params["fill"] == "expert0" and params["victim_order"] != "artifact":
+            raise ConfigError(f"{where}.fill", "expert0 (every slot holds expert 0) needs victim_order: artifact")
+        if params["arithmetic"] == "exact":
+            for name in NUMBERS:
+                units = params[name] * EXACT_SCALE
+                if abs(units - round(units)) > 1e-6 * max(1.0, abs(units)):
+                    raise ConfigError(f"{where}.{name}", f"must have at most 6 decimals with arithmetic: exact, got "
+                                                         f"{params[name]!r} (or set arithmetic: float32)")
 
     def configure(self) -> None:
         p = self.params

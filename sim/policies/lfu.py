@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from sim.cache import LPC, MISS
 from sim.errors import ConfigError
+from sim.params import one_of
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
 COUNTS = ("perfect", "in_cache")
@@ -35,6 +36,7 @@ COUNTS = ("perfect", "in_cache")
 @POLICIES.register("lfu")
 class LFU(PerLayerCache):
     PARAMS = {**PerLayerCache.PARAMS, "counts": "perfect"}
+    PARAM_RULES = {**PerLayerCache.PARAM_RULES, "counts": one_of(*COUNTS)}
 
     def configure(self) -> None:
         if self.params["counts"] not in COUNTS:

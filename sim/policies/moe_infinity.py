@@ -38,6 +38,7 @@ import numpy as np
 from sim.cache import LPC, MISS
 from sim.errors import ConfigError
 from sim.moe_infinity import ActivationTracker
+from sim.params import between, one_of
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 
 ACTIVATION = ("mix", "eam", "own")
@@ -47,6 +48,8 @@ FLOOR = 1e-6
 @POLICIES.register("moe-infinity")
 class MoEInfinity(Policy):
     PARAMS = {"pin_hot": False, "capacity": 256, "activation": "mix"}
+    # capacity: EAMs kept, each a [layers, experts] float array (twice): bounded so that it cannot exhaust memory
+    PARAM_RULES = {"capacity": between(1, 1 << 14), "activation": one_of(*ACTIVATION)}
     promotion_is_free = True  # the copy lands in the slot it will occupy
 
     def hpc_capacity(self, ctx: PolicyContext) -> int:

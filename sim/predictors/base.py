@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.params import resolve_params
+from sim.params import Rule, resolve_params
 from sim.registry import Registry
 
 #: Every predictor, by the name a run config gives (``predictor.name``).
@@ -30,15 +30,30 @@ class PredictorContext:
 
 class Predictor:
     name = "base"
+    #: The params a config may give (``predictor.params``), with their defaults.
     PARAMS: dict[str, Any] = {}
+    #: Bounds, choices or types of some params beyond their default's type (see ``sim.params.Rule``).
+    PARAM_RULES: dict[str, Rule] = {}
     #: False for "no prediction at all" (the engine then skips prefetch planning and reports no precision).
     predicts = True
 
     def __init__(self, params: dict | None, ctx: PredictorContext, where: str = "predictor.params"):
-        self.params = resolve_params(self.PARAMS, params, where)
+        self.params = self.check_params(params, where)
         self.ctx = ctx
         self.rng = np.random.default_rng(ctx.seed)
         self.configure()
+
+    @classmethod
+    def check_params(cls, params: dict | None, where: str = "predictor.params") -> dict:
+        """The full params (defaults filled) for ``params`` as a config gives them; ConfigError when one is unknown,
+        of the wrong type or out of its rule. Needs no run context: a config is checked with it when it loads."""
+        out = resolve_params(cls.PARAMS, params, where, cls.PARAM_RULES)
+        cls.validate_params(out, where)
+        return out
+
+    @classmethod
+    def validate_params(cls, params: dict, where: str) -> None:
+        """Checks between params, beyond each one's rule (none here)."""
 
     def configure(self) -> None:
         """Read params. Called once at construction."""

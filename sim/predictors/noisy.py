@@ -10,12 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from sim.errors import ConfigError
+from sim.params import between
 from sim.predictors.base import PREDICTORS, Predictor
 
 
 @PREDICTORS.register("noisy")
 class NoisyPredictor(Predictor):
     PARAMS = {"recall": 0.9, "precision": 0.9}
+    PARAM_RULES = {"recall": between(0.0, 1.0), "precision": between(0.0, 1.0, above=True)}
 
     def configure(self) -> None:
         for name in ("recall", "precision"):

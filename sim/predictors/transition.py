@@ -23,8 +23,9 @@ import os
 import numpy as np
 
 from sim.errors import ConfigError
+from sim.params import between, file_path
 from sim.predictors.base import PREDICTORS, Predictor
-from sim.specs import resolve_path
+from sim.files import resolve_path
 from sim.workload import phase_layers
 from traces.errors import TraceError
 from traces.format import Trace
@@ -92,6 +93,9 @@ def transition_table(experts: np.ndarray, src: int, dst: int, num_experts: int) 
 @PREDICTORS.register("transition")
 class TransitionPredictor(Predictor):
     PARAMS = {"train": None, "top": None}
+    PARAM_RULES = {"train": file_path("trace file", required=True, hint="give the path of a training trace of the "
+                                                                        "same model (not the evaluated trace)"),
+                   "top": between(1, None, kind=int)}  # at most the model's experts: checked with the trace
 
     def configure(self) -> None:
         self.trace = workload_trace(self)
