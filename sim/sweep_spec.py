@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from sim.errors import ConfigError
+from sim.files import check_regular, file_status, read_structured_file
 from sim.sweep_checks import CHECKS
 
 SWEEP_KEYS = {"base", "set", "grid", "zip", "checks", "name", "plots"}
@@ -66,12 +67,9 @@ def resolve_config(base, overrides: tuple[str, ...], source: str):
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file, expand its points and resolve each (bad input -> ConfigError)."""
     path = Path(path)
-    if not path.is_file():
+    if file_status(path) is None:
         raise ConfigError(str(path), "no such sweep file")
-    try:
-        d = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(path), f"not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    d = read_structured_file(check_regular(path, str(path), str(path), "sweep file"), str(path), name_file=False)
     if not isinstance(d, dict):
         raise ConfigError(str(path), "must hold a mapping with base and grid")
     unknown = sorted(set(d) - SWEEP_KEYS)

@@ -27,10 +27,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from sim.config import config_from_dict
 from sim.errors import ConfigError
+from sim.files import file_status, read_structured_file
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
@@ -61,10 +61,11 @@ def _err(sim: float, real: float) -> float:
 def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
     """One configuration's row: simulate it on the folder's calibration and set it beside the real run."""
     real = _read_json(run_dir / "summary.json", "summary.json")
-    try:
-        raw = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except FileNotFoundError:
-        raise ConfigError(str(run_dir / "config.yaml"), "missing: not a finished validate measurement") from None
+    if file_status(run_dir / "config.yaml") is None:
+        raise ConfigError(str(run_dir / "config.yaml"), "missing: not a finished validate measurement")
+    raw = read_structured_file(run_dir / "config.yaml", str(run_dir / "config.yaml"), name_file=False)
+    if not isinstance(raw, dict):
+        raise ConfigError(str(run_dir / "config.yaml"), "must hold a run config mapping")
     raw["hardware"] = str(folder / "calibration.yaml")
     cfg = config_from_dict(raw, str(run_dir / "config.yaml"), POLICIES.names(), PREDICTORS.names())
     trace_key = raw["workload"]["trace"]
