@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import json
 import os
 import subprocess
@@ -311,13 +310,6 @@ def test_cli_bad_input_exits_2_with_one_line(case, argv, expect, tmp_path, capsy
     assert not (tmp_path / "x.npz").exists()
 
 
-def _sibling_commands_present() -> bool:
-    from traces.cli import COMMAND_MODULES
-
-    return all(importlib.util.find_spec(m) is not None for m in COMMAND_MODULES)
-
-
-@pytest.mark.skipif(not _sibling_commands_present(), reason="not every `traces` sub-command module exists yet")
 def test_python_m_traces_record(tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("Hello\nMixture of experts\n")

@@ -135,7 +135,41 @@ BAD_CASES = {
     "missing metadata": (lambda p: {"drop": "meta.json"}, "meta.json"),
     "unknown entry": (lambda p: {"add": {"extra.npy": _npy(np.zeros(1))}}, "unknown entry"),
     "metadata not json": (lambda p: {"replace": {"meta.json": b"{not json"}}, "JSON"),
+    "experts big-endian": (lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2), ">i2"))}}, "int16"),
+    "experts complex": (lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2), np.complex64))}},
+                        "plain numeric"),
+    "experts structured": (lambda p: {"replace": {"experts.npy": _npy(np.zeros(3, [("a", "<i2"), ("b", "<i2")]))}},
+                           "plain numeric"),
+    "experts 4-D": (lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2, 1), np.int16))}}, "dimensions"),
+    "weights NaN": (lambda p: {"add": {"weights.npy": _npy(np.full((3, 2, 2), np.nan, np.float16))}}, "finite"),
+    "npy header claims 2**45 tokens": (lambda p: {"replace": {"experts.npy": _npy_header((2**45, 2, 2)) + bytes(24)}},
+                                       "claims"),
+    "npy header negative shape": (lambda p: {"replace": {"experts.npy": _npy_header((-3, 2, 2))}}, "shape"),
+    "npy header garbled": (lambda p: {"replace": {"experts.npy": _garbled_header()}}, "bad npy header"),
+    "npy header truncated": (lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2), np.int16))[:40]}},
+                             "bad npy header|truncated"),
+    "npy data truncated": (lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2), np.int16))[:-2]}},
+                           "claims"),
+    "metadata not UTF-8": (lambda p: {"replace": {"meta.json": b'{"seed": "\xff"}'}}, "UTF-8"),
+    "metadata nested 100000 deep": (lambda p: {"replace": {"meta.json": b"[" * 100_000 + b"]" * 100_000}},
+                                    "too deeply"),
+    "metadata nested 65 deep": (lambda p: {"replace": {"meta.json": b"[" * 65 + b"]" * 65}}, "too deeply"),
+    "metadata integer of 5000 digits": (lambda p: {"replace": {"meta.json": b'{"seed": ' + b"9" * 5000 + b"}"}},
+                                        "JSON"),
 }
+
+
+def _npy_header(shape, descr="<i2") -> bytes:
+    """Just an npy header (no data) claiming ``shape``."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buf.getvalue()
+
+
+def _garbled_header() -> bytes:
+    """An npy header numpy's parser chokes on (SyntaxError, then tokenize.TokenError in its Python 2 fallback)."""
+    text = b"{'descr': '<i2', 'fortran_order': False, 'shape': (3, 2, 2]), }\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + bytes(24)
 
 
 def _meta_edit(fn):
@@ -159,6 +193,18 @@ BAD_META = {
                               "provenance.date"),
     "bad date": (_meta_edit(lambda m: m["provenance"].update(kind="imported", date="yesterday")), "ISO-8601"),
     "request_ids wrong count": (_meta_edit(lambda m: m.update(request_ids=["a"])), "request_ids"),
+    "format_version true": (_meta_edit(lambda m: m.update(format_version=True)), "format_version"),
+    "format_version 1.0": (_meta_edit(lambda m: m.update(format_version=1.0)), "format_version"),
+    "num_experts 10**30": (_meta_edit(lambda m: m["model"].update(num_experts=10**30)), "num_experts"),
+    "num_experts true": (_meta_edit(lambda m: m["model"].update(num_experts=True)), "num_experts"),
+    "seed 2**64": (_meta_edit(lambda m: m.update(seed=2**64)), "seed"),
+    "negative layer index": (_meta_edit(lambda m: m["model"]["layers"][0].update(index=-1)), "index"),
+    "request_info int beyond 64 bits": (_meta_edit(lambda m: m.update(request_info={"n": [1, 10**30]})),
+                                        "request_info.n"),
+    "5-million-character kind": (_meta_edit(lambda m: m["provenance"].update(kind="k" * 5_000_000)),
+                                 "provenance.kind"),
+    "multi-line unknown key": (_meta_edit(lambda m: m.update({"a\nb" * 1000: 1})), "unknown key"),
+    "lone surrogate": (_meta_edit(lambda m: m["model"].update(name="\ud800")), "not valid Unicode"),
 }
 
 
@@ -169,7 +215,7 @@ def test_each_bad_file_is_rejected_with_its_problem_named(good_file, tmp_path, c
     with pytest.raises(TraceError) as info:
         load_trace(bad)
     msg = str(info.value)
-    assert msg.startswith(str(bad)) and "\n" not in msg
+    assert msg.startswith(str(bad)) and len(msg.splitlines()) == 1 and len(msg) <= 500, msg[:1000]
     assert any(word in msg for word in expected.split("|")), msg
 
 
@@ -192,6 +238,17 @@ def test_truncated_or_corrupted_files_never_load_silently_wrong(good_file, tmp_p
         assert str(exc).startswith(str(bad)) and "\n" not in str(exc)
     else:
         trace.validate()
+
+
+def test_trace_error_is_one_bounded_line():
+    """Whatever a problem echoes (line breaks, escape codes, megabytes), the error is one line of <= 502 chars."""
+    from traces.errors import brief
+
+    exc = TraceError("/data/t.npz", "bad value " + brief("x" * 5_000_000) + " and\nmore\r\n\x1b[31m" * 10_000)
+    text = str(exc)
+    assert text.startswith("/data/t.npz: bad value 'xxx") and len(text.splitlines()) == 1 and len(text) <= 502
+    assert "\x1b" not in text and exc.path == "/data/t.npz"
+    assert len(brief([[[[[[1]]]]]] * 10**5)) <= 80 and brief(True) == "True"
 
 
 def test_not_a_trace_and_missing_file(tmp_path):

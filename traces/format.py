@@ -25,9 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from traces.errors import brief, one_line
+
 FORMAT_VERSION = 1
 LAYER_ROLES = ("encoder", "decoder")
 PROVENANCE_KINDS = ("recorded", "imported", "synthetic")
+#: The largest integer metadata may hold: every count, index and seed must fit in an int64.
+INT_MAX = int(np.iinfo(np.int64).max)
 
 
 def _fail(msg: str):
@@ -42,12 +46,16 @@ def _check_keys(d: Any, where: str, required: set[str], optional: set[str] = fro
         _fail(f"metadata {where} is missing {', '.join(missing)}")
     unknown = sorted(d.keys() - required - set(optional))
     if unknown:
-        _fail(f"metadata {where} has unknown key(s) {', '.join(unknown)}")
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        _fail(f"metadata {where} has unknown key(s) {', '.join(one_line(k, 40) for k in unknown[:3])}{more}")
 
 
-def _int(value: Any, where: str, minimum: int = 0) -> int:
+def _int(value: Any, where: str, minimum: int = 0, maximum: int = INT_MAX) -> int:
+    """``value`` as an int in minimum..maximum; a bool is not an integer here (JSON true is not 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        _fail(f"metadata {where} must be an integer >= {minimum}, got {value!r}")
+        _fail(f"metadata {where} must be an integer >= {minimum}, got {brief(value)}")
+    if value > maximum:
+        _fail(f"metadata {where} must be at most {maximum}, got {brief(value)}")
     return int(value)
 
 
@@ -55,7 +63,7 @@ def _str(value: Any, where: str, allow_none: bool = False) -> str | None:
     if value is None and allow_none:
         return None
     if not isinstance(value, str) or not value:
-        _fail(f"metadata {where} must be a non-empty string, got {value!r}")
+        _fail(f"metadata {where} must be a non-empty string, got {brief(value)}")
     return value
 
 
@@ -71,7 +79,7 @@ class LayerInfo:
         _check_keys(d, where, {"index", "role"})
         role = d["role"]
         if role not in LAYER_ROLES:
-            _fail(f"metadata {where}.role must be one of {', '.join(LAYER_ROLES)}, got {role!r}")
+            _fail(f"metadata {where}.role must be one of {', '.join(LAYER_ROLES)}, got {brief(role)}")
         return cls(index=_int(d["index"], f"{where}.index"), role=role)
 
 
@@ -94,9 +102,7 @@ class ModelInfo:
         if not isinstance(d["layers"], list) or not d["layers"]:
             _fail("metadata model.layers must be a non-empty list")
         layers = tuple(LayerInfo.from_dict(x, f"model.layers[{i}]") for i, x in enumerate(d["layers"]))
-        num_experts = _int(d["num_experts"], "model.num_experts", 1)
-        if num_experts > np.iinfo(np.int16).max:
-            _fail(f"metadata model.num_experts must be at most {np.iinfo(np.int16).max}")
+        num_experts = _int(d["num_experts"], "model.num_experts", 1, int(np.iinfo(np.int16).max))
         top_k = _int(d["top_k"], "model.top_k", 1)
         if top_k > num_experts:
             _fail(f"metadata model.top_k ({top_k}) exceeds model.num_experts ({num_experts})")
@@ -126,13 +132,13 @@ class Provenance:
         _check_keys(d, "provenance", {"kind", "tool", "model", "dataset", "date"})
         kind = d["kind"]
         if kind not in PROVENANCE_KINDS:
-            _fail(f"metadata provenance.kind must be one of {', '.join(PROVENANCE_KINDS)}, got {kind!r}")
+            _fail(f"metadata provenance.kind must be one of {', '.join(PROVENANCE_KINDS)}, got {brief(kind)}")
         date = _str(d["date"], "provenance.date", allow_none=(kind == "synthetic"))
         if date is not None:
             try:
                 _dt.datetime.fromisoformat(date.replace("Z", "+00:00"))
             except ValueError:
-                _fail(f"metadata provenance.date must be an ISO-8601 date, got {date!r}")
+                _fail(f"metadata provenance.date must be an ISO-8601 date, got {brief(date)}")
         return cls(kind, _str(d["tool"], "provenance.tool"), _str(d["model"], "provenance.model"),
                    _str(d["dataset"], "provenance.dataset"), date)
 
@@ -165,8 +171,8 @@ class TraceMeta:
         _check_keys(d, "", {"format_version", "model", "provenance", "seed"},
                     {"request_ids", "extra", "request_info"})
         version = d["format_version"]
-        if version != FORMAT_VERSION:
-            _fail(f"metadata format_version {version!r} is not supported (this version reads {FORMAT_VERSION})")
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version != FORMAT_VERSION:
+            _fail(f"metadata format_version {brief(version)} is not supported (this version reads {FORMAT_VERSION})")
         seed = None if d["seed"] is None else _int(d["seed"], "seed")
         ids = d.get("request_ids")
         if ids is not None:
@@ -202,15 +208,16 @@ def _request_info(info: Any) -> dict[str, list]:
     lengths = set()
     for name, column in info.items():
         if not isinstance(name, str) or not name:
-            _fail(f"metadata request_info has a field name that is not a non-empty string: {name!r}")
+            _fail(f"metadata request_info has a field name that is not a non-empty string: {brief(name)}")
         if not isinstance(column, (list, tuple)):
-            _fail(f"metadata request_info.{name} must be a list (one value per request)")
+            _fail(f"metadata request_info.{one_line(name, 40)} must be a list (one value per request)")
         for i, v in enumerate(column):
-            plain = v is None or isinstance(v, (str, bool, int, np.integer)) or \
+            plain = v is None or isinstance(v, (str, bool)) or \
+                (isinstance(v, (int, np.integer)) and -INT_MAX - 1 <= v <= INT_MAX) or \
                 (isinstance(v, (float, np.floating)) and np.isfinite(v))
             if not plain:
-                _fail(f"metadata request_info.{name}[{i}] must be a string, finite number, bool or null, "
-                      f"got {repr(v)[:80]}")
+                _fail(f"metadata request_info.{one_line(name, 40)}[{i}] must be a string, finite number (integers "
+                      f"within 64 bits), bool or null, got {brief(v)}")
         lengths.add(len(column))
     if len(lengths) > 1:
         _fail(f"metadata request_info lists have different lengths ({', '.join(map(str, sorted(lengths)))})")
@@ -305,7 +312,8 @@ class Trace:
             _request_info(meta.request_info)
             for name, column in meta.request_info.items():
                 if len(column) != off.shape[0] - 1:
-                    _fail(f"metadata request_info.{name} has {len(column)} values for {off.shape[0] - 1} requests")
+                    _fail(f"metadata request_info.{one_line(name, 40)} has {len(column)} values for "
+                          f"{off.shape[0] - 1} requests")
         w = self.weights
         if w is not None:
             if not isinstance(w, np.ndarray) or w.dtype != np.float16 or w.shape != e.shape:

@@ -2,23 +2,33 @@
 
 Writing is atomic (a temporary file in the same folder, then a rename) and deterministic (fixed zip
 timestamps, so the same trace gives byte-identical files). Reading checks everything and raises
-:class:`TraceError` with one line naming the file and the problem.
+:class:`TraceError` with one line naming the file and the problem, for ANY bad file: it opens regular files only,
+reads plain (stored or deflated, unencrypted) entries with the expected names, each once, and checks each size
+and npy header before it allocates or inflates anything (see the limits below).
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import hashlib
 import io
 import json
+import math
 import os
+import re
+import stat
+import struct
 import tempfile
+import warnings
 import zipfile
 import zlib
 from pathlib import Path
+from typing import IO, Any, Iterator
 
 import numpy as np
 
-from traces.errors import TraceError
+from traces.errors import TraceError, brief, one_line
 from traces.format import Trace, TraceMeta
 
 ARRAYS_REQUIRED = ("experts", "request_offsets", "prefill_lengths")
@@ -82,29 +92,78 @@ def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
-def _open_trace_zip(path: Path) -> zipfile.ZipFile:
-    """Open a trace file's archive and check its entries; raises TraceError naming the file."""
-    if not path.exists():
-        raise TraceError(path, "no such file")
-    if path.is_dir():
-        raise TraceError(path, "is a folder, not a trace file")
+# ------------------------------------------------------------------------------------------------ reading
+# Everything in a trace file is untrusted: each limit below bounds the time and memory a bad file can cost, and
+# every way the zip, npy or JSON decoders fail on bad bytes becomes a TraceError naming the file.
+
+#: The largest uncompressed array entry (4 GiB: ~2 billion int16 expert ids) and meta.json (256 MiB) read.
+MAX_ARRAY_BYTES = 4 << 30
+MAX_META_BYTES = 256 << 20
+#: The deepest nesting of objects and lists meta.json may have (the format itself needs 4; notes add a few).
+MAX_META_DEPTH = 64
+#: Compression methods a trace may use, each with the most bytes one compressed byte can expand to (deflate's
+#: longest match, 258 bytes, costs at least 2 bits: 1032). A larger claim is a corrupt or hostile entry.
+_MAX_EXPANSION = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: 1032}
+#: zip flag bits that mean encrypted (bit 0), patched (bit 5) or strongly encrypted (bit 6) data.
+_UNREADABLE_FLAGS = 0x1 | 0x20 | 0x40
+#: What zipfile and zlib raise on a corrupt, truncated or unsupported archive or entry.
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, OverflowError, NotImplementedError,
+               RuntimeError, struct.error)
+_READ_CHUNK = 16 << 20
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD]")
+
+
+def _why(exc: BaseException) -> str:
+    """An exception as a short clause for an error message."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {one_line(text, 120)}" if text else type(exc).__name__
+
+
+def _open_regular_file(path: Path) -> IO[bytes]:
+    """``path`` opened for binary reading, if it is a regular file: a FIFO would block forever and /dev/zero never
+    ends, so anything else is refused (checked before opening, and again on the opened file)."""
     try:
-        zf = zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
-        raise TraceError(path, "not a trace file (not a zip/.npz archive, or truncated)") from None
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise TraceError(path, "is a folder, not a trace file")
+        if stat.S_ISREG(mode):
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return os.fdopen(fd, "rb")
+            os.close(fd)  # replaced by something else since the stat
+    except (FileNotFoundError, NotADirectoryError):
+        raise TraceError(path, "no such file") from None
     except OSError as exc:
-        raise TraceError(path, f"cannot be read ({exc.strerror or exc})") from None
-    names = set(zf.namelist())
-    expected = {f"{a}.npy" for a in ARRAYS_REQUIRED + ARRAYS_OPTIONAL} | {META_ENTRY}
-    missing = [n for n in (META_ENTRY, *(f"{a}.npy" for a in ARRAYS_REQUIRED)) if n not in names]
-    if missing:
-        zf.close()
-        raise TraceError(path, f"not a trace file: it has no {', '.join(missing)}")
-    unknown = sorted(names - expected)
-    if unknown:
-        zf.close()
-        raise TraceError(path, f"unknown entry {unknown[0]} in trace file")
-    return zf
+        raise TraceError(path, f"cannot be read ({exc.strerror or _why(exc)})") from None
+    except ValueError as exc:  # e.g. a NUL byte in the path
+        raise TraceError(path, f"is not a usable file path ({_why(exc)})") from None
+    raise TraceError(path, "not a regular file (a pipe, device or socket); give a trace file")
+
+
+@contextlib.contextmanager
+def _open_trace_zip(path: Path) -> Iterator[zipfile.ZipFile]:
+    """The archive of a trace file, its entries checked (the expected names, each once); TraceError naming the
+    file otherwise."""
+    with _open_regular_file(path) as f:
+        try:
+            zf = zipfile.ZipFile(f)
+        except zipfile.BadZipFile:
+            raise TraceError(path, "not a trace file (not a zip/.npz archive, or truncated)") from None
+        except _ZIP_ERRORS as exc:
+            raise TraceError(path, f"not a trace file (unreadable zip archive: {_why(exc)})") from None
+        with zf:
+            names = zf.namelist()
+            twice = sorted(n for n, count in collections.Counter(names).items() if count > 1)
+            if twice:  # zipfile would read the last copy, another reader the first: ambiguous
+                raise TraceError(path, f"entry {brief(twice[0])} appears more than once in the trace file")
+            expected = {f"{a}.npy" for a in ARRAYS_REQUIRED + ARRAYS_OPTIONAL} | {META_ENTRY}
+            missing = [n for n in (META_ENTRY, *(f"{a}.npy" for a in ARRAYS_REQUIRED)) if n not in names]
+            if missing:
+                raise TraceError(path, f"not a trace file: it has no {', '.join(missing)}")
+            unknown = sorted(set(names) - expected)
+            if unknown:
+                raise TraceError(path, f"unknown entry {brief(unknown[0])} in trace file")
+            yield zf
 
 
 def load_trace(path: str | os.PathLike) -> Trace:
@@ -132,42 +191,135 @@ def load_trace_header(path: str | os.PathLike) -> tuple[TraceMeta, tuple[int, ..
     path = Path(path)
     with _open_trace_zip(path) as zf:
         meta = _read_meta(zf, path)
-        try:
-            with zf.open("experts.npy") as f:
-                version = np.lib.format.read_magic(f)  # header only: no data read
-                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0)
-                shape = tuple(read_header(f)[0])
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error) as exc:
-            raise TraceError(path, f"truncated or corrupt entry experts.npy ({exc})") from None
+        with _entry(zf, "experts.npy", path, MAX_ARRAY_BYTES) as (f, info):
+            shape, _, _ = _npy_header(f, info, path)  # header only: no data read
         offsets = _read_array(zf, "request_offsets.npy", path)
         prefill = _read_array(zf, "prefill_lengths.npy", path)
     return meta, shape, offsets, prefill
 
 
+@contextlib.contextmanager
+def _entry(zf: zipfile.ZipFile, name: str, path: Path, limit: int) -> Iterator[tuple[IO[bytes], zipfile.ZipInfo]]:
+    """An entry opened for reading, after checking that it can be read within ``limit`` uncompressed bytes; what
+    zipfile raises while it is read becomes TraceError ("truncated or corrupt entry")."""
+    info = zf.getinfo(name)
+    if info.flag_bits & _UNREADABLE_FLAGS:
+        raise TraceError(path, f"entry {name} is encrypted or patched (zip flags {info.flag_bits:#x}); trace files "
+                               f"are plain zip archives")
+    expansion = _MAX_EXPANSION.get(info.compress_type)
+    if expansion is None:
+        raise TraceError(path, f"entry {name} uses zip compression method {info.compress_type}; trace files use "
+                               f"stored (0) or deflate (8)")
+    if info.file_size > limit:
+        raise TraceError(path, f"entry {name} is {info.file_size} bytes uncompressed, over the limit of {limit}")
+    if info.file_size > info.compress_size * expansion + 4096:
+        raise TraceError(path, f"entry {name} claims {info.file_size} bytes from {info.compress_size} compressed "
+                               f"bytes, more than its compression can give (corrupt)")
+    try:
+        with zf.open(info) as f:
+            yield f, info
+    except _ZIP_ERRORS as exc:
+        raise TraceError(path, f"truncated or corrupt entry {name} ({_why(exc)})") from None
+
+
 def _read_meta(zf: zipfile.ZipFile, path: Path) -> TraceMeta:
+    with _entry(zf, META_ENTRY, path, MAX_META_BYTES) as (f, info):
+        raw = f.read(info.file_size)  # a bounded read: zipfile then never inflates more than that
+        if len(raw) < info.file_size:
+            raise TraceError(path, f"truncated or corrupt entry {META_ENTRY} (not {info.file_size} bytes long)")
     try:
-        raw = zf.read(META_ENTRY)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error) as exc:
-        raise TraceError(path, f"truncated or corrupt {META_ENTRY} ({exc})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(path, f"{META_ENTRY} is not UTF-8 text (byte {exc.start})") from None
     try:
-        d = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(path, f"{META_ENTRY} is not valid JSON ({exc})") from None
+        d = json.loads(text)
+    except RecursionError:
+        raise TraceError(path, f"{META_ENTRY} nests objects or lists too deeply (the limit is {MAX_META_DEPTH})") \
+            from None
+    except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
+        raise TraceError(path, f"{META_ENTRY} is not valid JSON ({_why(exc)})") from None
+    problem = _json_problem(d, text)
+    if problem:
+        raise TraceError(path, f"{META_ENTRY} {problem}")
     try:
         return TraceMeta.from_dict(d)
     except ValueError as exc:
         raise TraceError(path, str(exc)) from None
 
 
-def _read_array(zf: zipfile.ZipFile, member: str, path: Path) -> np.ndarray:
+def _json_problem(value: Any, text: str) -> str | None:
+    """What makes meta.json's parsed ``value`` unusable as metadata, or None: nesting deeper than MAX_META_DEPTH,
+    or a string that is not valid Unicode (a lone surrogate such as "\\ud800", which cannot be printed or written
+    as UTF-8; only a \\uD... escape in ``text`` makes one)."""
+    kinds = (dict, list, str) if _SURROGATE_ESCAPE.search(text) else (dict, list)
+    nested = frozenset(kinds).__contains__
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if type(v) is str:
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"holds a string that is not valid Unicode: {brief(v)}"
+        elif type(v) in (dict, list):
+            if depth > MAX_META_DEPTH:
+                return f"nests objects or lists too deeply (the limit is {MAX_META_DEPTH})"
+            items = [*v.keys(), *v.values()] if type(v) is dict else v
+            if any(map(nested, map(type, items))):  # at C speed: most lists hold numbers only
+                stack.extend((x, depth + 1) for x in items if nested(type(x)))
+    return None
+
+
+def _npy_header(f: IO[bytes], info: zipfile.ZipInfo, path: Path) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) from the header of the npy entry ``f`` (left at the start of the data), after
+    checking that the entry holds a plain numeric array of at most 3 dimensions and enough bytes for its shape:
+    nothing is allocated for a header that claims more data than the entry has."""
+    name = info.filename
     try:
-        with zf.open(member) as f:
-            return np.lib.format.read_array(io.BytesIO(f.read()), allow_pickle=False)
-    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
-        raise TraceError(path, f"truncated or corrupt entry {member} ({exc})") from None
-    except ValueError as exc:
-        raise TraceError(path, f"entry {member} is not a plain numeric array ({exc})") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy warns (on stderr) when it re-parses a Python 2 header
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:  # 3.0 only differs for structured dtypes with non-Latin-1 field names, never a trace's
+                raise ValueError(f"npy format version {version} is not used by trace files")
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError):
+        raise  # the entry's bytes, not its header: _entry reports them
+    except Exception as exc:  # garbage headers make numpy's parser raise nearly anything (SyntaxError,
+        # tokenize.TokenError, TypeError, RecursionError, ...): all of it means "not an npy array"
+        raise TraceError(path, f"entry {name} is not a plain numeric array (bad npy header: {_why(exc)})") from None
+    if dtype.kind not in "biuf" or dtype.fields is not None or dtype.subdtype is not None:
+        raise TraceError(path, f"entry {name} is not a plain numeric array (dtype {brief(dtype.str)})")
+    if len(shape) > 3 or any(n < 0 for n in shape):
+        raise TraceError(path, f"entry {name} has shape {brief(list(shape))}; trace arrays have 1 to 3 dimensions")
+    need = math.prod(shape) * dtype.itemsize
+    have = info.file_size - f.tell()
+    if need > have:
+        raise TraceError(path, f"entry {name} has {have} bytes of data but its header claims {dtype} "
+                               f"{brief(list(shape))} ({need} bytes): truncated or corrupt")
+    return tuple(shape), fortran, dtype
+
+
+def _read_array(zf: zipfile.ZipFile, member: str, path: Path) -> np.ndarray:
+    """A plain numeric array entry, read into memory allocated once for the size its header gives."""
+    with _entry(zf, member, path, MAX_ARRAY_BYTES) as (f, info):
+        shape, fortran, dtype = _npy_header(f, info, path)
+        try:
+            flat = np.empty(math.prod(shape), dtype=dtype)
+        except MemoryError:
+            raise TraceError(path, f"entry {member} needs {math.prod(shape) * dtype.itemsize} bytes, more memory "
+                                   f"than there is") from None
+        buf, done = memoryview(flat).cast("B"), 0
+        while done < len(buf):
+            n = f.readinto(buf[done:done + _READ_CHUNK])
+            if not n:
+                raise TraceError(path, f"truncated or corrupt entry {member} (data ends early)")
+            done += n
+        while f.read(_READ_CHUNK):  # the rest (npy allows padding), so that zipfile checks the entry's CRC
+            pass
+    return flat.reshape(shape, order="F" if fortran else "C")
 
 
 def file_sha256(path: str | Path) -> str:

@@ -1,0 +1,397 @@
+"""Fuzzing the trace reader: a mutated trace file either loads (and passes validation) or fails with ONE bounded
+line naming the file (an InputError, exit status 2 on the command line), never another exception, a hang or an
+unbounded allocation.
+
+Mutations start from one small valid trace: random byte edits of the whole file; entries rewritten with garbled
+bytes, mutated npy headers or zip fields (flags, compression method, sizes, names); and meta.json with a field
+replaced by a hostile value (wrong type, bool for int, huge or negative number, long or invalid string, deep
+nesting), removed, or joined by an unknown key. Examples are derandomized (the same ones on every run);
+TRACE_FUZZ_EXAMPLES=5000 explores more locally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import io
+import itertools
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+import warnings
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT, make_trace
+from traces.cli import main as traces_main
+from traces.errors import InputError
+from traces.io import load_trace, load_trace_header, trace_bytes
+
+MAX_LINE = 500  # the longest error line a bad trace may give (TraceError: path <= 200, problem <= 300)
+FUZZ = settings(max_examples=int(os.environ.get("TRACE_FUZZ_EXAMPLES", 150)), deadline=None, derandomize=True,
+                database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+def _base_trace():
+    """A small valid trace that uses every part of the format: weights, request ids and info, notes."""
+    t = make_trace([[[0, 1], [2, 3]], [[1, 2], [3, 0]], [[2, 3], [0, 1]], [[3, 0], [1, 2]]], lengths=[1, 3],
+                   prefill=[1, 1], num_experts=4, roles=["encoder", "decoder"],
+                   weights=np.full((4, 2, 2), 0.5, np.float16), kind="imported")
+    meta = dataclasses.replace(t.meta, request_ids=("a", "b"), extra={"note": "fuzz", "knobs": {"x": [1.5, 2]}},
+                               request_info={"prompt_len": [3, 7], "dataset": ["gsm8k", None]})
+    return dataclasses.replace(t, meta=meta)
+
+
+GOOD = trace_bytes(_base_trace())
+with zipfile.ZipFile(io.BytesIO(GOOD)) as _z:
+    MEMBERS = {name: _z.read(name) for name in _z.namelist()}
+META = json.loads(MEMBERS["meta.json"])
+_counter = itertools.count()
+
+
+def _zip(members, method=zipfile.ZIP_DEFLATED) -> bytes:
+    """A zip of (name, bytes) pairs, in order (duplicates allowed)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", method) as z, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Duplicate name"
+        for name, data in members:
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def _write(tmp_path, data: bytes):
+    """A fresh file per example (readers may cache per path)."""
+    path = tmp_path / f"fuzz{next(_counter)}.npz"
+    path.write_bytes(data)
+    return path
+
+
+def _one_line(text: str) -> str:
+    """The one line of an error message (asserting there is exactly one, of bounded length)."""
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text[:2000]
+    assert len(lines[0]) <= MAX_LINE + len("error: "), lines[0][:2000]
+    return lines[0]
+
+
+def check_reads_or_refuses(path) -> None:
+    """The property: every reader, and the command line, either accepts the file or refuses it with one bounded
+    line naming it."""
+    for read in (load_trace, load_trace_header):
+        try:
+            result = read(path)
+        except InputError as exc:
+            assert _one_line(str(exc)).startswith(str(path))
+        else:
+            if read is load_trace:
+                result.validate()
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = traces_main(["validate", str(path)])
+    assert code in (0, 2)
+    if code == 2:
+        assert _one_line(err.getvalue()).startswith(f"error: {path}")
+
+
+# ------------------------------------------------------------------------------------------- whole-file bytes
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.sampled_from(["flip", "set", "cut", "insert", "delete"]), st.floats(0, 1),
+                                st.binary(min_size=1, max_size=8)), min_size=1, max_size=5))
+def test_byte_edits_of_the_file(tmp_path, edits):
+    data = bytearray(GOOD)
+    for kind, where, payload in edits:
+        i = min(int(where * len(data)), max(len(data) - 1, 0))
+        if kind == "flip" and data:
+            data[i] ^= payload[0] or 1
+        elif kind == "set":
+            data[i:i + len(payload)] = payload
+        elif kind == "cut":
+            del data[i:]
+        elif kind == "insert":
+            data[i:i] = payload
+        else:
+            del data[i:i + payload[0]]
+    check_reads_or_refuses(_write(tmp_path, bytes(data)))
+
+
+# ------------------------------------------------------------------------------------------- entries and npy headers
+
+ARRAY_NAMES = [n for n in MEMBERS if n.endswith(".npy")]
+DESCRS = ["<i2", ">i2", "<i8", "<f2", "<f8", "|b1", "<c8", "|O", "<U3", "|V4", "<M8[s]", [("a", "<i2")],
+          ("<i2", (2,)), "garbage", 5, None]
+SHAPES = st.one_of(st.tuples(*[st.integers(0, 5)] * 3), st.tuples(st.sampled_from([2**45, 2**62, 2**63, -1])),
+                   st.lists(st.integers(-3, 2**40), max_size=6).map(tuple), st.sampled_from([[3, 2, 2], "3", None]),
+                   st.just((1,) * 70))
+
+
+@st.composite
+def npy_headers(draw) -> bytes:
+    """An npy header (magic, version, length, text): a mutated dict, or the real one with characters garbled."""
+    text = draw(st.one_of(
+        st.builds(lambda d, f, s: f"{{'descr': {d!r}, 'fortran_order': {f!r}, 'shape': {s!r}, }}",
+                  st.sampled_from(DESCRS), st.sampled_from([False, True, 1, "no"]), SHAPES),
+        st.builds(lambda s, i, junk: s[:i] + junk + s[i:],
+                  st.just("{'descr': '<i2', 'fortran_order': False, 'shape': (4, 2, 2), }"), st.integers(0, 60),
+                  st.text("(){}[],:'\"\\0123456789-LjeE.<>|#\n\t ", min_size=1, max_size=6)),
+        st.text(max_size=40)))
+    version = draw(st.sampled_from([1, 2, 3, 9]))
+    body = text.encode("utf-8", "surrogatepass") + b"\n"
+    length = draw(st.one_of(st.just(len(body)), st.integers(0, 2**16 - 1)))
+    head = struct.pack("<H", length) if version == 1 else struct.pack("<I", length)
+    return b"\x93NUMPY" + bytes([version, 0]) + head + body
+
+
+@FUZZ
+@given(name=st.sampled_from(ARRAY_NAMES), header=npy_headers(), data=st.binary(max_size=64), keep=st.booleans())
+def test_mutated_npy_headers(tmp_path, name, header, data, keep):
+    """An array entry with a hostile header (garbled text, odd dtypes, huge or negative shapes, Fortran order)
+    followed by the real data (after the real 128-byte header) or random bytes."""
+    old = MEMBERS[name]
+    payload = header + (old[128:] if keep else data)
+    members = [(n, payload if n == name else d) for n, d in MEMBERS.items()]
+    check_reads_or_refuses(_write(tmp_path, _zip(members)))
+
+
+def _patch_central(data: bytes, name: str, **fields) -> bytes:
+    """``data`` (a zip) with fields of ``name``'s central directory record overwritten: flags, method,
+    compress_size, file_size (what zipfile trusts when it reads the entry)."""
+    offsets = {"flags": (8, "<H"), "method": (10, "<H"), "compress_size": (20, "<I"), "file_size": (24, "<I")}
+    out = bytearray(data)
+    pos = out.find(b"PK\x01\x02")
+    while pos >= 0:
+        n = struct.unpack_from("<H", out, pos + 28)[0]
+        if out[pos + 46:pos + 46 + n] == name.encode():
+            for key, value in fields.items():
+                off, fmt = offsets[key]
+                struct.pack_into(fmt, out, pos + off, value)
+        pos = out.find(b"PK\x01\x02", pos + 4)
+    return bytes(out)
+
+
+@FUZZ
+@given(name=st.sampled_from(list(MEMBERS)), method=st.sampled_from([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED]),
+       flags=st.one_of(st.none(), st.sampled_from([0x1, 0x8, 0x20, 0x40, 0x800, 0xFFFF])),
+       zmethod=st.one_of(st.none(), st.sampled_from([1, 9, 12, 14, 93, 99, 0xFFFF])),
+       sizes=st.one_of(st.none(), st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))),
+       garble=st.one_of(st.none(), st.tuples(st.integers(0, 400), st.binary(min_size=1, max_size=4))),
+       names=st.sampled_from(["same", "duplicate", "extra", "tricky", "dropped"]))
+def test_mutated_zip_entries(tmp_path, name, method, flags, zmethod, sizes, garble, names):
+    """Entries with encryption/patch flags, unknown compression methods, lying sizes (zip bombs), garbled bytes,
+    duplicate names, path tricks and missing entries."""
+    members = list(MEMBERS.items())
+    if garble:
+        at, junk = garble
+        members = [(n, d[:at] + junk + d[at + len(junk):] if n == name else d) for n, d in members]
+    extra = {"duplicate": [(name, MEMBERS[name])], "extra": [("../experts.npy", b"x"), ("/etc/passwd", b"")],
+             "tricky": [("experts.npy\n" + "x" * 5000, b"")]}.get(names, [])
+    if names == "dropped":
+        members = [(n, d) for n, d in members if n != name]
+    data = _zip(members + extra, method)
+    fields = {}
+    if flags is not None:
+        fields["flags"] = flags
+    if zmethod is not None:
+        fields["method"] = zmethod
+    if sizes is not None:
+        fields["compress_size"], fields["file_size"] = sizes
+    check_reads_or_refuses(_write(tmp_path, _patch_central(data, name, **fields)))
+
+
+# ------------------------------------------------------------------------------------------- meta.json
+
+def _paths(value, prefix=()):
+    """Every (path to a value) in parsed JSON."""
+    yield prefix
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, v in items:
+        yield from _paths(v, prefix + (key,))
+
+
+# values json.dumps cannot write, or that must stay raw text: spliced into the dumped text
+RAW = {"<deep>": "[" * 100_000 + "]" * 100_000, "<deep-object>": '{"a":' * 70 + "1" + "}" * 70,
+       "<bigint>": "9" * 5000, "<nan>": "NaN", "<inf>": "-Infinity"}
+HOSTILE = st.one_of(
+    st.booleans(), st.none(), st.integers(), st.sampled_from([-1, 0, 2**15, 2**31, 2**63, -2**63 - 1, 10**30, 10**400]),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+    st.builds(lambda n, c: c * n, st.integers(1000, 5_000_000), st.sampled_from(["x", "\n", "é", "\ud800", "\x1b"])),
+    st.sampled_from(sorted(RAW)), st.lists(st.integers(-2, 5), max_size=4),
+    st.dictionaries(st.text(max_size=6), st.integers(), max_size=3),
+    st.integers(1, 200).map(lambda d: json.loads("[" * d + "]" * d)))
+
+
+@st.composite
+def meta_texts(draw) -> bytes:
+    """meta.json: the valid one with 1 to 3 edits (a value replaced by a hostile one, a key or item removed, an
+    unknown key added), or a hostile value in place of the whole object."""
+    if draw(st.integers(0, 4)) == 0:
+        meta = draw(HOSTILE)
+    else:
+        meta = copy.deepcopy(META)
+        for _ in range(draw(st.integers(1, 3))):
+            path = draw(st.sampled_from(list(_paths(meta))))
+            if not path:
+                continue
+            parent, key = functools.reduce(lambda v, k: v[k], path[:-1], meta), path[-1]
+            op = draw(st.sampled_from(["replace", "delete", "add"]))
+            if op == "replace":
+                parent[key] = draw(HOSTILE)
+            elif op == "delete":
+                del parent[key]
+            elif isinstance(parent, dict):
+                parent[draw(st.sampled_from(["unknown", "", "a\nb" * 500]))] = draw(HOSTILE)
+    text = json.dumps(meta)
+    for key, raw in RAW.items():
+        text = text.replace(json.dumps(key), raw)
+    return text.encode()
+
+
+@FUZZ
+@given(meta=meta_texts())
+def test_mutated_metadata(tmp_path, meta):
+    """meta.json with fields of the wrong type, bools for ints, huge or negative numbers, long, multi-line or
+    invalid strings, deep nesting, missing or unknown keys (or not an object at all)."""
+    members = [(n, meta if n == "meta.json" else d) for n, d in MEMBERS.items()]
+    check_reads_or_refuses(_write(tmp_path, _zip(members)))
+
+
+def test_the_unmutated_trace_loads(tmp_path):
+    path = _write(tmp_path, GOOD)
+    check_reads_or_refuses(path)
+    assert load_trace(path).meta.request_info["prompt_len"] == [3, 7]
+
+
+# ------------------------------------------------------------------------------------------- hostile archives
+
+def _with_entry(name, data) -> bytes:
+    """The valid trace file with entry ``name`` replaced by ``data``."""
+    return _zip([(n, data if n == name else d) for n, d in MEMBERS.items()])
+
+
+HOSTILE_ARCHIVES = {
+    "encrypted entry": (lambda: _patch_central(GOOD, "experts.npy", flags=0x1), "encrypted"),
+    "unknown compression method": (lambda: _patch_central(GOOD, "meta.json", method=99), "compression method 99"),
+    "bzip2 entry": (lambda: _zip(MEMBERS.items(), zipfile.ZIP_BZIP2), "compression method 12"),
+    "size claim beyond deflate": (lambda: _patch_central(GOOD, "experts.npy", file_size=2**32 - 1),
+                                  "more than its compression can give"),
+    "duplicate entry": (lambda: _zip([*MEMBERS.items(), ("experts.npy", MEMBERS["experts.npy"])]),
+                        "appears more than once"),
+    "path trick entry": (lambda: _zip([*MEMBERS.items(), ("../../etc/passwd", b"")]), "unknown entry"),
+    "multi-line 60k-character entry name": (lambda: _zip([*MEMBERS.items(), ("x\n" * 30_000, b"")]),
+                                            "unknown entry"),
+    "local and central names differ": (lambda: GOOD.replace(b"meta.json", b"meta.jsoN", 1), "corrupt entry"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_ARCHIVES))
+def test_hostile_archives_are_refused_with_one_line(tmp_path, case):
+    make, expected = HOSTILE_ARCHIVES[case]
+    path = _write(tmp_path, make())
+    with pytest.raises(InputError, match=expected) as info:
+        load_trace(path)
+    assert _one_line(str(info.value)).startswith(str(path))
+    check_reads_or_refuses(path)
+
+
+def test_a_zip_bomb_is_refused_before_it_is_inflated(tmp_path, monkeypatch):
+    """An entry of 64 MiB of zeros (64 KiB deflated) over the size limit is refused from its zip header alone."""
+    import traces.io
+
+    monkeypatch.setattr(traces.io, "MAX_ARRAY_BYTES", 1 << 20)
+    n = 16 << 20
+    bomb = _npy_header_for((n, 2, 1)) + bytes(n * 4)
+    path = _write(tmp_path, _with_entry("experts.npy", bomb))
+    assert path.stat().st_size < 1 << 20
+    with pytest.raises(InputError, match="over the limit"):
+        load_trace(path)
+
+
+def _npy_header_for(shape) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<i2", "fortran_order": False, "shape": shape})
+    return buf.getvalue()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "/dev/null"])
+def test_special_files_are_refused_without_reading(tmp_path, kind):
+    """A FIFO would block the reader forever and /dev/zero never ends: only regular files are opened."""
+    path = tmp_path / "fifo"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path = Path(kind)
+        if not path.exists():
+            pytest.skip(f"no {kind} here")
+    result = {}
+    reader = threading.Thread(target=lambda: result.update(error=_error_of(path)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), f"reading {path} hangs"
+    assert "not a regular file" in result["error"]
+
+
+def _error_of(path) -> str:
+    try:
+        load_trace(path)
+    except InputError as exc:
+        return str(exc)
+    return "loaded"
+
+
+def test_valid_variants_still_load(tmp_path):
+    """What np.save and zip tools may write and the format allows: stored entries, Fortran order."""
+    trace = load_trace(_write(tmp_path, GOOD))
+    stored = load_trace(_write(tmp_path, _zip(MEMBERS.items(), zipfile.ZIP_STORED)))
+    assert np.array_equal(stored.experts, trace.experts) and stored.meta == trace.meta
+    buf = io.BytesIO()
+    np.save(buf, np.asfortranarray(trace.experts))
+    fortran = load_trace(_write(tmp_path, _with_entry("experts.npy", buf.getvalue())))
+    assert np.array_equal(fortran.experts, trace.experts)
+
+
+# ------------------------------------------------------------------------------------------- the real command lines
+
+def _bad_files(tmp_path):
+    """Files the reader used to crash on (meta.json 100,000 levels deep) or answer with a 5 MB "line"."""
+    deep = json.dumps({**META, "extra": "<deep>"}).replace('"<deep>"', RAW["<deep>"])
+    long_name = json.dumps({**META, "model": {**META["model"], "num_experts": "m" * 5_000_000}})
+    return {name: _write(tmp_path, _zip([(n, text.encode() if n == "meta.json" else d) for n, d in MEMBERS.items()]))
+            for name, text in (("deep", deep), ("long", long_name))}
+
+
+def _cli(*argv):
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+def test_python_m_traces_exits_2_with_one_line(tmp_path):
+    files = _bad_files(tmp_path)
+    os.mkfifo(tmp_path / "fifo")
+    cases = [("stats", tmp_path / "fifo", "not a regular file"), ("validate", "/dev/zero", "not a regular file"),
+             ("stats", files["long"], "num_experts"), ("validate", files["deep"], "too deeply")]
+    for command, path, problem in cases:
+        done = _cli("-m", "traces", command, str(path))
+        assert done.returncode == 2, done.stderr[-2000:]
+        line = _one_line(done.stderr)
+        assert line.startswith(f"error: {path}: ") and problem in line, line
+
+
+def test_python_m_sim_run_exits_2_with_one_line(tmp_path):
+    files = _bad_files(tmp_path)
+    done = _cli("-m", "sim", "run", "configs/switch_xxl.yaml", "--set", f"workload.trace={files['long']}",
+                "--out", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    line = _one_line(done.stderr)
+    assert line.startswith("error: workload.trace: ") and "num_experts" in line
+    assert not (tmp_path / "out").exists()
