@@ -50,10 +50,13 @@ def build_decisions(cfg: RunConfig, trace: Trace, iterations=None) -> tuple[Poli
     """The policy and predictor a run config names, set up for ``trace`` (and the workload's ``iterations``,
     which offline policies read): plain Python, shared by engines."""
     roles = tuple(x.role for x in trace.meta.model.layers)
+    # what offline parts may read: the whole workload, and the evaluated trace's path (a part trained on another
+    # trace refuses that very file)
+    extra = {"trace": trace, "iterations": iterations, "trace_path": cfg.workload.trace}
     ctx = PolicyContext(num_layers=trace.num_layers, num_experts=trace.num_experts, layer_roles=roles,
                         cached_layers=cached_layers(trace, cfg.cache.layers), hpc_slots=cfg.cache.hpc_slots,
                         mpc_slots=cfg.cache.mpc_slots, hot_ranking=hot_ranking(cfg, trace), seed=cfg.seed,
-                        extra={"trace": trace, "iterations": iterations})
+                        extra=extra)
     if cfg.cache.hpc_slots + cfg.cache.mpc_slots > trace.num_experts:
         raise ConfigError("cache", f"hpc_slots + mpc_slots ({cfg.cache.hpc_slots} + {cfg.cache.mpc_slots}) exceed "
                           f"the {trace.num_experts} experts of a layer")
@@ -61,7 +64,7 @@ def build_decisions(cfg: RunConfig, trace: Trace, iterations=None) -> tuple[Poli
         policy = POLICIES.get(cfg.policy.name)(cfg.policy.params, ctx)
         predictor = PREDICTORS.get(cfg.predictor.name)(
             cfg.predictor.params,
-            PredictorContext(trace.num_layers, trace.num_experts, cfg.seed, {"trace": trace, "iterations": iterations}))
+            PredictorContext(trace.num_layers, trace.num_experts, cfg.seed, dict(extra)))
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None
     return policy, predictor

@@ -35,6 +35,20 @@ def _slowdown() -> Check:
     return number(1.0, 1000.0, strict=False)
 
 
+def _per_policy_time(value: Any, where: str) -> tuple[tuple[str, float], ...]:
+    """``{policy name: microseconds}`` -> sorted (name, microseconds) pairs (a frozen spec holds no dict)."""
+    if value is None or value == ():
+        return ()
+    d = check_mapping(value, where)
+    check = _time()
+    out = []
+    for name, us in d.items():
+        if not isinstance(name, str) or not name.strip() or len(name) > NAME_CHARS:
+            raise ConfigError(where, f"keys must be policy names, got {show(name)}")
+        out.append((name, float(check(us, join(where, name)))))
+    return tuple(sorted(out))
+
+
 Points2 = tuple[tuple[float, float], ...]
 Points3 = tuple[tuple[float, float, float], ...]
 
@@ -94,6 +108,14 @@ class HardwareSpec:
     expert_issue_s: float = setting(0.0, _time(), key="expert_issue_us", divisor=1e6, constructor_default=True)
     # host time per cached expert's compute issued
     hit_issue_s: float = setting(0.0, _time(), key="hit_issue_us", divisor=1e6, constructor_default=True)
+    # host time to issue one MoE layer's dense work while copies land (a floor on its duration)
+    dense_issue_s: float = setting(0.0, _time(), key="dense_issue_us", divisor=1e6, constructor_default=True)
+    # host time per MoE layer to take the layer's decisions, by policy (microseconds; a policy not listed: 0)
+    decide_us: tuple = setting((), _per_policy_time, free=True, constructor_default=True)
+
+    def decide_s(self, policy: str) -> float:
+        """Host seconds a policy's decisions take per MoE layer on this machine (0 unless calibrated)."""
+        return dict(self.decide_us).get(policy, 0.0) / 1e6
 
     def rate(self, dtype_bytes: int) -> float:
         """Dense FLOP/s for weights of ``dtype_bytes`` per element."""
@@ -102,11 +124,13 @@ class HardwareSpec:
     def to_dict(self) -> dict:
         """The profile in the hardware-file schema (readable units); loads back with :func:`load_hardware`."""
         d = to_plain(self)
+        d["decide_us"] = dict(self.decide_us)
         return {**{k: v for k, v in d.items() if k not in ("tables", "source")}, "tables": d["tables"],
                 "source": d["source"]}
 
 
-HOST_COST_FIELDS = ("layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us")
+HOST_COST_FIELDS = ("layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us", "dense_issue_us",
+                    "decide_us")
 HARDWARE_FIELDS = keys_of(HardwareSpec)
 HARDWARE_KEYS = HARDWARE_FIELDS + ("base",)
 TABLE_KEYS = tuple(f.name for f in dataclasses.fields(CalibrationTables))

@@ -174,7 +174,10 @@ def test_tables_from_a_mapping_are_sorted_and_checked():
     assert CostModel(XXL, hw).copy_s(1e6) == pytest.approx(1e-3)
 
 
-def test_memoised_values_are_stable():
+def test_memoised_values_equal_a_fresh_cost_model():
+    """A memoised duration is the one a new cost model computes (the memo may not go stale or mix up keys)."""
     c = CostModel(MIXTRAL, H200)
-    assert c.expert_s(7) == c.expert_s(7)
-    assert c.dense_s("decoder", 16, 100.5) == c.dense_s("decoder", 16, 100.5)
+    first = [c.expert_s(t) for t in (7, 1, 7, 64)] + [c.dense_s("decoder", 16, 100.5), c.dense_s("decoder", 1, 9)]
+    fresh = [CostModel(MIXTRAL, H200).expert_s(t) for t in (7, 1, 7, 64)] + [
+        CostModel(MIXTRAL, H200).dense_s("decoder", 16, 100.5), CostModel(MIXTRAL, H200).dense_s("decoder", 1, 9)]
+    assert first == fresh and first[0] != first[1] and first[0] == first[2]

@@ -212,7 +212,7 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
     """Calibrate, then run every configuration of suite ``kind`` on ``device``; returns the folder."""
     from validate.backends import make_backend
     from validate.executor import Executor
-    from validate.microbench import calibrate, combine, write_calibration
+    from validate.microbench import calibrate, combine, measure_decisions, write_calibration
 
     suite = SUITES[kind]
     try:
@@ -251,8 +251,11 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
         if not light:
             log(f"calibration ({when}): microbenchmarks of {model.name} on {backend.describe()} ...")
         t0 = time.perf_counter()
-        passes.append(calibrate(model, "h200", backend=backend, quick=quick, repeat=repeat, batch_sizes=batch_sizes,
-                                max_context=max_ctx, light=light))
+        cal = calibrate(model, "h200", backend=backend, quick=quick, repeat=repeat, batch_sizes=batch_sizes,
+                        max_context=max_ctx, light=light)
+        if not light:
+            cal["decide_us"] = measure_decisions([c for _, _, c in cfgs], traces)
+        passes.append(cal)
         atomic_write_bytes(passes_path, _json(passes))
         write_calibration(cal_path, combine(passes))
         log(f"calibration ({when}): {'light ' if light else ''}pass {len(passes)} done in "

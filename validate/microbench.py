@@ -22,8 +22,10 @@ timings are skewed: a median would miss their slow tail), of the very calls the 
   a layer's routing done on the device to the host having it and issuing again (a device -> host copy and the
   wait for it, timed on the device); ``copy_issue_us``, host time to ask the copy thread for a copy;
   ``expert_issue_us``, host time to issue one copied expert as the executor does (take the landed copy, order the
-  compute stream after it, timestamps, the expert's kernels, release its buffer), measured on copies already
-  landed; ``hit_issue_us``, host time to issue one cached expert's kernels;
+  compute stream after it, timestamps, the expert's kernels, release its buffer), measured while the copy thread
+  lands the next copies, as in a run; ``dense_issue_us``, host time to issue one MoE layer's dense work while
+  copies land; ``decide_us``, per policy, host time per MoE layer of its decisions (``measure_decisions``, the
+  decision protocol replayed without time over the measured configurations); ``hit_issue_us``, host time to issue one cached expert's kernels;
 - interference: ``compute_slowdown`` and ``dense_slowdown``, how much longer an expert FFN and a layer's dense work
   take while the copy thread copies experts, and ``copy_slowdown``, how much longer a copy takes while experts
   compute (copies and compute share memory bandwidth; never below 1).
@@ -219,28 +221,96 @@ def measure_host_costs(backend, model: ModelSpec, samples: int = 32) -> dict:
         copier = Copier(backend, lambda layer, expert: srcs[expert % 2], dsts, reserve=1)
         try:
             issue = expert = 0.0
-            rounds = max(1, samples // len(dsts))
+            n = 3 * len(dsts)
+            rounds = max(1, samples // n)
             for r in range(rounds + 1):
                 t0 = time.perf_counter()
-                jobs = [copier.submit(0, i, False) for i in range(len(dsts))]
+                for i in range(n):
+                    copier.submit(0, i, False)
                 spent = time.perf_counter() - t0
-                while sum(j.finished for j in jobs) < len(jobs):  # every copy lands before the timed part
-                    time.sleep(0.0005)
-                backend.synchronize()
-                t0 = time.perf_counter()
-                for _ in jobs:  # what the executor does with each landed copy
-                    backend.mark()
+                # each landed copy handled as the executor does, while the copy thread lands the next ones (it
+                # takes the interpreter lock at every landing, as in a run); only the handling is timed, not the
+                # wait for a copy to land
+                handling = 0.0
+                for _ in range(n):
                     job = copier.take(0)
+                    t0 = time.perf_counter()
+                    backend.mark()
                     copier.release(job, work(job))
+                    handling += time.perf_counter() - t0
                 if r:  # the first round warms up
                     issue += spent
-                    expert += time.perf_counter() - t0
+                    expert += handling
                 backend.synchronize()
         finally:
             copier.close()
-        out["copy_issue_us"] = issue / (rounds * len(dsts)) * 1e6
-        out["expert_issue_us"] = expert / (rounds * len(dsts)) * 1e6
+        out["copy_issue_us"] = issue / (rounds * n) * 1e6
+        out["expert_issue_us"] = expert / (rounds * n) * 1e6
+        out["dense_issue_us"] = measure_dense_issue(backend, model, srcs, dsts, samples)
     return {k: round(v, 1) for k, v in out.items()}
+
+
+def measure_dense_issue(backend, model: ModelSpec, srcs: list, dsts: list, samples: int = 32) -> float:
+    """Host microseconds to issue one MoE layer's dense work (``DenseLayer``) while the copy thread lands copies,
+    as in a run: one copy asked for before each call and taken after it. The same calls timed with the copy thread
+    idle are printed beside it (the difference is the copy thread's share of the interpreter)."""
+    torch = backend.torch
+    dtype = torch_dtype(torch, model)
+    role = "decoder" if model.moe_layers_of("decoder") else "encoder"
+    layer = DenseLayer(torch, model, role, backend.device, 64)
+    x = torch.randn(max(1, model.top_k), model.d_model, device=backend.device, dtype=dtype) * 0.1
+
+    def issue(n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            layer(x, 32)
+        return (time.perf_counter() - t0) / n
+
+    with torch.inference_mode():
+        issue(4)
+        backend.synchronize()
+        alone = issue(samples)
+        backend.synchronize()
+        copier = Copier(backend, lambda _layer, expert: srcs[expert % len(srcs)], dsts, reserve=1)
+        try:
+            beside = 0.0
+            for i in range(samples + 2):
+                copier.submit(0, i, False)
+                t0 = time.perf_counter()
+                layer(x, 32)
+                if i >= 2:
+                    beside += time.perf_counter() - t0
+                job = copier.take(0)
+                copier.release(job, backend.compute_done())
+            backend.synchronize()
+        finally:
+            copier.close()
+    beside /= samples
+    print(f"  dense work issued by the host: {alone * 1e6:.0f} us alone, {beside * 1e6:.0f} us while copies land",
+          flush=True)
+    return beside * 1e6
+
+
+def measure_decisions(configs: list, traces: dict, iterations: int = 24) -> dict:
+    """Host microseconds per MoE layer that each policy's decisions take on this machine: the decision protocol
+    replayed without time (``sim.replay``) over the first ``iterations`` iterations of each run config (a policy
+    with several configurations: their mean). ``configs``: RunConfigs; ``traces``: path -> Trace."""
+    from sim.decisions import build_decisions
+    from sim.replay import replay
+    from sim.workload import build_iterations
+
+    per: dict[str, list[float]] = {}
+    for cfg in configs:
+        trace = traces[str(cfg.workload.trace)]
+        w = cfg.workload
+        its, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
+        its = its[:iterations]
+        replay(trace, its, *build_decisions(cfg, trace, its))  # warm-up
+        policy, predictor = build_decisions(cfg, trace, its)
+        t0 = time.perf_counter()
+        steps = len(replay(trace, its, policy, predictor))
+        per.setdefault(cfg.policy.name, []).append((time.perf_counter() - t0) / max(1, steps) * 1e6)
+    return {name: round(statistics.fmean(v), 1) for name, v in sorted(per.items())}
 
 
 def measure_copies(backend, timer: Timer, sizes: list[int]) -> tuple[list, list]:
@@ -473,10 +543,15 @@ def combine(calibrations: list[dict]) -> dict:
         return first
     out = {k: v for k, v in first.items() if k != "tables"}
     for key in ("compute_slowdown", "dense_slowdown", "copy_slowdown", "handoff_us", "copy_gap_us",
-                "layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us"):  # full passes only
+                "layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us",
+                "dense_issue_us"):  # full passes only
         values = [c[key] for c in calibrations if key in c]
         if values:
             out[key] = round(statistics.median(values), 3)
+    decide = [c["decide_us"] for c in calibrations if c.get("decide_us")]
+    if decide:
+        out["decide_us"] = {name: round(statistics.median([d[name] for d in decide if name in d]), 1)
+                            for name in sorted({n for d in decide for n in d})}
     out["source"] = f"{first['source']} (median of {len(calibrations)} passes)"
     tables = {"model": first["tables"]["model"]}
     for name, points in first["tables"].items():
