@@ -108,8 +108,10 @@ class HardwareSpec:
     expert_issue_s: float = setting(0.0, _time(), key="expert_issue_us", divisor=1e6, constructor_default=True)
     # host time per cached expert's compute issued
     hit_issue_s: float = setting(0.0, _time(), key="hit_issue_us", divisor=1e6, constructor_default=True)
-    # host time to issue one MoE layer's dense work while copies land (a floor on its duration)
+    # host time to issue one MoE layer's dense work (a floor on its duration)
     dense_issue_s: float = setting(0.0, _time(), key="dense_issue_us", divisor=1e6, constructor_default=True)
+    # host work (issuing dense work) stretch while copies land: the copy thread takes the interpreter lock, >= 1
+    host_slowdown: float = setting(1.0, _slowdown(), constructor_default=True)
     # host time per MoE layer to take the layer's decisions, by policy (microseconds; a policy not listed: 0)
     decide_us: tuple = setting((), _per_policy_time, free=True, constructor_default=True)
 

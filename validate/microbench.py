@@ -23,8 +23,9 @@ timings are skewed: a median would miss their slow tail), of the very calls the 
   wait for it, timed on the device); ``copy_issue_us``, host time to ask the copy thread for a copy;
   ``expert_issue_us``, host time to issue one copied expert as the executor does (take the landed copy, order the
   compute stream after it, timestamps, the expert's kernels, release its buffer), measured while the copy thread
-  lands the next copies, as in a run; ``dense_issue_us``, host time to issue one MoE layer's dense work while
-  copies land; ``decide_us``, per policy, host time per MoE layer of its decisions (``measure_decisions``, the
+  lands the next copies, as in a run; ``dense_issue_us``, host time to issue one MoE layer's dense work, and
+  ``host_slowdown``, how much longer that takes while copies land (the copy thread takes the interpreter lock at
+  every landing); ``decide_us``, per policy, host time per MoE layer of its decisions (``measure_decisions``, the
   decision protocol replayed without time over the measured configurations); ``hit_issue_us``, host time to issue one cached expert's kernels;
 - interference: ``compute_slowdown`` and ``dense_slowdown``, how much longer an expert FFN and a layer's dense work
   take while the copy thread copies experts, and ``copy_slowdown``, how much longer a copy takes while experts
@@ -246,14 +247,16 @@ def measure_host_costs(backend, model: ModelSpec, samples: int = 32) -> dict:
             copier.close()
         out["copy_issue_us"] = issue / (rounds * n) * 1e6
         out["expert_issue_us"] = expert / (rounds * n) * 1e6
-        out["dense_issue_us"] = measure_dense_issue(backend, model, srcs, dsts, samples)
-    return {k: round(v, 1) for k, v in out.items()}
+        alone, beside = measure_dense_issue(backend, model, srcs, dsts, samples)
+        out["dense_issue_us"] = alone
+        out["host_slowdown"] = max(1.0, beside / alone) if alone > 0 else 1.0
+    return {k: round(v, 3 if k == "host_slowdown" else 1) for k, v in out.items()}
 
 
-def measure_dense_issue(backend, model: ModelSpec, srcs: list, dsts: list, samples: int = 32) -> float:
-    """Host microseconds to issue one MoE layer's dense work (``DenseLayer``) while the copy thread lands copies,
-    as in a run: one copy asked for before each call and taken after it. The same calls timed with the copy thread
-    idle are printed beside it (the difference is the copy thread's share of the interpreter)."""
+def measure_dense_issue(backend, model: ModelSpec, srcs: list, dsts: list, samples: int = 32) -> tuple[float, float]:
+    """Host microseconds to issue one MoE layer's dense work (``DenseLayer``): (with the copy thread idle, while
+    it lands copies as in a run: one copy asked for before each call and taken after it). Their ratio is the
+    simulator's ``host_slowdown``: the copy thread's share of the interpreter."""
     torch = backend.torch
     dtype = torch_dtype(torch, model)
     role = "decoder" if model.moe_layers_of("decoder") else "encoder"
@@ -288,7 +291,7 @@ def measure_dense_issue(backend, model: ModelSpec, srcs: list, dsts: list, sampl
     beside /= samples
     print(f"  dense work issued by the host: {alone * 1e6:.0f} us alone, {beside * 1e6:.0f} us while copies land",
           flush=True)
-    return beside * 1e6
+    return alone * 1e6, beside * 1e6
 
 
 def measure_decisions(configs: list, traces: dict, iterations: int = 24) -> dict:
@@ -544,7 +547,7 @@ def combine(calibrations: list[dict]) -> dict:
     out = {k: v for k, v in first.items() if k != "tables"}
     for key in ("compute_slowdown", "dense_slowdown", "copy_slowdown", "handoff_us", "copy_gap_us",
                 "layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us",
-                "dense_issue_us"):  # full passes only
+                "dense_issue_us", "host_slowdown"):  # full passes only
         values = [c[key] for c in calibrations if key in c]
         if values:
             out[key] = round(statistics.median(values), 3)
