@@ -1,1 +1,1 @@
-"""The trace-driven SimPy simulator of offloaded MoE inference (see ../shared/DESIGN.md section 3)."""
+"""The trace-driven SimPy simulator of offloaded MoE inference (see docs/architecture.md)."""

@@ -39,7 +39,8 @@ class CacheCounters:
 
 
 class TierCache:
-    """HPC and MPC contents per layer, and the LPC set of (layer, expert) in working buffers."""
+    """HPC and MPC contents per layer, and the LPC: per layer, the set of experts in working buffers
+    (``lpc_of[layer]``; ``lpc`` is the same as a set of (layer, expert))."""
 
     def __init__(self, num_layers: int, num_experts: int, hpc_slots: int, mpc_slots: int, cached_layers):
         self.num_layers = num_layers
@@ -49,17 +50,22 @@ class TierCache:
         self.cached_layers = frozenset(cached_layers)
         self.hpc: list[frozenset[int]] = [frozenset() for _ in range(num_layers)]
         self.mpc: list[dict[int, None]] = [{} for _ in range(num_layers)]  # insertion-ordered sets
-        self.lpc: set[tuple[int, int]] = set()
+        self.lpc_of: list[set[int]] = [set() for _ in range(num_layers)]
         self._hpc_pinned = [False] * num_layers
         self.counters = CacheCounters()
 
     # ------------------------------------------------------------------------------------------------ queries
+    @property
+    def lpc(self) -> frozenset[tuple[int, int]]:
+        """Every (layer, expert) in a working buffer (a snapshot)."""
+        return frozenset((layer, e) for layer, held in enumerate(self.lpc_of) for e in held)
+
     def tier_of(self, layer: int, expert: int) -> str | None:
         if expert in self.hpc[layer]:
             return HPC
         if expert in self.mpc[layer]:
             return MPC
-        if (layer, expert) in self.lpc:
+        if expert in self.lpc_of[layer]:
             return LPC
         return None
 
@@ -97,31 +103,32 @@ class TierCache:
 
     def add_lpc(self, layer: int, expert: int) -> None:
         """An expert is being copied from host into a working buffer for ``layer``."""
-        key = (layer, expert)
-        if expert in self.hpc[layer] or expert in self.mpc[layer] or key in self.lpc:
+        lpc = self.lpc_of[layer]
+        if expert in self.hpc[layer] or expert in self.mpc[layer] or expert in lpc:
             raise CacheInvariantError(f"layer {layer}: expert {expert} copied from host while cached or in flight")
         if not 0 <= expert < self.num_experts:
             raise CacheInvariantError(f"layer {layer}: expert {expert} out of range")
-        self.lpc.add(key)
+        lpc.add(expert)
 
     def promote(self, layer: int, expert: int, victim: int | None) -> None:
         """Move ``expert`` from its working buffer into an MPC slot, evicting ``victim`` (an MPC expert) if given."""
-        if (layer, expert) not in self.lpc:
+        if expert not in self.lpc_of[layer]:
             raise CacheInvariantError(f"layer {layer}: promoted expert {expert} is not in a working buffer")
         if layer not in self.cached_layers:
             raise CacheInvariantError(f"layer {layer} is not cached but expert {expert} was promoted")
+        mpc, counters = self.mpc[layer], self.counters
         if victim is not None:
-            if victim in self.hpc[layer]:
-                raise CacheInvariantError(f"layer {layer}: HPC expert {victim} chosen for eviction")
-            if victim not in self.mpc[layer]:
-                raise CacheInvariantError(f"layer {layer}: evicted expert {victim} is not in the MPC")
-            del self.mpc[layer][victim]
-            self.counters.evictions += 1
-        if len(self.mpc[layer]) >= self.mpc_slots:
+            if victim not in mpc:
+                raise CacheInvariantError(f"layer {layer}: "
+                                          + (f"HPC expert {victim} chosen for eviction" if victim in self.hpc[layer]
+                                             else f"evicted expert {victim} is not in the MPC"))
+            del mpc[victim]
+            counters.evictions += 1
+        if len(mpc) >= self.mpc_slots:
             raise CacheInvariantError(f"layer {layer}: MPC full ({self.mpc_slots}) and no victim given")
-        self.mpc[layer][expert] = None
-        self.counters.promotions += 1
-        self.counters.insertions += 1
+        mpc[expert] = None
+        counters.promotions += 1
+        counters.insertions += 1
 
     def touch(self, layer: int, expert: int) -> None:
         """Mark an MPC expert most recently used (moves it to the end of the layer's insertion order)."""
@@ -131,10 +138,11 @@ class TierCache:
 
     def finish_layer(self, layer: int) -> list[int]:
         """A layer is done: its working buffers are dropped. Returns the experts that were in them."""
-        gone = [e for (lyr, e) in self.lpc if lyr == layer]
-        for e in gone:
-            self.lpc.discard((layer, e))
-        return gone
+        gone = self.lpc_of[layer]
+        if not gone:
+            return []
+        self.lpc_of[layer] = set()
+        return list(gone)
 
     def count_all(self, sources) -> None:
         """Record one access per entry of ``sources`` (tiers, or MISS)."""
@@ -162,6 +170,7 @@ class TierCache:
                 raise CacheInvariantError(f"layer {layer}: an expert is in both HPC and MPC")
             if layer not in self.cached_layers and (self.hpc[layer] or self.mpc[layer]):
                 raise CacheInvariantError(f"layer {layer} is not cached but holds experts")
-        for layer, e in self.lpc:  # a promoted expert is in its buffer and the MPC until the layer ends
-            if e in self.hpc[layer]:
-                raise CacheInvariantError(f"layer {layer}: expert {e} in a working buffer and the HPC")
+        for layer, held in enumerate(self.lpc_of):  # a promoted expert is in its buffer and the MPC until the layer ends
+            if self.hpc[layer] & held:
+                raise CacheInvariantError(f"layer {layer}: expert {min(self.hpc[layer] & held)} in a working buffer "
+                                          f"and the HPC")

@@ -17,10 +17,26 @@ Interference: a copy that starts while the compute stream computes (``computing`
 from __future__ import annotations
 
 import simpy
+from simpy.core import NORMAL
 
 from sim.copy_queue import CopyJob, CopyQueue
 
 __all__ = ["CopyEngine", "CopyJob"]
+
+
+class Landing:
+    """The event the compute stream waits on for a layer's next landed copy, as a marker: ``succeed`` (when the copy
+    lands) draws the id SimPy would give that event and keeps its (time, priority, id) key in ``key``; the stream
+    then resumes after every event ordered before it (``sim/engine.py``)."""
+
+    __slots__ = ("env", "key")
+
+    def __init__(self, env: simpy.Environment):
+        self.env, self.key = env, None
+
+    def succeed(self) -> None:
+        env = self.env
+        self.key = (env.now, NORMAL, next(env._eid))
 
 
 class CopyEngine:
@@ -39,7 +55,7 @@ class CopyEngine:
         self.nbytes = nbytes
         self.queue = q = CopyQueue(buffers, reserve)
         self.demand, self.prefetch, self.ready = q.demand, q.prefetch, q.ready   # read by the engine
-        self.waiter: dict[int, simpy.Event] = {}
+        self.waiter: dict[int, Landing] = {}
         self.timeline = timeline
         self.current: CopyJob | None = None  # the copy on the link
 
@@ -66,11 +82,10 @@ class CopyEngine:
         if self.current is None:
             self._wake()
 
-    def wait_ready(self, layer: int) -> simpy.Event:
-        """An event that fires when the next copy for ``layer`` lands."""
-        ev = self.env.event()
-        self.waiter[layer] = ev
-        return ev
+    def wait_landing(self, layer: int) -> "Landing":
+        """What the compute stream waits on: the next copy for ``layer`` to land."""
+        w = self.waiter[layer] = Landing(self.env)
+        return w
 
     # -------------------------------------------------------------------------------------------- the link
     def _wake(self) -> None:
@@ -89,7 +104,10 @@ class CopyEngine:
             self._start_next()
 
     def _start_next(self) -> None:
-        job = self.queue.start_next()
+        q = self.queue
+        if not q.demand and not q.prefetch:
+            return
+        job = q.start_next()
         if job is None:
             return
         job.start = self.env.now

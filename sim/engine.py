@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from heapq import heappop
 from dataclasses import dataclass, field
 
 import simpy
+from simpy.core import NORMAL
 
 from sim.cache import HPC, LPC, MPC
 from sim.copy_engine import CopyEngine
@@ -135,8 +137,43 @@ class Simulation:
         protocol = self.protocol = DecisionProtocol(self.trace, policy, predictor, score, self.record_decisions,
                                                     self._check if self.check_invariants else None)
 
+        # The compute stream is the only process, so it runs as plain code: a wait (``advance``) first runs every
+        # event SimPy would run before ``yield env.timeout(dt)`` resumes it (copy landings, the copy thread's
+        # wake-ups: keys below the timeout's (time, priority, id)), then moves the clock to ``now + dt``, the same
+        # float sum the timeout makes. Each wait still draws its event id, so ties and the events count are as with
+        # one SimPy event per wait.
+        queue, eids = env._queue, env._eid
+
+        def step_env() -> None:
+            """``env.step()`` for the events here (timeouts of the copy engine, which never fail)."""
+            env._now, _, _, event = heappop(queue)
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
+            if not event._ok:
+                raise event._value
+
+        def advance(dt: float) -> None:
+            t = env._now + dt
+            key = (t, NORMAL, next(eids))
+            while queue and queue[0] < key:
+                step_env()
+            env._now = t
+
+        def wait_landing(layer: int) -> None:
+            """Until the next copy for ``layer`` lands, then the events SimPy would run before the stream's
+            process resumes on that landing."""
+            w = copy.wait_landing(layer)
+            while w.key is None:
+                if not queue:
+                    raise RuntimeError("simulation deadlocked: the compute stream waits on a copy that never comes")
+                step_env()
+            key = w.key
+            while queue and queue[0] < key:
+                step_env()
+
         def compute_stream():
-            timeout, submit, release, upgrade, drop = env.timeout, copy.submit, copy.release, copy.upgrade, copy.drop
+            submit, release, upgrade, drop = copy.submit, copy.release, copy.upgrade, copy.drop
             hit_d2d = d2d if policy.hit_d2d else 0.0
             promote_d2d = 0.0 if policy.promotion_is_free else d2d
             slow, dense_slow = costs.hw.compute_slowdown, costs.hw.dense_slowdown
@@ -145,6 +182,7 @@ class Simulation:
             roundtrip, copy_issue = hw.layer_roundtrip_s, hw.copy_issue_s
             expert_issue, hit_issue = hw.expert_issue_s, hw.hit_issue_s
             roles, decide = self.roles, protocol.decide
+            copy_ready = copy.ready
             for it in self.iterations:
                 t_start = env.now
                 stall = busy = 0.0
@@ -152,17 +190,21 @@ class Simulation:
                 issued = unused = used = 0
                 jobs = {}
                 n_tok = int(it.rows.size)
+                dense_of = {}  # role -> dense work of one MoE layer of this iteration
                 for step in protocol.steps(it):
                     layer, counts = step.layer, step.counts
-                    dense = costs.dense_s(roles[layer], n_tok, it.context)
+                    role = roles[layer]
+                    dense = dense_of.get(role)
+                    if dense is None:
+                        dense = dense_of[role] = costs.dense_s(role, n_tok, it.context)
                     if slowed:
                         dense = stretch(dense, dense_slow)
                     if tl is not None:
                         tl.append(("compute", f"L{layer} dense", env.now, dense))
-                    yield timeout(dense)
+                    advance(dense)
                     busy += dense
                     if roundtrip:  # the gate's choice reaches the host before anything of the layer is issued
-                        yield timeout(roundtrip)
+                        advance(roundtrip)
                     decide(step)
                     for e in step.plan.unused_prefetch:
                         job = jobs.pop((layer, e))
@@ -171,44 +213,52 @@ class Simulation:
                         drop(job)
                         unused += 1
                     resident_s = 0.0
-                    for e in step.resident:
+                    resident = step.resident
+                    for e in resident:
                         t = expert_s(counts[e]) + hit_d2d
                         if tl is not None:
                             tl.append(("compute", f"L{layer} E{e} {step.plan.sources[e]}", env.now + resident_s, t))
                         resident_s += t
                     new_copies = 0
-                    for e, src in step.copied:
+                    copied = step.copied
+                    for e, src in copied:
                         if src == LPC:
                             upgrade(jobs.pop((layer, e)))
                             used += 1
                         else:
                             submit(layer, e, False)
                             new_copies += 1
-                    waiting = len(step.copied)
+                    waiting = len(copied)
                     # prefetches reach the copy engine after this layer's demand copies, so that an idle link
                     # starts a copy this layer waits for, not one for the next layer
-                    nxt = step.next_layer
-                    for e in step.prefetch:
-                        jobs[(nxt, e)] = submit(nxt, e, True)
-                        issued += 1
-                        new_copies += 1
+                    if step.prefetch:
+                        nxt = step.next_layer
+                        for e in step.prefetch:
+                            jobs[(nxt, e)] = submit(nxt, e, True)
+                            issued += 1
+                            new_copies += 1
                     if copy_issue and new_copies:  # the host issues the copies before the layer's experts
-                        yield timeout(copy_issue * new_copies)
+                        advance(copy_issue * new_copies)
                     if resident_s:
                         if slowed:
                             resident_s = stretch(resident_s, slow)
-                        resident_s = max(resident_s, hit_issue * len(step.resident))
-                        yield timeout(resident_s)
+                        if hit_issue:
+                            resident_s = max(resident_s, hit_issue * len(resident))
+                        advance(resident_s)
                         busy += resident_s
-                    ready = copy.ready.setdefault(layer, deque())
+                    if not waiting:
+                        continue
+                    ready = copy_ready.get(layer)
+                    if ready is None:
+                        ready = copy_ready[layer] = deque()
                     promote = step.plan.promote
                     while waiting:
                         if not ready:
                             t0 = env.now
                             copy.computing = False
-                            yield copy.wait_ready(layer)
+                            wait_landing(layer)
                             if handoff:  # the compute side wakes up to the landed copy
-                                yield timeout(handoff)
+                                advance(handoff)
                             copy.computing = True
                             stall += env.now - t0
                             continue
@@ -220,10 +270,11 @@ class Simulation:
                             t += promote_d2d
                         if slowed:
                             t = stretch(t, slow)
-                        t = max(t, expert_issue)
+                        if expert_issue:
+                            t = max(t, expert_issue)
                         if tl is not None:
                             tl.append(("compute", f"L{layer} E{e} copied", env.now, t))
-                        yield timeout(t)
+                        advance(t)
                         busy += t
                         release(job)
                 # the LM head closes the iteration: over every generated token, or each prefilled request's last
@@ -233,7 +284,7 @@ class Simulation:
                 if lm:
                     if tl is not None:
                         tl.append(("compute", "lm head", env.now, lm))
-                    yield timeout(lm)
+                    advance(lm)
                     busy += lm
                 hits = counters.hits
                 records.append(IterationRecord(
@@ -249,13 +300,9 @@ class Simulation:
                 if self.progress is not None:
                     self.progress(it.index + 1, len(self.iterations))
 
-        main = env.process(compute_stream())
-        try:
-            env.run(until=main)
-        except RuntimeError as exc:
-            if main.triggered:
-                raise
-            raise RuntimeError("simulation deadlocked: the compute stream waits on a copy that never comes") from exc
+        next(env._eid)     # the id SimPy's start of the stream's process would take
+        compute_stream()
+        advance(0.0)       # the events SimPy runs before the stream's process ends
         events = _events_processed(env)
         return EngineResult(
             iterations=records, sim_time_s=env.now, compute_busy_s=totals["busy"], link_busy_s=copy.busy_s,

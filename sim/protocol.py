@@ -128,15 +128,18 @@ class DecisionProtocol:
                     self.score.add(nxt, guess, truth)
             step.prefetch = policy.plan_prefetch(index, nxt, guess)
         plan = step.plan = policy.plan_layer(index, step.layer, step.active)
-        sources = plan.sources
-        resident, copied = [], []
-        for e in step.active:
-            src = sources[e]
-            if src == HPC or src == MPC:
-                resident.append(e)
-            else:
-                copied.append((e, src))
-        step.resident, step.copied = resident, copied
+        if plan.resident is not None:      # split by the policy's classify already
+            step.resident, step.copied = plan.resident, plan.copied
+        else:
+            sources = plan.sources
+            resident, copied = [], []
+            for e in step.active:
+                src = sources[e]
+                if src == HPC or src == MPC:
+                    resident.append(e)
+                else:
+                    copied.append((e, src))
+            step.resident, step.copied = resident, copied
         if self.decisions is not None:
             self.decisions.append(step.decision())
         return step

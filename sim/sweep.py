@@ -1,5 +1,5 @@
-"""`python -m sim sweep configs/sweeps/NAME.yaml [--executor local|ray] [--workers N] [--resume] [--out DIR]`:
-many runs of one base config.
+"""`python -m sim sweep configs/sweeps/NAME.yaml [--executor local|ray [--address ADDR]] [--workers N] [--resume]
+[--attempts N] [--out DIR]`: many runs of one base config.
 
 A sweep file:
 
@@ -21,17 +21,19 @@ Each point is one simulator run, identified by a hash of its resolved config. Re
 written atomically as soon as the point finishes, so an interrupted sweep (Ctrl-C, kill -9) keeps every finished
 row and ``--resume`` runs only the points not done: the missing ones and the failed ones. A failing point records
 its error and the sweep goes on; a point whose worker dies is retried (``--attempts``, default 2) and then
-recorded as failed. At the end ``OUT/results.parquet`` holds every row and ``OUT/report.md`` the table, checks
-and plots.
+recorded as failed. With ``--executor ray --address HOST:PORT`` the points run on a Ray cluster, the code and
+the traces shipped to it (docs/ray_cluster.md); the rows are stored here all the same, so a sweep started with
+one executor can be resumed with the other. At the end ``OUT/results.parquet`` holds every row and
+``OUT/report.md`` the table, checks and plots.
 
 Exit status: 0 every point ok and every check passed; 2 bad input (sweep file, config, arguments; nothing run);
 3 a check failed; 4 some points failed (run again with ``--resume`` to retry only them; 3 wins when both);
 130 interrupted.
 
 The parts: ``sim.sweep_spec`` (the sweep file and its points), ``sim.sweep_worker`` (one point in a worker),
-``sim.sweep_exec`` (executors: this process, a process pool, Ray), ``sim.sweep_store`` (the rows folder),
-``sim.sweep_checks`` (invariants), ``sim.sweep_report`` (results.parquet, report.md, plots). This module is the
-command line and re-exports their public names.
+``sim.sweep_exec`` (executors: this process, a process pool), ``sim.sweep_ray*`` (Ray: connecting, shipping,
+the tasks), ``sim.sweep_store`` (the rows folder), ``sim.sweep_checks`` (invariants), ``sim.sweep_report``
+(results.parquet, report.md, plots). This module is the command line and re-exports their public names.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pathlib import Path
 from sim.errors import ConfigError
 from sim.sweep_checks import CHECKS, run_checks
 from sim.sweep_exec import MAX_ATTEMPTS, Progress, run_local, run_ray
+from sim.sweep_ray import describe, start_ray
 from sim.sweep_report import make_plots, write_report
 from sim.sweep_spec import SWEEP_KEYS, Point, Sweep, load_sweep
 from sim.sweep_store import clean_orphans, done_points, has_rows, read_rows, row_of, write_row
@@ -56,8 +59,12 @@ def register(sub) -> None:
     p.add_argument("sweep", help="sweep file, e.g. configs/sweeps/ci.yaml")
     p.add_argument("--executor", choices=["local", "ray"], default="local",
                    help="local: a process pool (default); ray: Ray tasks, on --address or a local Ray instance")
-    p.add_argument("--address", default=None, help="address of an existing Ray cluster (with --executor ray)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
+    p.add_argument("--address", default=None,
+                   help="with --executor ray: the Ray cluster, HOST:PORT of its head (ray start --head --port), "
+                        "ray://HOST:PORT or auto (default: $RAY_ADDRESS, else a local Ray instance); "
+                        "see docs/ray_cluster.md")
+    p.add_argument("--workers", type=int, default=None,
+                   help="points run at once (default: all cores; on a Ray cluster, its CPUs)")
     p.add_argument("--resume", action="store_true",
                    help="keep the ok rows already in --out; run only the missing and the failed points")
     p.add_argument("--attempts", type=int, default=MAX_ATTEMPTS,
@@ -69,29 +76,47 @@ def register(sub) -> None:
 
 def run(args) -> int:
     sweep = load_sweep(args.sweep)
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
     attempts = getattr(args, "attempts", MAX_ATTEMPTS)
     if attempts < 1:
         raise ConfigError("--attempts", f"must be >= 1, got {attempts}")
+    if args.address and args.executor != "ray":
+        raise ConfigError("--address", "needs --executor ray")
+    address = (args.address or os.environ.get("RAY_ADDRESS") or None) if args.executor == "ray" else None
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{sweep.name}"
     if has_rows(out) and not args.resume:
         raise ConfigError(str(out), "holds results of an earlier sweep: pass --resume to continue it, or another --out")
+    workers = args.workers or (None if address else os.cpu_count() or 1)
+    session = None
+    if args.executor == "ray":
+        session = start_ray(address, workers)  # bad address, refused token, unfit node: exit 2 before anything
+        print(describe(session), file=sys.stderr)
+        workers = workers or max(1, session.cluster.cpus)
+    try:
+        return _sweep(args, sweep, out, workers, attempts, session)
+    finally:
+        if session is not None:
+            session.close()
+
+
+def _sweep(args, sweep: Sweep, out: Path, workers: int, attempts: int, session) -> int:
+    """Run the points not done yet, then write the report; the exit status."""
     orphans = clean_orphans(out) if out.exists() else []
     done, failed_before = done_points(out) if args.resume else (set(), set())
     wanted = {p.id for p in sweep.points}
     todo = [p for p in sweep.points if p.id not in done]
     retry = len(wanted & (failed_before - done))
     print(f"sweep {sweep.name}: {len(sweep.points)} points, {len(sweep.points) - len(todo)} already done, "
-          f"{len(todo)} to run{f' ({retry} failed before)' if retry else ''} on {args.workers} worker(s) -> {out}"
+          f"{len(todo)} to run{f' ({retry} failed before)' if retry else ''} on {workers} worker(s) -> {out}"
           + (f"; removed {len(orphans)} unfinished temporary file(s)" if orphans else ""), file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     progress = Progress(len(todo), args.quiet)
     try:
-        if args.executor == "ray":
-            run_ray(sweep, todo, out, args.workers, progress, args.address, attempts)
+        if session is not None:
+            run_ray(sweep, todo, out, workers, progress, max_attempts=attempts, session=session)
         else:
-            run_local(sweep, todo, out, args.workers, progress, attempts)
+            run_local(sweep, todo, out, workers, progress, attempts)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished rows are kept in {out}; rerun with --resume", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -6,8 +6,8 @@ one start of a point; a point is started at most ``max_attempts`` times (default
 failed with "worker died" (``--resume`` tries it again later). In the process pool a dead worker breaks the whole
 pool, and every point in flight then is a suspect: the pool is replaced, the points not yet started run in the
 new pool, and then the suspects run again one at a time, so a point that kills its worker every time cannot
-take others down with it, and fails after ``max_attempts`` starts instead of looping. A Ray worker's death fails
-only its own task, which is submitted again.
+take others down with it, and fails after ``max_attempts`` starts instead of looping. A Ray worker's (or node's)
+death fails only its own task, which is submitted again (``sim.sweep_ray``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from sim.errors import ConfigError
 from sim.sweep_spec import Point, Sweep
 from sim.sweep_store import row_of, write_row
 from sim.sweep_worker import attempt, attempt_in_worker
@@ -141,44 +140,10 @@ def _result(fut) -> Result:
     return "failed", None, f"{type(exc).__name__}: {exc}".splitlines()[0][:500], 0.0
 
 
-def run_ray(sweep: Sweep, todo: list[Point], out: Path, workers: int, progress: Progress,
-            address: str | None = None, max_attempts: int = MAX_ATTEMPTS) -> None:
-    """Run points as Ray tasks: on a local Ray instance of ``workers`` CPUs, or on the cluster at ``address``
-    (whose nodes need this project installed and the traces at the same paths). Rows are stored by this process
-    as the tasks finish, exactly as with the local executor; a task whose worker died is submitted again until
-    the point has been started ``max_attempts`` times."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--executor", "ray is not installed (pip install 'moe-offload-sim[ray]')") from None
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
-    try:
-        task = ray.remote(num_cpus=1, max_retries=0)(attempt_in_worker)  # retries are counted here, not by Ray
-        rec, attempts, pending = Recorder(sweep, out, progress), Counter(), {}
+def run_ray(sweep: Sweep, todo: list[Point], out: Path, workers: int | None, progress: Progress,
+            address: str | None = None, max_attempts: int = MAX_ATTEMPTS, session=None) -> None:
+    """Run points as Ray tasks (``sim.sweep_ray.run_ray``: a local Ray instance, or the cluster at ``address``,
+    with the code and the traces shipped to it)."""
+    from sim.sweep_ray import run_ray as run
 
-        def submit(p: Point) -> None:
-            attempts[p.id] += 1
-            pending[task.remote(sweep.base, p.overrides, sweep.source)] = p
-
-        for p in todo:
-            submit(p)
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                p = pending.pop(ref)
-                try:
-                    result = ray.get(ref)
-                except Exception as exc:  # the worker died (a failing point returns its error, it does not raise)
-                    why = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                    if attempts[p.id] < max_attempts:
-                        progress.note(f"a Ray worker died running point {p.id}; submitting it again ({why[:120]})")
-                        submit(p)
-                    else:
-                        rec.died(p, attempts[p.id], why)
-                    continue
-                rec.finish(p, result, attempts[p.id])
-    finally:
-        ray.shutdown()
+    run(sweep, todo, out, workers, progress, address, max_attempts, session)

@@ -12,6 +12,11 @@ several may be given, separated by ``;``):
   SIGKILL; ``SIM_SWEEP_TEST_KILL_HOW=exit`` makes it ``os._exit(1)`` instead, and ``SIM_SWEEP_TEST_KILL_ONCE=DIR``
   kills it only on the point's first attempt (a marker file in DIR remembers it). Points run in the sweep's own
   process (``--workers 1``) are never killed.
+- ``SIM_SWEEP_TEST_DELAY=SECONDS``: ``attempt_in_worker`` sleeps that long before each point (so that a test can
+  kill a worker, or a Ray node, while it runs one).
+
+A Ray worker runs a point from its resolved config (``sim.sweep_ray_task``), with no overrides to resolve: it
+passes the point's overrides as ``hooks``, which is what the test hooks look at.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ FAIL_ENV = "SIM_SWEEP_TEST_FAIL"
 KILL_ENV = "SIM_SWEEP_TEST_KILL"
 KILL_HOW_ENV = "SIM_SWEEP_TEST_KILL_HOW"
 KILL_ONCE_ENV = "SIM_SWEEP_TEST_KILL_ONCE"
+DELAY_ENV = "SIM_SWEEP_TEST_DELAY"
 
 METRICS = {  # row column -> path in summary.json
     "throughput_tok_s": ("throughput_tok_s",), "iteration_ms_mean": ("iteration_ms", "mean"),
@@ -56,11 +62,13 @@ def run_point(base, overrides: tuple[str, ...], source: str = "sweep") -> dict:
     return out
 
 
-def attempt(base, overrides: tuple[str, ...], source: str) -> tuple[str, dict | None, str | None, float]:
-    """Run one point: (status "ok" or "failed", metrics or None, error or None, wall seconds)."""
+def attempt(base, overrides: tuple[str, ...], source: str,
+            hooks: tuple[str, ...] | None = None) -> tuple[str, dict | None, str | None, float]:
+    """Run one point: (status "ok" or "failed", metrics or None, error or None, wall seconds). ``hooks``: the
+    overrides the test hooks match (default ``overrides``)."""
     t0 = time.perf_counter()
     try:
-        if _asked(FAIL_ENV, overrides):
+        if _asked(FAIL_ENV, overrides if hooks is None else hooks):
             raise RuntimeError(f"failing on purpose ({FAIL_ENV} test hook)")
         return "ok", run_point(base, overrides, source), None, time.perf_counter() - t0
     except Exception as exc:  # a failing point is recorded, the sweep goes on
@@ -68,10 +76,15 @@ def attempt(base, overrides: tuple[str, ...], source: str) -> tuple[str, dict | 
         return "failed", None, msg, time.perf_counter() - t0
 
 
-def attempt_in_worker(base, overrides: tuple[str, ...], source: str) -> tuple[str, dict | None, str | None, float]:
-    """``attempt`` as run by a pool or Ray worker (where the test hook may kill the process first)."""
-    _die_if_asked(overrides)
-    return attempt(base, overrides, source)
+def attempt_in_worker(base, overrides: tuple[str, ...], source: str,
+                      hooks: tuple[str, ...] | None = None) -> tuple[str, dict | None, str | None, float]:
+    """``attempt`` as run by a pool or Ray worker (where the test hooks may delay it or kill the process first)."""
+    hooks = overrides if hooks is None else hooks
+    delay = float(os.environ.get(DELAY_ENV) or 0)
+    if delay > 0:
+        time.sleep(delay)
+    _die_if_asked(hooks)
+    return attempt(base, overrides, source, hooks)
 
 
 def _die_if_asked(overrides: tuple[str, ...]) -> None:

@@ -149,8 +149,15 @@ def phase_layers(trace: Trace) -> dict[str, list[int]]:
     return {"prefill": every, "decode": every}
 
 
+#: Up to this many rows, :func:`active_sets` counts in plain Python (numpy's fixed cost per call is larger).
+SMALL_BATCH = 2
+
+
 def active_sets(trace: Trace, rows: np.ndarray, layers: list[int]) -> list[tuple[tuple[int, ...], dict[int, int]]]:
-    """Per layer: the sorted active experts of the rows (the union of their top-k) and tokens routed to each."""
+    """Per layer: the sorted active experts of the rows (the union of their top-k) and tokens routed to each
+    (a dict in expert order)."""
+    if len(rows) <= SMALL_BATCH:
+        return _active_sets_small(trace.experts[rows].tolist(), layers)
     e = trace.num_experts
     ids = trace.experts[rows][:, layers, :].astype(np.int64)  # [rows, layers, k]
     codes = ids + (np.arange(len(layers)) * e)[None, :, None]
@@ -162,4 +169,31 @@ def active_sets(trace: Trace, rows: np.ndarray, layers: list[int]) -> list[tuple
     for j in range(len(layers)):
         ex = experts[bounds[j]:bounds[j + 1]]
         out.append((tuple(ex), dict(zip(ex, tokens[bounds[j]:bounds[j + 1]]))))
+    return out
+
+
+def _active_sets_small(block: list, layers: list[int]) -> list[tuple[tuple[int, ...], dict[int, int]]]:
+    """:func:`active_sets` over a few rows' routing as nested lists ([rows][layers][k], -1 for no expert)."""
+    out = []
+    if len(block) == 1:
+        row = block[0]
+        for layer in layers:
+            ids = row[layer]
+            distinct = set(ids)
+            if len(distinct) == len(ids) and -1 not in distinct:   # the usual top-k: each expert once
+                ex = tuple(sorted(ids))
+                out.append((ex, dict.fromkeys(ex, 1)))
+            else:
+                distinct.discard(-1)
+                ex = tuple(sorted(distinct))
+                out.append((ex, {x: ids.count(x) for x in ex}))
+        return out
+    for layer in layers:
+        counts: dict[int, int] = {}
+        for row in block:
+            for x in row[layer]:
+                if x >= 0:
+                    counts[x] = counts.get(x, 0) + 1
+        ex = tuple(sorted(counts))
+        out.append((ex, {x: counts[x] for x in ex}))
     return out

@@ -127,7 +127,8 @@ grid:
     rows = {}
     for executor in ("local", "ray"):
         out = tmp_path / executor
-        res = _sweep(sweep, "--out", out, "--executor", executor, "--workers", "2")
+        res = _sweep(sweep, "--out", out, "--executor", executor, "--workers", "2",
+                     env={**os.environ, "SIM_SWEEP_TRACE_CACHE": str(tmp_path / "trace-cache")})
         assert res.returncode == 0, res.stderr[-2000:]
         df = pd.read_parquet(out / "results.parquet").sort_values("point").reset_index(drop=True)
         rows[executor] = df.drop(columns=["wall_s", "sim_wall_s"])

@@ -115,28 +115,45 @@ class _WorkerCrashedError(Exception):
     """What Ray raises from ray.get when the worker running a task died."""
 
 
+class _Ref:
+    """A stand-in object reference: a task to run (fn and its args), or bytes put in the store."""
+
+    def __init__(self, fn=None, args=(), data=None):
+        self.fn, self.args, self.data = fn, args, data
+
+
 def _fake_ray(deaths: dict[str, int]) -> types.ModuleType:
     """A stand-in for the ``ray`` module: tasks run in this process when ray.get asks for them; a task whose
-    overrides hold a key of ``deaths`` crashes (that many times; -1: always)."""
+    overrides hold a key of ``deaths`` crashes (that many times; -1: always). ``ray.put`` keeps the shipped trace
+    bytes, which the task fetches with ``ray.get`` as on a real cluster."""
     ray = types.ModuleType("ray")
-    ray.calls, ray.started = [], []
+    ray.calls, ray.started, ray.puts = [], [], []
     ray.init = lambda **kw: ray.calls.append(("init", kw))
     ray.shutdown = lambda: ray.calls.append(("shutdown", {}))
+    ray.nodes = lambda: [{"Alive": True, "NodeID": "n1", "NodeManagerAddress": "127.0.0.1"}]
+    ray.cluster_resources = lambda: {"CPU": 2.0}
+
+    def put(data):
+        ray.puts.append(data)
+        return _Ref(data=data)
 
     def remote(**opts):
         assert opts == {"num_cpus": 1, "max_retries": 0}  # retries are the sweep's, not Ray's
-        return lambda fn: types.SimpleNamespace(remote=lambda *args: (fn, args))
+        return lambda fn: types.SimpleNamespace(remote=lambda *args: _Ref(fn, args))
 
     def get(ref):
-        fn, (base, overrides, source) = ref
+        if ref.fn is None:
+            return ref.data
+        fn, args = ref.fn, ref.args
+        overrides = args[-1]
         ray.started.append(overrides)
         for key, left in deaths.items():
             if key in overrides and left:
                 deaths[key] = left - 1
                 raise _WorkerCrashedError("The worker died unexpectedly while executing this task.")
-        return fn(base, overrides, source)
+        return fn(*args)
 
-    ray.remote, ray.get = remote, get
+    ray.remote, ray.get, ray.put = remote, get, put
     ray.wait = lambda refs, num_returns=1: (refs[:num_returns], refs[num_returns:])
     return ray
 
@@ -150,11 +167,15 @@ def _run_ray(sweep_file, out, resume=False):
 
 def test_the_ray_executor_retries_dead_workers_and_resumes_like_the_local_one(sweep_file, tmp_path, monkeypatch):
     out = tmp_path / "out"
+    monkeypatch.setenv("SIM_SWEEP_TRACE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     fake = _fake_ray({KILLER: -1, "policy.name=lfu": 1})  # lru always crashes, lfu once
     monkeypatch.setitem(sys.modules, "ray", fake)
     assert _run_ray(sweep_file, out) == 4
     assert fake.calls[0][0] == "init" and fake.calls[0][1]["num_cpus"] == 2  # a local instance of 2 CPUs
     assert fake.calls[-1][0] == "shutdown"
+    assert len(fake.puts) == 1  # the one trace, shipped once for every point, and materialised on the "node"
+    assert [p.name for p in (tmp_path / "cache").rglob("*.npz")] == ["switch_xxl_128.npz"]
     df = _rows(out)
     assert df.loc["lru", "status"] == "failed" and df.loc["lru", "attempts"] == 2
     assert "worker died in 2 attempt(s): _WorkerCrashedError" in df.loc["lru", "error"]

@@ -31,13 +31,16 @@ from sim.registry import Registry
 POLICIES: Registry = Registry("policy")
 
 
-@dataclass
+@dataclass(slots=True)
 class LayerPlan:
     """A policy's decisions for one MoE layer in one iteration."""
 
     sources: dict[int, str]                        # active expert -> HPC | MPC | LPC | MISS
     promote: dict[int, int | None] = field(default_factory=dict)   # expert -> evicted MPC expert (or None)
     unused_prefetch: list[int] = field(default_factory=list)       # prefetched for this layer, not active
+    # ``sources`` split as engines act on it (``classify`` fills them; None: the protocol splits ``sources``):
+    resident: list[int] | None = field(default=None, compare=False, repr=False)  # HPC/MPC, in active order
+    copied: list[tuple[int, str]] | None = field(default=None, compare=False, repr=False)  # (expert, LPC | MISS)
 
 
 @dataclass(frozen=True)
@@ -115,9 +118,11 @@ class Policy:
 
     # ----------------------------------------------------------------------------------------------- protocol
     def plan_prefetch(self, iteration: int, layer: int, predicted) -> list[int]:
+        if not predicted:
+            return []
         cache = self.cache
-        hpc, mpc, lpc = cache.hpc[layer], cache.mpc[layer], cache.lpc
-        out = [e for e in sorted(predicted) if e not in hpc and e not in mpc and (layer, e) not in lpc]
+        hpc, mpc, lpc = cache.hpc[layer], cache.mpc[layer], cache.lpc_of[layer]
+        out = [e for e in sorted(predicted) if e not in hpc and e not in mpc and e not in lpc]
         for e in out:
             cache.add_lpc(layer, e)
         return out
@@ -134,21 +139,37 @@ class Policy:
     def classify(self, layer: int, active: Sequence[int]) -> LayerPlan:
         """Sources of the active experts; misses are entered into the LPC (they are copied now)."""
         cache = self.cache
-        hpc, mpc, lpc = cache.hpc[layer], cache.mpc[layer], cache.lpc
+        hpc, mpc, lpc = cache.hpc[layer], cache.mpc[layer], cache.lpc_of[layer]
+        prefetched = len(lpc)
         sources = {}
+        resident, copied = [], []
+        n_hpc = n_lpc = 0
         for e in active:
             if e in hpc:
                 sources[e] = HPC
+                resident.append(e)
+                n_hpc += 1
             elif e in mpc:
                 sources[e] = MPC
-            elif (layer, e) in lpc:
+                resident.append(e)
+            elif e in lpc:
                 sources[e] = LPC
+                copied.append((e, LPC))
+                n_lpc += 1
             else:
                 cache.add_lpc(layer, e)
                 sources[e] = MISS
-        cache.count_all(sources.values())
-        unused = sorted(e for (lyr, e) in lpc if lyr == layer and e not in sources) if lpc else []
-        return LayerPlan(sources, unused_prefetch=unused)
+                copied.append((e, MISS))
+        n_mpc = len(resident) - n_hpc
+        counters = cache.counters
+        hits = counters.hits
+        hits[HPC] += n_hpc
+        hits[MPC] += n_mpc
+        hits[LPC] += n_lpc
+        counters.misses += len(sources) - n_hpc - n_mpc - n_lpc
+        # prefetches this layer did not use: in a buffer before, not active now
+        unused = sorted(e for e in lpc if e not in sources) if prefetched > n_lpc else []
+        return LayerPlan(sources, {}, unused, resident, copied)
 
     def update(self, iteration: int, layer: int, active: Sequence[int], plan: LayerPlan) -> None:
         """Policy-specific bookkeeping and promotions after classification (base: none)."""

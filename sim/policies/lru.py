@@ -13,27 +13,37 @@ Prefetching follows the configured predictor (none: no prefetch).
 
 from __future__ import annotations
 
-from sim.cache import LPC, MISS
+from sim.cache import LPC, MISS, MPC
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
 
 @POLICIES.register("lru")
 class LRU(PerLayerCache):
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
+        cache = self.cache
+        if layer not in self.ctx.cached_layers or cache.mpc_slots == 0:
             return
-        mpc = self.cache.mpc[layer]
-        for e in active:
-            if e in mpc:
-                self.cache.touch(layer, e)
+        mpc, sources = cache.mpc[layer], plan.sources
+        resident = plan.resident if plan.resident is not None else active
+        for e in resident:   # hits become most recent, in active order (the tiers are as classify left them)
+            if sources[e] == MPC:
+                del mpc[e]
+                mpc[e] = None
+        if plan.copied is not None:
+            newcomers = [e for e, _ in plan.copied]   # misses and prefetched experts, in active order
+        else:
+            newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
+        if not newcomers:
+            return
         active_set = set(active)
-        for e in active:
-            if plan.sources[e] not in (MISS, LPC):
-                continue
+        slots, promote = cache.mpc_slots, plan.promote
+        for e in newcomers:
             victim = None
-            if len(mpc) >= self.cache.mpc_slots:
-                victim = next((v for v in mpc if v not in active_set), None)
-                if victim is None:
+            if len(mpc) >= slots:
+                for victim in mpc:   # the least recently used expert this layer does not need now
+                    if victim not in active_set:
+                        break
+                else:
                     continue  # every slot holds an expert this layer uses now
-            self.cache.promote(layer, e, victim)
-            plan.promote[e] = victim
+            cache.promote(layer, e, victim)
+            promote[e] = victim
