@@ -19,7 +19,7 @@ from __future__ import annotations
 import simpy
 from simpy.core import NORMAL
 
-from sim.copy_queue import CopyJob, CopyQueue
+from sim.copy_queue import CopyJob, CopyQueue, QueueCounters
 
 __all__ = ["CopyEngine", "CopyJob"]
 
@@ -39,7 +39,7 @@ class Landing:
         self.key = (env.now, NORMAL, next(env._eid))
 
 
-class CopyEngine:
+class CopyEngine(QueueCounters):
     """Callback-driven: a copy is one SimPy timeout whose callback lands it and starts the next; no process."""
 
     def __init__(self, env: simpy.Environment, copy_s: float, nbytes: int, buffers: int, reserve: int,
@@ -134,18 +134,6 @@ class CopyEngine:
             self._start_next()
 
     # ---------------------------------------------------------------------------------------------- counters
-    @property
-    def copies(self) -> int:
-        return self.queue.copies
-
-    @property
-    def prefetch_copies(self) -> int:
-        return self.queue.prefetch_copies
-
-    @property
-    def max_in_use(self) -> int:
-        return self.queue.max_in_use
-
     @property
     def pcie_bytes(self) -> int:
         return self.queue.copies * self.nbytes

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["CopyJob", "CopyQueue"]
+__all__ = ["CopyJob", "CopyQueue", "QueueCounters"]
 
 
 class CopyJob:
@@ -133,3 +133,21 @@ class CopyQueue:
     @property
     def in_use(self) -> int:
         return self.capacity - len(self.free)
+
+
+class QueueCounters:
+    """The counters of a copy engine that drives a :class:`CopyQueue` (``self.queue``)."""
+
+    queue: CopyQueue
+
+    @property
+    def copies(self) -> int:
+        return self.queue.copies
+
+    @property
+    def prefetch_copies(self) -> int:
+        return self.queue.prefetch_copies
+
+    @property
+    def max_in_use(self) -> int:
+        return self.queue.max_in_use

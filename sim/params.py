@@ -52,6 +52,31 @@ def file_path(what: str = "file", required: bool = False, hint: str = "") -> Rul
     return Rule(kind=str, file=what, required=required, hint=hint)
 
 
+class Parametrised:
+    """A part a config names with ``params`` (a policy, a predictor): its declared params and their rules, and the
+    check a config runs on them when it loads (no run context needed)."""
+
+    #: The params a config may give, with their defaults.
+    PARAMS: dict[str, Any] = {}
+    #: Bounds, choices or types of some params beyond their default's type (see :class:`Rule`).
+    PARAM_RULES: dict[str, Rule] = {}
+    #: Where the params sit in a run config (errors name it).
+    WHERE = "params"
+
+    @classmethod
+    def check_params(cls, params: dict | None, where: str | None = None) -> dict:
+        """The full params (defaults filled) for ``params`` as a config gives them; ConfigError when one is unknown,
+        of the wrong type or out of its rule."""
+        where = where or cls.WHERE
+        out = resolve_params(cls.PARAMS, params, where, cls.PARAM_RULES)
+        cls.validate_params(out, where)
+        return out
+
+    @classmethod
+    def validate_params(cls, params: dict, where: str) -> None:
+        """Checks between params, beyond each one's rule (none here)."""
+
+
 def resolve_params(declared: dict[str, Any], given: dict | None, where: str,
                    rules: dict[str, Rule] | None = None) -> dict[str, Any]:
     """Defaults overridden by ``given``; an unknown name, a value of the wrong type or outside its rule raises

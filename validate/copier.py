@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import threading
 
-from sim.copy_queue import CopyJob, CopyQueue
+from sim.copy_queue import CopyJob, CopyQueue, QueueCounters
 
 Job = CopyJob  # the executor's name for it
 
 
-class Copier:
+class Copier(QueueCounters):
     """Runs ``backend.copy_in`` on its own thread. ``source(layer, expert)`` gives the host buffer of an expert;
     ``buffers`` are the device working buffers."""
 
@@ -37,18 +37,6 @@ class Copier:
         self._last_end = None
         self.thread = threading.Thread(target=self._loop, name="copier", daemon=True)
         self.thread.start()
-
-    @property
-    def copies(self) -> int:
-        return self.queue.copies
-
-    @property
-    def prefetch_copies(self) -> int:
-        return self.queue.prefetch_copies
-
-    @property
-    def max_in_use(self) -> int:
-        return self.queue.max_in_use
 
     # ---------------------------------------------------------------------------------- compute thread side
     def submit(self, layer: int, expert: int, prefetch: bool) -> Job:

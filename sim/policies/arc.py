@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sim.cache import LPC, MISS
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
 ORIGIN = "published"
@@ -125,17 +124,4 @@ class ARC(PerLayerCache):
         arc = self.arc.get(layer)
         if arc is None or arc.c == 0:
             return
-        sources = plan.sources
-        mpc = self.cache.mpc[layer]
-        newcomers = []
-        for e in active:
-            if e in mpc:
-                arc.hit(e)
-            elif sources[e] == MISS or sources[e] == LPC:
-                newcomers.append(e)
-        busy = set(active)
-        for e in newcomers:
-            admitted, victim = arc.admit(e, busy)
-            if admitted:
-                self.cache.promote(layer, e, victim)
-                plan.promote[e] = victim
+        self.update_through(arc, layer, active, plan)

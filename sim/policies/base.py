@@ -19,12 +19,12 @@ Protocol, per layer of an iteration (the simulator and the validator call exactl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from sim.cache import HPC, LPC, MISS, MPC, TierCache
-from sim.params import Rule, resolve_params
+from sim.params import Parametrised
 from sim.registry import Registry
 
 #: Every policy, by the name a run config gives (``policy.name``).
@@ -60,14 +60,11 @@ class PolicyContext:
     #                                                policies such as belady; online policies must not look ahead
 
 
-class Policy:
+class Policy(Parametrised):
     """Base class: serve hits from the HPC/MPC and prefetched buffers, copy misses, keep nothing new."""
 
     name = "base"
-    #: The params a config may give (``policy.params``), with their defaults.
-    PARAMS: dict[str, Any] = {}
-    #: Bounds, choices or types of some params beyond their default's type (see ``sim.params.Rule``).
-    PARAM_RULES: dict[str, Rule] = {}
+    WHERE = "policy.params"
     #: True when a copied expert lands straight in its cache slot, so a promotion costs no device copy.
     promotion_is_free = False
     #: True when a cached expert is copied device-to-device into the working arena before it computes.
@@ -81,18 +78,6 @@ class Policy:
         self.cache = TierCache(ctx.num_layers, ctx.num_experts, self.hpc_capacity(ctx), self.mpc_capacity(ctx),
                                ctx.cached_layers)
         self.configure()
-
-    @classmethod
-    def check_params(cls, params: dict | None, where: str = "policy.params") -> dict:
-        """The full params (defaults filled) for ``params`` as a config gives them; ConfigError when one is unknown,
-        of the wrong type or out of its rule. Needs no run context: a config is checked with it when it loads."""
-        out = resolve_params(cls.PARAMS, params, where, cls.PARAM_RULES)
-        cls.validate_params(out, where)
-        return out
-
-    @classmethod
-    def validate_params(cls, params: dict, where: str) -> None:
-        """Checks between params, beyond each one's rule (none here)."""
 
     # Tier sizes the policy uses (a policy that keeps nothing ignores the configured slots).
     def hpc_capacity(self, ctx: PolicyContext) -> int:
@@ -196,6 +181,44 @@ class PerLayerCache(Policy):
     def configure(self) -> None:
         if self.params["pin_hot"]:
             self.pin_hot_experts()
+
+    def admit_newcomers(self, layer: int, active, plan: LayerPlan, rank) -> None:
+        """Each expert the layer copies now (a miss, or a prefetch it uses), in active order, enters the layer's
+        cache; a full cache first evicts the held expert with the highest ``rank(expert)`` that the layer does not
+        use now. Once every slot holds an expert in use, the remaining newcomers are not admitted."""
+        sources = plan.sources
+        newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
+        if not newcomers:
+            return
+        cache = self.cache
+        mpc, slots, busy = cache.mpc[layer], cache.mpc_slots, set(active)
+        for e in newcomers:
+            victim = None
+            if len(mpc) >= slots:
+                held = [v for v in mpc if v not in busy]
+                if not held:
+                    break  # every slot holds an expert this layer uses now
+                victim = max(held, key=rank)
+            cache.promote(layer, e, victim)
+            plan.promote[e] = victim
+
+    def update_through(self, keeper, layer: int, active, plan: LayerPlan) -> None:
+        """Run the layer's step through a replacement structure with ``hit(expert)`` and ``admit(expert, busy) ->
+        (admitted, victim)`` (ARC, S3-FIFO): hits first, then each newcomer in active order."""
+        sources = plan.sources
+        mpc = self.cache.mpc[layer]
+        newcomers = []
+        for e in active:
+            if e in mpc:
+                keeper.hit(e)
+            elif sources[e] == MISS or sources[e] == LPC:
+                newcomers.append(e)
+        busy = set(active)
+        for e in newcomers:
+            admitted, victim = keeper.admit(e, busy)
+            if admitted:
+                self.cache.promote(layer, e, victim)
+                plan.promote[e] = victim
 
 
 class KeepNothing(Policy):

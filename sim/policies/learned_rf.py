@@ -39,7 +39,6 @@ import math
 
 import numpy as np
 
-from sim.cache import LPC, MISS
 from sim.errors import ConfigError
 from sim.params import between, file_path
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
@@ -146,18 +145,4 @@ class LearnedRF(PerLayerCache):
         for e in active:
             uses[e] += 1
             last[e] = now
-        sources = plan.sources
-        newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
-        if not newcomers:
-            return
-        cache = self.cache
-        mpc, slots, busy = cache.mpc[layer], cache.mpc_slots, set(active)
-        for e in newcomers:
-            victim = None
-            if len(mpc) >= slots:
-                held = [v for v in mpc if v not in busy]
-                if not held:
-                    break  # every slot holds an expert this layer uses now
-                victim = max(held, key=lambda v: (self.score(layer, v), -last[v], -v))
-            cache.promote(layer, e, victim)
-            plan.promote[e] = victim
+        self.admit_newcomers(layer, active, plan, lambda v: (self.score(layer, v), -last[v], -v))

@@ -34,7 +34,6 @@ Rules this simulator had to choose (**guessed**, the paper being about a whole-m
 
 from __future__ import annotations
 
-from sim.cache import LPC, MISS
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
 ORIGIN = "published"
@@ -69,18 +68,4 @@ class LeastStale(PerLayerCache):
                 gap = now - prev
                 est[e] = float(gap) if est[e] == 0.0 else KEEP * est[e] + (1.0 - KEEP) * gap
             last[e] = now
-        sources = plan.sources
-        newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
-        if not newcomers:
-            return
-        cache = self.cache
-        mpc, slots, busy = cache.mpc[layer], cache.mpc_slots, set(active)
-        for e in newcomers:
-            victim = None
-            if len(mpc) >= slots:
-                held = [v for v in mpc if v not in busy]
-                if not held:
-                    break  # every slot holds an expert this layer uses now
-                victim = max(held, key=lambda v: (last[v] + max(est[v], 1.0), last[v], v))
-            cache.promote(layer, e, victim)
-            plan.promote[e] = victim
+        self.admit_newcomers(layer, active, plan, lambda v: (last[v] + max(est[v], 1.0), last[v], v))

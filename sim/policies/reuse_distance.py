@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from sim.cache import LPC, MISS
 from sim.params import between
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
@@ -77,18 +76,4 @@ class ReuseDistance(PerLayerCache):
                 hist[e].append(gap)
                 pooled.append(gap)
             last[e] = now
-        sources = plan.sources
-        newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
-        if not newcomers:
-            return
-        cache = self.cache
-        mpc, slots, busy = cache.mpc[layer], cache.mpc_slots, set(active)
-        for e in newcomers:
-            victim = None
-            if len(mpc) >= slots:
-                held = [v for v in mpc if v not in busy]
-                if not held:
-                    break  # every slot holds an expert this layer uses now
-                victim = max(held, key=lambda v: (self.prediction(layer, v), -last[v], -v))
-            cache.promote(layer, e, victim)
-            plan.promote[e] = victim
+        self.admit_newcomers(layer, active, plan, lambda v: (self.prediction(layer, v), -last[v], -v))

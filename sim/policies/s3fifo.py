@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sim.cache import LPC, MISS
 from sim.params import between
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
@@ -140,17 +139,4 @@ class S3FIFO(PerLayerCache):
         q = self.s3.get(layer)
         if q is None or q.c == 0:
             return
-        sources = plan.sources
-        mpc = self.cache.mpc[layer]
-        newcomers = []
-        for e in active:
-            if e in mpc:
-                q.hit(e)
-            elif sources[e] == MISS or sources[e] == LPC:
-                newcomers.append(e)
-        busy = set(active)
-        for e in newcomers:
-            admitted, victim = q.admit(e, busy)
-            if admitted:
-                self.cache.promote(layer, e, victim)
-                plan.promote[e] = victim
+        self.update_through(q, layer, active, plan)

@@ -9,11 +9,10 @@ predictors can be modelled; a realistic predictor must not read it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from sim.params import Rule, resolve_params
+from sim.params import Parametrised
 from sim.registry import Registry
 
 #: Every predictor, by the name a run config gives (``predictor.name``).
@@ -28,12 +27,9 @@ class PredictorContext:
     extra: dict = field(default_factory=dict)
 
 
-class Predictor:
+class Predictor(Parametrised):
     name = "base"
-    #: The params a config may give (``predictor.params``), with their defaults.
-    PARAMS: dict[str, Any] = {}
-    #: Bounds, choices or types of some params beyond their default's type (see ``sim.params.Rule``).
-    PARAM_RULES: dict[str, Rule] = {}
+    WHERE = "predictor.params"
     #: False for "no prediction at all" (the engine then skips prefetch planning and reports no precision).
     predicts = True
 
@@ -42,18 +38,6 @@ class Predictor:
         self.ctx = ctx
         self.rng = np.random.default_rng(ctx.seed)
         self.configure()
-
-    @classmethod
-    def check_params(cls, params: dict | None, where: str = "predictor.params") -> dict:
-        """The full params (defaults filled) for ``params`` as a config gives them; ConfigError when one is unknown,
-        of the wrong type or out of its rule. Needs no run context: a config is checked with it when it loads."""
-        out = resolve_params(cls.PARAMS, params, where, cls.PARAM_RULES)
-        cls.validate_params(out, where)
-        return out
-
-    @classmethod
-    def validate_params(cls, params: dict, where: str) -> None:
-        """Checks between params, beyond each one's rule (none here)."""
 
     def configure(self) -> None:
         """Read params. Called once at construction."""
