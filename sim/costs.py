@@ -14,6 +14,12 @@ A hardware profile's measured ``tables`` (from a calibration run) replace the ro
 The expert and dense tables hold for one model's shapes: a :class:`CostModel` refuses tables measured for another
 model (:class:`~sim.errors.ConfigError` naming ``hardware.tables.model``).
 
+Experts computed on the host CPU (issue 13; Fiddler, kTransformers, llama.cpp ``--n-cpu-moe``): :meth:`CostModel.
+cpu_expert_s` is a roofline of the expert's weight bytes, at their storage width (``expert_bits``), read from host
+memory against its FLOPs at the host's rate for that weight format, plus a fixed cost per call; a ``cpu_expert``
+table (tokens -> s, measured with all ``cpu_cores``) replaces it. :meth:`CostModel.activation_copy_s` prices the
+activations that cross the link instead of the weights. Neither is used by anything that existed before them.
+
 All methods are plain Python over scalars and memoise what they compute: they are called once per simulated event.
 """
 
@@ -22,7 +28,10 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from sim.errors import ConfigError
+from sim.hardware_spec import cpu_format_rate
 from sim.specs import HardwareSpec, ModelSpec
+
+DIRECTIONS = ("h2d", "d2h")  # activation copies: host -> device, device -> host
 
 ATTENTION_KERNELS = 5   # per attention sublayer: norm, fused q/k/v projection, attention, output projection, residual
 FFN_EXTRA_KERNELS = 2   # around a dense FFN block, beside one GEMM per weight matrix: norm, residual
@@ -34,11 +43,11 @@ _CACHE_LIMIT = 1 << 17  # memo entries kept per method before the memo is cleare
 def check_tables(model: ModelSpec, hw: HardwareSpec, where: str = "hardware") -> None:
     """Raise ConfigError when ``hw`` carries expert/dense tables measured for a model other than ``model``."""
     t = hw.tables
-    if t is not None and (t.expert is not None or t.dense is not None or t.lm_head is not None) \
-            and t.model != model.name:
+    if t is not None and t.has_model_tables and t.model != model.name:
         raise ConfigError(f"{where}.tables.model",
-                          f"the expert/dense/lm_head tables in {hw.source} were measured for model {t.model!r}, "
-                          f"but the run's model is {model.name!r} (calibrate for it, or drop those tables)")
+                          f"the expert/dense/lm_head/cpu_expert tables in {hw.source} were measured for model "
+                          f"{t.model!r}, but the run's model is {model.name!r} (calibrate for it, or drop those "
+                          f"tables)")
 
 
 class _Table1D:
@@ -121,8 +130,11 @@ class CostModel:
         self._expert_table = _Table1D(t.expert) if t is not None and t.expert is not None else None
         self._dense_table = _Table2D(t.dense) if t is not None and t.dense is not None else None
         self._lm_head_table = _Table1D(t.lm_head) if t is not None and t.lm_head is not None else None
+        self._cpu_expert_table = _Table1D(t.cpu_expert) if t is not None and t.cpu_expert is not None else None
         self._expert_memo: dict[int, float] = {}
         self._dense_memo: dict[tuple, float] = {}
+        self._cpu_expert_memo: dict[tuple, float] = {}
+        self.cpu_format, self.cpu_rate = cpu_format_rate(hw, model.expert_bits_per_weight)
 
     @property
     def expert_bytes(self) -> int:
@@ -246,3 +258,60 @@ class CostModel:
         p = m.vocab_size * m.d_model
         return (self._roofline(2 * p * n, p * m.dtype_bytes + n * (m.d_model + m.vocab_size) * m.dtype_bytes)
                 + 2 * self.hw.launch_overhead_s)
+
+    # ------------------------------------------------------------------ the host CPU (issue 13)
+    def cpu_expert_s(self, tokens: int, cores: int | None = None) -> float:
+        """One routed expert's FFN on the host CPU over ``tokens`` tokens (0 for none), its weights in host memory.
+
+        ``cpu_expert_overhead_us`` + the larger of the weight bytes (:attr:`expert_bytes`, at the experts' storage
+        width) plus the activations read and written, over ``cpu_mem_bw_gb_s``, and ``tokens * 2 * expert_params``
+        FLOPs at the host's rate for that width (:meth:`~sim.specs.HardwareSpec.cpu_rate`). Memory-bound at a few
+        tokens (a decode step), compute-bound at many (a prefill). A ``cpu_expert`` table replaces the roofline.
+
+        ``cores`` (default: all ``cpu_cores``) gives the expert fewer cores: bandwidth and throughput both shrink in
+        proportion (an approximation: a few cores of a server can draw more than their share of its bandwidth), and
+        a table's time grows in inverse proportion (its fixed part too)."""
+        key = (tokens, cores)
+        memo = self._cpu_expert_memo
+        try:
+            return memo[key]
+        except KeyError:
+            pass
+        hw = self.hw
+        if cores is None:
+            share = 1.0
+        else:
+            c = int(cores)
+            if c < 1:
+                raise ValueError(f"cores must be >= 1, got {cores!r}")
+            share = min(c, hw.cpu_cores) / hw.cpu_cores
+        n = int(tokens)
+        if n <= 0:
+            value = 0.0
+        elif self._cpu_expert_table is not None:
+            value = self._cpu_expert_table(n) / share
+        else:
+            m = self.model
+            activations = 2 * n * m.d_model * m.dtype_bytes
+            value = hw.cpu_expert_overhead_s + max(n * m.expert_flops_per_token / (self.cpu_rate * share),
+                                                   (m.expert_bytes + activations) / (hw.cpu_mem_bw * share))
+        if len(memo) >= _CACHE_LIMIT:
+            memo.clear()
+        memo[key] = value
+        return value
+
+    def activation_bytes(self, tokens: int) -> int:
+        """Bytes of ``tokens`` tokens' activations (one [tokens, d_model] tensor at ``dtype_bytes``)."""
+        return max(int(tokens), 0) * self.model.d_model * self.model.dtype_bytes
+
+    def activation_copy_s(self, tokens: int, direction: str) -> float:
+        """``tokens`` tokens' activations crossing the link (0 for none): ``direction`` "d2h" (to the host CPU, at
+        ``d2h_bw_gb_s``) or "h2d" (the expert outputs back, at ``pcie_bw_gb_s``), each ``activation_latency_us`` +
+        ``tokens * d_model * dtype_bytes`` / bandwidth. Not the copy table: it was measured for expert-sized copies."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
+        nbytes = self.activation_bytes(tokens)
+        if nbytes <= 0:
+            return 0.0
+        bw = self.hw.d2h_bw if direction == "d2h" else self.hw.pcie_bw
+        return self.hw.activation_latency_s + nbytes / bw

@@ -1,10 +1,17 @@
-"""Hardware profiles: a GPU and its host link (``configs/hardware/NAME.yaml``, a path to a profile or calibration
-file, or an inline mapping that may name a ``base`` profile).
+"""Hardware profiles: a GPU, its host link and the host CPU (``configs/hardware/NAME.yaml``, a path to a profile or
+calibration file, or an inline mapping that may name a ``base`` profile).
 
 Files use readable units, converted to SI in :class:`HardwareSpec` (GB = 1e9 bytes); each field of the dataclass
 declares its key and unit (see :mod:`sim.fields`). Every figure has a sane range, so that no value overflows later
 (``gpu_memory_gb`` up to 1e6, rates at least 1e-6 GB/s or TFLOP/s, host times at most 1e9 us, slowdowns in
 [1, 1000]). Optional measured ``tables`` override the roofline; see :class:`CalibrationTables`.
+
+The host CPU (issue 13: experts computed beside their weights in host memory, as Fiddler, kTransformers and llama.cpp
+``--n-cpu-moe`` do, moving only activations across the link) is described by the ``cpu_*`` keys: usable memory
+bandwidth, usable matrix throughput for 16-bit, 8-bit and 4-bit weights, the cores given to experts and a fixed cost
+per expert call; ``d2h_bw_gb_s`` and ``activation_latency_us`` price the activations crossing the link. Their
+defaults (one Sapphire Rapids socket with AMX, see ``configs/hardware/h200.yaml`` for the sources) only matter when
+host compute is used: nothing that existed before reads them.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from sim.checks import NAME_CHARS, Check, check_keys, check_mapping, join, number, real, show, text
+from sim.checks import NAME_CHARS, Check, check_keys, check_mapping, integer, join, number, real, show, text
 from sim.errors import ConfigError
 from sim.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
 from sim.profiles import load_profile
@@ -62,19 +69,26 @@ class CalibrationTables:
     expert: Points2 | None = None  # (tokens routed to one expert, seconds) for THIS model's expert shape
     dense: Points3 | None = None   # (batch tokens, context length, seconds) dense work per MoE layer
     lm_head: Points2 | None = None  # (tokens, seconds) the LM head of THIS model
-    model: str | None = None       # the model the expert/dense/lm_head tables were measured for
+    # (tokens routed to one expert, seconds) one expert on the host CPU (all cpu_cores), THIS model's expert shape
+    cpu_expert: Points2 | None = None
+    model: str | None = None       # the model the expert/dense/lm_head/cpu_expert tables were measured for
 
     def to_dict(self) -> dict:
         """The tables in the hardware-file schema (lists of lists, SI units)."""
         def pts(v):
             return None if v is None else [list(p) for p in v]
         return {"model": self.model, "copy": pts(self.copy), "d2d": pts(self.d2d), "expert": pts(self.expert),
-                "dense": pts(self.dense), "lm_head": pts(self.lm_head)}
+                "dense": pts(self.dense), "lm_head": pts(self.lm_head), "cpu_expert": pts(self.cpu_expert)}
+
+    @property
+    def has_model_tables(self) -> bool:
+        """Whether any table here holds for one model's shapes (expert, dense, lm_head, cpu_expert)."""
+        return any(t is not None for t in (self.expert, self.dense, self.lm_head, self.cpu_expert))
 
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """A GPU and its host link, in SI units."""
+    """A GPU, its host link and the host CPU, in SI units."""
 
     name: str = setting("inline", text())
     gpu_memory_bytes: int = setting(check=number(0.0, 1e6), key="gpu_memory_gb", scale=GB, as_int=True)
@@ -88,6 +102,23 @@ class HardwareSpec:
     launch_overhead_s: float = setting(check=_time(), key="launch_overhead_us", divisor=1e6)  # per kernel
     reserved_bytes: int = setting(check=number(0.0, 1e6, strict=False), key="reserved_gb", scale=GB,
                                   as_int=True)  # runtime, activations, fragmentation: not for weights/KV/tiers
+    # -- the link for activations (issue 13): device->host bytes/s (default: pcie_bw_gb_s, a symmetric link) and
+    # the fixed cost of one small activation copy either way (default: pcie_latency_us)
+    d2h_bw: float = setting(lambda v, where: v["pcie_bw"], _rate(), key="d2h_bw_gb_s", scale=GB,
+                            null_is_default=True)
+    activation_latency_s: float = setting(lambda v, where: v["pcie_latency_s"], _time(),
+                                          key="activation_latency_us", divisor=1e6, null_is_default=True)
+    # -- the host CPU computing experts beside their weights (issue 13); defaults: one Sapphire Rapids socket
+    cpu_mem_bw: float = setting(230.0, _rate(), key="cpu_mem_bw_gb_s", scale=GB)  # usable host memory bytes/s
+    # usable matrix FLOP/s for experts whose weights are 16-bit (bf16/fp16; wider ones are taken at this rate too)
+    cpu_bf16_flops: float = setting(20.0, _rate(), key="cpu_bf16_tflops", scale=1e12)
+    # usable ops/s (a multiply-add is 2) for 8-bit weights (int8, fp8: more than 5 and at most 9 bits per weight)
+    cpu_int8_flops: float = setting(40.0, _rate(), key="cpu_int8_tops", scale=1e12)
+    # usable ops/s for 4-bit weights (int4, MXFP4, Q4 blocks: at most 5 bits per weight, scales included)
+    cpu_int4_flops: float = setting(40.0, _rate(), key="cpu_int4_tops", scale=1e12)
+    cpu_cores: int = setting(56, integer(1, 100_000))  # cores given to experts (the rates above are for all of them)
+    # fixed host cost per expert call (thread-pool dispatch and join, weight pointers): us -> s
+    cpu_expert_overhead_s: float = setting(5.0, _time(), key="cpu_expert_overhead_us", divisor=1e6)
     tables: CalibrationTables | None = setting(None, lambda v, where: tables_from_dict(v, where),
                                                nested=CalibrationTables)
     source: str = setting("inline", text(max_chars=4096))  # the file it came from, or "inline"
@@ -123,12 +154,35 @@ class HardwareSpec:
         """Dense FLOP/s for weights of ``dtype_bytes`` per element."""
         return self.flops_fp32 if dtype_bytes >= 4 else self.flops
 
+    def cpu_rate(self, bits_per_weight: float) -> float:
+        """The host CPU's usable FLOP/s (ops/s) for expert weights stored at ``bits_per_weight`` (scales included):
+        at most 5 bits -> ``cpu_int4_tops`` (MXFP4 4.25, Q4 blocks 4.5), at most 9 -> ``cpu_int8_tops`` (int8, fp8,
+        Q8_0 8.5), wider -> ``cpu_bf16_tflops`` (fp32 weights too: taken as computed at the 16-bit rate)."""
+        return cpu_format_rate(self, bits_per_weight)[1]
+
     def to_dict(self) -> dict:
         """The profile in the hardware-file schema (readable units); loads back with :func:`load_hardware`."""
         d = to_plain(self)
         d["decide_us"] = dict(self.decide_us)
         return {**{k: v for k, v in d.items() if k not in ("tables", "source")}, "tables": d["tables"],
                 "source": d["source"]}
+
+
+#: Widest storage (bits per weight, scales included) the host computes at its 4-bit and 8-bit rates.
+CPU_INT4_MAX_BITS = 5.0
+CPU_INT8_MAX_BITS = 9.0
+#: The host-CPU keys of a hardware profile (issue 13), in file units.
+CPU_FIELDS = ("cpu_mem_bw_gb_s", "cpu_bf16_tflops", "cpu_int8_tops", "cpu_int4_tops", "cpu_cores",
+              "cpu_expert_overhead_us")
+
+
+def cpu_format_rate(hw: "HardwareSpec", bits_per_weight: float) -> tuple[str, float]:
+    """(format name, usable FLOP/s) the host computes weights of ``bits_per_weight`` at: "int4", "int8" or "bf16"."""
+    if bits_per_weight <= CPU_INT4_MAX_BITS:
+        return "int4", hw.cpu_int4_flops
+    if bits_per_weight <= CPU_INT8_MAX_BITS:
+        return "int8", hw.cpu_int8_flops
+    return "bf16", hw.cpu_bf16_flops
 
 
 HOST_COST_FIELDS = ("layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us", "dense_issue_us",
@@ -160,11 +214,11 @@ def tables_from_dict(d: Any, where: str = "hardware.tables", suffix: str = "") -
     model = d.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip() or len(model) > NAME_CHARS):
         raise ConfigError(join(where, "model"), f"must be a model name or null, got {show(model)}{suffix}")
-    out = {k: _points(d.get(k), join(where, k), 2, suffix) for k in ("copy", "d2d", "expert", "lm_head")}
+    out = {k: _points(d.get(k), join(where, k), 2, suffix) for k in ("copy", "d2d", "expert", "lm_head", "cpu_expert")}
     out["dense"] = _points(d.get("dense"), join(where, "dense"), 3, suffix)
-    if (out["expert"] or out["dense"] or out["lm_head"]) and model is None:
-        raise ConfigError(join(where, "model"), f"missing: expert, dense and lm_head tables hold for one model's "
-                                                 f"shapes{suffix}")
+    if (out["expert"] or out["dense"] or out["lm_head"] or out["cpu_expert"]) and model is None:
+        raise ConfigError(join(where, "model"), f"missing: expert, dense, lm_head and cpu_expert tables hold for one "
+                                                 f"model's shapes{suffix}")
     if all(v is None for v in out.values()):
         return None if model is None else CalibrationTables(model=model)
     return CalibrationTables(model=model, **out)
@@ -219,5 +273,6 @@ def load_hardware(spec_or_name: Any, where: str = "hardware") -> HardwareSpec:
     return hardware_from_dict(d, where, suffix, source)
 
 
-__all__ = ["HARDWARE_FIELDS", "HARDWARE_KEYS", "HOST_COST_FIELDS", "TABLE_KEYS", "CalibrationTables", "HardwareSpec",
+__all__ = ["CPU_FIELDS", "CPU_INT4_MAX_BITS", "CPU_INT8_MAX_BITS", "HARDWARE_FIELDS", "HARDWARE_KEYS",
+           "HOST_COST_FIELDS", "TABLE_KEYS", "CalibrationTables", "HardwareSpec", "cpu_format_rate",
            "hardware_from_dict", "load_hardware", "tables_from_dict"]

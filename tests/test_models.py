@@ -175,3 +175,77 @@ def test_bad_expert_bits_exit_2_from_the_cli(tmp_path):
     lines = [x for x in res.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "model.expert_bits" in lines[0] and "got 0" in lines[0]
     assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------------------------ current models (issue 13)
+
+#: name -> (d_model, d_ff, experts, top_k, blocks, MoE layers, dense_d_ff, shared width, n_heads, n_kv_heads,
+#: head_dim, vocab, expert_bits, bytes per expert, total parameters (approx.)), from each file's source config
+CURRENT = {
+    "deepseek-v3": (7168, 2048, 256, 8, 61, 58, 18432, 2048, 128, 2, 144, 129280, 8, 44_040_192, 671e9),
+    "kimi-k2": (7168, 2048, 384, 8, 61, 60, 18432, 2048, 64, 2, 144, 163840, 8, 44_040_192, 1.04e12),
+    "qwen3-30b-a3b": (2048, 768, 128, 8, 48, 48, 0, 0, 32, 4, 128, 151936, None, 9_437_184, 30.5e9),
+    "qwen3-235b-a22b": (4096, 1536, 128, 8, 94, 94, 0, 0, 64, 4, 128, 151936, None, 37_748_736, 235e9),
+    "gpt-oss-120b": (2880, 2880, 128, 4, 36, 36, 0, 0, 64, 8, 64, 201088, 4.25, 13_219_200, 116.8e9),
+    "gpt-oss-20b": (2880, 2880, 32, 4, 24, 24, 0, 0, 64, 8, 64, 201088, 4.25, 13_219_200, 20.9e9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CURRENT))
+def test_current_model_profiles(name):
+    (d_model, d_ff, experts, top_k, blocks, moe, dense_ff, shared, heads, kv_heads, head_dim, vocab, bits, nbytes,
+     total) = CURRENT[name]
+    m = load_model(name)
+    assert m.name == name and load_model(m.to_dict()) == m
+    assert (m.d_model, m.d_ff, m.expert_matrices, m.num_experts, m.top_k) == (d_model, d_ff, 3, experts, top_k)
+    assert (m.encoder_blocks, m.decoder_blocks, m.decoder_moe_layers, m.dense_d_ff) == (0, blocks, moe, dense_ff)
+    assert (m.shared_expert_d_ff, m.n_heads, m.n_kv_heads, m.head_dim, m.vocab_size) == \
+        (shared, heads, kv_heads, head_dim, vocab)
+    assert m.dtype_bytes == 2 and m.expert_bits == bits
+    assert m.expert_bytes == nbytes
+    assert m.total_params == pytest.approx(total, rel=0.02)
+    assert m.dense_bytes < m.moe_layers * m.num_experts * m.expert_bytes
+
+
+def test_mla_models_cache_the_compressed_latent_exactly():
+    for name in ("deepseek-v3", "kimi-k2"):
+        m = load_model(name)
+        assert m.kv_bytes_per_block_token == (512 + 64) * 2        # kv_lora_rank + qk_rope_head_dim values, bf16
+        assert m.decoder_blocks - m.decoder_moe_layers == {"deepseek-v3": 3, "kimi-k2": 1}[name]  # dense first
+
+
+def test_fp8_experts_are_one_byte_per_weight():
+    m = load_model("deepseek-v3")
+    assert m.expert_bytes == m.expert_params == 3 * 7168 * 2048
+    assert load_model({"base": "kimi-k2", "expert_bits": 4.5}).expert_bytes == 3 * 7168 * 2048 * 9 // 16  # K2 INT4
+
+
+@pytest.mark.parametrize("name", sorted(set(CURRENT) - {"gpt-oss-20b"}))
+def test_cli_runs_each_current_model_on_a_synthetic_trace(tmp_path, name):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from conftest import ROOT
+
+    m = load_model(name)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    trace = tmp_path / "t.npz"
+    subprocess.run([sys.executable, "-m", "traces", "synth", "--out", str(trace), "--model", name,
+                    "--experts", str(m.num_experts), "--top-k", str(m.top_k), "--layers", str(m.moe_layers),
+                    "--requests", "2", "--prompt-len", "3,3", "--decode-len", "2,2"],
+                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"model": name, "hardware": "h200",
+                                   "workload": {"trace": str(trace), "batch_size": 2, "prefill": True},
+                                   "cache": {"hpc_slots": 0, "mpc_slots": 2, "lpc_buffers": 8},
+                                   "policy": "lru", "predictor": "none"}))
+    res = subprocess.run([sys.executable, "-m", "sim", "run", str(cfg), "--json", "--out", str(tmp_path / "o")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["model"] == name and summary["copies"] > 0
+    assert summary["pcie_bytes"] == summary["copies"] * m.expert_bytes
