@@ -9,6 +9,12 @@
 
 Every mutation checks the invariants and raises ``CacheInvariantError``: a tier over capacity, an HPC expert
 evicted or moved, an expert held twice in one layer, a promotion of an expert that is not in a working buffer.
+
+**Organization** (``cache.organization``): :class:`TierCache` is the per-layer one (each cached layer's MPC has its
+own ``mpc_slots``); :class:`SharedTierCache` is one MPC shared by every cached layer (MoE-Infinity's and SpecMD's
+whole-model cache): ``mpc_slots`` is then the capacity of the MPC *across all cached layers* (the per-layer dicts
+stay as storage, the capacity check is global), and a promotion may evict an expert of another layer
+(``promote(layer, expert, victim, victim_layer)``). The HPC stays per layer in both.
 """
 
 from __future__ import annotations
@@ -110,8 +116,17 @@ class TierCache:
             raise CacheInvariantError(f"layer {layer}: expert {expert} out of range")
         lpc.add(expert)
 
-    def promote(self, layer: int, expert: int, victim: int | None) -> None:
-        """Move ``expert`` from its working buffer into an MPC slot, evicting ``victim`` (an MPC expert) if given."""
+    shared = False  #: one MPC for all cached layers (:class:`SharedTierCache`)
+
+    def mpc_size(self) -> int:
+        """Experts held in the MPC, over all layers."""
+        return sum(len(m) for m in self.mpc)
+
+    def promote(self, layer: int, expert: int, victim: int | None, victim_layer: int | None = None) -> None:
+        """Move ``expert`` from its working buffer into an MPC slot, evicting ``victim`` (an MPC expert) if given.
+        ``victim_layer`` (default ``layer``) must be ``layer`` in a per-layer cache."""
+        if victim_layer is not None and victim_layer != layer:
+            raise CacheInvariantError(f"layer {layer}: victim taken from layer {victim_layer} in a per-layer cache")
         if expert not in self.lpc_of[layer]:
             raise CacheInvariantError(f"layer {layer}: promoted expert {expert} is not in a working buffer")
         if layer not in self.cached_layers:
@@ -171,6 +186,85 @@ class TierCache:
             if layer not in self.cached_layers and (self.hpc[layer] or self.mpc[layer]):
                 raise CacheInvariantError(f"layer {layer} is not cached but holds experts")
         for layer, held in enumerate(self.lpc_of):  # a promoted expert is in its buffer and the MPC until the layer ends
+            if self.hpc[layer] & held:
+                raise CacheInvariantError(f"layer {layer}: expert {min(self.hpc[layer] & held)} in a working buffer "
+                                          f"and the HPC")
+
+
+class SharedTierCache(TierCache):
+    """One MPC for all cached layers: ``mpc_slots`` experts in all, of any cached layers (see the module doc).
+    The HPC is per layer (``hpc_slots`` per cached layer) as in :class:`TierCache`."""
+
+    shared = True
+
+    def __init__(self, num_layers: int, num_experts: int, hpc_slots: int, mpc_slots: int, cached_layers):
+        super().__init__(num_layers, num_experts, hpc_slots, mpc_slots, cached_layers)
+        self.used = 0  # experts in the MPC, all layers together
+
+    def mpc_size(self) -> int:
+        return self.used
+
+    def fill_mpc(self, layer: int, experts) -> None:
+        """Replace a layer's MPC contents outright; the MPC over all layers must stay within ``mpc_slots`` (to
+        refill several layers, empty them first)."""
+        experts = [int(e) for e in experts]
+        if len(set(experts)) != len(experts):
+            raise CacheInvariantError(f"layer {layer}: MPC filled with a repeated expert")
+        if experts and layer not in self.cached_layers:
+            raise CacheInvariantError(f"layer {layer} is not cached but its MPC was filled")
+        used = self.used - len(self.mpc[layer]) + len(experts)
+        if used > self.mpc_slots:
+            raise CacheInvariantError(f"layer {layer}: MPC fill brings the shared MPC to {used} experts, over its "
+                                      f"{self.mpc_slots} slots")
+        if self.hpc[layer] & set(experts):
+            raise CacheInvariantError(f"layer {layer}: MPC fill repeats an HPC expert")
+        self._check_ids(layer, experts)
+        self.mpc[layer] = dict.fromkeys(experts)
+        self.used = used
+
+    def promote(self, layer: int, expert: int, victim: int | None, victim_layer: int | None = None) -> None:
+        """Move ``expert`` of ``layer`` from its working buffer into the shared MPC, evicting ``victim`` of
+        ``victim_layer`` (default ``layer``) if given."""
+        if expert not in self.lpc_of[layer]:
+            raise CacheInvariantError(f"layer {layer}: promoted expert {expert} is not in a working buffer")
+        if layer not in self.cached_layers:
+            raise CacheInvariantError(f"layer {layer} is not cached but expert {expert} was promoted")
+        counters = self.counters
+        if victim is not None:
+            vl = layer if victim_layer is None else victim_layer
+            if not 0 <= vl < self.num_layers:
+                raise CacheInvariantError(f"layer {layer}: victim layer {vl} out of range")
+            vm = self.mpc[vl]
+            if victim not in vm:
+                raise CacheInvariantError(f"layer {layer}: "
+                                          + (f"HPC expert {victim} of layer {vl} chosen for eviction"
+                                             if victim in self.hpc[vl] else
+                                             f"evicted expert {victim} of layer {vl} is not in the MPC"))
+            del vm[victim]
+            self.used -= 1
+            counters.evictions += 1
+        if self.used >= self.mpc_slots:
+            raise CacheInvariantError(f"layer {layer}: shared MPC full ({self.mpc_slots}) and no victim given")
+        self.mpc[layer][expert] = None
+        self.used += 1
+        counters.promotions += 1
+        counters.insertions += 1
+
+    def check(self) -> None:
+        total = 0
+        for layer in range(self.num_layers):
+            if len(self.hpc[layer]) > self.hpc_slots:
+                raise CacheInvariantError(f"layer {layer}: the HPC is over capacity")
+            if self.hpc[layer] & set(self.mpc[layer]):
+                raise CacheInvariantError(f"layer {layer}: an expert is in both HPC and MPC")
+            if layer not in self.cached_layers and (self.hpc[layer] or self.mpc[layer]):
+                raise CacheInvariantError(f"layer {layer} is not cached but holds experts")
+            total += len(self.mpc[layer])
+        if total != self.used:
+            raise CacheInvariantError(f"shared MPC holds {total} experts but counted {self.used}")
+        if total > self.mpc_slots:
+            raise CacheInvariantError(f"shared MPC holds {total} experts, over its {self.mpc_slots} slots")
+        for layer, held in enumerate(self.lpc_of):
             if self.hpc[layer] & held:
                 raise CacheInvariantError(f"layer {layer}: expert {min(self.hpc[layer] & held)} in a working buffer "
                                           f"and the HPC")

@@ -6,7 +6,8 @@ Shape (``configs/switch_xxl.yaml`` is a commented example)::
     hardware: h200               # name in configs/hardware/, a path to a hardware/calibration file, or a mapping
     workload: {trace, batch_size: 1, batching: static, max_decode_tokens: null, prefill: true, requests: null}
     cache: {hpc_slots, mpc_slots, lpc_buffers, prefetch_reserve: min(1, lpc_buffers - 1), layers: all,
-            hot_profile: trace}  # or gpu_memory_gb + split {hpc, mpc, lpc} instead of the three sizes
+            hot_profile: trace,  # or gpu_memory_gb + split {hpc, mpc, lpc} instead of the three sizes
+            organization: per-layer, shared_slots: null}  # shared: one MPC for all cached layers
     policy: {name, params: {}}   # or just the name
     predictor: {name: none, params: {}}
     seed: 0
@@ -46,6 +47,7 @@ from traces.errors import TraceError
 
 BATCHING = ("static", "continuous")
 CACHE_LAYERS = ("all", "decoder", "encoder")
+ORGANIZATIONS = ("per-layer", "shared")
 DEFAULT_PREDICTOR = "none"
 MAX_BATCH = 1 << 16         # requests per batch
 MAX_REQUESTS = 1 << 20      # requests a run serves
@@ -104,6 +106,19 @@ class CacheConfig:
     layers: str = setting("all", one_of(*CACHE_LAYERS))            # all | decoder | encoder: the cached MoE layers
     hot_profile: Any = setting("trace", _hot_profile, constructor_default=True)
     #                                 "trace", a resolved trace path (str), or per-layer lists of hot expert ids
+    organization: str = setting("per-layer", one_of(*ORGANIZATIONS), constructor_default=True)
+    #   per-layer: each cached layer has its HPC and MPC slots; shared: one cache of ``shared_slots`` experts for
+    #   all cached layers together (the HPC, if a policy pins one, stays per layer and counts in the budget)
+    shared_slots: int | None = setting(None, integer(0, INT_MAX, allow_none=True), constructor_default=True)
+    #   with shared: the experts the shared cache holds (None: (hpc_slots + mpc_slots) x cached layers, the same
+    #   GPU memory as per-layer slots)
+
+    def total_slots(self, n_layers: int) -> int:
+        """Cached-expert slots on the GPU over ``n_layers`` cached layers (working buffers aside): per-layer,
+        ``(hpc_slots + mpc_slots) x n_layers``; shared, ``shared_slots`` (by default the same)."""
+        if self.organization == "shared" and self.shared_slots is not None:
+            return self.shared_slots
+        return (self.hpc_slots + self.mpc_slots) * n_layers
 
 
 @dataclass(frozen=True)
@@ -228,6 +243,14 @@ def _load_cache(d: Any, model: ModelSpec, all_resident: bool) -> tuple[CacheConf
     reserve = d.get("prefetch_reserve")
     reserve = min(1, lpc - 1) if reserve is None else check_int(reserve, "cache.prefetch_reserve", 0, lpc - 1)
     _check_hot_lists(values["hot_profile"], model)
+    shared = values["shared_slots"]
+    if shared is not None:
+        if values["organization"] != "shared":
+            raise ConfigError("cache.shared_slots", f"applies only with cache.organization: shared (got "
+                                                    f"{show(values['organization'])})")
+        if shared > model.num_experts * n_layers:
+            raise ConfigError("cache.shared_slots", f"{shared} exceeds the {model.num_experts * n_layers} experts of "
+                                                    f"the {n_layers} cached layers of {model.name}")
     return CacheConfig(hpc, mpc, lpc, reserve, **values), sized_from
 
 
@@ -307,6 +330,17 @@ def _load_named(d: Any, where: str, names: Iterable[str] | None, default: str | 
     return NamedConfig(name, params)
 
 
+def check_organization(policy: str, organization: str) -> None:
+    """A shared cache needs a policy that manages one (``supports_shared``); others refuse it on one line."""
+    if organization != "shared":
+        return
+    registry = _registry("policy")
+    if not getattr(registry.get(policy), "supports_shared", False):
+        able = [n for n in registry.names() if getattr(registry.get(n), "supports_shared", False)]
+        raise ConfigError("cache.organization", f"policy {show(policy)} manages per-layer slots only; shared works "
+                                                f"with {', '.join(able)}")
+
+
 def memory_check(model: ModelSpec, hw: HardwareSpec, cache: CacheConfig, batch_size: int,
                  request_tokens: int) -> dict:
     """Bytes each resident thing needs; raises ConfigError("cache: ...") when they exceed the GPU's memory."""
@@ -315,12 +349,13 @@ def memory_check(model: ModelSpec, hw: HardwareSpec, cache: CacheConfig, batch_s
     need = {
         "dense": model.dense_bytes,
         "kv_cache": batch_size * request_tokens * model.kv_bytes_per_token,
-        "tiers": (cache.hpc_slots + cache.mpc_slots) * n_layers * eb + cache.lpc_buffers * eb,
+        "tiers": cache.total_slots(n_layers) * eb + cache.lpc_buffers * eb,
         "reserved": hw.reserved_bytes,
     }
     if sum(need.values()) > hw.gpu_memory_bytes:
-        raise ConfigError("cache", f"tiers need {need['tiers'] / GB:.1f} GB ((hpc_slots {cache.hpc_slots} + "
-                                   f"mpc_slots {cache.mpc_slots}) x {n_layers} layers + lpc_buffers "
+        slots = (f"shared_slots {cache.total_slots(n_layers)}" if cache.organization == "shared" else
+                 f"(hpc_slots {cache.hpc_slots} + mpc_slots {cache.mpc_slots}) x {n_layers} layers")
+        raise ConfigError("cache", f"tiers need {need['tiers'] / GB:.1f} GB ({slots} + lpc_buffers "
                                    f"{cache.lpc_buffers}, at {eb / GB:.3g} GB per expert) beside "
                                    f"{need['dense'] / GB:.1f} GB of dense weights and {need['kv_cache'] / GB:.1f} GB of "
                                    f"KV cache (batch {batch_size} x {request_tokens} tokens) and "
@@ -348,12 +383,16 @@ def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str]
     workload, summary = _load_workload(d["workload"], model)
     all_resident = bool(getattr(_registry("policy").get(policy.name), "all_resident", False))
     cache, _ = _load_cache(d.get("cache"), model, all_resident)
+    check_organization(policy.name, cache.organization)
     if not all_resident:
         tokens = summary.max_request_tokens(workload.max_decode_tokens)
         memory_check(model, hardware, cache, workload.batch_size, tokens)
     parts = {"model": model, "hardware": hardware, "workload": workload, "cache": cache, "policy": policy,
              "predictor": predictor, **read_settings(RunConfig, d, "", skip=tuple(_SECTIONS))}
     resolved = {key_of(f): plain(parts[f.name]) for f in settings_of(RunConfig)}
+    if cache.organization == "per-layer":  # the default: left out, so that a per-layer config (and its sweep
+        for key in ("organization", "shared_slots"):  # point's hash) reads as before the option existed
+            resolved["cache"].pop(key, None)
     return RunConfig(**parts, source=source, resolved=resolved)
 
 
@@ -398,5 +437,5 @@ def apply_override(d: dict, text: str) -> None:
 
 
 __all__ = ["CacheConfig", "MemorySizing", "NamedConfig", "RunConfig", "TierSplit", "TraceSummary", "WorkloadConfig",
-           "apply_override", "cached_layer_count", "config_from_dict", "load_run_config", "memory_check",
-           "read_trace_summary", "trace_matches_model"]
+           "apply_override", "cached_layer_count", "check_organization", "config_from_dict", "load_run_config",
+           "memory_check", "read_trace_summary", "trace_matches_model"]

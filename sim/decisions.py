@@ -56,7 +56,8 @@ def build_decisions(cfg: RunConfig, trace: Trace, iterations=None) -> tuple[Poli
     ctx = PolicyContext(num_layers=trace.num_layers, num_experts=trace.num_experts, layer_roles=roles,
                         cached_layers=cached_layers(trace, cfg.cache.layers), hpc_slots=cfg.cache.hpc_slots,
                         mpc_slots=cfg.cache.mpc_slots, hot_ranking=hot_ranking(cfg, trace), seed=cfg.seed,
-                        extra=extra)
+                        extra=extra, organization=getattr(cfg.cache, "organization", "per-layer"),
+                        shared_slots=getattr(cfg.cache, "shared_slots", None))
     if cfg.cache.hpc_slots + cfg.cache.mpc_slots > trace.num_experts:
         raise ConfigError("cache", f"hpc_slots + mpc_slots ({cfg.cache.hpc_slots} + {cfg.cache.mpc_slots}) exceed "
                           f"the {trace.num_experts} experts of a layer")

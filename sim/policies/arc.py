@@ -26,6 +26,8 @@ Rules this simulator had to add (**guessed**; ARC serves one request at a time):
   ``hpc_slots + mpc_slots`` as ARC's ``c`` (hits count as MPC hits); ``pin_hot: true`` pins the layer's hottest
   ``hpc_slots`` experts and ARC runs on the ``mpc_slots`` others. The cache starts empty and persists across
   batches. Copies land in their slot; prefetching follows the configured predictor.
+- Shared cache (``cache.organization: shared``): one ARC whose ``c`` is the shared cache's size, over (layer,
+  expert) pairs of every cached layer; "in use now" is the running layer's active experts.
 """
 
 from __future__ import annotations
@@ -115,10 +117,19 @@ class ArcLayer:
 @POLICIES.register("arc")
 class ARC(PerLayerCache):
     origin = ORIGIN
+    supports_shared = True
 
     def configure(self) -> None:
         super().configure()
         self.arc = {layer: ArcLayer(self.cache.mpc_slots) for layer in self.ctx.cached_layers}
+        if self.shared:  # one ARC over the (layer, expert) pairs of every cached layer
+            self.arc_all = ArcLayer(self.cache.mpc_slots)
+            self.update = self.update_shared
+
+    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.arc or self.arc_all.c == 0:
+            return
+        self.update_through_shared(self.arc_all, layer, active, plan)
 
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         arc = self.arc.get(layer)

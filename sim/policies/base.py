@@ -14,16 +14,26 @@ Protocol, per layer of an iteration (the simulator and the validator call exactl
 3. ``finish_layer(it, layer)`` when the layer's experts have computed: its working buffers are dropped.
 
 ``start_batch()`` is called before the first iteration of each static batch (and once for continuous batching).
+
+**Cache organization** (``cache.organization``, ``PolicyContext.organization``): ``per-layer`` (default) gives each
+cached layer its own slots (``TierCache``); ``shared`` gives the policy one MPC for all cached layers
+(``SharedTierCache``) of ``shared_slots`` experts (default ``(hpc_slots + mpc_slots) x cached layers``: the same GPU
+memory), less the HPC it pins (``hpc_capacity`` per cached layer). Only policies with ``supports_shared`` accept it
+(the config refuses the others on load, naming ``cache.organization``). In a shared cache a promotion may evict an
+expert of another layer: ``LayerPlan.promote`` then maps the expert to ``(victim layer, victim)`` (or None).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from sim.cache import HPC, LPC, MISS, MPC, TierCache
+from sim.cache import HPC, LPC, MISS, MPC, SharedTierCache, TierCache
+from sim.errors import ConfigError
 from sim.params import Parametrised
 from sim.registry import Registry
 
@@ -36,7 +46,8 @@ class LayerPlan:
     """A policy's decisions for one MoE layer in one iteration."""
 
     sources: dict[int, str]                        # active expert -> HPC | MPC | LPC | MISS
-    promote: dict[int, int | None] = field(default_factory=dict)   # expert -> evicted MPC expert (or None)
+    promote: dict = field(default_factory=dict)   # expert -> evicted MPC expert (or None); in a shared cache
+    #                                                     expert -> (victim's layer, victim) or None
     unused_prefetch: list[int] = field(default_factory=list)       # prefetched for this layer, not active
     # ``sources`` split as engines act on it (``classify`` fills them; None: the protocol splits ``sources``):
     resident: list[int] | None = field(default=None, compare=False, repr=False)  # HPC/MPC, in active order
@@ -58,6 +69,14 @@ class PolicyContext:
     seed: int = 0
     extra: dict = field(default_factory=dict)      # "trace" and "iterations" (the whole workload) for offline
     #                                                policies such as belady; online policies must not look ahead
+    organization: str = "per-layer"                # per-layer | shared (cache.organization)
+    shared_slots: int | None = None                # shared: the cache's experts (None: (hpc + mpc) x cached layers)
+
+    def shared_total(self) -> int:
+        """The experts a shared cache holds, HPC included."""
+        if self.shared_slots is not None:
+            return self.shared_slots
+        return (self.hpc_slots + self.mpc_slots) * len(self.cached_layers)
 
 
 class Policy(Parametrised):
@@ -71,12 +90,33 @@ class Policy(Parametrised):
     hit_d2d = False
     #: True when every expert is resident and the GPU-memory check does not apply.
     all_resident = False
+    #: True when the policy can manage one cache shared by all cached layers (``cache.organization: shared``).
+    supports_shared = False
+    #: False for a policy whose MPC is always empty (it keeps no shared MPC either).
+    keeps_mpc = True
 
     def __init__(self, params: dict | None, ctx: PolicyContext, where: str = "policy.params"):
         self.params = self.check_params(params, where)
         self.ctx = ctx
-        self.cache = TierCache(ctx.num_layers, ctx.num_experts, self.hpc_capacity(ctx), self.mpc_capacity(ctx),
-                               ctx.cached_layers)
+        hpc, mpc = self.hpc_capacity(ctx), self.mpc_capacity(ctx)
+        if ctx.organization == "shared":
+            if not self.supports_shared:
+                raise ConfigError("cache.organization", f"policy {self.name!r} manages per-layer slots only")
+            n = len(ctx.cached_layers)
+            if self.keeps_mpc:  # a policy that keeps nothing in an MPC keeps nothing in a shared one either
+                total = ctx.shared_total()
+                mpc = total - hpc * n
+                if mpc < 0:
+                    raise ConfigError("cache.shared_slots", f"{total} slots cannot hold the pinned HPC ({hpc} per "
+                                                            f"layer x {n} cached layers)")
+            self.cache = SharedTierCache(ctx.num_layers, ctx.num_experts, hpc, mpc, ctx.cached_layers)
+        elif ctx.organization == "per-layer":
+            self.cache = TierCache(ctx.num_layers, ctx.num_experts, hpc, mpc, ctx.cached_layers)
+        else:
+            raise ConfigError("cache.organization", f"must be per-layer or shared, got {ctx.organization!r}")
+        self.shared = self.cache.shared
+        self.shared_layers = sorted(ctx.cached_layers)  # ascending: the run order of the cached layers
+        self.layer_pos = {layer: i for i, layer in enumerate(self.shared_layers)}
         self.configure()
 
     # Tier sizes the policy uses (a policy that keeps nothing ignores the configured slots).
@@ -88,6 +128,19 @@ class Policy(Parametrised):
 
     def configure(self) -> None:
         """Read params, pin the HPC. Called once at construction."""
+
+    def layers_until(self, layer: int, now: int) -> int:
+        """In a shared cache, how many layer steps after the running layer ``now`` the cached layer ``layer``
+        next runs: ``((pos(layer) - pos(now) - 1) mod n) + 1`` over the ``n`` cached layers in run order (the next
+        layer is 1 step away, the running one itself ``n``, a whole pass). An approximation where prefill and
+        decode run different layers (an encoder-decoder model with ``cache.layers: all``)."""
+        pos = self.layer_pos
+        return (pos[layer] - pos[now] - 1) % len(pos) + 1
+
+    def global_distance(self, steps: float, layer: int, now: int) -> float:
+        """A use predicted ``steps`` of its own layer's steps ahead (1: the layer's next step) as layer steps of
+        the whole model ahead of the running layer ``now``: ``(steps - 1) n + layers_until(layer, now)``."""
+        return (steps - 1.0) * len(self.layer_pos) + self.layers_until(layer, now)
 
     def pin_hot_experts(self) -> None:
         """Fill every cached layer's HPC with its ``hpc_slots`` hottest experts (from the hot-expert profile)."""
@@ -159,6 +212,67 @@ class Policy(Parametrised):
     def update(self, iteration: int, layer: int, active: Sequence[int], plan: LayerPlan) -> None:
         """Policy-specific bookkeeping and promotions after classification (base: none)."""
 
+    def admit_shared(self, layer: int, active, plan: LayerPlan, key, newcomers=None) -> int:
+        """In a shared cache: each newcomer of the layer (a miss, or a prefetch it uses; in active order unless
+        ``newcomers`` gives them) enters the shared MPC; a full cache first evicts, among the experts of every cached
+        layer but those the running layer uses now, the one with the largest ``(key(l, v), l, v)``. Once no such
+        expert is left the remaining newcomers are not admitted. Returns how many were admitted.
+
+        ``key(l, experts)`` gives the keys of a list of layer ``l``'s experts (one call per layer, for speed)."""
+        if newcomers is None:
+            sources = plan.sources
+            newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
+        if not newcomers:
+            return 0
+        cache, promote = self.cache, plan.promote
+        cands = None
+        admitted = 0
+        for i, e in enumerate(newcomers):
+            if cache.used < cache.mpc_slots:
+                cache.promote(layer, e, None)
+                promote[e] = None
+                admitted += 1
+                continue
+            if cands is None:  # the keys of the held experts do not change within the step
+                busy = set(active)
+                mpcs = cache.mpc
+                cands = []
+                for l in self.shared_layers:
+                    held = [v for v in mpcs[l] if v not in busy] if l == layer else list(mpcs[l])
+                    if held:
+                        cands.extend(zip(key(l, held), itertools.repeat(l), held))
+                cands = heapq.nlargest(len(newcomers) - i, cands)[::-1]  # at most one victim per newcomer
+            if not cands:
+                break  # every slot holds an expert this layer uses now
+            _, vl, v = cands.pop()
+            cache.promote(layer, e, v, vl)
+            promote[e] = (vl, v)
+            admitted += 1
+        return admitted
+
+    def update_through_shared(self, keeper, layer: int, active, plan: LayerPlan) -> None:
+        """:meth:`update_through` for one replacement structure over the shared cache, keyed by (layer, expert)."""
+        sources = plan.sources
+        mpc = self.cache.mpc[layer]
+        newcomers = []
+        for e in active:
+            if e in mpc:
+                keeper.hit((layer, e))
+            elif sources[e] == MISS or sources[e] == LPC:
+                newcomers.append(e)
+        if not newcomers:
+            return
+        busy = {(layer, e) for e in active}
+        cache, promote = self.cache, plan.promote
+        for e in newcomers:
+            admitted, victim = keeper.admit((layer, e), busy)
+            if admitted:
+                if victim is None:
+                    cache.promote(layer, e, None)
+                else:
+                    cache.promote(layer, e, victim[1], victim[0])
+                promote[e] = victim
+
 
 class PerLayerCache(Policy):
     """A per-layer cache whose copies land straight in their slots (no device-to-device promotion).
@@ -167,7 +281,9 @@ class PerLayerCache(Policy):
     policy manages all ``hpc_slots + mpc_slots`` slots of a layer as one cache (the tier counters show its hits
     as MPC hits), so that policies compared at equal slots per layer get equal room whatever the HPC/MPC split.
     With ``pin_hot: true`` the HPC pins each layer's ``hpc_slots`` hottest experts (``cache.hot_profile``) and
-    the policy manages the ``mpc_slots`` others."""
+    the policy manages the ``mpc_slots`` others. With ``cache.organization: shared`` the same room (by default) is one
+    cache for all cached layers (:meth:`Policy.admit_shared`, :meth:`Policy.update_through_shared`), for the
+    subclasses that set ``supports_shared``."""
 
     PARAMS = {"pin_hot": False}
     promotion_is_free = True
@@ -223,7 +339,11 @@ class PerLayerCache(Policy):
 
 class KeepNothing(Policy):
     """A policy that caches nothing across iterations (no HPC, no MPC, whatever the configured slots say): every
-    expert comes from host memory, on demand or prefetched, into the working buffers."""
+    expert comes from host memory, on demand or prefetched, into the working buffers. The organization of a cache
+    it does not keep does not matter, so it accepts ``shared`` too."""
+
+    supports_shared = True
+    keeps_mpc = False
 
     def hpc_capacity(self, ctx: PolicyContext) -> int:
         return 0

@@ -30,6 +30,18 @@ The HPC is optional (``pin_hot``, default false). Without it the configured HPC 
 is; with it, the HPC pins the layer's ``hpc_slots`` hottest experts as ``lru`` with ``pin_hot: true`` does and MIN
 runs on the MPC.
 ``belady_bound`` computes the same hits without an engine.
+
+**Shared cache** (``cache.organization: shared``): one MIN over the whole model's cache of ``shared_slots`` experts
+(HPC+MPC by default; less the pinned HPC with ``pin_hot``), the items being (layer, expert) pairs and time the
+sequence of layer steps in run order (iteration ``i``'s step of layer ``l`` is ``i x layers + l``; every iteration
+runs its layers in ascending order). A step is still a set of accesses (the running layer's active experts); the
+rule is the same, the pool being the whole shared MPC plus the step's newcomers, so a victim may be an expert of any
+cached layer (or of the running one, after it computed). The exchange argument does not depend on which items the
+cache holds, so MIN is optimal here too: no demand policy on the shared cache gets more HPC+MPC hits at that
+budget, and since a per-layer schedule (``c`` slots in each of ``n`` cached layers, warm start included) is one
+schedule of a shared cache of ``c n`` slots, shared MIN also bounds every per-layer policy (per-layer MIN included)
+at equal total slots. The warm start fills the ``shared_slots`` (layer, expert) pairs used soonest.
+``belady_bound_shared`` computes the same hits without an engine.
 """
 
 from __future__ import annotations
@@ -148,6 +160,7 @@ class Belady(Policy):
 
     PARAMS = {"pin_hot": False, "warm": True}
     promotion_is_free = True  # the copy lands in the slot it will occupy (after the victim has computed)
+    supports_shared = True
 
     def hpc_capacity(self, ctx) -> int:
         return ctx.hpc_slots if self.params["pin_hot"] else 0
@@ -166,6 +179,9 @@ class Belady(Policy):
         # per layer, each expert's next use as known at its last use (valid for experts held in the MPC)
         self.next_use = {layer: [NEVER] * self.ctx.num_experts for layer in self.layers}
         self._fill = False
+        if self.shared:
+            self.update = self.update_shared
+            self.start_iteration = self.start_iteration_shared
 
     def start_batch(self) -> None:
         self._fill = self.params["warm"]
@@ -200,6 +216,67 @@ class Belady(Policy):
         for e, victim in min_step(list(cache.mpc[layer]), newcomers, nxt, cache.mpc_slots):
             cache.promote(layer, e, victim)
             plan.promote[e] = victim
+
+    # ------------------------------------------------------------------------------------------- shared cache
+    def start_iteration_shared(self, iteration) -> None:
+        if not self._fill:
+            return
+        self._fill = False
+        cache, n = self.cache, self.ctx.num_layers
+        chosen = _shared_warm(self.future, self.layers, iteration.index, cache.hpc, cache.mpc_slots, n)
+        for layer in self.layers:
+            cache.fill_mpc(layer, [])
+        per_layer: dict[int, list[int]] = {layer: [] for layer in self.layers}
+        for t, layer, e in chosen:
+            per_layer[layer].append(e)
+            self.next_use[layer][e] = (t - layer) // n
+        for layer, experts in per_layer.items():
+            cache.fill_mpc(layer, experts)
+
+    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.next_use:
+            return
+        experts, uses = self.future.at(layer, iteration)
+        if len(experts) != len(active) or list(active) != experts:
+            raise RuntimeError(f"belady: iteration {iteration}, layer {layer}: active set {list(active)} differs "
+                               f"from the workload's ({experts}); ctx.extra['iterations'] is not this run's")
+        nxt = self.next_use[layer]
+        for e, u in zip(experts, uses):
+            nxt[e] = u
+        sources = plan.sources
+        newcomers = [(layer, e) for e in active if sources[e] in (MISS, LPC)]
+        if not newcomers:
+            return
+        cache, n, next_use = self.cache, self.ctx.num_layers, self.next_use
+        held = [(lyr, v) for lyr in self.layers for v in cache.mpc[lyr]]
+        when = {key: shared_time(next_use[key[0]][key[1]], key[0], n) for key in held}
+        for key in newcomers:
+            when[key] = shared_time(nxt[key[1]], layer, n)
+        for (_, e), victim in min_step(held, newcomers, when, cache.mpc_slots):
+            if victim is None:
+                cache.promote(layer, e, None)
+            else:
+                cache.promote(layer, e, victim[1], victim[0])
+            plan.promote[e] = victim
+
+
+def shared_time(iteration: int, layer: int, num_layers: int) -> int:
+    """The place of (iteration, layer)'s step in the run's sequence of layer steps (NEVER stays NEVER)."""
+    return NEVER if iteration == NEVER else iteration * num_layers + layer
+
+
+def _shared_warm(future, layers, iteration: int, hpc, slots: int, num_layers: int) -> list[tuple[int, int, int]]:
+    """The ``slots`` (time, layer, expert) of the cached layers used soonest from ``iteration`` on (never-used
+    ones left out, ``hpc[layer]`` aside), soonest first."""
+    pool = []
+    for layer in layers:
+        first = future.first_use_from(layer, iteration)
+        excluded = hpc[layer]
+        for e in np.flatnonzero(first != NEVER).tolist():
+            if e not in excluded:
+                pool.append((shared_time(int(first[e]), layer, num_layers), layer, e))
+    pool.sort()
+    return pool[:slots]
 
 
 def belady_bound(trace, iterations, capacity_per_layer: int, cached_layers=None, warm: bool = True) -> dict:
@@ -247,4 +324,51 @@ def belady_bound(trace, iterations, capacity_per_layer: int, cached_layers=None,
     return {"hits": hits, "accesses": accesses, "hit_rate": hits / accesses if accesses else 0.0}
 
 
-__all__ = ["Belady", "FutureUses", "NEVER", "belady_bound", "min_step"]
+def belady_bound_shared(trace, iterations, capacity: int, cached_layers=None, warm: bool = True) -> dict:
+    """Hits of a MIN cache of ``capacity`` experts shared by ``cached_layers`` (default: all), over the workload
+    ``iterations`` of ``trace``, without an engine: exactly the ``belady`` policy's HPC+MPC hits with
+    ``cache.organization: shared``, ``shared_slots = capacity`` and no pinned HPC. No demand policy on a shared
+    cache of ``capacity`` experts, and no per-layer policy with ``capacity / cached layers`` slots per layer, gets
+    more HPC+MPC hits. Returns {"hits", "accesses", "hit_rate"} (accesses as :func:`belady_bound`)."""
+    n = trace.num_layers
+    layers = list(range(n))
+    cached = sorted(set(layers if cached_layers is None else cached_layers))
+    future = FutureUses(trace, iterations, layers)
+    accesses = sum(future.accesses(layer) for layer in layers)
+    hits = 0
+    if capacity > 0 and cached:
+        phases = phase_layers(trace)
+        run = {kind: [layer for layer in phases[kind] if layer in set(cached)] for kind in phases}
+        when: dict[tuple[int, int], int] = {}
+        held: dict[tuple[int, int], None] = {}
+        no_hpc = [frozenset()] * n
+        for it in iterations:
+            i = it.index
+            if warm and it.new_batch:
+                held = {}
+                for t, layer, e in _shared_warm(future, cached, i, no_hpc, capacity, n):
+                    held[(layer, e)] = None
+                    when[(layer, e)] = t
+            off_i = i
+            for layer in run[it.kind]:
+                off = future.offsets[layer]
+                lo, hi = off[off_i], off[off_i + 1]
+                if lo == hi:
+                    continue
+                exps, uses = future.experts[layer], future.next_use[layer]
+                newcomers = []
+                for e, u in zip(exps[lo:hi], uses[lo:hi]):
+                    key = (layer, e)
+                    when[key] = shared_time(u, layer, n)
+                    if key in held:
+                        hits += 1
+                    else:
+                        newcomers.append(key)
+                for key, victim in min_step(list(held), newcomers, when, capacity):
+                    if victim is not None:
+                        del held[victim]
+                    held[key] = None
+    return {"hits": hits, "accesses": accesses, "hit_rate": hits / accesses if accesses else 0.0}
+
+
+__all__ = ["Belady", "FutureUses", "NEVER", "belady_bound", "belady_bound_shared", "min_step", "shared_time"]

@@ -57,6 +57,9 @@ l+1 (``decoder_fetcher_mode`` 2) fetches and scores the ids layer l's gate chose
 driven by layer l's routing (the first MoE layer's ids drive both cached layer 0, by its own fetch, and cached
 layer 1); the scores index experts as ``layer * 128 + id`` and the decay loop runs over 128 experts whatever the
 model has, so only 128-expert models run as intended.
+
+**Per-layer by design**: Diff-MoE's slot array, scores and threshold walk are per layer, so the policy refuses
+``cache.organization: shared`` (as ``diffmoe-arc`` does).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ class GpuOnly(Policy):
     """All experts of every layer sit in the HPC; nothing is ever copied."""
 
     all_resident = True
+    supports_shared = True  # everything resident: the organization of the slots does not matter
+    keeps_mpc = False
 
     def hpc_capacity(self, ctx: PolicyContext) -> int:
         return ctx.num_experts

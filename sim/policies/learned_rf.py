@@ -31,6 +31,12 @@ Tiers and sets as ``lru`` (``sim.policies.base.PerLayerCache``): no pinned exper
 experts in one iteration are used together: their counts and last uses are updated first, then each newcomer (a
 miss or a prefetched expert) enters in id order, evicting the victim above; when every slot holds an expert in use
 now the newcomer is not admitted (otherwise every newcomer is admitted: no bypass). Copies land in their slot.
+
+Shared cache (``cache.organization: shared``): the same per-layer state and step; the victim is taken among the
+experts of every cached layer but those the running layer uses now, by the predicted next use converted to layer
+steps of the whole model: a use ``k`` of its own layer's steps ahead is ``(k - 1) n + d`` layer steps ahead, ``d``
+the layer steps until that layer next runs (1 for the next layer, ``n`` for the running one; ``n`` cached layers;
+``Policy.global_distance``). The largest goes first; ties as above, then the higher layer.
 """
 
 from __future__ import annotations
@@ -104,6 +110,7 @@ def fit_weights(trace, layers, batch: int = 1) -> tuple[float, float, float]:
 @POLICIES.register("learned-rf")
 class LearnedRF(PerLayerCache):
     origin = ORIGIN
+    supports_shared = True
     PARAMS = {**PerLayerCache.PARAMS, "train": None, "train_batch": 1}
     PARAM_RULES = {**PerLayerCache.PARAM_RULES, "train": file_path("trace file"),
                    "train_batch": between(1, 4096, kind=int)}
@@ -114,6 +121,8 @@ class LearnedRF(PerLayerCache):
         self.step = [0] * n
         self.uses = [[0] * e for _ in range(n)]
         self.last = [[-1] * e for _ in range(n)]
+        if self.shared:
+            self.update = self.update_shared
         train = self.params["train"]
         if train is None:
             self.weights, self.weights_source = DEFAULT_WEIGHTS, "default"
@@ -146,3 +155,22 @@ class LearnedRF(PerLayerCache):
             uses[e] += 1
             last[e] = now
         self.admit_newcomers(layer, active, plan, lambda v: (self.score(layer, v), -last[v], -v))
+
+    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
+        """Shared cache: the score is ``log2`` of the predicted own-layer steps to the next use, ``2 ** score`` of
+        them converted to whole-model layer steps (``Policy.global_distance``)."""
+        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
+            return
+        self.step[layer] += 1
+        now = self.step[layer]
+        uses, last = self.uses[layer], self.last[layer]
+        for e in active:
+            uses[e] += 1
+            last[e] = now
+        n, until, score = len(self.layer_pos), self.layers_until, self.score
+
+        def keys(l, held):  # global_distance(2 ** score, l, layer), inlined
+            t, d = self.last[l], until(l, layer)
+            return [((2.0 ** score(l, v) - 1.0) * n + d, -t[v], -v) for v in held]
+
+        self.admit_shared(layer, active, plan, keys)

@@ -30,6 +30,12 @@ Rules this simulator had to choose (**guessed**, the paper being about a whole-m
   expert in use now, the newcomer is not admitted. Every newcomer is admitted otherwise (no bypass).
 - Prefetching follows the configured predictor (the base class); copies land in their slot (no device-to-device
   promotion).
+
+Shared cache (``cache.organization: shared``): the same per-layer state and step; the victim is taken among the
+experts of every cached layer but those the running layer uses now, by the predicted next use converted to layer
+steps of the whole model: a use ``k`` of its own layer's steps ahead is ``(k - 1) n + d`` layer steps ahead, ``d``
+the layer steps until that layer next runs (1 for the next layer, ``n`` for the running one; ``n`` cached layers;
+``Policy.global_distance``). The largest goes first; ties as above, then the higher layer.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ KEEP = 0.75
 @POLICIES.register("least-stale")
 class LeastStale(PerLayerCache):
     origin = ORIGIN
+    supports_shared = True
 
     def configure(self) -> None:
         super().configure()
@@ -52,6 +59,31 @@ class LeastStale(PerLayerCache):
         self.step = [0] * n                            # the layer's steps so far
         self.last = [[-1] * e for _ in range(n)]       # step of the last use, -1 never used
         self.interval = [[0.0] * e for _ in range(n)]  # the interval estimate, 0 before any interval
+        if self.shared:
+            self.update = self.update_shared
+
+    def observe(self, layer: int, active) -> None:
+        self.step[layer] += 1
+        now = self.step[layer]
+        last, est = self.last[layer], self.interval[layer]
+        for e in active:
+            prev = last[e]
+            if prev >= 0:
+                gap = now - prev
+                est[e] = float(gap) if est[e] == 0.0 else KEEP * est[e] + (1.0 - KEEP) * gap
+            last[e] = now
+
+    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
+            return
+        self.observe(layer, active)
+        n, until = len(self.layer_pos), self.layers_until
+
+        def keys(l, held):  # global_distance(k, l, layer), inlined
+            t, i, now, d = self.last[l], self.interval[l], self.step[l], until(l, layer)
+            return [((t[v] + max(i[v], 1.0) - now - 1.0) * n + d, t[v], v) for v in held]
+
+        self.admit_shared(layer, active, plan, keys)
 
     def predicted_next(self, layer: int, expert: int) -> float:
         return self.last[layer][expert] + max(self.interval[layer][expert], 1.0)

@@ -21,6 +21,10 @@ active expert's count and last use are updated; then each active expert that is 
 prefetched expert) enters the cache, most frequent first (ties: lower id first), evicting the least frequently
 used expert this layer does not need now; when every slot holds an expert in use now, the remaining newcomers are
 not admitted. Prefetching follows the configured predictor (none: no prefetch).
+
+Shared cache (``cache.organization: shared``): the same counts (per layer and expert) and step, the victim being the
+least frequently used (layer, expert) pair of every cached layer but the experts the running layer uses now (ties:
+least recent use, a clock over all layers' steps, then lower id).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ COUNTS = ("perfect", "in_cache")
 
 @POLICIES.register("lfu")
 class LFU(PerLayerCache):
+    supports_shared = True
     PARAMS = {**PerLayerCache.PARAMS, "counts": "perfect"}
     PARAM_RULES = {**PerLayerCache.PARAM_RULES, "counts": one_of(*COUNTS)}
 
@@ -48,6 +53,34 @@ class LFU(PerLayerCache):
         self.last = [[-1] * e for _ in range(n)]      # the step of the last access (a counter of layer steps)
         self.clock = 0
         self.in_cache = self.params["counts"] == "in_cache"
+        if self.shared:
+            self.update = self.update_shared
+
+    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
+            return
+        self.clock += 1
+        freq, last, clock = self.freq[layer], self.last[layer], self.clock
+        sources = plan.sources
+        for e in active:
+            freq[e] = 1 if self.in_cache and sources[e] in (MISS, LPC) else freq[e] + 1
+            last[e] = clock
+        newcomers = [e for e in active if sources[e] in (MISS, LPC)]
+        if not newcomers:
+            return
+        newcomers.sort(key=lambda e: -freq[e])  # stable: ties keep the id order of ``active``
+        freqs, lasts = self.freq, self.last
+        def keys(l, held):
+            f, t = freqs[l], lasts[l]
+            return [(-f[v], -t[v], -v) for v in held]
+
+        admitted = self.admit_shared(layer, active, plan, keys, newcomers)
+        if self.in_cache:
+            for victim in plan.promote.values():
+                if victim is not None:
+                    freqs[victim[0]][victim[1]] = 0
+            for e in newcomers[admitted:]:
+                freq[e] = 0
 
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:

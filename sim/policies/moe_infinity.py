@@ -26,7 +26,18 @@ layer ``j`` when layer ``l`` runs:
   (``1 - (j - l) / (L + 1)``); slots here are per layer and a victim is always taken from the running layer's own
   MPC, so ``j = l`` and the factor is 1 for every candidate.
 
-Ties: the expert held longest goes first. EAMs come from ``sim/moe_infinity.py``: the current iteration's routing
+Ties: the expert held longest goes first.
+
+**Shared cache** (``cache.organization: shared``; MoE-Infinity's own design is one cache for the whole model): the
+cache holds ``shared_slots`` experts of any cached layers (default ``(hpc_slots + mpc_slots) x cached layers``, the
+same memory), and the victim is the expert of lowest priority among every cached layer's experts but those the
+running layer uses now, with the proximity factor ``1 - d / (L + 1)``, ``d`` the layers between the running layer
+``l`` and the next run of ``j`` (``d = 0`` for the next layer, ``L - 1`` for ``l`` itself, which has just run: its
+next use is a whole pass away; ``L`` the cached layers). How the artifact counts ``d`` for layers behind the running
+one is **guessed** (here: the distance to their next run, wrapping to the next iteration). Ties: the expert held
+longest (over all layers) goes first.
+
+EAMs come from ``sim/moe_infinity.py``: the current iteration's routing
 of a layer is read only once its gate has run; the collection of finished requests' EAMs holds at most
 ``capacity`` (FIFO). Layers that are not cached fetch on demand and keep nothing.
 """
@@ -51,6 +62,7 @@ class MoEInfinity(Policy):
     # capacity: EAMs kept, each a [layers, experts] float array (twice): bounded so that it cannot exhaust memory
     PARAM_RULES = {"capacity": between(1, 1 << 14), "activation": one_of(*ACTIVATION)}
     promotion_is_free = True  # the copy lands in the slot it will occupy
+    supports_shared = True
 
     def hpc_capacity(self, ctx: PolicyContext) -> int:
         return ctx.hpc_slots if self.params["pin_hot"] else 0
@@ -73,6 +85,10 @@ class MoEInfinity(Policy):
         self.tracker = ActivationTracker(trace, cap)
         if p["pin_hot"]:
             self.pin_hot_experts()
+        if self.shared:
+            self.since: dict[tuple[int, int], int] = {}  # (layer, expert) -> when it entered the shared MPC
+            self.clock = 0
+            self.update = self.update_shared
 
     def start_iteration(self, iteration) -> None:
         self.tracker.start_iteration(iteration)
@@ -99,6 +115,29 @@ class MoEInfinity(Policy):
         """[experts]: eviction priority in ``layer``'s own MPC (layer proximity 1)."""
         return (self.activation(layer) + FLOOR) * self.tracker.frequency(layer)
 
+    def priority_all(self) -> np.ndarray:
+        """[layers, experts]: :meth:`priority` of every layer at once (the same arithmetic, one numpy pass)."""
+        t = self.tracker
+        m = t.matrices                                               # [R, layers, experts]
+        s = m.sum(axis=-1, keepdims=True)
+        own = np.divide(m, s, out=np.zeros_like(m, dtype=np.float64), where=s > 0)
+        how = self.params["activation"]
+        if how == "own":
+            rows = own
+        else:
+            best = t.matches()
+            ok = best >= 0
+            matched = np.zeros_like(own)
+            if ok.any():
+                c = t.collection.counts[best[ok]]
+                cs = c.sum(axis=-1, keepdims=True)
+                matched[ok] = np.divide(c, cs, out=np.zeros_like(c, dtype=np.float64), where=cs > 0)
+            okb = ok[:, None, None]
+            rows = np.where(okb, 0.5 * (matched + own), own) if how == "mix" else np.where(okb, matched, own)
+        g = t.global_counts
+        freq = (g + 1.0) / (g.sum(axis=1, keepdims=True) + g.shape[1])
+        return (rows.sum(axis=0) + FLOOR) * freq
+
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         self.tracker.observe_through(layer)  # this layer's gate has run
         if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
@@ -118,3 +157,28 @@ class MoEInfinity(Policy):
                 victim = min(held, key=prio.__getitem__)
             self.cache.promote(layer, e, victim)
             plan.promote[e] = victim
+
+    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
+        self.tracker.observe_through(layer)  # this layer's gate has run
+        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
+            return
+        newcomers = [e for e in active if plan.sources[e] in (MISS, LPC)]
+        if not newcomers:
+            return
+        prio = self.priority_all()
+        own = prio[layer].tolist()
+        newcomers.sort(key=lambda x: (-own[x], x))
+        n = len(self.layer_pos)
+        since, until = self.since, self.layers_until
+
+        def keys(j, held):
+            row = own if j == layer else prio[j].tolist()
+            proximity = 1.0 - (until(j, layer) - 1) / (n + 1)
+            return [(-(row[v] * proximity), -since[(j, v)]) for v in held]
+
+        self.admit_shared(layer, active, plan, keys, newcomers)
+        for e, victim in plan.promote.items():
+            if victim is not None:
+                del since[victim]
+            self.clock += 1
+            since[(layer, e)] = self.clock

@@ -24,6 +24,12 @@ Tiers and sets as ``lru`` (``sim.policies.base.PerLayerCache``): no pinned exper
 experts in one iteration are used together: all their intervals are recorded first, then each newcomer (a miss or a
 prefetched expert) enters in id order, evicting the victim above; when every slot holds an expert in use now the
 newcomer is not admitted (otherwise every newcomer is admitted: no bypass). Copies land in their slot.
+
+Shared cache (``cache.organization: shared``): the same per-layer state and step; the victim is taken among the
+experts of every cached layer but those the running layer uses now, by the predicted next use converted to layer
+steps of the whole model: a use ``k`` of its own layer's steps ahead is ``(k - 1) n + d`` layer steps ahead, ``d``
+the layer steps until that layer next runs (1 for the next layer, ``n`` for the running one; ``n`` cached layers;
+``Policy.global_distance``). The largest goes first; ties as above, then the higher layer.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ def predicted_distance(history, age: int) -> float:
 @POLICIES.register("reuse-distance")
 class ReuseDistance(PerLayerCache):
     origin = ORIGIN
+    supports_shared = True
     PARAMS = {**PerLayerCache.PARAMS, "window": 8}
     PARAM_RULES = {**PerLayerCache.PARAM_RULES, "window": between(1, 1 << 12, kind=int)}
 
@@ -56,6 +63,28 @@ class ReuseDistance(PerLayerCache):
         self.last = [[-1] * e for _ in range(n)]
         self.history = [[deque(maxlen=w) for _ in range(e)] for _ in range(n)]
         self.pooled = [deque(maxlen=4 * w) for _ in range(n)]  # the layer's recent intervals, every expert
+        if self.shared:
+            self.update = self.update_shared
+
+    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
+            return
+        self.step[layer] += 1
+        now = self.step[layer]
+        last, hist, pooled = self.last[layer], self.history[layer], self.pooled[layer]
+        for e in active:
+            if last[e] >= 0:
+                gap = now - last[e]
+                hist[e].append(gap)
+                pooled.append(gap)
+            last[e] = now
+        n, until, pred = len(self.layer_pos), self.layers_until, self.prediction
+
+        def keys(l, held):  # global_distance(prediction, l, layer), inlined
+            t, d = self.last[l], until(l, layer)
+            return [((pred(l, v) - 1.0) * n + d, -t[v], -v) for v in held]
+
+        self.admit_shared(layer, active, plan, keys)
 
     def prediction(self, layer: int, expert: int) -> float:
         """The predicted steps until ``expert``'s next use in ``layer`` (it has been used before)."""

@@ -31,6 +31,8 @@ many objects, here a few slots):
   ``hpc_slots + mpc_slots`` as the cache (hits count as MPC hits); ``pin_hot: true`` pins the layer's hottest
   ``hpc_slots`` experts and S3-FIFO runs on the ``mpc_slots`` others. The cache starts empty and persists across
   batches. Copies land in their slot; prefetching follows the configured predictor.
+- Shared cache (``cache.organization: shared``): one S3-FIFO sized by the shared cache, over (layer, expert) pairs
+  of every cached layer; "in use now" is the running layer's active experts.
 """
 
 from __future__ import annotations
@@ -125,6 +127,7 @@ class S3FifoLayer:
 @POLICIES.register("s3fifo")
 class S3FIFO(PerLayerCache):
     origin = ORIGIN
+    supports_shared = True
     PARAMS = {**PerLayerCache.PARAMS, "small_ratio": 0.1, "ghost_ratio": 0.9, "move_to_main": 2}
     PARAM_RULES = {**PerLayerCache.PARAM_RULES, "small_ratio": between(0.0, 1.0),
                    "ghost_ratio": between(0.0, 16.0), "move_to_main": between(1, 3, kind=int)}
@@ -134,6 +137,14 @@ class S3FIFO(PerLayerCache):
         p = self.params
         self.s3 = {layer: S3FifoLayer(self.cache.mpc_slots, p["small_ratio"], p["ghost_ratio"], p["move_to_main"])
                    for layer in self.ctx.cached_layers}
+        if self.shared:  # one S3-FIFO over the (layer, expert) pairs of every cached layer
+            self.s3_all = S3FifoLayer(self.cache.mpc_slots, p["small_ratio"], p["ghost_ratio"], p["move_to_main"])
+            self.update = self.update_shared
+
+    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.s3 or self.s3_all.c == 0:
+            return
+        self.update_through_shared(self.s3_all, layer, active, plan)
 
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         q = self.s3.get(layer)
