@@ -19,6 +19,7 @@ import csv
 import datetime as dt
 import io
 import json
+import sys
 from pathlib import Path
 
 from sim.config import RunConfig, config_from_dict, load_run_config
@@ -37,33 +38,21 @@ COLUMNS = ["policy", "predictor", "origin", "throughput_tok_s", "ratio_vs_baseli
 #: resident), baselines that cache nothing, published caching policies, this project's own, and the offline bound.
 ORIGINS = ("ceiling", "baseline", "published", "ours", "bound")
 
-#: The origin of the policies whose class declares none (a class's ``origin`` attribute takes precedence).
-KNOWN_ORIGINS = {"gpu-only": "ceiling", "on-demand": "baseline", "prefetch-all": "baseline", "pregated": "baseline",
-                 "lru": "published", "lfu": "published", "moe-infinity": "published", "diffmoe": "published",
-                 "diffmoe-arc": "ours", "belady": "bound"}
-
-#: The predictor a policy runs with under ``--policies all`` when its class declares no ``default_predictor``
-#: (None: the config's), as ``benchmarks/policy_study.py`` runs them. ``diffmoe-arc`` keeps Diff-MoE's oracle
-#: pre-gate so that the two differ only in the MPC's replacement rule.
-DEFAULT_PREDICTORS = {"moe-infinity": "moe-infinity", "pregated": "oracle", "diffmoe": "oracle",
-                      "diffmoe-arc": "oracle"}
-
 #: Order within an origin under ``--policies all`` (the policy study's); others follow by name.
 STUDY_ORDER = ("gpu-only", "on-demand", "prefetch-all", "pregated", "lru", "lfu", "moe-infinity", "diffmoe",
                "diffmoe-arc", "belady")
 
 
 def origin_of(policy_class) -> str | None:
-    """The origin of a policy (its class, or its registered name): the class's ``origin`` attribute if it has one,
-    else ``KNOWN_ORIGINS`` by its name (None when neither says)."""
+    """The origin a policy's module declares (its class, or its registered name): ``Policy.origin``."""
     cls = POLICIES.get(policy_class) if isinstance(policy_class, str) else policy_class
-    origin = getattr(cls, "origin", None)
-    return origin if origin is not None else KNOWN_ORIGINS.get(getattr(cls, "name", None))
+    return getattr(cls, "origin", None)
 
 
 def default_predictor(policy: str) -> str | None:
-    """The predictor ``policy`` runs with under ``--policies all`` (None: the config's)."""
-    return getattr(POLICIES.get(policy), "default_predictor", None) or DEFAULT_PREDICTORS.get(policy)
+    """The predictor ``policy`` runs with under ``--policies all`` (``Policy.default_predictor``; None: the
+    config's)."""
+    return getattr(POLICIES.get(policy), "default_predictor", None)
 
 
 def all_entries() -> list[tuple[str, str | None]]:
@@ -77,14 +66,15 @@ def all_entries() -> list[tuple[str, str | None]]:
     return [(name, default_predictor(name)) for name in sorted(POLICIES.names(), key=key)]
 
 
-def parse_entries(text: str) -> list[tuple[str, str | None]]:
-    """``a,b@p`` -> [(a, None), (b, p)], checking the names; ``all`` -> :func:`all_entries`."""
+def parse_entries(text: str, shared: bool = False) -> list[tuple[str, str | None]]:
+    """``a,b@p`` -> [(a, None), (b, p)], checking the names; ``all`` -> :func:`all_entries` (with ``shared``: those
+    that manage a cache shared by all layers, ``Policy.supports_shared``)."""
     entries = []
     for item in (x.strip() for x in text.split(",")):
         if not item:
             continue
         if item == "all":
-            entries.extend(all_entries())
+            entries.extend(e for e in all_entries() if not shared or POLICIES.get(e[0]).supports_shared)
             continue
         policy, _, predictor = item.partition("@")
         if policy not in POLICIES:
@@ -109,17 +99,21 @@ def variant(base: RunConfig, policy: str, predictor: str | None) -> RunConfig:
 
 
 def belady_cache_hit_rate(cfg: RunConfig, trace) -> float | None:
-    """Hit rate of an offline optimal cache with HPC + MPC slots per cached layer (None when none is given)."""
-    capacity = cfg.cache.hpc_slots + cfg.cache.mpc_slots
+    """Hit rate of an offline optimal cache of the config's organization and size: HPC + MPC slots per cached
+    layer, or ``shared_slots`` shared by all cached layers (None when the bound is not available)."""
     try:
-        from sim.policies.belady import belady_bound
+        from sim.policies.belady import belady_bound, belady_bound_shared
     except ImportError:
         return None
     from sim.workload import build_iterations
 
     w = cfg.workload
     iterations, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
-    out = belady_bound(trace, iterations, capacity, cached_layers(trace, cfg.cache.layers))
+    cached = cached_layers(trace, cfg.cache.layers)
+    if cfg.cache.organization == "shared":
+        out = belady_bound_shared(trace, iterations, cfg.cache.total_slots(len(cached)), cached)
+    else:
+        out = belady_bound(trace, iterations, cfg.cache.hpc_slots + cfg.cache.mpc_slots, cached)
     return out["hit_rate"]
 
 
@@ -200,19 +194,37 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import sys
 
-    entries = parse_entries(args.policies)
-    base = load_run_config(args.config, args.set or [], POLICIES.names(), PREDICTORS.names())
+    sets = list(args.set or [])
+    try:
+        base = load_run_config(args.config, sets, POLICIES.names(), PREDICTORS.names())
+    except ConfigError as exc:
+        if exc.field != "cache.organization":
+            raise
+        # the config's own policy manages per-layer slots only: the compared policies replace it anyway
+        first = next((p for p, _ in parse_entries(args.policies, shared=True) if POLICIES.get(p).supports_shared),
+                     None)
+        if first is None:
+            raise
+        base = load_run_config(args.config, sets + [f"policy.name={first}", "policy.params={}"], POLICIES.names(),
+                               PREDICTORS.names())
+    shared = base.cache.organization == "shared"
+    entries = parse_entries(args.policies, shared)
+    if shared and "all" in [x.strip() for x in args.policies.split(",")]:
+        left = sorted(set(POLICIES.names()) - {p for p, _ in entries})
+        print(f"cache.organization: shared: leaving out the policies that manage per-layer slots only: "
+              f"{', '.join(left)}", file=sys.stderr)
     for policy, predictor in entries:  # every variant must be valid before anything runs or is written
         variant(base, policy, predictor)
     out = Path(args.out) if args.out else Path("runs") / f"compare-{Path(args.config).stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
     rows = compare(base, entries, args.baseline, log=lambda m: print(m, file=sys.stderr))
     baseline = args.baseline or ("on-demand" if any(p == "on-demand" for p, _ in entries) else entries[0][0])
     w = base.workload
+    n_cached = len(cached_layers(load_trace(w.trace), base.cache.layers))
+    slots = (f"one cache of {base.cache.total_slots(n_cached)} experts shared by {n_cached} layers" if shared else
+             f"slots HPC {base.cache.hpc_slots} + MPC {base.cache.mpc_slots}")
     title = (f"{base.model.name} on {base.hardware.name}, batch {w.batch_size} ({w.batching}), trace "
-             f"{Path(w.trace).name}, slots HPC {base.cache.hpc_slots} + MPC {base.cache.mpc_slots}, "
-             f"{base.cache.lpc_buffers} working buffers")
+             f"{Path(w.trace).name}, {slots}, {base.cache.lpc_buffers} working buffers")
     md = table_markdown(rows, baseline, title)
     atomic_write_bytes(out / "compare.csv", table_csv(rows).encode())
     atomic_write_bytes(out / "compare.md", md.encode())

@@ -21,7 +21,7 @@ EXPECTED_ORIGINS = {"gpu-only": "ceiling", "on-demand": "baseline", "prefetch-al
                     "pregated": "baseline", "lru": "published", "lfu": "published", "moe-infinity": "published",
                     "diffmoe": "published", "arc": "published", "s3fifo": "published", "least-stale": "published",
                     "learned-rf": "published", "reuse-distance": "published", "diffmoe-arc": "ours",
-                    "belady": "bound"}
+                    "next-use-odds": "ours", "belady": "bound"}
 
 
 def test_every_registered_policy_has_an_origin_and_runs_without_params():
@@ -34,13 +34,13 @@ def test_every_registered_policy_has_an_origin_and_runs_without_params():
         assert origin_of(name) == origin, name
 
 
-def test_a_class_origin_takes_precedence_over_the_table():
+def test_the_origin_is_the_class_declaration():
     class Mine(Policy):
-        name = "lru"      # a name the table knows
+        name = "lru"      # a registered name does not lend its origin
         origin = "ours"
 
     class Unknown(Policy):
-        name = "nobody"
+        name = "lru"
 
     assert origin_of(Mine) == "ours"
     assert origin_of(Unknown) is None
@@ -99,3 +99,34 @@ def test_compare_all_runs_every_policy_and_writes_the_origin_column(tiny_config,
     assert "| policy | predictor | origin |" in md
     assert "| arc | none | published |" in md and "| diffmoe-arc | oracle | ours |" in md
     assert "| gpu-only | none | ceiling |" in md and "| belady | none | bound |" in md
+
+
+def test_compare_all_on_a_shared_cache_runs_the_shared_policies_against_the_shared_bound(tiny_config, tmp_path):
+    """The config's own policy may manage per-layer slots only: ``all`` leaves out those that do, and the bound is
+    the shared MIN cache of the same total size."""
+    from sim.config import load_run_config
+    from sim.policies.belady import belady_bound_shared
+    from sim.workload import build_iterations
+    from traces.io import load_trace
+
+    cfg = yaml.safe_load(tiny_config.read_text())
+    cfg["policy"] = {"name": "diffmoe", "params": {}}
+    tiny_config.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "cmp"
+    res = subprocess.run([sys.executable, "-m", "sim", "compare", str(tiny_config), "--policies", "all", "--out",
+                          str(out), "--set", "cache.organization=shared"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "leaving out" in res.stderr and "diffmoe" in res.stderr
+    rows = {r["policy"]: r for r in csv.DictReader((out / "compare.csv").open())}
+    assert set(rows) == {p for p in POLICIES.names() if POLICIES.get(p).supports_shared}
+    assert "diffmoe" not in rows and "lru" in rows and "belady" in rows
+    base = load_run_config(tiny_config, ["cache.organization=shared", "policy.name=lru"])
+    trace = load_trace(base.workload.trace)
+    its, _ = build_iterations(trace, 2, "static", None, True, None)
+    bound = belady_bound_shared(trace, its, base.cache.total_slots(trace.num_layers))["hit_rate"]
+    assert float(rows["belady"]["belady_cache_hit_rate"]) == pytest.approx(bound)
+    assert float(rows["belady"]["cache_hit_rate"]) == pytest.approx(bound)
+    for p, r in rows.items():
+        if p != "gpu-only":
+            assert float(r["cache_hit_rate"]) <= bound + 1e-12, p
+    assert "shared by 2 layers" in (out / "compare.md").read_text()

@@ -94,6 +94,12 @@ class Policy(Parametrised):
     supports_shared = False
     #: False for a policy whose MPC is always empty (it keeps no shared MPC either).
     keeps_mpc = True
+    #: Where the policy comes from (``sim compare``'s origin column): ``ceiling`` (every expert resident),
+    #: ``baseline`` (caches nothing), ``published`` (a published system's rule), ``ours`` (this project's) or
+    #: ``bound`` (offline, reads the future). Every registered policy declares it.
+    origin: str | None = None
+    #: The predictor the policy runs with under ``sim compare --policies all`` (None: the config's).
+    default_predictor: str | None = None
 
     def __init__(self, params: dict | None, ctx: PolicyContext, where: str = "policy.params"):
         self.params = self.check_params(params, where)

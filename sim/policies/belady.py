@@ -157,6 +157,7 @@ def _future_of(ctx, who: str):
 @POLICIES.register("belady")
 class Belady(Policy):
     """MIN with bypass over the MPC of each cached layer, from the workload's future."""
+    origin = "bound"
 
     PARAMS = {"pin_hot": False, "warm": True}
     promotion_is_free = True  # the copy lands in the slot it will occupy (after the victim has computed)

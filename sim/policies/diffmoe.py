@@ -81,6 +81,8 @@ NUMBERS = ("max_val", "dec_in_cache", "dec_out_cache", "threshold")
 
 @POLICIES.register("diffmoe")
 class DiffMoE(Policy):
+    origin = "published"
+    default_predictor = "oracle"
     PARAMS = {"max_val": 2.0, "dec_in_cache": 0.4, "dec_out_cache": 0.2, "threshold": 1.0, "hit_d2d": True,
               "reset_per_batch": True, "floor": False, "victim_order": "artifact", "arithmetic": "exact",
               "fill": "hot", "in_cache_check": "intended"}

@@ -114,6 +114,8 @@ class _ARC:
 
 @POLICIES.register("diffmoe-arc")
 class DiffMoEARC(Policy):
+    origin = "ours"
+    default_predictor = "oracle"
     PARAMS = {"hit_d2d": True, "t2_lfu": True}
 
     def configure(self) -> None:

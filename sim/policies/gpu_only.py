@@ -9,6 +9,7 @@ from sim.policies.base import POLICIES
 @POLICIES.register("gpu-only")
 class GpuOnly(Policy):
     """All experts of every layer sit in the HPC; nothing is ever copied."""
+    origin = "ceiling"
 
     all_resident = True
     supports_shared = True  # everything resident: the organization of the slots does not matter

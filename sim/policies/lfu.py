@@ -39,6 +39,7 @@ COUNTS = ("perfect", "in_cache")
 
 @POLICIES.register("lfu")
 class LFU(PerLayerCache):
+    origin = "published"
     supports_shared = True
     PARAMS = {**PerLayerCache.PARAMS, "counts": "perfect"}
     PARAM_RULES = {**PerLayerCache.PARAM_RULES, "counts": one_of(*COUNTS)}

@@ -23,6 +23,7 @@ from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
 @POLICIES.register("lru")
 class LRU(PerLayerCache):
+    origin = "published"
     supports_shared = True
 
     def configure(self) -> None:

@@ -58,6 +58,8 @@ FLOOR = 1e-6
 
 @POLICIES.register("moe-infinity")
 class MoEInfinity(Policy):
+    origin = "published"
+    default_predictor = "moe-infinity"
     PARAMS = {"pin_hot": False, "capacity": 256, "activation": "mix"}
     # capacity: EAMs kept, each a [layers, experts] float array (twice): bounded so that it cannot exhaust memory
     PARAM_RULES = {"capacity": between(1, 1 << 14), "activation": one_of(*ACTIVATION)}
