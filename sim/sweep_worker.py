@@ -51,15 +51,24 @@ def run_point(base, overrides: tuple[str, ...], source: str = "sweep") -> dict:
     from sim.sweep_spec import resolve_config
 
     cfg = resolve_config(base, overrides, source)
-    s = simulate(cfg).summary
+    run = simulate(cfg)
+    s = run.summary
     out = {}
     for col, keys in METRICS.items():
         v = s
         for k in keys:
             v = v.get(k) if isinstance(v, dict) else None
         out[col] = v
-    out["cache_slots"] = cfg.cache.hpc_slots + cfg.cache.mpc_slots
+    out["cache_slots"] = cache_slots(cfg, len(run.policy.ctx.cached_layers))
     return out
+
+
+def cache_slots(cfg, n_cached: int) -> float:
+    """Cached-expert slots per cached layer, the x axis that compares organizations at equal GPU memory: HPC + MPC
+    per layer, or a shared cache's budget over the cached layers."""
+    if cfg.cache.organization == "shared" and n_cached:
+        return cfg.cache.total_slots(n_cached) / n_cached
+    return cfg.cache.hpc_slots + cfg.cache.mpc_slots
 
 
 def attempt(base, overrides: tuple[str, ...], source: str,
