@@ -12,9 +12,16 @@ the compute thread keeps the host busy (both 0 unless calibrated: ``handoff_us``
 
 Interference: a copy that starts while the compute stream computes (``computing``, kept by the engine) takes
 ``slowdown`` times longer (copies and compute share memory bandwidth; 1 on a machine calibrated without it).
+
+Events: a copy's landing and the copy thread's wake-up are entries ``(time, priority, id, callback)`` on the SimPy
+environment's event heap, with the ids SimPy would give their timeouts (``env._eid``); the engine
+(``sim/engine.py``) steps that heap by hand and calls ``callback()``. At most one of them is pending at a time
+(the copy on the link, or the thread waking up to start one).
 """
 
 from __future__ import annotations
+
+from heapq import heappush
 
 import simpy
 from simpy.core import NORMAL
@@ -24,23 +31,8 @@ from sim.copy_queue import CopyJob, CopyQueue, QueueCounters
 __all__ = ["CopyEngine", "CopyJob"]
 
 
-class Landing:
-    """The event the compute stream waits on for a layer's next landed copy, as a marker: ``succeed`` (when the copy
-    lands) draws the id SimPy would give that event and keeps its (time, priority, id) key in ``key``; the stream
-    then resumes after every event ordered before it (``sim/engine.py``)."""
-
-    __slots__ = ("env", "key")
-
-    def __init__(self, env: simpy.Environment):
-        self.env, self.key = env, None
-
-    def succeed(self) -> None:
-        env = self.env
-        self.key = (env.now, NORMAL, next(env._eid))
-
-
 class CopyEngine(QueueCounters):
-    """Callback-driven: a copy is one SimPy timeout whose callback lands it and starts the next; no process."""
+    """Callback-driven: a copy is one heap entry whose callback lands it and starts the next; no process."""
 
     def __init__(self, env: simpy.Environment, copy_s: float, nbytes: int, buffers: int, reserve: int,
                  timeline: list | None = None, slowdown: float = 1.0, handoff: float = 0.0, gap: float = 0.0):
@@ -55,83 +47,82 @@ class CopyEngine(QueueCounters):
         self.nbytes = nbytes
         self.queue = q = CopyQueue(buffers, reserve)
         self.demand, self.prefetch, self.ready = q.demand, q.prefetch, q.ready   # read by the engine
-        self.waiter: dict[int, Landing] = {}
         self.timeline = timeline
         self.current: CopyJob | None = None  # the copy on the link
+        self._heap, self._eid = env._queue, env._eid
+        # the idle copy thread (not already waking) is asked for a copy: it starts now, or after the hand-off
+        self._wake = self._wake_later if handoff else self._start_next
+        self._landed, self._woke = self._land, self._woken   # the callbacks, bound once
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, layer: int, expert: int, prefetch: bool) -> CopyJob:
         job = self.queue.submit(layer, expert, prefetch)
-        if self.current is None:
+        if self.current is None and not self.waking:
             self._wake()
         return job
 
     def upgrade(self, job: CopyJob) -> None:
         """A prefetched expert is needed now: if its copy has not started, it joins the demand queue."""
-        if self.queue.upgrade(job) and self.current is None:
+        if self.queue.upgrade(job) and self.current is None and not self.waking:
             self._wake()
 
     def drop(self, job: CopyJob) -> None:
         """A prefetched expert went unused: cancel its copy, or free its buffer once it has landed."""
-        if self.queue.drop(job) and self.current is None:
+        if self.queue.drop(job) and self.current is None and not self.waking:
             self._wake()
 
     def release(self, job: CopyJob) -> None:
         """``job``'s working buffer is free again."""
-        self.queue.release(job.buffer)
-        if self.current is None:
+        q = self.queue
+        q.release(job.buffer)
+        if self.current is None and not self.waking and (self.handoff or q.demand or q.prefetch):
             self._wake()
 
-    def wait_landing(self, layer: int) -> "Landing":
-        """What the compute stream waits on: the next copy for ``layer`` to land."""
-        w = self.waiter[layer] = Landing(self.env)
-        return w
-
     # -------------------------------------------------------------------------------------------- the link
-    def _wake(self) -> None:
-        """The compute stream asks the idle copy thread for a copy: it starts after the hand-off."""
-        if self.waking:
-            return
-        if not self.handoff:
-            self._start_next()
-        else:
-            self.waking = True
-            self.env.timeout(self.handoff).callbacks.append(self._woken)
+    def _wake_later(self) -> None:
+        self.waking = True
+        heappush(self._heap, (self.env._now + self.handoff, NORMAL, next(self._eid), self._woke))
 
-    def _woken(self, _event) -> None:
+    def _woken(self) -> None:
         self.waking = False
         if self.current is None:
             self._start_next()
 
     def _start_next(self) -> None:
-        q = self.queue
-        if not q.demand and not q.prefetch:
-            return
-        job = q.start_next()
+        job = self.queue.start_next()
         if job is None:
             return
-        job.start = self.env.now
+        job.start = now = self.env._now
         duration = self.copy_s * self.slowdown if self.computing else self.copy_s
-        job.end = job.start + duration  # planned; the engine reads it to stretch overlapping compute
+        job.end = end = now + duration  # planned; the engine reads it to stretch overlapping compute
         self.busy_s += duration
         self.current = job
-        self.env.timeout(duration).callbacks.append(self._land)
+        heappush(self._heap, (end, NORMAL, next(self._eid), self._landed))
 
-    def _land(self, _event) -> None:
+    def _land(self) -> None:
+        """The copy on the link lands: it waits in ``ready`` for its layer (or frees its buffer if dropped)."""
         job = self.current
         self.current = None
         if self.timeline is not None:
             kind = "prefetch" if job.was_prefetch else "demand"
             self.timeline.append(("copy", f"L{job.layer} E{job.expert} {kind}", job.start, job.end - job.start))
-        if self.queue.land(job):
-            w = self.waiter.pop(job.layer, None)
-            if w is not None:
-                w.succeed()
-        if self.gap and self.queue.has_next():  # the copy thread notices the landing, then issues the next copy
+        q = self.queue
+        q.land(job)
+        if not q.demand and not q.prefetch:
+            return
+        if self.gap and q.has_next():  # the copy thread notices the landing, then issues the next copy
             self.waking = True
-            self.env.timeout(self.gap).callbacks.append(self._woken)
-        else:
-            self._start_next()
+            heappush(self._heap, (self.env._now + self.gap, NORMAL, next(self._eid), self._woke))
+            return
+        job = q.start_next()   # as _start_next, inline (once per copy)
+        if job is None:
+            return
+        job.start = now = self.env._now
+        duration = self.copy_s * self.slowdown if self.computing else self.copy_s
+        job.end = end = now + duration
+        self.busy_s += duration
+        self.current = job
+        heappush(self._heap, (end, NORMAL, next(self._eid), self._landed))
 
     # ---------------------------------------------------------------------------------------------- counters
     @property

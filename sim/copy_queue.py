@@ -104,13 +104,16 @@ class CopyQueue:
 
     def start_next(self) -> CopyJob | None:
         """The copy to start now, with its working buffer taken (``job.buffer``, ``job.after``), or None."""
-        queue = self._queue()
-        if queue is None:
+        free = self.free
+        if self.demand and free:   # as _queue, inline (the simulator calls this once per copy and more)
+            job = self.demand.popleft()
+        elif self.prefetch and len(free) > self.reserve:
+            job = self.prefetch.popleft()
+        else:
             return None
-        job = queue.popleft()
-        job.buffer, job.after = self.free.popleft()
+        job.buffer, job.after = free.popleft()
         job.started = True
-        in_use = self.capacity - len(self.free)
+        in_use = self.capacity - len(free)
         if in_use > self.max_in_use:
             self.max_in_use = in_use
         return job

@@ -30,7 +30,9 @@ least ``expert_issue_us`` (the host's time to issue it: the GPU cannot run ahead
 a layer at least ``hit_issue_us`` each. The measured ``dense``/``expert`` tables hold the kernels' own launches.
 
 Events are coarse: one per copy, one per expert compute that waits on a copy, one for the dense work and one for
-all cached experts of a layer together.
+all cached experts of a layer together. They are numbered and ordered as SimPy numbers its events (``env._eid``),
+so the ``events`` count is SimPy's; only the copy engine's landings and wake-ups sit on SimPy's event heap, as
+light entries this engine steps by hand (``sim/copy_engine.py``), and the compute stream is plain code.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from heapq import heappop
 from dataclasses import dataclass, field
 
 import simpy
-from simpy.core import NORMAL
 
 from sim.cache import HPC, LPC, MPC
 from sim.copy_engine import CopyEngine
@@ -80,6 +81,18 @@ def _events_processed(env: simpy.Environment) -> int:
     """Events SimPy has processed: it numbers every scheduled event (``_eid``, a counter); the ones still queued
     were not processed. Reading the counter once at the end costs nothing during the run."""
     return next(env._eid) - len(env._queue)
+
+
+class _Memo(dict):
+    """``key -> f(key)``, each computed once (a subscript when known)."""
+
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def __missing__(self, key):
+        value = self[key] = self.f(key)
+        return value
 
 
 class Simulation:
@@ -124,7 +137,7 @@ class Simulation:
                 return t
             if copy.demand or copy.prefetch:
                 return t * slow
-            left = job.end - env.now
+            left = job.end - env._now
             return t * slow if left >= t * slow else left + (t - left / slow)
         d2d = costs.d2d_s(expert_bytes)
         expert_s = costs.expert_s
@@ -141,39 +154,24 @@ class Simulation:
         # event SimPy would run before ``yield env.timeout(dt)`` resumes it (copy landings, the copy thread's
         # wake-ups: keys below the timeout's (time, priority, id)), then moves the clock to ``now + dt``, the same
         # float sum the timeout makes. Each wait still draws its event id, so ties and the events count are as with
-        # one SimPy event per wait.
+        # one SimPy event per wait. Every heap entry has SimPy's NORMAL priority and an older id than the wait's,
+        # so "below the wait's key" is "due at or before ``now + dt``".
         queue, eids = env._queue, env._eid
-
-        def step_env() -> None:
-            """``env.step()`` for the events here (timeouts of the copy engine, which never fail)."""
-            env._now, _, _, event = heappop(queue)
-            callbacks, event.callbacks = event.callbacks, None
-            for callback in callbacks:
-                callback(event)
-            if not event._ok:
-                raise event._value
 
         def advance(dt: float) -> None:
             t = env._now + dt
-            key = (t, NORMAL, next(eids))
-            while queue and queue[0] < key:
-                step_env()
+            next(eids)
+            while queue and queue[0][0] <= t:
+                env._now, _, _, callback = heappop(queue)
+                callback()
             env._now = t
-
-        def wait_landing(layer: int) -> None:
-            """Until the next copy for ``layer`` lands, then the events SimPy would run before the stream's
-            process resumes on that landing."""
-            w = copy.wait_landing(layer)
-            while w.key is None:
-                if not queue:
-                    raise RuntimeError("simulation deadlocked: the compute stream waits on a copy that never comes")
-                step_env()
-            key = w.key
-            while queue and queue[0] < key:
-                step_env()
 
         def compute_stream():
             submit, release, upgrade, drop = copy.submit, copy.release, copy.upgrade, copy.drop
+            # while a copy is on the link (or the copy thread wakes up), a submission only queues, and a freed
+            # buffer wakes the copy thread only when it is idle with copies queued (or a hand-off to pay): else
+            # the copy queue's own calls do all that CopyEngine.submit/release would
+            queue_submit, queue_release = copy.queue.submit, copy.queue.release
             hit_d2d = d2d if policy.hit_d2d else 0.0
             promote_d2d = 0.0 if policy.promotion_is_free else d2d
             slow, dense_slow = costs.hw.compute_slowdown, costs.hw.dense_slowdown
@@ -183,41 +181,47 @@ class Simulation:
             expert_issue, hit_issue = hw.expert_issue_s, hw.hit_issue_s
             roles, decide = self.roles, protocol.decide
             copy_ready = copy.ready
+            expert_of = _Memo(expert_s)  # tokens -> one expert's compute
             for it in self.iterations:
-                t_start = env.now
+                t_start = env._now
                 stall = busy = 0.0
                 before = (dict(counters.hits), counters.misses, copy.copies, counters.promotions, counters.evictions)
                 issued = unused = used = 0
                 jobs = {}
                 n_tok = int(it.rows.size)
-                dense_of = {}  # role -> dense work of one MoE layer of this iteration
+                # role -> the dense work of one MoE layer of this iteration
+                dense_of = _Memo(lambda role: costs.dense_s(role, n_tok, it.context))
                 for step in protocol.steps(it):
                     layer, counts = step.layer, step.counts
-                    role = roles[layer]
-                    dense = dense_of.get(role)
-                    if dense is None:
-                        dense = dense_of[role] = costs.dense_s(role, n_tok, it.context)
+                    dense = dense_of[roles[layer]]
                     if slowed:
                         dense = stretch(dense, dense_slow)
                     if tl is not None:
-                        tl.append(("compute", f"L{layer} dense", env.now, dense))
-                    advance(dense)
+                        tl.append(("compute", f"L{layer} dense", env._now, dense))
+                    end = env._now + dense   # advance(dense), inline
+                    next(eids)
+                    while queue and queue[0][0] <= end:
+                        env._now, _, _, callback = heappop(queue)
+                        callback()
+                    env._now = end
                     busy += dense
                     if roundtrip:  # the gate's choice reaches the host before anything of the layer is issued
                         advance(roundtrip)
                     decide(step)
-                    for e in step.plan.unused_prefetch:
-                        job = jobs.pop((layer, e))
-                        if job.started:
-                            totals["wasted"] += expert_bytes
-                        drop(job)
-                        unused += 1
+                    plan = step.plan
+                    if plan.unused_prefetch:
+                        for e in plan.unused_prefetch:
+                            job = jobs.pop((layer, e))
+                            if job.started:
+                                totals["wasted"] += expert_bytes
+                            drop(job)
+                            unused += 1
                     resident_s = 0.0
                     resident = step.resident
                     for e in resident:
-                        t = expert_s(counts[e]) + hit_d2d
+                        t = expert_of[counts[e]] + hit_d2d
                         if tl is not None:
-                            tl.append(("compute", f"L{layer} E{e} {step.plan.sources[e]}", env.now + resident_s, t))
+                            tl.append(("compute", f"L{layer} E{e} {plan.sources[e]}", env._now + resident_s, t))
                         resident_s += t
                     new_copies = 0
                     copied = step.copied
@@ -226,9 +230,11 @@ class Simulation:
                             upgrade(jobs.pop((layer, e)))
                             used += 1
                         else:
-                            submit(layer, e, False)
+                            if copy.current is None and not copy.waking:
+                                submit(layer, e, False)
+                            else:
+                                queue_submit(layer, e, False)
                             new_copies += 1
-                    waiting = len(copied)
                     # prefetches reach the copy engine after this layer's demand copies, so that an idle link
                     # starts a copy this layer waits for, not one for the next layer
                     if step.prefetch:
@@ -244,28 +250,40 @@ class Simulation:
                             resident_s = stretch(resident_s, slow)
                         if hit_issue:
                             resident_s = max(resident_s, hit_issue * len(resident))
-                        advance(resident_s)
+                        end = env._now + resident_s   # advance(resident_s), inline
+                        next(eids)
+                        while queue and queue[0][0] <= end:
+                            env._now, _, _, callback = heappop(queue)
+                            callback()
+                        env._now = end
                         busy += resident_s
-                    if not waiting:
+                    if not copied:
                         continue
                     ready = copy_ready.get(layer)
                     if ready is None:
                         ready = copy_ready[layer] = deque()
-                    promote = step.plan.promote
-                    while waiting:
+                    promote = plan.promote
+                    for _ in copied:   # each copied expert computes as soon as its copy lands, in landing order
                         if not ready:
-                            t0 = env.now
+                            t0 = env._now
                             copy.computing = False
-                            wait_landing(layer)
+                            # until the layer's next copy lands; SimPy would resume the stream on a landing
+                            # event (its id drawn below), with nothing else due before it: the only other entry
+                            # there can be was pushed after the landing (the next copy, or the thread's wake-up)
+                            while not ready:
+                                if not queue:
+                                    raise RuntimeError("simulation deadlocked: the compute stream waits on a copy "
+                                                       "that never comes")
+                                env._now, _, _, callback = heappop(queue)
+                                callback()
+                            next(eids)
                             if handoff:  # the compute side wakes up to the landed copy
                                 advance(handoff)
                             copy.computing = True
-                            stall += env.now - t0
-                            continue
+                            stall += env._now - t0
                         job = ready.popleft()
                         e = job.expert
-                        waiting -= 1
-                        t = expert_s(counts[e])
+                        t = expert_of[counts[e]]
                         if e in promote:
                             t += promote_d2d
                         if slowed:
@@ -273,22 +291,30 @@ class Simulation:
                         if expert_issue:
                             t = max(t, expert_issue)
                         if tl is not None:
-                            tl.append(("compute", f"L{layer} E{e} copied", env.now, t))
-                        advance(t)
+                            tl.append(("compute", f"L{layer} E{e} copied", env._now, t))
+                        end = env._now + t   # advance(t), inline
+                        next(eids)
+                        while queue and queue[0][0] <= end:
+                            env._now, _, _, callback = heappop(queue)
+                            callback()
+                        env._now = end
                         busy += t
-                        release(job)
+                        if copy.current is None and not copy.waking and (handoff or copy.demand or copy.prefetch):
+                            release(job)   # the freed buffer wakes the idle copy thread (CopyEngine.release)
+                        else:
+                            queue_release(job.buffer)
                 # the LM head closes the iteration: over every generated token, or each prefilled request's last
                 lm = costs.lm_head_s(n_tok if it.kind == "decode" else it.requests)
                 if lm and slowed:
                     lm = stretch(lm, dense_slow)
                 if lm:
                     if tl is not None:
-                        tl.append(("compute", "lm head", env.now, lm))
+                        tl.append(("compute", "lm head", env._now, lm))
                     advance(lm)
                     busy += lm
                 hits = counters.hits
                 records.append(IterationRecord(
-                    it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, t_start, env.now, stall,
+                    it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, t_start, env._now, stall,
                     hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC], hits[LPC] - before[0][LPC],
                     counters.misses - before[1], copy.copies - before[2], issued, unused,
                     counters.promotions - before[3], counters.evictions - before[4]))

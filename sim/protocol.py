@@ -32,6 +32,8 @@ from traces.format import Trace
 
 __all__ = ["DecisionProtocol", "LayerDecision", "LayerStep", "HPC", "LPC", "MISS", "MPC"]
 
+_NO_GUESS = frozenset()
+
 
 @dataclass(frozen=True)
 class LayerDecision:
@@ -90,6 +92,10 @@ class DecisionProtocol:
         self.decisions: list[LayerDecision] | None = [] if record else None
         self.after_step = after_step
         self.phase_layers = phase_layers(trace)
+        # ``plan_prefetch`` is asked at every gate but the phase's last, unless its answer is known: the base rule
+        # (``Policy.plan_prefetch``) prefetches only guessed experts, so without a predictor it prefetches nothing
+        self._asks_prefetch = (predictor.predicts
+                               or getattr(policy.plan_prefetch, "__func__", None) is not Policy.plan_prefetch)
 
     def steps(self, it: Iteration) -> Iterator[LayerStep]:
         """The iteration's layer steps, in order; a step not decided by its engine is decided when the next step
@@ -101,25 +107,23 @@ class DecisionProtocol:
         predictor.start_iteration(it)
         layers = self.phase_layers[it.kind]
         actives = active_sets(self.trace, it.rows, layers)
-        index, last = it.index, len(layers) - 1
-        for pos, layer in enumerate(layers):
-            active, counts = actives[pos]
-            if pos < last:
-                step = LayerStep(it, layer, layers[pos + 1], active, counts, actives[pos + 1][0])
-            else:
-                step = LayerStep(it, layer, None, active, counts, None)
+        index, finish = it.index, policy.finish_layer
+        nexts = layers[1:] + [None]
+        next_actives = [a for a, _ in actives[1:]] + [None]
+        for layer, (active, counts), nxt, next_active in zip(layers, actives, nexts, next_actives):
+            step = LayerStep(it, layer, nxt, active, counts, next_active)
             yield step
             if step.plan is None:
                 self.decide(step)
-            policy.finish_layer(index, layer)
+            finish(index, layer)
             if after is not None:
                 after(policy)
 
     def decide(self, step: LayerStep) -> LayerStep:
         """The layer's decisions, taken at its gate: the next layer's prefetches, then the layer's plan."""
         policy, index, nxt = self.policy, step.iteration.index, step.next_layer
-        if nxt is not None:
-            guess = frozenset()
+        if nxt is not None and self._asks_prefetch:
+            guess = _NO_GUESS
             predictor = self.predictor
             if predictor.predicts:
                 truth = frozenset(step.next_active)

@@ -98,8 +98,13 @@ def build_iterations(trace: Trace, batch_size: int, batching: str = "static", ma
     attended = prompt_context(trace)
 
     def decode_it(reqs, steps, batch, new_batch):
-        rows = np.array([dstart[r] + s for r, s in zip(reqs, steps)], dtype=np.int64)
-        ctx = float(np.mean([attended[r] + s + 1 for r, s in zip(reqs, steps)]))
+        if len(reqs) == 1:   # np.mean of one value is that value
+            r, s = reqs[0], steps[0]
+            rows = np.array([dstart[r] + s], dtype=np.int64)
+            ctx = float(attended[r] + s + 1)
+        else:
+            rows = np.array([dstart[r] + s for r, s in zip(reqs, steps)], dtype=np.int64)
+            ctx = float(np.mean([attended[r] + s + 1 for r, s in zip(reqs, steps)]))
         its.append(Iteration(len(its), batch, "decode", rows, len(reqs), ctx, new_batch))
 
     if batching == "static":
@@ -156,6 +161,8 @@ SMALL_BATCH = 2
 def active_sets(trace: Trace, rows: np.ndarray, layers: list[int]) -> list[tuple[tuple[int, ...], dict[int, int]]]:
     """Per layer: the sorted active experts of the rows (the union of their top-k) and tokens routed to each
     (a dict in expert order)."""
+    if len(rows) == 1:
+        return _active_sets_one(np.sort(trace.experts[rows[0]], axis=-1).tolist(), layers)
     if len(rows) <= SMALL_BATCH:
         return _active_sets_small(trace.experts[rows].tolist(), layers)
     e = trace.num_experts
@@ -172,22 +179,24 @@ def active_sets(trace: Trace, rows: np.ndarray, layers: list[int]) -> list[tuple
     return out
 
 
+def _active_sets_one(row: list, layers: list[int]) -> list[tuple[tuple[int, ...], dict[int, int]]]:
+    """:func:`active_sets` of one row, its routing as nested lists ([layers][k], each layer's ids sorted, -1 for no
+    expert)."""
+    out = []
+    for layer in layers:
+        ids = row[layer]
+        ex = tuple(ids)
+        counts = dict.fromkeys(ex, 1)
+        if len(counts) != len(ex) or not ex or ex[0] < 0:   # not the usual top-k (each expert once)
+            ex = tuple(x for x in counts if x != -1)
+            counts = {x: ids.count(x) for x in ex}
+        out.append((ex, counts))
+    return out
+
+
 def _active_sets_small(block: list, layers: list[int]) -> list[tuple[tuple[int, ...], dict[int, int]]]:
     """:func:`active_sets` over a few rows' routing as nested lists ([rows][layers][k], -1 for no expert)."""
     out = []
-    if len(block) == 1:
-        row = block[0]
-        for layer in layers:
-            ids = row[layer]
-            distinct = set(ids)
-            if len(distinct) == len(ids) and -1 not in distinct:   # the usual top-k: each expert once
-                ex = tuple(sorted(ids))
-                out.append((ex, dict.fromkeys(ex, 1)))
-            else:
-                distinct.discard(-1)
-                ex = tuple(sorted(distinct))
-                out.append((ex, {x: ids.count(x) for x in ex}))
-        return out
     for layer in layers:
         counts: dict[int, int] = {}
         for row in block:
