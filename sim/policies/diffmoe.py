@@ -114,6 +114,9 @@ class DiffMoE(Policy):
         if p["fill"] == "expert0" and p["victim_order"] != "artifact":
             raise ConfigError(f"{where}.fill", "expert0 (every slot holds expert 0) needs victim_order: artifact")
         arith = p["arithmetic"]
+        # Scores are plain Python numbers, one list per layer (a layer has tens to hundreds of experts: numpy's
+        # per-call cost outweighs its loops): ints in millionths (exact), floats (float64), or numpy float32
+        # scalars (float32: each operation rounds to float32 as the artifact's floats do).
         if arith == "exact":
             self._dtype = np.int64
             for name in NUMBERS:
@@ -121,18 +124,19 @@ class DiffMoE(Policy):
                 if abs(units - round(units)) > 1e-6 * max(1.0, abs(units)):
                     raise ConfigError(f"{where}.{name}", f"must have at most 6 decimals with arithmetic: exact, got "
                                                          f"{p[name]!r} (or set arithmetic: float32)")
-            conv = lambda v: np.int64(round(v * EXACT_SCALE))  # noqa: E731
+            conv = lambda v: int(round(v * EXACT_SCALE))  # noqa: E731
+        elif arith == "float32":
+            self._dtype = conv = np.float32
         else:
-            self._dtype = np.float32 if arith == "float32" else np.float64
-            conv = self._dtype
+            self._dtype, conv = np.float64, float
         self._one = conv(1.0)
         self._max, self._thr = conv(p["max_val"]), conv(p["threshold"])
         self._dec_in, self._dec_out = conv(p["dec_in_cache"]), conv(p["dec_out_cache"])
         self._zero = conv(0.0)
         self.hit_d2d = bool(p["hit_d2d"])
         n, e = self.ctx.num_layers, self.ctx.num_experts
-        self._s = np.zeros((n, e), dtype=self._dtype)
-        self.held = np.zeros((n, e), dtype=bool)   # in the layer's slot array (HPC or MPC)
+        self._s: list[list] = [[self._zero] * e for _ in range(n)]
+        self.held: list[list[bool]] = [[False] * e for _ in range(n)]   # in the layer's slot array (HPC or MPC)
         self.slots: list[list[int]] = [[] for _ in range(n)]  # the MPC part of the slot array, in array order
         self._first_cached = min(self.ctx.cached_layers) if self.ctx.cached_layers else -1
         if p["fill"] == "expert0":
@@ -146,8 +150,8 @@ class DiffMoE(Policy):
     def scores(self) -> np.ndarray:
         """Scores per (layer, expert), in score units (a float copy)."""
         if self._dtype is np.int64:
-            return self._s / EXACT_SCALE
-        return self._s.astype(np.float64)
+            return np.array(self._s, dtype=np.int64) / EXACT_SCALE
+        return np.array(self._s, dtype=self._dtype).astype(np.float64)
 
     def start_batch(self) -> None:
         if self._started and not self.params["reset_per_batch"]:
@@ -155,8 +159,9 @@ class DiffMoE(Policy):
         self._started = True
         cache = self.cache
         h, m = cache.hpc_slots, cache.mpc_slots
-        self._s[:] = self._zero
-        self.held[:] = False
+        n, e = self.ctx.num_layers, self.ctx.num_experts
+        self._s = [[self._zero] * e for _ in range(n)]
+        self.held = [[False] * e for _ in range(n)]
         for layer in self.ctx.cached_layers:
             hpc = cache.hpc[layer]
             if self.params["fill"] == "expert0":
@@ -167,9 +172,11 @@ class DiffMoE(Policy):
                 slots, start = hot[h:], hot
             self.slots[layer] = slots
             cache.fill_mpc(layer, [e for e in dict.fromkeys(slots) if e not in hpc])
-            self._s[layer, start] = self._max
-            self.held[layer, list(hpc)] = True
-            self.held[layer, slots] = True
+            s, held = self._s[layer], self.held[layer]
+            for x in start:
+                s[x] = self._max
+            for x in (*hpc, *slots):
+                held[x] = True
 
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.ctx.cached_layers:
@@ -178,14 +185,20 @@ class DiffMoE(Policy):
         s = self._s[layer]
         act = list(active)
         # 1. active experts gain 1, capped at max_val
-        gained = np.minimum(s[act] + self._one, self._max)
+        one, top = self._one, self._max
+        gained = [min(s[a] + one, top) for a in act]
         # 2. inactive ones decay by whether they are cached (state before this step's replacements)
-        cached = self.held[layer] if (p["in_cache_check"] == "intended" or layer == self._first_cached) \
-            else np.zeros_like(self.held[layer])
-        s -= np.where(cached, self._dec_in, self._dec_out).astype(self._dtype)
+        d_in, d_out = self._dec_in, self._dec_out
+        if p["in_cache_check"] == "intended" or layer == self._first_cached:
+            s = [v - d_in if h else v - d_out for v, h in zip(s, self.held[layer])]
+        else:
+            s = [v - d_out for v in s]
         if p["floor"]:
-            np.maximum(s, self._zero, out=s)
-        s[act] = gained
+            zero = self._zero
+            s = [v if v > zero else zero for v in s]
+        for a, g in zip(act, gained):
+            s[a] = g
+        self._s[layer] = s
         # 3. MPC replacement
         if p["victim_order"] == "artifact":
             self._replace_artifact(layer, act, plan)
@@ -198,7 +211,7 @@ class DiffMoE(Policy):
         m = len(slots)
         if m == 0:
             return
-        sc = self._s[layer].tolist()
+        sc = self._s[layer]
         thr = self._thr
         candidates = list(active)                 # ascending ids: std::unique over the sorted permuted experts
         sort_by_key_descending(candidates, sc)    # std::sort(expert_pairs_using, priority >)
@@ -232,7 +245,7 @@ class DiffMoE(Policy):
         newcomers = [e for e in active if e not in hpc and e not in mpc]
         if not newcomers:
             return
-        sc = self._s[layer].tolist()
+        sc = self._s[layer]
         thr = self._thr
         candidates = sorted(newcomers, key=sc.__getitem__, reverse=True)  # stable: ties keep lower id first
         active_set = set(active)
@@ -247,9 +260,9 @@ class DiffMoE(Policy):
                 break
             cache.promote(layer, c, victim)
             plan.promote[c] = victim
-            self.held[layer, c] = True
+            self.held[layer][c] = True
             if victim is None:
                 slots.append(c)
             else:
                 slots[slots.index(victim)] = c
-                self.held[layer, victim] = False
+                self.held[layer][victim] = False
