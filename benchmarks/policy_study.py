@@ -1,95 +1,264 @@
-"""Every policy side by side on the bundled real and fitted workloads (`sim compare`); writes
-`docs/policy_study.md`.
+"""Every registered policy side by side on the bundled real workloads (`sim compare --policies all`), at batch 1, 16
+and 64, and throughput against cache size at batch 1; writes `docs/policy_study.md` (tables measured here, the
+commands that reproduce each) and one plot per workload under `docs/policy_study/`.
 
-    python benchmarks/policy_study.py [--out runs/policy_study] [--doc docs/policy_study.md]
+    python benchmarks/policy_study.py [--jobs 2] [--out runs/policy_study] [--doc docs/policy_study.md]
+                                      [--mixtral-real PATH] [--quick]
+
+``--mixtral-real PATH``: a trace imported from the real Mixtral-8x7B-Instruct routing (not bundled: its source
+states no license; ``python -m traces import mixtral-jsonl ...``), studied beside the bundled fit at batch 1.
+``--quick``: fewer requests and decode tokens (a smoke run; the figures are not the study's).
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
+import csv
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = ("gpu-only,on-demand,prefetch-all,pregated@oracle,lru,lfu,moe-infinity@moe-infinity,diffmoe,diffmoe-arc,"
-            "belady")
-# (config, settings, what the workload is)
-STUDIES = [
-    ("configs/switch_base_real.yaml", ["workload.trace=traces/data/switch_base_128_real_b1.npz",
-                                       "workload.batch_size=1"], "real routing (the Diff-MoE authors' log, batch 1)"),
-    ("configs/switch_base_real.yaml", [], "real routing (the Diff-MoE authors' log, batch 8)"),
-    ("configs/switch_base_real.yaml", ["workload.trace=traces/data/switch_base_128_real_b16.npz",
-                                       "workload.batch_size=16"], "real routing (the Diff-MoE authors' log, batch 16)"),
-    ("configs/gpt_oss_20b.yaml", ["workload.max_decode_tokens=128"], "real routing (85 requests, batch 1 as recorded)"),
-    ("configs/gpt_oss_20b.yaml", ["workload.max_decode_tokens=128", "workload.batch_size=16"],
-     "real routing (85 requests grouped into batches of 16)"),
-    ("configs/switch_xxl.yaml", ["workload.batch_size=1", "workload.requests=32"],
-     "fitted to the real switch-base-128 logs"),
-    ("configs/switch_xxl.yaml", ["workload.batch_size=16", "workload.requests=64"],
-     "fitted to the real switch-base-128 logs"),
-    ("configs/switch_xxl.yaml", ["workload.batch_size=64", "workload.requests=128"],
-     "fitted to the real switch-base-128 logs"),
-    ("configs/mixtral.yaml", ["workload.batch_size=1", "workload.requests=32"],
-     "fitted to the real Mixtral-8x7B-Instruct routing"),
-    ("configs/mixtral.yaml", ["workload.batch_size=16", "workload.requests=64"],
-     "fitted to the real Mixtral-8x7B-Instruct routing"),
-]
+sys.path.insert(0, str(ROOT))
 
-HEADER = """# Policy study (measured with `sim compare`)
+BATCHES = (1, 16, 64)
 
-Every policy on the bundled workloads: real routing where it is at hand (the Diff-MoE authors' switch-base-128
-logs, 85 gpt-oss-20b requests) and synthetic traces fitted to real routing (Switch-XXL, Mixtral); see
-`traces/data/README.md`. Regenerate with `python benchmarks/policy_study.py` (about 4 minutes on 2 cores); each
-section's command is given with it.
 
-"hit rate" counts experts prefetched into a working buffer (LPC) as hits. "cache hits" is HPC + MPC: the figure
-the Belady bound (an offline optimal cache with the same slots per layer) applies to, and "gap" is bound minus
-cache hits. The ratio column is against on-demand. All figures are simulated on the H200 datasheet profile, with
-no host costs. `lru` and `lfu` are plain (no pinned experts) over all HPC + MPC slots. `diffmoe` runs the artifact's
-rules; on switch-base-128 its cache starts filled with expert 0, as the artifact ran the base model.
+class Workload:
+    """One workload of the study: a config, the settings per batch size, and the cache sizes of the plot."""
 
-What the tables show:
-- **On the real Switch logs the plain caches are near the bound.** LRU, LFU and MoE-Infinity come within 0.015 of
-  the Belady bound in cache hits at batch 1, 8 and 16. Diff-MoE, started as its artifact ran (expert 0 in every
-  slot, no floor on the scores), trails them by 0.17-0.20 in cache hits and by up to 1.8x in throughput.
-  `diffmoe-arc` is within 0.012 of the bound.
-- **At batch 1 on top-2/top-4 models the bound is far ahead.**
-  - On real gpt-oss-20b routing it reaches 0.805 in cache hits, against 0.63-0.66 for every online policy, and
-    4.45x on-demand's throughput against 2.06-2.74x.
-  - On the Mixtral fit the bound is at 0.694 against 0.48-0.52.
-  - MoE-Infinity is the only policy here that predicts with its own predictor rather than the oracle (precision
-    0.30, recall 0.59 on gpt-oss). It is the slowest cache despite the most cache hits.
-- **At batch 16 (gpt-oss, Mixtral) every cache is within 0.035 of the bound.** So many distinct experts per step
-  leave a policy little to choose.
-- **Pre-gated gains 1-19% over on-demand** without host costs (`docs/paper_reproduction.md` shows what a
-  per-layer round trip adds).
-"""
+    def __init__(self, key, title, config, what, batch_sets, sizes, common=(), shared=()):
+        self.key, self.title, self.config, self.what = key, title, config, what
+        self.shared = shared           # batch sizes also run with one cache shared by all layers
+        self.batch_sets = batch_sets   # batch -> (settings, what that batch's rows are)
+        self.sizes = sizes             # HPC + MPC slots per layer on the plot's x axis (batch 1)
+        self.common = list(common)
+
+
+def workloads(quick: bool, mixtral_real: str | None) -> list[Workload]:
+    n = ["predictor.name=none"] + (["workload.requests=16", "workload.max_decode_tokens=32"] if quick else [])
+    out = [
+        Workload("gpt_oss_20b", "gpt-oss-20b (real routing)", "configs/gpt_oss_20b.yaml",
+                 "85 real requests (MMLU dev, Tulu-3, Polyglot), recorded at batch 1; larger batches group them",
+                 {b: ([f"workload.batch_size={b}"], "real") for b in BATCHES}, (4, 8, 12, 16),
+                 [*n, "workload.max_decode_tokens=128"] if not quick else n, shared=(1, 16)),
+        Workload("switch_base_128", "switch-base-128 (real routing)", "configs/switch_base_real.yaml",
+                 "the Diff-MoE authors' FasterTransformer logs, replayed at the batch they were logged at; no log "
+                 "at batch 64, where a trace fitted to the logs stands in",
+                 {1: (["workload.trace=traces/data/switch_base_128_real_b1.npz", "workload.batch_size=1"], "real"),
+                  16: (["workload.trace=traces/data/switch_base_128_real_b16.npz", "workload.batch_size=16"], "real"),
+                  64: (["workload.trace=traces/data/switch_base_128_fitted.npz", "workload.batch_size=64",
+                        "workload.requests=128"], "fitted to the real logs")},
+                 (8, 13, 32, 64), n, shared=(1,)),
+        Workload("mixtral_8x7b", "Mixtral-8x7B (fitted to real routing)", "configs/mixtral.yaml",
+                 "a trace fitted to the real Mixtral-8x7B-Instruct routing (the real one has no license and is not "
+                 "bundled)", {b: ([f"workload.batch_size={b}", f"workload.requests={max(32, 2 * b)}"], "fitted")
+                              for b in BATCHES}, (2, 3, 4, 6), [*n], shared=(1,)),
+    ]
+    if mixtral_real:
+        out.append(Workload("mixtral_8x7b_real", "Mixtral-8x7B (real routing, 4 requests)", "configs/mixtral.yaml",
+                            f"the real Mixtral-8x7B-Instruct routing, imported to {Path(mixtral_real).name}",
+                            {1: (["workload.batch_size=1"], "real")}, (2, 3, 4, 6),
+                            [*n, f"workload.trace={Path(mixtral_real).resolve()}", "workload.requests=null"]))
+    return out
+
+
+def size_sets(size: int) -> list[str]:
+    """HPC + MPC = ``size`` slots per layer, a quarter of them (at least one) high-priority for the policies that
+    pin (Diff-MoE); the others manage all of them as one cache."""
+    hpc = max(1, size // 4)
+    return [f"cache.hpc_slots={hpc}", f"cache.mpc_slots={size - hpc}"]
+
+
+SHARED = ["cache.organization=shared", "policy.name=lru", "policy.params={}"]
+
+
+def run_cell(config: str, sets: list[str]) -> list[dict]:
+    """``sim compare CONFIG --policies all --set ...`` in this process: its rows (on a shared cache, the policies
+    that manage one)."""
+    from sim.compare import parse_entries, compare
+    from sim.config import load_run_config
+    from sim.policies import POLICIES
+    from sim.predictors import PREDICTORS
+
+    base = load_run_config(ROOT / config, sets, POLICIES.names(), PREDICTORS.names())
+    return compare(base, parse_entries("all", shared=base.cache.organization == "shared"))
+
+
+def command(config: str, sets: list[str]) -> str:
+    return " ".join(["python -m sim compare", config, "--policies all"] + [f"--set {s}" for s in sets])
+
+
+def fmt(v, spec=".3f") -> str:
+    return "-" if v in (None, "") else format(float(v), spec)
+
+
+def table(rows: list[dict], per_layer: dict | None = None) -> str:
+    head = ["policy", "predictor", "origin", "tokens/s", "x on-demand", "x diffmoe", "cache hits", "prefetched",
+            "gap to bound", "PCIe GB"] + (["per-layer cache hits"] if per_layer else [])
+    diff = next((r["throughput_tok_s"] for r in rows if r["policy"] == "diffmoe"), None)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join([
+            f"**{r['policy']}**" if r["origin"] == "ours" else r["policy"], r["predictor"], r["origin"] or "-",
+            fmt(r["throughput_tok_s"], ",.1f"), fmt(r["ratio_vs_baseline"], ".2f"),
+            fmt(r["throughput_tok_s"] / diff if diff else None, ".2f"), fmt(r["cache_hit_rate"]),
+            fmt(r["prefetch_hit_rate"]), fmt(r["gap_to_belady"], "+.3f"), fmt(r["pcie_gb"], ",.1f")]
+            + ([fmt(per_layer.get(r["policy"], {}).get("cache_hit_rate"))] if per_layer else [])) + " |")
+    return "\n".join(lines)
+
+
+def summary_line(rows: list[dict]) -> str:
+    """Best published and ours against the bound, and Diff-MoE's rank by throughput."""
+    by = {r["policy"]: r for r in rows}
+    bound = by.get("belady", {}).get("cache_hit_rate")
+    pub = [r for r in rows if r["origin"] == "published"]
+    best = max(pub, key=lambda r: r["cache_hit_rate"]) if pub else None
+    fastest = max(pub, key=lambda r: r["throughput_tok_s"]) if pub else None
+    ours = [r for r in rows if r["origin"] == "ours"]
+    online = [r for r in rows if r["origin"] in ("published", "ours")]
+    rank = sorted(online, key=lambda r: -r["throughput_tok_s"])
+    d = by.get("diffmoe")
+    parts = []
+    if best and bound is not None:
+        parts.append(f"bound {bound:.3f}; best published cache hits {best['policy']} {best['cache_hit_rate']:.3f}")
+        for r in ours:
+            gap = bound - best["cache_hit_rate"]
+            closed = (r["cache_hit_rate"] - best["cache_hit_rate"]) / gap if gap > 1e-9 else None
+            parts.append(f"{r['policy']} {r['cache_hit_rate']:.3f} (gap closed {fmt(closed, '.2f')})")
+    if fastest:
+        parts.append(f"fastest published {fastest['policy']} {fastest['throughput_tok_s']:,.1f} tok/s")
+    if d:
+        parts.append(f"diffmoe {d['throughput_tok_s']:,.1f} tok/s, rank {rank.index(d) + 1} of {len(rank)} online")
+    return "; ".join(parts)
+
+
+def plot(w: Workload, by_size: dict[int, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    policies = [r["policy"] for r in by_size[w.sizes[0]]]
+    styles = {"published": "-", "ours": "-", "bound": "--", "baseline": ":", "ceiling": "-."}
+    for p in policies:
+        ys = [next(r for r in by_size[s] if r["policy"] == p) for s in w.sizes]
+        origin = ys[0]["origin"]
+        ax.plot(w.sizes, [r["throughput_tok_s"] for r in ys], styles.get(origin, "-"), marker="o", ms=3,
+                lw=2.5 if origin == "ours" else 1.2, label=f"{p} ({origin})")
+    ax.set_xlabel("cached experts per MoE layer (HPC + MPC slots)")
+    ax.set_ylabel("tokens / s (simulated, H200 profile)")
+    ax.set_yscale("log")
+    ax.set_title(f"{w.title}, batch 1")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def write_csv(path: Path, cells: list[tuple[str, str, int, list[dict]]]) -> None:
+    cols = ["workload", "cell", "x"] + list(cells[0][3][0].keys())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=cols, lineterminator="\n")
+        wr.writeheader()
+        for wk, cell, x, rows in cells:
+            for r in rows:
+                wr.writerow({"workload": wk, "cell": cell, "x": x, **r})
+    tmp.replace(path)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "policy_study")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "policy_study.md")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--mixtral-real", default=None)
+    p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    ws = workloads(args.quick, args.mixtral_real)
+    jobs = []   # (workload, kind, x, config, sets)
+    for w in ws:
+        for b, (sets, _) in w.batch_sets.items():
+            jobs.append((w, "batch", b, w.config, w.common + sets))
+        for s in w.sizes:
+            jobs.append((w, "size", s, w.config, w.common + w.batch_sets[1][0] + size_sets(s)))
+        for b in w.shared:
+            jobs.append((w, "shared", b, w.config, w.common + w.batch_sets[b][0] + SHARED))
+    results = {}
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(run_cell, cfg, sets): (w.key, kind, x) for w, kind, x, cfg, sets in jobs}
+        for i, fut in enumerate(futures, 1):
+            results[futures[fut]] = fut.result()
+            print(f"[{i}/{len(jobs)}] {futures[fut]} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
+                  flush=True)
+    cells = [(w.key, kind, x, results[(w.key, kind, x)]) for w, kind, x, _, _ in jobs]
+    write_csv(args.out / "policy_study.csv", cells)
+    fig_dir = args.doc.parent / "policy_study"
+    fig_dir.mkdir(parents=True, exist_ok=True)
     parts = [HEADER]
-    for i, (config, sets, what) in enumerate(STUDIES):
-        out = args.out / f"{i:02d}"
-        cmd = [sys.executable, "-m", "sim", "compare", config, "--policies", POLICIES, "--out", str(out)]
-        for s in sets:
-            cmd += ["--set", s]
-        print(f"[{i + 1}/{len(STUDIES)}] {' '.join(cmd[3:5] + sets)}", file=sys.stderr, flush=True)
-        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        table = (out / "compare.md").read_text().strip().split("\n")
-        shown = " ".join(["python -m sim compare", config, "--policies $P"] + [f"--set {s}" for s in sets])
-        parts.append(f"{table[0]}\n\nWorkload: {what}. `{shown}`\n\n" + "\n".join(table[1:]).strip() + "\n")
-    parts[0] += f"\nWith `P={POLICIES}`.\n"
+    for w in ws:
+        parts.append(f"## {w.title}\n\nWorkload: {w.what}.\n")
+        for b, (sets, what) in w.batch_sets.items():
+            rows = results[(w.key, "batch", b)]
+            parts.append(f"### Batch {b} ({what})\n\n`{command(w.config, w.common + sets)}`\n\n"
+                         f"{summary_line(rows)}.\n\n{table(rows)}\n")
+        for b in w.shared:
+            rows = results[(w.key, "shared", b)]
+            per_layer = {r["policy"]: r for r in results[(w.key, "batch", b)]}
+            parts.append(f"### One cache shared by all layers, batch {b}\n\nThe same GPU memory as one shared "
+                         f"cache (`cache.organization: shared`), with the policies that manage one; \"per-layer\" "
+                         f"is the same policy's cache hits with per-layer slots (the table above).\n\n"
+                         f"`{command(w.config, w.common + w.batch_sets[b][0] + SHARED)}`\n\n"
+                         f"{summary_line(rows)}.\n\n{table(rows, per_layer)}\n")
+        by_size = {s: results[(w.key, "size", s)] for s in w.sizes}
+        png = fig_dir / f"{w.key}.png"
+        plot(w, by_size, png)
+        sets = w.common + w.batch_sets[1][0]
+        parts.append(f"### Throughput against cache size (batch 1)\n\n![{w.title}](policy_study/{png.name})\n\n"
+                     f"`{command(w.config, sets + ['cache.hpc_slots=H', 'cache.mpc_slots=S-H'])}` for S in "
+                     f"{', '.join(map(str, w.sizes))} (H = max(1, S // 4)).\n\n"
+                     + "\n".join(f"- S = {s}: {summary_line(by_size[s])}" for s in w.sizes) + "\n")
+    parts.append(f"\nGenerated by `python benchmarks/policy_study.py` in {time.perf_counter() - t0:.0f} s "
+                 f"({args.jobs} processes); every row is in `{args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}/policy_study.csv`.\n")
     text = "\n".join(parts)
     tmp = args.doc.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.replace(args.doc)
-    print(f"wrote {args.doc}", file=sys.stderr)
+    print(f"wrote {args.doc} and {fig_dir}/*.png", file=sys.stderr)
     return 0
+
+
+HEADER = """# Policy study (measured with `sim compare --policies all`)
+
+Every registered policy on the bundled real workloads, at batch 1, 16 and 64, and throughput against cache size at
+batch 1 (one plot per workload). Regenerate with `python benchmarks/policy_study.py`; each table's command is given
+with it. All figures are simulated on the H200 datasheet profile (no host costs, no calibration) at the configs'
+cache sizes unless the section says otherwise.
+
+How to read the tables:
+- **cache hits** (HPC + MPC) is what a cache keeps: the figure the Belady bound applies to (an offline optimal cache
+  of the same slots per layer; `belady`'s row), and **gap to bound** is bound minus cache hits.
+- **prefetched** counts experts copied ahead into a working buffer and used (they still cross the link).
+- **x diffmoe** is throughput against Diff-MoE's. Each policy runs with its own default predictor (`--policies all`):
+  Diff-MoE, Pre-gated and `diffmoe-arc` with the oracle pre-gate (an upper bound on prediction no deployed system
+  has), MoE-Infinity with its own predictor, `next-use-odds` with the causal `cross-layer` predictor (untrained
+  here: it predicts nothing); the others with the study's `predictor.name=none` (no prefetching), so that caches are
+  compared on what they keep. Diff-MoE's throughput therefore includes a perfect prefetcher that the plain caches
+  lack.
+- `next-use-odds` (ours, in bold) runs with its embedded weights, fitted on the even-numbered requests of the
+  bundled gpt-oss-20b trace; on gpt-oss its rows therefore include requests it was fitted on.
+  `docs/our_policy.md` evaluates it, trained, on held-out requests only.
+- Origins: `ceiling` keeps every expert on the GPU, `baseline` caches nothing, `published` is a published system's
+  rule, `ours` this project's, `bound` reads the future.
+"""
 
 
 if __name__ == "__main__":
