@@ -22,6 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 HPC, MPC, LPC, MISS = "hpc", "mpc", "lpc", "miss"
+#: A source, not a tier: the active expert is computed on the host CPU from its weights in host memory (issue 13;
+#: Fiddler, kTransformers): it never enters a working buffer (LPC), is never copied and never promoted.
+CPU = "cpu"
 TIERS = (HPC, MPC, LPC)
 
 
@@ -38,10 +41,12 @@ class CacheCounters:
     insertions: int = 0
     evictions: int = 0
     promotions: int = 0
+    cpu: int = 0        # accesses served by computing the expert on the host CPU (source ``CPU``)
 
     @property
     def accesses(self) -> int:
-        return sum(self.hits.values()) + self.misses
+        """hits + misses + cpu (cpu is 0 for a policy that never computes on the host)."""
+        return sum(self.hits.values()) + self.misses + self.cpu
 
 
 class TierCache:
@@ -160,11 +165,13 @@ class TierCache:
         return list(gone)
 
     def count_all(self, sources) -> None:
-        """Record one access per entry of ``sources`` (tiers, or MISS)."""
+        """Record one access per entry of ``sources`` (tiers, MISS or CPU)."""
         hits = self.counters.hits
         for src in sources:
             if src == MISS:
                 self.counters.misses += 1
+            elif src == CPU:
+                self.counters.cpu += 1
             else:
                 hits[src] += 1
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.config import RunConfig
+from sim.costs import CostModel
 from sim.errors import ConfigError
 from sim.policies import POLICIES, Policy, PolicyContext
 from sim.policies.base import hot_ranking_from_counts, selection_counts
@@ -51,8 +52,10 @@ def build_decisions(cfg: RunConfig, trace: Trace, iterations=None) -> tuple[Poli
     which offline policies read): plain Python, shared by engines."""
     roles = tuple(x.role for x in trace.meta.model.layers)
     # what offline parts may read: the whole workload, and the evaluated trace's path (a part trained on another
-    # trace refuses that very file)
-    extra = {"trace": trace, "iterations": iterations, "trace_path": cfg.workload.trace}
+    # trace refuses that very file); "costs": the run's cost model (plain Python), which hybrid CPU/GPU policies
+    # weigh a copy against computing an expert on the host with
+    extra = {"trace": trace, "iterations": iterations, "trace_path": cfg.workload.trace,
+             "costs": CostModel(cfg.model, cfg.hardware)}
     ctx = PolicyContext(num_layers=trace.num_layers, num_experts=trace.num_experts, layer_roles=roles,
                         cached_layers=cached_layers(trace, cfg.cache.layers), hpc_slots=cfg.cache.hpc_slots,
                         mpc_slots=cfg.cache.mpc_slots, hot_ranking=hot_ranking(cfg, trace), seed=cfg.seed,

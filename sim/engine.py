@@ -29,6 +29,20 @@ layer's new copies (the compute stream waits ``copy_issue_us`` per copy); an exp
 least ``expert_issue_us`` (the host's time to issue it: the GPU cannot run ahead of it), and the cached experts of
 a layer at least ``hit_issue_us`` each. The measured ``dense``/``expert`` tables hold the kernels' own launches.
 
+Host CPU experts (issue 13; Fiddler, kTransformers): a policy may have an active expert computed on the host CPU
+from its weights in host memory (source ``CPU``, ``LayerStep.cpu``). When the layer's decisions are taken (after
+its gate and round trip), the input activations of the tokens routed to at least one of the layer's host experts
+(:func:`sim.protocol.cpu_tokens`) cross the link device->host (``CostModel.activation_copy_s(tokens, "d2h")``);
+the host then computes its experts one after another, each with all its cores (``cpu_expert_s`` of the expert's
+tokens), and the outputs cross back host->device (``activation_copy_s(tokens, "h2d")``). Meanwhile the GPU computes
+the layer's cached and copied experts; the layer ends when both are done, the GPU's wait for the host counted as
+``cpu_wait`` (apart from the copy stall). The host is free when a layer's activations arrive: every layer waits for
+its host experts. Assumptions: the activation copies do not queue behind the weight copies (a GPU has a copy
+engine per direction, so device->host is separate; that the small host->device activation copy is not delayed by
+a weight copy on the same direction is an assumption), they do not slow the weight copies, and the host's compute
+neither slows the GPU nor the weight copies (host memory bandwidth shared with the link's DMA is ignored), nor is
+it slowed by the host thread issuing copies. A run without host experts is timed exactly as before.
+
 Events are coarse: one per copy, one per expert compute that waits on a copy, one for the dense work and one for
 all cached experts of a layer together. They are numbered and ordered as SimPy numbers its events (``env._eid``),
 so the ``events`` count is SimPy's; only the copy engine's landings and wake-ups sit on SimPy's event heap, as
@@ -50,7 +64,7 @@ from sim.costs import CostModel
 from sim.policies.base import Policy
 from sim.records import IterationRecord
 from sim.predictors.base import PredictionScore, Predictor
-from sim.protocol import DecisionProtocol, LayerDecision
+from sim.protocol import DecisionProtocol, LayerDecision, cpu_tokens
 from sim.workload import Iteration, phase_layers
 from traces.format import Trace
 
@@ -75,6 +89,9 @@ class EngineResult:
     prediction: PredictionScore
     timeline: list | None = field(default=None)
     decisions: list[LayerDecision] | None = field(default=None)   # with record_decisions
+    cpu_busy_s: float = 0.0      # the host CPU computing experts (source CPU)
+    cpu_wait_s: float = 0.0      # the compute stream waiting for the host's experts at the end of a layer
+    cpu_experts: int = 0         # expert computations on the host
 
 
 def _events_processed(env: simpy.Environment) -> int:
@@ -144,7 +161,8 @@ class Simulation:
         tl = self.timeline
         score = PredictionScore(len(self.roles))
         records: list[IterationRecord] = []
-        totals = {"busy": 0.0, "stall": 0.0, "issued": 0, "used": 0, "unused": 0, "wasted": 0}
+        totals = {"busy": 0.0, "stall": 0.0, "issued": 0, "used": 0, "unused": 0, "wasted": 0,
+                  "cpu_busy": 0.0, "cpu_wait": 0.0, "cpu_n": 0}
         counters = policy.cache.counters
 
         protocol = self.protocol = DecisionProtocol(self.trace, policy, predictor, score, self.record_decisions,
@@ -182,9 +200,43 @@ class Simulation:
             roles, decide = self.roles, protocol.decide
             copy_ready = copy.ready
             expert_of = _Memo(expert_s)  # tokens -> one expert's compute
+            trace = self.trace
+            cpu_of = _Memo(costs.cpu_expert_s)  # tokens -> one expert's compute on the host CPU
+
+            def host_experts(it, layer, counts, cpu) -> float:
+                """The host side of a layer whose decisions are taken now: activations to the host, its experts
+                one after another, outputs back. Returns when the outputs are on the GPU, and the host's busy time."""
+                n = cpu_tokens(trace, it, layer, cpu)
+                d2h = costs.activation_copy_s(n, "d2h")
+                t0 = env._now
+                t = t0 + d2h
+                if tl is not None:
+                    tl.append(("cpu", f"L{layer} activations d2h", t0, d2h))
+                host = 0.0
+                for e in cpu:
+                    c = cpu_of[counts[e]]
+                    if tl is not None:
+                        tl.append(("cpu", f"L{layer} E{e} cpu", t + host, c))
+                    host += c
+                h2d = costs.activation_copy_s(n, "h2d")
+                if tl is not None:
+                    tl.append(("cpu", f"L{layer} activations h2d", t + host, h2d))
+                return t + host + h2d, host
+
+            def wait_host(done: float) -> float:
+                """The compute stream waits for the layer's host experts (``done``); returns the wait."""
+                w = done - env._now
+                if w <= 0:
+                    return 0.0
+                copy.computing = False
+                advance(w)
+                copy.computing = True
+                return w
             for it in self.iterations:
                 t_start = env._now
                 stall = busy = 0.0
+                cpu_wait = cpu_s = 0.0
+                cpu_n = 0
                 before = (dict(counters.hits), counters.misses, copy.copies, counters.promotions, counters.evictions)
                 issued = unused = used = 0
                 jobs = {}
@@ -223,6 +275,11 @@ class Simulation:
                         if tl is not None:
                             tl.append(("compute", f"L{layer} E{e} {plan.sources[e]}", env._now + resident_s, t))
                         resident_s += t
+                    cpu = step.cpu
+                    if cpu:  # the host's side starts now, beside the GPU's
+                        cpu_done, host_s = host_experts(it, layer, counts, cpu)
+                        cpu_s += host_s
+                        cpu_n += len(cpu)
                     new_copies = 0
                     copied = step.copied
                     for e, src in copied:
@@ -258,6 +315,8 @@ class Simulation:
                         env._now = end
                         busy += resident_s
                     if not copied:
+                        if cpu:
+                            cpu_wait += wait_host(cpu_done)
                         continue
                     ready = copy_ready.get(layer)
                     if ready is None:
@@ -303,6 +362,8 @@ class Simulation:
                             release(job)   # the freed buffer wakes the idle copy thread (CopyEngine.release)
                         else:
                             queue_release(job.buffer)
+                    if cpu:
+                        cpu_wait += wait_host(cpu_done)
                 # the LM head closes the iteration: over every generated token, or each prefilled request's last
                 lm = costs.lm_head_s(n_tok if it.kind == "decode" else it.requests)
                 if lm and slowed:
@@ -317,7 +378,11 @@ class Simulation:
                     it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, t_start, env._now, stall,
                     hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC], hits[LPC] - before[0][LPC],
                     counters.misses - before[1], copy.copies - before[2], issued, unused,
-                    counters.promotions - before[3], counters.evictions - before[4]))
+                    counters.promotions - before[3], counters.evictions - before[4],
+                    cpu_n, cpu_s, cpu_wait))
+                totals["cpu_wait"] += cpu_wait
+                totals["cpu_busy"] += cpu_s
+                totals["cpu_n"] += cpu_n
                 totals["busy"] += busy
                 totals["stall"] += stall
                 totals["issued"] += issued
@@ -336,4 +401,5 @@ class Simulation:
             pcie_bytes=copy.pcie_bytes, prefetches_issued=totals["issued"], prefetches_used=totals["used"],
             unused_prefetches=totals["unused"], wasted_bytes=totals["wasted"], max_buffers_in_use=copy.max_in_use,
             events=events, wall_s=time.perf_counter() - wall0, prediction=score, timeline=self.timeline,
-            decisions=protocol.decisions)
+            decisions=protocol.decisions, cpu_busy_s=totals["cpu_busy"], cpu_wait_s=totals["cpu_wait"],
+            cpu_experts=totals["cpu_n"])

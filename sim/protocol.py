@@ -16,7 +16,9 @@ the engine, which
 A :class:`LayerStep` carries what an engine acts on, already sorted the way every engine acts on it: the unused
 prefetches to drop, the experts served from the HPC/MPC (``resident``), the experts that come through copies in
 active order (``copied``: each with its source, ``LPC`` for a prefetch now needed and ``MISS`` for a new copy),
-and the prefetches for the next layer.
+the experts computed on the host CPU in active order (``cpu``: source ``CPU``, issue 13; empty for a policy that
+never computes on the host), and the prefetches for the next layer. :func:`cpu_tokens` gives the tokens whose
+activations cross to the host for a layer's host experts (every engine uses it).
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from sim.cache import HPC, LPC, MISS, MPC
+import numpy as np
+
+from sim.cache import CPU, HPC, LPC, MISS, MPC
 from sim.policies.base import Policy
 from sim.predictors.base import PredictionScore, Predictor
 from sim.workload import Iteration, active_sets, phase_layers
 from traces.format import Trace
 
-__all__ = ["DecisionProtocol", "LayerDecision", "LayerStep", "HPC", "LPC", "MISS", "MPC"]
+__all__ = ["DecisionProtocol", "LayerDecision", "LayerStep", "cpu_tokens", "CPU", "HPC", "LPC", "MISS", "MPC"]
 
 _NO_GUESS = frozenset()
 
@@ -52,7 +56,7 @@ class LayerStep:
     """One MoE layer of one iteration, decided: what the engine does for it."""
 
     __slots__ = ("iteration", "layer", "next_layer", "active", "counts", "next_active", "plan", "resident",
-                 "copied", "prefetch")
+                 "copied", "cpu", "prefetch")
 
     def __init__(self, iteration, layer, next_layer, active, counts, next_active):
         self.iteration = iteration      # the Iteration
@@ -64,7 +68,8 @@ class LayerStep:
         # decided (DecisionProtocol.decide):
         self.plan = None                # the policy's LayerPlan (sources, promote, unused_prefetch)
         self.resident = None            # active experts served from the HPC/MPC, in active order
-        self.copied = None              # (expert, LPC | MISS) of the others, in active order
+        self.copied = None              # (expert, LPC | MISS) of the copied ones, in active order
+        self.cpu = ()                   # active experts computed on the host CPU (source CPU), in active order
         self.prefetch = ()              # experts of next_layer to copy ahead, in the policy's order
 
     @property
@@ -76,6 +81,18 @@ class LayerStep:
         plan, active = self.plan, self.active
         return LayerDecision(self.iteration.index, self.layer, active, tuple((e, plan.sources[e]) for e in active),
                              tuple(plan.promote.items()), tuple(self.prefetch), tuple(plan.unused_prefetch))
+
+
+def cpu_tokens(trace: Trace, iteration: Iteration, layer: int, experts) -> int:
+    """The tokens of ``iteration`` routed to at least one of ``experts`` (the layer's host experts) at ``layer``:
+    their activations cross the link to the host, and the host experts' outputs cross back (one copy each way)."""
+    if not experts:
+        return 0
+    rows = iteration.rows
+    if rows.size == 1:
+        return 1
+    ids = trace.experts[rows, layer]          # [tokens, k], -1 for no expert
+    return int(np.isin(ids, np.fromiter(experts, dtype=ids.dtype)).any(axis=1).sum())
 
 
 class DecisionProtocol:
@@ -96,6 +113,7 @@ class DecisionProtocol:
         # (``Policy.plan_prefetch``) prefetches only guessed experts, so without a predictor it prefetches nothing
         self._asks_prefetch = (predictor.predicts
                                or getattr(policy.plan_prefetch, "__func__", None) is not Policy.plan_prefetch)
+        self._gives_counts = bool(getattr(policy, "wants_counts", False))
 
     def steps(self, it: Iteration) -> Iterator[LayerStep]:
         """The iteration's layer steps, in order; a step not decided by its engine is decided when the next step
@@ -131,19 +149,27 @@ class DecisionProtocol:
                 if self.score is not None:
                     self.score.add(nxt, guess, truth)
             step.prefetch = policy.plan_prefetch(index, nxt, guess)
+        if self._gives_counts:
+            policy.layer_counts = step.counts
         plan = step.plan = policy.plan_layer(index, step.layer, step.active)
         if plan.resident is not None:      # split by the policy's classify already
             step.resident, step.copied = plan.resident, plan.copied
+            if plan.cpu:
+                step.cpu = plan.cpu
         else:
             sources = plan.sources
-            resident, copied = [], []
+            resident, copied, cpu = [], [], []
             for e in step.active:
                 src = sources[e]
                 if src == HPC or src == MPC:
                     resident.append(e)
+                elif src == CPU:
+                    cpu.append(e)
                 else:
                     copied.append((e, src))
             step.resident, step.copied = resident, copied
+            if cpu:
+                step.cpu = cpu
         if self.decisions is not None:
             self.decisions.append(step.decision())
         return step

@@ -5,12 +5,19 @@ Summary fields (``summary.json``):
 - ``throughput_tok_s``: generated tokens per second of simulated time (prefill time included);
 - ``iteration_ms``: ``mean``, ``p50``, ``p99`` of decode-iteration latency; ``prefill_ms`` likewise for prefills;
 - ``hit_rate``: ``overall`` and per tier (``hpc``, ``mpc``, ``lpc`` = prefetched into a working buffer in time
-  to be used), each as a share of all expert accesses; hits + misses = accesses;
+  to be used), each as a share of all expert accesses; hits + misses + cpu_experts = accesses;
 - ``pcie_bytes`` (= copies x expert bytes), ``link_busy_frac`` and ``compute_busy_frac`` (busy time over
   simulated time), ``stall_ms`` (compute stream waiting on copies);
+- ``cpu_experts`` (accesses served by computing the expert on the host CPU, issue 13: 0 for a GPU-only policy),
+  ``cpu_expert_frac`` (their share of accesses), ``cpu_busy_frac`` (the host's expert time over simulated time),
+  ``cpu_wait_ms`` (the compute stream waiting for the host's experts at a layer's end, apart from ``stall_ms``);
 - ``prefetch``: ``precision`` and ``recall`` of the predictor (null without predictions), copies issued, used
   and unused, ``wasted_bytes`` (unused prefetches that crossed the link), per layer precision/recall;
 - ``events`` (SimPy events processed), ``wall_s`` (real seconds the simulation took).
+
+Per-iteration columns (``iterations.csv``): index, batch, kind, requests, tokens, decode_tokens, start/end/latency
+and stall (ms), hits per tier, misses, copies, prefetches, unused prefetches, promotions, evictions, and
+``cpu_experts`` and ``cpu_ms`` (the host's expert computations and its time on them).
 """
 
 from __future__ import annotations
@@ -68,6 +75,10 @@ def summarize(res: "EngineResult", counters, workload: WorkloadInfo, labels: dic
         "link_busy_frac": float(res.link_busy_s / t) if t > 0 else 0.0,
         "compute_busy_frac": float(res.compute_busy_s / t) if t > 0 else 0.0,
         "stall_ms": res.stall_s * 1e3,
+        "cpu_experts": int(getattr(counters, "cpu", 0)),
+        "cpu_expert_frac": share(getattr(counters, "cpu", 0)),
+        "cpu_busy_frac": float(getattr(res, "cpu_busy_s", 0.0) / t) if t > 0 else 0.0,
+        "cpu_wait_ms": getattr(res, "cpu_wait_s", 0.0) * 1e3,
         "prefetch": {"precision": res.prediction.precision(), "recall": res.prediction.recall(),
                      "issued": res.prefetches_issued, "used": res.prefetches_used,
                      "unused": res.unused_prefetches, "wasted_bytes": int(res.wasted_bytes),
@@ -89,7 +100,7 @@ def summarize(res: "EngineResult", counters, workload: WorkloadInfo, labels: dic
 
 ITERATION_COLUMNS = ["index", "batch", "kind", "requests", "tokens", "decode_tokens", "start_ms", "end_ms",
                      "latency_ms", "stall_ms", "hits_hpc", "hits_mpc", "hits_lpc", "misses", "copies",
-                     "prefetches", "unused_prefetches", "promotions", "evictions"]
+                     "prefetches", "unused_prefetches", "promotions", "evictions", "cpu_experts", "cpu_ms"]
 
 
 def iteration_rows(records: list[IterationRecord]) -> list[dict]:
@@ -97,7 +108,9 @@ def iteration_rows(records: list[IterationRecord]) -> list[dict]:
     for r in records:
         d = asdict(r)
         start, end, stall = d.pop("start_s"), d.pop("end_s"), d.pop("stall_s")
-        d.update(start_ms=start * 1e3, end_ms=end * 1e3, latency_ms=(end - start) * 1e3, stall_ms=stall * 1e3)
+        d.update(start_ms=start * 1e3, end_ms=end * 1e3, latency_ms=(end - start) * 1e3, stall_ms=stall * 1e3,
+                 cpu_ms=d.pop("cpu_s", 0.0) * 1e3)
+        d.setdefault("cpu_experts", 0)
         rows.append({k: d[k] for k in ITERATION_COLUMNS})
     return rows
 
@@ -113,10 +126,12 @@ def iterations_csv(records: list[IterationRecord]) -> bytes:
 
 def chrome_trace(timeline: list) -> bytes:
     """Copies and computes as a Chrome trace (opens in Perfetto / chrome://tracing)."""
-    tids = {"compute": 1, "copy": 2}
+    tids = {"compute": 1, "copy": 2, "cpu": 3}
     events = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": f"{name} stream"}}
               for name, tid in tids.items()]
     events.append({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "simulated GPU"}})
+    if not any(x[0] == "cpu" for x in timeline):  # the host lane only when the host computed experts
+        events = [x for x in events if x.get("tid") != 3]
     for track, name, start, dur in timeline:
         events.append({"name": name, "cat": track, "ph": "X", "pid": 1, "tid": tids[track],
                        "ts": round(start * 1e6, 3), "dur": round(dur * 1e6, 3)})
@@ -161,6 +176,8 @@ def format_summary(s: dict) -> str:
         f"   of {s['accesses']} accesses",
         f"  PCIe              {s['pcie_bytes'] / 1e9:,.2f} GB in {s['copies']} copies   link busy "
         f"{s['link_busy_frac']:.1%}   compute busy {s['compute_busy_frac']:.1%}   stall {s['stall_ms']:,.1f} ms",
+        *([f"  host CPU          {s['cpu_experts']} experts ({f(s['cpu_expert_frac'])} of accesses)   busy "
+           f"{s['cpu_busy_frac']:.1%}   GPU waiting for it {s['cpu_wait_ms']:,.1f} ms"] if s.get("cpu_experts") else []),
         f"  prefetch          precision {f(pf['precision'])}  recall {f(pf['recall'])}  issued {pf['issued']}  "
         f"unused {pf['unused']}  wasted {pf['wasted_bytes'] / 1e9:.2f} GB",
         f"  simulator         {s['events']:,} events in {s['wall_s']:.2f} s ({f(s['events_per_s'], ',.0f')} events/s)",

@@ -45,7 +45,7 @@ def simulate(cfg: RunConfig, timeline: bool = False, progress=None, trace: Trace
     w = cfg.workload
     iterations, info = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
     policy, predictor = build_decisions(cfg, trace, iterations)
-    costs = CostModel(cfg.model, cfg.hardware)
+    costs = policy.ctx.extra.get("costs") or CostModel(cfg.model, cfg.hardware)  # the policy's own, if it has one
     sim = Simulation(trace, iterations, policy, predictor, costs, cfg.cache.lpc_buffers, cfg.cache.prefetch_reserve,
                      timeline=timeline, progress=progress, check_invariants=check_invariants,
                      record_decisions=record_decisions)

@@ -21,7 +21,8 @@ EXPECTED_ORIGINS = {"gpu-only": "ceiling", "on-demand": "baseline", "prefetch-al
                     "pregated": "baseline", "lru": "published", "lfu": "published", "moe-infinity": "published",
                     "diffmoe": "published", "arc": "published", "s3fifo": "published", "least-stale": "published",
                     "learned-rf": "published", "reuse-distance": "published", "diffmoe-arc": "ours",
-                    "next-use-odds": "ours", "belady": "bound"}
+                    "next-use-odds": "ours", "belady": "bound", "fiddler": "published",
+                    "ktransformers": "published", "hybrid-cache": "ours"}
 
 
 def test_every_registered_policy_has_an_origin_and_runs_without_params():

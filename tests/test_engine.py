@@ -74,15 +74,16 @@ def test_engine_invariants_on_random_traces_and_configs(tmp_path, seed, batch, h
         out = simulate(cfg, timeline=True, check_invariants=True, trace=trace)  # tiers checked after every layer
         s, res = out.summary, out.engine
         hits = s["hits"]
-        assert hits["hpc"] + hits["mpc"] + hits["lpc"] + s["misses"] == s["accesses"]
-        assert s["accesses"] == sum(r.hits_hpc + r.hits_mpc + r.hits_lpc + r.misses for r in res.iterations)
+        assert hits["hpc"] + hits["mpc"] + hits["lpc"] + s["misses"] + s["cpu_experts"] == s["accesses"]
+        assert s["accesses"] == sum(r.hits_hpc + r.hits_mpc + r.hits_lpc + r.misses + r.cpu_experts
+                                    for r in res.iterations)
         assert s["pcie_bytes"] == s["copies"] * cfg.model.expert_bytes
         assert s["max_buffers_in_use"] <= buffers
         ends = [r.end_s for r in res.iterations]
         assert all(r.start_s <= r.end_s for r in res.iterations)
         assert all(b.start_s >= a.end_s for a, b in zip(res.iterations, res.iterations[1:]))
         assert ends[-1] == pytest.approx(s["sim_time_s"])
-        for track in ("compute", "copy"):  # one stream each: spans never overlap, never go back in time
+        for track in ("compute", "copy", "cpu"):  # one stream each: spans never overlap, never go back in time
             spans = sorted((t0, d) for tr, _, t0, d in res.timeline if tr == track)
             assert all(d >= 0 for _, d in spans)
             assert all(a[0] + a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
@@ -91,7 +92,10 @@ def test_engine_invariants_on_random_traces_and_configs(tmp_path, seed, batch, h
         assert comparable(again) == comparable(s)  # same seed -> identical summary
     ceiling = results["gpu-only"]["throughput_tok_s"]
     for policy, s in results.items():
-        assert ceiling >= s["throughput_tok_s"] * (1 - 1e-9), policy
+        # a policy that computes experts on the host beside the GPU may beat every-expert-on-the-GPU (the host's
+        # experts run in parallel with the GPU's): the ceiling bounds the GPU-only policies
+        if not s["cpu_experts"]:
+            assert ceiling >= s["throughput_tok_s"] * (1 - 1e-9), policy
 
 
 def test_lru_through_the_engine_matches_a_plain_lru(tmp_path):

@@ -10,7 +10,11 @@ Protocol, per layer of an iteration (the simulator and the validator call exactl
 2. ``plan_layer(it, layer, active)`` once the gate has chosen the layer's experts: a :class:`LayerPlan` saying,
    per active expert, whether it is served from the HPC, the MPC, a working buffer it was prefetched into
    (LPC), or is a miss to copy now; which experts move from their working buffer into the MPC after they
-   compute (and whom they evict); and which prefetched experts went unused.
+   compute (and whom they evict); and which prefetched experts went unused. A hybrid policy may instead have an
+   active expert computed on the host CPU (source ``CPU``, issue 13): it is not copied, never enters a working
+   buffer and is never promoted; its access counts in ``CacheCounters.cpu``. Such a policy sets ``wants_counts``
+   and reads the layer's tokens per active expert from ``self.layer_counts`` (set by the protocol just before
+   ``plan_layer``), and the cost model from ``ctx.extra["costs"]``.
 3. ``finish_layer(it, layer)`` when the layer's experts have computed: its working buffers are dropped.
 
 ``start_batch()`` is called before the first iteration of each static batch (and once for continuous batching).
@@ -32,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sim.cache import HPC, LPC, MISS, MPC, SharedTierCache, TierCache
+from sim.cache import CPU, HPC, LPC, MISS, MPC, SharedTierCache, TierCache
 from sim.errors import ConfigError
 from sim.params import Parametrised
 from sim.registry import Registry
@@ -45,13 +49,16 @@ POLICIES: Registry = Registry("policy")
 class LayerPlan:
     """A policy's decisions for one MoE layer in one iteration."""
 
-    sources: dict[int, str]                        # active expert -> HPC | MPC | LPC | MISS
+    sources: dict[int, str]                        # active expert -> HPC | MPC | LPC | MISS | CPU
     promote: dict = field(default_factory=dict)   # expert -> evicted MPC expert (or None); in a shared cache
     #                                                     expert -> (victim's layer, victim) or None
     unused_prefetch: list[int] = field(default_factory=list)       # prefetched for this layer, not active
     # ``sources`` split as engines act on it (``classify`` fills them; None: the protocol splits ``sources``):
     resident: list[int] | None = field(default=None, compare=False, repr=False)  # HPC/MPC, in active order
     copied: list[tuple[int, str]] | None = field(default=None, compare=False, repr=False)  # (expert, LPC | MISS)
+    # the experts computed on the host CPU (source CPU), in active order (None: none, or the protocol splits
+    # ``sources``); they are in neither ``resident`` nor ``copied``
+    cpu: list[int] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,10 @@ class Policy(Parametrised):
     origin: str | None = None
     #: The predictor the policy runs with under ``sim compare --policies all`` (None: the config's).
     default_predictor: str | None = None
+    #: True when ``plan_layer`` reads ``self.layer_counts`` (active expert -> tokens routed to it in the layer),
+    #: which the decision protocol then sets before each ``plan_layer`` (hybrid CPU/GPU policies).
+    wants_counts = False
+    layer_counts: dict | None = None
 
     def __init__(self, params: dict | None, ctx: PolicyContext, where: str = "policy.params"):
         self.params = self.check_params(params, where)
@@ -374,5 +385,5 @@ def selection_counts(experts: np.ndarray, num_experts: int) -> np.ndarray:
     return out
 
 
-__all__ = ["POLICIES", "KeepNothing", "PerLayerCache", "HPC", "LPC", "MISS", "MPC", "LayerPlan", "Policy", "PolicyContext", "hot_ranking_from_counts",
+__all__ = ["POLICIES", "KeepNothing", "PerLayerCache", "CPU", "HPC", "LPC", "MISS", "MPC", "LayerPlan", "Policy", "PolicyContext", "hot_ranking_from_counts",
            "selection_counts"]
