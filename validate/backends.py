@@ -16,10 +16,19 @@ The executor and the copier speak to a backend only through these calls:
 - ``mark()`` / ``elapsed(a, b)``: a timestamp on the compute stream, and the seconds between two timestamps (of
   either stream: a copy's ``start``/``end`` too);
 - ``synchronize()``: wait for all issued work.
+
+For experts computed on the host CPU (issue 13; ``validate.kernels.HostExperts``):
+
+- ``activations(rows, cols, dtype, host)``: a [rows, cols] tensor on the host (pinned on a GPU) or the device;
+- ``to_host_async(dst, src)``: copy activations device -> host on the compute stream (after the work issued so
+  far); returns the marker ``wait_host`` blocks on until they are on the host (None: already there);
+- ``from_host(dst, src)``: copy activations host -> device on the compute stream (the work issued after it waits);
+- ``host_intra_op``: the torch intra-op thread count the host pool's workers run at (None: leave it).
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 import time
@@ -85,6 +94,18 @@ class CpuBackend:
 
     def synchronize(self) -> None:
         pass
+
+    host_intra_op = None  # the workers run at the device's ``threads`` (torch's setting is per process)
+
+    def activations(self, rows: int, cols: int, dtype, host: bool = True):
+        return self.torch.empty((rows, cols), dtype=dtype)
+
+    def to_host_async(self, dst, src):
+        dst.copy_(src)
+        return None
+
+    def from_host(self, dst, src) -> None:
+        dst.copy_(src)
 
     def describe(self) -> str:
         return (f"CPU {platform.processor() or platform.machine()} as the device ({self.threads} compute thread(s) "
@@ -164,10 +185,43 @@ class CudaBackend:
     def synchronize(self) -> None:
         self.torch.cuda.synchronize()
 
+    host_intra_op = 1  # each host worker one core: the compute thread only launches kernels
+
+    def activations(self, rows: int, cols: int, dtype, host: bool = True):
+        if host:
+            return self.torch.empty((rows, cols), dtype=dtype, pin_memory=True)
+        return self.torch.empty((rows, cols), dtype=dtype, device=self.device)
+
+    def to_host_async(self, dst, src):
+        dst.copy_(src, non_blocking=True)  # on the compute stream, into pinned memory
+        return self.compute_done()
+
+    def from_host(self, dst, src) -> None:
+        dst.copy_(src, non_blocking=True)
+
     def describe(self) -> str:
         t = self.torch
         return (f"{t.cuda.get_device_name(self.device)}, torch {t.__version__}, CUDA {t.version.cuda}, "
                 f"host {platform.node()}")
+
+
+def host_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_host_threads(backend) -> int:
+    """Worker threads of the host-expert pool (``validate.kernels.HostExperts``): the cores left beside the compute
+    thread and the copy thread (on the CPU backend each worker runs at the device's ``threads`` intra-op threads, so
+    the cores left over those), at least 1."""
+    cores = host_cores()
+    if backend.name == "cpu":
+        per = max(1, int(getattr(backend, "threads", 1)))
+        return max(1, (cores - per - 1) // per)
+    return max(1, cores - 2)
 
 
 def make_backend(device: str, threads: int = 1):

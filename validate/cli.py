@@ -30,12 +30,13 @@ def cmd_microbench(args) -> int:
         backend = make_backend(args.device, args.threads)
     except ValueError as exc:
         raise ConfigError("--device", str(exc)) from None
-    cal = calibrate(model, args.hardware, quick=args.quick, repeat=args.repeat, backend=backend)
+    cal = calibrate(model, args.hardware, quick=args.quick, repeat=args.repeat, backend=backend,
+                    host_threads=args.host_threads)
     path = write_calibration(args.out, cal)
     t = cal["tables"]
     print(f"wrote {path}: {len(t['copy'])} copy, {len(t['d2d'])} d2d, {len(t['expert'])} expert, "
-          f"{len(t['dense'])} dense and {len(t['lm_head'])} lm_head points for {model.name} on "
-          f"{cal['source'].split(' on ', 1)[1]}")
+          f"{len(t['dense'])} dense, {len(t['lm_head'])} lm_head and {len(t['cpu_expert'])} cpu_expert "
+          f"({cal['cpu_cores']} host thread(s)) points for {model.name} on {cal['source'].split(' on ', 1)[1]}")
     print(f"use it with: python -m sim run CONFIG --set hardware={path}")
     return 0
 
@@ -47,7 +48,7 @@ def cmd_measure(args) -> int:
     measure(args.command if not args.suite else args.suite, args.out, device, quick=args.quick,
             only=args.configs.split(",") if args.configs else None, repeat=args.repeat, threads=args.threads,
             resume=args.resume, host_pool_gb=args.host_pool_gb, rounds=args.rounds,
-            calibrate_between=args.calibrate_between)
+            calibrate_between=args.calibrate_between, host_threads=args.host_threads)
     return 0
 
 
@@ -75,6 +76,10 @@ def _positive_int(text: str) -> int:
     return v
 
 
+HOST_THREADS_HELP = ("worker threads computing experts on the host CPU (hybrid policies; the cpu_expert table): "
+                     "default the cores left beside the compute and copy threads")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m validate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -86,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer points (for CI and smoke tests)")
     p.add_argument("--repeat", type=_positive_int, default=5, help="timed runs per point, median kept (default 5)")
     p.add_argument("--threads", type=_positive_int, default=1, help="torch threads on the CPU (default 1)")
+    p.add_argument("--host-threads", type=_positive_int, default=None, help=HOST_THREADS_HELP)
     p.set_defaults(func=cmd_microbench)
     for name, what in (("gpu", "on a CUDA GPU: Switch-XXL experts over PCIe"),
                        ("cpu", "with the CPU as the device (a copy thread moves experts)")):
@@ -107,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--calibrate-between", action=argparse.BooleanOptionalAction, default=name == "cpu",
                        help="a light calibration pass (tables only) after every configuration run "
                             f"(default {'on' if name == 'cpu' else 'off'})")
+        p.add_argument("--host-threads", type=_positive_int, default=None, help=HOST_THREADS_HELP)
         p.add_argument("--resume", action="store_true", help="keep finished rounds in --out")
         p.set_defaults(func=cmd_measure)
     p = sub.add_parser("compare", help="simulate the measured configurations and report the simulator's error")

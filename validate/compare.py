@@ -8,7 +8,13 @@ the host's busy time per iteration (real: deciding and issuing work, not waiting
 the latency, the run is bound by the host, which the simulator does not model), the link's mean idle gap between
 queued copies (real) and the link's busy fraction; whether the simulator's engine made the very decisions the
 executor made (every (iteration, layer): sources per active expert, promotions, prefetches, unused prefetches); the median
-absolute errors over the configurations. Written to ``DIR/compare/`` (or ``--out``): ``compare.csv``,
+absolute errors over the configurations. For experts computed on the host CPU (hybrid policies, issue 13): their
+share of the active experts (``cpu_expert_frac``), their count, the host's busy time per iteration and the compute
+stream's idle time waiting for it (``cpu_wait``), real and simulated, and a section of the report of the hybrid
+configurations alone, with their median error. A policy that weighs costs (fiddler: the host against a copy) decides
+with the calibration as it stood when its configuration ran (``runs/NAME/hardware.yaml``, which ``measure`` keeps);
+where the final calibration would make it decide otherwise, the configuration is simulated on that snapshot
+(``sim_hardware`` says which). Written to ``DIR/compare/`` (or ``--out``): ``compare.csv``,
 ``compare.md`` and ``compare.png`` (simulated against real latency, and the errors per configuration).
 
 DIR may also be the archive ``run_gpu_check.sh`` packs (``gpu-check.tar.gz``): it is unpacked beside itself first
@@ -28,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+import sim.cache
 from sim.config import config_from_dict
 from sim.errors import ConfigError
 from sim.files import file_status, read_structured_file
@@ -42,7 +49,11 @@ COLUMNS = ["config", "policy", "predictor", "batch_size", "hpc_slots", "mpc_slot
            "real_tok_s", "sim_tok_s", "err_tok_s_pct", "real_copies", "sim_copies", "real_copy_ms", "sim_copy_ms",
            "real_stall_ms", "sim_stall_ms", "real_host_busy_ms", "real_decide_ms", "real_gate_sync_ms",
            "real_copy_gap_us", "real_link_busy", "sim_link_busy",
-           "decisions_identical"]
+           "cpu_expert_frac", "real_cpu_experts", "sim_cpu_experts", "real_cpu_busy_ms", "sim_cpu_busy_ms",
+           "real_cpu_wait_ms", "sim_cpu_wait_ms", "sim_hardware", "decisions_identical"]
+
+#: A plan's source for an expert computed on the host CPU (``sim.cache.CPU`` where the simulator has it).
+CPU_SOURCE = getattr(sim.cache, "CPU", "cpu")
 
 
 def _read_json(path: Path, what: str):
@@ -75,13 +86,29 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
         raise ConfigError(str(cfg.workload.trace), "differs from the trace that was measured (checksum mismatch)")
     trace = load_trace(cfg.workload.trace)
     out = simulate(cfg, trace=trace, record_decisions=True)
-    s = out.summary
     # the decisions: the simulator's, step by step, must be what the executor recorded
-    w = cfg.workload
     identical = decisions_digest(out.engine.decisions) == real["decisions_sha256"]
+    sim_hardware = "calibration.yaml"
+    snapshot = run_dir / "hardware.yaml"
+    if not identical and snapshot.exists():
+        # a policy that weighs costs (fiddler: the host against a copy) decided with the calibration as it stood
+        # when the configuration ran (measure.py), which the passes after it moved: simulate on that one
+        raw["hardware"] = str(snapshot)
+        cfg = config_from_dict(raw, str(run_dir / "config.yaml"), POLICIES.names(), PREDICTORS.names())
+        again = simulate(cfg, trace=trace, record_decisions=True)
+        if decisions_digest(again.engine.decisions) == real["decisions_sha256"]:
+            out, identical, sim_hardware = again, True, f"runs/{run_dir.name}/hardware.yaml"
+    s = out.summary
+    w = cfg.workload
+    sim_cpu = sum(1 for d in out.engine.decisions for _, src in d.sources if src == CPU_SOURCE)
+    sim_active = sum(len(d.active) for d in out.engine.decisions)
+    real_frac = real.get("cpu_expert_frac")
+    if real_frac is None:  # measured before host experts: none were
+        real_frac = sim_cpu / sim_active if sim_active else 0.0
     rm, sm = real["iteration_ms"]["mean"], s["iteration_ms"]["mean"]
     rp, sp = real["iteration_ms"]["p50"], s["iteration_ms"]["p50"]
     rt, st = real["throughput_tok_s"], s["throughput_tok_s"]
+    n_sim = max(1, s["iterations"])
     return {
         "config": run_dir.name, "policy": cfg.policy.name, "predictor": cfg.predictor.name,
         "batch_size": w.batch_size, "hpc_slots": cfg.cache.hpc_slots, "mpc_slots": cfg.cache.mpc_slots,
@@ -98,6 +125,11 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
         "real_gate_sync_ms": (real.get("host_phase_ms") or {}).get("gate_sync"),
         "sim_stall_ms": s["stall_ms"] / max(1, s["iterations"]),
         "real_link_busy": real.get("link_busy_frac"), "sim_link_busy": s["link_busy_frac"],
+        "cpu_expert_frac": real_frac, "real_cpu_experts": real.get("cpu_experts", 0), "sim_cpu_experts": sim_cpu,
+        "real_cpu_busy_ms": real.get("cpu_busy_ms"),
+        "sim_cpu_busy_ms": 1e3 * s.get("cpu_busy_frac", 0.0) * s["sim_time_s"] / n_sim,
+        "real_cpu_wait_ms": real.get("cpu_stall_ms"), "sim_cpu_wait_ms": s.get("cpu_wait_ms", 0.0) / n_sim,
+        "sim_hardware": sim_hardware,
         "decisions_identical": identical,
     }
 
@@ -167,6 +199,10 @@ def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tup
     missing = [n for n in manifest.get("configs", []) if not (folder / "runs" / n / "summary.json").exists()]
     if missing:
         log(f"not measured (skipped): {', '.join(missing)}")
+    hybrid = [r for r in rows if (r.get("cpu_expert_frac") or 0) > 0]
+    if hybrid:
+        log(f"hybrid configurations (experts on the host CPU): median |error| of mean latency "
+            f"{median_abs(hybrid, 'err_mean_pct'):.1f}% over {len(hybrid)}")
     log(f"median |error|: mean latency {median_abs(rows, 'err_mean_pct'):.1f}%, p50 "
         f"{median_abs(rows, 'err_p50_pct'):.1f}%, throughput {median_abs(rows, 'err_tok_s_pct'):.1f}% over "
         f"{len(rows)} configurations; wrote {out}/compare.{{csv,md,png}}")
@@ -197,7 +233,26 @@ def markdown(rows: list[dict], manifest: dict) -> str:
     lines += ["", f"Median absolute error over {len(rows)} configurations: mean latency "
               f"{median_abs(rows, 'err_mean_pct'):.1f}%, p50 latency {median_abs(rows, 'err_p50_pct'):.1f}%, "
               f"throughput {median_abs(rows, 'err_tok_s_pct'):.1f}%.", ""]
+    hybrid = [r for r in rows if (r.get("cpu_expert_frac") or 0) > 0]
+    if hybrid:
+        lines += ["## Experts on the host CPU (hybrid configurations)", "",
+                  "Share of the active experts computed on the host CPU; per iteration, the host's busy time on them "
+                  "and the compute stream's idle time waiting for them, real / simulated.", "",
+                  "| config | host expert share | host experts real / sim | host busy ms | device waits ms | "
+                  "real mean ms | sim mean ms | err mean |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in hybrid:
+            lines.append(f"| {r['config']} | {100 * r['cpu_expert_frac']:.1f}% | {r['real_cpu_experts']} / "
+                         f"{r['sim_cpu_experts']} | {_ms(r.get('real_cpu_busy_ms'))} / {_ms(r.get('sim_cpu_busy_ms'))} "
+                         f"| {_ms(r.get('real_cpu_wait_ms'))} / {_ms(r.get('sim_cpu_wait_ms'))} | "
+                         f"{r['real_mean_ms']:.2f} | {r['sim_mean_ms']:.2f} | {r['err_mean_pct']:+.1f}% |")
+        lines += ["", f"Median absolute error over {len(hybrid)} hybrid configuration(s): mean latency "
+                  f"{median_abs(hybrid, 'err_mean_pct'):.1f}%.", ""]
     return "\n".join(lines)
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 def plot(rows: list[dict], manifest: dict, path: Path) -> Path:

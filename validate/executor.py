@@ -26,8 +26,25 @@ and so is the stall: how long the compute stream stood idle waiting for each cop
 work before the wait to the moment it could go on: the copy's landing plus the host's hand-off), the simulator's
 ``stall``. The host's own blocking time is kept beside it (``host_wait_s``).
 
+Experts the policy computes on the host CPU (issue 13, Fiddler / kTransformers style: the plan's source ``"cpu"``,
+``LayerStep.cpu``) are computed there for real, beside their weights: at the layer's decision point the tokens
+routed to any of them (``sim.protocol.cpu_tokens``) are copied device -> host on the compute stream (one copy for
+the layer; each host expert reads its tokens' rows from it),
+a host pool (``validate.kernels.HostExperts``: worker threads standing for the host's cores, each computing a block
+of every expert, the experts one after another) computes them from the expert's host buffer, while the compute
+thread issues the device's own experts (cached and copied) as above; then it waits for the host, the outputs of
+those tokens go host -> device on the compute stream (one copy), and the next layer's work is ordered after it: the
+layer ends when
+both the device's experts and the host's are done. On the CPU backend the "device" is the CPU too: the pool's
+workers are threads of their own beside the compute thread (see ``HostExperts`` for torch's intra-op threads).
+Recorded per iteration: the host experts (``cpu_experts``), the pool's busy time (``cpu_busy_s``: its first worker
+starting to its last finishing, per layer), the compute thread's wait for it (``cpu_wait_s``, also the host phase
+``cpu_wait``) and the compute stream's idle time waiting for it (``cpu_stall_s``, timed on the device; kept apart
+from ``stall``, which is the copies'). The pool is only started for a policy that puts an expert on the host.
+
 Warm-up, untimed: every token count an expert, a layer's dense work and the LM head will see (GEMM kernels load on
-first use of a shape), then the first iteration on throwaway decision objects.
+first use of a shape; the host pool's too, for a policy that uses it), then the first iteration on throwaway
+decision objects.
 """
 
 from __future__ import annotations
@@ -37,6 +54,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import sim.cache
+import sim.protocol
 from sim.cache import HPC, LPC, MPC
 from sim.config import RunConfig
 from sim.records import IterationRecord
@@ -46,13 +65,50 @@ from sim.workload import build_iterations, phase_layers
 from sim.units import GIB  # binary: 2**30 bytes
 from traces.format import Trace
 from validate.copier import Copier
-from validate.kernels import DenseLayer, LMHead, expert_forward, expert_views, fill_random, torch_dtype
+from validate.kernels import (DenseLayer, HostExperts, LMHead, expert_forward, expert_views, fill_random,
+                              torch_dtype)
 
+#: The plan's source of an expert computed on the host CPU (``sim.cache.CPU`` once the simulator has it).
+CPU = getattr(sim.cache, "CPU", "cpu")
 ARENA_BUFFERS = 4
 #: Where the compute thread's time goes, per MoE layer: issuing the dense work, waiting for the gate's routing on
 #: the host (the device finishing the work queued before it), deciding, issuing the copies and the cached experts,
-#: and the copied experts (waiting for their copies to land, ``copy_wait``, included; reported apart as well).
-HOST_PHASES = ("dense_issue", "gate_sync", "decide", "issue_copies_and_hits", "copied_experts", "copy_wait")
+#: and the copied experts (waiting for their copies to land, ``copy_wait``, included; reported apart as well); for
+#: experts on the host CPU: gathering their inputs, the device -> host copy and handing them to the host pool
+#: (``cpu_issue``), and waiting for the pool and issuing the outputs' host -> device copy (``cpu_wait``).
+HOST_PHASES = ("dense_issue", "gate_sync", "decide", "issue_copies_and_hits", "copied_experts", "copy_wait",
+               "cpu_issue", "cpu_wait")
+
+
+#: IterationRecord fields of the host experts (the simulator's record's), by where the executor keeps their value
+#: per iteration: (count, host busy seconds, compute thread wait seconds, compute stream wait seconds).
+CPU_RECORD_FIELDS = tuple((f, i) for f, i in (("cpu_experts", 0), ("cpu_s", 1), ("cpu_wait_s", 3))
+                          if f in IterationRecord.__dataclass_fields__)
+
+
+def _cpu_tokens(trace: Trace, iteration, layer: int, experts) -> int:
+    """The tokens of ``iteration`` routed to at least one of ``experts`` at ``layer`` (the simulator's
+    ``sim.protocol.cpu_tokens`` where it has one)."""
+    if not experts:
+        return 0
+    rows = iteration.rows
+    if rows.size == 1:
+        return 1
+    ids = trace.experts[rows, layer]
+    return int(np.isin(ids, np.fromiter(experts, dtype=ids.dtype)).any(axis=1).sum())
+
+
+cpu_tokens = getattr(sim.protocol, "cpu_tokens", _cpu_tokens)
+
+
+def cpu_experts_of(step) -> list[int]:
+    """The step's experts computed on the host CPU, in active order: ``step.cpu`` where the protocol has it, else
+    the active experts whose plan source is ``CPU``."""
+    cpu = getattr(step, "cpu", None)
+    if cpu is not None:
+        return list(cpu)
+    sources = step.plan.sources
+    return [e for e in step.active if sources[e] == CPU]
 
 
 @dataclass
@@ -77,16 +133,30 @@ class ExecResult:
     host_busy_s: float        # host seconds the compute thread spent issuing work and deciding (not waiting)
     host_phases: dict = field(default_factory=dict)   # host seconds per phase (HOST_PHASES), over the run
     notes: list[str] = field(default_factory=list)
+    # experts on the host CPU, per iteration: how many, the host pool's busy seconds, the compute thread's wait for
+    # it, the compute stream's idle seconds waiting for it (device-timed)
+    cpu_experts: list[int] = field(default_factory=list)
+    cpu_busy_s: list[float] = field(default_factory=list)
+    cpu_wait_s: list[float] = field(default_factory=list)
+    cpu_stall_s: list[float] = field(default_factory=list)
+    active_experts: int = 0   # active experts over the run (every layer of every iteration)
+    host_threads: int = 0     # the host pool's worker threads (0: the pool was not started)
 
 
 class Executor:
     """Runs one config on a backend (``validate.backends``)."""
 
     def __init__(self, cfg: RunConfig, trace: Trace, backend, host_pool_bytes: int = 2 * GIB,
-                 slot_budget_bytes: int = 4 * GIB, warmup: int = 1, progress=None, host_pool: list | None = None):
+                 slot_budget_bytes: int = 4 * GIB, warmup: int = 1, progress=None, host_pool: list | None = None,
+                 host_threads: int | None = None):
         """``host_pool``: host buffers of one expert each, from an earlier executor of the same model, to reuse
-        (pinning gigabytes takes seconds)."""
+        (pinning gigabytes takes seconds). ``host_threads``: the host pool's workers for experts on the host CPU
+        (default ``validate.backends.default_host_threads``)."""
+        from validate.backends import default_host_threads
+
         self.cfg, self.trace, self.backend = cfg, trace, backend
+        self.host_threads = int(host_threads) if host_threads else default_host_threads(backend)
+        self.host_experts: HostExperts | None = None
         self.host = host_pool
         self.host_pool_bytes, self.slot_budget_bytes = host_pool_bytes, slot_budget_bytes
         self.warmup = warmup
@@ -142,7 +212,27 @@ class Executor:
         self.lm_head = LMHead(torch, m, be.device)
         max_tokens = max((int(it.rows.size) for it in self.iterations), default=1)
         self.x = torch.randn(max_tokens, m.d_model, device=be.device, dtype=self.dtype) * 0.1
+        self.host_views = None  # the host buffers' matrices, for experts on the host CPU (_start_host)
         be.synchronize()
+
+    def _start_host(self) -> None:
+        """The host pool and its activation buffers (room for every routed token of an iteration's layer)."""
+        be, m = self.backend, self.cfg.model
+        self.host_views = [expert_views(b, m, self.dtype) for b in self.host]
+        rows = self.x.shape[0] * max(m.top_k, int(self.trace.experts.shape[-1]))
+        self.act_in = be.activations(rows, m.d_model, self.dtype, host=True)
+        self.act_out = be.activations(rows, m.d_model, self.dtype, host=True)
+        self.act_dev_out = be.activations(rows, m.d_model, self.dtype, host=False)
+        self.act_in.zero_()
+        self.host_experts = HostExperts(be.torch, m, self.host_threads, be.host_intra_op)
+
+    def _uses_cpu(self) -> bool:
+        """Whether the policy puts any expert on the host CPU in this workload: its decisions replayed without time
+        on throwaway decision objects."""
+        from sim.replay import replay
+
+        decisions = replay(self.trace, self.iterations, *build_decisions(self.cfg, self.trace, self.iterations))
+        return any(src == CPU for d in decisions for _, src in d.sources)
 
     def _source(self, layer: int, expert: int):
         return self.host[(layer * self.trace.num_experts + expert) % len(self.host)]
@@ -159,6 +249,8 @@ class Executor:
         with be.torch.inference_mode():
             for n in range(1, self.x.shape[0] + 1):
                 expert_forward(be.torch, self.work_views[0], self.x[:n], gated)
+                if self.host_experts is not None:
+                    self.host_experts.run([(self.host_views[0], self.act_in[:n], self.act_out[:n])]).wait()
             shapes = {(int(it.rows.size), it.kind, it.requests, int(it.context)) for it in self.iterations}
             for n, kind, requests, ctx in sorted(shapes):
                 for layer in self.phase_layers[kind]:
@@ -170,13 +262,23 @@ class Executor:
     def run(self) -> ExecResult:
         policy, predictor = build_decisions(self.cfg, self.trace, self.iterations)
         self._allocate(policy)  # the tier sizes
-        if self.warmup:
-            self._warm_shapes()
-        warm = self.iterations[:self.warmup]
-        if warm:  # cuBLAS/allocator start-up and first-touch page faults, on these throwaway decision objects
-            self._run(warm, policy, predictor, record=False)
-            policy, predictor = build_decisions(self.cfg, self.trace, self.iterations)
-        return self._run(self.iterations, policy, predictor, record=True)
+        if self._uses_cpu():
+            self._start_host()
+        try:
+            if self.warmup:
+                self._warm_shapes()
+            warm = self.iterations[:self.warmup]
+            if warm:  # cuBLAS/allocator start-up and first-touch page faults, on these throwaway decision objects
+                self._run(warm, policy, predictor, record=False)
+                policy, predictor = build_decisions(self.cfg, self.trace, self.iterations)
+            return self._run(self.iterations, policy, predictor, record=True)
+        finally:
+            if self.host_experts is not None:
+                self.host_experts.close()
+                self.host_experts = None
+
+    def _host_source(self, layer: int, expert: int):
+        return self.host_views[(layer * self.trace.num_experts + expert) % len(self.host_views)]
 
     def _run(self, iterations, policy, predictor, record: bool) -> ExecResult:
         be, m, trace = self.backend, self.cfg.model, self.trace
@@ -188,6 +290,8 @@ class Executor:
         hit_d2d = policy.hit_d2d
         promote_d2d = not policy.promotion_is_free
         marks, rows, stalls, host_busy = [], [], [], []
+        host = self.host_experts
+        cpu_rows, active_total = [], 0   # per iteration: (cpu experts, busy s, wait s, [(idle from, resumed)])
         phases = dict.fromkeys(HOST_PHASES, 0.0)
         clock = time.perf_counter
         x_all = self.x
@@ -205,6 +309,7 @@ class Executor:
                     wait = 0.0
                     stalled = []  # (before, after) timestamps around each wait of the compute stream
                     jobs = {}
+                    n_cpu, cpu_busy, cpu_wait, cpu_stalled = 0, 0.0, 0.0, []
                     for step in protocol.steps(it):
                         layer, counts = step.layer, step.counts
                         dense = self.dense[layer]
@@ -221,12 +326,37 @@ class Executor:
                         for e in step.plan.unused_prefetch:
                             copier.drop(jobs.pop((layer, e)))
                             unused += 1
-                        for e, src in step.copied:
+                        cpu = cpu_experts_of(step)
+                        active_total += len(step.active)
+                        copied = [c for c in step.copied if c[1] != CPU] if cpu else step.copied
+                        for e, src in copied:
                             if src == LPC:
                                 copier.upgrade(jobs.pop((layer, e)))
                             else:
                                 copier.submit(layer, e, False)
-                        waiting = len(step.copied)
+                        waiting = len(copied)
+                        host_job = None
+                        if cpu:
+                            if host is None:
+                                raise RuntimeError(f"iteration {it.index}, layer {layer}: experts {cpu} on the host "
+                                                   "CPU, but the decisions replayed beforehand put none there")
+                            tc = clock()
+                            n_cpu += len(cpu)
+                            for e in cpu:  # prefetched, yet computed on the host: the copy goes unused
+                                if (layer, e) in jobs:
+                                    copier.drop(jobs.pop((layer, e)))
+                            # the tokens routed to any host expert: one copy to the host (each expert reads its
+                            # tokens' rows), and one copy of their outputs back
+                            total = cpu_tokens(trace, it, layer, cpu)
+                            ready = be.to_host_async(self.act_in[:total], x[:total])
+                            work, at = [], 0
+                            for e in cpu:
+                                c = counts[e]
+                                work.append((self._host_source(layer, e), self.act_in[:c], self.act_out[at:at + c]))
+                                at += c
+                            host_job = host.run(work, None if ready is None else
+                                                (lambda marker=ready: be.wait_host(marker)))
+                            phases["cpu_issue"] += clock() - tc
                         nxt = step.next_layer
                         for e in step.prefetch:
                             jobs[(nxt, e)] = copier.submit(nxt, e, True)
@@ -254,12 +384,23 @@ class Executor:
                             if e in promote and promote_d2d:
                                 be.device_copy(self.slots[self._slot(layer, e)], self.work[job.buffer])
                             copier.release(job, be.compute_done())
-                        phases["copied_experts"] += clock() - t4
+                        t5 = clock()
+                        phases["copied_experts"] += t5 - t4
+                        if host_job is not None:  # the layer ends when the host's experts are done too
+                            idle_from = be.mark()
+                            host_job.wait()
+                            t6 = clock()
+                            cpu_wait += t6 - t5
+                            cpu_stalled.append((idle_from, be.mark()))
+                            be.from_host(self.act_dev_out[:total], self.act_out[:total])
+                            cpu_busy += host_job.busy_s
+                            phases["cpu_wait"] += clock() - t5
                     self.lm_head(x if it.kind == "decode" else x[:it.requests])
                     marks.append(be.mark())
                     stalls.append(stalled)
-                    host_busy.append(time.perf_counter() - h0 - wait)
+                    host_busy.append(time.perf_counter() - h0 - wait - cpu_wait)
                     phases["copy_wait"] += wait
+                    cpu_rows.append((n_cpu, cpu_busy, cpu_wait, cpu_stalled))
                     hits = counters.hits
                     rows.append((it, n_tok, wait, hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC],
                                  hits[LPC] - before[0][LPC], counters.misses - before[1],
@@ -271,13 +412,17 @@ class Executor:
         finally:
             copier.close()
         times = [be.elapsed(marks[0], mk) for mk in marks]
+        cpu_stall_s = [sum(max(0.0, be.elapsed(a, b)) for a, b in r[3]) for r in cpu_rows]
         records = []
         host_wait = 0.0
         for i, (it, n_tok, wait, *counts) in enumerate(rows):
             stall = sum(max(0.0, be.elapsed(a, b)) for a, b in stalls[i])
             host_wait += wait
-            records.append(IterationRecord(it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens,
-                                           times[i], times[i + 1], stall, *counts))
+            rec = IterationRecord(it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, times[i],
+                                  times[i + 1], stall, *counts)
+            for name, at in CPU_RECORD_FIELDS:  # the host experts, as the simulator's record has them
+                setattr(rec, name, cpu_stall_s[i] if at == 3 else cpu_rows[i][at])
+            records.append(rec)
         notes = []
         if len(self.host) < self.logical_experts:
             notes.append(f"{len(self.host)} physical host buffers served {self.logical_experts} logical experts "
@@ -285,8 +430,15 @@ class Executor:
         if self.physical_slots < self.logical_slots:
             notes.append(f"{self.physical_slots} physical device slots served {self.logical_slots} logical cache "
                          f"slots")
+        if host is not None:
+            notes.append(f"experts on the host CPU: {host.threads} worker thread(s), {len(host.blocks)} block(s) per "
+                         f"expert, torch intra-op threads {torch.get_num_threads()}")
         return ExecResult(records, protocol.decisions or [], times[-1], copier.copies, *copier.timings(), host_wait,
                           copier.prefetch_copies, copier.max_in_use, len(self.host), self.logical_experts,
                           self.physical_slots, self.logical_slots, be.name, self.warmup, trace.num_layers,
-                          sum(host_busy), phases, notes)
+                          sum(host_busy), phases, notes,
+                          cpu_experts=[r[0] for r in cpu_rows], cpu_busy_s=[r[1] for r in cpu_rows],
+                          cpu_wait_s=[r[2] for r in cpu_rows],
+                          cpu_stall_s=cpu_stall_s,
+                          active_experts=active_total, host_threads=host.threads if host is not None else 0)
 

@@ -8,9 +8,17 @@ The dense work of one MoE layer is what the simulator's ``dense`` table stands f
 attention blocks (q/k/v/o projections, attention of every token over ``context`` cached keys and values, the new
 token's keys and values written into the cache), the dense FFN blocks between MoE layers, and the gate GEMM. All
 tokens attend over the same (mean) context, as the simulator assumes.
+
+Experts computed on the host CPU beside their weights in host memory (issue 13: Fiddler, kTransformers) run on a
+:class:`HostExperts` pool: worker threads standing for the host's cores, each computing one block of every expert's
+FFN (:func:`expert_block`), so that the pool works while the calling thread issues the device's work.
 """
 
 from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from sim.specs import ModelSpec
 
@@ -55,6 +63,16 @@ def expert_forward(torch, weights, x, gated: bool):
     else:
         h = torch.relu(x @ weights[0])
     return h @ weights[-1]
+
+
+def expert_block(torch, weights, x, a: int, b: int, gated: bool):
+    """Columns ``a:b`` of an expert's hidden layer and their share of its output: the expert FFN is the sum of its
+    blocks (``expert_forward`` is the one block ``0:d_ff``)."""
+    if gated:
+        h = torch.nn.functional.gelu(x @ weights[0][:, a:b]) * (x @ weights[1][:, a:b])
+    else:
+        h = torch.relu(x @ weights[0][:, a:b])
+    return h @ weights[-1][a:b]
 
 
 def fill_random(torch, flat, model: ModelSpec, dtype) -> None:
@@ -116,3 +134,108 @@ class LMHead:
 
     def __call__(self, x):
         return (x @ self.w).argmax(dim=-1)
+
+
+class HostJob:
+    """Experts handed to a :class:`HostExperts` pool: :meth:`wait` blocks until all are computed (and raises what a
+    worker raised); ``start`` and ``end`` (``time.perf_counter``) span the workers' computing, once waited for."""
+
+    def __init__(self, experts: list, parts: int):
+        self.experts = experts
+        self.parts = parts
+        self.partial = [[None] * parts for _ in experts]
+        self.left = [parts] * len(experts)
+        self.lock = threading.Lock()
+        self.futures: list = []
+        self.start = self.end = None
+
+    def add(self, torch, i: int, k: int, y) -> None:
+        """Block ``k`` of expert ``i`` is computed; the worker that computes an expert's last block sums them."""
+        with self.lock:
+            self.partial[i][k] = y
+            self.left[i] -= 1
+            last = self.left[i] == 0
+        if last:
+            parts, out = self.partial[i], self.experts[i][2]
+            out.copy_(parts[0])
+            for p in parts[1:]:
+                out.add_(p)
+            self.partial[i] = None
+
+    def span(self, t0: float, t1: float) -> None:
+        with self.lock:
+            self.start = t0 if self.start is None else min(self.start, t0)
+            self.end = t1 if self.end is None else max(self.end, t1)
+
+    def wait(self) -> None:
+        for f in self.futures:
+            f.result()
+
+    @property
+    def busy_s(self) -> float:
+        return 0.0 if self.start is None else self.end - self.start
+
+
+class HostExperts:
+    """Experts computed on the host CPU, beside their weights in host memory (Fiddler / kTransformers style): a pool
+    of ``threads`` worker threads standing for the host's cores.
+
+    Each expert's FFN is split along ``d_ff`` into one block per worker (at least 32 columns each; the first
+    matrices' columns, the output matrix's rows: :func:`expert_block`); a job's experts are computed one after
+    another, each by every worker (the simulator's ``cpu_expert`` time is one expert over all the host's cores),
+    and the worker that finishes an expert's last block sums the blocks into the expert's output rows. Torch ops
+    release the interpreter lock, so the pool computes while the calling thread issues the device's work.
+
+    Torch's intra-op thread count: ``intra_op`` sets it while the pool is open (restored by :meth:`close`): 1 beside
+    a GPU, where the calling thread only launches kernels, so that each worker is one core and the workers do not
+    oversubscribe the host; None keeps the calling thread's (the CPU backend: its ``threads`` then hold for the
+    device's work and for each worker alike, and the pool's size is chosen so that together they fit the cores,
+    ``validate.backends.default_host_threads``). Every worker sets it again for itself when it starts: a new
+    thread's OpenMP (and so MKL's GEMMs) otherwise runs at the machine's default, all cores, and a worker's GEMM
+    then waits for straggler threads on busy cores (seen: 10-20x slower at 4 tokens on a loaded 2-core VM)."""
+
+    def __init__(self, torch, model: ModelSpec, threads: int, intra_op: int | None = None):
+        self.torch = torch
+        self.gated = model.expert_matrices == 3
+        self.threads = max(1, int(threads))
+        parts = max(1, min(self.threads, model.d_ff // 32))
+        bounds = [round(i * model.d_ff / parts) for i in range(parts + 1)]
+        self.blocks = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+        self._saved = None
+        if intra_op is not None and torch.get_num_threads() != intra_op:
+            self._saved = torch.get_num_threads()
+            torch.set_num_threads(intra_op)
+        self.intra_op = torch.get_num_threads()
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="host-expert", initializer=self._init_worker)
+        # start every worker now, not inside a timed layer: each start waits until all have started
+        barrier = threading.Barrier(self.threads, timeout=30)
+        for f in [self.pool.submit(barrier.wait) for _ in range(self.threads)]:
+            f.result()
+
+    def _init_worker(self) -> None:
+        self.torch.set_num_threads(self.intra_op)
+
+    def run(self, experts: list, ready=None) -> HostJob:
+        """Start computing ``experts``, in order: (weights, x, out) each: the expert's matrices in host memory, its
+        input rows [tokens, d_model] and its output rows, both host tensors. ``ready()``, if given, is waited for
+        first by every worker (the inputs' device -> host copy)."""
+        job = HostJob(experts, len(self.blocks))
+        job.futures = [self.pool.submit(self._work, job, k, ready) for k in range(len(self.blocks))]
+        return job
+
+    def _work(self, job: HostJob, k: int, ready) -> None:
+        torch = self.torch
+        a, b = self.blocks[k]
+        with torch.inference_mode():  # thread-local: the workers enter it themselves
+            if ready is not None:
+                ready()
+            t0 = time.perf_counter()
+            for i, (weights, x, _) in enumerate(job.experts):
+                job.add(torch, i, k, expert_block(torch, weights, x, a, b, self.gated))
+            job.span(t0, time.perf_counter())
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        if self._saved is not None:
+            self.torch.set_num_threads(self._saved)
+            self._saved = None

@@ -10,16 +10,25 @@ The folder::
                                the machine's state before and after (GPU clocks, power, PCIe link, driver, CUDA)
     runs/NAME/config.yaml      the run config measured (a `sim run` config; hardware is replaced by compare)
     runs/NAME/round-R/         one run of it: iterations.csv (per iteration: real latency, the compute stream's
-                               stall, hits per tier, misses, copies, prefetches) and summary.json
+                               stall, hits per tier, misses, copies, prefetches) and summary.json (with, for
+                               experts computed on the host CPU: their count and share of the active experts,
+                               the host pool's busy time, the compute thread's wait and the compute stream's idle
+                               time for them, per iteration)
     runs/NAME/summary.json     over its finished rounds: throughput, iteration latency mean/p50/p99, totals,
                                notes (physical buffer pools)
     runs/NAME/decisions.json   every (iteration, layer) decision the policy made, for the identical-decisions check
+    runs/NAME/hardware.yaml    the calibration as it stood when the configuration first ran: the hardware its
+                               decisions were made with (a policy that weighs costs, e.g. fiddler, reads it; the
+                               same for every round)
 
 With ``rounds`` > 1 every configuration runs that many times, the rounds interleaved (all configurations, then all
 again), so that a machine whose speed drifts affects them alike. With ``calibrate_between`` a light calibration
 pass (the tables only) follows every configuration run, so that the calibration samples the machine as often as
 the runs do. Every file is written atomically; a folder left
 by an interrupted run keeps its finished rounds, and ``--resume`` skips them.
+
+A configuration whose policy this version does not register (a suite's hybrid configurations before the simulator
+has their policies) is skipped with a message (:func:`runnable`).
 """
 
 from __future__ import annotations
@@ -60,6 +69,8 @@ def decisions_digest(decisions) -> str:
 
 def real_summary(name: str, res, workload_info, description: str) -> dict:
     decode = [r.latency_s for r in res.iterations if r.kind == "decode"]
+    n = len(res.iterations)
+    cpu = sum(res.cpu_experts)
     return {
         "config": name,
         "device": description,
@@ -89,6 +100,16 @@ def real_summary(name: str, res, workload_info, description: str) -> dict:
         "device_slots": {"physical": res.device_slots, "logical": res.logical_slots},
         "moe_layers": res.layers,
         "decisions_sha256": decisions_digest(res.decisions),
+        # experts computed on the host CPU (issue 13): per iteration, the pool's busy time, the compute thread's
+        # wait for it, and the compute stream's idle time waiting for it (timed on the device)
+        "cpu_experts": cpu,
+        "active_experts": res.active_experts,
+        "cpu_expert_frac": cpu / res.active_experts if res.active_experts else 0.0,
+        "cpu_busy_ms": 1e3 * sum(res.cpu_busy_s) / n if n else None,
+        "cpu_wait_ms": 1e3 * sum(res.cpu_wait_s) / n if n else None,
+        "cpu_stall_ms": 1e3 * sum(res.cpu_stall_s) / n if n else None,
+        "cpu_experts_per_iteration": list(res.cpu_experts),
+        "host_threads": res.host_threads,
         "notes": res.notes,
     }
 
@@ -111,6 +132,8 @@ def aggregate(run_dir: Path) -> dict:
         host_phase_ms={k: _mean_of([s.get("host_phase_ms") or {} for s in summaries], k)
                        for k in (first.get("host_phase_ms") or {})},
         mean_copy_gap_us=_mean_of(summaries, "mean_copy_gap_us"),
+        cpu_busy_ms=_mean_of(summaries, "cpu_busy_ms"), cpu_wait_ms=_mean_of(summaries, "cpu_wait_ms"),
+        cpu_stall_ms=_mean_of(summaries, "cpu_stall_ms"),
         link_busy_frac=_mean_of(summaries, "link_busy_frac"),
         decisions_same_every_round=len({s["decisions_sha256"] for s in summaries}) == 1)
     first.pop("decode_latencies_ms")
@@ -206,11 +229,21 @@ def _mean_of(summaries: list[dict], key: str):
     return float(np.mean(values)) if values else None
 
 
+def runnable(configs: list[tuple[str, dict]], policies) -> tuple[list, list]:
+    """(kept, skipped): the configurations whose policy is one of ``policies`` (the registered ones), and the
+    others."""
+    known = set(policies)
+    kept = [(n, d) for n, d in configs if d["policy"]["name"] in known]
+    return kept, [(n, d) for n, d in configs if d["policy"]["name"] not in known]
+
+
 def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: list[str] | None = None,
             repeat: int = 5, threads: int = 1, resume: bool = False, host_pool_gb: float | None = None,
-            rounds: int = 1, calibrate_between: bool = False, log=print) -> Path:
-    """Calibrate, then run every configuration of suite ``kind`` on ``device``; returns the folder."""
-    from validate.backends import make_backend
+            rounds: int = 1, calibrate_between: bool = False, host_threads: int | None = None, log=print) -> Path:
+    """Calibrate, then run every configuration of suite ``kind`` on ``device``; returns the folder.
+    ``host_threads``: the host pool's workers for experts on the host CPU, in the runs and the ``cpu_expert``
+    microbenchmark alike (default ``validate.backends.default_host_threads``)."""
+    from validate.backends import default_host_threads, make_backend
     from validate.executor import Executor
     from validate.microbench import calibrate, combine, measure_decisions, write_calibration
 
@@ -219,6 +252,12 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
         configs = suite.configs(quick, only)
     except KeyError as exc:
         raise ConfigError("--configs", str(exc.args[0]).split(": ", 1)[1]) from None
+    configs, skipped = runnable(configs, POLICIES.names())
+    for name, d in skipped:
+        log(f"skipped {name}: policy {d['policy']['name']!r} is not registered in this version")
+    if not configs:
+        raise ConfigError("--configs", "no configuration left to measure: their policies are not registered in this "
+                                       "version")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError("--out", f"{out} exists and is not a folder")
@@ -228,6 +267,7 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
         backend = make_backend(device, threads)
     except ValueError as exc:
         raise ConfigError("--device", str(exc)) from None
+    host_threads = int(host_threads) if host_threads else default_host_threads(backend)
     model = cfgs[0][2].model
     check_runnable(model, "model")
     pool = host_pool_size(host_pool_gb, 8 if backend.name != "cpu" else 2, model.expert_bytes,
@@ -252,7 +292,7 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
             log(f"calibration ({when}): microbenchmarks of {model.name} on {backend.describe()} ...")
         t0 = time.perf_counter()
         cal = calibrate(model, "h200", backend=backend, quick=quick, repeat=repeat, batch_sizes=batch_sizes,
-                        max_context=max_ctx, light=light)
+                        max_context=max_ctx, light=light, host_threads=host_threads)
         if not light:
             cal["decide_us"] = measure_decisions([c for _, _, c in cfgs], traces)
         passes.append(cal)
@@ -264,6 +304,8 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
     manifest = {
         "suite": kind, "quick": quick, "device": backend.describe(), "device_kind": backend.name,
         "threads": threads if backend.name == "cpu" else None,
+        "host_threads": host_threads,
+        "skipped": [name for name, _ in skipped],
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
         "python": platform.python_version(), "torch": backend.torch.__version__,
         "command": " ".join(["python -m validate"] + sys.argv[1:]) if sys.argv and sys.argv[0].endswith(
@@ -298,8 +340,15 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
                 log(f"{where}: kept (--resume)")
                 continue
             t0 = time.perf_counter()
+            # the decisions are made with this machine's calibration as it stands now (a policy that weighs costs,
+            # e.g. fiddler, reads it), the same in every round: compare can simulate on the very same one
+            hw_path = run_dir / "hardware.yaml"
+            if not hw_path.exists():
+                write_calibration(hw_path, combine(passes))
+            cfg = config_from_dict({**raw, "hardware": str(hw_path)}, f"{kind}:{name}", POLICIES.names(),
+                                   PREDICTORS.names())
             ex = Executor(cfg, traces[str(cfg.workload.trace)], backend, host_pool_bytes=pool,
-                          slot_budget_bytes=slot_budget, host_pool=host_pool)
+                          slot_budget_bytes=slot_budget, host_pool=host_pool, host_threads=host_threads)
             res = ex.run()
             host_pool = ex.host
             summary = real_summary(name, res, ex.info, backend.describe())
@@ -310,8 +359,11 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
                 atomic_write_bytes(run_dir / "decisions.json", _json([asdict(d) for d in res.decisions]))
             atomic_write_bytes(run_dir / "summary.json", _json(aggregate(run_dir)))
             it = summary["iteration_ms"]
+            on_host = (f", {summary['cpu_experts']} experts on the host CPU ({summary['cpu_busy_ms']:.2f} ms busy per "
+                       f"iteration)" if summary["cpu_experts"] else "")
             log(f"{where}: {summary['iterations']} iterations, mean {it['mean']:.2f} ms, p50 {it['p50']:.2f} ms, "
-                f"{summary['throughput_tok_s']:.1f} tok/s, {res.copies} copies ({time.perf_counter() - t0:.1f} s)")
+                f"{summary['throughput_tok_s']:.1f} tok/s, {res.copies} copies{on_host} "
+                f"({time.perf_counter() - t0:.1f} s)")
             del ex, res
             if calibrate_between:
                 calibration_pass(f"after {name}", light=True)

@@ -10,6 +10,12 @@ timings are skewed: a median would miss their slow tail), of the very calls the 
   copy stream): the hand-offs between copies are measured apart (``copy_gap_us``);
 - ``d2d``: device -> device copy time against size;
 - ``expert``: one expert FFN of the model's shape and dtype against tokens routed to it;
+- ``cpu_expert``: one expert FFN computed on the host CPU from its weights in host memory, against tokens routed to
+  it, by the executor's host pool (``validate.kernels.HostExperts``: ``host_threads`` worker threads, each a block
+  of the expert); the inputs and outputs are on the host already (the simulator prices their copies apart). A few
+  token counts (1, 4, 16 below the largest, and the largest) and a few runs each, within about two seconds
+  (:func:`measure_cpu_expert`). ``cpu_cores`` is written beside it as the pool's threads: the table is the time
+  over all of them;
 - ``dense``: the dense work attached to one MoE layer (``validate.kernels.DenseLayer``) against batch tokens and
   context length;
 - ``lm_head``: the vocabulary projection against tokens;
@@ -35,7 +41,9 @@ Sources and weights rotate over enough buffers (about 256 MB, or every MoE layer
 caches cannot hold them, as they cannot in a real run. GPU work is timed with CUDA events, CPU work with
 ``time.perf_counter``.
 
-The output is ``{base: HARDWARE, source: MACHINE, tables: {model, copy, d2d, expert, dense, lm_head}}`` in YAML.
+The output is ``{base: HARDWARE, source: MACHINE, cpu_cores: HOST_THREADS, ..., tables: {model, copy, d2d,
+expert, dense, lm_head, cpu_expert}}`` in YAML; tables are ``[x, seconds]`` points (``dense``: ``[tokens, context,
+seconds]``).
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ import yaml
 from sim.specs import ModelSpec
 from traces.io import atomic_write_bytes
 from validate.copier import Copier
-from validate.kernels import DenseLayer, LMHead, expert_forward, expert_views, fill_random, torch_dtype
+from validate.kernels import DenseLayer, HostExperts, LMHead, expert_forward, expert_views, fill_random, torch_dtype
 
 ROTATE_BYTES = 256 << 20
 
@@ -346,6 +354,68 @@ def measure_expert(backend, timer: Timer, model: ModelSpec, tokens: list[int]) -
     return out
 
 
+def cpu_expert_tokens(tokens: list[int]) -> list[int]:
+    """The token counts the host's expert time is measured at: 1, 4 and 16 below the largest of ``tokens``, and the
+    largest (at most four points: an expert on the host takes milliseconds)."""
+    top = max(tokens)
+    return sorted({t for t in (1, 4, 16) if t < top} | {top})
+
+
+def measure_cpu_expert(backend, model: ModelSpec, tokens: list[int], threads: int, repeat: int = 3,
+                       budget_s: float = 2.0) -> list:
+    """(tokens, seconds) of one expert FFN on the host CPU by the executor's host pool, its weights rotating over
+    host buffers (pinned on a GPU, as the executor's host pool), its input and output on the host: the mean of up
+    to ``repeat`` timed runs after a warm-up, fewer where a point has used its share of ``budget_s``."""
+    torch = backend.torch
+    dtype = torch_dtype(torch, model)
+    nbytes = model.expert_bytes
+    bufs = [backend.host_buffer(nbytes) for _ in range(_rotation(nbytes))]
+    fill_random(torch, bufs[0], model, dtype)
+    for b in bufs[1:]:
+        b.copy_(bufs[0])
+    weights = _cycle([expert_views(b, model, dtype) for b in bufs])
+    host = HostExperts(torch, model, threads, backend.host_intra_op)
+    share = budget_s / max(1, len(tokens))
+    out = []
+    try:
+        for t in tokens:
+            x = torch.randn(t, model.d_model, dtype=dtype) * 0.1
+            y = torch.empty_like(x)
+            host.run([(weights(), x, y)]).wait()  # warm-up
+            times = []
+            while len(times) < max(1, repeat) and sum(times) < share:
+                t0 = time.perf_counter()
+                host.run([(weights(), x, y)]).wait()
+                times.append(time.perf_counter() - t0)
+            out.append([t, statistics.fmean(times)])
+    finally:
+        host.close()
+    return out
+
+
+def measure_activation_latency(backend, model: ModelSpec, samples: int = 20) -> float:
+    """Microseconds of one activation copy either way (a decode batch's ``top_k`` tokens: device -> host into
+    pinned memory, then host -> device), the mean of both, timed on the device: the simulator's
+    ``activation_latency_us`` (the bytes are negligible at this size)."""
+    torch = backend.torch
+    dtype = torch_dtype(torch, model)
+    rows = max(1, model.top_k)
+    dev = backend.activations(rows, model.d_model, dtype, host=False)
+    host = backend.activations(rows, model.d_model, dtype, host=True)
+    dev.fill_(1)
+    spans = []
+    for i in range(samples + 2):
+        a = backend.mark()
+        backend.wait_host(backend.to_host_async(host, dev))
+        b = backend.mark()
+        backend.from_host(dev, host)
+        c = backend.mark()
+        backend.synchronize()
+        if i >= 2:
+            spans += [(a, b), (b, c)]
+    return max(0.0, statistics.fmean(backend.elapsed(x, y) for x, y in spans)) * 1e6
+
+
 def measure_dense(backend, timer: Timer, model: ModelSpec, tokens: list[int], contexts: list[int],
                   role: str = "decoder") -> list:
     """(tokens, context, seconds) of the dense work of one MoE layer, rotating over the role's MoE layers."""
@@ -506,12 +576,14 @@ def grids(model: ModelSpec, quick: bool, batch_sizes: list[int] | None = None,
 
 def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = False, repeat: int = 5,
               backend=None, batch_sizes: list[int] | None = None, max_context: int | None = None,
-              light: bool = False) -> dict:
+              light: bool = False, host_threads: int | None = None) -> dict:
     """Run every microbenchmark; returns the calibration mapping. A ``light`` pass measures the tables only (no
-    hand-off, no interference): a cheap extra sample of a machine whose speed drifts."""
-    from validate.backends import make_backend
+    hand-off, no interference): a cheap extra sample of a machine whose speed drifts. ``host_threads``: the host
+    pool's workers for the ``cpu_expert`` table (default ``validate.backends.default_host_threads``)."""
+    from validate.backends import default_host_threads, make_backend
 
     be = backend if backend is not None else make_backend(device)
+    host_threads = int(host_threads) if host_threads else default_host_threads(be)
     timer = Timer(be, repeat)
     g = grids(model, quick, batch_sizes, max_context)
     h2d, d2d = measure_copies(be, timer, g["sizes"])
@@ -519,12 +591,14 @@ def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = Fa
         "handoff_us": round(measure_handoff(be, model.expert_bytes), 1),
         "copy_gap_us": round(measure_copy_gap(be, model), 1),
         **measure_host_costs(be, model),
+        "activation_latency_us": round(measure_activation_latency(be, model), 1),
         **measure_interference(be, Timer(be, max(repeat, 20)), model,
                                g["dense_tokens"][len(g["dense_tokens"]) // 2], g["contexts"][-1]),
     }
     return {
         "base": base,
         "source": f"calibrated with python -m validate microbench on {be.describe()}",
+        "cpu_cores": host_threads,
         **scalars,
         "tables": {
             "model": model.name,
@@ -533,6 +607,8 @@ def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = Fa
             "expert": measure_expert(be, timer, model, g["tokens"]),
             "dense": measure_dense(be, timer, model, g["dense_tokens"], g["contexts"]),
             "lm_head": measure_lm_head(be, timer, model, g["dense_tokens"]),
+            "cpu_expert": measure_cpu_expert(be, model, cpu_expert_tokens(g["tokens"]), host_threads,
+                                             repeat=max(2, min(repeat, 3))),
         },
     }
 
@@ -547,7 +623,7 @@ def combine(calibrations: list[dict]) -> dict:
     out = {k: v for k, v in first.items() if k != "tables"}
     for key in ("compute_slowdown", "dense_slowdown", "copy_slowdown", "handoff_us", "copy_gap_us",
                 "layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us",
-                "dense_issue_us", "host_slowdown"):  # full passes only
+                "dense_issue_us", "host_slowdown", "activation_latency_us"):  # full passes only
         values = [c[key] for c in calibrations if key in c]
         if values:
             out[key] = round(statistics.median(values), 3)
@@ -561,8 +637,10 @@ def combine(calibrations: list[dict]) -> dict:
         if name == "model":
             continue
         merged = []
+        same = [c["tables"][name] for c in calibrations  # passes that measured this table at the same points
+                if len(c["tables"].get(name) or ()) == len(points)]
         for i, p in enumerate(points):
-            values = [c["tables"][name][i][-1] for c in calibrations]
+            values = [t[i][-1] for t in same]
             merged.append(list(p[:-1]) + [statistics.median(values)])
         tables[name] = merged
     out["tables"] = tables

@@ -7,8 +7,9 @@
 # It installs nothing and reaches no network: it needs Python with torch (CUDA), numpy and pyyaml (it finds one
 # among python3 and python, or takes PYTHON), and this checkout (SimPy is not needed to measure). It records the
 # machine's state (GPU clocks, power, PCIe link, driver, versions) before and after, calibrates (microbenchmarks),
-# runs the executor over the GPU suite (Switch-XXL experts: several policies x batch sizes x cache sizes), and
-# leaves the measurement folder. With --pack DIR the folder is packed, and DIR receives exactly:
+# runs the executor over the GPU suite (Switch-XXL experts: several policies x batch sizes x cache sizes; at the
+# end, hybrid configurations whose experts off the GPU are computed on the host CPU, where this version registers
+# their policies), and leaves the measurement folder. With --pack DIR the folder is packed, and DIR receives exactly:
 #
 #     gpu-check.tar.gz   the measurement folder (env-before.txt and env-after.txt inside)
 #     calibration.yaml   the microbenchmarks' calibration profile
@@ -21,8 +22,9 @@
 #
 # Environment: PYTHON (a Python with torch, numpy, pyyaml), DEVICE (default cuda; cpu runs the same path on the
 # CPU, for testing the script), LIMIT_S (default 330: the measurement stops there, keeping its finished
-# configurations), ROUNDS (default 2), EXTRA (more arguments for `python -m validate gpu`, e.g. "--quick" or
-# "--configs on-demand-b8,diffmoe-b16-c6").
+# configurations), ROUNDS (default 2), HOST_THREADS (worker threads computing experts on the host CPU; default: the
+# cores left beside the compute and copy threads), EXTRA (more arguments for `python -m validate gpu`, e.g.
+# "--quick" or "--configs on-demand-b8,diffmoe-b16-c6").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -82,7 +84,7 @@ start=$(date +%s)
 status=0
 # shellcheck disable=SC2086
 timeout -k 20 --signal=INT "$LIMIT_S" "$PYTHON" -m validate gpu --out "$OUT" --device "$DEVICE" --suite "$suite" \
-    --rounds "$ROUNDS" ${EXTRA:-} 2>&1 | tee "$OUT/run.log"
+    --rounds "$ROUNDS" ${HOST_THREADS:+--host-threads "$HOST_THREADS"} ${EXTRA:-} 2>&1 | tee "$OUT/run.log"
 status=${PIPESTATUS[0]}
 echo "measurement took $(( $(date +%s) - start )) s (exit status $status); folder: $OUT" | tee -a "$OUT/run.log"
 if [[ $status -ne 0 ]]; then
