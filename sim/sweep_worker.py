@@ -40,6 +40,7 @@ METRICS = {  # row column -> path in summary.json
     "compute_busy_frac": ("compute_busy_frac",), "stall_ms": ("stall_ms",),
     "prefetch_precision": ("prefetch", "precision"), "prefetch_recall": ("prefetch", "recall"),
     "prefetch_wasted_bytes": ("prefetch", "wasted_bytes"), "requests_reused": ("requests_reused",),
+    "cpu_expert_frac": ("cpu_expert_frac",), "cpu_busy_frac": ("cpu_busy_frac",), "cpu_wait_ms": ("cpu_wait_ms",),
     "events": ("events",), "sim_wall_s": ("wall_s",),
 }
 METRIC_COLUMNS = [*METRICS, "cache_slots"]
