@@ -116,6 +116,19 @@ class _Table2D:
         return value
 
 
+class Memo(dict):
+    """``key -> f(key)``, each computed once (a subscript when known): a cost function of a token count, say, read
+    many times per run."""
+
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def __missing__(self, key):
+        value = self[key] = self.f(key)
+        return value
+
+
 class CostModel:
     """Durations, in seconds, of the operations the engine schedules, for one model on one machine."""
 

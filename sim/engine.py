@@ -60,7 +60,7 @@ import simpy
 
 from sim.cache import HPC, LPC, MPC
 from sim.copy_engine import CopyEngine
-from sim.costs import CostModel
+from sim.costs import CostModel, Memo
 from sim.policies.base import Policy
 from sim.records import IterationRecord
 from sim.predictors.base import PredictionScore, Predictor
@@ -98,18 +98,6 @@ def _events_processed(env: simpy.Environment) -> int:
     """Events SimPy has processed: it numbers every scheduled event (``_eid``, a counter); the ones still queued
     were not processed. Reading the counter once at the end costs nothing during the run."""
     return next(env._eid) - len(env._queue)
-
-
-class _Memo(dict):
-    """``key -> f(key)``, each computed once (a subscript when known)."""
-
-    def __init__(self, f):
-        super().__init__()
-        self.f = f
-
-    def __missing__(self, key):
-        value = self[key] = self.f(key)
-        return value
 
 
 class Simulation:
@@ -199,9 +187,9 @@ class Simulation:
             expert_issue, hit_issue = hw.expert_issue_s, hw.hit_issue_s
             roles, decide = self.roles, protocol.decide
             copy_ready = copy.ready
-            expert_of = _Memo(expert_s)  # tokens -> one expert's compute
+            expert_of = Memo(expert_s)  # tokens -> one expert's compute
             trace = self.trace
-            cpu_of = _Memo(costs.cpu_expert_s)  # tokens -> one expert's compute on the host CPU
+            cpu_of = Memo(costs.cpu_expert_s)  # tokens -> one expert's compute on the host CPU
 
             def host_experts(it, layer, counts, cpu) -> float:
                 """The host side of a layer whose decisions are taken now: activations to the host, its experts
@@ -242,7 +230,7 @@ class Simulation:
                 jobs = {}
                 n_tok = int(it.rows.size)
                 # role -> the dense work of one MoE layer of this iteration
-                dense_of = _Memo(lambda role: costs.dense_s(role, n_tok, it.context))
+                dense_of = Memo(lambda role: costs.dense_s(role, n_tok, it.context))
                 for step in protocol.steps(it):
                     layer, counts = step.layer, step.counts
                     dense = dense_of[roles[layer]]

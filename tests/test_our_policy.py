@@ -12,16 +12,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import make_trace, random_trace
-from sim.cache import HPC, LPC, MISS, MPC
+from sim.cache import LPC, MISS, MPC
 from sim.errors import ConfigError
 from sim.policies import POLICIES, PolicyContext
 from sim.policies import next_use_odds as nuo
 from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.predictors import PREDICTORS, PredictorContext
-from sim.replay import replay
 from sim.run import simulate
 from sim.workload import build_iterations
 from test_engine import comparable, config_for
+import test_published_policies as published
+from test_published_policies import cache_hits, replay_snapshots, steps_of
 from traces.io import save_trace
 
 NAME = "next-use-odds"
@@ -31,37 +32,13 @@ SIMPLE = (-1.0, -0.5, 0.25, 0.0, 0.5, 1.0, 0.75, 0.5)
 
 
 def policy_for(trace, its, hpc, mpc, params=None, extra=None):
-    ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(trace.num_layers, trace.num_experts, tuple(x.role for x in trace.meta.model.layers),
-                        frozenset(range(trace.num_layers)), hpc, mpc, ranking, 0,
-                        {"trace": trace, "iterations": its, **(extra or {})})
-    return POLICIES.get(NAME)(params, ctx)
+    return published.policy_for(NAME, trace, its, hpc, mpc, params, extra)
 
 
 def drive(trace, its, policy, predictor="none", seed=0, predictor_params=None):
     pred = PREDICTORS.get(predictor)(predictor_params,
                                      PredictorContext(trace.num_layers, trace.num_experts, seed, {"trace": trace}))
-    snaps = []
-
-    def after(p):
-        p.cache.check()
-        snaps.append([sorted(m) for m in p.cache.mpc])
-
-    return replay(trace, its, policy, pred, after_step=after), snaps
-
-
-def steps_of(trace, its):
-    out = {layer: [] for layer in range(trace.num_layers)}
-    for it in its:
-        for layer in out:
-            ids = trace.experts[it.rows, layer, :].ravel()
-            out[layer].append(sorted({int(x) for x in ids if x >= 0}))
-    return out
-
-
-def cache_hits(policy):
-    h = policy.cache.counters.hits
-    return h[HPC] + h[MPC]
+    return replay_snapshots(trace, its, policy, pred)
 
 
 # ------------------------------------------------------------------------------------- the plain restatement

@@ -38,17 +38,28 @@ def policy_for(name, trace, its, hpc, mpc, params=None, extra=None):
     return POLICIES.get(name)(params, ctx)
 
 
-def drive(trace, its, policy, predictor="none", seed=0):
-    """Replay; returns the decisions and, per decision, every layer's sorted MPC after the step."""
-    pred = PREDICTORS.get(predictor)({"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None,
-                                     PredictorContext(trace.num_layers, trace.num_experts, seed))
+def layer_mpcs(cache):
+    """Every layer's sorted MPC."""
+    return [sorted(m) for m in cache.mpc]
+
+
+def replay_snapshots(trace, its, policy, pred, snapshot=layer_mpcs):
+    """Replay ``policy`` with ``pred``, checking the cache after every decision; returns the decisions and, per
+    decision, ``snapshot(cache)`` after the step."""
     snaps = []
 
     def after(p):
         p.cache.check()
-        snaps.append([sorted(m) for m in p.cache.mpc])
+        snaps.append(snapshot(p.cache))
 
     return replay(trace, its, policy, pred, after_step=after), snaps
+
+
+def drive(trace, its, policy, predictor="none", seed=0, snapshot=layer_mpcs):
+    """Replay; returns the decisions and, per decision, every layer's sorted MPC after the step (``snapshot``)."""
+    pred = PREDICTORS.get(predictor)({"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None,
+                                     PredictorContext(trace.num_layers, trace.num_experts, seed))
+    return replay_snapshots(trace, its, policy, pred, snapshot)
 
 
 def steps_of(trace, its):

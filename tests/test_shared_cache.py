@@ -29,7 +29,8 @@ from sim.replay import replay
 from sim.run import build_decisions, simulate
 from sim.workload import build_iterations
 from test_engine import config_for
-from test_published_policies import plain_arc, plain_s3fifo
+import test_published_policies as published
+from test_published_policies import cache_hits, plain_arc, plain_s3fifo
 from traces.io import load_trace, save_trace
 
 #: Online policies that manage a shared cache (belady is the offline bound).
@@ -49,26 +50,18 @@ def policy_for(name, trace, its, hpc, mpc, params=None, **kw):
     return POLICIES.get(name)(params, context(trace, its, hpc, mpc, **kw))
 
 
+def shared_snapshot(cache):
+    """The sorted (layer, expert) pairs of the MPC, checking it holds at most its slots."""
+    if cache.shared:
+        assert cache.mpc_size() <= cache.mpc_slots
+    else:
+        assert max(len(m) for m in cache.mpc) <= cache.mpc_slots
+    return sorted((layer, e) for layer, m in enumerate(cache.mpc) for e in m)
+
+
 def drive(trace, its, policy, predictor="none", seed=0):
     """Replay; returns the decisions and, per decision, the sorted (layer, expert) pairs of the MPC after it."""
-    pred = PREDICTORS.get(predictor)({"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None,
-                                     PredictorContext(trace.num_layers, trace.num_experts, seed))
-    snaps = []
-
-    def after(p):
-        p.cache.check()
-        if p.cache.shared:
-            assert p.cache.mpc_size() <= p.cache.mpc_slots
-        else:
-            assert max(len(m) for m in p.cache.mpc) <= p.cache.mpc_slots
-        snaps.append(sorted((layer, e) for layer, m in enumerate(p.cache.mpc) for e in m))
-
-    return replay(trace, its, policy, pred, after_step=after), snaps
-
-
-def cache_hits(policy):
-    h = policy.cache.counters.hits
-    return h["hpc"] + h["mpc"]
+    return published.drive(trace, its, policy, predictor, seed, snapshot=shared_snapshot)
 
 
 def sequence(trace, its):

@@ -34,17 +34,23 @@ TINY = {**TINY_MODEL, "d_model": 64, "d_ff": 128, "num_experts": 16, "decoder_bl
         "head_dim": 16, "vocab_size": 300}
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny model profile and a skewed random trace of it (so that caches hit and predictions miss)."""
+def tiny_files(tmp_path_factory, seed: int):
+    """A tiny model profile and a skewed random trace of it from ``seed`` (so that caches hit and predictions
+    miss): the profile's path, the trace's path and the trace."""
     d = tmp_path_factory.mktemp("tiny")
     (d / "tiny-moe.yaml").write_text(yaml.safe_dump(TINY))
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     t = random_trace(rng, tokens=160, layers=3, experts=16, k=2, requests=4)
     skewed = np.where(rng.random(t.experts.shape[:2])[:, :, None] < 0.5, t.experts % 4 * 2 + [0, 1], t.experts)
     meta = TraceMeta(**{**t.meta.__dict__, "model": ModelInfo("tiny-moe", 16, 2, t.meta.model.layers)})
     trace = Trace(skewed.astype(np.int16), t.request_offsets, t.prefill_lengths, meta)
     return d / "tiny-moe.yaml", save_trace(trace, d / "tiny.npz"), trace
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny model profile and a skewed random trace of it (so that caches hit and predictions miss)."""
+    return tiny_files(tmp_path_factory, 3)
 
 
 def tiny_config(tiny, policy, predictor="none", batch=4, hpc=1, mpc=3, lpc=4, **policy_params):

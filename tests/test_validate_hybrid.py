@@ -11,11 +11,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT, TINY_MODEL, random_trace
+from conftest import ROOT, TINY_MODEL
 from sim.cache import HPC, LPC
 from sim.config import config_from_dict
 from sim.policies import POLICIES
@@ -23,17 +22,13 @@ from sim.policies.base import LayerPlan, Policy
 from sim.predictors import PREDICTORS
 from sim.replay import replay
 from sim.run import build_decisions
-from traces.format import ModelInfo, Trace, TraceMeta
-from traces.io import save_trace
+from test_validate import TINY, tiny_files
 from validate.backends import CpuBackend, default_host_threads
 from validate.executor import CPU, HOST_PHASES, Executor, cpu_experts_of
 from validate.kernels import HostExperts, expert_forward, expert_views, fill_random, torch_dtype
 from validate.suites import HYBRID_POLICIES, SUITES
 
 torch = pytest.importorskip("torch")
-
-TINY = {**TINY_MODEL, "d_model": 64, "d_ff": 128, "num_experts": 16, "decoder_blocks": 3, "decoder_moe_layers": 3,
-        "head_dim": 16, "vocab_size": 300}
 
 
 class _HostMisses(Policy):
@@ -98,14 +93,7 @@ def host_policies():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    (d / "tiny-moe.yaml").write_text(yaml.safe_dump(TINY))
-    rng = np.random.default_rng(5)
-    t = random_trace(rng, tokens=160, layers=3, experts=16, k=2, requests=4)
-    skewed = np.where(rng.random(t.experts.shape[:2])[:, :, None] < 0.5, t.experts % 4 * 2 + [0, 1], t.experts)
-    meta = TraceMeta(**{**t.meta.__dict__, "model": ModelInfo("tiny-moe", 16, 2, t.meta.model.layers)})
-    trace = Trace(skewed.astype(np.int16), t.request_offsets, t.prefill_lengths, meta)
-    return d / "tiny-moe.yaml", save_trace(trace, d / "tiny.npz"), trace
+    return tiny_files(tmp_path_factory, 5)
 
 
 def _config(tiny, policy, predictor="none", batch=4, hpc=2, mpc=0, lpc=4):

@@ -369,6 +369,21 @@ class KeepNothing(Policy):
         return 0
 
 
+class PinnedOnly(Policy):
+    """A policy that keeps no MPC: every GPU slot, the MPC's included, holds a pinned expert (the host runs or
+    copies the rest); published, and without a predictor by default."""
+
+    origin = "published"
+    default_predictor = "none"
+    keeps_mpc = False
+
+    def hpc_capacity(self, ctx: PolicyContext) -> int:
+        return ctx.hpc_slots + ctx.mpc_slots
+
+    def mpc_capacity(self, ctx: PolicyContext) -> int:
+        return 0
+
+
 def hot_ranking_from_counts(counts: np.ndarray) -> tuple[tuple[int, ...], ...]:
     """Per layer, expert ids sorted by selection count (descending; ties by id). counts: [layers, experts]."""
     order = np.lexsort((np.arange(counts.shape[1])[None, :].repeat(counts.shape[0], 0), -counts), axis=1)
@@ -385,5 +400,5 @@ def selection_counts(experts: np.ndarray, num_experts: int) -> np.ndarray:
     return out
 
 
-__all__ = ["POLICIES", "KeepNothing", "PerLayerCache", "CPU", "HPC", "LPC", "MISS", "MPC", "LayerPlan", "Policy", "PolicyContext", "hot_ranking_from_counts",
+__all__ = ["POLICIES", "KeepNothing", "PerLayerCache", "PinnedOnly", "CPU", "HPC", "LPC", "MISS", "MPC", "LayerPlan", "Policy", "PolicyContext", "hot_ranking_from_counts",
            "selection_counts"]

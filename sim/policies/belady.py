@@ -199,9 +199,9 @@ class Belady(Policy):
             for e in chosen:
                 nxt[e] = int(first[e])
 
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.next_use:
-            return
+    def _record_next_uses(self, iteration, layer, active) -> list[int]:
+        """Record this step's next uses of ``layer``'s active experts (checking the active set is the workload's);
+        returns the layer's next-use list."""
         experts, uses = self.future.at(layer, iteration)
         if len(experts) != len(active) or list(active) != experts:
             raise RuntimeError(f"belady: iteration {iteration}, layer {layer}: active set {list(active)} differs "
@@ -209,6 +209,12 @@ class Belady(Policy):
         nxt = self.next_use[layer]
         for e, u in zip(experts, uses):
             nxt[e] = u
+        return nxt
+
+    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.next_use:
+            return
+        nxt = self._record_next_uses(iteration, layer, active)
         sources = plan.sources
         newcomers = [e for e in active if sources[e] in (MISS, LPC)]
         if not newcomers:
@@ -237,13 +243,7 @@ class Belady(Policy):
     def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.next_use:
             return
-        experts, uses = self.future.at(layer, iteration)
-        if len(experts) != len(active) or list(active) != experts:
-            raise RuntimeError(f"belady: iteration {iteration}, layer {layer}: active set {list(active)} differs "
-                               f"from the workload's ({experts}); ctx.extra['iterations'] is not this run's")
-        nxt = self.next_use[layer]
-        for e, u in zip(experts, uses):
-            nxt[e] = u
+        nxt = self._record_next_uses(iteration, layer, active)
         sources = plan.sources
         newcomers = [(layer, e) for e in active if sources[e] in (MISS, LPC)]
         if not newcomers:
@@ -280,6 +280,17 @@ def _shared_warm(future, layers, iteration: int, hpc, slots: int, num_layers: in
     return pool[:slots]
 
 
+def _min_access(held: dict, active, when, capacity: int) -> int:
+    """One step of a bound's MIN cache ``held`` (keys in insertion order): the ``active`` keys already held are
+    hits, the others enter by :func:`min_step` (``when``: each key's next use); returns the hits."""
+    newcomers = [key for key in active if key not in held]
+    for key, victim in min_step(list(held), newcomers, when, capacity):
+        if victim is not None:
+            del held[victim]
+        held[key] = None
+    return len(active) - len(newcomers)
+
+
 def belady_bound(trace, iterations, capacity_per_layer: int, cached_layers=None, warm: bool = True) -> dict:
     """Hits of a MIN cache of ``capacity_per_layer`` experts in each of ``cached_layers`` (default: all), over
     the workload ``iterations`` of ``trace``, without an engine: exactly the ``belady`` policy's HPC+MPC hits
@@ -311,17 +322,10 @@ def belady_bound(trace, iterations, capacity_per_layer: int, cached_layers=None,
                 lo, hi = off[i], off[i + 1]
                 if lo == hi:
                     continue
-                newcomers = []
-                for e, u in zip(exps[lo:hi], uses[lo:hi]):
+                active = exps[lo:hi]
+                for e, u in zip(active, uses[lo:hi]):
                     nxt[e] = u
-                    if e in held:
-                        hits += 1
-                    else:
-                        newcomers.append(e)
-                for e, victim in min_step(list(held), newcomers, nxt, capacity_per_layer):
-                    if victim is not None:
-                        del held[victim]
-                    held[e] = None
+                hits += _min_access(held, active, nxt, capacity_per_layer)
     return {"hits": hits, "accesses": accesses, "hit_rate": hits / accesses if accesses else 0.0}
 
 
@@ -357,18 +361,10 @@ def belady_bound_shared(trace, iterations, capacity: int, cached_layers=None, wa
                 if lo == hi:
                     continue
                 exps, uses = future.experts[layer], future.next_use[layer]
-                newcomers = []
-                for e, u in zip(exps[lo:hi], uses[lo:hi]):
-                    key = (layer, e)
+                active = [(layer, e) for e in exps[lo:hi]]
+                for key, u in zip(active, uses[lo:hi]):
                     when[key] = shared_time(u, layer, n)
-                    if key in held:
-                        hits += 1
-                    else:
-                        newcomers.append(key)
-                for key, victim in min_step(list(held), newcomers, when, capacity):
-                    if victim is not None:
-                        del held[victim]
-                    held[key] = None
+                hits += _min_access(held, active, when, capacity)
     return {"hits": hits, "accesses": accesses, "hit_rate": hits / accesses if accesses else 0.0}
 
 

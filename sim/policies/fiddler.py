@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from sim.cache import CPU, HPC, MISS
 from sim.errors import ConfigError
-from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
+from sim.policies.base import POLICIES, LayerPlan, PinnedOnly, Policy
 
 
 def cost_model(policy: Policy):
@@ -36,17 +36,8 @@ def cost_model(policy: Policy):
 
 
 @POLICIES.register("fiddler")
-class Fiddler(Policy):
-    origin = "published"
-    default_predictor = "none"
+class Fiddler(PinnedOnly):
     wants_counts = True
-    keeps_mpc = False
-
-    def hpc_capacity(self, ctx: PolicyContext) -> int:
-        return ctx.hpc_slots + ctx.mpc_slots
-
-    def mpc_capacity(self, ctx: PolicyContext) -> int:
-        return 0
 
     def configure(self) -> None:
         self.costs = cost_model(self)

@@ -45,18 +45,9 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cache import CPU, LPC, MISS, MPC
+from sim.costs import Memo
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 from sim.policies.fiddler import cost_model
-
-
-class _Memo(dict):
-    def __init__(self, f):
-        super().__init__()
-        self.f = f
-
-    def __missing__(self, key):
-        value = self[key] = self.f(key)
-        return value
 
 
 @POLICIES.register("hybrid-cache")
@@ -87,9 +78,9 @@ class HybridCache(Policy):
         self.max_prefetch = int(p["max_prefetch"])
         c = self.costs = cost_model(self)
         self.copy_s = c.copy_s(c.expert_bytes)
-        self.gpu_of = _Memo(c.expert_s)
-        self.cpu_of = _Memo(c.cpu_expert_s)
-        self.act_of = _Memo(lambda n: c.activation_copy_s(n, "d2h") + c.activation_copy_s(n, "h2d"))
+        self.gpu_of = Memo(c.expert_s)
+        self.cpu_of = Memo(c.cpu_expert_s)
+        self.act_of = Memo(lambda n: c.activation_copy_s(n, "d2h") + c.activation_copy_s(n, "h2d"))
         ctx = self.ctx
         self.p = np.zeros((ctx.num_layers, ctx.num_experts))
         self.seen = [-1] * ctx.num_layers        # the iteration each layer's estimates were last decayed to

@@ -18,21 +18,11 @@ The rule here:
 from __future__ import annotations
 
 from sim.cache import CPU, HPC
-from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
+from sim.policies.base import POLICIES, LayerPlan, PinnedOnly
 
 
 @POLICIES.register("ktransformers")
-class KTransformers(Policy):
-    origin = "published"
-    default_predictor = "none"
-    keeps_mpc = False
-
-    def hpc_capacity(self, ctx: PolicyContext) -> int:
-        return ctx.hpc_slots + ctx.mpc_slots
-
-    def mpc_capacity(self, ctx: PolicyContext) -> int:
-        return 0
-
+class KTransformers(PinnedOnly):
     def configure(self) -> None:
         self.pin_hot_experts()
 

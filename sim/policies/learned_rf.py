@@ -145,15 +145,21 @@ class LearnedRF(PerLayerCache):
         age = now - self.last[layer][expert]
         return w0 + w1 * math.log2(1 + age) + w2 * math.log2(self.uses[layer][expert] / now)
 
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return
+    def _count_uses(self, layer: int, active) -> list[int]:
+        """Advance ``layer``'s step count and count and stamp this step's uses of its active experts; returns the
+        layer's last-use list."""
         self.step[layer] += 1
         now = self.step[layer]
         uses, last = self.uses[layer], self.last[layer]
         for e in active:
             uses[e] += 1
             last[e] = now
+        return last
+
+    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
+            return
+        last = self._count_uses(layer, active)
         self.admit_newcomers(layer, active, plan, lambda v: (self.score(layer, v), -last[v], -v))
 
     def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
@@ -161,12 +167,7 @@ class LearnedRF(PerLayerCache):
         them converted to whole-model layer steps (``Policy.global_distance``)."""
         if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
             return
-        self.step[layer] += 1
-        now = self.step[layer]
-        uses, last = self.uses[layer], self.last[layer]
-        for e in active:
-            uses[e] += 1
-            last[e] = now
+        self._count_uses(layer, active)
         n, until, score = len(self.layer_pos), self.layers_until, self.score
 
         def keys(l, held):  # global_distance(2 ** score, l, layer), inlined

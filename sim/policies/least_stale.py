@@ -63,6 +63,7 @@ class LeastStale(PerLayerCache):
             self.update = self.update_shared
 
     def observe(self, layer: int, active) -> None:
+        """Advance ``layer``'s step count and update each active expert's interval estimate and last use."""
         self.step[layer] += 1
         now = self.step[layer]
         last, est = self.last[layer], self.interval[layer]
@@ -91,13 +92,6 @@ class LeastStale(PerLayerCache):
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
             return
-        self.step[layer] += 1
-        now = self.step[layer]
+        self.observe(layer, active)
         last, est = self.last[layer], self.interval[layer]
-        for e in active:
-            prev = last[e]
-            if prev >= 0:
-                gap = now - prev
-                est[e] = float(gap) if est[e] == 0.0 else KEEP * est[e] + (1.0 - KEEP) * gap
-            last[e] = now
         self.admit_newcomers(layer, active, plan, lambda v: (last[v] + max(est[v], 1.0), last[v], v))

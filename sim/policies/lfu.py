@@ -57,9 +57,9 @@ class LFU(PerLayerCache):
         if self.shared:
             self.update = self.update_shared
 
-    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return
+    def _count_uses(self, layer: int, active, plan: LayerPlan) -> list[int]:
+        """Count this step's uses of ``layer``'s active experts (a newcomer restarts at 1 with ``in_cache``) and
+        stamp their last use; returns the newcomers (missed or in the LPC), most used first."""
         self.clock += 1
         freq, last, clock = self.freq[layer], self.last[layer], self.clock
         sources = plan.sources
@@ -67,9 +67,16 @@ class LFU(PerLayerCache):
             freq[e] = 1 if self.in_cache and sources[e] in (MISS, LPC) else freq[e] + 1
             last[e] = clock
         newcomers = [e for e in active if sources[e] in (MISS, LPC)]
+        newcomers.sort(key=lambda e: -freq[e])  # stable: ties keep the id order of ``active``
+        return newcomers
+
+    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
+            return
+        newcomers = self._count_uses(layer, active, plan)
         if not newcomers:
             return
-        newcomers.sort(key=lambda e: -freq[e])  # stable: ties keep the id order of ``active``
+        freq = self.freq[layer]
         freqs, lasts = self.freq, self.last
         def keys(l, held):
             f, t = freqs[l], lasts[l]
@@ -86,18 +93,12 @@ class LFU(PerLayerCache):
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
             return
-        self.clock += 1
-        freq, last, clock = self.freq[layer], self.last[layer], self.clock
-        cache = self.cache
-        mpc, slots = cache.mpc[layer], cache.mpc_slots
-        sources = plan.sources
-        for e in active:
-            freq[e] = 1 if self.in_cache and sources[e] in (MISS, LPC) else freq[e] + 1
-            last[e] = clock
-        newcomers = [e for e in active if sources[e] in (MISS, LPC)]
+        newcomers = self._count_uses(layer, active, plan)
         if not newcomers:
             return
-        newcomers.sort(key=lambda e: -freq[e])  # stable: ties keep the id order of ``active``
+        freq, last = self.freq[layer], self.last[layer]
+        cache = self.cache
+        mpc, slots = cache.mpc[layer], cache.mpc_slots
         active_set = set(active)
         admitted = 0
         for e in newcomers:

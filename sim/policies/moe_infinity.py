@@ -140,11 +140,16 @@ class MoEInfinity(Policy):
         freq = (g + 1.0) / (g.sum(axis=1, keepdims=True) + g.shape[1])
         return (rows.sum(axis=0) + FLOOR) * freq
 
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
+    def _gate_ran(self, layer: int, active, plan: LayerPlan) -> list[int]:
+        """Tell the tracker ``layer``'s gate has run; returns the layer's newcomers (missed or in the LPC), none
+        where the layer is not cached or the MPC has no slots."""
         self.tracker.observe_through(layer)  # this layer's gate has run
         if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return
-        newcomers = [e for e in active if plan.sources[e] in (MISS, LPC)]
+            return []
+        return [e for e in active if plan.sources[e] in (MISS, LPC)]
+
+    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
+        newcomers = self._gate_ran(layer, active, plan)
         if not newcomers:
             return
         prio = self.priority(layer).tolist()
@@ -161,10 +166,7 @@ class MoEInfinity(Policy):
             plan.promote[e] = victim
 
     def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
-        self.tracker.observe_through(layer)  # this layer's gate has run
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return
-        newcomers = [e for e in active if plan.sources[e] in (MISS, LPC)]
+        newcomers = self._gate_ran(layer, active, plan)
         if not newcomers:
             return
         prio = self.priority_all()

@@ -57,7 +57,7 @@ from sim.cache import LPC, MISS
 from sim.errors import ConfigError
 from sim.params import between, file_path
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
-from sim.workload import active_sets, build_iterations, phase_layers
+from sim.policies.learned_rf import layer_steps as training_steps  # the training trace's steps, per layer
 
 ORIGIN = "ours"
 
@@ -107,20 +107,6 @@ def layer_samples(steps: list[tuple[int, ...]], num_experts: int) -> tuple[np.nd
     x = feature_rows(age, ema[:, :-1][:, seen], share[:-1][seen])
     y = used[1:][seen].astype(np.float64)
     return x, y
-
-
-def training_steps(trace, batch: int, layers) -> dict[int, list[tuple[int, ...]]]:
-    """Per layer of ``layers``, the sorted active experts of each of its steps when ``trace`` is served in static
-    batches of ``batch`` requests (prompts included where the model routes them)."""
-    its, _ = build_iterations(trace, batch, "static", None, True, None)
-    phases = phase_layers(trace)
-    out: dict[int, list[tuple[int, ...]]] = {layer: [] for layer in layers}
-    for it in its:
-        run = [layer for layer in phases[it.kind] if layer in out]
-        if run:
-            for layer, (active, _) in zip(run, active_sets(trace, it.rows, run)):
-                out[layer].append(active)
-    return out
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray) -> tuple[float, ...]:

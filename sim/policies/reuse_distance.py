@@ -66,9 +66,9 @@ class ReuseDistance(PerLayerCache):
         if self.shared:
             self.update = self.update_shared
 
-    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return
+    def _record_gaps(self, layer: int, active) -> list[int]:
+        """Advance ``layer``'s step count and record each active expert's reuse interval (its own history and the
+        layer's pool) and last use; returns the layer's last-use list."""
         self.step[layer] += 1
         now = self.step[layer]
         last, hist, pooled = self.last[layer], self.history[layer], self.pooled[layer]
@@ -78,6 +78,12 @@ class ReuseDistance(PerLayerCache):
                 hist[e].append(gap)
                 pooled.append(gap)
             last[e] = now
+        return last
+
+    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
+            return
+        self._record_gaps(layer, active)
         n, until, pred = len(self.layer_pos), self.layers_until, self.prediction
 
         def keys(l, held):  # global_distance(prediction, l, layer), inlined
@@ -96,13 +102,5 @@ class ReuseDistance(PerLayerCache):
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
             return
-        self.step[layer] += 1
-        now = self.step[layer]
-        last, hist, pooled = self.last[layer], self.history[layer], self.pooled[layer]
-        for e in active:
-            if last[e] >= 0:
-                gap = now - last[e]
-                hist[e].append(gap)
-                pooled.append(gap)
-            last[e] = now
+        last = self._record_gaps(layer, active)
         self.admit_newcomers(layer, active, plan, lambda v: (self.prediction(layer, v), -last[v], -v))

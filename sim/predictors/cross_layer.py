@@ -20,31 +20,23 @@ from __future__ import annotations
 import numpy as np
 
 from sim.params import between, file_path
-from sim.predictors.base import PREDICTORS, Predictor
-from sim.predictors.transition import load_training_trace, transition_table, workload_trace
-from sim.workload import phase_layers
+from sim.predictors.base import PREDICTORS
+from sim.predictors.transition import LayerPairPredictor, load_training_trace, transition_table, workload_trace
 
 
 @PREDICTORS.register("cross-layer")
-class CrossLayerPredictor(Predictor):
+class CrossLayerPredictor(LayerPairPredictor):
     PARAMS = {"train": None, "threshold": 0.5}
     PARAM_RULES = {"train": file_path("trace file"), "threshold": between(0.0, 1.0, above=True)}
 
     def configure(self) -> None:
         self.trace = workload_trace(self)
-        self.phase_layers = phase_layers(self.trace)
         self.threshold = float(self.params["threshold"])
         self.train = None
         if self.params["train"] is not None:
             self.train = load_training_trace(self.params["train"], "predictor.params.train", self.trace,
                                              self.ctx.extra.get("trace_path"))
-        self.tables: dict[tuple[int, int], np.ndarray] = {}
-        self.rows = None
-        self.kind = None
-
-    def start_iteration(self, iteration) -> None:
-        self.rows = iteration.rows
-        self.kind = iteration.kind
+        self.start_tables()
 
     def probabilities(self, src: int, dst: int) -> np.ndarray:
         """[experts of src + 1, experts of dst]: P(dst expert | src expert); the last row is the prior (used for

@@ -90,8 +90,24 @@ def transition_table(experts: np.ndarray, src: int, dst: int, num_experts: int) 
     return np.bincount(codes[valid], minlength=num_experts * num_experts).reshape(num_experts, num_experts)
 
 
+class LayerPairPredictor(Predictor):
+    """A predictor from tables per pair of layers (source, destination) learned on a training trace, reading the
+    current iteration's tokens (``rows``) and phase (``kind``)."""
+
+    def start_tables(self) -> None:
+        """The workload's layers per phase, no table yet, no iteration yet (the end of ``configure``)."""
+        self.phase_layers = phase_layers(self.trace)
+        self.tables: dict[tuple[int, int], np.ndarray] = {}
+        self.rows = None
+        self.kind = None
+
+    def start_iteration(self, iteration) -> None:
+        self.rows = iteration.rows
+        self.kind = iteration.kind
+
+
 @PREDICTORS.register("transition")
-class TransitionPredictor(Predictor):
+class TransitionPredictor(LayerPairPredictor):
     PARAMS = {"train": None, "top": None}
     PARAM_RULES = {"train": file_path("trace file", required=True, hint="give the path of a training trace of the "
                                                                         "same model (not the evaluated trace)"),
@@ -108,14 +124,7 @@ class TransitionPredictor(Predictor):
         self.top = top
         self.train = load_training_trace(self.params["train"], "predictor.params.train", self.trace,
                                          self.ctx.extra.get("trace_path"))
-        self.phase_layers = phase_layers(self.trace)
-        self.tables: dict[tuple[int, int], np.ndarray] = {}
-        self.rows = None
-        self.kind = None
-
-    def start_iteration(self, iteration) -> None:
-        self.rows = iteration.rows
-        self.kind = iteration.kind
+        self.start_tables()
 
     def ranking_keys(self, src: int, dst: int) -> np.ndarray:
         """[experts (of src), experts (of dst)] float: T plus a tie-breaker below 1 from dst's popularity."""
