@@ -156,7 +156,10 @@ class Policy(Parametrised):
 
     def global_distance(self, steps: float, layer: int, now: int) -> float:
         """A use predicted ``steps`` of its own layer's steps ahead (1: the layer's next step) as layer steps of
-        the whole model ahead of the running layer ``now``: ``(steps - 1) n + layers_until(layer, now)``."""
+        the whole model ahead of the running layer ``now``: ``(steps - 1) n + d``, ``n`` the cached layers and ``d``
+        the layer steps until ``layer`` next runs (``layers_until``: 1 for the next layer, ``n`` for the running
+        one). The shared-cache rule of the policies that predict a next use per layer (least-stale,
+        reuse-distance, learned-rf) evicts the largest."""
         return (steps - 1.0) * len(self.layer_pos) + self.layers_until(layer, now)
 
     def pin_hot_experts(self) -> None:

@@ -32,11 +32,9 @@ experts in one iteration are used together: their counts and last uses are updat
 miss or a prefetched expert) enters in id order, evicting the victim above; when every slot holds an expert in use
 now the newcomer is not admitted (otherwise every newcomer is admitted: no bypass). Copies land in their slot.
 
-Shared cache (``cache.organization: shared``): the same per-layer state and step; the victim is taken among the
-experts of every cached layer but those the running layer uses now, by the predicted next use converted to layer
-steps of the whole model: a use ``k`` of its own layer's steps ahead is ``(k - 1) n + d`` layer steps ahead, ``d``
-the layer steps until that layer next runs (1 for the next layer, ``n`` for the running one; ``n`` cached layers;
-``Policy.global_distance``). The largest goes first; ties as above, then the higher layer.
+Shared cache (``cache.organization: shared``): the same per-layer state and step; the victim is the expert of any
+cached layer, but those the running layer uses now, whose predicted next use is furthest in whole-model layer steps
+(``Policy.global_distance``); ties as above, then the higher layer.
 """
 
 from __future__ import annotations

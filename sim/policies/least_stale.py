@@ -31,11 +31,9 @@ Rules this simulator had to choose (**guessed**, the paper being about a whole-m
 - Prefetching follows the configured predictor (the base class); copies land in their slot (no device-to-device
   promotion).
 
-Shared cache (``cache.organization: shared``): the same per-layer state and step; the victim is taken among the
-experts of every cached layer but those the running layer uses now, by the predicted next use converted to layer
-steps of the whole model: a use ``k`` of its own layer's steps ahead is ``(k - 1) n + d`` layer steps ahead, ``d``
-the layer steps until that layer next runs (1 for the next layer, ``n`` for the running one; ``n`` cached layers;
-``Policy.global_distance``). The largest goes first; ties as above, then the higher layer.
+Shared cache (``cache.organization: shared``): the same per-layer state and step; the victim is the expert of any
+cached layer, but those the running layer uses now, whose predicted next use is furthest in whole-model layer steps
+(``Policy.global_distance``); ties as above, then the higher layer.
 """
 
 from __future__ import annotations
