@@ -40,7 +40,7 @@ ORIGINS = ("ceiling", "baseline", "published", "ours", "bound")
 
 #: Order within an origin under ``--policies all`` (the policy study's); others follow by name.
 STUDY_ORDER = ("gpu-only", "on-demand", "prefetch-all", "pregated", "lru", "lfu", "moe-infinity", "diffmoe",
-               "diffmoe-arc", "belady")
+               "diffmoe-arc", "lookahead", "belady")
 
 
 def origin_of(policy_class) -> str | None:

@@ -1,0 +1,91 @@
+"""`lookahead`: a per-layer cache that reads the next ``horizon`` iterations of the workload, and nothing further.
+
+What is perfect prediction of the next few tokens' routing worth to a cache? ``lookahead`` answers it: it is the
+online rule of ``lru`` made to see ``horizon`` iterations ahead, so the distance from ``lru`` (``horizon: 0``) to
+``belady`` (the whole future) shows how much of the gap to the bound a predictor of that reach could close at best
+with this rule. No deployed system has it (origin ``bound``); it is this project's yardstick, not a published policy.
+
+Rule, per cached layer, after the gate (the layer's active experts are used together, as in ``lru``):
+- hits become most recent, in active order;
+- each missing (or prefetched) expert, in active order, enters the cache; a full cache first picks a victim among
+  the held experts this layer does not use now: the one whose next use is furthest, a next use more than
+  ``horizon`` iterations ahead counting as unknown (furthest of all), and among equals the least recently used;
+- bypass: the newcomer is not admitted when its own next use is further than the victim's (both as the horizon
+  sees them), or when every slot holds an expert this layer uses now.
+
+With ``horizon: 0`` nothing ahead is seen: every next use is unknown, no newcomer is bypassed, and the decisions are
+``lru``'s exactly (tests check it). ``horizon`` counts iterations of the run (at batch 1, tokens). Capacity and
+``pin_hot`` are as ``lru``'s (``sim.policies.base.PerLayerCache``). It reads the future from
+``ctx.extra["trace"]`` and ``ctx.extra["iterations"]`` as ``belady`` does; per-layer slots only.
+"""
+
+from __future__ import annotations
+
+from sim.cache import LPC, MISS, MPC
+from sim.params import between
+from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
+from sim.policies.belady import NEVER, FutureUses, _future_of
+
+
+@POLICIES.register("lookahead")
+class Lookahead(PerLayerCache):
+    """LRU that sees each held expert's next use up to ``horizon`` iterations ahead."""
+
+    origin = "bound"
+    PARAMS = {"pin_hot": False, "horizon": 1}
+    PARAM_RULES = {"horizon": between(0, None, int)}
+
+    def configure(self) -> None:
+        super().configure()
+        self.horizon = int(self.params["horizon"])
+        self.layers = sorted(self.ctx.cached_layers) if self.cache.mpc_slots > 0 else []
+        self.future = None
+        if self.layers:
+            trace, iterations = _future_of(self.ctx, "policy lookahead")
+            self.future = FutureUses(trace, iterations, self.layers)
+        # per layer, each expert's next use as known at its last use (exact for the experts held in the MPC: each
+        # entered at a use and has not been used since its last one)
+        self.next_use = {layer: [NEVER] * self.ctx.num_experts for layer in self.layers}
+
+    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
+        if layer not in self.next_use:
+            return
+        nxt = self.next_use[layer]
+        experts, uses = self.future.at(layer, iteration)
+        if list(active) != experts:
+            raise RuntimeError(f"lookahead: iteration {iteration}, layer {layer}: active set {list(active)} differs "
+                               f"from the workload's ({experts}); ctx.extra['iterations'] is not this run's")
+        for e, u in zip(experts, uses):
+            nxt[e] = u
+        cache = self.cache
+        mpc, sources = cache.mpc[layer], plan.sources
+        for e in active:   # hits become most recent, in active order
+            if sources[e] == MPC:
+                del mpc[e]
+                mpc[e] = None
+        newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
+        if not newcomers:
+            return
+        last_seen = iteration + self.horizon
+
+        def seen(u: int) -> int:
+            """A next use as the horizon sees it (NEVER: unknown)."""
+            return u if u <= last_seen else NEVER
+
+        busy, slots = set(active), cache.mpc_slots
+        for e in newcomers:
+            victim = None
+            if len(mpc) >= slots:
+                far = -1
+                for v in mpc:   # least recent first: a later one wins only with a strictly further next use
+                    if v in busy:
+                        continue
+                    s = seen(nxt[v])
+                    if s > far:
+                        victim, far = v, s
+                        if s == NEVER:
+                            break
+                if victim is None or seen(nxt[e]) > far:
+                    continue   # every slot holds an expert in use now, or the newcomer is needed later than all
+            cache.promote(layer, e, victim)
+            plan.promote[e] = victim
