@@ -161,3 +161,23 @@ def test_a_bad_horizon_names_the_field(horizon):
 
 def test_origin_is_bound():
     assert POLICIES.get("lookahead").origin == "bound"
+
+
+def test_the_foresight_study_runs_and_its_table_is_consistent(tmp_path):
+    """``benchmarks/foresight_study.py --quick`` end to end: one row per cell, the target between the best published
+    cache and Belady, and Belady's cache hits at least every lookahead horizon's."""
+    import subprocess
+    import sys
+
+    doc = tmp_path / "foresight.md"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "foresight_study.py"), "--quick", "--jobs", "2",
+                        "--doc", str(doc)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in doc.read_text().splitlines()
+            if line.startswith("| ") and line.split("|")[2].strip() in ("1", "16")]
+    assert len(rows) == 6
+    for row in rows:
+        best, bel, target = float(row[2].split()[0]), float(row[3]), float(row[4])
+        looks = [float(x) for x in row[6].split("/")]
+        assert len(looks) == 5 and best <= target <= bel
+        assert all(v <= bel + 1e-9 for v in looks)
