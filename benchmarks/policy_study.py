@@ -294,9 +294,10 @@ How to read the tables:
   bundled gpt-oss-20b trace; on gpt-oss its rows therefore include requests it was fitted on.
   `docs/our_policy.md` evaluates it, trained, on held-out requests only.
 - Origins: `ceiling` keeps every expert on the GPU, `baseline` caches nothing, `published` is a published system's
-  rule, `ours` this project's, `bound` reads the future. `fiddler`, `ktransformers` and `hybrid-cache` compute
-  missing experts on the host CPU (the H200 profile's two Sapphire Rapids sockets; see `docs/hybrid_study.md`):
-  they pin a static hot set rather than run a cache, so the per-section lines compare caches without them.
+  rule, `ours` this project's, `bound` reads the future: `belady` all of it, `lookahead` the next iteration only
+  (lru's rule with a perfect predictor of the next token's routing; `docs/foresight_study.md` varies the reach).
+  `fiddler`, `ktransformers` and `hybrid-cache` compute missing experts on the host CPU (the H200 profile's two
+  Sapphire Rapids sockets; see `docs/hybrid_study.md`): they pin a static hot set rather than run a cache, so the per-section lines compare caches without them.
 
 What the tables show (measured in the run below; the per-section lines give the exact figures):
 - **Every online cache stays far from the bound at batch 1 on top-2/top-4 models.** On real gpt-oss-20b routing the
