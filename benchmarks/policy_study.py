@@ -297,7 +297,8 @@ How to read the tables:
   rule, `ours` this project's, `bound` reads the future: `belady` all of it, `lookahead` the next iteration only
   (lru's rule with a perfect predictor of the next token's routing; `docs/foresight_study.md` varies the reach).
   `fiddler`, `ktransformers` and `hybrid-cache` compute missing experts on the host CPU (the H200 profile's two
-  Sapphire Rapids sockets; see `docs/hybrid_study.md`): they pin a static hot set rather than run a cache, so the per-section lines compare caches without them.
+  Sapphire Rapids sockets; see `docs/hybrid_study.md`): they pin a static hot set
+  rather than run a cache, so the per-section lines compare caches without them.
 
 What the tables show (measured in the run below; the per-section lines give the exact figures):
 - **Every online cache stays far from the bound at batch 1 on top-2/top-4 models.** On real gpt-oss-20b routing the
