@@ -68,7 +68,7 @@ def tiny_config(tiny, policy, predictor="none", batch=4, hpc=1, mpc=3, lpc=4, **
 CASES = [("arc", "none"), ("s3fifo", "noisy"), ("least-stale", "oracle"), ("learned-rf", "none"), ("reuse-distance", "noisy"), ("on-demand", "none"), ("pregated", "oracle"), ("prefetch-all", "none"), ("lru", "noisy"),
          ("lfu", "none"), ("diffmoe", "noisy"), ("diffmoe-arc", "oracle"), ("moe-infinity", "moe-infinity"),
          ("belady", "noisy"), ("gpu-only", "none"), ("next-use-odds", "noisy"), ("fiddler", "none"),
-         ("ktransformers", "none"), ("hybrid-cache", "none")]
+         ("ktransformers", "none"), ("hybrid-cache", "none"), ("lookahead", "oracle")]
 
 
 def test_every_policy_is_covered():
