@@ -145,6 +145,19 @@ def min_step(held: Sequence[int], newcomers: Sequence[int], next_use, slots: int
     return out
 
 
+def record_next_uses(future: FutureUses, next_use: list[int], iteration: int, layer: int, active,
+                     who: str) -> list[int]:
+    """Record in ``next_use`` (one layer's, per expert) the next uses of the step's active experts, checking that the
+    active set is the workload's (``who`` names the policy in the error); returns ``next_use``."""
+    experts, uses = future.at(layer, iteration)
+    if len(experts) != len(active) or list(active) != experts:
+        raise RuntimeError(f"{who}: iteration {iteration}, layer {layer}: active set {list(active)} differs "
+                           f"from the workload's ({experts}); ctx.extra['iterations'] is not this run's")
+    for e, u in zip(experts, uses):
+        next_use[e] = u
+    return next_use
+
+
 def _future_of(ctx, who: str):
     extra = ctx.extra or {}
     trace, iterations = extra.get("trace"), extra.get("iterations")
@@ -200,16 +213,7 @@ class Belady(Policy):
                 nxt[e] = int(first[e])
 
     def _record_next_uses(self, iteration, layer, active) -> list[int]:
-        """Record this step's next uses of ``layer``'s active experts (checking the active set is the workload's);
-        returns the layer's next-use list."""
-        experts, uses = self.future.at(layer, iteration)
-        if len(experts) != len(active) or list(active) != experts:
-            raise RuntimeError(f"belady: iteration {iteration}, layer {layer}: active set {list(active)} differs "
-                               f"from the workload's ({experts}); ctx.extra['iterations'] is not this run's")
-        nxt = self.next_use[layer]
-        for e, u in zip(experts, uses):
-            nxt[e] = u
-        return nxt
+        return record_next_uses(self.future, self.next_use[layer], iteration, layer, active, "belady")
 
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.next_use:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from sim.cache import LPC, MISS, MPC
 from sim.params import between
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
-from sim.policies.belady import NEVER, FutureUses, _future_of
+from sim.policies.belady import NEVER, FutureUses, _future_of, record_next_uses
 
 
 @POLICIES.register("lookahead")
@@ -50,13 +50,7 @@ class Lookahead(PerLayerCache):
     def update(self, iteration, layer, active, plan: LayerPlan) -> None:
         if layer not in self.next_use:
             return
-        nxt = self.next_use[layer]
-        experts, uses = self.future.at(layer, iteration)
-        if list(active) != experts:
-            raise RuntimeError(f"lookahead: iteration {iteration}, layer {layer}: active set {list(active)} differs "
-                               f"from the workload's ({experts}); ctx.extra['iterations'] is not this run's")
-        for e, u in zip(experts, uses):
-            nxt[e] = u
+        nxt = record_next_uses(self.future, self.next_use[layer], iteration, layer, active, "lookahead")
         cache = self.cache
         mpc, sources = cache.mpc[layer], plan.sources
         for e in active:   # hits become most recent, in active order
