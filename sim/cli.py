@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from traces.cli import run_main
+from traces.cli import OneLineParser, run_main
 
 
 def _progress_printer():
@@ -51,7 +51,7 @@ def cmd_run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sim", description="Simulator of offloaded MoE inference.")
+    parser = OneLineParser(prog="python -m sim", description="Simulator of offloaded MoE inference.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("run", help="simulate one run config")
     p.add_argument("config", help="run config (YAML), e.g. configs/switch_xxl.yaml")

@@ -9,15 +9,24 @@ from __future__ import annotations
 import argparse
 import sys
 
-from traces.errors import InputError
+from traces.errors import InputError, one_line
 
 COMMAND_MODULES = ("traces.importers", "traces.record", "traces.synth", "traces.stats", "traces.check")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported as the one line ``error: PROG: problem`` (exit status 2) instead of
+    the usage block followed by the error: the contract of every command line here. ``--help`` still prints usage.
+    Sub-command parsers are of the same class (argparse makes them with ``type(self)``)."""
+
+    def error(self, message: str):  # noqa: D401 (argparse's hook)
+        self.exit(2, f"error: {one_line(self.prog, 80)}: {one_line(message, 300)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(prog="python -m traces", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m traces", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)

@@ -37,11 +37,81 @@ META_ENTRY = "meta.json"
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
+def check_output_file(path: str | os.PathLike, what: str = "output file") -> Path:
+    """``path`` as a place to write a file: missing, or an existing regular file (replaced whole). A folder, a
+    FIFO, a device, a socket or a name the system refuses (too long, NUL byte) is refused with a TraceError: a
+    rename over a special file would replace it (as root, ``/dev/full`` itself), and nothing is written."""
+    p = Path(path)
+    if str(path) == "":
+        raise TraceError("''", f"empty {what} name")
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    except (OSError, ValueError) as exc:
+        raise TraceError(path, f"cannot be written ({getattr(exc, 'strerror', None) or exc})") from None
+    if st is not None:
+        if stat.S_ISLNK(st.st_mode):
+            target = file_kind(p)
+            if target not in ("missing", "file"):
+                raise TraceError(path, f"is a link to {target}: cannot write the {what} there")
+        elif stat.S_ISDIR(st.st_mode):
+            raise TraceError(path, f"is a folder: cannot write the {what} there")
+        elif not stat.S_ISREG(st.st_mode):
+            raise TraceError(path, f"is {_KIND_NAMES.get(stat.S_IFMT(st.st_mode), 'a special file')}: refusing to "
+                                   f"replace it with the {what}")
+    parent = p.parent
+    kind = file_kind(parent)
+    if kind not in ("missing", "folder"):
+        raise TraceError(path, f"cannot be written: {parent} is {kind}, not a folder")
+    return p
+
+
+def check_output_folder(path: str | os.PathLike, what: str = "output folder") -> Path:
+    """``path`` as a folder to write results in: missing (it will be made) or an existing folder; a regular file,
+    a FIFO, a device or a socket in its place is refused with a TraceError before anything is written."""
+    p = Path(path)
+    if str(path) == "":
+        raise TraceError("''", f"empty {what} name")
+    kind = file_kind(p)
+    if kind not in ("missing", "folder"):
+        raise TraceError(path, f"is {kind}, not a folder: cannot write the {what} there")
+    for parent in p.parents:
+        k = file_kind(parent)
+        if k == "folder":
+            break
+        if k != "missing":
+            raise TraceError(path, f"cannot be made: {parent} is {k}, not a folder")
+    return p
+
+
+_KIND_NAMES = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
+               stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder",
+               stat.S_IFREG: "a regular file", stat.S_IFLNK: "a symbolic link"}
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """What ``path`` names, following links: "missing", "file", "folder", or a phrase for anything else
+    ("a FIFO (named pipe)", "a character device", "an unreadable path (...)")."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, ValueError) as exc:
+        return f"an unreadable path ({getattr(exc, 'strerror', None) or exc})"
+    if stat.S_ISREG(st.st_mode):
+        return "file"
+    if stat.S_ISDIR(st.st_mode):
+        return "folder"
+    return _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "a special file")
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one."""
-    path = Path(path)
+    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one. Only a missing
+    path or a regular file is ever replaced (:func:`check_output_file`): never a FIFO, a device or a folder."""
+    path = check_output_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent)
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -50,6 +120,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        check_output_file(path)  # nothing special was put in its place meanwhile
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

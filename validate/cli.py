@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from traces.cli import run_main
+from traces.cli import OneLineParser, run_main
 
 
 def cmd_microbench(args) -> int:
@@ -81,7 +81,7 @@ HOST_THREADS_HELP = ("worker threads computing experts on the host CPU (hybrid p
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m validate", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m validate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("microbench", help="measure copies, expert FFNs and dense work; write a calibration file")
     p.add_argument("--model", required=True, help="model profile whose expert and dense shapes to measure")
