@@ -18,30 +18,33 @@ where the final calibration would make it decide otherwise, the configuration is
 ``compare.md`` and ``compare.png`` (simulated against real latency, and the errors per configuration).
 
 DIR may also be the archive ``run_gpu_check.sh`` packs (``gpu-check.tar.gz``): it is unpacked beside itself first
-(``gpu-check.tar.gz`` -> ``gpu-check/``), and kept.
+(``gpu-check.tar.gz`` -> ``gpu-check/``), and kept. Archives and folders are untrusted input (validate/archive.py):
+regular files and folders only, every read and write kept inside the folder, and the figures compare uses checked
+(``check_summary``, ``check_manifest``) before anything is simulated.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
+import math
 import os
-import shutil
-import tarfile
-import tempfile
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 import sim.cache
+from sim.checks import show
 from sim.config import config_from_dict
-from sim.errors import ConfigError
-from sim.files import file_status, read_structured_file
+from sim.errors import ConfigError, one_line
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
-from traces.io import atomic_write_bytes, file_sha256, load_trace
+from traces.io import atomic_write_bytes, check_output_folder, file_kind, file_sha256, load_trace
+from validate.archive import (ARCHIVE_SUFFIXES, MAX_MEMBERS, find_file, output_file, output_folder, plain_name, read_inside,
+                              regular_file, unpack)
 from validate.measure import decisions_digest
 
 COLUMNS = ["config", "policy", "predictor", "batch_size", "hpc_slots", "mpc_slots", "iterations",
@@ -56,13 +59,106 @@ COLUMNS = ["config", "policy", "predictor", "batch_size", "hpc_slots", "mpc_slot
 CPU_SOURCE = getattr(sim.cache, "CPU", "cpu")
 
 
-def _read_json(path: Path, what: str):
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(str(path), f"missing: not a finished validate measurement ({what})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), f"is not valid JSON ({exc})") from None
+#: The longest manifest string (suite, device, date) shown in a title or the report: a manifest is the
+#: archive's, and a megabyte-long suite name would take minutes to lay out in the plot.
+MAX_LABEL_CHARS = 80
+#: The longest trace key in a manifest's ``traces`` (a path on the measuring machine, only looked up, never opened).
+MAX_TRACE_KEY_CHARS = 1024
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+#: summary.json fields compare uses: (path of keys, kind). Kinds: "positive" (a finite number > 0), "count" (an
+#: integer >= 0), "iterations" (an integer >= 1), "sha256" (64 hex digits), "nonneg" (a finite number >= 0, or
+#: null: an optional figure), "fraction" (a number in [0, 1], or null), "table" (a mapping, or null).
+SUMMARY_FIELDS = (
+    (("iteration_ms",), "mapping"), (("iteration_ms", "mean"), "positive"), (("iteration_ms", "p50"), "positive"),
+    (("throughput_tok_s",), "positive"), (("iterations",), "iterations"), (("copies",), "count"),
+    (("decisions_sha256",), "sha256"), (("cpu_expert_frac",), "fraction"), (("cpu_experts",), "optional_count"),
+    (("mean_copy_ms",), "nonneg"), (("stall_ms",), "nonneg"), (("wait_ms",), "nonneg"),
+    (("mean_copy_gap_us",), "nonneg"), (("host_busy_ms",), "nonneg"), (("host_phase_ms",), "table"),
+    (("host_phase_ms", "decide"), "nonneg"), (("host_phase_ms", "gate_sync"), "nonneg"),
+    (("link_busy_frac",), "nonneg"), (("cpu_busy_ms",), "nonneg"), (("cpu_stall_ms",), "nonneg"),
+)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _field_problem(value: Any, kind: str) -> str | None:
+    """What is wrong with ``value`` as a summary field of ``kind`` (None: fine); a missing field is None."""
+    optional = kind in ("fraction", "optional_count", "nonneg", "table")
+    if value is None:
+        return None if optional else "is missing"
+    if kind == "mapping" or kind == "table":
+        return None if isinstance(value, dict) else f"must be a mapping, got {show(value)}"
+    if kind in ("count", "iterations", "optional_count"):
+        low = 1 if kind == "iterations" else 0
+        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value < 1 << 62
+        return None if ok else f"must be an integer >= {low}, got {show(value)}"
+    if kind == "sha256":
+        ok = isinstance(value, str) and _SHA256.fullmatch(value) is not None
+        return None if ok else f"must be a SHA-256 (64 hex digits), got {show(value)}"
+    if not _is_number(value):
+        return f"must be a finite number, got {show(value)}"
+    if kind == "positive" and value <= 0:
+        return f"must be > 0, got {show(value)}"
+    if kind == "nonneg" and value < 0:
+        return f"must be >= 0, got {show(value)}"
+    if kind == "fraction" and not 0 <= value <= 1:
+        return f"must be between 0 and 1, got {show(value)}"
+    return None
+
+
+def check_summary(real: Any, path: Path) -> dict:
+    """``real``, a run's summary.json, with every field compare uses present and of the right kind; else a
+    ConfigError naming the file and the field."""
+    if not isinstance(real, dict):
+        raise ConfigError(str(path), f"must hold a mapping of the run's figures, got {show(real)}")
+    for keys, kind in SUMMARY_FIELDS:
+        value: Any = real
+        for k in keys:
+            value = value.get(k) if isinstance(value, dict) else None
+        problem = _field_problem(value, kind)
+        if problem is not None:
+            raise ConfigError(f"{path}: {'.'.join(keys)}", problem)
+    return real
+
+
+def check_manifest(manifest: Any, path: Path) -> dict:
+    """``manifest``, a measurement's manifest.json: a mapping whose ``configs`` are plain names (each the name of
+    a folder under ``runs/``), listed once, and whose ``traces`` map bounded strings to SHA-256 checksums."""
+    if not isinstance(manifest, dict):
+        raise ConfigError(str(path), f"must hold a mapping, got {show(manifest)}")
+    configs = manifest.get("configs", [])
+    if not isinstance(configs, list):
+        raise ConfigError(f"{path}: configs", f"must be a list of configuration names, got {show(configs)}")
+    if len(configs) > MAX_MEMBERS:
+        raise ConfigError(f"{path}: configs", f"lists {len(configs)} configurations, more than {MAX_MEMBERS}")
+    for i, name in enumerate(configs):
+        plain_name(name, f"{path}: configs[{i}]")
+        if name in configs[:i]:
+            raise ConfigError(f"{path}: configs[{i}]", f"{show(name)} is listed twice")
+    traces = manifest.get("traces")
+    if traces is None:
+        traces = {}
+    if not isinstance(traces, dict):
+        raise ConfigError(f"{path}: traces", f"must map trace paths to SHA-256 checksums, got {show(traces)}")
+    for key, digest in traces.items():
+        if not isinstance(key, str) or not key or len(key) > MAX_TRACE_KEY_CHARS or not key.isprintable():
+            raise ConfigError(f"{path}: traces", f"a trace key must be a printable path of 1 to "
+                                                 f"{MAX_TRACE_KEY_CHARS} characters, got {show(key)}")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise ConfigError(f"{path}: traces[{show(key)}]", f"must be a SHA-256 (64 hex digits), got {show(digest)}")
+    return {**manifest, "configs": configs, "traces": traces}
+
+
+def label(value: Any) -> str:
+    """A manifest string (suite, device, date) as shown in a title or the report: one line of at most
+    ``MAX_LABEL_CHARS`` characters, whatever the manifest holds."""
+    if value is None:
+        return "unknown"
+    text = value if isinstance(value, str) else show(value)
+    return one_line(text, MAX_LABEL_CHARS).replace("|", "/")
 
 
 def _err(sim: float, real: float) -> float:
@@ -70,17 +166,21 @@ def _err(sim: float, real: float) -> float:
 
 
 def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
-    """One configuration's row: simulate it on the folder's calibration and set it beside the real run."""
-    real = _read_json(run_dir / "summary.json", "summary.json")
-    if file_status(run_dir / "config.yaml") is None:
-        raise ConfigError(str(run_dir / "config.yaml"), "missing: not a finished validate measurement")
-    raw = read_structured_file(run_dir / "config.yaml", str(run_dir / "config.yaml"), name_file=False)
+    """One configuration's row: simulate it on the folder's calibration and set it beside the real run. Every file
+    is read inside ``folder`` (no link on the way, regular files only); ``manifest`` is checked (check_manifest)."""
+    rel = Path("runs", plain_name(run_dir.name, "configuration name"))
+    real = check_summary(read_inside(folder, rel / "summary.json", "not a finished validate measurement"),
+                         folder / rel / "summary.json")
+    config_path = regular_file(folder, rel / "config.yaml", "not a finished validate measurement")
+    raw = read_inside(folder, rel / "config.yaml")
     if not isinstance(raw, dict):
-        raise ConfigError(str(run_dir / "config.yaml"), "must hold a run config mapping")
-    raw["hardware"] = str(folder / "calibration.yaml")
-    cfg = config_from_dict(raw, str(run_dir / "config.yaml"), POLICIES.names(), PREDICTORS.names())
-    trace_key = raw["workload"]["trace"]
-    want = manifest.get("traces", {}).get(str(cfg.workload.trace)) or manifest.get("traces", {}).get(trace_key)
+        raise ConfigError(str(config_path), "must hold a run config mapping")
+    raw["hardware"] = str(regular_file(folder, "calibration.yaml", "the microbenchmarks did not finish"))
+    cfg = config_from_dict(raw, str(config_path), POLICIES.names(), PREDICTORS.names())
+    workload = raw.get("workload")
+    trace_key = workload.get("trace") if isinstance(workload, dict) else None
+    traces = manifest.get("traces") or {}
+    want = traces.get(str(cfg.workload.trace)) or (traces.get(trace_key) if isinstance(trace_key, str) else None)
     have = file_sha256(cfg.workload.trace)
     if want is not None and want != have:
         raise ConfigError(str(cfg.workload.trace), "differs from the trace that was measured (checksum mismatch)")
@@ -89,12 +189,12 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
     # the decisions: the simulator's, step by step, must be what the executor recorded
     identical = decisions_digest(out.engine.decisions) == real["decisions_sha256"]
     sim_hardware = "calibration.yaml"
-    snapshot = run_dir / "hardware.yaml"
-    if not identical and snapshot.exists():
+    snapshot = find_file(folder, rel / "hardware.yaml")
+    if not identical and snapshot is not None:
         # a policy that weighs costs (fiddler: the host against a copy) decided with the calibration as it stood
         # when the configuration ran (measure.py), which the passes after it moved: simulate on that one
         raw["hardware"] = str(snapshot)
-        cfg = config_from_dict(raw, str(run_dir / "config.yaml"), POLICIES.names(), PREDICTORS.names())
+        cfg = config_from_dict(raw, str(config_path), POLICIES.names(), PREDICTORS.names())
         again = simulate(cfg, trace=trace, record_decisions=True)
         if decisions_digest(again.engine.decisions) == real["decisions_sha256"]:
             out, identical, sim_hardware = again, True, f"runs/{run_dir.name}/hardware.yaml"
@@ -138,65 +238,57 @@ def median_abs(rows: list[dict], key: str) -> float:
     return float(np.median([abs(r[key]) for r in rows])) if rows else float("nan")
 
 
-ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
+def _measurement_folder(folder: Path, log) -> Path:
+    """The measurement folder named on the command line: the folder itself, or the archive's, unpacked."""
+    kind = file_kind(folder)
+    if folder.name.endswith(ARCHIVE_SUFFIXES) and kind != "folder":
+        folder = unpack(folder, log)
+        kind = file_kind(folder)
+    if kind == "missing":
+        raise ConfigError(str(folder), "no such measurement folder (run python -m validate cpu|gpu --out DIR)")
+    if kind != "folder":
+        raise ConfigError(str(folder), f"is {kind}, not a measurement folder")
+    return folder
 
 
-def unpack(archive: Path, log=print) -> Path:
-    """The measurement folder inside ``archive`` (one top folder holding ``manifest.json``), unpacked beside the
-    archive under the archive's name without its suffix; an existing folder of that name is used as it is."""
-    name = archive.name
-    for suffix in ARCHIVE_SUFFIXES:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    target = archive.parent / name
-    if target.is_dir():
-        log(f"using {target}/ (already unpacked from {archive.name})")
-        return target
-    try:
-        with tarfile.open(archive) as tar:
-            members = tar.getmembers()
-            tops = {Path(m.name).parts[0] for m in members if Path(m.name).parts}
-            if len(tops) != 1 or not any(Path(m.name).parts[1:] == ("manifest.json",) for m in members):
-                raise ConfigError(str(archive), "is not a measurement archive (one folder holding manifest.json)")
-            tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=archive.parent))
-            try:
-                tar.extractall(tmp, filter="data")
-                os.replace(tmp / tops.pop(), target)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        if isinstance(exc, FileNotFoundError) and not archive.exists():
-            raise ConfigError(str(archive), "no such file") from None
-        raise ConfigError(str(archive), f"cannot be unpacked ({exc.__class__.__name__}: {exc})") from None
-    log(f"unpacked {archive.name} into {target}/")
-    return target
+def _output(folder: Path, out: str | Path | None) -> tuple[Path, bool]:
+    """Where the comparison goes and whether it is the folder's own ``compare/``: checked before anything runs
+    (a link, a file or a FIFO in its place is refused), made only when the results are ready."""
+    if out is None:
+        output_folder(folder, "compare", make=False)
+        for name in ("compare.csv", "compare.md", "compare.png"):
+            output_file(folder, Path("compare", name))
+        return folder / "compare", True
+    return check_output_folder(out, "--out folder"), False
 
 
 def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tuple[list[dict], Path]:
-    folder = Path(folder)
-    if folder.is_file() and folder.name.endswith(ARCHIVE_SUFFIXES):
-        folder = unpack(folder, log)
-    if not folder.is_dir():
-        raise ConfigError(str(folder), "no such measurement folder (run python -m validate cpu|gpu --out DIR)")
-    manifest = _read_json(folder / "manifest.json", "manifest.json")
-    if not (folder / "calibration.yaml").exists():
-        raise ConfigError(str(folder / "calibration.yaml"), "missing: the microbenchmarks did not finish")
-    runs = [folder / "runs" / n for n in manifest.get("configs", []) if (folder / "runs" / n / "summary.json").exists()]
+    folder = _measurement_folder(Path(folder), log)
+    manifest = check_manifest(read_inside(folder, "manifest.json", "not a finished validate measurement"),
+                              folder / "manifest.json")
+    regular_file(folder, "calibration.yaml", "the microbenchmarks did not finish")
+    measured = {n for n in manifest["configs"] if find_file(folder, Path("runs", n, "summary.json")) is not None}
+    runs = [folder / "runs" / n for n in manifest["configs"] if n in measured]
     if not runs:
         raise ConfigError(str(folder), "holds no finished configuration (runs/*/summary.json)")
+    out_dir, own = _output(folder, out)
     rows = []
     for i, run_dir in enumerate(runs, 1):
         row = compare_run(folder, run_dir, manifest)
         rows.append(row)
         log(f"[{i}/{len(runs)}] {row['config']}: real {row['real_mean_ms']:.2f} ms, sim {row['sim_mean_ms']:.2f} ms "
             f"({row['err_mean_pct']:+.1f}%), decisions identical: {'yes' if row['decisions_identical'] else 'NO'}")
-    out = Path(out) if out is not None else folder / "compare"
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out / "compare.csv", _csv(rows))
-    atomic_write_bytes(out / "compare.md", markdown(rows, manifest).encode())
-    plot(rows, manifest, out / "compare.png")
-    missing = [n for n in manifest.get("configs", []) if not (folder / "runs" / n / "summary.json").exists()]
+    if own:
+        out_dir = output_folder(folder, "compare")
+    else:
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(str(out_dir), f"cannot be made ({exc.strerror or exc})") from None
+    atomic_write_bytes(out_dir / "compare.csv", _csv(rows))
+    atomic_write_bytes(out_dir / "compare.md", markdown(rows, manifest).encode())
+    plot(rows, manifest, out_dir / "compare.png")
+    missing = [n for n in manifest["configs"] if n not in measured]
     if missing:
         log(f"not measured (skipped): {', '.join(missing)}")
     hybrid = [r for r in rows if (r.get("cpu_expert_frac") or 0) > 0]
@@ -205,8 +297,8 @@ def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tup
             f"{median_abs(hybrid, 'err_mean_pct'):.1f}% over {len(hybrid)}")
     log(f"median |error|: mean latency {median_abs(rows, 'err_mean_pct'):.1f}%, p50 "
         f"{median_abs(rows, 'err_p50_pct'):.1f}%, throughput {median_abs(rows, 'err_tok_s_pct'):.1f}% over "
-        f"{len(rows)} configurations; wrote {out}/compare.{{csv,md,png}}")
-    return rows, out
+        f"{len(rows)} configurations; wrote {out_dir}/compare.{{csv,md,png}}")
+    return rows, out_dir
 
 
 def _csv(rows: list[dict]) -> bytes:
@@ -219,8 +311,8 @@ def _csv(rows: list[dict]) -> bytes:
 
 
 def markdown(rows: list[dict], manifest: dict) -> str:
-    lines = [f"# Simulator against real runs: {manifest.get('suite')} suite", "",
-             f"Measured on {manifest.get('device')} ({manifest.get('date')}). The simulator is calibrated from the "
+    lines = [f"# Simulator against real runs: {label(manifest.get('suite'))} suite", "",
+             f"Measured on {label(manifest.get('device'))} ({label(manifest.get('date'))}). The simulator is calibrated from the "
              f"microbenchmarks only (`calibration.yaml`). Error = (sim - real) / real.", "",
              "| config | real mean ms | sim mean ms | err mean | real p50 ms | sim p50 ms | err p50 | real tok/s | "
              "sim tok/s | err tok/s | same decisions |",
@@ -276,7 +368,7 @@ def plot(rows: list[dict], manifest: dict, path: Path) -> Path:
     ax.set_ylim(lo, hi)
     ax.set_xlabel("real mean iteration latency (ms)")
     ax.set_ylabel("simulated mean iteration latency (ms)")
-    ax.set_title(f"{manifest.get('suite')} suite: {str(manifest.get('device'))[:60]}", fontsize=8)
+    ax.set_title(f"{label(manifest.get('suite'))} suite: {label(manifest.get('device'))}", fontsize=8)
     ax.legend(fontsize=7)
     names = [r["config"] for r in rows]
     x = np.arange(len(rows))
@@ -295,4 +387,4 @@ def plot(rows: list[dict], manifest: dict, path: Path) -> Path:
     return path
 
 
-__all__ = ["compare", "compare_run", "markdown", "median_abs"]
+__all__ = ["check_manifest", "check_summary", "compare", "compare_run", "label", "markdown", "median_abs"]
