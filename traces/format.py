@@ -32,6 +32,13 @@ LAYER_ROLES = ("encoder", "decoder")
 PROVENANCE_KINDS = ("recorded", "imported", "synthetic")
 #: The largest integer metadata may hold: every count, index and seed must fit in an int64.
 INT_MAX = int(np.iinfo(np.int64).max)
+#: The most requests a trace may hold. Each request costs the simulator time and memory whether or not it has
+#: tokens (ten million empty requests took a minute and 2.2 GB to replay 20 tokens), so a trace is refused above.
+MAX_REQUESTS = 1 << 20
+#: The longest prompt a trace may claim for a request (``request_info.prompt_len``: 2,097,152 tokens, above the
+#: context of every model profiled here). A decode-only import keeps its source's prompt lengths there, and the
+#: simulator sizes each request's KV cache from them, so a claim of millions of tokens is refused, not simulated.
+MAX_CONTEXT = 1 << 21
 
 
 def _fail(msg: str):
@@ -201,12 +208,24 @@ class TraceMeta:
         return d
 
 
+def _check_prompt_lengths(column: list | tuple) -> None:
+    """``request_info.prompt_len``: per request null (unknown) or an integer 0..MAX_CONTEXT (tokens)."""
+    for i, v in enumerate(column):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= MAX_CONTEXT:
+            _fail(f"metadata request_info.prompt_len[{i}] must be null or an integer 0..{MAX_CONTEXT} (tokens), "
+                  f"got {brief(v)}")
+
+
 def _request_info(info: Any) -> dict[str, list]:
     """Check ``request_info``: an object of columns, each a list of plain values, all of one length."""
     if not isinstance(info, dict):
         _fail("metadata request_info must be an object of per-request lists")
     lengths = set()
     for name, column in info.items():
+        if name == "prompt_len" and isinstance(column, (list, tuple)):
+            _check_prompt_lengths(column)
         if not isinstance(name, str) or not name:
             _fail(f"metadata request_info has a field name that is not a non-empty string: {brief(name)}")
         if not isinstance(column, (list, tuple)):
@@ -298,6 +317,8 @@ class Trace:
                     _fail(f"experts repeats an expert id within one token's top-k (token {t}, layer {layer})")
         if not isinstance(off, np.ndarray) or off.dtype != np.int64 or off.ndim != 1 or off.shape[0] < 2:
             _fail(f"request_offsets must be int64 [requests + 1] with at least one request, got {_describe(off)}")
+        if off.shape[0] - 1 > MAX_REQUESTS:
+            _fail(f"{off.shape[0] - 1} requests, more than the limit of {MAX_REQUESTS}")
         if off[0] != 0 or off[-1] != e.shape[0]:
             _fail(f"request_offsets must run from 0 to the token count {e.shape[0]}, got {off[0]}..{off[-1]}")
         if np.any(np.diff(off) < 0):

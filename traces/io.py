@@ -29,7 +29,7 @@ from typing import IO, Any, Iterator
 import numpy as np
 
 from traces.errors import TraceError, brief, one_line
-from traces.format import Trace, TraceMeta
+from traces.format import MAX_REQUESTS, Trace, TraceMeta
 
 ARRAYS_REQUIRED = ("experts", "request_offsets", "prefill_lengths")
 ARRAYS_OPTIONAL = ("weights",)
@@ -190,51 +190,71 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {one_line(text, 120)}" if text else type(exc).__name__
 
 
-def _open_regular_file(path: Path) -> IO[bytes]:
+def open_regular_file(path: str | os.PathLike, what: str = "trace file") -> IO[bytes]:
     """``path`` opened for binary reading, if it is a regular file: a FIFO would block forever and /dev/zero never
-    ends, so anything else is refused (checked before opening, and again on the opened file)."""
+    ends, so anything else is refused with a TraceError saying what it is (checked before opening, without
+    blocking, and again on the opened file). ``what`` names the file expected, for the message."""
+    path = Path(path)
     try:
         mode = os.stat(path).st_mode
         if stat.S_ISDIR(mode):
-            raise TraceError(path, "is a folder, not a trace file")
+            raise TraceError(path, f"is a folder, not a {what}")
         if stat.S_ISREG(mode):
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
             if stat.S_ISREG(os.fstat(fd).st_mode):
                 return os.fdopen(fd, "rb")
             os.close(fd)  # replaced by something else since the stat
+            mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
         raise TraceError(path, "no such file") from None
     except OSError as exc:
         raise TraceError(path, f"cannot be read ({exc.strerror or _why(exc)})") from None
     except ValueError as exc:  # e.g. a NUL byte in the path
         raise TraceError(path, f"is not a usable file path ({_why(exc)})") from None
-    raise TraceError(path, "not a regular file (a pipe, device or socket); give a trace file")
+    kind = _KIND_NAMES.get(stat.S_IFMT(mode), "a special file")
+    raise TraceError(path, f"is {kind}, not a regular file; give a {what}")
+
+
+_open_regular_file = open_regular_file
+
+
+@contextlib.contextmanager
+def open_zip(path: str | os.PathLike, what: str = "trace file", max_entries: int | None = None
+             ) -> Iterator[zipfile.ZipFile]:
+    """The zip archive in the regular file ``path``, its entry names checked (each once, at most ``max_entries``);
+    a TraceError naming the file otherwise (``what`` names the archive expected, e.g. "trace file")."""
+    path = Path(path)
+    with open_regular_file(path, what) as f:
+        try:
+            zf = zipfile.ZipFile(f)
+        except zipfile.BadZipFile:
+            raise TraceError(path, f"not a {what} (not a zip/.npz archive, or truncated)") from None
+        except _ZIP_ERRORS as exc:
+            raise TraceError(path, f"not a {what} (unreadable zip archive: {_why(exc)})") from None
+        with zf:
+            names = zf.namelist()
+            if max_entries is not None and len(names) > max_entries:
+                raise TraceError(path, f"holds {len(names)} entries, more than the {max_entries} a {what} may have")
+            twice = sorted(n for n, count in collections.Counter(names).items() if count > 1)
+            if twice:  # zipfile would read the last copy, another reader the first: ambiguous
+                raise TraceError(path, f"entry {brief(twice[0])} appears more than once in the {what}")
+            yield zf
 
 
 @contextlib.contextmanager
 def _open_trace_zip(path: Path) -> Iterator[zipfile.ZipFile]:
     """The archive of a trace file, its entries checked (the expected names, each once); TraceError naming the
     file otherwise."""
-    with _open_regular_file(path) as f:
-        try:
-            zf = zipfile.ZipFile(f)
-        except zipfile.BadZipFile:
-            raise TraceError(path, "not a trace file (not a zip/.npz archive, or truncated)") from None
-        except _ZIP_ERRORS as exc:
-            raise TraceError(path, f"not a trace file (unreadable zip archive: {_why(exc)})") from None
-        with zf:
-            names = zf.namelist()
-            twice = sorted(n for n, count in collections.Counter(names).items() if count > 1)
-            if twice:  # zipfile would read the last copy, another reader the first: ambiguous
-                raise TraceError(path, f"entry {brief(twice[0])} appears more than once in the trace file")
-            expected = {f"{a}.npy" for a in ARRAYS_REQUIRED + ARRAYS_OPTIONAL} | {META_ENTRY}
-            missing = [n for n in (META_ENTRY, *(f"{a}.npy" for a in ARRAYS_REQUIRED)) if n not in names]
-            if missing:
-                raise TraceError(path, f"not a trace file: it has no {', '.join(missing)}")
-            unknown = sorted(set(names) - expected)
-            if unknown:
-                raise TraceError(path, f"unknown entry {brief(unknown[0])} in trace file")
-            yield zf
+    with open_zip(path) as zf:
+        names = zf.namelist()
+        expected = {f"{a}.npy" for a in ARRAYS_REQUIRED + ARRAYS_OPTIONAL} | {META_ENTRY}
+        missing = [n for n in (META_ENTRY, *(f"{a}.npy" for a in ARRAYS_REQUIRED)) if n not in names]
+        if missing:
+            raise TraceError(path, f"not a trace file: it has no {', '.join(missing)}")
+        unknown = sorted(set(names) - expected)
+        if unknown:
+            raise TraceError(path, f"unknown entry {brief(unknown[0])} in trace file")
+        yield zf
 
 
 def load_trace(path: str | os.PathLike) -> Trace:
@@ -246,7 +266,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
         arrays = {}
         for name in ARRAYS_REQUIRED + ARRAYS_OPTIONAL:
             if f"{name}.npy" in names:
-                arrays[name] = _read_array(zf, f"{name}.npy", path)
+                arrays[name] = _read_array(zf, f"{name}.npy", path, max_items=_MAX_ITEMS.get(name))
     trace = Trace(arrays["experts"], arrays["request_offsets"], arrays["prefill_lengths"], meta,
                   arrays.get("weights"))
     try:
@@ -256,6 +276,10 @@ def load_trace(path: str | os.PathLike) -> Trace:
     return trace
 
 
+#: The most values the per-request arrays may hold (a trace of more requests is refused before they are read).
+_MAX_ITEMS = {"request_offsets": MAX_REQUESTS + 1, "prefill_lengths": MAX_REQUESTS}
+
+
 def load_trace_header(path: str | os.PathLike) -> tuple[TraceMeta, tuple[int, ...], np.ndarray, np.ndarray]:
     """A trace's metadata, the shape of its expert array, its request offsets and prefill lengths, without reading
     the routing itself (for checking a config against a trace quickly). Raises TraceError like load_trace."""
@@ -263,9 +287,9 @@ def load_trace_header(path: str | os.PathLike) -> tuple[TraceMeta, tuple[int, ..
     with _open_trace_zip(path) as zf:
         meta = _read_meta(zf, path)
         with _entry(zf, "experts.npy", path, MAX_ARRAY_BYTES) as (f, info):
-            shape, _, _ = _npy_header(f, info, path)  # header only: no data read
-        offsets = _read_array(zf, "request_offsets.npy", path)
-        prefill = _read_array(zf, "prefill_lengths.npy", path)
+            shape, _, _ = _npy_header(f, f"entry {info.filename}", info.file_size, path)  # header only
+        offsets = _read_array(zf, "request_offsets.npy", path, max_items=_MAX_ITEMS["request_offsets"])
+        prefill = _read_array(zf, "prefill_lengths.npy", path, max_items=_MAX_ITEMS["prefill_lengths"])
     return meta, shape, offsets, prefill
 
 
@@ -275,22 +299,23 @@ def _entry(zf: zipfile.ZipFile, name: str, path: Path, limit: int) -> Iterator[t
     zipfile raises while it is read becomes TraceError ("truncated or corrupt entry")."""
     info = zf.getinfo(name)
     if info.flag_bits & _UNREADABLE_FLAGS:
-        raise TraceError(path, f"entry {name} is encrypted or patched (zip flags {info.flag_bits:#x}); trace files "
-                               f"are plain zip archives")
+        raise TraceError(path, f"entry {brief(name)} is encrypted or patched (zip flags {info.flag_bits:#x}); only "
+                               f"plain zip entries are read")
     expansion = _MAX_EXPANSION.get(info.compress_type)
     if expansion is None:
-        raise TraceError(path, f"entry {name} uses zip compression method {info.compress_type}; trace files use "
-                               f"stored (0) or deflate (8)")
+        raise TraceError(path, f"entry {brief(name)} uses zip compression method {info.compress_type}; only stored "
+                               f"(0) and deflate (8) are read")
     if info.file_size > limit:
-        raise TraceError(path, f"entry {name} is {info.file_size} bytes uncompressed, over the limit of {limit}")
+        raise TraceError(path, f"entry {brief(name)} is {info.file_size} bytes uncompressed, over the limit of "
+                               f"{limit}")
     if info.file_size > info.compress_size * expansion + 4096:
-        raise TraceError(path, f"entry {name} claims {info.file_size} bytes from {info.compress_size} compressed "
-                               f"bytes, more than its compression can give (corrupt)")
+        raise TraceError(path, f"entry {brief(name)} claims {info.file_size} bytes from {info.compress_size} "
+                               f"compressed bytes, more than its compression can give (corrupt)")
     try:
         with zf.open(info) as f:
             yield f, info
     except _ZIP_ERRORS as exc:
-        raise TraceError(path, f"truncated or corrupt entry {name} ({_why(exc)})") from None
+        raise TraceError(path, f"truncated or corrupt entry {brief(name)} ({_why(exc)})") from None
 
 
 def _read_meta(zf: zipfile.ZipFile, path: Path) -> TraceMeta:
@@ -341,11 +366,11 @@ def _json_problem(value: Any, text: str) -> str | None:
     return None
 
 
-def _npy_header(f: IO[bytes], info: zipfile.ZipInfo, path: Path) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """(shape, Fortran order, dtype) from the header of the npy entry ``f`` (left at the start of the data), after
-    checking that the entry holds a plain numeric array of at most 3 dimensions and enough bytes for its shape:
-    nothing is allocated for a header that claims more data than the entry has."""
-    name = info.filename
+def _npy_header(f: IO[bytes], label: str, size: int, path: Path) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) from the header of the npy data ``f`` (``size`` bytes in all; left at the
+    start of the data), after checking that it holds a plain numeric array of at most 3 dimensions and enough
+    bytes for its shape: nothing is allocated for a header that claims more data than there is. ``label`` names
+    the array in messages ("entry experts.npy")."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # numpy warns (on stderr) when it re-parses a Python 2 header
@@ -360,43 +385,78 @@ def _npy_header(f: IO[bytes], info: zipfile.ZipInfo, path: Path) -> tuple[tuple[
         raise  # the entry's bytes, not its header: _entry reports them
     except Exception as exc:  # garbage headers make numpy's parser raise nearly anything (SyntaxError,
         # tokenize.TokenError, TypeError, RecursionError, ...): all of it means "not an npy array"
-        raise TraceError(path, f"entry {name} is not a plain numeric array (bad npy header: {_why(exc)})") from None
+        raise TraceError(path, f"{label} is not a plain numeric array (bad npy header: {_why(exc)})") from None
     if dtype.kind not in "biuf" or dtype.fields is not None or dtype.subdtype is not None:
-        raise TraceError(path, f"entry {name} is not a plain numeric array (dtype {brief(dtype.str)})")
+        raise TraceError(path, f"{label} is not a plain numeric array (dtype {brief(dtype.str)}; integer, float or "
+                               f"bool arrays are read)")
     if len(shape) > 3 or any(n < 0 for n in shape):
-        raise TraceError(path, f"entry {name} has shape {brief(list(shape))}; trace arrays have 1 to 3 dimensions")
+        raise TraceError(path, f"{label} has shape {brief(list(shape))}; trace arrays have 1 to 3 dimensions")
     need = math.prod(shape) * dtype.itemsize
-    have = info.file_size - f.tell()
+    have = size - f.tell()
     if need > have:
-        raise TraceError(path, f"entry {name} has {have} bytes of data but its header claims {dtype} "
+        raise TraceError(path, f"{label} has {have} bytes of data but its header claims {dtype} "
                                f"{brief(list(shape))} ({need} bytes): truncated or corrupt")
     return tuple(shape), fortran, dtype
 
 
-def _read_array(zf: zipfile.ZipFile, member: str, path: Path) -> np.ndarray:
-    """A plain numeric array entry, read into memory allocated once for the size its header gives."""
-    with _entry(zf, member, path, MAX_ARRAY_BYTES) as (f, info):
-        shape, fortran, dtype = _npy_header(f, info, path)
-        try:
-            flat = np.empty(math.prod(shape), dtype=dtype)
-        except MemoryError:
-            raise TraceError(path, f"entry {member} needs {math.prod(shape) * dtype.itemsize} bytes, more memory "
-                                   f"than there is") from None
-        buf, done = memoryview(flat).cast("B"), 0
-        while done < len(buf):
-            n = f.readinto(buf[done:done + _READ_CHUNK])
-            if not n:
-                raise TraceError(path, f"truncated or corrupt entry {member} (data ends early)")
-            done += n
-        while f.read(_READ_CHUNK):  # the rest (npy allows padding), so that zipfile checks the entry's CRC
-            pass
+def _read_npy(f: IO[bytes], label: str, size: int, path: Path, max_items: int | None = None) -> np.ndarray:
+    """The plain numeric array in the npy data ``f`` of ``size`` bytes, read into memory allocated once for the
+    size its header gives (at most ``max_items`` values), then read to its end (so that zipfile checks a CRC)."""
+    shape, fortran, dtype = _npy_header(f, label, size, path)
+    count = math.prod(shape)
+    if max_items is not None and count > max_items:
+        raise TraceError(path, f"{label} holds {count} values, more than the limit of {max_items}")
+    try:
+        flat = np.empty(count, dtype=dtype)
+    except MemoryError:
+        raise TraceError(path, f"{label} needs {count * dtype.itemsize} bytes, more memory than there is") from None
+    buf, done = memoryview(flat).cast("B"), 0
+    while done < len(buf):
+        n = f.readinto(buf[done:done + _READ_CHUNK])
+        if not n:
+            raise TraceError(path, f"truncated or corrupt {label} (data ends early)")
+        done += n
+    while f.read(_READ_CHUNK):  # the rest (npy allows padding), so that zipfile checks the entry's CRC
+        pass
     return flat.reshape(shape, order="F" if fortran else "C")
+
+
+def _read_array(zf: zipfile.ZipFile, member: str, path: Path, limit: int | None = None,
+                max_items: int | None = None) -> np.ndarray:
+    """A plain numeric array entry of at most ``limit`` bytes (default MAX_ARRAY_BYTES) and ``max_items`` values,
+    read within bounds."""
+    with _entry(zf, member, path, MAX_ARRAY_BYTES if limit is None else limit) as (f, info):
+        return _read_npy(f, f"entry {brief(member)}", info.file_size, path, max_items)
+
+
+def read_npy_entry(zf: zipfile.ZipFile, member: str, path: str | os.PathLike,
+                   limit: int | None = None) -> np.ndarray:
+    """The array entry ``member`` of an archive opened with :func:`open_zip` (an ``.npz``), read under the same
+    rules as a trace's arrays: a plain (stored or deflated, unencrypted) entry of at most ``limit`` bytes holding
+    a plain numeric array of at most 3 dimensions, its header checked against its size before anything is
+    allocated or inflated. Anything else raises TraceError naming the file and the entry."""
+    return _read_array(zf, member, Path(path), limit)
+
+
+def read_npy_file(path: str | os.PathLike, limit: int | None = None, what: str = "numpy .npy file"
+                  ) -> np.ndarray:
+    """The array in the regular file ``path`` (an ``.npy``), read under the rules of :func:`read_npy_entry`."""
+    path = Path(path)
+    limit = MAX_ARRAY_BYTES if limit is None else limit
+    with open_regular_file(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise TraceError(path, f"is {size} bytes, over the limit of {limit} for a {what}")
+        try:
+            return _read_npy(f, "the array", size, path)
+        except (EOFError, OSError) as exc:
+            raise TraceError(path, f"truncated or corrupt {what} ({_why(exc)})") from None
 
 
 def file_sha256(path: str | Path) -> str:
     """The SHA-256 of a file's bytes (a trace's checksum in results and measurements)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular_file(path) as f:  # a FIFO or /dev/zero put in a trace's place must not hang the caller
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
