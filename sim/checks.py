@@ -7,6 +7,7 @@ one), so that no value the user writes can overflow a float, an int64 or an allo
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any, Callable
 
@@ -18,6 +19,7 @@ NAME_CHARS = 256        # the longest name (model, hardware, policy, ...)
 MAX_DEPTH = 32          # the deepest nesting a config or profile may have
 MAX_VALUES = 200_000    # the most values a config or profile may hold (each repeat of a YAML alias counts)
 SHOW_CHARS = 60         # an echoed value longer than this is abbreviated
+LIST_CHARS = 250        # a list of known names longer than this is shown as its closest matches and a count
 
 #: A check: ``check(value, where)`` returns the clean value or raises ConfigError naming ``where``.
 Check = Callable[[Any, str], Any]
@@ -70,6 +72,30 @@ def _short_repr(value: Any, budget: int, depth: int = 0) -> str | None:
     return ends[0] + body + ends[1]
 
 
+def known_text(value: Any, names, see: str | None = None) -> str:
+    """The known names for an error about an unknown ``value``, bounded: ``known: a, b, c`` when they are few,
+    else the few closest to ``value`` and how many there are, ``closest: a, b; 33 in all: see configs/hardware/``
+    (``see`` says where they are listed)."""
+    names = [str(n) for n in names]
+    listed = ", ".join(names)
+    if len(listed) <= LIST_CHARS:
+        return f"known: {listed or 'none'}"
+    where = f": see {see}" if see else ""
+    close = []
+    if isinstance(value, str):
+        close = difflib.get_close_matches(value[:NAME_CHARS], names, n=3, cutoff=0.6)
+    shown = [n if len(n) <= 40 else n[:37] + "..." for n in (close or names[:3])]
+    lead = "closest" if close else "e.g."
+    return f"{lead}: {', '.join(shown)}; {len(names)} in all{where}"
+
+
+def key_text(key: Any) -> str:
+    """A user's key as part of a field's dotted name: cut to SHOW_CHARS characters (a 5,000-character key must not
+    fill the message)."""
+    text = str(key)
+    return text if len(text) <= SHOW_CHARS else text[: SHOW_CHARS - 3] + "..."
+
+
 def join(where: str, key: Any) -> str:
     """The dotted name of ``key`` under ``where``."""
     return f"{where}.{key}" if where else str(key)
@@ -85,12 +111,13 @@ def check_mapping(value: Any, where: str) -> dict:
     return value
 
 
-def check_keys(d: dict, where: str, required=(), optional=(), suffix: str = "") -> None:
-    """Unknown keys first (the likelier typo), then missing ones."""
+def check_keys(d: dict, where: str, required=(), optional=(), suffix: str = "", see: str | None = None) -> None:
+    """Unknown keys first (the likelier typo), then missing ones. A long list of known keys is shown as the
+    closest few and their count (``see``: where they are listed)."""
     known = list(required) + [k for k in optional if k not in required]
     for k in d:
         if k not in known:
-            raise ConfigError(join(where, k), f"unknown key (known: {', '.join(known)}){suffix}")
+            raise ConfigError(join(where, key_text(k)), f"unknown key ({known_text(k, known, see)}){suffix}")
     for k in required:
         if k not in d:
             raise ConfigError(join(where, k), f"missing{suffix}")
@@ -215,4 +242,4 @@ def text(allow_none: bool = False, max_chars: int = NAME_CHARS) -> Check:
 
 __all__ = ["INT_MAX", "MAX_DEPTH", "MAX_VALUES", "NAME_CHARS", "NUMBER_MAX", "Check", "check_bool", "check_choice",
            "check_int", "check_keys", "check_mapping", "check_number", "check_size", "check_str", "integer", "join",
-           "number", "one_of", "real", "show", "text"]
+           "key_text", "known_text", "number", "one_of", "real", "show", "text"]

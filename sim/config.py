@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from sim.checks import (INT_MAX, check_bool, check_int, check_keys, check_mapping, check_number, check_size, check_str,
-                        integer, number, one_of, show)
+                        integer, known_text, number, one_of, show)
 from sim.costs import check_tables
 from sim.errors import ConfigError
 from sim.fields import (check_setting, key_of, keys_of, plain, read_settings, required_keys, schema_of, setting,
@@ -41,9 +41,10 @@ from sim.files import PROJECT_ROOT, file_status, read_structured_file, resolve_p
 from sim.hardware_spec import HardwareSpec, load_hardware
 from sim.model_spec import ModelSpec, load_model
 from sim.overrides import apply_set
-from sim.trace_summary import TraceSummary, read_trace_summary, trace_matches_model
+from sim.params import RunFacts
+from sim.trace_summary import TraceSummary, read_trace_summary, shape_text, trace_matches_model
 from sim.units import GB
-from traces.errors import TraceError
+from traces.errors import TraceError, brief
 
 BATCHING = ("static", "continuous")
 CACHE_LAYERS = ("all", "decoder", "encoder")
@@ -182,8 +183,8 @@ def _load_workload(d: Any, model: ModelSpec) -> tuple[WorkloadConfig, TraceSumma
     if not trace_matches_model(summary, model):
         m = summary.meta.model
         enc, dec = summary.layer_counts()
-        theirs = _shape(m.num_experts, m.top_k, enc, dec)
-        ours = _shape(model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers)
+        theirs = shape_text(m.num_experts, m.top_k, enc, dec)
+        ours = shape_text(model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers)
         raise ConfigError("workload.trace", f"trace model {show(m.name)} ({theirs}) does not match model "
                                             f"{show(model.name)} ({ours}) in {w.trace}")
     has_prefill = w.prefill and int(summary.prefill_lengths.sum()) > 0
@@ -194,10 +195,6 @@ def _load_workload(d: Any, model: ModelSpec) -> tuple[WorkloadConfig, TraceSumma
                                   f"prompt and {int(summary.decode_lengths.sum())} generated tokens, with prefill "
                                   f"{str(w.prefill).lower()} and max_decode_tokens {w.max_decode_tokens}")
     return w, summary
-
-
-def _shape(experts: int, top_k: int, enc: int, dec: int) -> str:
-    return f"{experts} experts, top-{top_k}, {enc} encoder + {dec} decoder MoE layers"
 
 
 def cached_layer_count(model: ModelSpec, layers: str) -> int:
@@ -318,7 +315,7 @@ def _load_named(d: Any, where: str, names: Iterable[str] | None, default: str | 
     allowed = None if names is None else set(names)
     known = [n for n in registry.names() if allowed is None or n in allowed]
     if name not in known:
-        raise ConfigError(f"{where}.name", f"unknown {where} {show(name)} (known: {', '.join(known)})")
+        raise ConfigError(f"{where}.name", f"unknown {where} {brief(name)} ({known_text(name, known, registry.folder)})")
     params = d.get("params")
     params = {} if params is None else check_mapping(params, f"{where}.params")
     try:
@@ -339,6 +336,31 @@ def check_organization(policy: str, organization: str) -> None:
         able = [n for n in registry.names() if getattr(registry.get(n), "supports_shared", False)]
         raise ConfigError("cache.organization", f"policy {show(policy)} manages per-layer slots only; shared works "
                                                 f"with {', '.join(able)}")
+
+
+def kv_cache_check(model: ModelSpec, hw: HardwareSpec, batch_size: int, request_tokens: int,
+                   longest: tuple[int, int] | None = None) -> int:
+    """The KV cache of the largest batch of contexts (``batch_size`` requests of ``request_tokens`` tokens each,
+    the longest request's prompt plus its generated tokens: an upper bound on what a batch holds at once) beside the
+    dense weights and the reserved memory, which every policy keeps on the GPU whatever its tiers (the all-resident
+    ceiling too). Returns the KV-cache bytes; ConfigError("cache: ...") with the numbers when they exceed the
+    GPU's memory.
+
+    A token's KV bytes are ``decoder_blocks x 2 x n_kv_heads x head_dim x dtype_bytes``
+    (:attr:`ModelSpec.kv_bytes_per_token`); a profile without ``n_kv_heads`` or ``head_dim`` takes ``n_heads`` and
+    ``d_model / n_heads`` (full multi-head attention: an upper bound for grouped-query or latent attention)."""
+    kv = batch_size * request_tokens * model.kv_bytes_per_token
+    fixed = model.dense_bytes + hw.reserved_bytes
+    if kv + fixed > hw.gpu_memory_bytes:
+        prompt, generated = longest if longest is not None else (request_tokens, 0)
+        raise ConfigError("cache", f"the KV cache alone does not fit: batch {batch_size} x {request_tokens} tokens "
+                                   f"(the longest request: {prompt} prompt + {generated} generated) x "
+                                   f"{model.kv_bytes_per_token / 1024:g} KiB per token of {show(model.name)} needs "
+                                   f"{kv / GB:.1f} GB beside {model.dense_bytes / GB:.1f} GB of dense weights and "
+                                   f"{hw.reserved_bytes / GB:g} GB reserved, but hardware.gpu_memory_gb is "
+                                   f"{hw.gpu_memory_bytes / GB:g} (lower workload.batch_size or the trace's prompt "
+                                   f"lengths)")
+    return kv
 
 
 def memory_check(model: ModelSpec, hw: HardwareSpec, cache: CacheConfig, batch_size: int,
@@ -381,11 +403,15 @@ def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str]
     policy = _load_named(d["policy"], "policy", policy_names)
     predictor = _load_named(d.get("predictor"), "predictor", predictor_names, default=DEFAULT_PREDICTOR)
     workload, summary = _load_workload(d["workload"], model)
+    facts = RunFacts(model, workload.trace, summary)
+    for where, part in (("policy", policy), ("predictor", predictor)):
+        _registry(where).get(part.name).check_for_run(part.params, f"{where}.params", facts)
     all_resident = bool(getattr(_registry("policy").get(policy.name), "all_resident", False))
     cache, _ = _load_cache(d.get("cache"), model, all_resident)
     check_organization(policy.name, cache.organization)
+    tokens = summary.max_request_tokens(workload.max_decode_tokens)
+    kv_cache_check(model, hardware, workload.batch_size, tokens, summary.longest_request(workload.max_decode_tokens))
     if not all_resident:
-        tokens = summary.max_request_tokens(workload.max_decode_tokens)
         memory_check(model, hardware, cache, workload.batch_size, tokens)
     parts = {"model": model, "hardware": hardware, "workload": workload, "cache": cache, "policy": policy,
              "predictor": predictor, **read_settings(RunConfig, d, "", skip=tuple(_SECTIONS))}
@@ -438,4 +464,4 @@ def apply_override(d: dict, text: str) -> None:
 
 __all__ = ["CacheConfig", "MemorySizing", "NamedConfig", "RunConfig", "TierSplit", "TraceSummary", "WorkloadConfig",
            "apply_override", "cached_layer_count", "check_organization", "config_from_dict", "load_run_config",
-           "memory_check", "read_trace_summary", "trace_matches_model"]
+           "kv_cache_check", "memory_check", "read_trace_summary", "trace_matches_model"]

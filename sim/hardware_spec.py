@@ -197,7 +197,7 @@ MAX_COORDINATE = 1e15  # the largest number a table point holds (bytes, tokens, 
 def hardware_from_dict(d: Any, where: str = "hardware", suffix: str = "", source: str = "inline") -> HardwareSpec:
     """Validate a hardware mapping (no ``base``) into a :class:`HardwareSpec`."""
     d = check_mapping(d, where)
-    check_keys(d, where, required_keys(HardwareSpec), HARDWARE_FIELDS, suffix)
+    check_keys(d, where, required_keys(HardwareSpec), HARDWARE_FIELDS, suffix, see="sim/hardware_spec.py")
     values = read_settings(HardwareSpec, d, where, suffix, defaults={"source": source})
     memory, reserved = values["gpu_memory_bytes"], values["reserved_bytes"]
     if reserved >= memory:

@@ -189,7 +189,7 @@ def model_from_dict(d: Any, where: str = "model", suffix: str = "") -> ModelSpec
     """Validate a model mapping (no ``base``) into a :class:`ModelSpec`. ``suffix`` ends every message
     (e.g. `` (in configs/models/x.yaml)``)."""
     d = check_mapping(d, where)
-    check_keys(d, where, required_keys(ModelSpec), MODEL_FIELDS, suffix)
+    check_keys(d, where, required_keys(ModelSpec), MODEL_FIELDS, suffix, see="sim/model_spec.py")
     spec = ModelSpec(**to_si(ModelSpec, read_settings(ModelSpec, d, where, suffix)))
 
     def fail(key, problem):

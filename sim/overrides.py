@@ -4,7 +4,7 @@ bounded nesting and size)."""
 
 from __future__ import annotations
 
-from sim.checks import check_size, show
+from sim.checks import check_size, key_text, known_text, show
 from sim.errors import ConfigError
 from sim.fields import FREE
 from sim.files import parse_text
@@ -39,7 +39,8 @@ def apply_set(d: dict, text: str, schema: dict, wrap: dict[str, str]) -> None:
         if sub_schema is not FREE:
             if not isinstance(sub_schema, dict) or part not in sub_schema:
                 if isinstance(sub_schema, dict):
-                    raise ConfigError(path, f"unknown key (known: {', '.join(sub_schema)})")
+                    raise ConfigError(".".join(parts[:i] + [key_text(part)]),
+                                      f"unknown key ({known_text(part, list(sub_schema))})")
                 raise ConfigError(path, f"{'.'.join(parts[:i])} has no fields to set")
             below = sub_schema[part]
         else:

@@ -4,18 +4,29 @@ their validation into the full params mapping, defaults filled.
 
 Without a rule, a param takes a value of its default's type (an int where a float is declared), and a number within
 ``INT_MAX`` / ``NUMBER_MAX``; null only where the default itself is None.
+
+Every param a registered part declares must also state what it accepts (:meth:`Parametrised.declaration_problems`,
+checked when the part registers): a number its range, a string its words or that it names a file, a param whose
+default is None its type; only true/false params need no rule. So no value a config gives can reach a part
+unchecked, and every wrong value is refused when the config loads, not when the run starts.
+
+Some checks need the run: a training trace (:func:`training_trace`) must be of the run's model, hold routed tokens,
+and not be the evaluated trace. :meth:`Parametrised.check_for_run` makes them when the config loads, once the
+model and the workload trace are known (:class:`RunFacts`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from sim.checks import INT_MAX, NUMBER_MAX, join, real, show
+from sim.checks import INT_MAX, NUMBER_MAX, join, key_text, known_text, real, show
 from sim.errors import ConfigError
 from sim.files import resolve_path
 
 MAX_TEXT = 4096  # the longest string a param takes
+MAX_EXPERTS = 1 << 15  # the most experts a layer has (trace ids are int16): a bound for counts of experts
 
 
 @dataclass(frozen=True)
@@ -25,7 +36,8 @@ class Rule:
     ``minimum``/``maximum``: an inclusive range for a number (``above``: the minimum itself excluded); ``choices``:
     the words a string may be; ``kind``: the type when the default is None (int, float, str, bool); ``file``: the
     string names an existing regular file of this kind ("trace file"); ``required``: null is refused even though
-    the default is None (``hint`` says what to give)."""
+    the default is None (``hint`` says what to give); ``training``: the file is a training trace, checked against
+    the run when the config loads (:meth:`Parametrised.check_for_run`)."""
 
     minimum: float | None = None
     maximum: float | None = None
@@ -35,6 +47,7 @@ class Rule:
     file: str | None = None
     required: bool = False
     hint: str = ""
+    training: bool = False
 
 
 def between(minimum: float | None, maximum: float | None, kind: type | None = None, above: bool = False) -> Rule:
@@ -50,6 +63,23 @@ def one_of(*choices: str) -> Rule:
 def file_path(what: str = "file", required: bool = False, hint: str = "") -> Rule:
     """A path to an existing regular file (resolved as :func:`sim.files.resolve_path` does)."""
     return Rule(kind=str, file=what, required=required, hint=hint)
+
+
+def training_trace(required: bool = False, hint: str = "") -> Rule:
+    """A path to a training trace: a trace file of the run's model, with routed tokens, other than the evaluated
+    trace (checked when the config loads, see :func:`sim.trace_summary.check_training_trace`)."""
+    return Rule(kind=str, file="trace file", required=required, hint=hint, training=True)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the params of a part may be checked against when a config loads: the run's model (a
+    :class:`sim.model_spec.ModelSpec`) and its workload trace (the path, and its
+    :class:`sim.trace_summary.TraceSummary`)."""
+
+    model: Any
+    trace_path: Path
+    trace: Any
 
 
 class Parametrised:
@@ -76,6 +106,51 @@ class Parametrised:
     def validate_params(cls, params: dict, where: str) -> None:
         """Checks between params, beyond each one's rule (none here)."""
 
+    @classmethod
+    def check_for_run(cls, params: dict, where: str, run: RunFacts) -> None:
+        """Checks of the (already resolved) params against the run, when the config loads: every training trace
+        is of the run's model, has routed tokens and is not the evaluated trace. A part whose params have other
+        limits that depend on the model adds them here."""
+        from sim.trace_summary import check_training_trace
+
+        for key, rule in cls.PARAM_RULES.items():
+            if rule.training and params.get(key) is not None:
+                check_training_trace(params[key], join(where, key), run.model, run.trace_path)
+
+    @classmethod
+    def declaration_problems(cls) -> list[str]:
+        """What is missing from the declaration of the params (empty when every param states what it accepts):
+        a number without both ends of its range, a string without its words or a file, a param whose default is
+        None without a type, a rule for a param that is not declared, a default its own rule refuses."""
+        out = []
+        for name in cls.PARAM_RULES:
+            if name not in cls.PARAMS:
+                out.append(f"rule for {name!r}, which is not in PARAMS")
+        for name, default in cls.PARAMS.items():
+            problem = _declaration_problem(default, cls.PARAM_RULES.get(name))
+            if problem:
+                out.append(f"param {name!r} {problem}")
+        return out
+
+
+def _declaration_problem(default: Any, rule: Rule | None) -> str | None:
+    """What the declaration of one param lacks (None: nothing)."""
+    kind = (rule.kind if rule is not None else None) or (None if default is None else type(default))
+    if kind is None:
+        return "has no type: its default is None and no rule gives a kind"
+    if kind not in (bool, int, float, str):
+        return f"has a {kind.__name__} default: params are numbers, strings or true/false"
+    if kind in (int, float) and (rule is None or rule.minimum is None or rule.maximum is None):
+        return "is a number without a declared range (a rule with its minimum and maximum)"
+    if kind is str and (rule is None or (rule.choices is None and rule.file is None)):
+        return "is a string without declared choices or a file kind"
+    if default is not None:
+        try:
+            check_param(default, default, rule, "default")
+        except ConfigError as exc:
+            return f"has a default its own rule refuses ({exc.problem})"
+    return None
+
 
 def resolve_params(declared: dict[str, Any], given: dict | None, where: str,
                    rules: dict[str, Rule] | None = None) -> dict[str, Any]:
@@ -90,8 +165,8 @@ def resolve_params(declared: dict[str, Any], given: dict | None, where: str,
         raise ConfigError(where, f"keys must be strings, got {show(bad[0])}")
     unknown = sorted(set(given) - set(declared))
     if unknown:
-        known = ", ".join(sorted(declared)) or "none"
-        raise ConfigError(join(where, unknown[0]), f"unknown parameter (known: {known})")
+        raise ConfigError(join(where, key_text(unknown[0])),
+                          f"unknown parameter ({known_text(unknown[0], sorted(declared))})")
     out = dict(declared)
     for key, value in given.items():
         out[key] = check_param(value, declared[key], rules.get(key), join(where, key))
@@ -154,4 +229,5 @@ def _want(kind: type | None, rule: Rule) -> str:
     return names.get(kind, f"a {getattr(kind, '__name__', 'value')}")
 
 
-__all__ = ["Rule", "between", "check_param", "file_path", "one_of", "resolve_params"]
+__all__ = ["MAX_EXPERTS", "Parametrised", "Rule", "RunFacts", "between", "check_param", "file_path", "one_of", "resolve_params",
+           "training_trace"]

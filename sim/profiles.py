@@ -10,9 +10,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from sim.checks import NAME_CHARS, check_mapping, join, show
+from sim.checks import NAME_CHARS, check_mapping, join, known_text, show
 from sim.errors import ConfigError
 from sim.files import CONFIG_DIR, PROJECT_ROOT, file_status, read_structured_file, resolve_path
+from traces.errors import brief
 
 PROFILE_SUFFIXES = (".yaml", ".yml", ".json")
 MAX_BASE_DEPTH = 8   # base profiles chained deeper than this are refused (a cycle, most likely)
@@ -44,7 +45,7 @@ def _named_file(value: str, where: str, kind: str, singular: str) -> Path:
     st = file_status(CONFIG_DIR / kind / f"{value}.yaml") if len(value) <= NAME_CHARS else None
     if st is None or not stat.S_ISREG(st.st_mode):
         names = available(kind)
-        raise ConfigError(where, f"unknown {singular} {show(value)} (known: {', '.join(names) or 'none'}; "
+        raise ConfigError(where, f"unknown {singular} {brief(value)} ({known_text(value, names, f'configs/{kind}/')}; "
                                  "or give a path to a .yaml/.json file)")
     return CONFIG_DIR / kind / f"{value}.yaml"
 

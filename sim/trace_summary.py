@@ -1,18 +1,21 @@
 """What a run config needs from a trace without reading its routing: metadata and request lengths, read from the
-file's header (cached per file version), and whether the trace is of the config's model."""
+file's header (cached per file version), and whether the trace is of the config's model. Training traces (a part's
+``train`` param) are checked here too: of the run's model, with routed tokens, not the evaluated trace."""
 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from sim.errors import ConfigError
 from sim.model_spec import ModelSpec
-from traces.errors import TraceError
+from traces.errors import TraceError, brief
 from traces.format import TraceMeta
-from traces.io import load_trace_header
+from traces.io import load_trace, load_trace_header
 
 
 @dataclass(frozen=True)
@@ -32,12 +35,53 @@ class TraceSummary:
         roles = [x.role for x in self.meta.model.layers]
         return roles.count("encoder"), roles.count("decoder")
 
-    def max_request_tokens(self, max_decode_tokens: int | None) -> int:
-        """The most KV-cache tokens one request holds: its prompt plus its (capped) generated tokens."""
+    def prompt_tokens(self) -> np.ndarray:
+        """int64 [R]: per request, the prompt its KV cache holds: its prefill rows, or, for a request whose prompt's
+        routing was not recorded (a decode-only import), ``request_info.prompt_len`` where the trace has it (what
+        the workload's decode steps attend over, :func:`sim.workload.prompt_context`)."""
+        return prompt_with_info(self.prefill_lengths, self.meta.request_info)
+
+    def request_tokens(self, max_decode_tokens: int | None) -> np.ndarray:
+        """int64 [R]: per request, the KV-cache tokens it holds at its end: its prompt plus its (capped)
+        generated tokens."""
         decode = self.decode_lengths
         if max_decode_tokens is not None:
             decode = np.minimum(decode, max_decode_tokens)
-        return int((self.prefill_lengths + decode).max()) if self.num_requests else 0
+        return self.prompt_tokens() + decode
+
+    def max_request_tokens(self, max_decode_tokens: int | None) -> int:
+        """The most KV-cache tokens one request holds: its prompt plus its (capped) generated tokens."""
+        return int(self.request_tokens(max_decode_tokens).max()) if self.num_requests else 0
+
+    def longest_request(self, max_decode_tokens: int | None) -> tuple[int, int]:
+        """(prompt, generated tokens) of the request that holds the most KV-cache tokens (0, 0 without one)."""
+        if not self.num_requests:
+            return 0, 0
+        total = self.request_tokens(max_decode_tokens)
+        r = int(np.argmax(total))
+        prompt = int(self.prompt_tokens()[r])
+        return prompt, int(total[r]) - prompt
+
+
+#: A ``request_info.prompt_len`` above this counts as this much (far beyond any GPU's KV cache), so that sums of
+#: token counts stay exact in int64.
+MAX_PROMPT_INFO = 1 << 48
+
+
+def prompt_with_info(prefill: np.ndarray, request_info: dict | None) -> np.ndarray:
+    """int64 [R]: ``prefill`` where it is above 0, else the request's ``request_info.prompt_len`` when that is a
+    positive integer (anything else counts 0)."""
+    ctx = np.asarray(prefill, dtype=np.int64).copy()
+    known = (request_info or {}).get("prompt_len")
+    if known is None or len(known) != ctx.shape[0]:
+        return ctx
+    col = np.asarray(known, dtype=object)
+    ok = np.fromiter((isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and x > 0
+                      for x in col), dtype=bool, count=col.shape[0])
+    lens = np.zeros(ctx.shape[0], dtype=np.int64)
+    if ok.any():
+        lens[ok] = np.array([min(int(x), MAX_PROMPT_INFO) for x in col[ok]], dtype=np.int64)
+    return np.where(ctx > 0, ctx, lens)
 
 
 def read_trace_summary(path: str | Path) -> TraceSummary:
@@ -68,6 +112,23 @@ def _trace_summary(path_str: str, mtime_ns: int, size: int) -> TraceSummary:
     return TraceSummary(path, meta, prefill, lengths - prefill)
 
 
+def model_shape(summary: TraceSummary) -> str:
+    """The trace's model in words: name, experts, top-k, MoE layers."""
+    m = summary.meta.model
+    enc, dec = summary.layer_counts()
+    return f"{brief(m.name, 60)} ({shape_text(m.num_experts, m.top_k, enc, dec)})"
+
+
+def spec_shape(model: ModelSpec) -> str:
+    """The run's model in the words of :func:`model_shape`."""
+    shape = shape_text(model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers)
+    return f"{brief(model.name, 60)} ({shape})"
+
+
+def shape_text(experts: int, top_k: int, enc: int, dec: int) -> str:
+    return f"{experts} experts, top-{top_k}, {enc} encoder + {dec} decoder MoE layers"
+
+
 def _norm_name(name: str) -> str:
     return name.strip().lower().rsplit("/", 1)[-1]
 
@@ -83,4 +144,67 @@ def trace_matches_model(summary: TraceSummary, model: ModelSpec) -> bool:
             == (model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers))
 
 
-__all__ = ["TraceSummary", "read_trace_summary", "trace_matches_model"]
+# --------------------------------------------------------------------------------------------- training traces
+def check_training_trace(value, where: str, model: ModelSpec, evaluated_path: Path | None = None) -> Path:
+    """The path of a training trace a ``train`` param names, checked when the config loads; ConfigError naming
+    ``where`` when it cannot be read, is of another model than the run's, has no routed tokens (nothing to learn:
+    a part would silently fall back to its defaults) or is the evaluated trace (the same file, or the same routing
+    and request boundaries)."""
+    from sim.files import resolve_path
+
+    path = resolve_path(value, where, "trace file").resolve()
+    try:
+        summary = read_trace_summary(path)
+    except TraceError as exc:
+        raise ConfigError(where, str(exc)) from None
+    if not trace_matches_model(summary, model):
+        raise ConfigError(where, f"training trace {brief(str(value))} is of model {model_shape(summary)}, the run's "
+                                 f"is {spec_shape(model)}")
+    if evaluated_path is not None and _same_trace_file(path, Path(evaluated_path)):
+        raise ConfigError(where, f"training trace {brief(str(value))} is the evaluated trace: it must differ (a part "
+                                 f"learned from the routing it predicts would see the future)")
+    tokens, routed = routed_tokens(path)
+    if routed == 0:
+        raise ConfigError(where, f"training trace {brief(str(value))} has no routed tokens ({tokens} tokens, "
+                                 f"{'every expert id -1' if tokens else 'none'}): nothing to learn from")
+    return path
+
+
+def _same_trace_file(path: Path, evaluated: Path) -> bool:
+    """The same file, or a file with the evaluated trace's request boundaries and routing (a copy of it)."""
+    try:
+        if os.path.samefile(path, evaluated):
+            return True
+        a, b = read_trace_summary(path), read_trace_summary(evaluated)
+    except (OSError, TraceError):
+        return False
+    if not (np.array_equal(a.prefill_lengths, b.prefill_lengths) and np.array_equal(a.decode_lengths, b.decode_lengths)):
+        return False
+    try:
+        ta, tb = load_trace(path), load_trace(evaluated)
+    except TraceError:
+        return False
+    return ta.experts.shape == tb.experts.shape and np.array_equal(ta.experts, tb.experts)
+
+
+def routed_tokens(path: str | Path) -> tuple[int, int]:
+    """(tokens, tokens routed to at least one expert in some layer) of a trace file (cached per file version);
+    TraceError when it cannot be read."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError:
+        raise TraceError(path, "no such file") from None
+    return _routed_tokens(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _routed_tokens(path_str: str, mtime_ns: int, size: int) -> tuple[int, int]:
+    experts = load_trace(path_str).experts
+    if experts.size == 0:
+        return int(experts.shape[0]), 0
+    return int(experts.shape[0]), int((experts >= 0).reshape(experts.shape[0], -1).any(axis=1).sum())
+
+
+__all__ = ["TraceSummary", "check_training_trace", "model_shape", "prompt_with_info", "read_trace_summary",
+           "routed_tokens", "shape_text", "spec_shape", "trace_matches_model"]

@@ -46,6 +46,7 @@ import numpy as np
 
 from sim.cache import CPU, LPC, MISS, MPC
 from sim.costs import Memo
+from sim.params import MAX_EXPERTS, between
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 from sim.policies.fiddler import cost_model
 
@@ -57,6 +58,10 @@ class HybridCache(Policy):
     wants_counts = True
     promotion_is_free = True
     PARAMS = {"half_life": 16.0, "horizon": 16.0, "warm_start": True, "max_prefetch": 0}
+    # half_life: iterations, above 0 (0 would divide by zero); horizon: iterations of reuse credit, 0 (none) and up;
+    # max_prefetch: experts per layer, 0 (off) up to the most experts a layer can have
+    PARAM_RULES = {"half_life": between(0.0, 1e6, above=True), "horizon": between(0.0, 1e6),
+                   "max_prefetch": between(0, MAX_EXPERTS, kind=int)}
 
     def hpc_capacity(self, ctx: PolicyContext) -> int:
         return 0
@@ -65,14 +70,8 @@ class HybridCache(Policy):
         return ctx.hpc_slots + ctx.mpc_slots
 
     def configure(self) -> None:
-        p = self.params
+        p = self.params   # in range: checked by PARAM_RULES when the config loads (and when constructed)
         half_life, horizon = float(p["half_life"]), float(p["horizon"])
-        if not half_life > 0:
-            from sim.errors import ConfigError
-            raise ConfigError("policy.params.half_life", f"must be > 0, got {half_life!r}")
-        if not horizon >= 0:
-            from sim.errors import ConfigError
-            raise ConfigError("policy.params.horizon", f"must be >= 0, got {horizon!r}")
         self.decay = 0.5 ** (1.0 / half_life)
         self.horizon = horizon
         self.max_prefetch = int(p["max_prefetch"])

@@ -44,7 +44,7 @@ import math
 import numpy as np
 
 from sim.errors import ConfigError
-from sim.params import between, file_path
+from sim.params import between, training_trace
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 from sim.workload import active_sets, build_iterations, phase_layers
 
@@ -110,7 +110,7 @@ class LearnedRF(PerLayerCache):
     origin = ORIGIN
     supports_shared = True
     PARAMS = {**PerLayerCache.PARAMS, "train": None, "train_batch": 1}
-    PARAM_RULES = {**PerLayerCache.PARAM_RULES, "train": file_path("trace file"),
+    PARAM_RULES = {**PerLayerCache.PARAM_RULES, "train": training_trace(),
                    "train_batch": between(1, 4096, kind=int)}
 
     def configure(self) -> None:

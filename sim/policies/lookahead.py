@@ -22,6 +22,7 @@ With ``horizon: 0`` nothing ahead is seen: every next use is unknown, no newcome
 from __future__ import annotations
 
 from sim.cache import LPC, MISS, MPC
+from sim.checks import INT_MAX
 from sim.params import between
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 from sim.policies.belady import NEVER, FutureUses, _future_of, record_next_uses
@@ -33,7 +34,7 @@ class Lookahead(PerLayerCache):
 
     origin = "bound"
     PARAMS = {"pin_hot": False, "horizon": 1}
-    PARAM_RULES = {"horizon": between(0, None, int)}
+    PARAM_RULES = {"horizon": between(0, INT_MAX, int)}   # iterations ahead
 
     def configure(self) -> None:
         super().configure()

@@ -55,7 +55,7 @@ import numpy as np
 
 from sim.cache import LPC, MISS
 from sim.errors import ConfigError
-from sim.params import between, file_path
+from sim.params import between, training_trace
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 from sim.policies.learned_rf import layer_steps as training_steps  # the training trace's steps, per layer
 
@@ -148,7 +148,7 @@ class NextUseOdds(Policy):
     default_predictor = "cross-layer"
     promotion_is_free = True
     PARAMS = {"train": None, "train_batch": 1, "warm": True}
-    PARAM_RULES = {"train": file_path("trace file"), "train_batch": between(1, 4096, kind=int)}
+    PARAM_RULES = {"train": training_trace(), "train_batch": between(1, 4096, kind=int)}
 
     # one cache of hpc_slots + mpc_slots per cached layer, nothing pinned
     def hpc_capacity(self, ctx: PolicyContext) -> int:

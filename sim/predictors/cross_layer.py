@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.params import between, file_path
+from sim.params import between, training_trace
 from sim.predictors.base import PREDICTORS
 from sim.predictors.transition import LayerPairPredictor, load_training_trace, transition_table, workload_trace
 
@@ -27,7 +27,7 @@ from sim.predictors.transition import LayerPairPredictor, load_training_trace, t
 @PREDICTORS.register("cross-layer")
 class CrossLayerPredictor(LayerPairPredictor):
     PARAMS = {"train": None, "threshold": 0.5}
-    PARAM_RULES = {"train": file_path("trace file"), "threshold": between(0.0, 1.0, above=True)}
+    PARAM_RULES = {"train": training_trace(), "threshold": between(0.0, 1.0, above=True)}
 
     def configure(self) -> None:
         self.trace = workload_trace(self)

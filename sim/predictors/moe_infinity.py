@@ -26,7 +26,7 @@ import numpy as np
 
 from sim.errors import ConfigError
 from sim.moe_infinity import ActivationTracker
-from sim.params import between, file_path
+from sim.params import MAX_EXPERTS, between, training_trace
 from sim.predictors.base import PREDICTORS, Predictor
 from sim.predictors.transition import load_training_trace, workload_trace
 
@@ -52,8 +52,8 @@ def check_capacity(value, where: str) -> int:
 class MoEInfinityPredictor(Predictor):
     PARAMS = {"threshold": 0.1, "budget": None, "capacity": 256, "train": None}
     # capacity: EAMs kept, each a [layers, experts] float array (twice): bounded so that it cannot exhaust memory
-    PARAM_RULES = {"threshold": between(0.0, 1.0), "budget": between(1, None, kind=int),
-                   "capacity": between(1, 1 << 14), "train": file_path("trace file")}
+    PARAM_RULES = {"threshold": between(0.0, 1.0), "budget": between(1, MAX_EXPERTS, kind=int),
+                   "capacity": between(1, 1 << 14), "train": training_trace()}
 
     def configure(self) -> None:
         p = self.params

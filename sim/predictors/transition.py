@@ -23,7 +23,8 @@ import os
 import numpy as np
 
 from sim.errors import ConfigError
-from sim.params import between, file_path
+from sim.checks import show
+from sim.params import MAX_EXPERTS, RunFacts, between, training_trace
 from sim.predictors.base import PREDICTORS, Predictor
 from sim.files import resolve_path
 from sim.workload import phase_layers
@@ -109,9 +110,18 @@ class LayerPairPredictor(Predictor):
 @PREDICTORS.register("transition")
 class TransitionPredictor(LayerPairPredictor):
     PARAMS = {"train": None, "top": None}
-    PARAM_RULES = {"train": file_path("trace file", required=True, hint="give the path of a training trace of the "
-                                                                        "same model (not the evaluated trace)"),
-                   "top": between(1, None, kind=int)}  # at most the model's experts: checked with the trace
+    PARAM_RULES = {"train": training_trace(required=True, hint="give the path of a training trace of the same "
+                                                                "model (not the evaluated trace)"),
+                   "top": between(1, MAX_EXPERTS, kind=int)}  # at most the model's experts: check_for_run
+
+    @classmethod
+    def check_for_run(cls, params: dict, where: str, run: RunFacts) -> None:
+        """``top`` at most the run's experts per layer, beside the training trace's checks."""
+        super().check_for_run(params, where, run)
+        top = params.get("top")
+        if top is not None and top > run.model.num_experts:
+            raise ConfigError(f"{where}.top", f"must be at most the {run.model.num_experts} experts of a layer of "
+                                              f"{show(run.model.name)} (or null: the model's top-k), got {top}")
 
     def configure(self) -> None:
         self.trace = workload_trace(self)
