@@ -19,25 +19,43 @@ named in ``extra.request_fields_left_out``. Where an entry says ``n_decode_steps
 Every row is taken as a decode token (one per decode step): such sources keep no prompt rows, so the trace's
 prefill lengths are 0 and the prompt length the source reports stays in ``request_info.prompt_len``.
 ``--datasets a,b`` keeps the requests of those data sets and ``--exclude-repetitive`` drops the ones whose
-``has_repetition`` is true (both need requests.json).
+``has_repetition`` is true (both need requests.json). Requests without rows are dropped (with a note): they
+would cost every replay time and memory and route nothing.
+
+Everything in the source is untrusted: the archive is read like a trace file (:func:`traces.io.read_npy_entry`:
+plain zip entries, npy headers sized before anything is allocated, at most MAX_SOURCE_ARRAY_BYTES per array),
+requests.json is parsed with bounds (size, nesting, fields), and the trace must be one its model can run
+(:func:`traces.import_common.check_model_fit`). Any problem is one InputError naming the file (and entry or
+field); nothing is written.
 """
 
 from __future__ import annotations
 
-import json
-import zipfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError
-from traces.format import ModelInfo, Provenance, Trace, TraceMeta, today
-from traces.import_common import default_num_experts, offsets_from_lengths, rows_of_requests
+from traces.errors import InputError, brief
+from traces.format import INT_MAX, MAX_CONTEXT, MAX_REQUESTS, ModelInfo, Provenance, Trace, TraceMeta, today
+from traces.import_common import (check_content, check_model_fit, check_model_name, check_out, default_num_experts,
+                                  offsets_from_lengths, read_json_file, rows_of_requests, show_list)
+from traces.io import open_regular_file, open_zip, read_npy_entry
 
 TOOL = "traces import expert-arrays"
 REQUESTS_JSON = "requests.json"
+ARRAYS = ("expert_ids", "expert_probs", "request_offsets")
+#: The largest array read from a source archive, uncompressed (the gpt-oss-20b routing's largest is 30 MB): a
+#: zip entry or npy header claiming more is refused before anything is inflated or allocated.
+MAX_SOURCE_ARRAY_BYTES = 1 << 30
+#: The most entries a source archive may hold (it needs three).
+MAX_SOURCE_ENTRIES = 256
+#: The largest requests.json read (the gpt-oss-20b one, with every decoded token, is 1.4 MB).
+MAX_REQUESTS_JSON_BYTES = 64 << 20
+#: The most distinct fields the entries of a requests.json may have (each becomes a column of request_info).
+MAX_REQUEST_FIELDS = 256
+#: The largest magnitude a float16 weight can hold.
+FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
 @dataclass(frozen=True)
@@ -57,6 +75,7 @@ class ImportReport:
     requests_in_source: int
     requests_kept: int
     num_experts_from: str
+    empty_requests_dropped: int = 0
 
 
 def add_parser(fmt) -> None:
@@ -83,35 +102,40 @@ def add_parser(fmt) -> None:
 
 # --------------------------------------------------------------------------------------------- reading
 def load_routing_arrays(path: Path) -> RoutingArrays:
-    """Read and check the arrays of a source ``.npz``; bad input raises InputError naming the file."""
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    try:
-        z = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"{path}: not a readable .npz archive ({exc})") from None
-    if not isinstance(z, np.lib.npyio.NpzFile):
-        raise InputError(f"{path}: a single array, expected an .npz archive with expert_ids")
-    with z:
-        names = list(z.files)
-        if "expert_ids" not in names:
-            raise InputError(f"{path}: no array 'expert_ids' (has: {', '.join(names) or 'nothing'})")
-        ids = _member(z, "expert_ids", path)
-        probs = _member(z, "expert_probs", path) if "expert_probs" in names else None
-        offsets = _member(z, "request_offsets", path) if "request_offsets" in names else None
-    ids = _check_ids(ids, path)
+    """Read and check the arrays of a source ``.npz``; bad input raises InputError naming the file (and entry)."""
+    _refuse_single_npy(path)
+    with open_zip(path, ".npz archive", MAX_SOURCE_ENTRIES, not_zip="not a readable .npz archive") as zf:
+        members = _members(zf, path)
+        if "expert_ids" not in members:
+            raise InputError(f"{path}: no array 'expert_ids' (has: {show_list(members)})")
+        arrays = {name: read_npy_entry(zf, members[name], path, MAX_SOURCE_ARRAY_BYTES)
+                  for name in ARRAYS if name in members}
+    ids = _check_ids(arrays["expert_ids"], path)
+    probs = arrays.get("expert_probs")
     probs = None if probs is None else _check_probs(probs, ids.shape, path)
-    offsets = _check_offsets(offsets, ids.shape[0], path)
-    ignored = tuple(n for n in names if n not in ("expert_ids", "expert_probs", "request_offsets"))
+    offsets = _check_offsets(arrays.get("request_offsets"), ids.shape[0], path)
+    ignored = tuple(n for n in members if n not in ARRAYS)
     return RoutingArrays(ids, probs, offsets, ignored)
 
 
-def _member(z, name: str, path: Path) -> np.ndarray:
-    """One array of an open archive; a corrupt or pickled member raises InputError naming the file."""
-    try:
-        return z[name]
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, zlib.error) as exc:
-        raise InputError(f"{path}: array '{name}' cannot be read ({exc})") from None
+def _refuse_single_npy(path: Path) -> None:
+    """A lone ``.npy`` array (what np.save writes) is not a source: say so rather than "not a zip"."""
+    with open_regular_file(path, ".npz archive") as f:
+        magic = f.read(6)
+    if magic == b"\x93NUMPY":
+        raise InputError(f"{path}: a single array, expected an .npz archive with expert_ids (np.savez)")
+
+
+def _members(zf, path: Path) -> dict[str, str]:
+    """Array name -> entry name of an archive (``expert_ids.npy`` and ``expert_ids`` both name ``expert_ids``, as
+    numpy reads them); an archive naming one array twice is refused."""
+    out: dict[str, str] = {}
+    for entry in zf.namelist():
+        name = entry[:-4] if entry.endswith(".npy") else entry
+        if name in out:
+            raise InputError(f"{path}: entries {brief(out[name])} and {brief(entry)} both hold array {brief(name)}")
+        out[name] = entry
+    return out
 
 
 def _check_ids(ids: np.ndarray, path: Path) -> np.ndarray:
@@ -144,24 +168,28 @@ def _check_probs(probs: np.ndarray, shape: tuple, path: Path) -> np.ndarray:
         raise InputError(f"{path}: expert_probs must be a float array shaped like expert_ids {list(shape)}, "
                          f"got {probs.dtype} with shape {list(probs.shape)}")
     if not np.isfinite(probs).all():
-        raise InputError(f"{path}: expert_probs holds a value that is not finite")
+        row = int(np.argwhere(~np.isfinite(probs).all(axis=(1, 2)))[0][0])
+        raise InputError(f"{path}: expert_probs holds a value that is not finite (row {row})")
     return probs
 
 
 def _check_offsets(offsets: np.ndarray | None, tokens: int, path: Path) -> np.ndarray:
-    """request_offsets as int64 [R + 1] from 0 to the row count, non-decreasing; one request when absent."""
+    """request_offsets as int64 [R + 1] from 0 to the row count, non-decreasing, at most MAX_REQUESTS requests;
+    one request when absent."""
     if offsets is None:
         return np.array([0, tokens], dtype=np.int64)
     if offsets.ndim != 1 or offsets.shape[0] < 2 or not np.issubdtype(offsets.dtype, np.integer):
         raise InputError(f"{path}: request_offsets must be an integer array [requests + 1], "
                          f"got {offsets.dtype} with shape {list(offsets.shape)}")
-    offsets = offsets.astype(np.int64)
-    if offsets[0] != 0 or offsets[-1] != tokens:
+    if offsets.shape[0] - 1 > MAX_REQUESTS:
+        raise InputError(f"{path}: request_offsets holds {offsets.shape[0] - 1} requests, more than the "
+                         f"{MAX_REQUESTS} a trace may hold")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != tokens:
         raise InputError(f"{path}: request_offsets must run from 0 to the {tokens} rows of expert_ids, "
-                         f"got {offsets[0]}..{offsets[-1]}")
-    if (np.diff(offsets) < 0).any():
+                         f"got {int(offsets[0])}..{int(offsets[-1])}")
+    if int(offsets.min()) < 0 or int(offsets.max()) > tokens or (np.diff(offsets.astype(np.int64)) < 0).any():
         raise InputError(f"{path}: request_offsets must be non-decreasing")
-    return offsets
+    return offsets.astype(np.int64)
 
 
 def find_requests_json(path: Path, given: str | None, ignore: bool) -> Path | None:
@@ -169,44 +197,65 @@ def find_requests_json(path: Path, given: str | None, ignore: bool) -> Path | No
     if given is not None:
         if ignore:
             raise InputError("--requests-json and --no-requests-json: give one or the other")
-        p = Path(given)
-        if not p.is_file():
-            raise InputError(f"{p}: no such file (--requests-json)")
-        return p
+        return Path(given)  # read as a regular file, or refused saying what it is
     beside = path.parent / REQUESTS_JSON
-    return beside if beside.is_file() and not ignore else None
+    return beside if not ignore and _exists(beside) else None
+
+
+def _exists(path: Path) -> bool:
+    """Whether anything is at ``path`` (a folder or FIFO there is then refused when read, not ignored)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def load_requests_json(path: Path, lengths: np.ndarray) -> list[dict]:
     """The entries of a requests.json, one object per request, checked against the requests' row counts."""
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot be read ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    entries = read_json_file(path, MAX_REQUESTS_JSON_BYTES, "requests.json file")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InputError(f"{path}: expected a JSON list with one object per request")
     if len(entries) != len(lengths):
         raise InputError(f"{path}: has {len(entries)} entries but the routing has {len(lengths)} requests")
+    fields = dict.fromkeys(k for e in entries for k in e)
+    if len(fields) > MAX_REQUEST_FIELDS:
+        raise InputError(f"{path}: its entries have {len(fields)} different fields, more than the "
+                         f"{MAX_REQUEST_FIELDS} an import keeps")
     for i, e in enumerate(entries):
         _check_entry(e, i, int(lengths[i]), path)
     return entries
 
 
 def _check_entry(e: dict, i: int, rows: int, path: Path) -> None:
-    """The fields an import relies on, where present: dataset, has_repetition, prompt_len, n_decode_steps."""
+    """The fields an import relies on, where present: dataset, has_repetition, prompt_len (an integer within
+    MAX_CONTEXT: the simulator sizes the request's KV cache from it), n_decode_steps; and every field name and
+    plain string value valid Unicode (the trace's metadata must be writable as UTF-8)."""
+    for key, v in e.items():
+        if not _unicode(key) or (isinstance(v, str) and not _unicode(v)):
+            raise InputError(f"{path}: entry {i}: field {brief(key)} holds text that is not valid Unicode")
     if "dataset" in e and (not isinstance(e["dataset"], str) or not e["dataset"]):
-        raise InputError(f"{path}: entry {i}: field 'dataset' must be a non-empty string")
+        raise InputError(f"{path}: entry {i}: field 'dataset' must be a non-empty string, got {brief(e['dataset'])}")
     if "has_repetition" in e and not isinstance(e["has_repetition"], bool):
         raise InputError(f"{path}: entry {i}: field 'has_repetition' must be true or false")
-    for key in ("prompt_len", "n_decode_steps"):
+    for key, top in (("prompt_len", MAX_CONTEXT), ("n_decode_steps", None)):
         v = e.get(key)
-        if key in e and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise InputError(f"{path}: entry {i}: field '{key}' must be an integer >= 0, got {v!r}")
+        if key in e and (isinstance(v, bool) or not isinstance(v, int) or v < 0 or (top is not None and v > top)):
+            bound = f"0..{top}" if top is not None else ">= 0"
+            raise InputError(f"{path}: entry {i}: field '{key}' must be an integer {bound} (tokens), got {brief(v)}")
     if "n_decode_steps" in e and e["n_decode_steps"] != rows:
         raise InputError(f"{path}: entry {i}: n_decode_steps {e['n_decode_steps']} but request {i} has {rows} "
                          f"rows in the routing (does this requests.json belong to these arrays?)")
+
+
+def _unicode(text) -> bool:
+    """Whether ``text`` (when a string) can be written as UTF-8 (JSON's \\ud800 escapes make lone surrogates)."""
+    if not isinstance(text, str):
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------------------------- choosing
@@ -225,8 +274,10 @@ def select_requests(entries: list[dict] | None, n: int, datasets: list[str] | No
         known = list(dict.fromkeys(d for d in have if d is not None))
         unknown = [d for d in datasets if d not in known]
         if unknown:
-            raise InputError(f"--datasets: unknown data set {unknown[0]!r} in {where} (known: {', '.join(known)})")
-        keep &= np.array([d in datasets for d in have], dtype=bool)
+            raise InputError(f"--datasets: unknown data set {brief(unknown[0])} in {where} "
+                             f"(known: {show_list(known)})")
+        chosen = set(datasets)
+        keep &= np.array([d in chosen for d in have], dtype=bool)
     if exclude_repetitive:
         if any("has_repetition" not in e for e in entries):
             i = next(i for i, e in enumerate(entries) if "has_repetition" not in e)
@@ -234,16 +285,37 @@ def select_requests(entries: list[dict] | None, n: int, datasets: list[str] | No
         keep &= ~np.array([e["has_repetition"] for e in entries], dtype=bool)
     kept = np.flatnonzero(keep).astype(np.int64)
     if kept.size == 0:
-        raise InputError(f"{where}: the filters (--datasets, --exclude-repetitive) leave no requests")
+        raise InputError(f"{where}: no requests left after {_filters(datasets, exclude_repetitive)}")
     return kept
+
+
+def _filters(datasets: list[str] | None, exclude_repetitive: bool) -> str:
+    """The filters given, for a message: ``--datasets a, b --exclude-repetitive``."""
+    parts = ([f"--datasets {show_list(datasets)}"] if datasets is not None else []) + \
+        (["--exclude-repetitive"] if exclude_repetitive else [])
+    return " ".join(parts) or "reading it"
+
+
+def drop_empty(kept: np.ndarray, lengths: np.ndarray, where: str, datasets: list[str] | None,
+               exclude_repetitive: bool) -> np.ndarray:
+    """The kept requests that have rows (an empty request routes nothing but costs every replay); InputError
+    when none has: a trace without tokens has nothing to simulate."""
+    full = kept[lengths[kept] > 0]
+    if full.size == 0:
+        if datasets is not None or exclude_repetitive:
+            raise InputError(f"{where}: no tokens left after {_filters(datasets, exclude_repetitive)} (the "
+                             f"{kept.size} requests kept have no rows)")
+        raise InputError(f"{where}: no tokens: every one of its {kept.size} requests has no rows")
+    return full
 
 
 def request_columns(entries: list[dict], kept: np.ndarray) -> tuple[dict[str, list], list[str]]:
     """``request_info`` columns of the kept requests (``source_index`` first, then every field whose values are
-    plain; missing values are null), and the names of fields left out because they hold lists or objects."""
+    plain as the trace format defines it: strings, finite numbers, integers within 64 bits, bools, nulls; missing
+    values are null), and the names of fields left out because some value is not (a list, an object, NaN, an
+    integer beyond 64 bits), or because the name is empty."""
     fields = list(dict.fromkeys(k for e in entries for k in e))
-    plain = (str, int, float, bool, type(None))
-    left_out = [f for f in fields if any(not isinstance(e.get(f), plain) or _nan(e.get(f)) for e in entries)]
+    left_out = [f for f in fields if not f or any(not _plain(e.get(f)) for e in entries)]
     columns = {"source_index": kept.tolist()}
     for f in fields:
         if f not in left_out and f != "source_index":
@@ -251,8 +323,13 @@ def request_columns(entries: list[dict], kept: np.ndarray) -> tuple[dict[str, li
     return columns, left_out
 
 
-def _nan(v) -> bool:
-    return isinstance(v, float) and not np.isfinite(v)
+def _plain(v) -> bool:
+    """A value the trace format keeps in request_info."""
+    if v is None or isinstance(v, (str, bool)):
+        return True
+    if isinstance(v, int):
+        return -INT_MAX - 1 <= v <= INT_MAX
+    return isinstance(v, float) and bool(np.isfinite(v))
 
 
 def _request_ids(entries: list[dict] | None, kept: np.ndarray, stem: str) -> tuple[str, ...]:
@@ -270,13 +347,22 @@ def import_expert_arrays(path: str | Path, model: str, num_experts: int | None =
                          requests_json: str | Path | None = None, no_requests_json: bool = False,
                          datasets: list[str] | None = None, exclude_repetitive: bool = False,
                          source_model: str | None = None, dataset: str = "unknown") -> tuple[Trace, ImportReport]:
-    """Read a source ``.npz`` (and its requests.json) into a decode-only trace; returns the trace and a report."""
+    """Read a source ``.npz`` (and its requests.json) into a decode-only trace; returns the trace and a report.
+    The trace is checked against the model profile its name matches (top-k, layers, experts) and must hold
+    tokens; requests without rows are dropped (``report.empty_requests_dropped``)."""
     path = Path(path)
+    check_model_name(model)
+    if num_experts is not None:
+        _check_num_experts(num_experts)
+    if not isinstance(dataset, str) or not dataset.strip():
+        raise InputError(f"--dataset: give a data set name, got {brief(dataset)}")
     arrays = load_routing_arrays(path)
     lengths = np.diff(arrays.offsets)
     rj = find_requests_json(path, None if requests_json is None else str(requests_json), no_requests_json)
     entries = load_requests_json(rj, lengths) if rj is not None else None
-    kept = select_requests(entries, len(lengths), datasets, exclude_repetitive, str(rj) if rj else str(path))
+    where = str(rj) if rj else str(path)
+    chosen = select_requests(entries, len(lengths), datasets, exclude_repetitive, where)
+    kept = drop_empty(chosen, lengths, where, datasets, exclude_repetitive)
     num_experts, source = resolve_num_experts(arrays.ids, model, num_experts, path)
     ids, weights = kept_rows(arrays, kept, path)
 
@@ -288,21 +374,31 @@ def import_expert_arrays(path: str | Path, model: str, num_experts: int | None =
              "requests_in_source": int(len(lengths)), "requests_kept": int(kept.size),
              "filters": {"datasets": datasets, "exclude_repetitive": bool(exclude_repetitive)},
              "num_experts_from": source}
+    dropped = int(chosen.size - kept.size)
+    if dropped:
+        extra["empty_requests_dropped"] = dropped
     if left_out:
         extra["request_fields_left_out"] = left_out
     if arrays.ignored:
-        extra["arrays_ignored"] = list(arrays.ignored)
+        extra["arrays_ignored"] = list(arrays.ignored[:20])
     meta = TraceMeta(
         model=ModelInfo.decoder_only(model, num_experts, int(ids.shape[2]), int(ids.shape[1])),
-        provenance=Provenance("imported", TOOL, source_model or model, "+".join(d for d in used if d) or dataset,
-                              today()),
+        provenance=Provenance("imported", TOOL, source_model or model,
+                              "+".join(str(d) for d in used if d) or dataset, today()),
         seed=None,
         request_ids=_request_ids(entries, kept, path.stem),
         extra=extra,
         request_info=columns,
     )
     trace = Trace(ids, offsets_from_lengths(lengths[kept]), np.zeros(kept.size, np.int64), meta, weights)
-    return trace, ImportReport(int(len(lengths)), int(kept.size), source)
+    check_model_fit(trace, str(path), source)
+    check_content(trace, where)
+    return trace, ImportReport(int(len(lengths)), int(kept.size), source, dropped)
+
+
+def _check_num_experts(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= np.iinfo(np.int16).max:
+        raise InputError(f"--num-experts: must be between 1 and {np.iinfo(np.int16).max}, got {brief(n)}")
 
 
 def resolve_num_experts(ids: np.ndarray, model: str, given: int | None, path: Path) -> tuple[int, str]:
@@ -310,8 +406,7 @@ def resolve_num_experts(ids: np.ndarray, model: str, given: int | None, path: Pa
     InputError when an id or the top-k does not fit it."""
     largest = int(ids.max())
     num_experts, source = (given, "--num-experts") if given is not None else default_num_experts(model, largest)
-    if not 1 <= num_experts <= np.iinfo(np.int16).max:
-        raise InputError(f"--num-experts: must be between 1 and {np.iinfo(np.int16).max}, got {num_experts}")
+    _check_num_experts(num_experts)
     if largest >= num_experts:
         row = int(np.argwhere((ids >= num_experts).any(axis=(1, 2)))[0][0])
         raise InputError(f"{path}: expert_ids holds id {largest} (first id >= {num_experts} at row {row}), outside "
@@ -322,36 +417,52 @@ def resolve_num_experts(ids: np.ndarray, model: str, given: int | None, path: Pa
 
 
 def kept_rows(arrays: RoutingArrays, kept: np.ndarray, path: Path) -> tuple[np.ndarray, np.ndarray | None]:
-    """The kept requests' expert ids (int16) and weights (float16, 0 where an id is -1; None without probs)."""
+    """The kept requests' expert ids (int16) and weights (float16, 0 where an id is -1; None without probs). A
+    weight beyond float16's range is refused, found before the cast (which would make it infinite, with a
+    RuntimeWarning on stderr)."""
     rows = None if kept.size == arrays.offsets.shape[0] - 1 else rows_of_requests(arrays.offsets, kept)
     ids = arrays.ids if rows is None else arrays.ids[rows]
     if arrays.probs is None:
         return ids, None
-    weights = (arrays.probs if rows is None else arrays.probs[rows]).astype(np.float16)
-    weights[ids < 0] = 0
-    if not np.isfinite(weights).all():
-        raise InputError(f"{path}: expert_probs holds a value too large for float16")
+    probs = arrays.probs if rows is None else arrays.probs[rows]
+    wide = probs.astype(np.float64 if probs.dtype.itemsize > 4 else np.float32)  # a copy: zeroed below
+    wide[ids < 0] = 0
+    with np.errstate(all="ignore"):
+        big = np.abs(wide) > FLOAT16_MAX
+        if big.any():
+            r = int(np.argwhere(big.any(axis=(1, 2)))[0][0])
+            value = float(wide[r][big[r]][0])
+            row = r if rows is None else int(rows[r])
+            raise InputError(f"{path}: expert_probs holds {value:.6g} (row {row}), beyond the range of the trace's "
+                             f"float16 weights (+-{FLOAT16_MAX:.0f})")
+        weights = wide.astype(np.float16)
     return ids, weights
 
 
 def _split_list(text: str | None) -> list[str] | None:
     if text is None:
         return None
-    items = [x.strip() for x in text.split(",") if x.strip()]
+    items = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
     if not items:
         raise InputError("--datasets: give at least one data set name")
     return items
 
 
 def _run(args) -> int:
+    import sys
     import time
 
     from traces.io import save_trace
 
     t0 = time.perf_counter()
+    check_out(args.out, [args.file] + ([args.requests_json] if args.requests_json else []))
+    check_model_name(args.model)
     trace, rep = import_expert_arrays(args.file, args.model, args.num_experts, args.requests_json,
                                       args.no_requests_json, _split_list(args.datasets), args.exclude_repetitive,
                                       args.source_model, args.dataset)
+    if rep.empty_requests_dropped:
+        print(f"note: dropped {rep.empty_requests_dropped} requests without rows (they route nothing)",
+              file=sys.stderr)
     save_trace(trace, args.out)
     print(f"wrote {args.out}: {trace.num_tokens} decode tokens in {trace.num_requests} requests "
           f"(of {rep.requests_in_source}), {trace.num_layers} layers, top-{trace.top_k} of {trace.num_experts} "

@@ -1,50 +1,204 @@
-"""Small pieces the importers share: the default expert count of a model, request offsets, rows of requests."""
+"""Small pieces the importers share: the checks every import makes before it reads (``--out``, ``--model``) and
+before it writes (the trace is of its model, and has tokens), the default expert count of a model, bounded
+reading of JSON files, request offsets, rows of requests, and short lists for messages."""
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from pathlib import Path
+from typing import Any, Iterable
 
 import numpy as np
 
-from traces.errors import InputError
+from traces.errors import InputError, TraceError, brief, one_line
+from traces.format import MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
+from traces.io import check_output_file, metadata_problem, open_regular_file
 
-#: The project's model profiles (``configs/models/NAME.yaml``), read only for their ``num_experts``.
-MODEL_PROFILES = Path(__file__).resolve().parent.parent / "configs" / "models"
-_SUFFIX = re.compile(r"-(\d+)$")
+#: The longest model name an import accepts (Hugging Face repository ids are at most 96 characters).
+MAX_MODEL_NAME_CHARS = 128
+#: A model name: letters, digits and ``. _ + -``, with at most one ``/`` (an organisation prefix, as in
+#: ``mistralai/Mixtral-8x7B-Instruct-v0.1``). ASCII only: the name is matched against the model profiles, and a
+#: name that looks like another one (full-width letters, spaces) would not find its profile.
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*(?:/[A-Za-z0-9][A-Za-z0-9._+-]*)?", re.ASCII)
+_SUFFIX = re.compile(r"-(\d+)$", re.ASCII)
+#: How many items of a long list (data sets, model names) a message shows before "... (N in all)".
+SHOWN = 5
+
+
+# --------------------------------------------------------------------------------------------- messages
+def show_list(items: Iterable[Any], shown: int = SHOWN, width: int = 40) -> str:
+    """``items`` for a message, at most ``shown`` of them, each cut to ``width`` characters:
+    ``"a, b, c, d, e ... (33 in all)"``; "none" for an empty list."""
+    items = list(items)
+    head = ", ".join(brief(x, width) if not isinstance(x, str) else _cut(x, width) for x in items[:shown])
+    if len(items) > shown:
+        return f"{head} ... ({len(items)} in all)"
+    return head or "none"
+
+
+def _cut(text: str, width: int) -> str:
+    text = brief(text, width + 2)[1:-1] if not text.isprintable() else text
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+# --------------------------------------------------------------------------------------------- arguments
+def check_out(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """``--out`` as a place for a trace file, checked before any input is read: not empty, not a folder, FIFO,
+    device or socket (:func:`traces.io.check_output_file`), and not one of the ``inputs`` (which the trace
+    would replace). Raises InputError naming ``--out``."""
+    try:
+        out = check_output_file(path, "trace file")
+    except TraceError as exc:
+        raise InputError(f"--out {brief(str(path))}: {exc.problem}") from None
+    for given in inputs:
+        try:
+            same = os.path.samefile(out, given)
+        except (OSError, ValueError):
+            same = False
+        if same:
+            raise InputError(f"--out {brief(str(path))}: is the input file {brief(str(given))}; the trace would "
+                             f"replace it (write it elsewhere)")
+    return out
+
+
+def check_model_name(name: Any, flag: str = "--model") -> str:
+    """A model name for a trace: ASCII letters, digits and ``. _ + -`` (one ``/`` for an organisation prefix), at
+    most MAX_MODEL_NAME_CHARS characters. An empty, spaced, over-long or path-like name is refused: the trace
+    reader and the simulator match traces to models by this name."""
+    if not isinstance(name, str) or not name:
+        raise InputError(f"{flag}: give a model name (e.g. gpt-oss-20b), got {brief(name)}")
+    if len(name) > MAX_MODEL_NAME_CHARS:
+        raise InputError(f"{flag}: a model name of {len(name)} characters; the limit is {MAX_MODEL_NAME_CHARS}")
+    if not _MODEL_NAME.fullmatch(name) or ".." in name:
+        raise InputError(f"{flag}: {brief(name)} is not a model name (ASCII letters, digits, '.', '_', '+', '-', "
+                         f"and one '/' after an organisation, e.g. mistralai/Mixtral-8x7B-Instruct-v0.1)")
+    return name
+
+
+# --------------------------------------------------------------------------------------------- model profiles
+@functools.lru_cache(maxsize=1)
+def bundled_profiles() -> tuple[tuple[str, Any], ...]:
+    """(file stem, ModelSpec) of every model profile in ``configs/models/`` that loads (a broken profile is the
+    simulator's to report, not an import's)."""
+    from sim.errors import ConfigError
+    from sim.model_spec import load_model
+    from sim.profiles import available
+
+    out = []
+    for stem in available("models"):
+        try:
+            out.append((stem, load_model(stem)))
+        except ConfigError:
+            continue
+    return tuple(out)
+
+
+def _summary(meta: TraceMeta):
+    """A trace summary of ``meta`` without request lengths: what :func:`sim.trace_summary.trace_matches_model`
+    reads."""
+    from sim.trace_summary import TraceSummary
+
+    empty = np.zeros(0, dtype=np.int64)
+    return TraceSummary(Path(""), meta, empty, empty)
+
+
+def _meta_like(name: str, spec) -> TraceMeta:
+    """Metadata of a trace called ``name`` with exactly the shape of the model ``spec``."""
+    layers = tuple([LayerInfo(i, "encoder") for i in range(spec.encoder_moe_layers)]
+                   + [LayerInfo(i, "decoder") for i in range(spec.decoder_moe_layers)])
+    return TraceMeta(ModelInfo(name, spec.num_experts, spec.top_k, layers),
+                     Provenance("imported", "traces import", name, "none", None))
+
+
+def profiles_for(name: str) -> list[tuple[str, Any]]:
+    """The bundled model profiles a trace called ``name`` would be simulated with: those whose name the
+    simulator's own rule (:func:`sim.trace_summary.trace_matches_model`) takes as this trace's model (the same
+    name, or it with an organisation prefix or a variant suffix)."""
+    from sim.trace_summary import trace_matches_model
+
+    return [(stem, spec) for stem, spec in bundled_profiles()
+            if trace_matches_model(_summary(_meta_like(name, spec)), spec)]
+
+
+def _shape(num_experts: int, top_k: int, enc: int, dec: int) -> str:
+    return f"{num_experts} experts, top-{top_k}, {enc} encoder + {dec} decoder MoE layers"
+
+
+def check_model_fit(trace: Trace, where: str, num_experts_from: str | None = None) -> None:
+    """Refuse a trace that ``sim run`` would refuse with the model profile its name matches (a different expert
+    count, top-k, or number of encoder or decoder MoE layers): :func:`sim.trace_summary.trace_matches_model`,
+    the check a run config makes, applied when the trace is written rather than at every run. A name that
+    matches no profile is a model of the user's own (e.g. a small test model) and is not checked."""
+    from sim.trace_summary import trace_matches_model
+
+    m = trace.meta.model
+    summary = _summary(trace.meta)
+    for stem, spec in profiles_for(m.name):
+        if not trace_matches_model(summary, spec):
+            enc, dec = summary.layer_counts()
+            source = f" (experts from {num_experts_from})" if num_experts_from == "--num-experts" else ""
+            raise InputError(f"{where}: the routing ({_shape(m.num_experts, m.top_k, enc, dec)}{source}) does not "
+                             f"match model {brief(m.name)}: configs/models/{stem}.yaml has "
+                             f"{_shape(spec.num_experts, spec.top_k, spec.encoder_moe_layers, spec.decoder_moe_layers)}"
+                             f", so every run of that model would refuse the trace (is --model the model that "
+                             f"produced it?)")
+
+
+def check_content(trace: Trace, where: str) -> None:
+    """Refuse to write a trace with nothing to simulate (no tokens) or more requests than a trace may hold."""
+    if trace.num_tokens == 0:
+        raise InputError(f"{where}: no tokens to write (every request kept is empty)")
+    if trace.num_requests > MAX_REQUESTS:
+        raise InputError(f"{where}: {trace.num_requests} requests, more than the {MAX_REQUESTS} a trace may hold")
+    problem = metadata_problem(trace.meta)
+    if problem:
+        raise InputError(f"{where}: the trace's {problem}")
 
 
 def default_num_experts(model: str, largest_id: int | None = None) -> tuple[int, str]:
     """Experts per MoE layer of ``model`` when ``--num-experts`` is not given, and where the number came from:
-    the model profile ``configs/models/MODEL.yaml``, else the name's numeric suffix (``switch-base-128`` -> 128),
-    else the data (largest id + 1) when ``largest_id`` is given. Raises InputError when none applies."""
-    n = _profile_num_experts(model)
-    if n is not None:
-        return n, f"model profile configs/models/{model}.yaml"
+    the model profile the name matches (``configs/models/``, by the simulator's rule), else the name's numeric
+    suffix (``switch-base-128`` -> 128), else the data (largest id + 1) when ``largest_id`` is given. Raises
+    InputError when none applies."""
+    matches = profiles_for(model)
+    if matches:
+        stem, spec = matches[0]
+        return spec.num_experts, f"model profile configs/models/{stem}.yaml"
     m = _SUFFIX.search(model)
-    if m and int(m.group(1)) > 0:
+    if m and 0 < int(m.group(1)) <= np.iinfo(np.int16).max:
         return int(m.group(1)), f"the model name {model!r}"
     if largest_id is not None and largest_id >= 0:
         return int(largest_id) + 1, "the data (largest expert id + 1)"
-    raise InputError(f"--num-experts: not given, and model {model!r} has no profile in configs/models/ "
+    raise InputError(f"--num-experts: not given, and model {brief(model)} has no profile in configs/models/ "
                      f"and no numeric suffix to take it from")
 
 
-def _profile_num_experts(model: str) -> int | None:
-    """``num_experts`` of a model profile file, or None when there is no such file or it does not say."""
-    if "/" in model or "\\" in model or model.startswith("."):
-        return None
-    path = MODEL_PROFILES / f"{model}.yaml"
-    if not path.is_file():
-        return None
-    try:
-        import yaml
+# --------------------------------------------------------------------------------------------- files
+def read_json_file(path: str | os.PathLike, limit: int, what: str = "JSON file") -> Any:
+    """The JSON value in the regular file ``path`` (at most ``limit`` bytes of UTF-8), parsed with the
+    simulator's bounded parser (no nesting deeper than Python's stack, no key twice, no integer of thousands of
+    digits). Anything else raises InputError naming the file: a folder, FIFO or device says what it is and is
+    never read."""
+    from sim.files import parse_text
 
-        d = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except Exception:  # an unreadable profile is the simulator's problem to report, not the importer's
-        return None
-    n = d.get("num_experts") if isinstance(d, dict) else None
-    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+    path = Path(path)
+    with open_regular_file(path, what) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise InputError(f"{path}: larger than {limit >> 20} MB, the limit for a {what}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        return parse_text(text, json_format=True)
+    except ValueError as exc:
+        raise InputError(f"{path}: not valid JSON ({one_line(str(exc), 120)})") from None
 
 
 def offsets_from_lengths(lengths) -> np.ndarray:

@@ -142,8 +142,30 @@ def trace_bytes(trace: Trace) -> bytes:
             np.lib.format.write_array(member, np.ascontiguousarray(arr), allow_pickle=False)
             zf.writestr(_zinfo(f"{name}.npy"), member.getvalue())
         meta = json.dumps(trace.meta.to_dict(), indent=1, sort_keys=True).encode()
+        problem = metadata_problem(trace.meta, meta)
+        if problem:  # never write a file the reader refuses
+            raise ValueError(problem)
         zf.writestr(_zinfo(META_ENTRY), meta)
     return buf.getvalue()
+
+
+def metadata_problem(meta: TraceMeta, encoded: bytes | None = None) -> str | None:
+    """Why the reader would refuse ``meta`` as written (an empty name, a string that is not valid Unicode, too
+    large or deep), or None: the reader's own checks, run on what would be written."""
+    if encoded is None:
+        encoded = json.dumps(meta.to_dict(), indent=1, sort_keys=True).encode()
+    if len(encoded) > MAX_META_BYTES:
+        return f"metadata is {len(encoded)} bytes as JSON, over the limit of {MAX_META_BYTES}"
+    text = encoded.decode()
+    d = json.loads(text)
+    problem = _json_problem(d, text)
+    if problem:
+        return f"metadata {problem}"
+    try:
+        TraceMeta.from_dict(d)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _zinfo(name: str) -> zipfile.ZipInfo:
@@ -219,18 +241,20 @@ _open_regular_file = open_regular_file
 
 
 @contextlib.contextmanager
-def open_zip(path: str | os.PathLike, what: str = "trace file", max_entries: int | None = None
-             ) -> Iterator[zipfile.ZipFile]:
+def open_zip(path: str | os.PathLike, what: str = "trace file", max_entries: int | None = None,
+             not_zip: str | None = None) -> Iterator[zipfile.ZipFile]:
     """The zip archive in the regular file ``path``, its entry names checked (each once, at most ``max_entries``);
-    a TraceError naming the file otherwise (``what`` names the archive expected, e.g. "trace file")."""
+    a TraceError naming the file otherwise (``what`` names the archive expected, e.g. "trace file"; ``not_zip``
+    begins the message for a file that is not a zip archive, "not a trace file" by default)."""
     path = Path(path)
+    not_zip = not_zip or f"not a {what}"
     with open_regular_file(path, what) as f:
         try:
             zf = zipfile.ZipFile(f)
         except zipfile.BadZipFile:
-            raise TraceError(path, f"not a {what} (not a zip/.npz archive, or truncated)") from None
+            raise TraceError(path, f"{not_zip} (not a zip/.npz archive, or truncated)") from None
         except _ZIP_ERRORS as exc:
-            raise TraceError(path, f"not a {what} (unreadable zip archive: {_why(exc)})") from None
+            raise TraceError(path, f"{not_zip} (unreadable zip archive: {_why(exc)})") from None
         with zf:
             names = zf.namelist()
             if max_entries is not None and len(names) > max_entries:
@@ -299,23 +323,23 @@ def _entry(zf: zipfile.ZipFile, name: str, path: Path, limit: int) -> Iterator[t
     zipfile raises while it is read becomes TraceError ("truncated or corrupt entry")."""
     info = zf.getinfo(name)
     if info.flag_bits & _UNREADABLE_FLAGS:
-        raise TraceError(path, f"entry {brief(name)} is encrypted or patched (zip flags {info.flag_bits:#x}); only "
+        raise TraceError(path, f"entry {name} is encrypted or patched (zip flags {info.flag_bits:#x}); only "
                                f"plain zip entries are read")
     expansion = _MAX_EXPANSION.get(info.compress_type)
     if expansion is None:
-        raise TraceError(path, f"entry {brief(name)} uses zip compression method {info.compress_type}; only stored "
+        raise TraceError(path, f"entry {name} uses zip compression method {info.compress_type}; only stored "
                                f"(0) and deflate (8) are read")
     if info.file_size > limit:
-        raise TraceError(path, f"entry {brief(name)} is {info.file_size} bytes uncompressed, over the limit of "
+        raise TraceError(path, f"entry {name} is {info.file_size} bytes uncompressed, over the limit of "
                                f"{limit}")
     if info.file_size > info.compress_size * expansion + 4096:
-        raise TraceError(path, f"entry {brief(name)} claims {info.file_size} bytes from {info.compress_size} "
+        raise TraceError(path, f"entry {name} claims {info.file_size} bytes from {info.compress_size} "
                                f"compressed bytes, more than its compression can give (corrupt)")
     try:
         with zf.open(info) as f:
             yield f, info
     except _ZIP_ERRORS as exc:
-        raise TraceError(path, f"truncated or corrupt entry {brief(name)} ({_why(exc)})") from None
+        raise TraceError(path, f"truncated or corrupt entry {name} ({_why(exc)})") from None
 
 
 def _read_meta(zf: zipfile.ZipFile, path: Path) -> TraceMeta:
@@ -426,7 +450,7 @@ def _read_array(zf: zipfile.ZipFile, member: str, path: Path, limit: int | None 
     """A plain numeric array entry of at most ``limit`` bytes (default MAX_ARRAY_BYTES) and ``max_items`` values,
     read within bounds."""
     with _entry(zf, member, path, MAX_ARRAY_BYTES if limit is None else limit) as (f, info):
-        return _read_npy(f, f"entry {brief(member)}", info.file_size, path, max_items)
+        return _read_npy(f, f"entry {member}", info.file_size, path, max_items)
 
 
 def read_npy_entry(zf: zipfile.ZipFile, member: str, path: str | os.PathLike,
