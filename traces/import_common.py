@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from traces.errors import InputError, TraceError, brief, one_line
-from traces.format import MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
+from traces.format import MAX_CONTEXT, MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
 from traces.io import check_output_file, metadata_problem, open_regular_file
 
 #: The longest model name an import accepts (Hugging Face repository ids are at most 96 characters).
@@ -152,9 +152,31 @@ def check_content(trace: Trace, where: str) -> None:
         raise InputError(f"{where}: no tokens to write (every request kept is empty)")
     if trace.num_requests > MAX_REQUESTS:
         raise InputError(f"{where}: {trace.num_requests} requests, more than the {MAX_REQUESTS} a trace may hold")
+    context = request_contexts(trace)
+    if context.size and int(context.max()) > MAX_CONTEXT:
+        r = int(np.argmax(context))
+        raise InputError(f"{where}: request {r} ({brief(_request_name(trace, r), 60)}) spans {int(context[r])} "
+                         f"tokens of context (prompt and generated), more than the {MAX_CONTEXT} a trace may claim")
     problem = metadata_problem(trace.meta)
     if problem:
         raise InputError(f"{where}: the trace's {problem}")
+
+
+def request_contexts(trace: Trace) -> np.ndarray:
+    """int64 [R]: the tokens each request attends over by its last step, as the simulator counts them: its prompt
+    (its prefill rows, or ``request_info.prompt_len`` for a decode-only request) plus its generated rows."""
+    prompt = trace.prefill_lengths.astype(np.int64)
+    known = (trace.meta.request_info or {}).get("prompt_len")
+    if known is not None:
+        stated = np.array([int(x) if isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x > 0 else 0
+                           for x in known], dtype=np.int64)
+        prompt = np.where(prompt > 0, prompt, stated)
+    return prompt + (trace.request_lengths - trace.prefill_lengths)
+
+
+def _request_name(trace: Trace, r: int) -> str:
+    ids = trace.meta.request_ids
+    return ids[r] if ids is not None else f"request {r}"
 
 
 def default_num_experts(model: str, largest_id: int | None = None) -> tuple[int, str]:

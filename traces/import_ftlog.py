@@ -28,24 +28,46 @@ in sorted order), so anything that follows one token across layers or steps (``t
 previous token and transition accuracy, a predictor learned from rows) and any replay at another batch size or
 with continuous batching see a made-up assignment. The trace says the same in ``extra.exact`` and
 ``extra.not_exact``.
+
+A log is untrusted input: it is read as bytes, line by line (at most MAX_LINE_BYTES a line, MAX_LOG_LINES
+lines, MAX_LOG_BYTES in all), and an id is ASCII digits with an optional minus sign (``+5``, ``1_0``,
+Arabic-Indic or full-width digits, which Python's int() would take, are refused naming the file and line).
 """
 
 from __future__ import annotations
 
 import dataclasses
-
+import re
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError
-from traces.format import LayerInfo, ModelInfo, Provenance, Trace, TraceMeta, today
-from traces.import_common import default_num_experts, offsets_from_lengths, parse_index_list
+from traces.errors import InputError, brief
+from traces.format import MAX_CONTEXT, MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta, today
+from traces.import_common import (check_content, check_model_fit, check_model_name, check_out, default_num_experts,
+                                  offsets_from_lengths, parse_index_list)
+from traces.io import MAX_ARRAY_BYTES, open_regular_file
 
 TOOL = "traces import ft-log"
 PREFIX = "permuted_experts_"
+_PREFIX_BYTES = PREFIX.encode()
+#: The longest line read (the largest real line, batch 512 x 256 prompt tokens, is about 0.5 MB).
+MAX_LINE_BYTES = 16 << 20
+#: The most lines and bytes a log may have (the real ones: 7,710 lines, 2.5 MB).
+MAX_LOG_LINES = 1 << 20
+MAX_LOG_BYTES = 256 << 20
+#: The most MoE layers of one stack (--encoder-layers, --decoder-layers) an import accepts.
+MAX_LAYERS = 4096
+#: What an id is: ASCII decimal digits (at most 9), after an optional minus sign (refused later as out of
+#: range, naming the id).
+_ID = re.compile(rb"-?[0-9]{1,9}")
+_ID_BYTES = b"0123456789-"
+_BAD_MINUS_OR_LONG = re.compile(rb"[0-9-]-|-(?![0-9])|[0-9]{10}")
+_BLANKS = b" \t\r\n\f\v"
+_WORD = re.compile(rb"[^ \t]+")
 EXACT = ("per (iteration, MoE layer) at the log's batch size with static batching: the active set of experts and "
          "the number of tokens routed to each")
 NOT_EXACT = ("which request (or which prompt token) chose which expert: each line's sorted ids are dealt to the "
@@ -60,7 +82,7 @@ class LogLine:
     """One MoE layer call: its line number in the file and the expert id of each of its tokens (sorted)."""
 
     lineno: int
-    ids: np.ndarray  # int64
+    ids: np.ndarray  # int32
 
 
 @dataclass(frozen=True)
@@ -114,42 +136,75 @@ def add_parser(fmt) -> None:
 
 # --------------------------------------------------------------------------------------------- reading
 def read_log(path: Path) -> list[LogLine]:
-    """Every non-blank line of a log, parsed; a line that is not ``permuted_experts_`` and integers raises
-    InputError naming the file and line."""
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
+    """Every non-blank line of a log, parsed; a line that is not ``permuted_experts_`` and ids raises InputError
+    naming the file and line. The file must be a regular file (a FIFO or a device is refused without being
+    read) and is read line by line within MAX_LINE_BYTES, so memory stays a small multiple of the ids read."""
     lines = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for lineno, text in enumerate(f, 1):
-                parts = text.split()
-                if parts:
-                    lines.append(LogLine(lineno, _parse_ids(parts, path, lineno)))
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not a text log (not UTF-8)") from None
+    with open_regular_file(path, "log file") as f:
+        size = _file_size(f)
+        if size > MAX_LOG_BYTES:
+            raise InputError(f"{path}: {size} bytes, more than the {MAX_LOG_BYTES} a log may have")
+        lineno = 0
+        while True:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                break
+            lineno += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise InputError(f"{path}:{lineno}: a line longer than {MAX_LINE_BYTES} bytes; a log line holds "
+                                 f"one MoE layer call's ids")
+            ids = parse_line(raw, path, lineno)
+            if ids is not None:
+                lines.append(LogLine(lineno, ids))
+                if len(lines) > MAX_LOG_LINES:
+                    raise InputError(f"{path}: more than {MAX_LOG_LINES} lines, the most a log may have")
     if not lines:
         raise InputError(f"{path}: no '{PREFIX}' lines")
     return lines
 
 
-def _parse_ids(parts: list[str], path: Path, lineno: int) -> np.ndarray:
-    """The ids of one line split into words: ``permuted_experts_`` then at least one integer."""
-    if parts[0] != PREFIX:
-        raise InputError(f"{path}:{lineno}: expected a line starting with '{PREFIX}', got {parts[0][:40]!r}")
-    if len(parts) == 1:
+def _file_size(f) -> int:
+    import os
+
+    return os.fstat(f.fileno()).st_size
+
+
+def parse_line(raw: bytes, path: Path, lineno: int) -> np.ndarray | None:
+    """The ids of one line (int32), or None for a blank line: ``permuted_experts_`` then ids separated by spaces
+    or tabs. The line is checked as bytes (only ASCII digits, minus signs and blanks after the prefix) and then
+    parsed by numpy without a list of words: a bad line raises InputError naming its first bad word."""
+    text = raw.strip(_BLANKS)
+    if not text:
+        return None
+    head = text[:len(_PREFIX_BYTES) + 1]
+    if not (head == _PREFIX_BYTES or (head[:-1] == _PREFIX_BYTES and head[-1:] in (b" ", b"\t"))):
+        first = _WORD.match(text[:200])
+        word = first.group(0) if first else text[:40]
+        raise InputError(f"{path}:{lineno}: expected a line starting with '{PREFIX}', got {_show(word)}")
+    body = text[len(_PREFIX_BYTES):]
+    if not body.strip(_BLANKS):
         raise InputError(f"{path}:{lineno}: no expert ids after '{PREFIX}'")
+    if body.translate(None, _ID_BYTES + b" \t") or _BAD_MINUS_OR_LONG.search(body):
+        raise InputError(f"{path}:{lineno}: {_show(_first_bad_word(body))} is not an expert id (ASCII digits 0-9)")
     try:
-        return np.array(parts[1:], dtype=np.int64)
-    except (ValueError, OverflowError):
-        bad = next(w for w in parts[1:] if not _is_int(w))
-        raise InputError(f"{path}:{lineno}: {bad[:40]!r} is not an expert id (an integer)") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            return np.fromstring(body, dtype=np.int32, sep=" ")
+    except (ValueError, DeprecationWarning):  # not expected after the checks above; refused all the same
+        raise InputError(f"{path}:{lineno}: the ids after '{PREFIX}' cannot be read as integers") from None
 
 
-def _is_int(word: str) -> bool:
-    try:
-        return abs(int(word)) < 2 ** 63
-    except ValueError:
-        return False
+def _first_bad_word(body: bytes) -> bytes:
+    """The first word of ``body`` that is not an id (found lazily: a line may hold millions of words)."""
+    for m in _WORD.finditer(body):
+        if not _ID.fullmatch(m.group(0)):
+            return m.group(0)
+    return body[:40]
+
+
+def _show(word: bytes) -> str:
+    """A word of the log for a message: its text (bytes that are not UTF-8 shown as U+FFFD), short."""
+    return brief(word[:160].decode("utf-8", "replace"), 60)
 
 
 def split_runs(lines: list[LogLine], shape: LogShape, path: Path) -> list[LogRun]:
@@ -188,7 +243,12 @@ def prompt_length(run: LogRun, batch: int, path: Path) -> int:
             if line.ids.size != batch:
                 raise InputError(f"{path}:{line.lineno}: {line.ids.size} ids, expected {batch} (a decoder line "
                                  f"holds one token per request of --batch {batch})")
-    return count // batch
+    prompt = count // batch
+    if prompt + len(run.decoder) > MAX_CONTEXT:
+        raise InputError(f"{path}:{first.lineno}: {prompt} prompt tokens per request (of --batch {batch}) and "
+                         f"{len(run.decoder)} decode steps: more than the {MAX_CONTEXT} tokens of context a trace "
+                         f"may claim")
+    return prompt
 
 
 def check_ids(runs: list[LogRun], num_experts: int, source: str, path: Path) -> None:
@@ -228,9 +288,14 @@ def import_ft_log(path: str | Path, model: str, batch: int, num_experts: int | N
                   shape: LogShape = LogShape(), source_model: str | None = None,
                   dataset: str = "unknown") -> tuple[Trace, dict]:
     """Read a FasterTransformer ``permuted_experts_`` log into a trace of static batches (one per kept run);
-    returns the trace and a summary (runs in the file, runs kept, prompt lengths, where num_experts came from)."""
+    returns the trace and a summary (runs in the file, runs kept, prompt lengths, where num_experts came from).
+    The trace is checked against the model profile its name matches (experts, top-1, encoder and decoder
+    layers)."""
     path = Path(path)
+    check_model_name(model)
     _check_shape_args(batch, shape)
+    if not isinstance(dataset, str) or not dataset.strip():
+        raise InputError(f"--dataset: give a data set name, got {brief(dataset)}")
     if num_experts is None:
         num_experts, source = default_num_experts(model)
     else:
@@ -241,6 +306,7 @@ def import_ft_log(path: str | Path, model: str, batch: int, num_experts: int | N
     kept = [all_runs[i] for i in parse_index_list(runs, len(all_runs), "run", "--runs", str(path))]
     prompts = [prompt_length(run, batch, path) for run in kept]
     check_ids(kept, num_experts, source, path)
+    _check_trace_size(kept, prompts, batch, shape, path)
 
     parts = [run_rows(run, batch, p, shape) for run, p in zip(kept, prompts)]
     steps = [len(run.decoder) for run in kept]
@@ -264,7 +330,20 @@ def import_ft_log(path: str | Path, model: str, batch: int, num_experts: int | N
     )
     trace = Trace(np.concatenate(parts), offsets_from_lengths(lengths),
                   np.array([p for p in prompts for _ in range(batch)], dtype=np.int64), meta)
+    check_model_fit(trace, str(path), source)
+    check_content(trace, str(path))
     return trace, summary
+
+
+def _check_trace_size(runs: list[LogRun], prompts: list[int], batch: int, shape: LogShape, path: Path) -> None:
+    """Refuse a trace larger than a trace file may hold before allocating it: a run's rows span every MoE layer,
+    so a long prompt with many layers of the other stack can be far larger than the log."""
+    layers = shape.encoder_layers + shape.decoder_layers
+    cells = sum(batch * (p + len(run.decoder)) for run, p in zip(runs, prompts)) * layers
+    if cells * 2 > MAX_ARRAY_BYTES:
+        raise InputError(f"{path}: the trace would hold {cells} expert ids ({cells * 2} bytes), more than a trace "
+                         f"file may hold ({MAX_ARRAY_BYTES}); import fewer runs (--runs) or check --batch and the "
+                         f"layer counts")
 
 
 def import_ft_logs(paths: list[str | Path], model: str, batch: int, num_experts: int | None = None,
@@ -292,22 +371,28 @@ def import_ft_logs(paths: list[str | Path], model: str, batch: int, num_experts:
                                extra=extra, request_info=info)
     trace = Trace(np.concatenate([t.experts for t in traces]), offsets_from_lengths(lengths.tolist()),
                   np.concatenate([t.prefill_lengths for t in traces]), meta)
+    check_content(trace, str(paths[0]))
     return trace, summary
 
 
 def _check_shape_args(batch: int, shape: LogShape) -> None:
-    if batch < 1:
-        raise InputError(f"--batch: must be >= 1, got {batch}")
-    if shape.encoder_layers < 1 or shape.decoder_layers < 1:
-        raise InputError("--encoder-layers and --decoder-layers: must be >= 1")
-    if shape.decode_steps < 0:
-        raise InputError(f"--decode-steps: must be >= 0, got {shape.decode_steps}")
+    """The numbers that lay a log out, each within what a trace can hold."""
+    for flag, n, low, high in (("--batch", batch, 1, MAX_REQUESTS),
+                               ("--encoder-layers", shape.encoder_layers, 1, MAX_LAYERS),
+                               ("--decoder-layers", shape.decoder_layers, 1, MAX_LAYERS),
+                               ("--decode-steps", shape.decode_steps, 0, MAX_CONTEXT)):
+        if n < low:
+            raise InputError(f"{flag}: must be >= {low}, got {n}")
+        if n > high:
+            raise InputError(f"{flag}: must be at most {high}, got {n}")
 
 
 def _run(args) -> int:
     from traces.io import save_trace
 
     t0 = time.perf_counter()
+    check_out(args.out, args.files)
+    check_model_name(args.model)
     shape = LogShape(args.encoder_layers, args.decoder_layers, args.decode_steps)
     trace, s = import_ft_logs(args.files, args.model, args.batch, args.num_experts, args.runs, shape,
                               args.source_model, args.dataset)
