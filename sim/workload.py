@@ -18,11 +18,11 @@ says how many times that happened.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
+from sim.trace_summary import prompt_with_info
 from traces.format import Trace
 
 
@@ -54,13 +54,7 @@ class WorkloadInfo:
 def prompt_context(trace: Trace) -> np.ndarray:
     """Per request, the prompt tokens its decode steps attend over: its prefill rows, or, for a request whose
     prompt's routing was not recorded (a decode-only import), ``request_info.prompt_len`` where the trace has it."""
-    ctx = trace.prefill_lengths.astype(np.int64).copy()
-    known = (trace.meta.request_info or {}).get("prompt_len")
-    if known is not None:
-        lens = np.array([int(x) if isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x > 0 else 0
-                         for x in known], dtype=np.int64)
-        ctx = np.where(ctx > 0, ctx, lens)
-    return ctx
+    return prompt_with_info(trace.prefill_lengths, trace.meta.request_info)
 
 
 def _request_plan(trace: Trace, max_decode_tokens: int | None):
@@ -75,7 +69,12 @@ def _request_plan(trace: Trace, max_decode_tokens: int | None):
 
 def build_iterations(trace: Trace, batch_size: int, batching: str = "static", max_decode_tokens: int | None = None,
                      prefill: bool = True, requests: int | None = None) -> tuple[list[Iteration], WorkloadInfo]:
-    """The iterations of a workload, and a summary of it."""
+    """The iterations of a workload, and a summary of it.
+
+    Requests with nothing to run (no prompt to prefill, no token to generate) still take their place in the order
+    and in the batches, but cost no work per request: static batches of them only are skipped at once, and so are
+    whole rounds of them while no request is running in continuous batching (they would change nothing but how far
+    the queue has gone), so that a trace of millions of empty requests costs time in its tokens, not its requests."""
     start, prompt, dstart, decode = _request_plan(trace, max_decode_tokens)
     n_trace = trace.num_requests
     served = requests if requests is not None else n_trace
@@ -84,14 +83,18 @@ def build_iterations(trace: Trace, batch_size: int, batching: str = "static", ma
     elif requests is None:
         served = max(served, batch_size)  # enough to fill the batch once
     order = np.arange(served) % n_trace
+    prefilled = prompt > 0 if prefill else np.zeros(n_trace, dtype=bool)   # requests with a prefill iteration
+    busy = (prefilled | (decode > 0))[order]       # per place in the order: the request has something to run
     its: list[Iteration] = []
 
-    def prefill_it(reqs, batch, size, new_batch):
-        rows = np.concatenate([np.arange(start[r], start[r] + prompt[r]) for r in reqs]) if len(reqs) else []
-        rows = np.asarray(rows, dtype=np.int64)
-        if not prefill or rows.size == 0:
+    def prefill_it(reqs: np.ndarray, batch, size, new_batch):
+        if not prefill:
             return False
-        ctx = float(np.mean([(prompt[r] + 1) / 2 for r in reqs if prompt[r] > 0]))
+        reqs = reqs[prompt[reqs] > 0]
+        if reqs.size == 0:
+            return False
+        rows = np.asarray(np.concatenate([np.arange(start[r], start[r] + prompt[r]) for r in reqs]), dtype=np.int64)
+        ctx = float(np.mean([(prompt[r] + 1) / 2 for r in reqs]))
         its.append(Iteration(len(its), batch, "prefill", rows, size, ctx, new_batch))
         return True
 
@@ -108,25 +111,33 @@ def build_iterations(trace: Trace, batch_size: int, batching: str = "static", ma
         its.append(Iteration(len(its), batch, "decode", rows, len(reqs), ctx, new_batch))
 
     if batching == "static":
-        for b in range(served // batch_size):
+        working = busy.reshape(served // batch_size, batch_size).any(axis=1)
+        for b in np.flatnonzero(working).tolist():     # a batch of requests with nothing to run adds nothing
             reqs = order[b * batch_size:(b + 1) * batch_size]
             new = not prefill_it(reqs, b, len(reqs), True)
+            decoding = reqs[decode[reqs] > 0].tolist()
             for s in range(int(decode[reqs].max(initial=0))):
-                live = [r for r in reqs if decode[r] > s]
+                live = [r for r in decoding if decode[r] > s]
                 decode_it(live, [s] * len(live), b, new)
                 new = False
     elif batching == "continuous":
-        waiting = deque(order.tolist())
-        running: list[list[int]] = []  # [request, next decode step]
+        busy_at = np.flatnonzero(busy)   # the places in the order of requests with something to run
+        nxt = 0                          # the next place in the order to join
+        running: list[list[int]] = []    # [request, next decode step]
         first = True
-        while waiting or running:
-            joining = []
-            while waiting and len(running) + len(joining) < batch_size:
-                joining.append(waiting.popleft())
-            if joining:
-                if prefill_it(joining, 0, len(running) + len(joining), first):
+        while nxt < served or running:
+            if not running:   # rounds that take only requests with nothing to run: skip them whole
+                k = int(np.searchsorted(busy_at, nxt))
+                upto = int(busy_at[k]) if k < busy_at.size else served
+                nxt += (upto - nxt) // batch_size * batch_size
+                if nxt >= served:
+                    break
+            joining = order[nxt:nxt + batch_size - len(running)]
+            nxt += joining.size
+            if joining.size:
+                if prefill_it(joining, 0, len(running) + joining.size, first):
                     first = False
-                running.extend([r, 0] for r in joining if decode[r] > 0)
+                running.extend([r, 0] for r in joining[decode[joining] > 0].tolist())
             if not running:
                 continue
             decode_it([r for r, _ in running], [s for _, s in running], 0, first)
