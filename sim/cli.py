@@ -2,7 +2,8 @@
 `python -m sim compare CONFIG --policies a,b,c [--baseline NAME]` (see ``sim/compare.py``).
 
 Exit status 0 on success, 2 on bad input (config, trace, arguments) with one line naming the field or file,
-1 on an internal error. Nothing is written to ``--out`` unless the config is valid.
+1 on an internal error. Nothing is written to ``--out`` unless the config is valid, and ``--out`` (with each file
+the run writes there) is checked first: a FIFO, a device or a regular file where the folder goes is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from traces.cli import OneLineParser, run_main
+from traces.io import check_output_file, check_output_folder
 
 
 def _progress_printer():
@@ -38,8 +40,11 @@ def cmd_run(args) -> int:
     from sim.results import format_summary, write_outputs
     from sim.run import simulate
 
+    if args.out is not None:
+        check_output_folder(args.out, "results folder (--out)")
     cfg = load_run_config(args.config, args.set or [], POLICIES.names(), PREDICTORS.names())
-    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.config).stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    out = Path(args.out) if args.out is not None else default_out(args.config)
+    check_outputs(out, args.timeline)
     result = simulate(cfg, timeline=args.timeline, progress=None if args.json else _progress_printer())
     written = write_outputs(out, result.resolved, result.summary, result.engine.iterations, result.engine.timeline)
     if args.json:
@@ -48,6 +53,24 @@ def cmd_run(args) -> int:
         print(format_summary(result.summary))
         print(f"  results           {out}/ ({', '.join(p.name for p in written)})")
     return 0
+
+
+def default_out(config: str) -> Path:
+    """``runs/CONFIG-TIMESTAMP``, CONFIG the config file's name made plain, so the folder stays inside ``runs/``
+    whatever the file is called."""
+    from sim.sweep_spec import safe_name
+
+    return Path("runs") / f"{safe_name(Path(str(config)).stem, 'run')[:80]}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+
+
+def check_outputs(out: Path, timeline: bool) -> None:
+    """The results folder and each file a run writes there, checked before the run: a FIFO, a device, a file
+    where the folder goes or a folder where a file goes is refused (exit 2), and nothing is written."""
+    from sim.results import output_files
+
+    check_output_folder(out, "results folder (--out)")
+    for name in output_files(timeline):
+        check_output_file(out / name, "run result")
 
 
 def build_parser() -> argparse.ArgumentParser:

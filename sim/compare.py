@@ -27,7 +27,7 @@ from sim.errors import ConfigError
 from sim.policies import POLICIES, is_ceiling
 from sim.predictors import PREDICTORS
 from sim.run import cached_layers, simulate
-from traces.io import atomic_write_bytes, load_trace
+from traces.io import atomic_write_bytes, check_output_file, check_output_folder, load_trace
 
 COLUMNS = ["policy", "predictor", "origin", "throughput_tok_s", "ratio_vs_baseline", "iteration_ms_mean",
            "iteration_ms_p99", "hit_rate", "cache_hit_rate", "prefetch_hit_rate", "cpu_expert_frac", "pcie_gb", "stall_s",
@@ -66,26 +66,80 @@ def all_entries() -> list[tuple[str, str | None]]:
     return [(name, default_predictor(name)) for name in sorted(POLICIES.names(), key=key)]
 
 
+def choices(names, shown: int = 8) -> str:
+    """A bounded list of the known names for a message: the first ``shown`` and how many more."""
+    names = list(names)
+    more = f", ... ({len(names)} in all)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _name_text(text: str) -> str:
+    return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
+
+
 def parse_entries(text: str, shared: bool = False) -> list[tuple[str, str | None]]:
     """``a,b@p`` -> [(a, None), (b, p)], checking the names; ``all`` -> :func:`all_entries` (with ``shared``: those
-    that manage a cache shared by all layers, ``Policy.supports_shared``)."""
-    entries = []
-    for item in (x.strip() for x in text.split(",")):
+    that manage a cache shared by all layers, ``Policy.supports_shared``). An empty entry, ``lru@`` or ``@oracle``,
+    an unknown name, or an entry given twice (``all`` counts as each of its entries) is a ConfigError naming
+    ``--policies``, before anything runs."""
+    entries: list[tuple[str, str | None]] = []
+    given: dict[tuple[str, str | None], str] = {}
+
+    def add(entry: tuple[str, str | None], item: str) -> None:
+        if entry in given:
+            raise ConfigError("--policies", _twice(entry, item, given[entry]))
+        given[entry] = item
+        entries.append(entry)
+
+    items = [x.strip() for x in str(text).split(",")]
+    if not any(items):
+        raise ConfigError("--policies", "give at least one policy (POLICY or POLICY@PREDICTOR, comma-separated, or "
+                                        "all)")
+    for item in items:
         if not item:
-            continue
+            raise ConfigError("--policies", "an empty entry (two commas, or one at an end)")
         if item == "all":
-            entries.extend(e for e in all_entries() if not shared or POLICIES.get(e[0]).supports_shared)
+            for e in all_entries():
+                if not shared or POLICIES.get(e[0]).supports_shared:
+                    add(e, "all")
             continue
-        policy, _, predictor = item.partition("@")
-        if policy not in POLICIES:
-            raise ConfigError("--policies", f"unknown policy {policy!r} (known: {', '.join(POLICIES.names())})")
-        if predictor and predictor not in PREDICTORS:
-            raise ConfigError("--policies", f"unknown predictor {predictor!r} in {item!r} "
-                              f"(known: {', '.join(PREDICTORS.names())})")
-        entries.append((policy, predictor or None))
-    if not entries:
-        raise ConfigError("--policies", "give at least one policy")
+        add(_entry(item), item)
     return entries
+
+
+def _entry(item: str) -> tuple[str, str | None]:
+    """One ``POLICY`` or ``POLICY@PREDICTOR``, both names known."""
+    policy, at, predictor = item.partition("@")
+    policy, predictor = policy.strip(), predictor.strip()
+    if not policy:
+        raise ConfigError("--policies", f"{_name_text(item)}: no policy before '@'")
+    if at and not predictor:
+        raise ConfigError("--policies", f"{_name_text(item)}: no predictor after '@' (leave out the '@' to use the "
+                                        f"config's)")
+    if policy not in POLICIES:
+        raise ConfigError("--policies", f"unknown policy {_name_text(policy)} (known: {choices(POLICIES.names())})")
+    if at and predictor not in PREDICTORS:
+        raise ConfigError("--policies", f"unknown predictor {_name_text(predictor)} in {_name_text(item)} "
+                                        f"(known: {choices(PREDICTORS.names())})")
+    return policy, predictor or None
+
+
+def _twice(entry: tuple[str, str | None], item: str, first: str) -> str:
+    what = entry[0] if entry[1] is None else f"{entry[0]}@{entry[1]}"
+    where = "is listed twice" if item == first else f"is listed twice ({first} and {item})"
+    return f"{_name_text(what)} {where}: each policy (and predictor) runs once"
+
+
+def check_baseline(baseline: str | None, entries: list[tuple[str, str | None]]) -> str:
+    """The policy the ratios refer to: ``baseline`` when it is among ``entries`` (else a ConfigError naming
+    ``--baseline``, before anything runs), by default on-demand when compared, else the first policy."""
+    names = list(dict.fromkeys(p for p, _ in entries))
+    if baseline is None:
+        return "on-demand" if "on-demand" in names else names[0]
+    if baseline not in names:
+        raise ConfigError("--baseline", f"{_name_text(str(baseline))} is not among the compared policies "
+                                        f"({choices(names)})")
+    return baseline
 
 
 def variant(base: RunConfig, policy: str, predictor: str | None) -> RunConfig:
@@ -120,6 +174,7 @@ def belady_cache_hit_rate(cfg: RunConfig, trace) -> float | None:
 def compare(base: RunConfig, entries: list[tuple[str, str | None]], baseline: str | None = None,
             log=None) -> list[dict]:
     """One row per entry (see COLUMNS)."""
+    check_baseline(baseline, entries)  # before any policy runs
     trace = load_trace(base.workload.trace)
     bound = belady_cache_hit_rate(base, trace)
     rows = []
@@ -144,11 +199,7 @@ def compare(base: RunConfig, entries: list[tuple[str, str | None]], baseline: st
             else bound - cache_hits,
         })
     names = [r["policy"] for r in rows]
-    if baseline is None:
-        baseline = "on-demand" if "on-demand" in names else names[0]
-    if baseline not in names:
-        raise ConfigError("--baseline", f"{baseline!r} is not among the compared policies ({', '.join(names)})")
-    ref = rows[names.index(baseline)]["throughput_tok_s"]
+    ref = rows[names.index(check_baseline(baseline, entries))]["throughput_tok_s"]
     for r in rows:
         r["ratio_vs_baseline"] = r["throughput_tok_s"] / ref if ref else None
     return rows
@@ -194,31 +245,24 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-
-    sets = list(args.set or [])
-    try:
-        base = load_run_config(args.config, sets, POLICIES.names(), PREDICTORS.names())
-    except ConfigError as exc:
-        if exc.field != "cache.organization":
-            raise
-        # the config's own policy manages per-layer slots only: the compared policies replace it anyway
-        first = next((p for p, _ in parse_entries(args.policies, shared=True) if POLICIES.get(p).supports_shared),
-                     None)
-        if first is None:
-            raise
-        base = load_run_config(args.config, sets + [f"policy.name={first}", "policy.params={}"], POLICIES.names(),
-                               PREDICTORS.names())
+    if args.out is not None:
+        check_output_folder(args.out, "results folder (--out)")
+    entries_given = parse_entries(args.policies)  # the names, before the config is read
+    check_baseline(args.baseline, entries_given)
+    base = _base_config(args)
     shared = base.cache.organization == "shared"
     entries = parse_entries(args.policies, shared)
     if shared and "all" in [x.strip() for x in args.policies.split(",")]:
         left = sorted(set(POLICIES.names()) - {p for p, _ in entries})
         print(f"cache.organization: shared: leaving out the policies that manage per-layer slots only: "
-              f"{', '.join(left)}", file=sys.stderr)
-    for policy, predictor in entries:  # every variant must be valid before anything runs or is written
-        variant(base, policy, predictor)
-    out = Path(args.out) if args.out else Path("runs") / f"compare-{Path(args.config).stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    rows = compare(base, entries, args.baseline, log=lambda m: print(m, file=sys.stderr))
-    baseline = args.baseline or ("on-demand" if any(p == "on-demand" for p, _ in entries) else entries[0][0])
+              f"{choices(left)}", file=sys.stderr)
+    baseline = check_baseline(args.baseline, entries)
+    _check_variants(base, entries)
+    out = Path(args.out) if args.out is not None else default_out(args.config)
+    check_output_folder(out, "results folder (--out)")
+    for name in OUTPUT_FILES:
+        check_output_file(out / name, "comparison")
+    rows = compare(base, entries, baseline, log=lambda m: print(m, file=sys.stderr))
     w = base.workload
     n_cached = len(cached_layers(load_trace(w.trace), base.cache.layers))
     slots = (f"one cache of {base.cache.total_slots(n_cached)} experts shared by {n_cached} layers" if shared else
@@ -234,3 +278,45 @@ def run(args) -> int:
         print(md)
         print(f"written: {out}/compare.csv, {out}/compare.md")
     return 0
+
+
+OUTPUT_FILES = ("compare.csv", "compare.md")
+
+
+def default_out(config: str) -> Path:
+    """``runs/compare-CONFIG-TIMESTAMP``, CONFIG the config file's name made plain (inside ``runs/``)."""
+    from sim.sweep_spec import safe_name
+
+    stem = safe_name(Path(str(config)).stem, "config")[:80]
+    return Path("runs") / f"compare-{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+
+
+def _base_config(args) -> RunConfig:
+    """The config the policies are compared on (with ``--set``)."""
+    sets = list(args.set or [])
+    try:
+        return load_run_config(args.config, sets, POLICIES.names(), PREDICTORS.names())
+    except ConfigError as exc:
+        if exc.field != "cache.organization":
+            raise
+        # the config's own policy manages per-layer slots only: the compared policies replace it anyway
+        first = next((p for p, _ in parse_entries(args.policies, shared=True) if POLICIES.get(p).supports_shared),
+                     None)
+        if first is None:
+            raise
+        return load_run_config(args.config, sets + [f"policy.name={first}", "policy.params={}"], POLICIES.names(),
+                               PREDICTORS.names())
+
+
+def _check_variants(base: RunConfig, entries: list[tuple[str, str | None]]) -> None:
+    """Every variant is a valid config, and no two run the same policy with the same predictor (``lru`` and
+    ``lru@oracle`` where the config's predictor is oracle), before anything runs or is written."""
+    seen: dict[tuple[str, str], str] = {}
+    for policy, predictor in entries:
+        cfg = variant(base, policy, predictor)
+        key = (policy, cfg.predictor.name)
+        given = policy if predictor is None else f"{policy}@{predictor}"
+        if key in seen:
+            raise ConfigError("--policies", f"{seen[key]} and {given} run the same policy with the same predictor "
+                                            f"({cfg.predictor.name})")
+        seen[key] = given

@@ -138,11 +138,20 @@ def chrome_trace(timeline: list) -> bytes:
     return json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode()
 
 
+def output_files(timeline: bool) -> list[str]:
+    """The names of the files a run writes in its results folder."""
+    return ["config.resolved.yaml", "summary.json", "iterations.csv"] + (["timeline.json"] if timeline else [])
+
+
 def write_outputs(out: Path, resolved: dict, summary: dict, records: list[IterationRecord],
                   timeline: list | None) -> list[Path]:
-    """Write a run's files into ``out``, each atomically; returns their paths."""
+    """Write a run's files into ``out``, each atomically; returns their paths. ``out`` must be a folder or
+    missing (a file, FIFO or device there is a TraceError), and no file replaces anything but a regular file."""
     import yaml
 
+    from traces.io import check_output_file, check_output_folder
+
+    out = check_output_folder(out, "results folder (--out)")
     out.mkdir(parents=True, exist_ok=True)
     files = {
         "config.resolved.yaml": yaml.safe_dump(resolved, sort_keys=False).encode(),
@@ -151,6 +160,8 @@ def write_outputs(out: Path, resolved: dict, summary: dict, records: list[Iterat
     }
     if timeline is not None:
         files["timeline.json"] = chrome_trace(timeline)
+    for name in files:  # every place checked before the first file is written
+        check_output_file(out / name, "run result")
     written = []
     for name, data in files.items():
         atomic_write_bytes(out / name, data)

@@ -26,6 +26,11 @@ the traces shipped to it (docs/ray_cluster.md); the rows are stored here all the
 one executor can be resumed with the other. At the end ``OUT/results.parquet`` holds every row and
 ``OUT/report.md`` the table, checks and plots.
 
+Bounds: a sweep has at most ``sim.sweep_spec.MAX_POINTS`` points, ``--workers`` is 1 to 256 (and never more
+processes than points), ``--attempts`` 1 to 10; the sweep's ``name`` is a plain name (letters, digits, ``.``,
+``_``, ``-``), so the default ``runs/sweep-NAME`` stays inside ``runs/``. ``--out`` and every file the sweep
+writes are checked before anything runs: a FIFO, a device or a file where a folder goes is refused.
+
 Exit status: 0 every point ok and every check passed; 2 bad input (sweep file, config, arguments; nothing run);
 3 a check failed; 4 some points failed (run again with ``--resume`` to retry only them; 3 wins when both);
 130 interrupted.
@@ -42,16 +47,20 @@ import os
 import sys
 from pathlib import Path
 
-from sim.errors import ConfigError
+from sim.errors import ConfigError, one_line
 from sim.sweep_checks import CHECKS, run_checks
 from sim.sweep_exec import MAX_ATTEMPTS, Progress, run_local, run_ray
 from sim.sweep_ray import describe, start_ray
-from sim.sweep_report import make_plots, write_report
-from sim.sweep_spec import SWEEP_KEYS, Point, Sweep, load_sweep
-from sim.sweep_store import clean_orphans, done_points, has_rows, read_rows, row_of, write_row
+from sim.sweep_ray_connect import check_address
+from sim.sweep_report import make_plots, report_files, write_report
+from sim.sweep_spec import SWEEP_KEYS, Point, Sweep, is_safe_name, load_sweep
+from sim.sweep_store import ROWS, check_rows, clean_orphans, done_points, has_rows, read_rows, row_of, write_row
 from sim.sweep_worker import METRICS, run_point
+from traces.io import check_output_file, check_output_folder
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 3, 4, 130
+MAX_WORKERS = 256          # --workers: points run at once (never more than the sweep has points)
+MAX_ATTEMPTS_LIMIT = 10    # --attempts
 
 
 def register(sub) -> None:
@@ -64,33 +73,33 @@ def register(sub) -> None:
                         "ray://HOST:PORT or auto (default: $RAY_ADDRESS, else a local Ray instance); "
                         "see docs/ray_cluster.md")
     p.add_argument("--workers", type=int, default=None,
-                   help="points run at once (default: all cores; on a Ray cluster, its CPUs)")
+                   help=f"points run at once, 1 to {MAX_WORKERS} (default: all cores; on a Ray cluster, its CPUs; "
+                        f"never more than the sweep has points)")
     p.add_argument("--resume", action="store_true",
                    help="keep the ok rows already in --out; run only the missing and the failed points")
     p.add_argument("--attempts", type=int, default=MAX_ATTEMPTS,
-                   help=f"starts of a point whose worker dies before it is recorded as failed (default {MAX_ATTEMPTS})")
+                   help=f"starts of a point whose worker dies before it is recorded as failed, 1 to "
+                        f"{MAX_ATTEMPTS_LIMIT} (default {MAX_ATTEMPTS})")
     p.add_argument("--out", help="results folder (default runs/sweep-NAME)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    workers, attempts, address = _check_args(args)
+    if args.out is not None:
+        check_output_folder(args.out, "results folder (--out)")
     sweep = load_sweep(args.sweep)
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
-    attempts = getattr(args, "attempts", MAX_ATTEMPTS)
-    if attempts < 1:
-        raise ConfigError("--attempts", f"must be >= 1, got {attempts}")
-    if args.address and args.executor != "ray":
-        raise ConfigError("--address", "needs --executor ray")
-    address = (args.address or os.environ.get("RAY_ADDRESS") or None) if args.executor == "ray" else None
-    out = Path(args.out) if args.out else Path("runs") / f"sweep-{sweep.name}"
+    out = Path(args.out) if args.out is not None else default_out(sweep.name)
+    check_outputs(out, sweep)
     if has_rows(out) and not args.resume:
         raise ConfigError(str(out), "holds results of an earlier sweep: pass --resume to continue it, or another --out")
-    workers = args.workers or (None if address else os.cpu_count() or 1)
+    check_rows(out)
+    workers = workers or (None if address else os.cpu_count() or 1)
     session = None
-    if args.executor == "ray":
-        session = start_ray(address, workers)  # bad address, refused token, unfit node: exit 2 before anything
+    if args.executor == "ray":  # a local instance gets no more CPUs than the sweep has points
+        local_cpus = min(workers, max(1, len(sweep.points))) if workers else None
+        session = start_ray(address, local_cpus)  # bad address, refused token, unfit node: exit 2 before anything
         print(describe(session), file=sys.stderr)
         workers = workers or max(1, session.cluster.cpus)
     try:
@@ -98,6 +107,45 @@ def run(args) -> int:
     finally:
         if session is not None:
             session.close()
+
+
+def _check_args(args) -> tuple[int | None, int, str | None]:
+    """--workers, --attempts and the Ray address, checked before anything is read or started: (workers or None,
+    attempts, address or None)."""
+    workers = args.workers
+    if workers is not None and not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError("--workers", f"must be between 1 and {MAX_WORKERS}, got {_int_text(workers)}")
+    attempts = getattr(args, "attempts", MAX_ATTEMPTS)
+    if not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
+        raise ConfigError("--attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {_int_text(attempts)}")
+    if args.address and args.executor != "ray":
+        raise ConfigError("--address", "needs --executor ray")
+    address = None
+    if args.executor == "ray":
+        address = args.address or os.environ.get("RAY_ADDRESS") or None
+        if address is not None:
+            check_address(address, "--address" if args.address else "--address (from $RAY_ADDRESS)")
+    return workers, attempts, address
+
+
+def _int_text(n: int) -> str:
+    return str(n) if abs(n) < 10**12 else f"a number of {n.bit_length()} bits"
+
+
+def default_out(name: str) -> Path:
+    """``runs/sweep-NAME``: inside ``runs/`` (a sweep's name is a plain name, checked when it is loaded)."""
+    if not is_safe_name(name):
+        raise ConfigError("sweep.name", f"{name!r:.80} is not a plain name")
+    return Path("runs") / f"sweep-{name}"
+
+
+def check_outputs(out: Path, sweep: Sweep) -> None:
+    """Every place the sweep writes, checked before it starts: the folder, its rows folder and the report's
+    files (none may be a FIFO, a device, a folder where a file goes...)."""
+    check_output_folder(out, "results folder (--out)")
+    check_output_folder(out / ROWS, "rows folder")
+    for name in report_files(sweep):
+        check_output_file(out / name, "sweep report")
 
 
 def _sweep(args, sweep: Sweep, out: Path, workers: int, attempts: int, session) -> int:
@@ -108,7 +156,8 @@ def _sweep(args, sweep: Sweep, out: Path, workers: int, attempts: int, session) 
     todo = [p for p in sweep.points if p.id not in done]
     retry = len(wanted & (failed_before - done))
     print(f"sweep {sweep.name}: {len(sweep.points)} points, {len(sweep.points) - len(todo)} already done, "
-          f"{len(todo)} to run{f' ({retry} failed before)' if retry else ''} on {workers} worker(s) -> {out}"
+          f"{len(todo)} to run{f' ({retry} failed before)' if retry else ''} on {min(workers, max(1, len(todo)))} "
+          f"worker(s) -> {out}"
           + (f"; removed {len(orphans)} unfinished temporary file(s)" if orphans else ""), file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     progress = Progress(len(todo), args.quiet)
@@ -128,7 +177,8 @@ def _sweep(args, sweep: Sweep, out: Path, workers: int, attempts: int, session) 
     print(f"{len(df)} points ({failed} failed); wrote {', '.join(str(f) for f in files)}")
     broken = {k: v for k, v in checks.items() if v}
     for name, bad in broken.items():
-        print(f"CHECK FAILED {name}: {'; '.join(bad)}", file=sys.stderr)
+        more = f" (and {len(bad) - 3} more in {out / 'report.md'})" if len(bad) > 3 else ""
+        print(one_line(f"CHECK FAILED {name}: {'; '.join(bad[:3])}", 600) + more, file=sys.stderr)
     if failed:
         print(f"{failed} of {len(df)} points failed (errors in {out / 'report.md'}); to run only them again: "
               f"python -m sim sweep {args.sweep} --out {out} --resume", file=sys.stderr)

@@ -69,7 +69,8 @@ class Recorder:
 
 def run_local(sweep: Sweep, todo: list[Point], out: Path, workers: int, progress: Progress,
               max_attempts: int = MAX_ATTEMPTS) -> None:
-    """Run points in a process pool (or in this process when workers == 1), storing each row as it finishes."""
+    """Run points in a process pool (or in this process when workers == 1), storing each row as it finishes. The
+    pool never has more processes than points to run."""
     rec = Recorder(sweep, out, progress)
     if workers <= 1:
         for p in todo:
@@ -97,6 +98,7 @@ def _run_pool(queue: deque, width: int, sweep: Sweep, rec: Recorder, attempts: C
     point handed to the pool is running), storing each finished row. Returns ([], "") when the queue ran dry, or,
     when a worker died, the points that were in flight (each charged one attempt) and why the pool broke."""
     inflight: dict = {}
+    width = max(1, min(width, len(queue)))  # a process per point at most: never idle workers
     pool = ProcessPoolExecutor(max_workers=width)
     try:
         while queue or inflight:

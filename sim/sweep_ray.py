@@ -57,6 +57,9 @@ def start_ray(address: str | None, workers: int | None) -> RaySession:
         return session
     try:
         problems, session.notes = check_nodes(ray)
+    except Exception as exc:  # noqa: BLE001 - the cluster went away meanwhile, a Ray error...
+        session.close()
+        raise ConfigError(WHERE, f"the check of the cluster's nodes failed: {_first_line(exc, 200)}") from None
     except BaseException:
         session.close()
         raise
@@ -85,6 +88,7 @@ def _run(ray, sweep: Sweep, todo: list[Point], out: Path, width: int, progress: 
     from sim.sweep_ray_task import run_shipped
 
     task = ray.remote(num_cpus=1, max_retries=0)(run_shipped)  # retries are counted here, not by Ray
+    width = max(1, min(width, len(todo)))
     ship, rec = Shipment(ray, sweep), Recorder(sweep, out, progress)
     attempts, pending, queue = Counter(), {}, deque(todo)
     while queue or pending:

@@ -22,6 +22,7 @@ rather than minutes of Ray's log lines:
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import re
@@ -43,7 +44,10 @@ AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY
 #: What a gRPC (HTTP/2) client sends first: the connection preface and an empty SETTINGS frame.
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 _SETTINGS = 0x04
-_HOST_PORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^\s:/\[\]]+):(?P<port>\d{1,5})$")
+_HOST_PORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^\s:/\[\]]+):(?P<port>[0-9]{1,5})$")
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")   # one label of a host name (RFC 1123), ASCII only
+MAX_ADDRESS_CHARS = 300
+MAX_HOST_CHARS = 253
 
 
 @dataclass(frozen=True)
@@ -75,17 +79,45 @@ class Cluster:
 
 
 # --------------------------------------------------------------------------------------------- the address
-def parse_address(text: str) -> Address:
-    """``HOST:PORT``, ``ray://HOST:PORT`` or ``auto`` (the cluster last started on this machine)."""
-    text = (text or "").strip()
+def parse_address(text: str, where: str = WHERE) -> Address:
+    """``HOST:PORT``, ``ray://HOST:PORT`` or ``auto`` (the cluster last started on this machine). HOST is an IP
+    address (IPv6 in brackets) or an ASCII host name (labels of at most 63 letters, digits and hyphens, 253
+    characters in all), PORT 1 to 65535; anything else is a ConfigError naming ``where``, before any lookup."""
+    text = (text or "").strip() if isinstance(text, str) else ""
     if text == "auto":
         return _local_cluster_address()
     client = text.startswith("ray://")
-    m = _HOST_PORT.match(text.removeprefix("ray://"))
-    if not m or not 0 < int(m["port"]) < 65536:
-        raise ConfigError(WHERE, f"expected HOST:PORT (the head node's GCS port, e.g. 10.0.0.1:6379), "
-                                 f"ray://HOST:PORT or auto, got {text!r}")
+    m = _HOST_PORT.match(text.removeprefix("ray://")) if len(text) <= MAX_ADDRESS_CHARS else None
+    if not m or not 0 < int(m["port"]) < 65536 or not _valid_host(m["host"]):
+        raise ConfigError(where, f"expected HOST:PORT (the head node's GCS port, e.g. 10.0.0.1:6379), "
+                                 f"ray://HOST:PORT or auto, got {_show(text)}")
     return Address(m["host"].strip("[]"), int(m["port"]), client)
+
+
+def check_address(text: str, where: str = WHERE) -> None:
+    """The form of an address (see :func:`parse_address`), checked without Ray and without the network."""
+    if isinstance(text, str) and text.strip() == "auto":
+        return
+    parse_address(text, where)
+
+
+def _valid_host(host: str) -> bool:
+    if host.startswith("["):
+        try:
+            return ipaddress.ip_address(host[1:-1]).version == 6
+        except ValueError:
+            return False
+    if len(host) > MAX_HOST_CHARS:
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return all(_LABEL.match(label) for label in host.removesuffix(".").split("."))
+
+
+def _show(text: str) -> str:
+    return repr(text) if len(text) <= 60 else f"{text[:60]!r}... ({len(text)} characters)"
 
 
 def _local_cluster_address() -> Address:
@@ -267,9 +299,7 @@ def connect(ray, address: str | None, workers: int, runtime_env: dict,
     """``ray.init`` on the cluster at ``address`` (checked first, everything within ``timeout`` seconds), or a
     local instance of ``workers`` CPUs when ``address`` is None."""
     if address is None:
-        # "local": a new instance, even where `ray start` left one running
-        ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING, runtime_env=runtime_env)
+        start_local(ray, workers, runtime_env)
         return _cluster(ray, None, "")
     t0 = time.monotonic()
     addr = parse_address(address)
@@ -286,6 +316,22 @@ def connect(ray, address: str | None, workers: int, runtime_env: dict,
         text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         raise ConfigError(WHERE, f"cannot connect to the Ray cluster at {addr} ({text}; {DRIVER_HINT})") from None
     return _cluster(ray, str(addr), auth)
+
+
+def start_local(ray, workers: int, runtime_env: dict) -> None:
+    """A new local Ray instance of ``workers`` CPUs ("local": new, even where `ray start` left one running). Ray
+    failing to start (its processes timing out on a loaded machine, no shared memory, ports taken...) is one
+    line, exit 2, with whatever it started stopped: nothing has run and the remedy is the user's (another
+    executor, a cluster, a less loaded machine), as for an unreachable --address."""
+    try:
+        ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING, runtime_env=runtime_env)
+    except Exception as exc:  # noqa: BLE001 - TimeoutError, RuntimeError, ConnectionError, Ray's own exceptions
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        text = f"{type(exc).__name__}: {str(exc).strip() or 'no detail'}".splitlines()[0][:200]
+        raise ConfigError("--executor", f"ray: could not start a local Ray instance ({text}); run with --executor "
+                                        f"local, or start a cluster (ray start --head) and give --address") from None
 
 
 def _cluster(ray, address: str | None, auth: str) -> Cluster:

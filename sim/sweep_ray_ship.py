@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 from sim.sweep_spec import Point, Sweep, resolve_config
@@ -56,6 +57,17 @@ def file_fields(resolved: dict) -> dict[tuple, Path]:
     return out
 
 
+def ship_name(path: Path) -> str:
+    """The name a shipped file gets on the nodes: its own, made plain (letters, digits, ``.``, ``_``, ``-``; no
+    leading dot; at most 120 characters, its suffix kept, which the readers go by)."""
+    def plain(text: str, limit: int) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:limit]
+
+    stem = plain(path.stem, 100).lstrip(".") or "file"
+    suffix = plain(path.suffix, 19) if path.suffix.startswith(".") else ""
+    return stem + suffix
+
+
 class Shipment:
     """The files of a sweep's points, put in the object store once each; ``task_args`` gives a point's task."""
 
@@ -77,7 +89,7 @@ class Shipment:
         """The arguments of ``sim.sweep_ray_task.run_shipped`` for ``point``: its resolved config, its files
         ((key path, sha, name)), their references (only this point's), the sweep file and the overrides."""
         resolved = resolve_config(self.sweep.base, point.overrides, self.sweep.source).resolved
-        files = [(keys, self._ship(path), path.name) for keys, path in file_fields(resolved).items()]
+        files = [(keys, self._ship(path), ship_name(path)) for keys, path in file_fields(resolved).items()]
         refs = {sha: self.refs[sha] for _, sha, _ in files}
         return resolved, files, refs, self.sweep.source, point.overrides
 

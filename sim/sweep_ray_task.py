@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import os
 import platform
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -29,10 +30,27 @@ CACHE_ENV = "SIM_SWEEP_TRACE_CACHE"
 STARTED_ENV = "SIM_SWEEP_TEST_STARTED"
 _checked: set[str] = set()    # paths of copies this process has checked (or written)
 _started = [0]
+#: What a shipped file's cache path is made of: the SHA-256 of its bytes, and a plain file name (no folder, no
+#: ``..``), so that every copy lands inside the cache folder.
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,119}$")
 
 
 class ShipError(Exception):
     """A shipped file could not be fetched or written on this node."""
+
+
+class CacheError(Exception):
+    """A shipped file's place in the node's cache cannot take it (a folder, a FIFO, a device there): the point
+    fails with this line; running it again would not help."""
+
+
+def cache_path(sha: str, name: str) -> Path:
+    """``CACHE/SHA/NAME``, inside the cache folder: ``sha`` a SHA-256 in hex, ``name`` a plain file name."""
+    if not (isinstance(sha, str) and _SHA.match(sha) and isinstance(name, str) and _NAME.match(name)):
+        raise CacheError(f"refusing to write the shipped file {str(name)[:60]!r} ({str(sha)[:16]}): not a "
+                         f"SHA-256 and a plain file name")
+    return cache_dir() / sha / name
 
 
 def missing_packages() -> list[str]:
@@ -56,7 +74,7 @@ def cache_dir() -> Path:
 def materialise(sha: str, name: str, ref) -> str:
     """The path of a local copy of the shipped file ``name`` whose bytes hash to ``sha`` (fetched from the object
     store through ``ref`` unless this node has it already)."""
-    path = cache_dir() / sha / name
+    path = cache_path(sha, name)
     if str(path) in _checked and path.is_file():
         return str(path)
     if not (path.is_file() and _sha256_file(path) == sha):
@@ -88,17 +106,30 @@ def _sha256_file(path: Path) -> str:
 
 
 def _write(path: Path, data: bytes) -> None:
-    """Write atomically: tasks on one node may write the same file at once."""
+    """Write atomically (tasks on one node may write the same file at once), and only where a regular file or
+    nothing is: never renamed over a folder, a FIFO or a device (``traces.io.check_output_file``)."""
+    _check_place(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        _check_place(path)  # nothing special was put there meanwhile
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _check_place(path: Path) -> None:
+    from traces.errors import InputError
+    from traces.io import check_output_file  # here, not at the top: a node without numpy still reports so
+
+    try:
+        check_output_file(path, "shipped file")
+    except InputError as exc:
+        raise CacheError(f"on {platform.node()}: {exc} (set {CACHE_ENV} to another folder)") from None
 
 
 def with_local_files(config: dict, files: list, refs: dict) -> dict:
@@ -124,7 +155,10 @@ def run_shipped(config: dict, files: list, refs: dict, source: str, overrides: t
         return ("failed", None, f"node {platform.node()} lacks the Python package(s) {', '.join(missing)} "
                                 f"(Python {platform.python_version()} at {sys.executable}): install the project's "
                                 f"dependencies there (pip install numpy simpy pyyaml)", 0.0)
-    local = with_local_files(config, files, refs)
+    try:
+        local = with_local_files(config, files, refs)
+    except CacheError as exc:
+        return "failed", None, str(exc)[:500], 0.0
     _mark_started()
     from sim.sweep_worker import attempt_in_worker
 

@@ -13,6 +13,23 @@ if TYPE_CHECKING:
     from sim.sweep_spec import Sweep
 
 
+RESULTS, REPORT, TIER_PLOT = "results.parquet", "report.md", "hit_rate_per_tier.png"
+
+
+def plot_file(axis: str) -> str:
+    """The file name of the throughput plot against ``axis``: a plain name whatever the axis is called."""
+    from sim.sweep_spec import safe_name
+
+    return f"throughput_vs_{safe_name(axis.replace('.', '_'), 'axis')}.png"
+
+
+def report_files(sweep: Sweep) -> list[str]:
+    """Every file name the report may write in the results folder (the plots the axes could make included), so
+    that the places can be checked before the sweep runs."""
+    axes = list(sweep.axes) + ["cache_slots"] + list(sweep.plots or [])
+    return [RESULTS, REPORT, TIER_PLOT, *dict.fromkeys(plot_file(a) for a in axes)]
+
+
 def write_report(out: Path, sweep: Sweep, df, checks: dict) -> list[Path]:
     """results.parquet, report.md and the plots that the swept axes allow."""
     import pandas as pd
@@ -23,13 +40,14 @@ def write_report(out: Path, sweep: Sweep, df, checks: dict) -> list[Path]:
             df[a] = df[a].map(lambda v: None if v is None else str(v))
     buf = io.BytesIO()
     df.to_parquet(buf, index=False)
-    atomic_write_bytes(out / "results.parquet", buf.getvalue())
-    files.append(out / "results.parquet")
+    atomic_write_bytes(out / RESULTS, buf.getvalue())
+    files.append(out / RESULTS)
     plots = make_plots(out, sweep, df[df["status"] == "ok"] if len(df) else df)
     files += plots
+    shown = df.assign(pcie_gb=pd.to_numeric(df["pcie_bytes"], errors="coerce") / 1e9) if "pcie_bytes" in df else df
     cols = [a for a in sweep.axes if a in df] + ["status", "throughput_tok_s", "iteration_ms_mean", "hit_rate",
-                                                 "hit_rate_hpc", "hit_rate_mpc", "hit_rate_lpc", "pcie_bytes"]
-    table = df[cols].sort_values([a for a in sweep.axes if a in df]) if len(df) else pd.DataFrame(columns=cols)
+                                                 "hit_rate_hpc", "hit_rate_mpc", "hit_rate_lpc", "pcie_gb"]
+    table = _sorted(shown[cols], [a for a in sweep.axes if a in df]) if len(df) else pd.DataFrame(columns=cols)
     lines = [f"# Sweep {sweep.name}", "", f"{len(df)} points from `{sweep.source}`; "
              f"{int((df['status'] != 'ok').sum()) if len(df) else 0} failed.", ""]
     if checks:
@@ -48,9 +66,18 @@ def write_report(out: Path, sweep: Sweep, df, checks: dict) -> list[Path]:
         lines += ["", "`python -m sim sweep ... --resume` runs them again (and only them)."]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
-    atomic_write_bytes(out / "report.md", ("\n".join(lines) + "\n").encode())
-    files.append(out / "report.md")
+    atomic_write_bytes(out / REPORT, ("\n".join(lines) + "\n").encode())
+    files.append(out / REPORT)
     return files
+
+
+def _sorted(table, by: list[str]):
+    """``table`` sorted by the swept columns; by their text where values of several types (1.0 and "high")
+    cannot be compared."""
+    try:
+        return table.sort_values(by)
+    except TypeError:
+        return table.sort_values(by, key=lambda col: col.astype(str))
 
 
 def _attempts_note(row) -> str:
@@ -108,7 +135,7 @@ def make_plots(out: Path, sweep: Sweep, df) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        made.append(_save_png(plt, fig, out / f"throughput_vs_{axis.replace('.', '_')}.png"))
+        made.append(_save_png(plt, fig, out / plot_file(axis)))
     if series:
         tiers = df.groupby(series)[["hit_rate_hpc", "hit_rate_mpc", "hit_rate_lpc"]].mean()
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -121,7 +148,7 @@ def make_plots(out: Path, sweep: Sweep, df) -> list[Path]:
         ax.tick_params(axis="x", rotation=30, labelsize=7)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        made.append(_save_png(plt, fig, out / "hit_rate_per_tier.png"))
+        made.append(_save_png(plt, fig, out / TIER_PLOT))
     return made
 
 

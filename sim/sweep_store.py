@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sim.errors import ConfigError
 from sim.sweep_worker import METRIC_COLUMNS
 from traces.io import atomic_write_bytes
 
@@ -24,6 +27,7 @@ ROWS = "rows"
 #: the temporary files that ``atomic_write_bytes`` leaves behind when killed mid-write, per folder
 ORPHANS = {ROWS: (".*.parquet.*.tmp",),
            ".": (".results.parquet.*.tmp", ".report.md.*.tmp", ".*.png.*.tmp")}
+MAX_ROW_BYTES = 16 << 20   # a row is a few KB: a bigger file in rows/ was not written by a sweep
 
 
 def row_of(sweep: Sweep, point: Point, status: str, metrics: dict | None, error: str | None, wall: float,
@@ -39,13 +43,23 @@ def _scalar(v):
     return v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v)
 
 
+def row_file(out: Path, point: str) -> Path:
+    """``OUT/rows/POINT.parquet``; the point id (a hash) is a plain name, so the file stays in the rows folder."""
+    from sim.sweep_spec import is_safe_name
+
+    if not is_safe_name(point):
+        raise ValueError(f"a sweep point id must be a plain name, got {str(point)[:80]!r}")
+    return Path(out) / ROWS / f"{point}.parquet"
+
+
 def write_row(out: Path, row: dict) -> None:
     """One point's row as ``OUT/rows/POINT.parquet``, atomically (replacing an earlier row of that point)."""
     import pandas as pd
 
+    path = row_file(out, row["point"])
     buf = io.BytesIO()
     pd.DataFrame([row]).to_parquet(buf, index=False)
-    atomic_write_bytes(Path(out) / ROWS / f"{row['point']}.parquet", buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def has_rows(out: Path) -> bool:
@@ -53,14 +67,55 @@ def has_rows(out: Path) -> bool:
     return any((Path(out) / ROWS).glob("*.parquet"))
 
 
-def read_rows(out: Path):
-    """Every stored row (a pandas DataFrame; empty when none)."""
+def row_files(out: Path) -> list[Path]:
+    """The row files in ``OUT/rows``: each a regular file of bounded size (a link, a folder, a FIFO or a device
+    named like a row, or a huge file, is refused with a ConfigError: the sweep never wrote it)."""
+    files = []
+    for f in sorted((Path(out) / ROWS).glob("*.parquet")):
+        try:
+            st = os.lstat(f)
+        except OSError:
+            continue  # gone meanwhile
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(str(f), "is not a row file written by a sweep (a link, a folder, a FIFO or a device): "
+                                      "remove it, or use another --out")
+        if st.st_size > MAX_ROW_BYTES:
+            raise ConfigError(str(f), f"is larger than {MAX_ROW_BYTES >> 20} MB: not a row written by a sweep; "
+                                      f"remove it, or use another --out")
+        files.append(f)
+    return files
+
+
+def _read_row(path: Path):
     import pandas as pd
 
-    files = sorted((Path(out) / ROWS).glob("*.parquet"))
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a damaged or foreign file
+        raise ConfigError(str(path), f"cannot be read as a sweep row ({type(exc).__name__}): remove it and run "
+                                     f"again with --resume") from None
+    if "point" not in df or "status" not in df:
+        raise ConfigError(str(path), "is not a sweep row (no point or status column): remove it, or use another "
+                                     "--out")
+    return df
+
+
+def read_rows(out: Path):
+    """Every stored row (a pandas DataFrame; empty when none). A file in the rows folder that is not a row the
+    sweep wrote is a ConfigError naming it."""
+    import pandas as pd
+
+    files = row_files(out)
     if not files:
         return pd.DataFrame()
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    return pd.concat([_read_row(f) for f in files], ignore_index=True)
+
+
+def check_rows(out: Path) -> None:
+    """Before a sweep starts: no file in the rows folder that the sweep could not have written (see
+    :func:`row_files`); ``--resume`` then reads each row, and a damaged one is refused before anything runs."""
+    if (Path(out) / ROWS).is_dir():
+        row_files(out)
 
 
 def done_points(out: Path) -> tuple[set[str], set[str]]:
