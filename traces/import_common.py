@@ -126,7 +126,8 @@ def _shape(num_experts: int, top_k: int, enc: int, dec: int) -> str:
     return f"{num_experts} experts, top-{top_k}, {enc} encoder + {dec} decoder MoE layers"
 
 
-def check_model_fit(trace: Trace, where: str, num_experts_from: str | None = None) -> None:
+def check_model_fit(trace: Trace, where: str, num_experts_from: str | None = None,
+                    hint: str = "is --model the model that produced it?") -> None:
     """Refuse a trace that ``sim run`` would refuse with the model profile its name matches (a different expert
     count, top-k, or number of encoder or decoder MoE layers): :func:`sim.trace_summary.trace_matches_model`,
     the check a run config makes, applied when the trace is written rather than at every run. A name that
@@ -142,8 +143,7 @@ def check_model_fit(trace: Trace, where: str, num_experts_from: str | None = Non
             raise InputError(f"{where}: the routing ({_shape(m.num_experts, m.top_k, enc, dec)}{source}) does not "
                              f"match model {brief(m.name)}: configs/models/{stem}.yaml has "
                              f"{_shape(spec.num_experts, spec.top_k, spec.encoder_moe_layers, spec.decoder_moe_layers)}"
-                             f", so every run of that model would refuse the trace (is --model the model that "
-                             f"produced it?)")
+                             f", so every run of that model would refuse the trace ({hint})")
 
 
 def check_content(trace: Trace, where: str) -> None:

@@ -8,7 +8,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from traces.errors import InputError
+from traces.errors import InputError, brief
+from traces.import_common import check_model_fit, check_out
+from traces.io import file_kind
 from traces.record_routers import find_moe_layers
 
 DTYPES = ("float32", "float16", "bfloat16", "auto")
@@ -59,6 +61,15 @@ def read_prompts(path: str | Path) -> list[Prompt]:
     if not prompts:
         raise InputError(f"{path}: no prompts in file")
     return prompts
+
+
+def _check_checkpoint_folder(path: str) -> None:
+    """``--model`` names a folder (checked before the prompts are read or torch is loaded); a file, a FIFO or a
+    name too long is refused saying what it is."""
+    kind = file_kind(path)
+    if kind != "folder":
+        what = "there is nothing there" if kind == "missing" else f"it is {kind}"
+        raise InputError(f"--model: {brief(str(path))} is not a checkpoint folder ({what})")
 
 
 def _torch_dtype(name: str):
@@ -159,9 +170,9 @@ def run(args) -> int:
         raise InputError(f"--seed must be >= 0, got {args.seed}")
     if args.tiny is not None and args.dtype == "auto":
         raise InputError("--dtype auto needs --model (a tiny model has no checkpoint dtype)")
-    out = Path(args.out)
-    if out.is_dir():
-        raise InputError(f"--out {out}: is a folder")
+    out = check_out(args.out, [args.prompts])
+    if args.model is not None:
+        _check_checkpoint_folder(args.model)
     prompts = read_prompts(args.prompts)
 
     import torch
@@ -195,6 +206,8 @@ def run(args) -> int:
                          request_ids=[p.id for p in prompts], model_name=name,
                          dataset=args.dataset or Path(args.prompts).name, seed=args.seed,
                          extra={"tokenizer": tokenizer, "device": str(device), "prompts_file": str(args.prompts)})
+    if args.model is not None:  # a checkpoint named like a profiled model must have that model's shape
+        check_model_fit(rec.trace, f"--model {brief(str(args.model))}")
     save_trace(rec.trace, out)
     t = rec.trace
     print(f"{out}: recorded {t.num_tokens} tokens ({int(t.prefill_lengths.sum())} prompt, "

@@ -487,8 +487,12 @@ def _pair(text: str | None, name: str) -> tuple[int, int] | None:
 
 
 def run(args) -> int:
+    from traces.import_common import check_model_fit, check_model_name, check_out
     from traces.io import save_trace
 
+    check_out(args.out, [args.fit] if args.fit else [])
+    if args.model is not None:
+        check_model_name(args.model)
     given = {"model": args.model, "num_experts": args.experts, "top_k": args.top_k,
              "requests": args.requests, "prompt_len": _pair(args.prompt_len, "--prompt-len"),
              "decode_len": _pair(args.decode_len, "--decode-len"), "skew": args.skew,
@@ -509,6 +513,7 @@ def run(args) -> int:
         if args.tokens is not None or args.no_holdout:
             raise InputError(f"{'--tokens' if args.tokens is not None else '--no-holdout'} goes with --fit")
         trace = generate(SynthKnobs(**given), args.seed, date=args.date)
+    check_model_fit(trace, "synth", hint="give that model's --experts, --top-k and layers, or another --model")
     save_trace(trace, args.out)
     k = trace.meta.extra["knobs"]
     what = ("fitted: per-layer popularity, stickiness and request concentration, "
