@@ -42,7 +42,7 @@ from sim.hardware_spec import HardwareSpec, load_hardware
 from sim.model_spec import ModelSpec, load_model
 from sim.overrides import apply_set
 from sim.params import RunFacts
-from sim.trace_summary import TraceSummary, read_trace_summary, shape_text, trace_matches_model
+from sim.trace_summary import TraceSummary, read_trace_summary, routed_tokens, shape_text, trace_matches_model
 from sim.units import GB
 from traces.errors import TraceError, brief
 
@@ -240,6 +240,7 @@ def _load_cache(d: Any, model: ModelSpec, all_resident: bool) -> tuple[CacheConf
     reserve = d.get("prefetch_reserve")
     reserve = min(1, lpc - 1) if reserve is None else check_int(reserve, "cache.prefetch_reserve", 0, lpc - 1)
     _check_hot_lists(values["hot_profile"], model)
+    _check_hot_trace(values["hot_profile"], model)
     shared = values["shared_slots"]
     if shared is not None:
         if values["organization"] != "shared":
@@ -249,6 +250,26 @@ def _load_cache(d: Any, model: ModelSpec, all_resident: bool) -> tuple[CacheConf
             raise ConfigError("cache.shared_slots", f"{shared} exceeds the {model.num_experts * n_layers} experts of "
                                                     f"the {n_layers} cached layers of {model.name}")
     return CacheConfig(hpc, mpc, lpc, reserve, **values), sized_from
+
+
+def _check_hot_trace(profile: Any, model: ModelSpec) -> None:
+    """A profiling trace (``cache.hot_profile`` as a path) has the model's MoE layers and experts per layer, and
+    routed tokens to rank the experts by (without any, every ranking would silently be by expert id)."""
+    if not isinstance(profile, str) or profile == "trace":
+        return
+    where = "cache.hot_profile"
+    try:
+        summary = read_trace_summary(profile)
+        tokens, routed = routed_tokens(profile)
+    except TraceError as exc:
+        raise ConfigError(where, str(exc)) from None
+    m = summary.meta.model
+    if (len(m.layers), m.num_experts) != (model.moe_layers, model.num_experts):
+        raise ConfigError(where, f"profiling trace {brief(profile)} has {len(m.layers)} MoE layers x {m.num_experts} "
+                                 f"experts, model {show(model.name)} {model.moe_layers} x {model.num_experts}")
+    if routed == 0:
+        raise ConfigError(where, f"profiling trace {brief(profile)} has no routed tokens ({tokens} tokens): no "
+                                 f"expert ranking to take from it")
 
 
 def _check_hot_lists(profile: Any, model: ModelSpec) -> None:
@@ -453,13 +474,14 @@ def load_run_config(path: str | Path, overrides: Iterable[str] = (), policy_name
 SCHEMA: dict = schema_of(RunConfig)   # every key a config may hold (FREE below params)
 _SCHEMA = SCHEMA
 _WRAP = wrapped(RunConfig)            # a profile name there becomes {base: NAME}, a part's name {name: NAME}
+_SEE = {"model": "sim/model_spec.py", "hardware": "sim/hardware_spec.py"}  # where their many keys are listed
 
 
 def apply_override(d: dict, text: str) -> None:
     """Apply one ``--set key.path=value`` to a raw config mapping, in place. The value is parsed as YAML
     (``null`` unsets an optional field). The path must name a config field (any key under ``*.params``);
     setting a field of a model/hardware given by name turns it into ``{base: NAME, field: value}``."""
-    apply_set(d, text, SCHEMA, _WRAP)
+    apply_set(d, text, SCHEMA, _WRAP, _SEE)
 
 
 __all__ = ["CacheConfig", "MemorySizing", "NamedConfig", "RunConfig", "TierSplit", "TraceSummary", "WorkloadConfig",

@@ -13,10 +13,11 @@ MAX_SET_PARTS = 32          # dotted parts of a key path
 MAX_SET_CHARS = 1 << 20     # characters of a value
 
 
-def apply_set(d: dict, text: str, schema: dict, wrap: dict[str, str]) -> None:
+def apply_set(d: dict, text: str, schema: dict, wrap: dict[str, str], see: dict[str, str] | None = None) -> None:
     """Apply one ``KEY.PATH=VALUE`` to ``d`` in place. The path must name a key of ``schema`` (any key below a FREE
     one); where a top-level key holds a bare string and a key below it is set, the string becomes ``{wrap[key]:
-    string}`` (a profile's ``base``, a part's ``name``). ``null`` unsets an optional field."""
+    string}`` (a profile's ``base``, a part's ``name``). ``null`` unsets an optional field. ``see``: where the keys
+    below a top-level key are listed, for an unknown key's error."""
     key, sep, raw = str(text).partition("=")
     key = key.strip()
     if not sep or not key:
@@ -40,7 +41,7 @@ def apply_set(d: dict, text: str, schema: dict, wrap: dict[str, str]) -> None:
             if not isinstance(sub_schema, dict) or part not in sub_schema:
                 if isinstance(sub_schema, dict):
                     raise ConfigError(".".join(parts[:i] + [key_text(part)]),
-                                      f"unknown key ({known_text(part, list(sub_schema))})")
+                                      f"unknown key ({known_text(part, list(sub_schema), (see or {}).get(parts[0]))})")
                 raise ConfigError(path, f"{'.'.join(parts[:i])} has no fields to set")
             below = sub_schema[part]
         else:

@@ -5,8 +5,10 @@ the command line), never another exception, a hang or a huge allocation.
 Mutations start from one small valid config (a tiny inline model and a bundled-size trace made here): a hostile
 value (wrong type, bool for int, huge or negative number, NaN, long or odd string, null, deep or aliased nesting,
 a device or FIFO path) at a random path, known or unknown, removed keys, other policies and predictors with their
-params; the YAML text with byte edits, a key given twice, deep nesting, aliases; and ``--set`` overrides. Examples
-are derandomized (the same ones on every run); CONFIG_FUZZ_EXAMPLES=3000 explores more locally.
+params, training and profiling traces good and bad (no routed tokens, another model, the evaluated trace); the YAML
+text with byte edits, a key given twice, deep nesting, aliases; and ``--set`` overrides. A config that loads builds
+its policy and predictor without any error (every wrong value is refused at load, not when the run starts).
+Examples are derandomized (the same ones on every run); CONFIG_FUZZ_EXAMPLES=3000 explores more locally.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, TINY_MODEL, random_trace
+from conftest import ROOT, TINY_MODEL, make_trace, random_trace
 from sim.config import SCHEMA, apply_override, config_from_dict, load_run_config
 from sim.decisions import build_decisions
 from sim.errors import MAX_FIELD_CHARS, MAX_PROBLEM_CHARS, ConfigError
@@ -71,12 +73,36 @@ HOSTILE = st.one_of(
 )
 
 
+#: Trace files a mutation may name by these tokens (made by the ``traces`` fixture): a good training trace of the
+#: tiny model, one with no routed tokens, one of another model shape, a copy of the evaluated trace.
+TRACE_TOKENS = ("@train", "@unrouted", "@wide", "@copy", "@evaluated")
+
+
 @pytest.fixture(scope="module")
-def base(tmp_path_factory) -> dict:
+def traces(tmp_path_factory) -> dict:
+    """The evaluated trace of ``base`` and the trace files of TRACE_TOKENS."""
+    d = tmp_path_factory.mktemp("fuzztraces")
+    rng = np.random.default_rng(0)
+    out = {"@evaluated": save_trace(random_trace(rng, tokens=60, layers=2, experts=8, k=2, requests=3),
+                                    d / "tiny.npz")}
+    out["@train"] = save_trace(random_trace(rng, tokens=50, layers=2, experts=8, k=2, requests=2), d / "train.npz")
+    out["@unrouted"] = save_trace(make_trace(np.full((20, 2, 2), -1, dtype=np.int16), [8, 12], num_experts=8),
+                                  d / "unrouted.npz")
+    out["@wide"] = save_trace(random_trace(rng, tokens=30, layers=2, experts=16, k=2, requests=2), d / "wide.npz")
+    out["@copy"] = d / "copy.npz"
+    out["@copy"].write_bytes(out["@evaluated"].read_bytes())
+    return {k: str(v) for k, v in out.items()}
+
+
+def with_traces(value, traces: dict):
+    """``value`` with a TRACE_TOKENS string replaced by its file's path."""
+    return traces.get(value, value) if isinstance(value, str) else value
+
+
+@pytest.fixture(scope="module")
+def base(traces) -> dict:
     """A small valid config: the tiny model inline (2 MoE layers of 8 experts) and a trace of it made here."""
-    d = tmp_path_factory.mktemp("fuzzcfg")
-    trace = random_trace(np.random.default_rng(0), tokens=60, layers=2, experts=8, k=2, requests=3)
-    path = save_trace(trace, d / "tiny.npz")
+    path = traces["@evaluated"]
     cfg = {"model": {**TINY_MODEL, "name": "test-model"}, "hardware": "h200",
            "workload": {"trace": str(path), "batch_size": 2, "batching": "static", "max_decode_tokens": 4,
                         "prefill": True, "requests": None},
@@ -108,13 +134,14 @@ def outcome(fn) -> str | None:
 
 def check_loads(d: dict) -> None:
     """Loading either fails cleanly, or succeeds: then its resolved form loads back to the same config, and its
-    policy and predictor are built (for its trace) without any error but a clean one."""
+    policy and predictor are built (for its trace) without any error at all: every wrong value is refused when
+    the config loads, none when the run starts."""
     box = {}
     if outcome(lambda: box.setdefault("cfg", config_from_dict(d))) is None:
         cfg = box["cfg"]
         again = config_from_dict(cfg.resolved)
         assert again.resolved == cfg.resolved
-        outcome(lambda: _build(cfg))
+        _build(cfg)
 
 
 def _build(cfg) -> None:
@@ -171,18 +198,37 @@ MUTATION = st.one_of(
     st.tuples(st.just("set"), st.just(("predictor",)), st.sampled_from(PREDICTORS.names())),
     st.tuples(st.just("set"), st.sampled_from(PARAM_PATHS), st.integers(-2, 10**6) | st.floats(-1, 3)
               | st.sampled_from(["mix", "own", "expert0", "legacy", "float32", "in_cache", None, True])),
+    st.tuples(st.just("set"), st.sampled_from([p for p in PARAM_PATHS if p[-1] == "train"]
+                                              + [("cache", "hot_profile"), ("workload", "trace")]),
+              st.sampled_from(TRACE_TOKENS)),
 )
 
 
 @FUZZ
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=4))
-def test_mutated_mappings_load_or_fail_on_one_line(base, mutations):
+def test_mutated_mappings_load_or_fail_on_one_line(base, traces, mutations):
     d = copy.deepcopy(base)
     for kind, path, value in mutations:
         if kind == "set":
-            set_path(d, path, value)
+            set_path(d, path, with_traces(value, traces))
         else:
             del_path(d, path)
+    check_loads(d)
+
+
+@pytest.mark.parametrize("section,name", [(s, n) for s, reg in (("policy", POLICIES), ("predictor", PREDICTORS))
+                                          for n in reg.names()
+                                          if any(r.training for r in reg.get(n).PARAM_RULES.values())])
+@pytest.mark.parametrize("token,problem", [("@unrouted", "has no routed tokens"), ("@wide", "is of model"),
+                                           ("@copy", "is the evaluated trace"), ("@evaluated", "is the evaluated")])
+def test_bad_training_traces_are_refused_when_the_config_loads(base, traces, section, name, token, problem):
+    d = copy.deepcopy(base)
+    d[section] = {"name": name, "params": {"train": traces[token]}}
+    with pytest.raises(ConfigError) as exc:
+        config_from_dict(d)
+    msg = one_line(exc.value)
+    assert msg.startswith(f"{section}.params.train: ") and problem in msg
+    d[section]["params"]["train"] = traces["@train"]
     check_loads(d)
 
 

@@ -30,9 +30,11 @@ class NoisyPredictor(Predictor):
         keep = self.rng.random(len(truth_sorted)) < self.params["recall"]
         kept = [e for e, k in zip(truth_sorted, keep) if k]
         p = self.params["precision"]
-        want = len(kept) * (1.0 - p) / p
-        n_fp = int(np.floor(want + self.rng.random())) if want > 0 else 0
+        want = len(kept) * (1.0 - p) / p   # infinite for a precision below ~1e-308
         others = np.setdiff1d(np.arange(self.ctx.num_experts), truth_sorted, assume_unique=True)
-        n_fp = min(n_fp, others.size)
+        n_fp = 0
+        if want > 0:
+            drawn = want + self.rng.random()
+            n_fp = others.size if drawn >= others.size else int(np.floor(drawn))
         fp = self.rng.choice(others, size=n_fp, replace=False).tolist() if n_fp else []
         return frozenset(kept) | frozenset(int(x) for x in fp)
