@@ -76,6 +76,17 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _percent(text: str) -> float:
+    """A finite percentage >= 0 (NaN would make every comparison with it pass)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number (a percentage), got {text[:40]!r}") from None
+    if not (0 <= v < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite percentage >= 0, got {text[:40]!r}")
+    return v
+
+
 HOST_THREADS_HELP = ("worker threads computing experts on the host CPU (hybrid policies; the cpu_expert table): "
                      "default the cores left beside the compute and copy threads")
 
@@ -120,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder", help="measurement folder from validate gpu|cpu, or the archive run_gpu_check.sh packs "
                                   "(gpu-check.tar.gz: unpacked beside itself)")
     p.add_argument("--out", help="where to write compare.{csv,md,png} (default FOLDER/compare)")
-    p.add_argument("--max-median-error", type=float, default=None,
+    p.add_argument("--max-median-error", type=_percent, default=None,
                    help="exit 1 when the median |error| of mean latency (%%) is above this")
     p.set_defaults(func=cmd_compare)
     return parser
