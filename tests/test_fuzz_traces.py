@@ -2,6 +2,10 @@
 line naming the file (an InputError, exit status 2 on the command line), never another exception, a hang or an
 unbounded allocation.
 
+The importers get the same property (at the end): any expert-arrays archive (random dtypes, shapes, probs,
+offsets and requests.json values) or ft-log text (ASCII, signed, underscored and non-ASCII digits, long lines) either
+becomes a trace that loads and holds exactly the input's rows, or is refused with one line.
+
 Mutations start from one small valid trace: random byte edits of the whole file; entries rewritten with garbled
 bytes, mutated npy headers or zip fields (flags, compression method, sizes, names); and meta.json with a field
 replaced by a hostile value (wrong type, bool for int, huge or negative number, long or invalid string, deep
@@ -18,6 +22,7 @@ import functools
 import io
 import itertools
 import json
+import math
 import os
 import struct
 import subprocess
@@ -29,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, make_trace
@@ -395,3 +400,217 @@ def test_python_m_sim_run_exits_2_with_one_line(tmp_path):
     line = _one_line(done.stderr)
     assert line.startswith("error: workload.trace: ") and "num_experts" in line
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------- the importers
+# The same property for the importers: any input either becomes a trace that loads and holds exactly the input's
+# rows, or is refused with one bounded line naming the file; never another exception, a warning or a hang.
+
+IMPORT_FUZZ = settings(max_examples=int(os.environ.get("IMPORT_FUZZ_EXAMPLES", 80)), deadline=None,
+                       derandomize=True, database=None,
+                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                              HealthCheck.data_too_large])
+
+
+def _import(*argv) -> tuple[int, str, str]:
+    """``python -m traces ARGV`` in-process: (exit status, stdout, stderr); a warning fails the test."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning (float16 overflow) would print before the error line
+        code = traces_main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def _refused_with_one_line(code: int, err: str, path, out: Path) -> None:
+    assert code == 2, err[-2000:]
+    line = _one_line(err)
+    assert line.startswith("error: "), line
+    assert str(path) in line or "--" in line, line
+    assert not out.exists()
+
+
+ID_DTYPES = ["|i1", "<i2", "<i4", ">i4", "<i8", "|u1", "<u2", "<u8", "|b1", "<f2", "<f4", "<c8", "<m8[s]", "<M8[D]",
+             "<U2", "|S2"]
+PROB_DTYPES = ["<f2", "<f4", "<f8", ">f8", "<i4", "<c8", "<U1"]
+PROB_VALUES = st.one_of(st.floats(0, 1, width=32), st.floats(0, 1, width=32), st.sampled_from([0.0, 1.0, float("nan"), float("inf"), 1e5,
+                                                                      -7e4, 65504.0, 65520.0, 1e-8, 3e38]))
+ENTRY_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-2, 10), st.sampled_from([2**63, 2**70, -2**63 - 1, 10**7, 2**21 + 1]),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4), st.sampled_from(["", "\ud800", "a" * 300]),
+    st.lists(st.integers(0, 3), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
+ENTRY_KEYS = st.sampled_from(["dataset", "prompt_len", "n_decode_steps", "has_repetition", "request_id", "note", "",
+                              "source_index", "\udfff"])
+
+
+def _cast(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Small integers as an array of ``dtype`` (wrapping, truncating or formatting as numpy does)."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dtype[1] in "US":
+            return values.astype(str).astype(dtype)
+        if dtype[1] in "mM":
+            return values.astype(np.int64).astype(dtype)
+        return values.astype(dtype)
+
+
+@st.composite
+def expert_array_sources(draw):
+    """(archive members, requests.json bytes or None, the ids, probs and lengths written (when plain))."""
+    plain = draw(st.integers(0, 3)) > 0  # mostly a well-formed source, so that imports also succeed
+    tokens, layers, k = draw(st.integers(0, 6)), draw(st.integers(0, 3)), draw(st.integers(0, 3))
+    if plain:
+        shape = (max(tokens, 1), max(layers, 1), max(k, 1))
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        values = np.argsort(rng.random((*shape[:2], 16)), axis=2)[:, :, :shape[2]]
+        values[rng.random(shape) < 0.1] = -1
+        dtype = draw(st.sampled_from(["|i1", "<i2", "<i8", ">i4", "|u1", "<u8"]))
+    else:
+        shape = draw(st.one_of(st.just((tokens, layers, k)), st.lists(st.integers(0, 3), max_size=4).map(tuple)))
+        values = np.array(draw(st.lists(st.integers(-3, 40), min_size=math.prod(shape),
+                                        max_size=math.prod(shape))), dtype=np.int64).reshape(shape)
+        dtype = draw(st.sampled_from(ID_DTYPES))
+    ids = _cast(values, dtype)
+    members = {"expert_ids.npy": ids}
+    probs = None
+    if draw(st.booleans()):
+        pshape = shape if draw(st.integers(0, 4)) else draw(st.lists(st.integers(0, 3), max_size=3).map(tuple))
+        pvals = np.array(draw(st.lists(PROB_VALUES, min_size=math.prod(pshape), max_size=math.prod(pshape))),
+                         dtype=np.float64).reshape(pshape)
+        pdtype = draw(st.sampled_from(PROB_DTYPES))
+        probs = _cast(pvals, pdtype) if pdtype[1] in "fc" else _cast(np.nan_to_num(pvals).astype(np.int64), pdtype)
+        members["expert_probs.npy"] = probs
+    lengths = [shape[0]] if shape else [0]
+    if draw(st.booleans()):
+        cuts = sorted(draw(st.lists(st.integers(0, lengths[0]), max_size=4)))
+        lengths = list(np.diff([0, *cuts, lengths[0]]))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        if draw(st.integers(0, 5)) == 0:  # garbage offsets
+            offsets = _cast(np.array(draw(st.lists(st.integers(-3, 10), max_size=4)), dtype=np.int64),
+                            draw(st.sampled_from(["<i8", "<u2", "<f8"])))
+        members["request_offsets.npy"] = offsets
+    if draw(st.integers(0, 6)) == 0:
+        members["extra.npy"] = np.zeros(2)
+    rj = None
+    if draw(st.booleans()):
+        n = draw(st.sampled_from([len(lengths), len(lengths), max(len(lengths) - 1, 0), len(lengths) + 1]))
+        entries = [draw(st.dictionaries(ENTRY_KEYS, ENTRY_VALUES, max_size=4)) if draw(st.integers(0, 3)) == 0 else
+                   {"dataset": "d", "prompt_len": draw(st.integers(0, 100))} for _ in range(n)]
+        for e, rows in zip(entries, lengths):
+            if draw(st.booleans()):
+                e["n_decode_steps"] = int(rows)
+        text = json.dumps(entries)
+        if draw(st.integers(0, 8)) == 0:
+            text = draw(st.sampled_from(["[" * 5000 + "]" * 5000, "NaN", "[{\"a\": 1, \"a\": 2}]", "{", "[1]"]))
+        rj = text.encode("utf-8", "surrogatepass")
+    return members, rj, ids, probs, lengths
+
+
+@IMPORT_FUZZ
+@given(src=expert_array_sources(), model=st.sampled_from(["toy", "toy-16", "gpt-oss-20b", "switch-base-8"]),
+       num_experts=st.sampled_from([None, 0, 1, 16, 40, 2**15]), plain_args=st.booleans())
+def test_expert_arrays_import_writes_the_input_or_refuses_with_one_line(tmp_path, src, model, num_experts,
+                                                                       plain_args):
+    members, rj, ids, probs, lengths = src
+    if plain_args:  # half the examples with a model of the user's own and the experts from the data
+        model, num_experts = "toy", None
+    folder = tmp_path / f"src{next(_counter)}"
+    folder.mkdir()
+    path = folder / "routing.npz"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, arr in members.items():
+            member = io.BytesIO()
+            np.lib.format.write_array(member, arr, allow_pickle=False)
+            z.writestr(name, member.getvalue())
+    path.write_bytes(buf.getvalue())
+    if rj is not None:
+        (folder / "requests.json").write_bytes(rj)
+    out = folder / "out.npz"
+    extra = () if num_experts is None else ("--num-experts", num_experts)
+    code, _, err = _import("import", "expert-arrays", path, "--model", model, "--out", out, *extra)
+    event(f"exit {code}")
+    if code != 0:
+        _refused_with_one_line(code, err, folder, out)
+        return
+    trace = load_trace(out)  # what an import writes, the reader takes
+    assert np.array_equal(trace.experts, ids.astype(np.int16))  # every row, in order
+    assert trace.request_lengths.tolist() == [n for n in lengths if n > 0]  # empty requests dropped
+    if probs is not None:
+        wide = probs.astype(np.float64)
+        wide[ids < 0] = 0
+        assert np.array_equal(trace.weights, wide.astype(np.float16))
+
+
+ALIEN_WORDS = st.one_of(
+    st.sampled_from(["+5", "1_0", "-1", "--2", "5-", "-", "0x5", "1e3", "5.0", "1,2", "12345678901", "\u0663",
+                     "\uff13", "\u00b9", "\u2164", "\u0e53", "5\u200b", "x"]),
+    st.text(st.characters(whitelist_categories=["Nd", "No", "Nl"]), min_size=1, max_size=3),
+    st.from_regex(r"[+\-]?[0-9_]{1,12}", fullmatch=True))
+BLANKS = st.sampled_from([" ", "  ", "\t", " \t "])
+
+
+@st.composite
+def ft_log_texts(draw):
+    """(log text, batch, decode steps): a valid one-encoder, one-decoder-layer log (runs of batch x prompt ids
+    then one id per request per step), with some words replaced by alien ones, blank lines or whitespace added,
+    a line repeated to great length, or a line dropped."""
+    runs, batch, prompt, steps = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 3)),
+                                  draw(st.integers(0, 2)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    lines = []
+    for _ in range(runs):
+        lines.append([str(x) for x in rng.integers(0, 8, batch * prompt)])
+        lines.extend([str(x) for x in rng.integers(0, 8, batch)] for _ in range(steps))
+    for _ in range(draw(st.integers(0, 3))):
+        i = draw(st.integers(0, len(lines) - 1))
+        op = draw(st.sampled_from(["word", "word", "long", "drop", "blank"]))
+        if op == "word" and lines[i]:
+            lines[i][draw(st.integers(0, len(lines[i]) - 1))] = draw(ALIEN_WORDS)
+        elif op == "long":
+            lines[i] = (lines[i] * 800)[:3000]  # past the 2000-byte line limit, and no further
+        elif op == "drop" and len(lines) > 1:
+            del lines[i]
+        elif op == "blank":
+            lines.insert(i, [])
+    text = "".join(("permuted_experts_" + "".join(sep + w for w in words) + end if words else end.strip("\r"))
+                   + "\n" for words, sep, end in ((w, draw(BLANKS), draw(st.sampled_from(["", " ", "\r"])))
+                                                  for w in lines))
+    return text, batch, steps
+
+
+def _reference_ids(text: str) -> list[int] | None:
+    """The ids of a log read the strict way (ASCII digits only), or None when some word is not one."""
+    ids = []
+    for line in text.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        for w in words[1:]:
+            if not (w.isascii() and w.isdigit()):
+                return None
+            ids.append(int(w))
+    return ids
+
+
+@IMPORT_FUZZ
+@given(log=ft_log_texts())
+def test_ft_log_import_takes_ascii_ids_only_or_refuses_with_one_line(tmp_path, monkeypatch, log):
+    import traces.import_ftlog
+
+    monkeypatch.setattr(traces.import_ftlog, "MAX_LINE_BYTES", 2000)
+    text, batch, steps = log
+    path = tmp_path / f"log{next(_counter)}.txt"
+    path.write_bytes(text.encode("utf-8"))
+    out = tmp_path / f"out{next(_counter)}.npz"
+    code, _, err = _import("import", "ft-log", path, "--model", "toy-8", "--batch", batch, "--encoder-layers", 1,
+                           "--decoder-layers", 1, "--decode-steps", steps, "--out", out)
+    expected = _reference_ids(text)
+    event(f"exit {code}")
+    too_long = any(len(line.encode()) > 2000 for line in text.split("\n"))
+    if code != 0:
+        _refused_with_one_line(code, err, path, out)
+        return
+    assert expected is not None and not too_long  # a sign, an underscore or a non-ASCII digit is never read
+    trace = load_trace(out)
+    routed = trace.experts[trace.experts >= 0]
+    assert sorted(routed.tolist()) == sorted(expected)  # exactly the log's ids, each once

@@ -63,9 +63,9 @@ MAX_LOG_BYTES = 256 << 20
 MAX_LAYERS = 4096
 #: What an id is: ASCII decimal digits (at most 9), after an optional minus sign (refused later as out of
 #: range, naming the id).
-_ID = re.compile(rb"-?[0-9]{1,9}")
+_ID = re.compile(rb"[0-9]{1,9}|-(?!0+$)[0-9]{1,9}")
 _ID_BYTES = b"0123456789-"
-_BAD_MINUS_OR_LONG = re.compile(rb"[0-9-]-|-(?![0-9])|[0-9]{10}")
+_BAD_MINUS_OR_LONG = re.compile(rb"[0-9-]-|-(?![0-9])|-0+(?![0-9])|[0-9]{10}")
 _BLANKS = b" \t\r\n\f\v"
 _WORD = re.compile(rb"[^ \t]+")
 EXACT = ("per (iteration, MoE layer) at the log's batch size with static batching: the active set of experts and "
