@@ -543,6 +543,9 @@ def test_a_long_suite_string_is_cut_in_the_title_and_report(folder, tmp_path):
     (("host_phase_ms",), "x", "host_phase_ms"),
     (("host_phase_ms", "decide"), -1, "host_phase_ms.decide"),
     (("stall_ms",), float("nan"), "stall_ms"),
+    (("iteration_ms", "mean"), 1e308, "iteration_ms.mean"),
+    (("throughput_tok_s",), 1e-300, "throughput_tok_s"),
+    (("mean_copy_ms",), 1e300, "mean_copy_ms"),
 ])
 def test_bad_summary_fields_are_named(folder, path, value, word):
     summary = json.loads((folder / SUMMARY).read_text())
@@ -596,7 +599,8 @@ def test_random_summary_and_manifest_values_exit_0_1_or_2_never_a_traceback(file
         assert_refused(code, err)
     else:
         assert code in (0, 1) and not err, err
-        assert "nan" not in (folder / "compare" / "compare.csv").read_text().lower()
+        table = (folder / "compare" / "compare.csv").read_text().lower()
+        assert "nan" not in table and "inf" not in table
 
 
 # --------------------------------------------------------------------------------------------- end to end

@@ -280,6 +280,7 @@ def unpack(archive: str | os.PathLike, log: Callable[[str], Any] = print) -> Pat
     same rules as any folder); one unpacked from another archive of the same name is refused."""
     archive = Path(archive)
     target = archive_target(archive)
+    _open_archive(archive).close()  # a regular file, there: refused first, whatever lies beside it
     existing = os.path.lexists(target)
     work = None
     try:

@@ -65,10 +65,16 @@ MAX_LABEL_CHARS = 80
 #: The longest trace key in a manifest's ``traces`` (a path on the measuring machine, only looked up, never opened).
 MAX_TRACE_KEY_CHARS = 1024
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+#: The range of a measured latency (ms) or throughput (tokens/s) compare accepts: errors relative to a figure near
+#: 0 (or to 1e300) would be meaningless and overflow the plot's axes.
+MIN_FIGURE, MAX_FIGURE = 1e-6, 1e9
+#: The largest optional figure (a copy time, a busy time) accepted.
+MAX_OPTIONAL = 1e12
 
-#: summary.json fields compare uses: (path of keys, kind). Kinds: "positive" (a finite number > 0), "count" (an
-#: integer >= 0), "iterations" (an integer >= 1), "sha256" (64 hex digits), "nonneg" (a finite number >= 0, or
-#: null: an optional figure), "fraction" (a number in [0, 1], or null), "table" (a mapping, or null).
+#: summary.json fields compare uses: (path of keys, kind). Kinds: "positive" (a number between MIN_FIGURE and
+#: MAX_FIGURE), "count" (an
+#: integer >= 0), "iterations" (an integer >= 1), "sha256" (64 hex digits), "nonneg" (a number between 0 and
+#: MAX_OPTIONAL, or null: an optional figure), "fraction" (a number in [0, 1], or null), "table" (a mapping, or null).
 SUMMARY_FIELDS = (
     (("iteration_ms",), "mapping"), (("iteration_ms", "mean"), "positive"), (("iteration_ms", "p50"), "positive"),
     (("throughput_tok_s",), "positive"), (("iterations",), "iterations"), (("copies",), "count"),
@@ -102,8 +108,12 @@ def _field_problem(value: Any, kind: str) -> str | None:
         return f"must be a finite number, got {show(value)}"
     if kind == "positive" and value <= 0:
         return f"must be > 0, got {show(value)}"
+    if kind == "positive" and not MIN_FIGURE <= value <= MAX_FIGURE:
+        return f"must be between {MIN_FIGURE:g} and {MAX_FIGURE:g}, got {show(value)}"
     if kind == "nonneg" and value < 0:
         return f"must be >= 0, got {show(value)}"
+    if kind == "nonneg" and value > MAX_OPTIONAL:
+        return f"must be at most {MAX_OPTIONAL:g}, got {show(value)}"
     if kind == "fraction" and not 0 <= value <= 1:
         return f"must be between 0 and 1, got {show(value)}"
     return None
