@@ -35,7 +35,8 @@ class TraceSummary:
         roles = [x.role for x in self.meta.model.layers]
         return roles.count("encoder"), roles.count("decoder")
 
-    def prompt_tokens(self) -> np.ndarray:
+    @functools.cached_property
+    def prompt_lengths(self) -> np.ndarray:
         """int64 [R]: per request, the prompt its KV cache holds: its prefill rows, or, for a request whose prompt's
         routing was not recorded (a decode-only import), ``request_info.prompt_len`` where the trace has it (what
         the workload's decode steps attend over, :func:`sim.workload.prompt_context`)."""
@@ -47,7 +48,7 @@ class TraceSummary:
         decode = self.decode_lengths
         if max_decode_tokens is not None:
             decode = np.minimum(decode, max_decode_tokens)
-        return self.prompt_tokens() + decode
+        return self.prompt_lengths + decode
 
     def max_request_tokens(self, max_decode_tokens: int | None) -> int:
         """The most KV-cache tokens one request holds: its prompt plus its (capped) generated tokens."""
@@ -59,7 +60,7 @@ class TraceSummary:
             return 0, 0
         total = self.request_tokens(max_decode_tokens)
         r = int(np.argmax(total))
-        prompt = int(self.prompt_tokens()[r])
+        prompt = int(self.prompt_lengths[r])
         return prompt, int(total[r]) - prompt
 
 

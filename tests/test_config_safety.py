@@ -391,6 +391,14 @@ def test_claimed_prompts_count_in_the_kv_cache(tmp_path, claimed, batch, fits):
                 config_from_dict(d)
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_bundled_config_fits_with_its_policy_and_the_all_resident_ceiling(path):
+    """The KV-cache check applies to every policy now: no bundled config (nor its gpu-only ceiling, which
+    ``sim compare --policies all`` runs) is refused by it."""
+    load_run_config(path)
+    load_run_config(path, ["policy=gpu-only"])
+
+
 def test_the_workload_attends_over_the_prompt_the_memory_check_counts(tmp_path):
     path = _kv_trace(tmp_path, 4, 2, 1000)
     trace = load_trace(path)
@@ -567,6 +575,8 @@ def test_a_long_list_of_known_names_shows_the_closest():
     (["--set", "hardware." + LONG + "=1"], "hardware.qqq"),
     (["--set", "policy.name=" + LONG[-250:]], "policy.name"),
     (["--set", "hardware=" + LONG], "hardware"),
+    (["--set", "policy=hybrid-cache", "--set", "policy.params.half_life=0"], "policy.params.half_life: "),
+    (["--set", "policy=hybrid-cache", "--set", "policy.params.max_prefetch=-1"], "policy.params.max_prefetch: "),
 ])
 def test_the_command_line_prints_one_short_line(files, tmp_path, argv, field):
     cfg = tmp_path / "c.yaml"
