@@ -308,6 +308,16 @@ def test_an_existing_target_is_reused_only_when_it_is_a_real_folder_from_this_ar
     assert_refused(code, err, "another gpu-check.tar.gz")
 
 
+def test_a_missing_archive_is_refused_even_beside_its_unpacked_folder(files, tmp_path):
+    arc = tmp_path / "gpu-check.tar.gz"
+    arc.write_bytes(_good_gz(files))
+    code, _, err = run(["compare", arc])
+    assert code == 0, err
+    arc.unlink()
+    code, _, err = run(["compare", arc])
+    assert_refused(code, err, str(arc), "no such file")
+
+
 def test_an_archive_that_is_not_a_regular_file_is_refused_without_waiting(tmp_path):
     fifo = tmp_path / "x.tar.gz"
     os.mkfifo(fifo)

@@ -418,4 +418,5 @@ def read_inside(folder: Path, rel: str | os.PathLike, what: str = "") -> Any:
 
 
 __all__ = ["ARCHIVE_SUFFIXES", "MAX_MEMBERS", "MAX_MEMBER_BYTES", "MAX_TOTAL_BYTES", "ORIGIN_FILE",
-           "archive_target", "find_file", "output_file", "output_folder", "plain_name", "read_inside", "regular_file", "unpack"]
+           "archive_target", "find_file", "output_file", "output_folder", "plain_name", "read_inside", "regular_file",
+           "unpack"]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,8 @@ from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
 from traces.io import atomic_write_bytes, check_output_folder, file_kind, file_sha256, load_trace
-from validate.archive import (ARCHIVE_SUFFIXES, MAX_MEMBERS, find_file, output_file, output_folder, plain_name, read_inside,
-                              regular_file, unpack)
+from validate.archive import (ARCHIVE_SUFFIXES, MAX_MEMBERS, find_file, output_file, output_folder, plain_name,
+                              read_inside, regular_file, unpack)
 from validate.measure import decisions_digest
 
 COLUMNS = ["config", "policy", "predictor", "batch_size", "hpc_slots", "mpc_slots", "iterations",
@@ -322,8 +321,8 @@ def _csv(rows: list[dict]) -> bytes:
 
 def markdown(rows: list[dict], manifest: dict) -> str:
     lines = [f"# Simulator against real runs: {label(manifest.get('suite'))} suite", "",
-             f"Measured on {label(manifest.get('device'))} ({label(manifest.get('date'))}). The simulator is calibrated from the "
-             f"microbenchmarks only (`calibration.yaml`). Error = (sim - real) / real.", "",
+             f"Measured on {label(manifest.get('device'))} ({label(manifest.get('date'))}). The simulator is calibrated "
+             f"from the microbenchmarks only (`calibration.yaml`). Error = (sim - real) / real.", "",
              "| config | real mean ms | sim mean ms | err mean | real p50 ms | sim p50 ms | err p50 | real tok/s | "
              "sim tok/s | err tok/s | same decisions |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
