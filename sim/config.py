@@ -336,7 +336,8 @@ def _load_named(d: Any, where: str, names: Iterable[str] | None, default: str | 
     allowed = None if names is None else set(names)
     known = [n for n in registry.names() if allowed is None or n in allowed]
     if name not in known:
-        raise ConfigError(f"{where}.name", f"unknown {where} {brief(name)} ({known_text(name, known, registry.folder)})")
+        raise ConfigError(f"{where}.name",
+                          f"unknown {where} {brief(name)} ({known_text(name, known, registry.folder)})")
     params = d.get("params")
     params = {} if params is None else check_mapping(params, f"{where}.params")
     try:

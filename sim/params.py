@@ -229,5 +229,5 @@ def _want(kind: type | None, rule: Rule) -> str:
     return names.get(kind, f"a {getattr(kind, '__name__', 'value')}")
 
 
-__all__ = ["MAX_EXPERTS", "Parametrised", "Rule", "RunFacts", "between", "check_param", "file_path", "one_of", "resolve_params",
-           "training_trace"]
+__all__ = ["MAX_EXPERTS", "Parametrised", "Rule", "RunFacts", "between", "check_param", "file_path", "one_of",
+           "resolve_params", "training_trace"]

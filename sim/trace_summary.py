@@ -179,7 +179,9 @@ def _same_trace_file(path: Path, evaluated: Path) -> bool:
         a, b = read_trace_summary(path), read_trace_summary(evaluated)
     except (OSError, TraceError):
         return False
-    if not (np.array_equal(a.prefill_lengths, b.prefill_lengths) and np.array_equal(a.decode_lengths, b.decode_lengths)):
+    same_lengths = np.array_equal(a.prefill_lengths, b.prefill_lengths) and np.array_equal(a.decode_lengths,
+                                                                                             b.decode_lengths)
+    if not same_lengths:
         return False
     try:
         ta, tb = load_trace(path), load_trace(evaluated)
