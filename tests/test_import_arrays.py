@@ -111,7 +111,11 @@ def test_without_offsets_or_requests_json_one_request_and_experts_from_the_data(
     assert trace.num_requests == 1 and trace.weights is None and trace.meta.request_info is None
     assert trace.num_experts == int(ids.max()) + 1 and "data" in report.num_experts_from
     assert import_expert_arrays(path, "mystery-moe-64")[0].num_experts == 64  # the name's suffix
-    assert import_expert_arrays(path, "switch-base-128")[0].num_experts == 128  # the model profile
+    gpt, *_ = make_source(tmp_path / "gpt", [3], layers=24, k=4, experts=32, with_probs=False, with_offsets=False,
+                          requests_json=False)
+    assert import_expert_arrays(gpt, "gpt-oss-20b")[0].num_experts == 32  # the model profile
+    with pytest.raises(InputError, match="does not match model"):
+        import_expert_arrays(path, "switch-base-128")  # 3 decoder layers, top-2: not that profile's shape
 
 
 def test_requests_json_given_or_ignored(tmp_path):
