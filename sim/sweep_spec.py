@@ -38,6 +38,7 @@ MAX_FIELD_CHARS = 200      # a dotted config field name
 MAX_FIELD_PARTS = 32
 MAX_PATH_CHARS = 4096      # the base config's path
 MAX_NAME_CHARS = 100
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")   # what a base run config file is called
 #: A sweep's name: a plain file name, so that ``runs/sweep-NAME`` stays inside ``runs/``.
 NAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,%d}$" % (MAX_NAME_CHARS - 1))
 #: A config field path, ``part.part...``: what ``--set`` accepts, with no ``=`` or space to confuse an override.
@@ -291,6 +292,8 @@ def _base(raw, path: Path, where):
         return raw
     if not isinstance(raw, str) or not raw.strip() or len(raw) > MAX_PATH_CHARS or "\0" in raw:
         raise where("base", f"must be a path to a run config or an inline mapping, got {show(raw)}")
+    if Path(raw).suffix.lower() not in CONFIG_SUFFIXES:  # not /etc/shadow, /proc/...: only what a config is
+        raise where("base", f"must name a run config file ({', '.join(CONFIG_SUFFIXES)}), got {show(raw)}")
     given = Path(raw)
     try:
         given = given.expanduser()
@@ -311,9 +314,16 @@ def _resolver(base, source: str):
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 
-    raw = base if isinstance(base, dict) else read_structured_file(Path(base), base, name_file=False)
-    if not isinstance(raw, dict):
-        raise ConfigError(str(base), f"must hold a mapping of config fields, got {type(raw).__name__}")
+    if isinstance(base, dict):
+        raw = base
+    else:
+        try:
+            raw = read_structured_file(Path(base), base, name_file=False)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: sweep.base", f"{exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: sweep.base", f"{show(base)} must hold a mapping of config fields, got "
+                                                       f"{type(raw).__name__}")
     where = source if isinstance(base, dict) else base
     policies, predictors = POLICIES.names(), PREDICTORS.names()
 

@@ -326,12 +326,15 @@ def test_a_bad_sweep_file_is_refused_at_once_with_one_line_naming_the_file_and_k
 
 def test_a_bad_base_is_refused_naming_sweep_base(workdir, capsys, no_runs):
     os.mkfifo(workdir / "fifo.yaml")
-    for base in ("null", "5", "''", "no-such.yaml", "fifo.yaml", f"'{'b' * 5000}'", "[a]"):
+    (workdir / "list.yaml").write_text("[1, 2]\n")
+    (workdir / "bad.yaml").write_text("a: [\n")
+    for base in ("null", "5", "''", "no-such.yaml", "fifo.yaml", f"'{'b' * 5000}.yaml'", "[a]", "list.yaml",
+                 "bad.yaml", "/etc/passwd", "/proc/self/environ", "/dev/zero", str(workdir)):
         path = workdir / "s.yaml"
         path.write_text(f"base: {base}\ngrid: {{policy.name: [lru]}}\n")
         rc, _, err = _cli(capsys, "sweep", path, "--out", workdir / "out")
         _refused(rc, err, str(path), "sweep.base")
-        assert not (workdir / "out").exists()
+        assert "root:" not in err and not (workdir / "out").exists()
 
 
 @FUZZ
