@@ -26,6 +26,16 @@ Check = Callable[[Any, str], Any]
 
 
 # --------------------------------------------------------------------------------------------- echoing values
+def kind_of(value: Any) -> str:
+    """What a file's whole content turned out to be, without its content: "a string", "a list", "nothing (an
+    empty file)". For errors about a file of the wrong shape, which must not echo what the file holds."""
+    if value is None:
+        return "nothing (an empty file)"
+    names = {str: "a string", list: "a list", dict: "a mapping", bool: "a boolean", int: "a number",
+             float: "a number"}
+    return names.get(type(value), f"a {type(value).__name__}")
+
+
 def show(value: Any) -> str:
     """A short rendering of a user's value for an error message: never long, never an exception (a huge integer,
     a deep or aliased structure, a long string are described, not printed)."""
@@ -240,6 +250,6 @@ def text(allow_none: bool = False, max_chars: int = NAME_CHARS) -> Check:
     return lambda value, where: check_str(value, where, allow_none, max_chars)
 
 
-__all__ = ["INT_MAX", "MAX_DEPTH", "MAX_VALUES", "NAME_CHARS", "NUMBER_MAX", "Check", "check_bool", "check_choice",
+__all__ = ["kind_of", "INT_MAX", "MAX_DEPTH", "MAX_VALUES", "NAME_CHARS", "NUMBER_MAX", "Check", "check_bool", "check_choice",
            "check_int", "check_keys", "check_mapping", "check_number", "check_size", "check_str", "integer", "join",
            "key_text", "known_text", "number", "one_of", "real", "show", "text"]

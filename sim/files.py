@@ -4,11 +4,13 @@ no nesting deeper than the parser's stack, and every problem a one-line ConfigEr
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import yaml
 
@@ -112,6 +114,39 @@ def check_regular(path: Path, given: Any, where: str, what: str) -> Path:
     return path
 
 
+#: While set (:func:`confined_to`): the folders and the single files that a path named inside a file may reach.
+_CONFINEMENT: contextvars.ContextVar[tuple[tuple[Path, ...], frozenset[Path]] | None] = contextvars.ContextVar(
+    "confinement", default=None)
+
+
+@contextlib.contextmanager
+def confined_to(folders: Iterable[Path], files: Iterable[Path] = ()) -> Iterator[None]:
+    """Within this block, every path that :func:`resolve_path` resolves must lie, links followed, inside one of
+    ``folders`` or be one of ``files``. For files that came from elsewhere (a measurement archive): the paths they
+    name must not reach the rest of the machine, where an error message could echo a file never meant to be read."""
+    real_folders = tuple(Path(os.path.realpath(f)) for f in folders)
+    real_files = frozenset(Path(os.path.realpath(f)) for f in files)
+    token = _CONFINEMENT.set((real_folders, real_files))
+    try:
+        yield
+    finally:
+        _CONFINEMENT.reset(token)
+
+
+def _outside(path: Path, given: Any, where: str, what: str) -> ConfigError | None:
+    """None if no confinement is in force or ``path`` lies within it; else the error to raise (naming only the
+    path, never what the file holds)."""
+    rules = _CONFINEMENT.get()
+    if rules is None:
+        return None
+    folders, files = rules
+    real = Path(os.path.realpath(path))
+    if real in files or any(real == f or f in real.parents for f in folders):
+        return None
+    return ConfigError(where, f"the {what} {show(str(given))} lies outside the folders this file may reference "
+                              f"({', '.join(str(f) for f in folders)})")
+
+
 def resolve_path(value: str | os.PathLike, where: str, what: str = "file") -> Path:
     """A user-given path to a regular file: as given if absolute, else the current folder first, then the project
     root."""
@@ -122,9 +157,14 @@ def resolve_path(value: str | os.PathLike, where: str, what: str = "file") -> Pa
     except (RuntimeError, ValueError):  # ~nosuchuser
         p = Path(value)
     candidates = [p] if p.is_absolute() else [Path.cwd() / p, PROJECT_ROOT / p]
+    refused = None
     for c in candidates:
         if file_status(c) is not None:
-            return check_regular(c, value, where, what)
+            refused = _outside(check_regular(c, value, where, what), value, where, what)
+            if refused is None:
+                return c
+    if refused is not None:
+        raise refused
     folders = [] if p.is_absolute() else list(dict.fromkeys(str(x) for x in (Path.cwd(), PROJECT_ROOT)))
     looked = f" (looked in {' and '.join(folders)})" if folders else ""
     raise ConfigError(where, f"no such {what} {show(str(value))}{looked}")
@@ -170,4 +210,4 @@ def read_structured_file(path: Path, where: str, name_file: bool = True) -> Any:
 
 
 __all__ = ["CONFIG_DIR", "MAX_FILE_BYTES", "PROJECT_ROOT", "StrictLoader", "check_regular", "file_status",
-           "parse_text", "read_structured_file", "read_text", "resolve_path"]
+           "confined_to", "parse_text", "read_structured_file", "read_text", "resolve_path"]

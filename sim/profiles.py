@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from sim.checks import NAME_CHARS, check_mapping, join, known_text, show
+from sim.checks import NAME_CHARS, check_mapping, join, kind_of, known_text, show
 from sim.errors import ConfigError
 from sim.files import CONFIG_DIR, PROJECT_ROOT, file_status, read_structured_file, resolve_path
 from traces.errors import brief
@@ -63,7 +63,7 @@ def load_profile(value: Any, where: str, kind: str, keys=(), depth: int = 0) -> 
         source = display(path)
         d = read_structured_file(path, where)
         if not isinstance(d, dict):
-            raise ConfigError(where, f"{source} must hold a mapping, got {show(d)}")
+            raise ConfigError(where, f"{source} must hold a mapping, got {kind_of(d)}")
         d = dict(check_mapping(d, where))
         if "base" not in d:
             d.setdefault("name", path.stem)  # with a base, the base's name (a calibration of h200 is still h200)

@@ -666,3 +666,125 @@ def test_plain_names():
     for bad in ("..", ".", "", "a/b", "/a", "-a", "a b", "x" * 101, 3, None):
         with pytest.raises(ConfigError):
             archive_mod.plain_name(bad, "x")
+
+
+# --------------------------------------------------------------------------------------------- what a file names
+SECRET = "root:x:0:0:secret-first-line"
+
+
+def _edit_yaml(path: Path, edit) -> None:
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    edit(data)
+    path.write_text(yaml.safe_dump(data))
+
+
+REFERENCES = {
+    "model path": lambda d: d.__setitem__("model", "{secret}"),
+    "model base": lambda d: d.__setitem__("model", {"base": "{secret}"}),
+    "trace": lambda d: d["workload"].__setitem__("trace", "{secret}"),
+    "relative escape": lambda d: d["workload"].__setitem__("trace", "../../../../../../../../..{secret}"),
+    "home": lambda d: d.__setitem__("model", "~/../..{secret}"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFERENCES))
+def test_a_measurement_may_not_reference_files_outside_itself_and_the_project(folder, tmp_path, case):
+    """A config inside a measurement naming a file elsewhere on the machine is refused by where that file lies,
+    before it is read: no error ever shows what such a file holds."""
+    secret = tmp_path / "elsewhere" / "secret.yaml"
+    secret.parent.mkdir()
+    secret.write_text(SECRET + "\n")
+    config = folder / "runs" / CONFIG / "config.yaml"
+
+    def edit(d):
+        REFERENCES[case](d)
+        for section in (d, d["workload"]):
+            for key, value in section.items():
+                if isinstance(value, str):
+                    section[key] = value.replace("{secret}", str(secret))
+                elif isinstance(value, dict) and value.get("base") == "{secret}":
+                    value["base"] = str(secret)
+    _edit_yaml(config, edit)
+    before = snapshot(tmp_path / "elsewhere")
+    code, _, err = run(["compare", folder])
+    assert_refused(code, err)
+    assert "secret-first-line" not in err and ("outside" in err or "no such" in err), err
+    assert snapshot(tmp_path / "elsewhere") == before
+
+
+def test_a_calibration_base_outside_is_refused_without_echo(folder, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text(SECRET + "\n")
+    cal = folder / "calibration.yaml"
+    _edit_yaml(cal, lambda d: d.__setitem__("base", str(secret)))
+    code, _, err = run(["compare", folder])
+    assert_refused(code, err, "outside")
+    assert "secret-first-line" not in err
+
+
+def test_a_profile_the_manifest_recorded_is_reachable_only_while_its_checksum_holds(folder, tmp_path):
+    """A measurement of a model profile outside the project (the validator's own tests do this) records the file
+    and its checksum; compare may read it while it is unchanged, and refuses it once it has changed."""
+    import hashlib
+
+    model = ROOT / "configs" / "models" / "switch-base-128.yaml"
+    own = tmp_path / "models" / "switch-base-128.yaml"  # the measured model, outside the project
+    own.parent.mkdir()
+    own.write_bytes(model.read_bytes())
+    _edit_yaml(folder / "runs" / CONFIG / "config.yaml", lambda d: d.__setitem__("model", str(own)))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["profiles"] = {str(own): hashlib.sha256(own.read_bytes()).hexdigest()}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    code, out, err = run(["compare", folder, "--out", tmp_path / "c1"])
+    assert code == 0, err + out
+    own.write_bytes(own.read_bytes() + b"\n# changed\n")
+    code, _, err = run(["compare", folder, "--out", tmp_path / "c2"])
+    assert_refused(code, err, "outside")
+
+
+def test_file_content_of_the_wrong_shape_is_described_not_shown(tmp_path):
+    """Every profile or config read from a file that does not hold a mapping says what it holds, not the text."""
+    from sim.config import load_run_config
+    from sim.policies import POLICIES
+    from sim.predictors import PREDICTORS
+
+    for i, text in enumerate([SECRET, "- " + SECRET, "12345", ""]):
+        prof = tmp_path / f"p{i}.yaml"
+        prof.write_text(text)
+        for raw in ({"model": str(prof)}, {"hardware": str(prof)}, {"model": {"base": str(prof)}}):
+            cfg = tmp_path / f"c{i}.yaml"
+            base = (ROOT / "configs" / "switch_xxl.yaml").read_text()
+            import yaml
+
+            d = yaml.safe_load(base)
+            d.update(raw)
+            cfg.write_text(yaml.safe_dump(d))
+            with pytest.raises(ConfigError) as exc:
+                load_run_config(str(cfg), [], POLICIES.names(), PREDICTORS.names())
+            assert "secret" not in str(exc.value) and "12345" not in str(exc.value), str(exc.value)
+
+
+def test_the_measured_trace_checksum_is_found_under_the_measuring_machines_path():
+    from validate.compare import measured_digest
+
+    a, b = "a" * 64, "b" * 64
+    here = Path("/home/me/project/traces/data/x.npz")
+    assert measured_digest({str(here): a}, here, "traces/data/x.npz") == a
+    assert measured_digest({"/work/main/.clean/traces/data/x.npz": a}, here, "traces/data/x.npz") == a
+    assert measured_digest({"/m1/traces/data/x.npz": a, "/m2/traces/data/x.npz": b}, here, "traces/data/x.npz") is None
+    assert measured_digest({"/m1/traces/data/x.npz": a, "/m2/traces/data/x.npz": a}, here, "traces/data/x.npz") == a
+    assert measured_digest({"/m1/other/y.npz": a}, here, "traces/data/x.npz") is None
+    assert measured_digest({"/m1/traces/data/xx.npz": a}, here, "data/x.npz") is None
+    assert measured_digest({"/abs/x.npz": a}, here, "/abs2/x.npz") is None
+
+
+def test_a_committed_measurement_whose_trace_changed_is_refused_by_its_checksum(files, tmp_path):
+    """The manifest records the trace under the measuring machine's path; a changed trace here is caught."""
+    manifest = json.loads(files["manifest.json"])
+    key = next(iter(manifest["traces"]))
+    manifest["traces"] = {key: "0" * 64}
+    folder = write_folder(tmp_path / "m", {**files, "manifest.json": json.dumps(manifest).encode()})
+    code, _, err = run(["compare", folder])
+    assert_refused(code, err, "checksum mismatch")

@@ -35,9 +35,11 @@ from typing import Any
 import numpy as np
 
 import sim.cache
-from sim.checks import show
+from sim.checks import kind_of, show
 from sim.config import config_from_dict
 from sim.errors import ConfigError, one_line
+from traces.errors import InputError
+from sim.files import PROJECT_ROOT, confined_to
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
@@ -122,7 +124,7 @@ def check_summary(real: Any, path: Path) -> dict:
     """``real``, a run's summary.json, with every field compare uses present and of the right kind; else a
     ConfigError naming the file and the field."""
     if not isinstance(real, dict):
-        raise ConfigError(str(path), f"must hold a mapping of the run's figures, got {show(real)}")
+        raise ConfigError(str(path), f"must hold a mapping of the run's figures, got {kind_of(real)}")
     for keys, kind in SUMMARY_FIELDS:
         value: Any = real
         for k in keys:
@@ -137,7 +139,7 @@ def check_manifest(manifest: Any, path: Path) -> dict:
     """``manifest``, a measurement's manifest.json: a mapping whose ``configs`` are plain names (each the name of
     a folder under ``runs/``), listed once, and whose ``traces`` map bounded strings to SHA-256 checksums."""
     if not isinstance(manifest, dict):
-        raise ConfigError(str(path), f"must hold a mapping, got {show(manifest)}")
+        raise ConfigError(str(path), f"must hold a mapping, got {kind_of(manifest)}")
     configs = manifest.get("configs", [])
     if not isinstance(configs, list):
         raise ConfigError(f"{path}: configs", f"must be a list of configuration names, got {show(configs)}")
@@ -147,18 +149,23 @@ def check_manifest(manifest: Any, path: Path) -> dict:
         plain_name(name, f"{path}: configs[{i}]")
         if name in configs[:i]:
             raise ConfigError(f"{path}: configs[{i}]", f"{show(name)} is listed twice")
-    traces = manifest.get("traces")
-    if traces is None:
-        traces = {}
-    if not isinstance(traces, dict):
-        raise ConfigError(f"{path}: traces", f"must map trace paths to SHA-256 checksums, got {show(traces)}")
-    for key, digest in traces.items():
+    recorded = {field: checked_digests(manifest.get(field), f"{path}: {field}") for field in ("traces", "profiles")}
+    return {**manifest, "configs": configs, **recorded}
+
+
+def checked_digests(value: Any, where: str) -> dict:
+    """A manifest's map of file paths (as on the measuring machine) to SHA-256 checksums, checked; {} if absent."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(where, f"must map file paths to SHA-256 checksums, got {show(value)}")
+    for key, digest in value.items():
         if not isinstance(key, str) or not key or len(key) > MAX_TRACE_KEY_CHARS or not key.isprintable():
-            raise ConfigError(f"{path}: traces", f"a trace key must be a printable path of 1 to "
-                                                 f"{MAX_TRACE_KEY_CHARS} characters, got {show(key)}")
+            raise ConfigError(where, f"a key must be a printable path of 1 to {MAX_TRACE_KEY_CHARS} characters, "
+                                     f"got {show(key)}")
         if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-            raise ConfigError(f"{path}: traces[{show(key)}]", f"must be a SHA-256 (64 hex digits), got {show(digest)}")
-    return {**manifest, "configs": configs, "traces": traces}
+            raise ConfigError(f"{where}[{show(key)}]", f"must be a SHA-256 (64 hex digits), got {show(digest)}")
+    return value
 
 
 def label(value: Any) -> str:
@@ -174,6 +181,35 @@ def _err(sim: float, real: float) -> float:
     return 100.0 * (sim - real) / real
 
 
+def reachable(folder: Path, manifest: dict) -> tuple[list[Path], list[Path]]:
+    """What the files of a measurement may name (``confined_to``'s folders and files): the measurement folder,
+    the project's bundled profiles and traces, and the files its manifest recorded with their checksums (a trace
+    or profile outside the project that the measurement ran on). Nothing else on the machine."""
+    recorded = [Path(p) for p in manifest.get("traces") or {}]  # each checked against its checksum before use
+    for path, digest in (manifest.get("profiles") or {}).items():
+        try:
+            if file_sha256(path) == digest:
+                recorded.append(Path(path))
+        except (InputError, OSError, ValueError):  # missing or not a file: not reachable
+            pass
+    return [folder, PROJECT_ROOT / "configs", PROJECT_ROOT / "traces"], recorded
+
+
+def measured_digest(traces: dict, resolved: Path, reference: Any) -> str | None:
+    """The checksum the manifest recorded for the run's trace: under the path it resolves to here, under the
+    config's own reference, or, since a measurement records the path on its machine (``/elsewhere/traces/data/x``),
+    under the one recorded path that ends with the config's relative reference. None when the manifest does not
+    say, or says it more than one way."""
+    for key in (str(resolved), reference):
+        if isinstance(key, str) and key in traces:
+            return traces[key]
+    if not isinstance(reference, str) or not reference or Path(reference).is_absolute():
+        return None
+    tail = "/" + reference.lstrip("./")
+    found = {digest for key, digest in traces.items() if key.endswith(tail)}
+    return found.pop() if len(found) == 1 else None
+
+
 def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
     """One configuration's row: simulate it on the folder's calibration and set it beside the real run. Every file
     is read inside ``folder`` (no link on the way, regular files only); ``manifest`` is checked (check_manifest)."""
@@ -185,11 +221,11 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(str(config_path), "must hold a run config mapping")
     raw["hardware"] = str(regular_file(folder, "calibration.yaml", "the microbenchmarks did not finish"))
-    cfg = config_from_dict(raw, str(config_path), POLICIES.names(), PREDICTORS.names())
+    with confined_to(*reachable(folder, manifest)):
+        cfg = config_from_dict(raw, str(config_path), POLICIES.names(), PREDICTORS.names())
     workload = raw.get("workload")
     trace_key = workload.get("trace") if isinstance(workload, dict) else None
-    traces = manifest.get("traces") or {}
-    want = traces.get(str(cfg.workload.trace)) or (traces.get(trace_key) if isinstance(trace_key, str) else None)
+    want = measured_digest(manifest.get("traces") or {}, cfg.workload.trace, trace_key)
     have = file_sha256(cfg.workload.trace)
     if want is not None and want != have:
         raise ConfigError(str(cfg.workload.trace), "differs from the trace that was measured (checksum mismatch)")
@@ -203,7 +239,8 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
         # a policy that weighs costs (fiddler: the host against a copy) decided with the calibration as it stood
         # when the configuration ran (measure.py), which the passes after it moved: simulate on that one
         raw["hardware"] = str(snapshot)
-        cfg = config_from_dict(raw, str(config_path), POLICIES.names(), PREDICTORS.names())
+        with confined_to(*reachable(folder, manifest)):
+            cfg = config_from_dict(raw, str(config_path), POLICIES.names(), PREDICTORS.names())
         again = simulate(cfg, trace=trace, record_decisions=True)
         if decisions_digest(again.engine.decisions) == real["decisions_sha256"]:
             out, identical, sim_hardware = again, True, f"runs/{run_dir.name}/hardware.yaml"

@@ -53,6 +53,8 @@ from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.results import iterations_csv, stats_ms
 from sim.units import GIB  # binary: 2**30 bytes
+from sim.files import resolve_path
+from sim.profiles import is_path
 from traces.io import atomic_write_bytes, file_sha256, load_trace
 from validate.kernels import check_runnable
 from validate.suites import SUITES
@@ -237,6 +239,19 @@ def runnable(configs: list[tuple[str, dict]], policies) -> tuple[list, list]:
     return kept, [(n, d) for n, d in configs if d["policy"]["name"] not in known]
 
 
+def recorded_profiles(raws) -> dict[str, str]:
+    """The model profile files (not bundled names or inline mappings) the configurations name, resolved, with their
+    checksums: ``validate compare`` lets a measurement's configs reach these files and no others outside the
+    project."""
+    out = {}
+    for raw in raws:
+        ref = raw.get("model")
+        if isinstance(ref, str) and is_path(ref):
+            path = resolve_path(ref, "model", "model file").resolve()
+            out[str(path)] = file_sha256(path)
+    return out
+
+
 def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: list[str] | None = None,
             repeat: int = 5, threads: int = 1, resume: bool = False, host_pool_gb: float | None = None,
             rounds: int = 1, calibrate_between: bool = False, host_threads: int | None = None, log=print) -> Path:
@@ -315,6 +330,7 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
         "calibrate_between": calibrate_between,
         "traces": {p: file_sha256(cfg.workload.trace) for p, cfg in
                    {str(c.workload.trace): c for _, _, c in cfgs}.items()},
+        "profiles": recorded_profiles(raw for _, raw, _ in cfgs),
         "machine_before": machine_state(backend),
     }
     atomic_write_bytes(out / "manifest.json", _json(manifest))
