@@ -10,6 +10,12 @@ in the order of :func:`all_entries`. A policy other than the config's starts fro
 latency, hit rates, the share of expert accesses computed on the host CPU (``cpu_expert_frac``), PCIe traffic, stall time, and the gap between each policy's cache hit rate (HPC + MPC) and the
 Belady bound: the hit rate of an offline optimal cache with the same slots per layer (HPC + MPC), which no policy
 can beat in cache hits.
+
+Before any policy runs: each ``--policies`` entry names a known policy (and predictor, after ``@``), none twice
+(``all`` counts as each of its entries, and ``lru`` equals ``lru@P`` when P is the config's predictor), ``--baseline``
+is among them, every variant is a valid config, and ``--out`` (with compare.csv and compare.md in it) can be written:
+a FIFO, a device or a file where the folder goes is refused. Each problem is one line, exit 2; a message listing the
+known names shows the first few and their count.
 """
 
 from __future__ import annotations
