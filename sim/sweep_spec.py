@@ -29,7 +29,8 @@ from sim.files import PROJECT_ROOT, check_regular, file_status, read_structured_
 from sim.sweep_checks import CHECKS
 
 SWEEP_KEYS = ("base", "set", "grid", "zip", "checks", "name", "plots")
-MAX_POINTS = 10_000        # points of one sweep (each is resolved and checked at load, a few ms each)
+MAX_POINTS = 5_000         # points of one sweep: each is resolved and checked at load (3-5 ms each, mostly
+                           # parsing the model and hardware profiles again), so loading stays under ~30 s
 MAX_AXES = 32              # swept fields (grid and zip together)
 MAX_SET_KEYS = 256         # fields of ``set``
 MAX_VALUE_CHARS = 1_000    # an axis value, as compact JSON (it is stored in every row and shown in the report)
@@ -125,7 +126,7 @@ def _json_size(value, limit: int) -> int | None:
         if v is None or isinstance(v, bool):
             size += 5
         elif isinstance(v, int):
-            size += len(str(v)) if abs(v) < 10**60 else limit + 1
+            size += v.bit_length() * 30103 // 100000 + 2  # its digits, without making the (maybe huge) text
         elif isinstance(v, float):
             size += len(repr(v))
         elif isinstance(v, str):
