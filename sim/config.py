@@ -38,6 +38,7 @@ from sim.errors import ConfigError
 from sim.fields import (check_setting, key_of, keys_of, plain, read_settings, required_keys, schema_of, setting,
                         settings_of, wrapped)
 from sim.files import PROJECT_ROOT, file_status, read_structured_file, resolve_path
+from sim.profiles import PROFILE_SUFFIXES
 from sim.hardware_spec import HardwareSpec, load_hardware
 from sim.model_spec import ModelSpec, load_model
 from sim.overrides import apply_set
@@ -463,6 +464,8 @@ def load_run_config(path: str | Path, overrides: Iterable[str] = (), policy_name
         raise ConfigError(given, "is a folder, not a config file")
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(given, "is not a regular file (a pipe or a device?), not a config file")
+    if p.suffix.lower() not in PROFILE_SUFFIXES:  # any other file would be parsed, and its lines shown as keys
+        raise ConfigError(given, f"is not a config file: a run config is a {'/'.join(PROFILE_SUFFIXES)} file")
     d = read_structured_file(p, given, name_file=False)
     if not isinstance(d, dict):
         raise ConfigError(given, f"must hold a mapping of config fields, got {type(d).__name__}")

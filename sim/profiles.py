@@ -41,7 +41,11 @@ def display(path: Path) -> str:
 def _named_file(value: str, where: str, kind: str, singular: str) -> Path:
     """The file a reference names: a path, or a bundled profile's name."""
     if is_path(value):
-        return resolve_path(value, where, f"{singular} file")
+        path = resolve_path(value, where, f"{singular} file")
+        if path.suffix.lower() not in PROFILE_SUFFIXES:  # any other file would be parsed, its lines shown as keys
+            raise ConfigError(where, f"{brief(value)} is not a {singular} file: a profile is a "
+                                     f"{'/'.join(PROFILE_SUFFIXES)} file")
+        return path
     st = file_status(CONFIG_DIR / kind / f"{value}.yaml") if len(value) <= NAME_CHARS else None
     if st is None or not stat.S_ISREG(st.st_mode):
         names = available(kind)

@@ -63,7 +63,7 @@ def check_output_file(path: str | os.PathLike, what: str = "output file") -> Pat
     parent = p.parent
     kind = file_kind(parent)
     if kind not in ("missing", "folder"):
-        raise TraceError(path, f"cannot be written: {parent} is {kind}, not a folder")
+        raise TraceError(path, f"cannot be written: {parent} is {_article(kind)}, not a folder")
     return p
 
 
@@ -75,13 +75,13 @@ def check_output_folder(path: str | os.PathLike, what: str = "output folder") ->
         raise TraceError("''", f"empty {what} name")
     kind = file_kind(p)
     if kind not in ("missing", "folder"):
-        raise TraceError(path, f"is {kind}, not a folder: cannot write the {what} there")
+        raise TraceError(path, f"is {_article(kind)}, not a folder: cannot write the {what} there")
     for parent in p.parents:
         k = file_kind(parent)
         if k == "folder":
             break
         if k != "missing":
-            raise TraceError(path, f"cannot be made: {parent} is {k}, not a folder")
+            raise TraceError(path, f"cannot be made: {parent} is {_article(k)}, not a folder")
     return p
 
 
@@ -90,12 +90,17 @@ _KIND_NAMES = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character d
                stat.S_IFREG: "a regular file", stat.S_IFLNK: "a symbolic link"}
 
 
+def _article(kind: str) -> str:
+    """A :func:`file_kind` answer as a phrase after "is": "a regular file", "a FIFO (named pipe)"."""
+    return {"file": "a regular file", "folder": "a folder"}.get(kind, kind)
+
+
 def file_kind(path: str | os.PathLike) -> str:
     """What ``path`` names, following links: "missing", "file", "folder", or a phrase for anything else
     ("a FIFO (named pipe)", "a character device", "an unreadable path (...)")."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a path through a file names nothing
         return "missing"
     except (OSError, ValueError) as exc:
         return f"an unreadable path ({getattr(exc, 'strerror', None) or exc})"

@@ -24,20 +24,22 @@ class Prompt:
     text: str
 
 
+#: The largest prompts file read (prompts for recording are a few KB; a tokenizer would choke long before this).
+MAX_PROMPTS_BYTES = 64 << 20
+
+
 def read_prompts(path: str | Path) -> list[Prompt]:
     """Prompts from a text file (one per non-blank line) or a ``.jsonl`` file (objects with a ``prompt`` string
     and optionally an ``id``). Raises InputError naming the file (and line) on bad input."""
+    from sim.files import read_text
+    from traces.io import file_kind
+
     path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such prompts file")
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder, not a prompts file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: prompts file is not UTF-8 text") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    kind = file_kind(path)
+    if kind != "file":
+        raise InputError(f"{path}: " + ("no such prompts file" if kind == "missing" else
+                                        f"is {'a folder' if kind == 'folder' else kind}, not a prompts file"))
+    text = read_text(path, str(path), name_file=False, limit=MAX_PROMPTS_BYTES)
     prompts = []
     jsonl = path.suffix.lower() == ".jsonl"
     for lineno, line in enumerate(text.splitlines(), 1):

@@ -23,6 +23,9 @@ def cmd_microbench(args) -> int:
 
     from validate.kernels import check_runnable
 
+    from traces.io import check_output_file
+
+    check_output_file(args.out, "calibration file (--out)")
     model = load_model(args.model, "--model")
     check_runnable(model, "--model")
     load_hardware(args.hardware, "--hardware")  # the base must exist

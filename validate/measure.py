@@ -55,7 +55,7 @@ from sim.results import iterations_csv, stats_ms
 from sim.units import GIB  # binary: 2**30 bytes
 from sim.files import resolve_path
 from sim.profiles import is_path
-from traces.io import atomic_write_bytes, file_sha256, load_trace
+from traces.io import atomic_write_bytes, check_output_folder, file_sha256, load_trace
 from validate.kernels import check_runnable
 from validate.suites import SUITES
 
@@ -273,9 +273,7 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
     if not configs:
         raise ConfigError("--configs", "no configuration left to measure: their policies are not registered in this "
                                        "version")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError("--out", f"{out} exists and is not a folder")
+    out = check_output_folder(out, "measurement folder (--out)")
     cfgs = [(name, d, config_from_dict(d, f"{kind}:{name}", POLICIES.names(), PREDICTORS.names()))
             for name, d in configs]
     try:
