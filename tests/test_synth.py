@@ -118,3 +118,38 @@ def test_bundled_workloads_load_and_regenerate_byte_for_byte():
     assert trace_bytes(generate(knobs, b.meta.seed)) == base.read_bytes()
     mx = load_trace(ROOT / "traces" / "data" / "mixtral_8x7b.npz")
     assert mx.meta.model.num_experts == 8 and mx.top_k == 2 and mx.num_layers == 32
+
+
+@given(requests=st.integers(-2, 1 << 24), lo=st.integers(-1, 1 << 22), span=st.integers(0, 1 << 22),
+       layers=st.integers(1, 200), top_k=st.integers(1, 16))
+@settings(max_examples=200, deadline=None)
+def test_knobs_are_refused_unless_the_largest_trace_they_can_make_is_one_a_reader_takes(requests, lo, span, layers,
+                                                                                         top_k):
+    """Checked before anything is drawn: a typo costs one line, never the machine's memory."""
+    from traces.errors import InputError
+    from traces.format import MAX_CONTEXT, MAX_REQUESTS
+    from traces.io import MAX_ARRAY_BYTES
+
+    knobs = SynthKnobs(num_experts=64, top_k=top_k, decoder_layers=layers, requests=requests, prompt_len=(lo, lo + span),
+                       decode_len=(1, 1))
+    try:
+        knobs.check()
+    except InputError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 400
+        return
+    assert 1 <= requests <= MAX_REQUESTS and lo + span <= MAX_CONTEXT
+    assert requests * (lo + span + 1) * layers * top_k * 2 <= MAX_ARRAY_BYTES
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--requests", "100000000"], "--requests"),
+    (["--requests", "1000000", "--decode-len", "1000,2000"], "GiB"),
+    (["--seed", "-5"], "--seed"),
+    (["--seed", "99999999999999999999999"], "--seed"),
+    (["--tokens", "99999999999", "--fit", "traces/data/gpt_oss_20b.npz"], "--tokens"),
+])
+def test_a_synthetic_trace_too_large_or_a_bad_seed_is_one_line_before_any_work(tmp_path, args, words):
+    out = tmp_path / "s.npz"
+    res = _cli("synth", *args, "--out", out)
+    assert res.returncode == 2 and words in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert "fitting" not in res.stderr and not out.exists()

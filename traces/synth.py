@@ -26,6 +26,7 @@ The same knobs and seed give a byte-identical file (the trace's date is left emp
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -35,7 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from traces.errors import InputError
-from traces.format import LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
+from traces.format import MAX_CONTEXT, MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
+from traces.io import MAX_ARRAY_BYTES
 
 TOOL = "traces synth"
 
@@ -105,11 +107,12 @@ class SynthKnobs:
             raise InputError(f"--top-k must be 1..{self.num_experts} (the expert count), got {self.top_k}")
         if self.encoder_layers < 0 or self.decoder_layers < 0 or self.encoder_layers + self.decoder_layers < 1:
             raise InputError("--encoder-layers and --decoder-layers must be >= 0 with at least one layer in all")
-        if self.requests < 1:
-            raise InputError(f"--requests must be >= 1, got {self.requests}")
+        if not 1 <= self.requests <= MAX_REQUESTS:
+            raise InputError(f"--requests must be 1..{MAX_REQUESTS}, got {self.requests}")
         for name, (lo, hi) in (("--prompt-len", self.prompt_len), ("--decode-len", self.decode_len)):
-            if lo < 0 or hi < lo:
-                raise InputError(f"{name} must be MIN,MAX with 0 <= MIN <= MAX, got {lo},{hi}")
+            if lo < 0 or hi < lo or hi > MAX_CONTEXT:
+                raise InputError(f"{name} must be MIN,MAX with 0 <= MIN <= MAX <= {MAX_CONTEXT}, got {lo},{hi}")
+        self._check_size()
         if self.encoder_layers and self.prompt_len[0] < 1:
             raise InputError("--prompt-len must be >= 1 when the model has encoder layers")
         if self.prompt_len[1] + self.decode_len[1] < 1:
@@ -120,6 +123,17 @@ class SynthKnobs:
             if not 0.0 <= v <= 1.0:
                 raise InputError(f"{name} must lie in [0, 1], got {v}")
         self._check_fitted()
+
+    def _check_size(self) -> None:
+        """The largest trace these knobs can make must be one a reader accepts (its expert array at most
+        ``MAX_ARRAY_BYTES``): checked before anything is drawn, so a typo costs a line, not the machine's memory."""
+        longest = self.prompt_len[1] + self.decode_len[1]
+        layers = self.encoder_layers + self.decoder_layers
+        worst = self.requests * longest * layers * self.top_k * 2  # int16 expert ids
+        if worst > MAX_ARRAY_BYTES:
+            raise InputError(f"--requests {self.requests} of up to {longest} tokens x {layers} layers x top-"
+                             f"{self.top_k} could make a {worst / 2**30:.1f} GiB trace, above the "
+                             f"{MAX_ARRAY_BYTES >> 30} GiB a trace may hold: fewer requests or shorter ones")
 
     def _check_fitted(self) -> None:
         n_layers, e = self.encoder_layers + self.decoder_layers, self.num_experts
@@ -449,7 +463,7 @@ _FLAGS = {"num_experts": "--experts", "top_k": "--top-k", "prompt_len": "--promp
 def register(sub) -> None:
     p = sub.add_parser("synth", help="write a synthetic trace (knobs, or --fit to a real trace)")
     p.add_argument("--out", "-o", required=True, help="trace file to write (.npz)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0, help="random seed, 0..2^63-1 (same seed, same trace)")
     p.add_argument("--model", default=None, help="model name in the trace")
     p.add_argument("--experts", type=int, default=None, help="experts per MoE layer (default 8)")
     p.add_argument("--top-k", type=int, default=None, help="experts per token (default 2)")
@@ -484,6 +498,17 @@ def _pair(text: str | None, name: str) -> tuple[int, int] | None:
     except ValueError:
         raise InputError(f"{name} must be MIN,MAX (two integers), got {text!r}") from None
     return lo, hi
+
+
+def _seed(text: str) -> int:
+    """A seed as the trace's metadata keeps it: an integer 0..2^63-1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text[:40]!r}") from None
+    if not 0 <= value < 1 << 63:
+        raise argparse.ArgumentTypeError(f"must be 0..2^63-1, got {text[:40]}")
+    return value
 
 
 def run(args) -> int:
@@ -525,6 +550,20 @@ def run(args) -> int:
     return 0
 
 
+def _check_fit_size(real: Trace, args) -> None:
+    """``--requests`` / ``--tokens`` for a fitted trace bounded like generated ones, before the (long) fit runs:
+    the requests cycle through REAL's, so the largest is REAL's longest."""
+    per_token = real.num_layers * real.top_k * 2  # int16 expert ids
+    longest = int(np.diff(real.request_offsets).max()) if real.num_requests else 0
+    if args.requests is not None and not 1 <= args.requests <= MAX_REQUESTS:
+        raise InputError(f"--requests must be 1..{MAX_REQUESTS}, got {args.requests}")
+    tokens = args.tokens if args.tokens is not None else (args.requests or 0) * longest
+    if tokens * per_token > MAX_ARRAY_BYTES:
+        raise InputError(f"{'--tokens' if args.tokens is not None else '--requests'}: a trace of {tokens} tokens of "
+                         f"{real.num_layers} layers x top-{real.top_k} would pass the {MAX_ARRAY_BYTES >> 30} GiB a "
+                         f"trace may hold")
+
+
 def _run_fit(args, given: dict) -> Trace:
     """``--fit``: the held-out check (printed), then the fit on all of REAL, and the synthetic trace."""
     from traces import fit as fitting
@@ -537,6 +576,7 @@ def _run_fit(args, given: dict) -> Trace:
         raise InputError(f"--fit takes the model shape, lengths and knobs from {args.fit}; drop {_FLAGS[clash[0]]}")
     if args.requests is not None and args.tokens is not None:
         raise InputError("give either --requests or --tokens, not both")
+    _check_fit_size(real, args)
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     held = None
     if not args.no_holdout:
