@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -99,3 +100,19 @@ def plain_lru(steps, cap):
                 cache.remove(victims[0])
             cache.append(e)
     return hits
+
+
+def patch_central(data: bytes, name: str, **fields) -> bytes:
+    """``data`` (a zip) with fields of ``name``'s central directory record overwritten: flags, method,
+    compress_size, file_size (what zipfile trusts when it reads the entry)."""
+    offsets = {"flags": (8, "<H"), "method": (10, "<H"), "compress_size": (20, "<I"), "file_size": (24, "<I")}
+    out = bytearray(data)
+    pos = out.find(b"PK\x01\x02")
+    while pos >= 0:
+        n = struct.unpack_from("<H", out, pos + 28)[0]
+        if out[pos + 46:pos + 46 + n] == name.encode():
+            for key, value in fields.items():
+                off, fmt = offsets[key]
+                struct.pack_into(fmt, out, pos + off, value)
+        pos = out.find(b"PK\x01\x02", pos + 4)
+    return bytes(out)

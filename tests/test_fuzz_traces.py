@@ -37,7 +37,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, make_trace
+from conftest import ROOT, make_trace, patch_central
 from traces.cli import main as traces_main
 from traces.errors import InputError
 from traces.io import load_trace, load_trace_header, trace_bytes
@@ -168,22 +168,6 @@ def test_mutated_npy_headers(tmp_path, name, header, data, keep):
     check_reads_or_refuses(_write(tmp_path, _zip(members)))
 
 
-def _patch_central(data: bytes, name: str, **fields) -> bytes:
-    """``data`` (a zip) with fields of ``name``'s central directory record overwritten: flags, method,
-    compress_size, file_size (what zipfile trusts when it reads the entry)."""
-    offsets = {"flags": (8, "<H"), "method": (10, "<H"), "compress_size": (20, "<I"), "file_size": (24, "<I")}
-    out = bytearray(data)
-    pos = out.find(b"PK\x01\x02")
-    while pos >= 0:
-        n = struct.unpack_from("<H", out, pos + 28)[0]
-        if out[pos + 46:pos + 46 + n] == name.encode():
-            for key, value in fields.items():
-                off, fmt = offsets[key]
-                struct.pack_into(fmt, out, pos + off, value)
-        pos = out.find(b"PK\x01\x02", pos + 4)
-    return bytes(out)
-
-
 @FUZZ
 @given(name=st.sampled_from(list(MEMBERS)), method=st.sampled_from([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED]),
        flags=st.one_of(st.none(), st.sampled_from([0x1, 0x8, 0x20, 0x40, 0x800, 0xFFFF])),
@@ -210,7 +194,7 @@ def test_mutated_zip_entries(tmp_path, name, method, flags, zmethod, sizes, garb
         fields["method"] = zmethod
     if sizes is not None:
         fields["compress_size"], fields["file_size"] = sizes
-    check_reads_or_refuses(_write(tmp_path, _patch_central(data, name, **fields)))
+    check_reads_or_refuses(_write(tmp_path, patch_central(data, name, **fields)))
 
 
 # ------------------------------------------------------------------------------------------- meta.json
@@ -284,10 +268,10 @@ def _with_entry(name, data) -> bytes:
 
 
 HOSTILE_ARCHIVES = {
-    "encrypted entry": (lambda: _patch_central(GOOD, "experts.npy", flags=0x1), "encrypted"),
-    "unknown compression method": (lambda: _patch_central(GOOD, "meta.json", method=99), "compression method 99"),
+    "encrypted entry": (lambda: patch_central(GOOD, "experts.npy", flags=0x1), "encrypted"),
+    "unknown compression method": (lambda: patch_central(GOOD, "meta.json", method=99), "compression method 99"),
     "bzip2 entry": (lambda: _zip(MEMBERS.items(), zipfile.ZIP_BZIP2), "compression method 12"),
-    "size claim beyond deflate": (lambda: _patch_central(GOOD, "experts.npy", file_size=2**32 - 1),
+    "size claim beyond deflate": (lambda: patch_central(GOOD, "experts.npy", file_size=2**32 - 1),
                                   "more than its compression can give"),
     "duplicate entry": (lambda: _zip([*MEMBERS.items(), ("experts.npy", MEMBERS["experts.npy"])]),
                         "appears more than once"),

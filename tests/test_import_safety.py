@@ -13,7 +13,6 @@ import contextlib
 import io
 import json
 import os
-import struct
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT
+from conftest import ROOT, patch_central
 from traces.cli import main as traces_main
 from traces.format import MAX_CONTEXT, MAX_REQUESTS
 from traces.import_common import bundled_profiles
@@ -107,21 +106,6 @@ def zip_of(members, method=zipfile.ZIP_DEFLATED) -> bytes:
         for name, data in members:
             z.writestr(name, data)
     return buf.getvalue()
-
-
-def patch_central(data: bytes, name: str, **fields) -> bytes:
-    """A zip with fields of ``name``'s central directory record overwritten (flags, method, sizes)."""
-    offsets = {"flags": (8, "<H"), "method": (10, "<H"), "compress_size": (20, "<I"), "file_size": (24, "<I")}
-    out = bytearray(data)
-    pos = out.find(b"PK\x01\x02")
-    while pos >= 0:
-        n = struct.unpack_from("<H", out, pos + 28)[0]
-        if out[pos + 46:pos + 46 + n] == name.encode():
-            for key, value in fields.items():
-                off, fmt = offsets[key]
-                struct.pack_into(fmt, out, pos + off, value)
-        pos = out.find(b"PK\x01\x02", pos + 4)
-    return bytes(out)
 
 
 def routing(lengths, layers=2, k=2, experts=8, seed=0):

@@ -198,6 +198,24 @@ def default_num_experts(model: str, largest_id: int | None = None) -> tuple[int,
 
 
 # --------------------------------------------------------------------------------------------- files
+def bounded_lines(f, path: str | os.PathLike, max_bytes: int, max_line_bytes: int, what: str):
+    """``(line number, raw bytes)`` of each line of the binary file ``f``: the file at most ``max_bytes`` and
+    each line at most ``max_line_bytes`` (read with that bound, so one endless line never fills memory); an
+    InputError naming the file (and line) otherwise."""
+    size = os.fstat(f.fileno()).st_size
+    if size > max_bytes:
+        raise InputError(f"{path}: {size} bytes, more than the {max_bytes} a {what} may have")
+    lineno = 0
+    while True:
+        raw = f.readline(max_line_bytes + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+            raise InputError(f"{path}:{lineno}: a line longer than {max_line_bytes} bytes")
+        yield lineno, raw
+
+
 def read_json_file(path: str | os.PathLike, limit: int, what: str = "JSON file") -> Any:
     """The JSON value in the regular file ``path`` (at most ``limit`` bytes of UTF-8), parsed with the
     simulator's bounded parser (no nesting deeper than Python's stack, no key twice, no integer of thousands of

@@ -47,7 +47,7 @@ import numpy as np
 
 from traces.errors import InputError, brief
 from traces.format import MAX_CONTEXT, MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta, today
-from traces.import_common import (check_content, check_model_fit, check_model_name, check_out, default_num_experts,
+from traces.import_common import (bounded_lines, check_content, check_model_fit, check_model_name, check_out, default_num_experts,
                                   offsets_from_lengths, parse_index_list)
 from traces.io import MAX_ARRAY_BYTES, open_regular_file
 
@@ -141,18 +141,7 @@ def read_log(path: Path) -> list[LogLine]:
     read) and is read line by line within MAX_LINE_BYTES, so memory stays a small multiple of the ids read."""
     lines = []
     with open_regular_file(path, "log file") as f:
-        size = _file_size(f)
-        if size > MAX_LOG_BYTES:
-            raise InputError(f"{path}: {size} bytes, more than the {MAX_LOG_BYTES} a log may have")
-        lineno = 0
-        while True:
-            raw = f.readline(MAX_LINE_BYTES + 1)
-            if not raw:
-                break
-            lineno += 1
-            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                raise InputError(f"{path}:{lineno}: a line longer than {MAX_LINE_BYTES} bytes; a log line holds "
-                                 f"one MoE layer call's ids")
+        for lineno, raw in bounded_lines(f, path, MAX_LOG_BYTES, MAX_LINE_BYTES, "log"):
             ids = parse_line(raw, path, lineno)
             if ids is not None:
                 lines.append(LogLine(lineno, ids))
@@ -161,12 +150,6 @@ def read_log(path: Path) -> list[LogLine]:
     if not lines:
         raise InputError(f"{path}: no '{PREFIX}' lines")
     return lines
-
-
-def _file_size(f) -> int:
-    import os
-
-    return os.fstat(f.fileno()).st_size
 
 
 def parse_line(raw: bytes, path: Path, lineno: int) -> np.ndarray | None:

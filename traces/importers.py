@@ -31,7 +31,7 @@ import numpy as np
 from traces import import_arrays, import_ftlog
 from traces.errors import InputError, brief
 from traces.format import MAX_CONTEXT, ModelInfo, Provenance, Trace, TraceMeta, today
-from traces.import_common import check_content, check_model_fit, check_model_name, check_out, show_list
+from traces.import_common import bounded_lines, check_content, check_model_fit, check_model_name, check_out, show_list
 from traces.io import open_regular_file, open_zip, read_npy_entry, read_npy_file, save_trace
 
 TOOL = "traces import"
@@ -324,19 +324,7 @@ def _json_lines(path: Path, allow_lists: bool = False):
     line. Only a regular file is read (a FIFO or device is refused unread), at most MAX_JSONL_BYTES, a line at most
     MAX_JSON_LINE_BYTES."""
     with open_regular_file(path, "JSON-lines file") as f:
-        import os
-
-        size = os.fstat(f.fileno()).st_size
-        if size > MAX_JSONL_BYTES:
-            raise InputError(f"{path}: {size} bytes, more than the {MAX_JSONL_BYTES} a JSON-lines file may have")
-        lineno = 0
-        while True:
-            raw = f.readline(MAX_JSON_LINE_BYTES + 1)
-            if not raw:
-                break
-            lineno += 1
-            if len(raw) > MAX_JSON_LINE_BYTES and not raw.endswith(b"\n"):
-                raise InputError(f"{path}:{lineno}: a line longer than {MAX_JSON_LINE_BYTES} bytes")
+        for lineno, raw in bounded_lines(f, path, MAX_JSONL_BYTES, MAX_JSON_LINE_BYTES, "JSON-lines file"):
             if not raw.strip():
                 continue
             try:
