@@ -4,6 +4,7 @@ Shape (``configs/switch_xxl.yaml`` is a commented example)::
 
     model: switch-xxl-128        # name in configs/models/, a path, or an inline mapping (may name a `base`)
     hardware: h200               # name in configs/hardware/, a path to a hardware/calibration file, or a mapping
+    system: ideal                # the serving software: name in configs/systems/, a path, or a mapping (default ideal)
     workload: {trace, batch_size: 1, batching: static, max_decode_tokens: null, prefill: true, requests: null}
     cache: {hpc_slots, mpc_slots, lpc_buffers, prefetch_reserve: min(1, lpc_buffers - 1), layers: all,
             hot_profile: trace,  # or gpu_memory_gb + split {hpc, mpc, lpc} instead of the three sizes
@@ -24,6 +25,7 @@ and hardware expanded; it loads back with :func:`config_from_dict` to an equal c
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import stat
@@ -41,6 +43,7 @@ from sim.files import PROJECT_ROOT, file_status, read_structured_file, resolve_p
 from sim.profiles import PROFILE_SUFFIXES
 from sim.hardware_spec import HardwareSpec, load_hardware
 from sim.model_spec import ModelSpec, load_model
+from sim.system_spec import DEFAULT_SYSTEM, SystemSpec, is_ideal, load_system
 from sim.overrides import apply_set
 from sim.params import RunFacts
 from sim.trace_summary import TraceSummary, read_trace_summary, routed_tokens, shape_text, trace_matches_model
@@ -154,6 +157,8 @@ class RunConfig:
 
     model: ModelSpec = setting(nested=ModelSpec, wrap="base")
     hardware: HardwareSpec = setting(nested=HardwareSpec, wrap="base")
+    # the serving software (sim/system_spec.py); ``model`` holds its expert_format's bits when it sets one
+    system: SystemSpec = setting(DEFAULT_SYSTEM, nested=SystemSpec, wrap="base")
     workload: WorkloadConfig = setting(nested=WorkloadConfig)
     cache: CacheConfig = setting(None, nested=(CacheConfig, MemorySizing))
     policy: NamedConfig = setting(nested=NamedConfig, wrap="name")
@@ -169,7 +174,7 @@ SLOT_KEYS = ("hpc_slots", "mpc_slots", "lpc_buffers")
 CACHE_KEYS = keys_of(CacheConfig) + keys_of(MemorySizing)
 SPLIT_KEYS = keys_of(TierSplit)
 NAMED_KEYS = keys_of(NamedConfig)
-_SECTIONS = ("model", "hardware", "workload", "cache", "policy", "predictor")  # read by their own functions
+_SECTIONS = ("model", "hardware", "system", "workload", "cache", "policy", "predictor")  # read by their own functions
 
 
 # --------------------------------------------------------------------------------------------- sections
@@ -409,6 +414,15 @@ def memory_check(model: ModelSpec, hw: HardwareSpec, cache: CacheConfig, batch_s
     return need
 
 
+def with_formats(model: ModelSpec, system: SystemSpec) -> ModelSpec:
+    """``model`` with the experts' storage width of the system's ``expert_format`` (unchanged without one): what a
+    copy moves, a GPU expert reads, a host expert reads and a cache slot holds."""
+    bits = system.expert_bits
+    if bits is None or bits == model.expert_bits_per_weight:
+        return model
+    return dataclasses.replace(model, expert_bits=bits)
+
+
 # --------------------------------------------------------------------------------------------- entry points
 def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str] | None = None,
                      predictor_names: Iterable[str] | None = None) -> RunConfig:
@@ -420,9 +434,11 @@ def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str]
     check_size(d, "")
     check_keys(d, "", required_keys(RunConfig), TOP_KEYS)
     d = copy.deepcopy(d)
-    model = load_model(d["model"], "model")
+    given_model = load_model(d["model"], "model")
     hardware = load_hardware(d["hardware"], "hardware")
-    check_tables(model, hardware)
+    check_tables(given_model, hardware)
+    system = load_system(d.get("system"), "system")
+    model = with_formats(given_model, system)
     policy = _load_named(d["policy"], "policy", policy_names)
     predictor = _load_named(d.get("predictor"), "predictor", predictor_names, default=DEFAULT_PREDICTOR)
     workload, summary = _load_workload(d["workload"], model)
@@ -436,9 +452,12 @@ def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str]
     kv_cache_check(model, hardware, workload.batch_size, tokens, summary.longest_request(workload.max_decode_tokens))
     if not all_resident:
         memory_check(model, hardware, cache, workload.batch_size, tokens)
-    parts = {"model": model, "hardware": hardware, "workload": workload, "cache": cache, "policy": policy,
-             "predictor": predictor, **read_settings(RunConfig, d, "", skip=tuple(_SECTIONS))}
+    parts = {"model": model, "hardware": hardware, "system": system, "workload": workload, "cache": cache,
+             "policy": policy, "predictor": predictor, **read_settings(RunConfig, d, "", skip=tuple(_SECTIONS))}
     resolved = {key_of(f): plain(parts[f.name]) for f in settings_of(RunConfig)}
+    resolved["model"] = plain(given_model)   # the model as given: the system's formats apply again on loading
+    if is_ideal(system):  # the default: left out, so that a config (and its sweep point's hash) reads as before
+        resolved.pop("system")  # systems existed; the run's config.resolved.yaml shows it (sim/run.py)
     if cache.organization == "per-layer":  # the default: left out, so that a per-layer config (and its sweep
         for key in ("organization", "shared_slots"):  # point's hash) reads as before the option existed
             resolved["cache"].pop(key, None)
@@ -478,7 +497,8 @@ def load_run_config(path: str | Path, overrides: Iterable[str] = (), policy_name
 SCHEMA: dict = schema_of(RunConfig)   # every key a config may hold (FREE below params)
 _SCHEMA = SCHEMA
 _WRAP = wrapped(RunConfig)            # a profile name there becomes {base: NAME}, a part's name {name: NAME}
-_SEE = {"model": "sim/model_spec.py", "hardware": "sim/hardware_spec.py"}  # where their many keys are listed
+_SEE = {"model": "sim/model_spec.py", "hardware": "sim/hardware_spec.py",  # where their many keys are listed
+        "system": "sim/system_spec.py"}
 
 
 def apply_override(d: dict, text: str) -> None:

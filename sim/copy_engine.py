@@ -13,6 +13,12 @@ the compute thread keeps the host busy (both 0 unless calibrated: ``handoff_us``
 Interference: a copy that starts while the compute stream computes (``computing``, kept by the engine) takes
 ``slowdown`` times longer (copies and compute share memory bandwidth; 1 on a machine calibrated without it).
 
+Software (a serving-system profile, ``sim/system_spec.py``; both off by default): with ``writeback`` seconds set,
+each eviction the engine reports (``evicted``) is written back device->host over the link before the next copy
+starts, taking that long on the link (one copy and one write-back at a time: mixtral-offloading swaps on one
+stream); with ``serial``, a copy never starts while the compute stream computes: copies queue until the stream waits
+(the engine calls :meth:`CopyEngine.kick` then), as on one stream where a copy and compute never overlap.
+
 Events: a copy's landing and the copy thread's wake-up are entries ``(time, priority, id, callback)`` on the SimPy
 environment's event heap, with the ids SimPy would give their timeouts (``env._eid``); the engine
 (``sim/engine.py``) steps that heap by hand and calls ``callback()``. At most one of them is pending at a time
@@ -35,8 +41,13 @@ class CopyEngine(QueueCounters):
     """Callback-driven: a copy is one heap entry whose callback lands it and starts the next; no process."""
 
     def __init__(self, env: simpy.Environment, copy_s: float, nbytes: int, buffers: int, reserve: int,
-                 timeline: list | None = None, slowdown: float = 1.0, handoff: float = 0.0, gap: float = 0.0):
+                 timeline: list | None = None, slowdown: float = 1.0, handoff: float = 0.0, gap: float = 0.0,
+                 writeback: float = 0.0, serial: bool = False):
         self.env = env
+        self.writeback = writeback   # seconds one evicted expert's write-back takes on the link (0: none)
+        self.writebacks = 0          # write-backs done
+        self.owed = 0                # evictions not yet written back
+        self.serial = serial         # copies start only while the compute stream waits
         self.handoff = handoff
         self.gap = gap
         self.waking = False  # the copy thread is waking up to start the next copy
@@ -88,12 +99,36 @@ class CopyEngine(QueueCounters):
         if self.current is None:
             self._start_next()
 
+    def evicted(self, n: int) -> None:
+        """``n`` experts were evicted: each is written back before the next copy (with ``writeback`` set)."""
+        if self.writeback and n > 0:
+            self.owed += n
+
+    def kick(self) -> None:
+        """The compute stream waits (serial): start the next queued copy if the link is idle."""
+        if self.current is None and not self.waking and self.queue.has_next():
+            self._wake()
+
+    def _duration(self) -> float:
+        """The next copy's time on the link, its owed write-backs first (software: write-back, serial)."""
+        duration = self.copy_s * self.slowdown if self.computing else self.copy_s
+        if self.owed:
+            duration += self.owed * self.writeback
+            self.writebacks += self.owed
+            self.owed = 0
+        return duration
+
     def _start_next(self) -> None:
+        if self.serial and self.computing:
+            return
         job = self.queue.start_next()
         if job is None:
             return
         job.start = now = self.env._now
-        duration = self.copy_s * self.slowdown if self.computing else self.copy_s
+        if self.serial or self.writeback:
+            duration = self._duration()
+        else:
+            duration = self.copy_s * self.slowdown if self.computing else self.copy_s
         job.end = end = now + duration  # planned; the engine reads it to stretch overlapping compute
         self.busy_s += duration
         self.current = job
@@ -109,6 +144,13 @@ class CopyEngine(QueueCounters):
         q = self.queue
         q.land(job)
         if not q.demand and not q.prefetch:
+            return
+        if self.serial or self.writeback:
+            if self.gap and q.has_next():
+                self.waking = True
+                heappush(self._heap, (self.env._now + self.gap, NORMAL, next(self._eid), self._woke))
+            else:
+                self._start_next()
             return
         if self.gap and q.has_next():  # the copy thread notices the landing, then issues the next copy
             self.waking = True
@@ -127,4 +169,7 @@ class CopyEngine(QueueCounters):
     # ---------------------------------------------------------------------------------------------- counters
     @property
     def pcie_bytes(self) -> int:
+        """Bytes over the link: the copies, and the write-backs of evicted experts."""
+        if self.writebacks:
+            return (self.queue.copies + self.writebacks) * self.nbytes
         return self.queue.copies * self.nbytes

@@ -20,16 +20,40 @@ memory against its FLOPs at the host's rate for that weight format, plus a fixed
 table (tokens -> s, measured with all ``cpu_cores``) replaces it. :meth:`CostModel.activation_copy_s` prices the
 activations that cross the link instead of the weights. Neither is used by anything that existed before them.
 
+A serving-system profile (:class:`~sim.system_spec.SystemSpec`, the software) adds to these: a fixed time per
+expert computed on the GPU (``expert_call_us``) and its de-quantization (``dequant``: a roofline of the quantized
+weights read and the 16-bit weights written at HBM bandwidth, or the system's ``dequant`` table), a fixed time per
+expert copy (``copy_overhead_us``) and pageable copies at ``pageable_fraction`` of the bandwidth, the dense weights'
+format (``dense_format``: the bytes the dense roofline reads, and their de-quantization), and the host kernels'
+threads, share of host memory bandwidth and per-call cost. The ``ideal`` system (the default) adds nothing, and
+every duration is then computed exactly as without a system.
+
 All methods are plain Python over scalars and memoise what they compute: they are called once per simulated event.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from sim.errors import ConfigError
 from sim.hardware_spec import cpu_format_rate
 from sim.specs import HardwareSpec, ModelSpec
+from sim.system_spec import DEQUANT_OUT_BITS, IDEAL, SystemSpec
+
+#: The system a :class:`CostModel` built without one takes (the run's, while :func:`using_system` holds; else ideal).
+_CURRENT_SYSTEM: ContextVar[SystemSpec | None] = ContextVar("current_system", default=None)
+
+
+@contextmanager
+def using_system(system: SystemSpec | None):
+    """Cost models built inside (by parts that build their own from a run config) take ``system``."""
+    token = _CURRENT_SYSTEM.set(system)
+    try:
+        yield
+    finally:
+        _CURRENT_SYSTEM.reset(token)
 
 DIRECTIONS = ("h2d", "d2h")  # activation copies: host -> device, device -> host
 
@@ -132,10 +156,25 @@ class Memo(dict):
 class CostModel:
     """Durations, in seconds, of the operations the engine schedules, for one model on one machine."""
 
-    def __init__(self, model: ModelSpec, hw: HardwareSpec):
+    def __init__(self, model: ModelSpec, hw: HardwareSpec, system: SystemSpec | None = None):
         check_tables(model, hw)
         self.model = model
         self.hw = hw
+        if system is None:
+            system = _CURRENT_SYSTEM.get() or IDEAL
+        self.system = sy = system
+        # the software's costs, each applied only when it changes something (so that ideal is bit for bit)
+        self.copy_overhead_s = sy.copy_overhead_s
+        self.copy_fraction = sy.pageable_fraction if sy.pageable_copies else 1.0
+        self.expert_call_s = sy.expert_call_s
+        self.dense_weight_bytes = model.dtype_bytes if sy.dense_bits is None else sy.dense_bits / 8
+        self.cpu_mem_bw = hw.cpu_mem_bw if sy.host_bw_fraction == 1.0 else hw.cpu_mem_bw * sy.host_bw_fraction
+        self.cpu_overhead_s = hw.cpu_expert_overhead_s if sy.host_call_s is None else sy.host_call_s
+        self.cpu_threads = sy.host_threads
+        self._dequant_table = (_Table1D(sy.tables.dequant) if sy.dequant == "table" and sy.tables is not None
+                               and sy.tables.dequant is not None else None)
+        self.dequant_s = self._dequant_expert_s()
+        self.dense_dequant = sy.dequant == "roofline" and self.dense_weight_bytes * 8 < DEQUANT_OUT_BITS
         self.rate = hw.rate(model.dtype_bytes)
         t = hw.tables
         self._copy_table = _Table1D(t.copy) if t is not None and t.copy is not None else None
@@ -153,14 +192,38 @@ class CostModel:
     def expert_bytes(self) -> int:
         return self.model.expert_bytes
 
-    # ------------------------------------------------------------------ copies
-    def copy_s(self, nbytes: int) -> float:
-        """Host -> device copy of ``nbytes`` (pinned): latency + bytes / link bandwidth, or the copy table."""
+    def _dequant_expert_s(self) -> float:
+        """The system's de-quantization of one expert's weights on the GPU before it computes: 0 with ``dequant:
+        none`` or 16-bit and wider weights; ``roofline``: the quantized bytes read plus the 16-bit weights written,
+        over HBM bandwidth; ``table``: the system's ``dequant`` table at the quantized expert's bytes."""
+        mode, m = self.system.dequant, self.model
+        if mode == "none" or m.expert_bits_per_weight >= DEQUANT_OUT_BITS:
+            return 0.0
+        if self._dequant_table is not None:
+            return self._dequant_table(m.expert_bytes)
+        return (m.expert_bytes + m.expert_params * DEQUANT_OUT_BITS / 8) / self.hw.hbm_bw
+
+    def writeback_s(self, nbytes: int) -> float:
+        """An evicted expert of ``nbytes`` written back device -> host: latency + bytes / ``d2h_bw_gb_s``."""
         if nbytes <= 0:
             return 0.0
+        return self.hw.pcie_latency_s + nbytes / (self.hw.d2h_bw * self.copy_fraction)
+
+    # ------------------------------------------------------------------ copies
+    def copy_s(self, nbytes: int) -> float:
+        """Host -> device copy of ``nbytes`` (pinned): latency + bytes / link bandwidth, or the copy table; with
+        the system's pageable copies, the bandwidth times ``pageable_fraction`` (a table's time over it), and its
+        ``copy_overhead_us`` on top."""
+        if nbytes <= 0:
+            return 0.0
+        frac = self.copy_fraction
         if self._copy_table is not None:
-            return self._copy_table(nbytes)
-        return self.hw.pcie_latency_s + nbytes / self.hw.pcie_bw
+            value = self._copy_table(nbytes) if frac == 1.0 else self._copy_table(nbytes) / frac
+        elif frac == 1.0:
+            value = self.hw.pcie_latency_s + nbytes / self.hw.pcie_bw
+        else:
+            value = self.hw.pcie_latency_s + nbytes / (self.hw.pcie_bw * frac)
+        return value + self.copy_overhead_s if self.copy_overhead_s else value
 
     def d2d_s(self, nbytes: int) -> float:
         """Device -> device copy of ``nbytes``: one launch + bytes / d2d bandwidth, or the d2d table."""
@@ -192,6 +255,8 @@ class CostModel:
             activations = 2 * n * m.d_model * m.dtype_bytes
             value = (m.expert_matrices * self.hw.launch_overhead_s
                      + self._roofline(n * m.expert_flops_per_token, m.expert_bytes + activations))
+        if n > 0 and (self.dequant_s or self.expert_call_s):
+            value = value + self.dequant_s + self.expert_call_s
         if len(memo) >= _CACHE_LIMIT:
             memo.clear()
         memo[tokens] = value
@@ -235,28 +300,35 @@ class CostModel:
 
     def _dense_roofline(self, role: str, n: int, ctx: float, moe: int) -> float:
         m, launch, dt = self.model, self.hw.launch_overhead_s, self.model.dtype_bytes
+        wb = self.dense_weight_bytes  # bytes per dense weight (dt unless the system sets dense_format)
+        weights = 0                   # dense weights read per MoE layer (for their de-quantization)
         blocks = m.blocks(role)
         act = n * m.d_model * dt  # one activation tensor [tokens, d_model]
 
         sublayers = 2 if (role == "decoder" and m.is_encoder_decoder) else 1
         ap = m.attention_params(role)
         attn_flops = 2 * ap * n + sublayers * 4 * n * ctx * m.n_heads * m.head_dim
-        attn_bytes = ap * dt + sublayers * (n * ctx * m.kv_bytes_per_block_token + 2 * act)
+        attn_bytes = ap * wb + sublayers * (n * ctx * m.kv_bytes_per_block_token + 2 * act)
         attention = self._roofline(attn_flops, attn_bytes) + sublayers * ATTENTION_KERNELS * launch
 
         total = (blocks / moe) * attention
+        weights += (blocks / moe) * ap
         dense_blocks = blocks - moe
         if dense_blocks:
             p = m.dense_ffn_params
-            ffn = (self._roofline(2 * p * n, p * dt + 2 * act)
+            ffn = (self._roofline(2 * p * n, p * wb + 2 * act)
                    + (m.dense_ffn_matrices + FFN_EXTRA_KERNELS) * launch)
             total += (dense_blocks / moe) * ffn
+            weights += (dense_blocks / moe) * p
         if m.shared_expert_d_ff:
             p = m.shared_expert_params
-            total += self._roofline(2 * p * n, p * dt + 2 * act) + m.expert_matrices * launch
+            total += self._roofline(2 * p * n, p * wb + 2 * act) + m.expert_matrices * launch
+            weights += p
         p = m.gate_params
-        total += self._roofline(2 * p * n, p * dt + act) + GATE_KERNELS * launch
+        total += self._roofline(2 * p * n, p * wb + act) + GATE_KERNELS * launch
         total += MOE_EXTRA_KERNELS * launch
+        if self.dense_dequant:  # the quantized dense weights read, 16-bit ones written, before they compute
+            total += weights * (wb + DEQUANT_OUT_BITS / 8) / self.hw.hbm_bw
         return total
 
     def lm_head_s(self, tokens: int) -> float:
@@ -292,6 +364,8 @@ class CostModel:
             pass
         hw = self.hw
         if cores is None:
+            cores = self.cpu_threads  # the system's host threads (None: all cores)
+        if cores is None:
             share = 1.0
         else:
             c = int(cores)
@@ -306,8 +380,8 @@ class CostModel:
         else:
             m = self.model
             activations = 2 * n * m.d_model * m.dtype_bytes
-            value = hw.cpu_expert_overhead_s + max(n * m.expert_flops_per_token / (self.cpu_rate * share),
-                                                   (m.expert_bytes + activations) / (hw.cpu_mem_bw * share))
+            value = self.cpu_overhead_s + max(n * m.expert_flops_per_token / (self.cpu_rate * share),
+                                              (m.expert_bytes + activations) / (self.cpu_mem_bw * share))
         if len(memo) >= _CACHE_LIMIT:
             memo.clear()
         memo[key] = value

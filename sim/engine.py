@@ -29,6 +29,14 @@ layer's new copies (the compute stream waits ``copy_issue_us`` per copy); an exp
 least ``expert_issue_us`` (the host's time to issue it: the GPU cannot run ahead of it), and the cached experts of
 a layer at least ``hit_issue_us`` each. The measured ``dense``/``expert`` tables hold the kernels' own launches.
 
+Software (the run's serving-system profile, ``CostModel.system``; the default ``ideal`` changes nothing): each MoE
+layer's ``layer_overhead_us`` is host/framework time the compute stream waits after the layer's dense work and
+gate, beside the round trip (nothing of the layer is issued before it); a system's host issue costs replace the
+hardware's; each eviction is written back over the link with ``writeback_evicted`` (the copy engine's
+``evicted``); with ``copy_stream: serial`` the copy engine starts copies only while the compute stream waits for
+one, and the stream resumes when the link is idle again, so that a copy and compute never overlap. Per-expert and
+per-copy costs, formats, de-quantization and pageable copies are in the durations (``sim/costs.py``).
+
 Host CPU experts (issue 13; Fiddler, kTransformers): a policy may have an active expert computed on the host CPU
 from its weights in host memory (source ``CPU``, ``LayerStep.cpu``). When the layer's decisions are taken (after
 its gate and round trip), the input activations of the tokens routed to at least one of the layer's host experts
@@ -131,8 +139,12 @@ class Simulation:
         env = simpy.Environment()
         costs, policy, predictor = self.costs, self.policy, self.predictor
         expert_bytes = costs.expert_bytes
-        copy = self.copy = CopyEngine(env, costs.copy_s(expert_bytes), expert_bytes, self.lpc_buffers, self.prefetch_reserve,
-                          self.timeline, costs.hw.copy_slowdown, costs.hw.handoff_s, costs.hw.copy_gap_s)
+        system = costs.system
+        serial = system.serial
+        writeback = costs.writeback_s(expert_bytes) if system.writeback_evicted else 0.0
+        copy = self.copy = CopyEngine(env, costs.copy_s(expert_bytes), expert_bytes, self.lpc_buffers,
+                                      self.prefetch_reserve, self.timeline, costs.hw.copy_slowdown,
+                                      costs.hw.handoff_s, costs.hw.copy_gap_s, writeback, serial)
         handoff = costs.hw.handoff_s
         def stretch(t: float, slow: float) -> float:
             """Compute of ``t`` seconds started now, slowed by ``slow`` while it overlaps a copy: the whole of it
@@ -183,8 +195,14 @@ class Simulation:
             slow, dense_slow = costs.hw.compute_slowdown, costs.hw.dense_slowdown
             slowed = slow != 1.0 or dense_slow != 1.0
             hw = costs.hw
-            roundtrip, copy_issue = hw.layer_roundtrip_s, hw.copy_issue_s
-            expert_issue, hit_issue = hw.expert_issue_s, hw.hit_issue_s
+            def host_cost(name: str) -> float:
+                """A host issue cost: the system's when it sets one, else the hardware's (as calibrated)."""
+                value = getattr(system, name)
+                return getattr(hw, name) if value is None else value
+            roundtrip, copy_issue = host_cost("layer_roundtrip_s"), host_cost("copy_issue_s")
+            expert_issue, hit_issue = host_cost("expert_issue_s"), host_cost("hit_issue_s")
+            if system.layer_overhead_s:
+                roundtrip = roundtrip + system.layer_overhead_s
             roles, decide = self.roles, protocol.decide
             copy_ready = copy.ready
             expert_of = Memo(expert_s)  # tokens -> one expert's compute
@@ -216,6 +234,9 @@ class Simulation:
                 w = done - env._now
                 if w <= 0:
                     return 0.0
+                if serial:  # one stream: no copy starts while it waits for the host
+                    advance(w)
+                    return w
                 copy.computing = False
                 advance(w)
                 copy.computing = True
@@ -247,7 +268,12 @@ class Simulation:
                     busy += dense
                     if roundtrip:  # the gate's choice reaches the host before anything of the layer is issued
                         advance(roundtrip)
-                    decide(step)
+                    if writeback:
+                        evictions = counters.evictions
+                        decide(step)
+                        copy.evicted(counters.evictions - evictions)
+                    else:
+                        decide(step)
                     plan = step.plan
                     if plan.unused_prefetch:
                         for e in plan.unused_prefetch:
@@ -311,7 +337,23 @@ class Simulation:
                         ready = copy_ready[layer] = deque()
                     promote = plan.promote
                     for _ in copied:   # each copied expert computes as soon as its copy lands, in landing order
-                        if not ready:
+                        if serial and (not ready or copy.current is not None or copy.waking):
+                            # one stream: the copies run now, all of them, and the stream resumes on an idle link
+                            t0 = env._now
+                            copy.computing = False
+                            copy.kick()
+                            while not ready or copy.current is not None or copy.waking:
+                                if not queue:
+                                    raise RuntimeError("simulation deadlocked: the compute stream waits on a copy "
+                                                       "that never comes")
+                                env._now, _, _, callback = heappop(queue)
+                                callback()
+                            next(eids)
+                            if handoff:
+                                advance(handoff)
+                            copy.computing = True
+                            stall += env._now - t0
+                        elif not ready:
                             t0 = env._now
                             copy.computing = False
                             # until the layer's next copy lands; SimPy would resume the stream on a landing

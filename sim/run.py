@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from sim.config import RunConfig
-from sim.costs import CostModel
+from sim.costs import CostModel, using_system
 from sim.decisions import build_decisions, cached_layers, hot_ranking  # noqa: F401 (re-exported)
 from sim.engine import EngineResult, Simulation
 from sim.policies import Policy
@@ -44,8 +44,11 @@ def simulate(cfg: RunConfig, timeline: bool = False, progress=None, trace: Trace
     trace = trace if trace is not None else load_trace(cfg.workload.trace)
     w = cfg.workload
     iterations, info = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
-    policy, predictor = build_decisions(cfg, trace, iterations)
-    costs = policy.ctx.extra.get("costs") or CostModel(cfg.model, cfg.hardware)  # the policy's own, if it has one
+    with using_system(cfg.system):  # the cost model the policy weighs its choices with prices the run's software
+        policy, predictor = build_decisions(cfg, trace, iterations)
+    costs = policy.ctx.extra.get("costs")  # the policy's own, if it has one
+    if costs is None or costs.system is not cfg.system:
+        costs = CostModel(cfg.model, cfg.hardware, cfg.system)
     sim = Simulation(trace, iterations, policy, predictor, costs, cfg.cache.lpc_buffers, cfg.cache.prefetch_reserve,
                      timeline=timeline, progress=progress, check_invariants=check_invariants,
                      record_decisions=record_decisions)
@@ -54,6 +57,13 @@ def simulate(cfg: RunConfig, timeline: bool = False, progress=None, trace: Trace
               "hardware": cfg.hardware.name, "batch_size": w.batch_size, "batching": w.batching, "seed": cfg.seed}
     summary = summarize(res, policy.cache.counters, info, labels)
     resolved = dict(cfg.resolved)
+    if "system" not in resolved:  # the default system, left out of the config's id: shown after the hardware
+        shown = {}
+        for k, v in resolved.items():
+            shown[k] = v
+            if k == "hardware":
+                shown["system"] = cfg.system.to_dict()
+        resolved = shown
     resolved["provenance"] = {"versions": versions(), "trace_sha256": file_sha256(cfg.workload.trace)}
     return RunOutput(summary, res, info, resolved, policy)
 
