@@ -6,7 +6,8 @@ Summary fields (``summary.json``):
 - ``iteration_ms``: ``mean``, ``p50``, ``p99`` of decode-iteration latency; ``prefill_ms`` likewise for prefills;
 - ``hit_rate``: ``overall`` and per tier (``hpc``, ``mpc``, ``lpc`` = prefetched into a working buffer in time
   to be used), each as a share of all expert accesses; hits + misses + cpu_experts = accesses;
-- ``pcie_bytes`` (= copies x expert bytes), ``link_busy_frac`` and ``compute_busy_frac`` (busy time over
+- ``pcie_bytes`` (= copies x expert bytes, plus the write-backs of evicted experts under a system with
+  ``writeback_evicted``), ``link_busy_frac`` and ``compute_busy_frac`` (busy time over
   simulated time), ``stall_ms`` (compute stream waiting on copies);
 - ``cpu_experts`` (accesses served by computing the expert on the host CPU, issue 13: 0 for a GPU-only policy),
   ``cpu_expert_frac`` (their share of accesses), ``cpu_busy_frac`` (the host's expert time over simulated time),

@@ -214,7 +214,10 @@ def load_system(spec_or_name: Any = DEFAULT_SYSTEM, where: str = "system") -> Sy
         return spec_or_name
     if spec_or_name is None:
         spec_or_name = DEFAULT_SYSTEM
-    d, source = load_profile(spec_or_name, where, "systems", SYSTEM_KEYS)
+    try:
+        d, source = load_profile(spec_or_name, where, "systems", SYSTEM_KEYS)
+    except ConfigError as exc:  # the profile loader names the kind by its folder
+        raise ConfigError(exc.field, exc.problem.replace("systems ", "system ")) from None
     suffix = "" if source == "inline" else f" (in {source})"
     d.setdefault("source", source)
     return system_from_dict(d, where, suffix, source)
