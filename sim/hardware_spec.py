@@ -185,6 +185,9 @@ def cpu_format_rate(hw: "HardwareSpec", bits_per_weight: float) -> tuple[str, fl
     return "bf16", hw.cpu_bf16_flops
 
 
+#: Host costs a calibration measures. They describe the software more than the silicon: a serving-system profile
+#: (``sim/system_spec.py``) may set the first four (``HOST_ISSUE_FIELDS`` there), and then its values replace these;
+#: they stay here so that calibration files keep loading and keep their meaning.
 HOST_COST_FIELDS = ("layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us", "dense_issue_us",
                     "decide_us")
 HARDWARE_FIELDS = keys_of(HardwareSpec)

@@ -198,3 +198,10 @@ def test_profiles_load_by_name_path_and_inline_with_base_and_bad_values_name_the
     with pytest.raises(ConfigError) as exc:
         _cfg("configs/mixtral.yaml", "system.nonsense=1")
     assert "system" in str(exc.value)
+
+
+def test_a_policy_that_weighs_host_against_copy_prices_both_with_the_runs_system():
+    fast = simulate(_cfg("configs/mixtral.yaml", "policy.name=fiddler"))
+    slow_host = simulate(_cfg("configs/mixtral.yaml", "policy.name=fiddler", "system.host_call_us=1000000"))
+    assert fast.summary["cpu_experts"] > 0
+    assert slow_host.summary["cpu_experts"] == 0   # a host call dearer than any copy: fiddler copies every miss
