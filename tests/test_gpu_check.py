@@ -138,8 +138,9 @@ def test_progress_lines_reach_a_pipe_at_once():
     assert res.stdout.strip() == "True True", res.stderr
 
 
-def test_the_validator_refuses_quantized_experts_naming_the_field(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "validate", "microbench", "--model", "gpt-oss-20b", "--out",
-                          str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True, text=True)
+def test_the_validator_refuses_an_expert_width_it_cannot_run_naming_the_field(tmp_path):
+    (tmp_path / "m.yaml").write_text("base: gpt-oss-20b\nexpert_bits: 6\n")  # int4 and int8 run (test_validate_quantized)
+    res = subprocess.run([sys.executable, "-m", "validate", "microbench", "--model", str(tmp_path / "m.yaml"),
+                          "--out", str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 2 and "--model.expert_bits" in res.stderr, res.stderr
     assert not (tmp_path / "c.yaml").exists()

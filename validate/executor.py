@@ -15,6 +15,12 @@ Memory, as an offloading server lays it out:
   (``hit_d2d``);
 - the dense weights and a KV cache per MoE layer (``validate.kernels.DenseLayer``), and the LM head.
 
+Every expert buffer (host, slot, working, arena) is exactly ``model.expert_bytes``, the simulator's copy size. A
+model with quantized experts (``expert_bits``: int8 or packed int4, ``validate.kernels.QuantLayout``) holds them
+quantized everywhere; each computed expert (cached or copied) is de-quantized on the device into one working buffer
+at ``dtype_bytes`` (``validate.kernels.ExpertStore``) just before its GEMMs; experts on the host CPU de-quantize
+their blocks there.
+
 Per iteration, per MoE layer: dense work; the gate's routing brought to the host (a device -> host copy the host
 waits for, as an offloading server must before it issues the layer's copies: the simulator's
 ``layer_roundtrip_us``); the gate (prediction, then ``plan_prefetch``); ``plan_layer``; unused
@@ -65,7 +71,7 @@ from sim.workload import build_iterations, phase_layers
 from sim.units import GIB  # binary: 2**30 bytes
 from traces.format import Trace
 from validate.copier import Copier
-from validate.kernels import (DenseLayer, HostExperts, LMHead, expert_forward, expert_views, fill_random,
+from validate.kernels import (DenseLayer, ExpertStore, HostExperts, LMHead, check_runnable, expert_forward,
                               torch_dtype)
 
 #: The plan's source of an expert computed on the host CPU (``sim.cache.CPU`` once the simulator has it).
@@ -154,6 +160,7 @@ class Executor:
         (default ``validate.backends.default_host_threads``)."""
         from validate.backends import default_host_threads
 
+        check_runnable(cfg.model, "model")  # an expert width no format here holds: one line naming expert_bits
         self.cfg, self.trace, self.backend = cfg, trace, backend
         self.host_threads = int(host_threads) if host_threads else default_host_threads(backend)
         self.host_experts: HostExperts | None = None
@@ -171,13 +178,16 @@ class Executor:
     def _allocate(self, policy) -> None:
         torch, be, m = self.backend.torch, self.backend, self.cfg.model
         self.dtype = torch_dtype(torch, m)
-        nbytes = m.expert_bytes
+        store = self.store = ExpertStore(torch, m, be.device)
+        nbytes = store.nbytes  # model.expert_bytes: a quantized expert is copied and held at the simulator's size
         n_layers, n_exp = self.trace.num_layers, self.trace.num_experts
         self.logical_experts = n_layers * n_exp
         pool = max(2, min(self.logical_experts, self.host_pool_bytes // nbytes))
         seed = be.device_buffer(nbytes)
-        fill_random(torch, seed, m, self.dtype)
+        store.fill(seed)
         if not self.host or self.host[0].numel() != nbytes or len(self.host) < pool:
+            if self.host:  # another model's buffers (the list is the caller's too): freed before pinning anew
+                self.host.clear()
             self.host = [be.host_buffer(nbytes) for _ in range(pool)]
             for buf in self.host:
                 buf.copy_(seed)
@@ -190,7 +200,7 @@ class Executor:
         self.slots = [be.device_buffer(nbytes) for _ in range(physical)]
         for s in self.slots:
             s.copy_(seed)
-        self.slot_views = [expert_views(s, m, self.dtype) for s in self.slots]
+        self.slot_views = [store.handle(s) for s in self.slots]
         base, self.slot_base = 0, {}
         for layer, n in sorted(self.slot_counts.items()):
             self.slot_base[layer] = base
@@ -198,13 +208,13 @@ class Executor:
         self.physical_slots = physical
         lpc = self.cfg.cache.lpc_buffers
         self.work = [be.device_buffer(nbytes) for _ in range(lpc)]
-        self.work_views = [expert_views(b, m, self.dtype) for b in self.work]
+        self.work_views = [store.handle(b) for b in self.work]
         # a ring of arena buffers: one would stay in a CPU's cache between hits, which no GPU arena of real
         # experts does (nor the microbenchmarks' rotating buffers)
         self.arena = [be.device_buffer(nbytes) for _ in range(ARENA_BUFFERS)]
         for a in self.arena:
             a.copy_(seed)
-        self.arena_views = [expert_views(a, m, self.dtype) for a in self.arena]
+        self.arena_views = [store.handle(a) for a in self.arena]
         self.arena_next = 0
         max_ctx = int(np.ceil(max((it.context for it in self.iterations), default=1))) + 1
         run = {layer for it in self.iterations for layer in self.phase_layers[it.kind]}
@@ -218,7 +228,7 @@ class Executor:
     def _start_host(self) -> None:
         """The host pool and its activation buffers (room for every routed token of an iteration's layer)."""
         be, m = self.backend, self.cfg.model
-        self.host_views = [expert_views(b, m, self.dtype) for b in self.host]
+        self.host_views = [self.store.handle(b) for b in self.host]
         rows = self.x.shape[0] * max(m.top_k, int(self.trace.experts.shape[-1]))
         self.act_in = be.activations(rows, m.d_model, self.dtype, host=True)
         self.act_out = be.activations(rows, m.d_model, self.dtype, host=True)
@@ -248,7 +258,7 @@ class Executor:
         gated = m.expert_matrices == 3
         with be.torch.inference_mode():
             for n in range(1, self.x.shape[0] + 1):
-                expert_forward(be.torch, self.work_views[0], self.x[:n], gated)
+                expert_forward(be.torch, self.store.weights(self.work_views[0]), self.x[:n], gated)
                 if self.host_experts is not None:
                     self.host_experts.run([(self.host_views[0], self.act_in[:n], self.act_out[:n])]).wait()
             shapes = {(int(it.rows.size), it.kind, it.requests, int(it.context)) for it in self.iterations}
@@ -284,6 +294,7 @@ class Executor:
         be, m, trace = self.backend, self.cfg.model, self.trace
         torch = be.torch
         gated = m.expert_matrices == 3
+        dequant = self.store.weights  # a quantized expert de-quantized into the working buffer; a dense one as is
         copier = Copier(be, self._source, self.work, self.cfg.cache.prefetch_reserve)
         protocol = DecisionProtocol(trace, policy, predictor, record=record)
         counters = policy.cache.counters
@@ -367,7 +378,7 @@ class Executor:
                                 a = self.arena_next = (self.arena_next + 1) % ARENA_BUFFERS
                                 be.device_copy(self.arena[a], self.slots[self._slot(layer, e)])
                                 weights = self.arena_views[a]
-                            expert_forward(torch, weights, x[:counts[e]], gated)
+                            expert_forward(torch, dequant(weights), x[:counts[e]], gated)
                         promote = step.plan.promote
                         t4 = clock()
                         phases["issue_copies_and_hits"] += t4 - t3
@@ -380,7 +391,7 @@ class Executor:
                             e = job.expert
                             be.wait_landed(job.landed)
                             stalled.append((idle_from, be.mark()))
-                            expert_forward(torch, self.work_views[job.buffer], x[:counts[e]], gated)
+                            expert_forward(torch, dequant(self.work_views[job.buffer]), x[:counts[e]], gated)
                             if e in promote and promote_d2d:
                                 be.device_copy(self.slots[self._slot(layer, e)], self.work[job.buffer])
                             copier.release(job, be.compute_done())
@@ -424,6 +435,8 @@ class Executor:
                 setattr(rec, name, cpu_stall_s[i] if at == 3 else cpu_rows[i][at])
             records.append(rec)
         notes = []
+        if self.store.quantized:
+            notes.append(f"{self.store.describe()}, de-quantized on the device before computing")
         if len(self.host) < self.logical_experts:
             notes.append(f"{len(self.host)} physical host buffers served {self.logical_experts} logical experts "
                          f"(a copy's time depends on its bytes, not its contents)")

@@ -41,9 +41,19 @@ Sources and weights rotate over enough buffers (about 256 MB, or every MoE layer
 caches cannot hold them, as they cannot in a real run. GPU work is timed with CUDA events, CPU work with
 ``time.perf_counter``.
 
+- ``dequant_int8``, ``dequant_int4``: the time to de-quantize one quantized expert (weight-only int8, packed
+  int4: ``validate.kernels.QuantLayout``) into its working buffer at ``dtype_bytes`` on the device, as the
+  executor does before a quantized expert's GEMMs, against the expert's quantized bytes (``expert_bytes``, what a
+  copy moves), for the model's expert shape at ``d_ff`` 1/4, 1/2, 1 and 2 times its own (:func:`measure_dequant`):
+  ``[[bytes, seconds], ...]``, sorted by bytes. Each format at the model's own ``expert_bits`` where its experts
+  are in that format, else at 8 (int8) and 4.25 (int4, group 64) bits per weight. A quantized expert's time is
+  ``dequant_<format>(expert_bytes) + expert(tokens)``: the ``expert`` table is the FFN alone, on de-quantized
+  weights. Tables the installed simulator does not accept yet are written beside the profile
+  (:func:`write_calibration`).
+
 The output is ``{base: HARDWARE, source: MACHINE, cpu_cores: HOST_THREADS, ..., tables: {model, copy, d2d,
-expert, dense, lm_head, cpu_expert}}`` in YAML; tables are ``[x, seconds]`` points (``dense``: ``[tokens, context,
-seconds]``).
+expert, dense, lm_head, cpu_expert, dequant_int8, dequant_int4}}`` in YAML; tables are ``[x, seconds]`` points
+(``dense``: ``[tokens, context, seconds]``).
 """
 
 from __future__ import annotations
@@ -58,7 +68,8 @@ import yaml
 from sim.specs import ModelSpec
 from traces.io import atomic_write_bytes
 from validate.copier import Copier
-from validate.kernels import DenseLayer, HostExperts, LMHead, expert_forward, expert_views, fill_random, torch_dtype
+from validate.kernels import (QUANT_RANGES, DenseLayer, ExpertStore, HostExperts, LMHead, dense_expert_bytes,
+                              expert_format, expert_forward, expert_views, fill_random, torch_dtype)
 
 ROTATE_BYTES = 256 << 20
 
@@ -167,11 +178,19 @@ def _executor_work(backend, views: list, x, gated: bool):
 
 
 def _expert_buffers(backend, model: ModelSpec, n: int, dtype) -> tuple[list, list]:
-    """``n`` device buffers of one expert each, filled with random weights, and their matrices."""
+    """``n`` device buffers of one expert each (``model.expert_bytes``: what a copy lands in), and the matrices of
+    ``n`` experts filled with random weights at ``dtype_bytes``: the buffers' own for dense experts, buffers of
+    their own for quantized ones (the FFN the ``expert`` table times; their de-quantization is timed apart,
+    ``dequant_<format>``)."""
     bufs = [backend.device_buffer(model.expert_bytes) for _ in range(n)]
-    for b in bufs:
+    dense = bufs if expert_format(model) is None else [backend.device_buffer(dense_expert_bytes(model))
+                                                       for _ in range(n)]
+    if dense is not bufs:
+        for b in bufs:
+            b.fill_(1)
+    for b in dense:
         fill_random(backend.torch, b, model, dtype)
-    return bufs, [expert_views(b, model, dtype) for b in bufs]
+    return bufs, [expert_views(b, model, dtype) for b in dense]
 
 
 def measure_copy_gap(backend, model: ModelSpec, copies: int = 24) -> float:
@@ -354,6 +373,50 @@ def measure_expert(backend, timer: Timer, model: ModelSpec, tokens: list[int]) -
     return out
 
 
+#: The width each format's ``dequant_<format>`` table is measured at, unless the model's own experts are in it.
+DEQUANT_BITS = {"int8": 8.0, "int4": 4.25}
+
+
+def dequant_models(model: ModelSpec, quick: bool = False) -> dict[str, list[ModelSpec]]:
+    """Per quantized format, the model with its experts in that format (at the model's own ``expert_bits`` where
+    they are in it, else ``DEQUANT_BITS``) and ``d_ff`` at 1/4, 1/2, 1 and 2 times the model's (``quick``: 1/2, 1,
+    2), each a multiple of 64 where the model's is."""
+    import dataclasses
+
+    own = expert_format(model)
+    out = {}
+    for fmt in QUANT_RANGES:
+        bits = model.expert_bits if own == fmt else DEQUANT_BITS[fmt]
+        step = 64 if model.d_ff % 64 == 0 else 2
+        widths = sorted({max(step, round(model.d_ff * f / step) * step)
+                         for f in ((0.5, 1, 2) if quick else (0.25, 0.5, 1, 2))})
+        out[fmt] = [dataclasses.replace(model, d_ff=w, expert_bits=bits) for w in widths]
+    return out
+
+
+def measure_dequant(backend, timer: Timer, model: ModelSpec, quick: bool = False) -> dict[str, list]:
+    """``{format: [[bytes, seconds], ...]}``: the time to de-quantize one expert of the model's shape (``d_ff``
+    at a few widths, :func:`dequant_models`) from its quantized buffer of ``bytes`` (its ``expert_bytes``, what a
+    copy moves) into the working buffer at ``dtype_bytes``, on the device, as the executor does before an expert's
+    GEMMs (``validate.kernels.ExpertStore``); the sources rotate over buffers as the copies' do."""
+    torch = backend.torch
+    out = {}
+    with torch.inference_mode():
+        for fmt, models in dequant_models(model, quick).items():
+            points = []
+            for m in models:
+                store = ExpertStore(torch, m, backend.device)
+                bufs = [backend.device_buffer(store.nbytes) for _ in range(_rotation(store.nbytes, 8))]
+                store.fill(bufs[0])
+                for b in bufs[1:]:
+                    b.copy_(bufs[0])
+                expert = _cycle([store.handle(b) for b in bufs])
+                points.append([store.nbytes, timer(lambda: store.weights(expert()))])
+                del store, bufs, expert
+            out[fmt] = points
+    return out
+
+
 def cpu_expert_tokens(tokens: list[int]) -> list[int]:
     """The token counts the host's expert time is measured at: 1, 4 and 16 below the largest of ``tokens``, and the
     largest (at most four points: an expert on the host takes milliseconds)."""
@@ -369,11 +432,12 @@ def measure_cpu_expert(backend, model: ModelSpec, tokens: list[int], threads: in
     torch = backend.torch
     dtype = torch_dtype(torch, model)
     nbytes = model.expert_bytes
+    store = ExpertStore(torch, model, "cpu")  # a quantized expert: each worker de-quantizes its block
     bufs = [backend.host_buffer(nbytes) for _ in range(_rotation(nbytes))]
-    fill_random(torch, bufs[0], model, dtype)
+    store.fill(bufs[0])
     for b in bufs[1:]:
         b.copy_(bufs[0])
-    weights = _cycle([expert_views(b, model, dtype) for b in bufs])
+    weights = _cycle([store.handle(b) for b in bufs])
     host = HostExperts(torch, model, threads, backend.host_intra_op)
     share = budget_s / max(1, len(tokens))
     out = []
@@ -609,6 +673,7 @@ def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = Fa
             "lm_head": measure_lm_head(be, timer, model, g["dense_tokens"]),
             "cpu_expert": measure_cpu_expert(be, model, cpu_expert_tokens(g["tokens"]), host_threads,
                                              repeat=max(2, min(repeat, 3))),
+            **{f"dequant_{fmt}": points for fmt, points in measure_dequant(be, timer, model, quick).items()},
         },
     }
 
@@ -647,7 +712,33 @@ def combine(calibrations: list[dict]) -> dict:
     return out
 
 
+def simulator_tables() -> set[str]:
+    """The table names the installed simulator's hardware profiles accept (``sim.hardware_spec.TABLE_KEYS``)."""
+    from sim.hardware_spec import TABLE_KEYS
+
+    return set(TABLE_KEYS)
+
+
+def extra_tables_path(path: str | Path) -> Path:
+    """Where :func:`write_calibration` puts the tables the simulator does not read yet: ``NAME.extra-tables.yaml``
+    beside ``NAME.yaml``."""
+    path = Path(path)
+    return path.with_name(path.stem + ".extra-tables.yaml")
+
+
 def write_calibration(path: str | Path, calibration: dict) -> Path:
+    """The calibration as a hardware profile (YAML). Tables the installed simulator's profiles do not accept yet
+    (``dequant_int8``, ``dequant_int4`` until it reads them) go to :func:`extra_tables_path` instead, with the
+    table ``model``, so that the profile stays loadable; once the simulator accepts them they are written in place."""
+    known = simulator_tables()
+    tables = calibration.get("tables") or {}
+    extra = {k: v for k, v in tables.items() if k not in known}
+    if extra:
+        calibration = {**calibration, "tables": {k: v for k, v in tables.items() if k in known}}
+        text = ("# Measured tables this simulator's hardware profiles do not read yet (seconds; sizes in bytes):\n"
+                "# dequant_<format>: [[bytes of one quantized expert, seconds to de-quantize it on the device]]\n")
+        text += yaml.safe_dump({"model": tables.get("model"), **extra}, sort_keys=False, default_flow_style=None)
+        atomic_write_bytes(extra_tables_path(path), text.encode())
     text = "# Calibration profile: measured tables that replace the roofline (seconds; sizes in bytes).\n"
     text += yaml.safe_dump(calibration, sort_keys=False, default_flow_style=None)
     atomic_write_bytes(path, text.encode())

@@ -9,10 +9,13 @@
 # machine's state (GPU clocks, power, PCIe link, driver, versions) before and after, calibrates (microbenchmarks),
 # runs the executor over the GPU suite (Switch-XXL experts: several policies x batch sizes x cache sizes; at the
 # end, hybrid configurations whose experts off the GPU are computed on the host CPU, where this version registers
-# their policies), and leaves the measurement folder. With --pack DIR the folder is packed, and DIR receives exactly:
+# their policies, and two quantized ones: the experts held int8 and packed int4 at the simulator's bytes and
+# de-quantized on the GPU before their GEMMs, the de-quantization timed per format by the microbenchmarks), and
+# leaves the measurement folder. With --pack DIR the folder is packed, and DIR receives exactly:
 #
 #     gpu-check.tar.gz   the measurement folder (env-before.txt and env-after.txt inside)
-#     calibration.yaml   the microbenchmarks' calibration profile
+#     calibration.yaml   the microbenchmarks' calibration profile (tables the simulator does not read yet, such
+#                        as dequant_int8/dequant_int4, are in calibration.extra-tables.yaml inside the archive)
 #     run.log            everything the measurement printed
 #     env-before.txt     the machine's state before, and after: env-after.txt
 #

@@ -15,6 +15,11 @@ not on the device on the host CPU, beside their weights in host memory (the exec
 ``validate.kernels.HostExperts``), so that ``validate compare`` reports the simulator's error on them. They are not
 in ``--quick``. Where this version's simulator does not register a policy, ``validate cpu|gpu`` skips its
 configurations with a message (``validate.measure.runnable``).
+
+Then two quantized configurations (not in ``--quick`` either): the suite's model with its routed experts stored
+weight-only int8 (``expert_bits: 8``) and packed int4 (``expert_bits: 4.25``), copied at those bytes and
+de-quantized on the device before their GEMMs (``validate.kernels.QuantLayout``). The model keeps its name, so
+the suite's one calibration (its expert, dense and ``dequant_<format>`` tables) serves them too.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ class Suite:
     decode_tokens: int          # decode steps per configuration
     quick_decode_tokens: int
     lpc_buffers: int
-    points: tuple               # (name, policy, predictor, batch, hpc_slots, mpc_slots)
+    points: tuple               # (name, policy, predictor, batch, hpc_slots, mpc_slots[, model overrides])
     quick: tuple                # names of the points a --quick run measures
 
     def configs(self, quick: bool = False, only: list[str] | None = None) -> list[tuple[str, dict]]:
@@ -42,11 +47,14 @@ class Suite:
             if unknown:
                 raise KeyError(f"--configs: unknown configuration(s) {', '.join(unknown)}; known: {', '.join(names)}")
         out = []
-        for name, policy, predictor, batch, hpc, mpc in self.points:
+        for name, policy, predictor, batch, hpc, mpc, *over in self.points:
             if (only and name not in only) or (quick and not only and name not in self.quick):
                 continue
+            model = copy.deepcopy(self.model)
+            if over and over[0]:  # the suite's model with some fields changed (quantized experts)
+                model = {**(model if isinstance(model, dict) else {"base": model}), **over[0]}
             out.append((name, {
-                "model": copy.deepcopy(self.model),
+                "model": model,
                 "hardware": "h200",
                 "workload": {"trace": self.trace, "batch_size": batch, "batching": "static",
                              "max_decode_tokens": self.quick_decode_tokens if quick else self.decode_tokens,
@@ -83,6 +91,19 @@ def _hybrid(scale: int) -> tuple:
     return tuple((point_name(p, b * scale, h, m), p, pr, b * scale, h, m) for p, pr, b, h, m in base)
 
 
+#: The quantized configurations' expert widths (bits per weight, scales included): int8 weight-only, and packed
+#: int4 with one fp16 scale per 64 weights (the bytes of gpt-oss's MXFP4 experts).
+QUANTIZED_BITS = {"int8": 8, "int4": 4.25}
+
+
+def _quantized(scale: int) -> tuple:
+    """(name, policy, predictor, batch, hpc, mpc, model overrides) of the quantized configurations: the suite's
+    model with its experts stored int8 and int4 (``expert_bits``), batch sizes times ``scale``."""
+    base = (("lru", "none", 8, 2, 4, "int8"), ("diffmoe", "oracle", 16, 4, 9, "int4"))
+    return tuple((f"{point_name(p, b * scale, h, m)}-{fmt}", p, pr, b * scale, h, m,
+                  {"expert_bits": QUANTIZED_BITS[fmt]}) for p, pr, b, h, m, fmt in base)
+
+
 def _quick(points: tuple) -> tuple:
     """Six of the eight: every policy but the second on-demand and diffmoe-arc."""
     return tuple(p[0] for i, p in enumerate(points) if i not in (1, 7))
@@ -91,9 +112,9 @@ def _quick(points: tuple) -> tuple:
 _CPU, _GPU = _points(1), _points(2)
 SUITES = {
     "cpu": Suite("cpu", {"base": "switch-base-128", "dtype_bytes": 4}, "traces/data/switch_base_128.npz",
-                 decode_tokens=12, quick_decode_tokens=4, lpc_buffers=8, points=_CPU + _hybrid(1),
+                 decode_tokens=12, quick_decode_tokens=4, lpc_buffers=8, points=_CPU + _hybrid(1) + _quantized(1),
                  quick=_quick(_CPU)),
     "gpu": Suite("gpu", "switch-xxl-128", "traces/data/switch_xxl_128.npz",
-                 decode_tokens=8, quick_decode_tokens=4, lpc_buffers=16, points=_GPU + _hybrid(2),
+                 decode_tokens=8, quick_decode_tokens=4, lpc_buffers=16, points=_GPU + _hybrid(2) + _quantized(2),
                  quick=_quick(_GPU)),
 }
