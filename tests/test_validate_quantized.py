@@ -221,3 +221,14 @@ def test_validate_cpu_measures_the_quantized_configurations_and_the_simulator_de
 def test_the_executor_refuses_a_width_it_cannot_hold_naming_expert_bits(tiny):
     with pytest.raises(ConfigError, match=r"^model\.expert_bits: .*6 bits"):
         Executor(_config(tiny, 6), tiny[2], CpuBackend(torch))
+
+
+def test_a_hybrid_policy_computes_quantized_experts_on_the_host_with_the_simulators_decisions(tiny):
+    if "ktransformers" not in POLICIES:
+        pytest.skip("ktransformers is not registered yet")
+    cfg = _config(tiny, 4.25, "ktransformers", hpc=2, mpc=0)
+    ex = Executor(cfg, tiny[2], CpuBackend(torch), host_threads=2)
+    res = ex.run()
+    policy, predictor = build_decisions(cfg, tiny[2], ex.iterations)
+    assert res.decisions == replay(tiny[2], ex.iterations, policy, predictor)
+    assert sum(res.cpu_experts) > 0 and all(b > 0 for b, n in zip(res.cpu_busy_s, res.cpu_experts) if n)
