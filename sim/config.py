@@ -366,8 +366,17 @@ def check_organization(policy: str, organization: str) -> None:
                                                 f"with {', '.join(able)}")
 
 
+def dense_bytes_of(model: ModelSpec, system: SystemSpec | None = None) -> int:
+    """Bytes of the model's dense weights on the GPU: at ``dtype_bytes``, or at the system's ``dense_format`` (all
+    dense weights, embeddings and LM head too: an assumption, some systems keep those at 16 bits)."""
+    bits = None if system is None else system.dense_bits
+    if bits is None:
+        return model.dense_bytes
+    return math.ceil(model.dense_params * bits / 8)
+
+
 def kv_cache_check(model: ModelSpec, hw: HardwareSpec, batch_size: int, request_tokens: int,
-                   longest: tuple[int, int] | None = None) -> int:
+                   longest: tuple[int, int] | None = None, dense_bytes: int | None = None) -> int:
     """The KV cache of the largest batch of contexts (``batch_size`` requests of ``request_tokens`` tokens each,
     the longest request's prompt plus its generated tokens: an upper bound on what a batch holds at once) beside the
     dense weights and the reserved memory, which every policy keeps on the GPU whatever its tiers (the all-resident
@@ -378,13 +387,14 @@ def kv_cache_check(model: ModelSpec, hw: HardwareSpec, batch_size: int, request_
     (:attr:`ModelSpec.kv_bytes_per_token`); a profile without ``n_kv_heads`` or ``head_dim`` takes ``n_heads`` and
     ``d_model / n_heads`` (full multi-head attention: an upper bound for grouped-query or latent attention)."""
     kv = batch_size * request_tokens * model.kv_bytes_per_token
-    fixed = model.dense_bytes + hw.reserved_bytes
+    dense = model.dense_bytes if dense_bytes is None else dense_bytes
+    fixed = dense + hw.reserved_bytes
     if kv + fixed > hw.gpu_memory_bytes:
         prompt, generated = longest if longest is not None else (request_tokens, 0)
         raise ConfigError("cache", f"the KV cache alone does not fit: batch {batch_size} x {request_tokens} tokens "
                                    f"(the longest request: {prompt} prompt + {generated} generated) x "
                                    f"{model.kv_bytes_per_token / 1024:g} KiB per token of {show(model.name)} needs "
-                                   f"{kv / GB:.1f} GB beside {model.dense_bytes / GB:.1f} GB of dense weights and "
+                                   f"{kv / GB:.1f} GB beside {dense / GB:.1f} GB of dense weights and "
                                    f"{hw.reserved_bytes / GB:g} GB reserved, but hardware.gpu_memory_gb is "
                                    f"{hw.gpu_memory_bytes / GB:g} (lower workload.batch_size or the trace's prompt "
                                    f"lengths)")
@@ -392,12 +402,13 @@ def kv_cache_check(model: ModelSpec, hw: HardwareSpec, batch_size: int, request_
 
 
 def memory_check(model: ModelSpec, hw: HardwareSpec, cache: CacheConfig, batch_size: int,
-                 request_tokens: int) -> dict:
-    """Bytes each resident thing needs; raises ConfigError("cache: ...") when they exceed the GPU's memory."""
+                 request_tokens: int, dense_bytes: int | None = None) -> dict:
+    """Bytes each resident thing needs; raises ConfigError("cache: ...") when they exceed the GPU's memory.
+    ``dense_bytes``: the dense weights' (default: at the model's ``dtype_bytes``)."""
     n_layers = cached_layer_count(model, cache.layers)
     eb = model.expert_bytes
     need = {
-        "dense": model.dense_bytes,
+        "dense": model.dense_bytes if dense_bytes is None else dense_bytes,
         "kv_cache": batch_size * request_tokens * model.kv_bytes_per_token,
         "tiers": cache.total_slots(n_layers) * eb + cache.lpc_buffers * eb,
         "reserved": hw.reserved_bytes,
@@ -449,9 +460,11 @@ def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str]
     cache, _ = _load_cache(d.get("cache"), model, all_resident)
     check_organization(policy.name, cache.organization)
     tokens = summary.max_request_tokens(workload.max_decode_tokens)
-    kv_cache_check(model, hardware, workload.batch_size, tokens, summary.longest_request(workload.max_decode_tokens))
+    dense = dense_bytes_of(model, system)
+    kv_cache_check(model, hardware, workload.batch_size, tokens, summary.longest_request(workload.max_decode_tokens),
+                   dense)
     if not all_resident:
-        memory_check(model, hardware, cache, workload.batch_size, tokens)
+        memory_check(model, hardware, cache, workload.batch_size, tokens, dense)
     parts = {"model": model, "hardware": hardware, "system": system, "workload": workload, "cache": cache,
              "policy": policy, "predictor": predictor, **read_settings(RunConfig, d, "", skip=tuple(_SECTIONS))}
     resolved = {key_of(f): plain(parts[f.name]) for f in settings_of(RunConfig)}
@@ -510,4 +523,4 @@ def apply_override(d: dict, text: str) -> None:
 
 __all__ = ["CacheConfig", "MemorySizing", "NamedConfig", "RunConfig", "TierSplit", "TraceSummary", "WorkloadConfig",
            "apply_override", "cached_layer_count", "check_organization", "config_from_dict", "load_run_config",
-           "kv_cache_check", "memory_check", "read_trace_summary", "trace_matches_model"]
+           "dense_bytes_of", "kv_cache_check", "memory_check", "read_trace_summary", "trace_matches_model"]

@@ -205,3 +205,12 @@ def test_a_policy_that_weighs_host_against_copy_prices_both_with_the_runs_system
     slow_host = simulate(_cfg("configs/mixtral.yaml", "policy.name=fiddler", "system.host_call_us=1000000"))
     assert fast.summary["cpu_experts"] > 0
     assert slow_host.summary["cpu_experts"] == 0   # a host call dearer than any copy: fiddler copies every miss
+
+
+def test_a_dense_format_shrinks_the_dense_weights_in_gpu_memory():
+    from sim.config import dense_bytes_of
+
+    cfg = _cfg("configs/mixtral.yaml", "system.dense_format=hqq-4bit")
+    m = cfg.model
+    assert dense_bytes_of(m, cfg.system) == pytest.approx(m.dense_params * FORMATS["hqq-4bit"] / 8, abs=1)
+    assert dense_bytes_of(m, IDEAL) == m.dense_bytes
