@@ -425,6 +425,20 @@ def memory_check(model: ModelSpec, hw: HardwareSpec, cache: CacheConfig, batch_s
     return need
 
 
+def check_dequant_table(system: SystemSpec, hardware: HardwareSpec, model: ModelSpec) -> None:
+    """A ``dequant: table`` system needs a measured table for quantized experts: its own ``tables.dequant``, or the
+    calibration's for the experts' width (``dequant_int4`` up to 4.5 bits, ``dequant_int8`` up to 8.5)."""
+    if system.dequant != "table":
+        return
+    if system.tables is not None and system.tables.dequant is not None:
+        return
+    if hardware.tables is None or hardware.tables.dequant_for(model.expert_bits_per_weight) is None:
+        raise ConfigError("system.dequant", f"is 'table' but neither the system's tables.dequant nor the hardware's "
+                                            f"measured table for {model.expert_bits_per_weight:g}-bit experts exists "
+                                            f"(validate microbench measures them; 'measured' falls back to the "
+                                            f"roofline)")
+
+
 def with_formats(model: ModelSpec, system: SystemSpec) -> ModelSpec:
     """``model`` with the experts' storage width of the system's ``expert_format`` (unchanged without one): what a
     copy moves, a GPU expert reads, a host expert reads and a cache slot holds."""
@@ -450,6 +464,7 @@ def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str]
     check_tables(given_model, hardware)
     system = load_system(d.get("system"), "system")
     model = with_formats(given_model, system)
+    check_dequant_table(system, hardware, model)
     policy = _load_named(d["policy"], "policy", policy_names)
     predictor = _load_named(d.get("predictor"), "predictor", predictor_names, default=DEFAULT_PREDICTOR)
     workload, summary = _load_workload(d["workload"], model)

@@ -34,26 +34,11 @@ All methods are plain Python over scalars and memoise what they compute: they ar
 from __future__ import annotations
 
 from bisect import bisect_right
-from contextlib import contextmanager
-from contextvars import ContextVar
 
 from sim.errors import ConfigError
 from sim.hardware_spec import cpu_format_rate
 from sim.specs import HardwareSpec, ModelSpec
 from sim.system_spec import DEQUANT_OUT_BITS, IDEAL, SystemSpec
-
-#: The system a :class:`CostModel` built without one takes (the run's, while :func:`using_system` holds; else ideal).
-_CURRENT_SYSTEM: ContextVar[SystemSpec | None] = ContextVar("current_system", default=None)
-
-
-@contextmanager
-def using_system(system: SystemSpec | None):
-    """Cost models built inside (by parts that build their own from a run config) take ``system``."""
-    token = _CURRENT_SYSTEM.set(system)
-    try:
-        yield
-    finally:
-        _CURRENT_SYSTEM.reset(token)
 
 DIRECTIONS = ("h2d", "d2h")  # activation copies: host -> device, device -> host
 
@@ -161,7 +146,7 @@ class CostModel:
         self.model = model
         self.hw = hw
         if system is None:
-            system = _CURRENT_SYSTEM.get() or IDEAL
+            system = IDEAL
         self.system = sy = system
         # the software's costs, each applied only when it changes something (so that ideal is bit for bit)
         self.copy_overhead_s = sy.copy_overhead_s
@@ -171,8 +156,7 @@ class CostModel:
         self.cpu_mem_bw = hw.cpu_mem_bw if sy.host_bw_fraction == 1.0 else hw.cpu_mem_bw * sy.host_bw_fraction
         self.cpu_overhead_s = hw.cpu_expert_overhead_s if sy.host_call_s is None else sy.host_call_s
         self.cpu_threads = sy.host_threads
-        self._dequant_table = (_Table1D(sy.tables.dequant) if sy.dequant == "table" and sy.tables is not None
-                               and sy.tables.dequant is not None else None)
+        self._dequant_table = self._measured_dequant() if sy.dequant in ("table", "measured") else None
         self.dequant_s = self._dequant_expert_s()
         self.dense_dequant = sy.dequant == "roofline" and self.dense_weight_bytes * 8 < DEQUANT_OUT_BITS
         self.rate = hw.rate(model.dtype_bytes)
@@ -192,10 +176,21 @@ class CostModel:
     def expert_bytes(self) -> int:
         return self.model.expert_bytes
 
+    def _measured_dequant(self) -> "_Table1D | None":
+        """The de-quantization table a ``dequant: table`` or ``measured`` system prices with: its own
+        ``tables.dequant``, else the calibration's table for the experts' format (``dequant_int4`` / ``dequant_int8``,
+        ``validate microbench``); None when neither exists."""
+        sy, t = self.system, self.hw.tables
+        if sy.tables is not None and sy.tables.dequant is not None:
+            return _Table1D(sy.tables.dequant)
+        points = t.dequant_for(self.model.expert_bits_per_weight) if t is not None else None
+        return _Table1D(points) if points is not None else None
+
     def _dequant_expert_s(self) -> float:
         """The system's de-quantization of one expert's weights on the GPU before it computes: 0 with ``dequant:
         none`` or 16-bit and wider weights; ``roofline``: the quantized bytes read plus the 16-bit weights written,
-        over HBM bandwidth; ``table``: the system's ``dequant`` table at the quantized expert's bytes."""
+        over HBM bandwidth; ``table`` / ``measured``: the measured table (:meth:`_measured_dequant`) at the quantized
+        expert's bytes (``measured``: the roofline where none was measured; ``table`` is refused at load then)."""
         mode, m = self.system.dequant, self.model
         if mode == "none" or m.expert_bits_per_weight >= DEQUANT_OUT_BITS:
             return 0.0

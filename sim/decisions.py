@@ -55,7 +55,7 @@ def build_decisions(cfg: RunConfig, trace: Trace, iterations=None) -> tuple[Poli
     # trace refuses that very file); "costs": the run's cost model (plain Python), which hybrid CPU/GPU policies
     # weigh a copy against computing an expert on the host with
     extra = {"trace": trace, "iterations": iterations, "trace_path": cfg.workload.trace,
-             "costs": CostModel(cfg.model, cfg.hardware)}
+             "costs": CostModel(cfg.model, cfg.hardware, cfg.system)}
     ctx = PolicyContext(num_layers=trace.num_layers, num_experts=trace.num_experts, layer_roles=roles,
                         cached_layers=cached_layers(trace, cfg.cache.layers), hpc_slots=cfg.cache.hpc_slots,
                         mpc_slots=cfg.cache.mpc_slots, hot_ranking=hot_ranking(cfg, trace), seed=cfg.seed,

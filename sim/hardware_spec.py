@@ -71,19 +71,37 @@ class CalibrationTables:
     lm_head: Points2 | None = None  # (tokens, seconds) the LM head of THIS model
     # (tokens routed to one expert, seconds) one expert on the host CPU (all cpu_cores), THIS model's expert shape
     cpu_expert: Points2 | None = None
-    model: str | None = None       # the model the expert/dense/lm_head/cpu_expert tables were measured for
+    # (bytes of one quantized expert, seconds) de-quantizing it on the GPU into 16-bit weights, weight-only int8
+    # (per-channel scales) and packed int4 (group scales): measured by ``validate microbench`` for the model's shape
+    dequant_int8: Points2 | None = None
+    dequant_int4: Points2 | None = None
+    model: str | None = None       # the model the expert/dense/lm_head/cpu_expert/dequant tables were measured for
 
     def to_dict(self) -> dict:
         """The tables in the hardware-file schema (lists of lists, SI units)."""
         def pts(v):
             return None if v is None else [list(p) for p in v]
-        return {"model": self.model, "copy": pts(self.copy), "d2d": pts(self.d2d), "expert": pts(self.expert),
-                "dense": pts(self.dense), "lm_head": pts(self.lm_head), "cpu_expert": pts(self.cpu_expert)}
+        out = {"model": self.model, "copy": pts(self.copy), "d2d": pts(self.d2d), "expert": pts(self.expert),
+               "dense": pts(self.dense), "lm_head": pts(self.lm_head), "cpu_expert": pts(self.cpu_expert)}
+        for key in ("dequant_int8", "dequant_int4"):  # only when measured: older files and results read as before
+            if getattr(self, key) is not None:
+                out[key] = pts(getattr(self, key))
+        return out
 
     @property
     def has_model_tables(self) -> bool:
         """Whether any table here holds for one model's shapes (expert, dense, lm_head, cpu_expert)."""
-        return any(t is not None for t in (self.expert, self.dense, self.lm_head, self.cpu_expert))
+        return any(t is not None for t in (self.expert, self.dense, self.lm_head, self.cpu_expert,
+                                            self.dequant_int8, self.dequant_int4))
+
+    def dequant_for(self, bits_per_weight: float) -> Points2 | None:
+        """The measured de-quantization table for experts stored at ``bits_per_weight`` (scales included): packed
+        int4 up to 4.5 bits, int8 up to 8.5, none otherwise (or when not measured)."""
+        if bits_per_weight <= 4.5:
+            return self.dequant_int4
+        if bits_per_weight <= 8.5:
+            return self.dequant_int8
+        return None
 
 
 @dataclass(frozen=True)
@@ -217,9 +235,11 @@ def tables_from_dict(d: Any, where: str = "hardware.tables", suffix: str = "") -
     model = d.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip() or len(model) > NAME_CHARS):
         raise ConfigError(join(where, "model"), f"must be a model name or null, got {show(model)}{suffix}")
-    out = {k: _points(d.get(k), join(where, k), 2, suffix) for k in ("copy", "d2d", "expert", "lm_head", "cpu_expert")}
+    out = {k: _points(d.get(k), join(where, k), 2, suffix)
+           for k in ("copy", "d2d", "expert", "lm_head", "cpu_expert", "dequant_int8", "dequant_int4")}
     out["dense"] = _points(d.get("dense"), join(where, "dense"), 3, suffix)
-    if (out["expert"] or out["dense"] or out["lm_head"] or out["cpu_expert"]) and model is None:
+    per_model = ("expert", "dense", "lm_head", "cpu_expert", "dequant_int8", "dequant_int4")
+    if any(out[k] for k in per_model) and model is None:
         raise ConfigError(join(where, "model"), f"missing: expert, dense, lm_head and cpu_expert tables hold for one "
                                                  f"model's shapes{suffix}")
     if all(v is None for v in out.values()):

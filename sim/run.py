@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from sim.config import RunConfig
-from sim.costs import CostModel, using_system
+from sim.costs import CostModel
 from sim.decisions import build_decisions, cached_layers, hot_ranking  # noqa: F401 (re-exported)
 from sim.engine import EngineResult, Simulation
 from sim.policies import Policy
@@ -44,8 +44,7 @@ def simulate(cfg: RunConfig, timeline: bool = False, progress=None, trace: Trace
     trace = trace if trace is not None else load_trace(cfg.workload.trace)
     w = cfg.workload
     iterations, info = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
-    with using_system(cfg.system):  # the cost model the policy weighs its choices with prices the run's software
-        policy, predictor = build_decisions(cfg, trace, iterations)
+    policy, predictor = build_decisions(cfg, trace, iterations)
     costs = policy.ctx.extra.get("costs")  # the policy's own, if it has one
     if costs is None or costs.system is not cfg.system:
         costs = CostModel(cfg.model, cfg.hardware, cfg.system)

@@ -14,7 +14,10 @@ A profile holds (file keys; times in microseconds, converted to seconds in :clas
   group scales), overriding the model's ``expert_bits`` and the dense weights' ``dtype_bytes`` for the bytes that
   are copied and read; ``dequant``: the GPU's de-quantization of a quantized expert before its compute (``none``:
   fused into the kernel; ``roofline``: the quantized bytes read plus the 16-bit weights written at HBM bandwidth;
-  ``table``: measured, ``tables.dequant`` as [bytes of the quantized expert, seconds] points);
+  ``table``: measured, the system's ``tables.dequant`` as [bytes of the quantized expert, seconds] points, else
+  the calibration's ``dequant_int4`` / ``dequant_int8`` for the experts' width, refused at load when neither
+  exists; ``measured``: the calibration's table where one was measured, else the roofline: what the validator's
+  configurations use, written before their calibration exists);
 - host expert kernels (Fiddler, kTransformers): ``host_threads`` (cores used; null = the hardware's ``cpu_cores``),
   ``host_bw_fraction`` (share of the hardware's ``cpu_mem_bw_gb_s`` the kernels reach), ``host_call_us`` (per host
   expert call; null = the hardware's ``cpu_expert_overhead_us``);
@@ -27,13 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sim.checks import check_keys, check_mapping, integer, join, number, one_of, show, text
+from sim.checks import check_keys, check_mapping, integer, number, one_of, show, text
 from sim.errors import ConfigError
 from sim.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
 from sim.profiles import load_profile
 
 COPY_STREAMS = ("overlapped", "serial")
-DEQUANT_MODES = ("none", "roofline", "table")
+DEQUANT_MODES = ("none", "roofline", "table", "measured")
 DEFAULT_SYSTEM = "ideal"
 #: Bits of the 16-bit weights a de-quantization kernel writes, per weight.
 DEQUANT_OUT_BITS = 16.0
@@ -202,8 +205,6 @@ def system_from_dict(d: Any, where: str = "system", suffix: str = "", source: st
     d = check_mapping(d, where)
     check_keys(d, where, required_keys(SystemSpec), SYSTEM_FIELDS, suffix, see="sim/system_spec.py")
     values = read_settings(SystemSpec, d, where, suffix, defaults={"source": source})
-    if values["dequant"] == "table" and (values["tables"] is None or values["tables"].dequant is None):
-        raise ConfigError(join(where, "dequant"), f"is 'table' but tables.dequant is missing{suffix}")
     return SystemSpec(**to_si(SystemSpec, values))
 
 

@@ -23,7 +23,7 @@ from validate.backends import CpuBackend
 from validate.executor import Executor
 from validate.kernels import (INT4_ZERO, ExpertStore, _dequant_part, HostExperts, QuantLayout, check_runnable, expert_format,
                               expert_forward, expert_shapes)
-from validate.microbench import Timer, extra_tables_path, measure_dequant, simulator_tables, write_calibration
+from validate.microbench import Timer, measure_dequant, write_calibration
 from validate.suites import QUANTIZED_BITS, SUITES
 
 torch = pytest.importorskip("torch")
@@ -182,14 +182,32 @@ def test_the_dequant_tables_cover_both_formats_at_growing_sizes_and_keep_the_pro
     cal = {"base": "h200", "source": "test", "tables": {"model": model.name, "copy": [[1, 1e-6], [2, 2e-6]],
                                                        **{f"dequant_{f}": p for f, p in tables.items()}}}
     path = write_calibration(tmp_path / "cal.yaml", cal)
-    load_hardware(str(path))                                              # the simulator reads it as it is
+    hw = load_hardware(str(path))                                         # the simulator reads it as it is
     written = yaml.safe_load(path.read_text())["tables"]
-    extra = extra_tables_path(path)
-    for key in ("dequant_int8", "dequant_int4"):
-        if key in simulator_tables():
-            assert written[key] == cal["tables"][key]
-        else:
-            assert key not in written and yaml.safe_load(extra.read_text())[key] == cal["tables"][key]
+    for key, bits in (("dequant_int8", 8), ("dequant_int4", 4.25)):
+        assert written[key] == cal["tables"][key]
+        assert [list(p) for p in hw.tables.dequant_for(bits)] == [[float(x) for x in p] for p in cal["tables"][key]]
+
+
+def test_a_table_system_prices_each_expert_with_the_calibrations_dequant_table_for_its_width(tmp_path):
+    """The simulator side of the quantized configurations: ``dequant: measured`` takes the calibration's measured
+    table for the experts' width (int4 up to 4.5 bits, int8 up to 8.5); without one, the roofline."""
+    from sim.costs import CostModel
+    from sim.system_spec import load_system
+
+    table = {"int8": [[1, 1e-3], [1e12, 2.0]], "int4": [[1, 5e-3], [1e12, 7.0]]}
+    cal = {"base": "h200", "source": "test", "tables": {"model": _model(8).name,
+                                                       **{f"dequant_{f}": p for f, p in table.items()}}}
+    hw = load_hardware(str(write_calibration(tmp_path / "cal.yaml", cal)))
+    system = load_system({"base": "ideal", "dequant": "measured"})
+    roofline = load_system({"base": "ideal", "dequant": "roofline"})
+    for bits, fmt in ((8, "int8"), (4.25, "int4")):
+        model = _model(bits)
+        (x0, y0), (x1, y1) = table[fmt]
+        want = y0 + (model.expert_bytes - x0) * (y1 - y0) / (x1 - x0)
+        assert CostModel(model, hw, system).dequant_s == pytest.approx(want, rel=1e-9)
+        plain = load_hardware("h200")
+        assert CostModel(model, plain, system).dequant_s == CostModel(model, plain, roofline).dequant_s > 0
 
 
 # ------------------------------------------------------------------------------------------------ the suites

@@ -712,33 +712,8 @@ def combine(calibrations: list[dict]) -> dict:
     return out
 
 
-def simulator_tables() -> set[str]:
-    """The table names the installed simulator's hardware profiles accept (``sim.hardware_spec.TABLE_KEYS``)."""
-    from sim.hardware_spec import TABLE_KEYS
-
-    return set(TABLE_KEYS)
-
-
-def extra_tables_path(path: str | Path) -> Path:
-    """Where :func:`write_calibration` puts the tables the simulator does not read yet: ``NAME.extra-tables.yaml``
-    beside ``NAME.yaml``."""
-    path = Path(path)
-    return path.with_name(path.stem + ".extra-tables.yaml")
-
-
 def write_calibration(path: str | Path, calibration: dict) -> Path:
-    """The calibration as a hardware profile (YAML). Tables the installed simulator's profiles do not accept yet
-    (``dequant_int8``, ``dequant_int4`` until it reads them) go to :func:`extra_tables_path` instead, with the
-    table ``model``, so that the profile stays loadable; once the simulator accepts them they are written in place."""
-    known = simulator_tables()
-    tables = calibration.get("tables") or {}
-    extra = {k: v for k, v in tables.items() if k not in known}
-    if extra:
-        calibration = {**calibration, "tables": {k: v for k, v in tables.items() if k in known}}
-        text = ("# Measured tables this simulator's hardware profiles do not read yet (seconds; sizes in bytes):\n"
-                "# dequant_<format>: [[bytes of one quantized expert, seconds to de-quantize it on the device]]\n")
-        text += yaml.safe_dump({"model": tables.get("model"), **extra}, sort_keys=False, default_flow_style=None)
-        atomic_write_bytes(extra_tables_path(path), text.encode())
+    """The calibration as a hardware profile (YAML)."""
     text = "# Calibration profile: measured tables that replace the roofline (seconds; sizes in bytes).\n"
     text += yaml.safe_dump(calibration, sort_keys=False, default_flow_style=None)
     atomic_write_bytes(path, text.encode())

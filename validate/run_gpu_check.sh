@@ -14,8 +14,7 @@
 # leaves the measurement folder. With --pack DIR the folder is packed, and DIR receives exactly:
 #
 #     gpu-check.tar.gz   the measurement folder (env-before.txt and env-after.txt inside)
-#     calibration.yaml   the microbenchmarks' calibration profile (tables the simulator does not read yet, such
-#                        as dequant_int8/dequant_int4, are in calibration.extra-tables.yaml inside the archive)
+#     calibration.yaml   the microbenchmarks' calibration profile (with the dequant_int8/dequant_int4 tables)
 #     run.log            everything the measurement printed
 #     env-before.txt     the machine's state before, and after: env-after.txt
 #

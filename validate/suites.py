@@ -36,7 +36,7 @@ class Suite:
     decode_tokens: int          # decode steps per configuration
     quick_decode_tokens: int
     lpc_buffers: int
-    points: tuple               # (name, policy, predictor, batch, hpc_slots, mpc_slots[, model overrides])
+    points: tuple               # (name, policy, predictor, batch, hpc_slots, mpc_slots[, model overrides[, system]])
     quick: tuple                # names of the points a --quick run measures
 
     def configs(self, quick: bool = False, only: list[str] | None = None) -> list[tuple[str, dict]]:
@@ -53,6 +53,7 @@ class Suite:
             model = copy.deepcopy(self.model)
             if over and over[0]:  # the suite's model with some fields changed (quantized experts)
                 model = {**(model if isinstance(model, dict) else {"base": model}), **over[0]}
+            system = {"system": copy.deepcopy(over[1])} if len(over) > 1 else {}
             out.append((name, {
                 "model": model,
                 "hardware": "h200",
@@ -64,6 +65,7 @@ class Suite:
                 "policy": {"name": policy, "params": {}},
                 "predictor": {"name": predictor, "params": {}},
                 "seed": 0,
+                **system,
             }))
         return out
 
@@ -94,6 +96,9 @@ def _hybrid(scale: int) -> tuple:
 #: The quantized configurations' expert widths (bits per weight, scales included): int8 weight-only, and packed
 #: int4 with one fp16 scale per 64 weights (the bytes of gpt-oss's MXFP4 experts).
 QUANTIZED_BITS = {"int8": 8, "int4": 4.25}
+#: The software of the quantized configurations: the executor's kernels de-quantize each expert on the device before
+#: its matmuls, which the simulator prices with the calibration's measured ``dequant_int8`` / ``dequant_int4`` tables.
+QUANTIZED_SYSTEM = {"base": "ideal", "name": "validator-dequant", "dequant": "measured"}
 
 
 def _quantized(scale: int) -> tuple:
@@ -101,7 +106,7 @@ def _quantized(scale: int) -> tuple:
     model with its experts stored int8 and int4 (``expert_bits``), batch sizes times ``scale``."""
     base = (("lru", "none", 8, 2, 4, "int8"), ("diffmoe", "oracle", 16, 4, 9, "int4"))
     return tuple((f"{point_name(p, b * scale, h, m)}-{fmt}", p, pr, b * scale, h, m,
-                  {"expert_bits": QUANTIZED_BITS[fmt]}) for p, pr, b, h, m, fmt in base)
+                  {"expert_bits": QUANTIZED_BITS[fmt]}, QUANTIZED_SYSTEM) for p, pr, b, h, m, fmt in base)
 
 
 def _quick(points: tuple) -> tuple:
