@@ -1,5 +1,6 @@
 """`python -m sim run CONFIG [--set key.path=value ...] [--out DIR] [--timeline] [--json]` and
-`python -m sim compare CONFIG --policies a,b,c [--baseline NAME]` (see ``sim/compare.py``).
+`python -m sim compare CONFIG --policies a,b,c [--baseline NAME]` (see ``sim/compare.py``) and
+`python -m sim fit-system --measured CSV --system NAME --hardware HW --out FILE.yaml` (see ``sim/fit_system.py``).
 
 Exit status 0 on success, 2 on bad input (config, trace, arguments) with one line naming the field or file,
 1 on an internal error. Nothing is written to ``--out`` unless the config is valid, and ``--out`` (with each file
@@ -83,10 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", action="store_true", help="also write timeline.json (Chrome trace, opens in Perfetto)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.set_defaults(func=cmd_run)
-    from sim import compare, sweep
+    from sim import compare, fit_system, sweep
 
     compare.register(sub)
     sweep.register(sub)
+    fit_system.register(sub)
     return parser
 
 

@@ -9,6 +9,13 @@ The rule here:
 - **Placement**: each cached layer's ``hpc_slots + mpc_slots`` hottest experts (``cache.hot_profile``) are pinned
   on the GPU for the run (all as HPC). Guess: KTransformers places GPU experts by a user's placement rules (and
   its expert-deferral / hot-expert options); the hot profile at equal slots per layer is our stand-in.
+  ``params.placement: global`` pins instead the most popular experts of the whole model in the same room
+  (``sim.policies.fiddler.global_placement``; always so in a shared cache). ``params.cpu_layers: N`` (N >= 0) is
+  llama.cpp's ``--n-cpu-moe N``: the experts of the first N MoE layers stay on the host, every expert of the other
+  layers is on the GPU (placement that differs by layer); the GPU room (``(hpc_slots + mpc_slots) x cached
+  layers``, or ``cache.shared_slots``) must hold them, so that the config's memory check counts them. N counts MoE
+  layers: llama.cpp counts blocks, dense ones included (DeepSeek-V3's first 3 blocks are dense: N blocks are
+  N - 3 MoE layers). -1 (default): off.
 - **Run time**: every other active expert is computed on the host (source ``cpu``); nothing is copied, promoted or
   prefetched. Uncached layers compute all their routed experts on the host.
 - Not modelled (guess that they matter little here): expert deferral (overlapping a layer's host experts with
@@ -18,13 +25,35 @@ The rule here:
 from __future__ import annotations
 
 from sim.cache import CPU, HPC
-from sim.policies.base import POLICIES, LayerPlan, PinnedOnly
+from sim.errors import ConfigError
+from sim.params import MAX_EXPERTS, between, one_of
+from sim.policies.base import POLICIES, LayerPlan, PolicyContext
+from sim.policies.fiddler import PLACEMENTS, Placed
 
 
 @POLICIES.register("ktransformers")
-class KTransformers(PinnedOnly):
+class KTransformers(Placed):
+    PARAMS = {"placement": "per-layer", "cpu_layers": -1}
+    PARAM_RULES = {"placement": one_of(*PLACEMENTS), "cpu_layers": between(-1, MAX_EXPERTS, kind=int)}
+
+    def is_global(self, ctx: PolicyContext) -> bool:
+        return self.params["cpu_layers"] >= 0 or super().is_global(ctx)
+
+    def placement(self):
+        n = self.params["cpu_layers"]
+        if n < 0:
+            return super().placement()
+        ctx = self.ctx
+        placed = {layer: (list(ctx.hot_ranking[layer]) if layer >= n else []) for layer in sorted(ctx.cached_layers)}
+        need, room = sum(len(v) for v in placed.values()), ctx.shared_total()
+        if need > room:
+            raise ConfigError("policy.params.cpu_layers", f"{n} leaves {need} experts on the GPU, but its room holds "
+                                                          f"{room} ((hpc_slots + mpc_slots) x cached layers, or "
+                                                          f"cache.shared_slots): give it that room")
+        return placed
+
     def configure(self) -> None:
-        self.pin_hot_experts()
+        self.pin_placed()
 
     def plan_prefetch(self, iteration, layer, predicted):
         return []

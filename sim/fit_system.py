@@ -1,0 +1,551 @@
+"""Fit a serving system's software constants to measured tokens/s, and predict other configurations with them.
+
+A *rows file* (CSV) lists measurements, one per line, with the columns :data:`COLUMNS`:
+
+- ``row``: an id; ``source``: where the figure comes from; ``system``: a serving system of :data:`SYSTEMS`
+  (``mixtral-offloading``, ``fiddler``, ``ktransformers``, ``llama.cpp``, ``deepspeed``); ``variant``: the system's
+  mode (mixtral-offloading ``full`` | ``lru`` | ``none``, another by its slots; llama.cpp ``n-cpu-moe=N``; others
+  free text);
+- ``model``: a profile of ``configs/models/`` (``mixtral-8x7b-instruct`` is ``mixtral-8x7b``) with a trace in
+  :data:`TRACES`; ``expert_format``/``dense_format``: weight formats of ``sim.system_spec.FORMATS`` (blank: the
+  system profile's);
+- ``gpu``, ``host``, ``pcie``: the machine, mapped to a profile of ``configs/hardware/`` by :func:`hardware_of`;
+- ``batch``, ``prompt_tokens``, ``decode_tokens``: the workload (decode-only traces: the prompt is not simulated);
+- ``gpu_experts_per_layer``: experts kept on the GPU per MoE layer (blank: the system's own rule);
+- ``published_tok_s``: the measured decode tokens/s (blank: unknown); ``role``: ``fit`` (used to fit the constants)
+  or ``predict`` (only predicted; its measured value is never read while fitting).
+
+Each system fits one constant (:data:`FITTED`), per GPU where the software's cost depends on the GPU
+(``per_gpu``): on the ``fit`` rows only, by bisection on the mean log error of the simulated tokens/s (monotone in
+the constant), so that one fit row is matched exactly and several in geometric mean. A row whose GPU has no fit
+row of its own takes the fit over all the system's fit rows.
+
+``python -m sim fit-system --measured MY.csv --system NAME --hardware HW --out my-system.yaml`` fits a user's
+machine (every row on ``--hardware``) and writes a system profile ``{base: NAME, CONSTANT: value}``;
+``benchmarks/published_systems.py --rows ROWS.csv`` checks the published rows. A bad file raises ConfigError naming
+the file, the row and the problem.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from sim.errors import ConfigError
+from sim.files import PROJECT_ROOT
+
+COLUMNS = ("row", "source", "system", "variant", "model", "expert_format", "dense_format", "gpu", "host", "pcie",
+           "batch", "prompt_tokens", "decode_tokens", "gpu_experts_per_layer", "published_tok_s", "role")
+ROLES = ("fit", "predict")
+MAX_ROWS = 10_000
+MAX_FILE_BYTES = 4 << 20
+
+#: Model names in rows -> model profiles (configs/models/).
+MODEL_ALIASES = {"mixtral-8x7b-instruct": "mixtral-8x7b", "mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
+                 "deepseek-r1": "deepseek-v3"}
+#: Model profile -> the bundled trace it replays (traces/data/README.md) and the requests simulated (enough decode
+#: tokens for a stable mean: the mixtral trace's requests hold ~144 decode tokens, deepseek's 12).
+TRACES = {"mixtral-8x7b": ("traces/data/mixtral_8x7b.npz", 8),
+          "deepseek-v3": ("traces/data/synth_deepseek_v3.npz", 48),
+          "gpt-oss-20b": ("traces/data/gpt_oss_20b.npz", 8),
+          "gpt-oss-120b": ("traces/data/synth_gpt_oss_120b.npz", 8),
+          "qwen3-30b-a3b": ("traces/data/synth_qwen3_30b_a3b.npz", 16),
+          "qwen3-235b-a22b": ("traces/data/synth_qwen3_235b_a22b.npz", 16),
+          "kimi-k2": ("traces/data/synth_kimi_k2.npz", 48)}
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """The constant a system fits: a system-profile key, its search range and how tokens/s moves with it."""
+
+    key: str                 # a key of sim/system_spec.py (file units)
+    low: float
+    high: float
+    per_gpu: bool            # one value per GPU (the software's cost depends on it), else one for the system
+    increasing: bool         # tokens/s grows with the constant
+    log_scale: bool = False  # bisect on log(value)
+
+
+#: System name -> (system profile, the constant it fits).
+SYSTEMS: dict[str, tuple[str, Fitted]] = {
+    # framework time per MoE layer: 0 to 100 ms
+    "mixtral-offloading": ("mixtral-offloading", Fitted("layer_overhead_us", 0.0, 100_000.0, True, False)),
+    # share of the host memory bandwidth Fiddler's host expert kernels reach
+    "fiddler": ("fiddler", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
+    # share of the host memory bandwidth kTransformers' host expert kernels reach
+    "ktransformers": ("ktransformers", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
+    "llama.cpp": ("llama-cpp", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
+    # framework time per MoE layer
+    "deepspeed": ("deepspeed", Fitted("layer_overhead_us", 0.0, 100_000.0, True, False)),
+}
+SYSTEM_ALIASES = {"llama-cpp": "llama.cpp", "llamacpp": "llama.cpp", "accelerate": "deepspeed",
+                  "deepspeed-inference": "deepspeed", "mixtral_offloading": "mixtral-offloading"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measurement, checked (see the module docstring for the columns)."""
+
+    row: str
+    source: str
+    system: str
+    variant: str
+    model: str
+    expert_format: str | None
+    dense_format: str | None
+    gpu: str
+    host: str
+    pcie: str
+    batch: int
+    prompt_tokens: int | None
+    decode_tokens: int | None
+    gpu_experts_per_layer: int | None
+    published_tok_s: float | None
+    role: str
+    hardware: str            # the hardware profile (name or path) the row runs on
+    line: int = 0            # the file's line number
+
+
+# ------------------------------------------------------------------------------------------------ reading rows
+def _where(path: str, line: int, row_id: str | None = None) -> str:
+    return f"{path}: row {line}" + (f" ({row_id})" if row_id else "")
+
+
+def _int(value: str, col: str, where: str, minimum: int = 0) -> int | None:
+    if value == "":
+        return None
+    try:
+        v = int(value)
+    except ValueError:
+        raise ConfigError(where, f"{col} must be an integer >= {minimum} or blank, got {value[:40]!r}") from None
+    if v < minimum or v > 1 << 30:
+        raise ConfigError(where, f"{col} must be an integer >= {minimum} or blank, got {v}")
+    return v
+
+
+def _positive(value: str, col: str, where: str) -> float | None:
+    if value == "":
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        raise ConfigError(where, f"{col} must be a number > 0 or blank, got {value[:40]!r}") from None
+    if not math.isfinite(v) or v <= 0 or v > 1e9:
+        raise ConfigError(where, f"{col} must be a number > 0 or blank, got {value[:40]!r}")
+    return v
+
+
+def _profile_exists(kind: str, name: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name)) and (PROJECT_ROOT / "configs" / kind /
+                                                                       f"{name}.yaml").is_file()
+
+
+def hardware_of(gpu: str, host: str) -> str | None:
+    """The hardware profile of a row's GPU and host: the profile named like the GPU (``a100-sxm4-80gb``,
+    ``quadro-rtx6000-24gb``), or for a GPU whose profiles vary the host (``rtx4090d-24gb`` with ``2x Xeon Gold
+    6454S``) the profile ``GPU-NxSKU`` (``rtx4090d-2x6454s``); None when none matches."""
+    gpu = gpu.strip().lower()
+    m = re.search(r"(\d+)\s*x\s*(?:intel\s+)?(?:xeon|epyc)\s+(?:gold\s+|platinum\s+|silver\s+)?(\w+)", host.lower())
+    if m:
+        stem = re.sub(r"-\d+gb$", "", gpu)
+        name = f"{stem}-{m.group(1)}x{m.group(2)}"
+        if _profile_exists("hardware", name):
+            return name
+    if _profile_exists("hardware", gpu):
+        return gpu
+    return None
+
+
+def _model_of(name: str) -> str:
+    name = name.strip().lower()
+    return MODEL_ALIASES.get(name, name)
+
+
+def system_of(name: str) -> str:
+    name = name.strip().lower()
+    return SYSTEM_ALIASES.get(name, name)
+
+
+def check_row(raw: dict, path: str, line: int, hardware: str | None = None, default_role: str | None = None) -> Row:
+    """One CSV record checked into a :class:`Row` (``hardware``: the profile every row runs on, else the row's GPU
+    and host decide; ``default_role``: the role of a row that leaves it blank)."""
+    from sim.system_spec import FORMATS
+
+    v = {c: (raw.get(c) or "").strip() for c in COLUMNS}
+    rid = v["row"]
+    where = _where(path, line, rid)
+    if not rid:
+        raise ConfigError(where, "row (the id) is blank")
+    system = system_of(v["system"])
+    if system not in SYSTEMS:
+        raise ConfigError(where, f"system must be one of {', '.join(SYSTEMS)}, got {v['system'][:40]!r}")
+    model = _model_of(v["model"])
+    if model not in TRACES or not _profile_exists("models", model):
+        raise ConfigError(where, f"model must be one of {', '.join(sorted(TRACES))} (or an alias: "
+                                 f"{', '.join(MODEL_ALIASES)}), got {v['model'][:40]!r}")
+    formats = {}
+    for col in ("expert_format", "dense_format"):
+        if v[col] and v[col].lower() not in FORMATS:
+            raise ConfigError(where, f"{col} must be one of {', '.join(FORMATS)} or blank, got {v[col][:40]!r}")
+        formats[col] = v[col].lower() or None
+    hw = hardware or hardware_of(v["gpu"], v["host"])
+    if hw is None:
+        raise ConfigError(where, f"gpu {v['gpu'][:40]!r} with host {v['host'][:60]!r} matches no hardware profile in "
+                                 f"configs/hardware/ (name the GPU's profile, or GPU-24gb with 'Nx Xeon Gold SKU')")
+    role = v["role"].lower() or (default_role or "")
+    if role not in ROLES:
+        raise ConfigError(where, f"role must be fit or predict, got {v['role'][:40]!r}")
+    published = _positive(v["published_tok_s"], "published_tok_s", where)
+    if role == "fit" and published is None:
+        raise ConfigError(where, "published_tok_s is blank but the row is a fit row")
+    variant = v["variant"].lower()
+    batch = _int(v["batch"], "batch", where, 1)
+    return Row(row=rid, source=v["source"], system=system, variant=variant, model=model, gpu=v["gpu"], host=v["host"],
+               pcie=v["pcie"], batch=1 if batch is None else batch,
+               prompt_tokens=_int(v["prompt_tokens"], "prompt_tokens", where),
+               decode_tokens=_int(v["decode_tokens"], "decode_tokens", where, 1),
+               gpu_experts_per_layer=_int(v["gpu_experts_per_layer"], "gpu_experts_per_layer", where),
+               published_tok_s=published, role=role, hardware=hw, line=line, **formats)
+
+
+def read_rows(path: str | Path, hardware: str | None = None, default_role: str | None = None) -> list[Row]:
+    """The rows of a CSV file, every one checked (ConfigError naming the file, the row and the problem)."""
+    shown = str(path)
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(shown, "no such file (a CSV rows file)")
+    data = p.read_bytes()[: MAX_FILE_BYTES + 1]
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(shown, f"is larger than {MAX_FILE_BYTES >> 20} MiB: not a rows file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ConfigError(shown, "is not UTF-8 text (a CSV rows file)") from None
+    try:
+        reader = csv.DictReader(io.StringIO(text))
+        header = reader.fieldnames or []
+        missing = [c for c in COLUMNS if c not in header]
+        if missing:
+            raise ConfigError(shown, f"row 1 (the header) lacks the columns {', '.join(missing)}")
+        rows, seen = [], set()
+        for i, raw in enumerate(reader):
+            line = reader.line_num
+            if i >= MAX_ROWS:
+                raise ConfigError(shown, f"holds more than {MAX_ROWS} rows")
+            if None in raw:
+                raise ConfigError(_where(shown, line), f"has more fields than the header's {len(header)}")
+            if all(not (x or "").strip() for x in raw.values()):
+                continue
+            r = check_row(raw, shown, line, hardware, default_role)
+            if r.row in seen:
+                raise ConfigError(_where(shown, line, r.row), "row id repeats an earlier row's")
+            seen.add(r.row)
+            rows.append(r)
+    except csv.Error as exc:
+        raise ConfigError(shown, f"is not a valid CSV file ({exc})") from None
+    if not rows:
+        raise ConfigError(shown, "holds no rows")
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ run configs
+def _n_cpu_moe(variant: str) -> int | None:
+    m = re.search(r"n-cpu-moe\D{0,3}(\d+)", variant.strip())
+    return int(m.group(1)) if m else None
+
+
+def _fits_on_gpu(cfg_dict: dict) -> int:
+    """How many experts Fiddler puts on the GPU: ``(0.95 x GPU memory - what is allocated) // expert bytes``, what
+    is allocated being the dense weights, the KV cache and the working buffer (sourced: efeslab/fiddler
+    src/fiddler/mixtral.py, ``calc_n_expert_on_gpu``), and never more than the config's memory check admits (the
+    hardware profile's reserved memory aside)."""
+    from sim.config import config_from_dict, dense_bytes_of, kv_cache_check, with_formats
+    from sim.hardware_spec import load_hardware
+    from sim.model_spec import load_model
+    from sim.system_spec import load_system
+
+    system = load_system(cfg_dict["system"])
+    model = with_formats(load_model(cfg_dict["model"]), system)
+    hw = load_hardware(cfg_dict["hardware"])
+    probe = dict(cfg_dict, cache={"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": cfg_dict["cache"]["lpc_buffers"]})
+    cfg = config_from_dict(probe)  # the config's own checks (KV cache, dense weights)
+    kv = cfg.workload.batch_size * _request_tokens(cfg) * model.kv_bytes_per_token
+    usable = min(0.95 * hw.gpu_memory_bytes, hw.gpu_memory_bytes - hw.reserved_bytes)
+    free = usable - dense_bytes_of(model, system) - kv - cfg.cache.lpc_buffers * model.expert_bytes
+    return max(int(free // model.expert_bytes), 0)
+
+
+def _request_tokens(cfg) -> int:
+    from sim.config import read_trace_summary
+    return read_trace_summary(cfg.workload.trace).max_request_tokens(cfg.workload.max_decode_tokens)
+
+
+def run_config(row: Row, constants: dict[str, float], system_profile: str | None = None) -> dict:
+    """The run config (a mapping for ``sim.config.config_from_dict``) that simulates ``row`` with the system's
+    fitted ``constants`` (file keys) set on its profile."""
+    profile, _ = SYSTEMS[row.system]
+    system: dict[str, Any] = {"base": system_profile or profile, **constants}
+    if row.expert_format:
+        system["expert_format"] = row.expert_format
+    if row.dense_format:
+        system["dense_format"] = row.dense_format
+    trace, requests = TRACES[row.model]
+    workload = {"trace": trace, "batch_size": row.batch, "batching": "static", "prefill": False,
+                "max_decode_tokens": row.decode_tokens, "requests": requests * row.batch}
+    slots = row.gpu_experts_per_layer
+    d: dict[str, Any] = {"model": row.model, "hardware": row.hardware, "system": system, "workload": workload,
+                         "predictor": "none", "seed": 0}
+    # working buffers for experts in flight: 4 (assumption: mixtral-offloading's buffer_size 4, one layer's
+    # top-2 and its speculative pair)
+    if row.system == "mixtral-offloading":  # variants full | lru | none; another variant: by its slots
+        if row.variant == "none" or not slots:
+            d["policy"] = "on-demand"
+            d["cache"] = {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 4}
+        else:
+            d["policy"] = "lru"
+            d["cache"] = {"hpc_slots": 0, "mpc_slots": slots, "lpc_buffers": 4}
+            if row.variant == "full":  # speculative loading of the next layer's experts (guessed from this layer)
+                d["predictor"] = {"name": "noisy", "params": dict(SPECULATIVE_GUESS)}
+    elif row.system == "deepspeed":
+        d["policy"] = "on-demand"
+        d["cache"] = {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 4}
+    elif row.system == "fiddler":
+        d["cache"] = {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 1}
+        d["policy"] = {"name": "fiddler", "params": {"placement": "global"}}
+        if slots is None:  # the most popular experts of the whole model, as many as the GPU holds
+            n = _fits_on_gpu(d)
+            d["cache"] = {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 1, "organization": "shared",
+                          "shared_slots": n}
+        else:
+            d["cache"] = {"hpc_slots": slots, "mpc_slots": 0, "lpc_buffers": 1}
+    else:  # ktransformers, llama.cpp: routed experts on the host, hot or whole layers on the GPU
+        n_cpu = _n_cpu_moe(row.variant) if row.system == "llama.cpp" else None
+        params: dict[str, Any] = {}
+        if n_cpu is not None:
+            from sim.model_spec import load_model
+            m = load_model(row.model)
+            layers = m.encoder_moe_layers + m.decoder_moe_layers
+            params["cpu_layers"] = min(n_cpu, layers)
+            d["cache"] = {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 1, "organization": "shared",
+                          "shared_slots": (layers - params["cpu_layers"]) * m.num_experts}
+        else:
+            d["cache"] = {"hpc_slots": slots or 0, "mpc_slots": 0, "lpc_buffers": 1}
+        d["policy"] = {"name": "ktransformers", "params": params}
+    return d
+
+
+#: mixtral-offloading's speculative loading as a noisy guess of the next layer's experts. Assumption: recall and
+#: precision 0.8 (the paper shows the guess from the previous layer's hidden states catching most of the next
+#: layer's experts, without a figure we re-read here).
+SPECULATIVE_GUESS = {"recall": 0.8, "precision": 0.8}
+
+
+def simulate_row(row: Row, constants: dict[str, float], system_profile: str | None = None) -> float:
+    """Simulated decode tokens/s of ``row`` with the system's ``constants``."""
+    from sim.config import config_from_dict
+    from sim.run import simulate
+
+    cfg = config_from_dict(run_config(row, constants, system_profile), source=f"row {row.row}")
+    return float(simulate(cfg).summary["throughput_tok_s"])
+
+
+# ------------------------------------------------------------------------------------------------ fitting
+@dataclass(frozen=True)
+class SystemFit:
+    """A system's fitted constant: its value over all fit rows, and per GPU where it depends on the GPU."""
+
+    system: str
+    key: str
+    value: float | None                       # over all the system's fit rows (None: no fit row)
+    per_gpu: dict[str, float]                 # hardware profile -> value
+    rows: tuple[str, ...]                     # the fit rows' ids
+    rows_by_gpu: dict[str, tuple[str, ...]]
+    at_bound: bool = False                    # the search range's end was reached (the rows want more)
+
+    def constants_for(self, hardware: str) -> dict[str, float]:
+        v = self.per_gpu.get(hardware, self.value)
+        return {} if v is None else {self.key: v}
+
+
+def fit_rows(fit_rows: list[Row], simulate: Callable[[Row, dict], float] | None = None,
+             iterations: int = 24) -> dict[str, SystemFit]:
+    """Fit each system's constant on its ``fit`` rows (only those are given; a row of another role is refused).
+    Returns system -> :class:`SystemFit`."""
+    sim = simulate or (lambda r, c: simulate_row(r, c))
+    out = {}
+    for r in fit_rows:
+        if r.role != "fit" or r.published_tok_s is None:
+            raise ValueError(f"row {r.row}: only fit rows with a measured value may be fitted on")
+    for system in dict.fromkeys(r.system for r in fit_rows):
+        spec = SYSTEMS[system][1]
+        rows = [r for r in fit_rows if r.system == system]
+        value, bound = _fit_one(rows, spec, sim, iterations)
+        per_gpu, by_gpu = {}, {}
+        if spec.per_gpu:
+            for hw in dict.fromkeys(r.hardware for r in rows):
+                group = [r for r in rows if r.hardware == hw]
+                by_gpu[hw] = tuple(r.row for r in group)
+                per_gpu[hw], b = _fit_one(group, spec, sim, iterations)
+                bound = bound or b
+        out[system] = SystemFit(system, spec.key, value, per_gpu, tuple(r.row for r in rows), by_gpu, bound)
+    return out
+
+
+def _fit_one(rows: list[Row], spec: Fitted, sim, iterations: int) -> tuple[float, bool]:
+    """The constant at which the mean log error of the rows' simulated tokens/s is zero (bisection), and whether
+    the search range's end was reached."""
+    def err(x: float) -> float:
+        return sum(math.log(sim(r, {spec.key: x}) / r.published_tok_s) for r in rows) / len(rows)
+
+    lo, hi = spec.low, spec.high
+    to = (math.log if spec.log_scale else float)
+    back = (math.exp if spec.log_scale else float)
+    a, b = to(lo), to(hi)
+    ea, eb = err(lo), err(hi)
+    # tokens/s increasing in x: the error rises from ea to eb
+    sign = 1.0 if spec.increasing else -1.0
+    if sign * ea >= 0:
+        return lo, sign * ea > 1e-9
+    if sign * eb <= 0:
+        return hi, sign * eb < -1e-9
+    for _ in range(iterations):
+        m = 0.5 * (a + b)
+        em = err(back(m))
+        if sign * em < 0:
+            a = m
+        else:
+            b = m
+    return _round(back(0.5 * (a + b))), False
+
+
+def _round(x: float) -> float:
+    """Four significant figures (the fit's precision is far coarser than the bisection's)."""
+    return float(f"{x:.4g}")
+
+
+def predict_rows(rows: list[Row], fits: dict[str, SystemFit],
+                 simulate: Callable[[Row, dict], float] | None = None) -> list[dict]:
+    """Each row's simulated tokens/s with its system's fitted constants (a system without fit rows runs its profile
+    as committed). The measured value is not given to the simulation."""
+    sim = simulate or (lambda r, c: simulate_row(r, c))
+    out = []
+    for r in rows:
+        fit = fits.get(r.system)
+        constants = fit.constants_for(r.hardware) if fit is not None else {}
+        blind = dataclasses.replace(r, published_tok_s=None)
+        predicted = sim(blind, constants)
+        pub = r.published_tok_s
+        err = None if pub is None else predicted / pub - 1.0
+        out.append({"row": r.row, "role": r.role, "system": r.system, "hardware": r.hardware,
+                    "predicted_tok_s": predicted, "published_tok_s": pub, "error": err, "constants": constants})
+    return out
+
+
+def fit_and_predict(rows: list[Row], simulate=None) -> tuple[dict[str, SystemFit], list[dict]]:
+    """Fit on the rows whose role is ``fit`` (only those reach the fit), then predict every row."""
+    fit_only = [r for r in rows if r.role == "fit"]
+    fits = fit_rows(fit_only, simulate)
+    return fits, predict_rows(rows, fits, simulate)
+
+
+def summary_of(results: Iterable[dict], role: str = "predict") -> dict:
+    """Median and max |error| over the rows of ``role`` that have a measured value."""
+    errs = sorted(abs(r["error"]) for r in results if r["role"] == role and r["error"] is not None)
+    if not errs:
+        return {"rows": 0, "median_abs_error": None, "max_abs_error": None}
+    n = len(errs)
+    median = errs[n // 2] if n % 2 else 0.5 * (errs[n // 2 - 1] + errs[n // 2])
+    return {"rows": n, "median_abs_error": median, "max_abs_error": errs[-1]}
+
+
+def format_table(results: list[dict]) -> str:
+    """The rows as a Markdown table: role, published, simulated, error."""
+    lines = ["| row | role | system | hardware | published tok/s | simulated tok/s | error |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: |"]
+    for r in results:
+        pub = "" if r["published_tok_s"] is None else f"{r['published_tok_s']:.3g}"
+        err = "" if r["error"] is None else f"{100 * r['error']:+.1f}%"
+        role = "fitted" if r["role"] == "fit" else "predicted"
+        lines.append(f"| {r['row']} | {role} | {r['system']} | {r['hardware']} | {pub} | "
+                     f"{r['predicted_tok_s']:.3g} | {err} |")
+    return "\n".join(lines)
+
+
+def format_fits(fits: dict[str, SystemFit]) -> str:
+    lines = []
+    for f in fits.values():
+        value = "none (no fit row)" if f.value is None else f"{f.value:g}"
+        lines.append(f"- {f.system}: {f.key} = {value} (fitted on {', '.join(f.rows)})"
+                     + (" [at the end of its search range]" if f.at_bound else ""))
+        for hw, v in f.per_gpu.items():
+            lines.append(f"  - on {hw}: {f.key} = {v:g} (fitted on {', '.join(f.rows_by_gpu[hw])})")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ fit-system
+def fit_system(measured: str, system: str, hardware: str, out: str) -> tuple[SystemFit, list[dict], dict]:
+    """Fit ``system``'s constant on the measured rows (every row on ``hardware``; a blank role counts as fit), write
+    the profile ``{base: PROFILE, KEY: value}`` to ``out`` and return the fit, each row's result and the profile."""
+    import yaml
+
+    from sim.hardware_spec import load_hardware
+    from sim.system_spec import load_system
+    from traces.io import atomic_write_bytes, check_output_file
+
+    name = system_of(system)
+    if name not in SYSTEMS:
+        raise ConfigError("--system", f"must be one of {', '.join(SYSTEMS)}, got {system!r}")
+    load_hardware(hardware, "--hardware")
+    check_output_file(out, "system profile (--out)")
+    rows = read_rows(measured, hardware=hardware, default_role="fit")
+    other = [r for r in rows if r.system != name]
+    if other:
+        raise ConfigError(_where(measured, other[0].line, other[0].row),
+                          f"system is {other[0].system}, but --system is {name}")
+    if not any(r.role == "fit" for r in rows):
+        raise ConfigError(measured, "holds no fit row with a measured tokens/s")
+    fits, results = fit_and_predict(rows)
+    fit = fits[name]
+    spec = SYSTEMS[name][1]
+    # one machine: the fit over all its rows (per_gpu is the same single group)
+    profile = {"base": SYSTEMS[name][0], spec.key: fit.value,
+               "source": f"fitted by python -m sim fit-system on the fit rows of {Path(measured).name} "
+                         f"({', '.join(fit.rows)}) on hardware {hardware}"}
+    load_system(profile, "--out")  # the profile loads back
+    text = (f"# {name} on {hardware}: {spec.key} fitted on {', '.join(fit.rows)} of {measured}\n"
+            + yaml.safe_dump(profile, sort_keys=False))
+    atomic_write_bytes(out, text.encode())
+    return fit, results, profile
+
+
+def cmd_fit_system(args) -> int:
+    fit, results, profile = fit_system(args.measured, args.system, args.hardware, args.out)
+    print(format_table(results))
+    print(format_fits({fit.system: fit}))
+    for role in ("fit", "predict"):
+        s = summary_of(results, role)
+        if s["rows"]:
+            print(f"{role} rows: {s['rows']}, median |error| {100 * s['median_abs_error']:.1f}%, "
+                  f"max {100 * s['max_abs_error']:.1f}%")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("fit-system", help="fit a serving system's software constants to measured tokens/s")
+    p.add_argument("--measured", required=True, help="CSV of measured rows (the columns of a published rows file)")
+    p.add_argument("--system", required=True, help=f"the serving system: {', '.join(SYSTEMS)}")
+    p.add_argument("--hardware", required=True, help="the machine's hardware profile (name or path)")
+    p.add_argument("--out", required=True, help="the system profile to write (YAML)")
+    p.set_defaults(func=cmd_fit_system)
+
+
+__all__ = ["COLUMNS", "Fitted", "Row", "SYSTEMS", "SystemFit", "TRACES", "check_row", "cmd_fit_system",
+           "fit_and_predict", "fit_rows", "fit_system", "format_fits", "format_table", "hardware_of",
+           "predict_rows", "read_rows", "register", "run_config", "simulate_row", "summary_of"]
