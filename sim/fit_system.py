@@ -110,6 +110,7 @@ class Row:
     role: str
     hardware: str            # the hardware profile (name or path) the row runs on
     line: int = 0            # the file's line number
+    file: str = ""           # the file it was read from
 
 
 # ------------------------------------------------------------------------------------------------ reading rows
@@ -149,16 +150,19 @@ def _profile_exists(kind: str, name: str) -> bool:
 def hardware_of(gpu: str, host: str) -> str | None:
     """The hardware profile of a row's GPU and host: the profile named like the GPU (``a100-sxm4-80gb``,
     ``quadro-rtx6000-24gb``), or for a GPU whose profiles vary the host (``rtx4090d-24gb`` with ``2x Xeon Gold
-    6454S``) the profile ``GPU-NxSKU`` (``rtx4090d-2x6454s``); None when none matches."""
+    6454S``; no count is one socket) the profile ``GPU-NxSKU`` (``rtx4090d-2x6454s``), else the GPU's name without
+    its memory size (``rtx4090-24gb`` -> ``rtx4090``); None when none matches."""
     gpu = gpu.strip().lower()
-    m = re.search(r"(\d+)\s*x\s*(?:intel\s+)?(?:xeon|epyc)\s+(?:gold\s+|platinum\s+|silver\s+)?(\w+)", host.lower())
+    stem = re.sub(r"-\d+gb$", "", gpu)
+    m = re.search(r"(?:(\d+)\s*x\s*)?(?:amd\s+|intel\s*(?:\(r\))?\s+)?(?:xeon|epyc)\s*(?:\(r\))?\s+"
+                  r"(?:gold\s+|platinum\s+|silver\s+)?(\w+)", host.lower())
     if m:
-        stem = re.sub(r"-\d+gb$", "", gpu)
-        name = f"{stem}-{m.group(1)}x{m.group(2)}"
+        name = f"{stem}-{m.group(1) or 1}x{m.group(2)}"
         if _profile_exists("hardware", name):
             return name
-    if _profile_exists("hardware", gpu):
-        return gpu
+    for name in (gpu, stem):  # the GPU's own profile, with or without its memory size
+        if _profile_exists("hardware", name):
+            return name
     return None
 
 
@@ -211,7 +215,7 @@ def check_row(raw: dict, path: str, line: int, hardware: str | None = None, defa
                prompt_tokens=_int(v["prompt_tokens"], "prompt_tokens", where),
                decode_tokens=_int(v["decode_tokens"], "decode_tokens", where, 1),
                gpu_experts_per_layer=_int(v["gpu_experts_per_layer"], "gpu_experts_per_layer", where),
-               published_tok_s=published, role=role, hardware=hw, line=line, **formats)
+               published_tok_s=published, role=role, hardware=hw, line=line, file=path, **formats)
 
 
 def read_rows(path: str | Path, hardware: str | None = None, default_role: str | None = None) -> list[Row]:
@@ -351,7 +355,10 @@ def simulate_row(row: Row, constants: dict[str, float], system_profile: str | No
     from sim.config import config_from_dict
     from sim.run import simulate
 
-    cfg = config_from_dict(run_config(row, constants, system_profile), source=f"row {row.row}")
+    try:
+        cfg = config_from_dict(run_config(row, constants, system_profile), source=f"row {row.row}")
+    except ConfigError as exc:  # the row's configuration cannot run (it does not fit in the GPU's memory, say)
+        raise ConfigError(_where(row.file or "rows", row.line, row.row), f"cannot be simulated: {exc}") from None
     return float(simulate(cfg).summary["throughput_tok_s"])
 
 
@@ -439,11 +446,18 @@ def predict_rows(rows: list[Row], fits: dict[str, SystemFit],
         fit = fits.get(r.system)
         constants = fit.constants_for(r.hardware) if fit is not None else {}
         blind = dataclasses.replace(r, published_tok_s=None)
-        predicted = sim(blind, constants)
+        problem = None
+        try:
+            predicted = sim(blind, constants)
+        except ConfigError as exc:  # a predicted row that cannot run is reported, the others still predicted
+            if r.role == "fit":
+                raise
+            predicted, problem = None, str(exc)
         pub = r.published_tok_s
-        err = None if pub is None else predicted / pub - 1.0
+        err = None if pub is None or predicted is None else predicted / pub - 1.0
         out.append({"row": r.row, "role": r.role, "system": r.system, "hardware": r.hardware,
-                    "predicted_tok_s": predicted, "published_tok_s": pub, "error": err, "constants": constants})
+                    "predicted_tok_s": predicted, "published_tok_s": pub, "error": err, "constants": constants,
+                    "problem": problem})
     return out
 
 
@@ -472,9 +486,10 @@ def format_table(results: list[dict]) -> str:
         pub = "" if r["published_tok_s"] is None else f"{r['published_tok_s']:.3g}"
         err = "" if r["error"] is None else f"{100 * r['error']:+.1f}%"
         role = "fitted" if r["role"] == "fit" else "predicted"
-        lines.append(f"| {r['row']} | {role} | {r['system']} | {r['hardware']} | {pub} | "
-                     f"{r['predicted_tok_s']:.3g} | {err} |")
-    return "\n".join(lines)
+        sim = "not simulated" if r["predicted_tok_s"] is None else f"{r['predicted_tok_s']:.3g}"
+        lines.append(f"| {r['row']} | {role} | {r['system']} | {r['hardware']} | {pub} | {sim} | {err} |")
+    problems = [f"- {r['row']}: {r['problem']}" for r in results if r.get("problem")]
+    return "\n".join(lines + (["", "Rows not simulated:"] + problems if problems else []))
 
 
 def format_fits(fits: dict[str, SystemFit]) -> str:
