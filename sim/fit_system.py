@@ -176,9 +176,10 @@ def system_of(name: str) -> str:
     return SYSTEM_ALIASES.get(name, name)
 
 
-def check_row(raw: dict, path: str, line: int, hardware: str | None = None, default_role: str | None = None) -> Row:
+def check_row(raw: dict, path: str, line: int, hardware: str | None = None, default_role: str | None = None,
+              default_system: str | None = None) -> Row:
     """One CSV record checked into a :class:`Row` (``hardware``: the profile every row runs on, else the row's GPU
-    and host decide; ``default_role``: the role of a row that leaves it blank)."""
+    and host decide; ``default_role``/``default_system``: the role/system of a row that leaves it blank)."""
     from sim.system_spec import FORMATS
 
     v = {c: (raw.get(c) or "").strip() for c in COLUMNS}
@@ -186,7 +187,7 @@ def check_row(raw: dict, path: str, line: int, hardware: str | None = None, defa
     where = _where(path, line, rid)
     if not rid:
         raise ConfigError(where, "row (the id) is blank")
-    system = system_of(v["system"])
+    system = system_of(v["system"] or (default_system or ""))
     if system not in SYSTEMS:
         raise ConfigError(where, f"system must be one of {', '.join(SYSTEMS)}, got {v['system'][:40]!r}")
     model = _model_of(v["model"])
@@ -218,7 +219,8 @@ def check_row(raw: dict, path: str, line: int, hardware: str | None = None, defa
                published_tok_s=published, role=role, hardware=hw, line=line, file=path, **formats)
 
 
-def read_rows(path: str | Path, hardware: str | None = None, default_role: str | None = None) -> list[Row]:
+def read_rows(path: str | Path, hardware: str | None = None, default_role: str | None = None,
+              default_system: str | None = None) -> list[Row]:
     """The rows of a CSV file, every one checked (ConfigError naming the file, the row and the problem)."""
     shown = str(path)
     p = Path(path)
@@ -246,7 +248,7 @@ def read_rows(path: str | Path, hardware: str | None = None, default_role: str |
                 raise ConfigError(_where(shown, line), f"has more fields than the header's {len(header)}")
             if all(not (x or "").strip() for x in raw.values()):
                 continue
-            r = check_row(raw, shown, line, hardware, default_role)
+            r = check_row(raw, shown, line, hardware, default_role, default_system)
             if r.row in seen:
                 raise ConfigError(_where(shown, line, r.row), "row id repeats an earlier row's")
             seen.add(r.row)
@@ -395,9 +397,13 @@ def fit_rows(fit_rows: list[Row], simulate: Callable[[Row, dict], float] | None 
         value, bound = _fit_one(rows, spec, sim, iterations)
         per_gpu, by_gpu = {}, {}
         if spec.per_gpu:
-            for hw in dict.fromkeys(r.hardware for r in rows):
+            gpus = list(dict.fromkeys(r.hardware for r in rows))
+            for hw in gpus:
                 group = [r for r in rows if r.hardware == hw]
                 by_gpu[hw] = tuple(r.row for r in group)
+                if len(gpus) == 1:  # one machine: its fit is the system's
+                    per_gpu[hw] = value
+                    continue
                 per_gpu[hw], b = _fit_one(group, spec, sim, iterations)
                 bound = bound or b
         out[system] = SystemFit(system, spec.key, value, per_gpu, tuple(r.row for r in rows), by_gpu, bound)
@@ -505,7 +511,8 @@ def format_fits(fits: dict[str, SystemFit]) -> str:
 
 # ------------------------------------------------------------------------------------------------ fit-system
 def fit_system(measured: str, system: str, hardware: str, out: str) -> tuple[SystemFit, list[dict], dict]:
-    """Fit ``system``'s constant on the measured rows (every row on ``hardware``; a blank role counts as fit), write
+    """Fit ``system``'s constant on the measured rows (every row on ``hardware``; a blank role counts as fit, a blank
+    system as ``system``), write
     the profile ``{base: PROFILE, KEY: value}`` to ``out`` and return the fit, each row's result and the profile."""
     import yaml
 
@@ -518,7 +525,7 @@ def fit_system(measured: str, system: str, hardware: str, out: str) -> tuple[Sys
         raise ConfigError("--system", f"must be one of {', '.join(SYSTEMS)}, got {system!r}")
     load_hardware(hardware, "--hardware")
     check_output_file(out, "system profile (--out)")
-    rows = read_rows(measured, hardware=hardware, default_role="fit")
+    rows = read_rows(measured, hardware=hardware, default_role="fit", default_system=name)
     other = [r for r in rows if r.system != name]
     if other:
         raise ConfigError(_where(measured, other[0].line, other[0].row),

@@ -143,7 +143,7 @@ def test_fitting_reads_only_the_fit_rows(tmp_path):
 def test_fit_system_on_two_measured_rows_writes_a_profile_and_predicts(tmp_path):
     measured = write_rows(tmp_path / "my.csv", [
         row("mine-none", role="", published="2.0", gpu="anything", host=""),
-        row("mine-lru", role="predict", published="", gpu="anything", host="", variant="lru", slots="4"),
+        row("mine-lru", role="predict", published="", gpu="anything", host="", variant="lru", slots="4", system=""),
     ])
     out = tmp_path / "my-system.yaml"
     res = subprocess.run([sys.executable, "-m", "sim", "fit-system", "--measured", str(measured), "--system",
