@@ -11,7 +11,6 @@ The rows file's columns, the systems and what each fits: ``sim/fit_system.py``; 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path

@@ -271,7 +271,7 @@ def _fits_on_gpu(cfg_dict: dict) -> int:
     is allocated being the dense weights, the KV cache and the working buffer (sourced: efeslab/fiddler
     src/fiddler/mixtral.py, ``calc_n_expert_on_gpu``), and never more than the config's memory check admits (the
     hardware profile's reserved memory aside)."""
-    from sim.config import config_from_dict, dense_bytes_of, kv_cache_check, with_formats
+    from sim.config import config_from_dict, dense_bytes_of, with_formats
     from sim.hardware_spec import load_hardware
     from sim.model_spec import load_model
     from sim.system_spec import load_system
