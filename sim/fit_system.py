@@ -4,8 +4,8 @@ A *rows file* (CSV) lists measurements, one per line, with the columns :data:`CO
 
 - ``row``: an id; ``source``: where the figure comes from; ``system``: a serving system of :data:`SYSTEMS`
   (``mixtral-offloading``, ``fiddler``, ``ktransformers``, ``llama.cpp``, ``deepspeed``); ``variant``: the system's
-  mode (mixtral-offloading ``full`` | ``lru`` | ``none``, another by its slots; llama.cpp ``n-cpu-moe=N``; others
-  free text);
+  mode (mixtral-offloading ``full`` | ``lru`` | ``none`` | ``naive`` (accelerate's offloading), another by its
+  slots; llama.cpp ``n-cpu-moe=N``; others free text);
 - ``model``: a profile of ``configs/models/`` (``mixtral-8x7b-instruct`` is ``mixtral-8x7b``) with a trace in
   :data:`TRACES`; ``expert_format``/``dense_format``: weight formats of ``sim.system_spec.FORMATS`` (blank: the
   system profile's);
@@ -296,6 +296,10 @@ def run_config(row: Row, constants: dict[str, float], system_profile: str | None
     """The run config (a mapping for ``sim.config.config_from_dict``) that simulates ``row`` with the system's
     fitted ``constants`` (file keys) set on its profile."""
     profile, _ = SYSTEMS[row.system]
+    if row.system == "mixtral-offloading" and re.search(r"naive|accelerate", row.variant):
+        # the paper's "naive offloading (accelerate)" baseline: accelerate's on-demand copies (the deepspeed
+        # profile's copy path) under the same Hugging Face framework time per layer (this system's constant)
+        profile = SYSTEMS["deepspeed"][0]
     system: dict[str, Any] = {"base": system_profile or profile, **constants}
     if row.expert_format:
         system["expert_format"] = row.expert_format

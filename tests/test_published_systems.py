@@ -109,6 +109,10 @@ def test_unseen_rows_of_the_same_kinds_are_accepted(tmp_path):
     parsed = read_rows(write_rows(tmp_path / "rows.csv", rows))
     assert [r.hardware for r in parsed] == ["t4-16gb", "rtx4090-1x6454s", "rtx4090-2x6454s", "l4-24gb"]
     assert run_config(parsed[2], {})["policy"]["params"] == {"cpu_layers": 56}
+    naive = read_rows(write_rows(tmp_path / "naive.csv", [row("n", variant="naive", role="predict")]))[0]
+    cfg = run_config(naive, {"layer_overhead_us": 5.0})
+    assert cfg["system"]["base"] == "deepspeed" and cfg["system"]["layer_overhead_us"] == 5.0
+    assert cfg["policy"] == "on-demand"
     fits, results = fit_and_predict(parsed, simulate=fake_sim)
     assert fits == {} and all(r["predicted_tok_s"] > 0 and r["error"] is None for r in results)
 
