@@ -167,8 +167,15 @@ def hardware_of(gpu: str, host: str) -> str | None:
 
 
 def _model_of(name: str) -> str:
+    """The model profile of a row's model: an alias, the name itself, or the name without an instruct/chat suffix
+    or a version (``mixtral-8x7b-instruct-v0.1`` -> ``mixtral-8x7b``)."""
     name = name.strip().lower()
-    return MODEL_ALIASES.get(name, name)
+    if name in MODEL_ALIASES:
+        return MODEL_ALIASES[name]
+    if name in TRACES:
+        return name
+    plain = re.sub(r"(-(instruct|chat|base|it))?(-v?\d+(\.\d+)*)?$", "", name)
+    return MODEL_ALIASES.get(plain, plain if plain in TRACES else name)
 
 
 def system_of(name: str) -> str:
