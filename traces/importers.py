@@ -18,6 +18,10 @@ Formats:
   build (GitHub ceciliawinter/Pregated_MoE, ``expert_log/``): one line per MoE layer call with the sorted expert ids of
   its tokens; each run becomes one static batch of ``--batch`` requests, with encoder and decoder MoE layers.
   Each iteration's active set and tokens per expert are exact; which request chose which expert is not.
+- ``kt-parquet`` (:mod:`traces.import_ktparquet`): kTransformers per-token routing logs, Parquet with one row per
+  forward token and MoE layer (``layer_id``, ``token_position``, ``expert_ids``, ``expert_weights``, ``context_id``);
+  each request's two warm-up passes are dropped, its prefill pass becomes its prompt rows (in token order) and every
+  later pass one decode row; ``--outputs`` checks the counts against the server's output JSONs.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from traces import import_arrays, import_ftlog
+from traces import import_arrays, import_ftlog, import_ktparquet
 from traces.errors import InputError, brief
 from traces.format import MAX_CONTEXT, ModelInfo, Provenance, Trace, TraceMeta, today
 from traces.import_common import bounded_lines, check_content, check_model_fit, check_model_name, check_out, show_list
@@ -74,6 +78,7 @@ def register(sub) -> None:
 
     import_arrays.add_parser(fmt)
     import_ftlog.add_parser(fmt)
+    import_ktparquet.add_parser(fmt)
 
 
 # --------------------------------------------------------------------------------------------- mixtral-jsonl
