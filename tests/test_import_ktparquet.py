@@ -271,7 +271,7 @@ def test_outputs_check_counts_and_are_matched_by_context_or_file(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ bad files
-def _good(tmp_path, name="g_session.parquet", **kw):
+def _good(tmp_path, **kw):
     rows, _, _ = request_rows("ctx", prompt=3, decode=3, **kw)
     return rows
 
