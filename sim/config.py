@@ -473,6 +473,8 @@ def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str]
         _registry(where).get(part.name).check_for_run(part.params, f"{where}.params", facts)
     all_resident = bool(getattr(_registry("policy").get(policy.name), "all_resident", False))
     cache, _ = _load_cache(d.get("cache"), model, all_resident)
+    for where, part in (("policy", policy), ("predictor", predictor)):
+        _registry(where).get(part.name).check_with_cache(part.params, f"{where}.params", facts, cache)
     check_organization(policy.name, cache.organization)
     tokens = summary.max_request_tokens(workload.max_decode_tokens)
     dense = dense_bytes_of(model, system)

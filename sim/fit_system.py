@@ -7,7 +7,7 @@ A *rows file* (CSV) lists measurements, one per line, with the columns :data:`CO
   mode (mixtral-offloading ``full`` | ``lru`` | ``none`` | ``naive`` (accelerate's offloading), another by its
   slots; llama.cpp ``n-cpu-moe=N``; others free text);
 - ``model``: a profile of ``configs/models/`` (``mixtral-8x7b-instruct`` is ``mixtral-8x7b``) with a trace in
-  :data:`TRACES`; ``expert_format``/``dense_format``: weight formats of ``sim.system_spec.FORMATS`` (blank: the
+  :data:`TRACES`; ``expert_format``/``dense_format``: weight formats ``sim.system_spec.format_bits`` reads (blank: the
   system profile's);
 - ``gpu``, ``host``, ``pcie``: the machine, mapped to a profile of ``configs/hardware/`` by :func:`hardware_of`;
 - ``batch``, ``prompt_tokens``, ``decode_tokens``: the workload (decode-only traces: the prompt is not simulated);
@@ -187,7 +187,7 @@ def check_row(raw: dict, path: str, line: int, hardware: str | None = None, defa
               default_system: str | None = None) -> Row:
     """One CSV record checked into a :class:`Row` (``hardware``: the profile every row runs on, else the row's GPU
     and host decide; ``default_role``/``default_system``: the role/system of a row that leaves it blank)."""
-    from sim.system_spec import FORMATS
+    from sim.system_spec import format_bits
 
     v = {c: (raw.get(c) or "").strip() for c in COLUMNS}
     rid = v["row"]
@@ -203,8 +203,9 @@ def check_row(raw: dict, path: str, line: int, hardware: str | None = None, defa
                                  f"{', '.join(MODEL_ALIASES)}), got {v['model'][:40]!r}")
     formats = {}
     for col in ("expert_format", "dense_format"):
-        if v[col] and v[col].lower() not in FORMATS:
-            raise ConfigError(where, f"{col} must be one of {', '.join(FORMATS)} or blank, got {v[col][:40]!r}")
+        if v[col] and format_bits(v[col]) is None:
+            raise ConfigError(where, f"{col} must be a weight format (e.g. hqq-2bit, q4_k_m, bf16, int4, 4.5bpw) or "
+                                     f"blank, got {v[col][:40]!r}")
         formats[col] = v[col].lower() or None
     hw = hardware or hardware_of(v["gpu"], v["host"])
     if hw is None:

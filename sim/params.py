@@ -118,6 +118,11 @@ class Parametrised:
                 check_training_trace(params[key], join(where, key), run.model, run.trace_path)
 
     @classmethod
+    def check_with_cache(cls, params: dict, where: str, run: RunFacts, cache: Any) -> None:
+        """Checks of the params against the run's cache (its slots and cached layers), when the config loads,
+        after the cache section: none by default."""
+
+    @classmethod
     def declaration_problems(cls) -> list[str]:
         """What is missing from the declaration of the params (empty when every param states what it accepts):
         a number without both ends of its range, a string without its words or a file, a param whose default is

@@ -27,6 +27,7 @@ A profile holds (file keys; times in microseconds, converted to seconds in :clas
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,21 @@ DEQUANT_OUT_BITS = 16.0
 #: - ``q4_k_m``: llama.cpp's Q4_K_M mixes Q4_K (4.5 bpw) and Q6_K (6.5625 bpw) tensors; llama.cpp reports about 4.85
 #:   bpw for a whole model (assumption: the mix of a 7B-class model).
 #: - ``q8_0``: llama.cpp, 8-bit values with a 16-bit scale per 32: 8 + 16/32 = 8.5.
+#: - ``q2_k`` ... ``q6_k``, ``q4_0``, ``q5_0``: llama.cpp's block layouts (the k-quants description, ggml PR 1684:
+#:   super-blocks of 256 with 6- or 8-bit sub-block scales: Q2_K 2.5625, Q3_K 3.4375, Q4_K 4.5, Q5_K 5.5, Q6_K
+#:   6.5625 bpw; Q4_0 and Q5_0: a 16-bit scale per 32, 4 + 0.5 and 5 + 0.5).
 #: - ``int8``: per-channel scales (negligible): 8. ``fp8``: 8. ``bf16``/``fp16``: 16. ``fp32``: 32.
+#:
+#: Names of the same families at other widths are read by :func:`format_bits` (``int4``, ``hqq-3bit``,
+#: ``gptq-3bit``, ``4.5bpw``).
 FORMATS: dict[str, float] = {
+    "q2_k": 2.5625,
+    "q3_k": 3.4375,
+    "q4_k": 4.5,
+    "q5_k": 5.5,
+    "q6_k": 6.5625,
+    "q4_0": 4.0 + 16.0 / 32,
+    "q5_0": 5.0 + 16.0 / 32,
     "hqq-2bit": 2.0 + 16.0 / 16 + 32.0 / (128 * 16),
     "hqq-3bit": 3.0 + 32.0 / 64,
     "hqq-4bit": 4.0 + 32.0 / 64,
@@ -82,13 +96,40 @@ def _optional_time(value: Any, where: str) -> float | None:
     return None if value is None else _time()(value, where)
 
 
+_FAMILIES = (  # (pattern, bits per weight from N, the widths the family has)
+    (re.compile(r"int([1-8])"), lambda n: float(n)),                       # per-channel scales: negligible
+    (re.compile(r"hqq-([1-8])bit"), lambda n: n + 32.0 / 64),              # HQQ's default group 64 (assumption)
+    (re.compile(r"(?:gptq|awq)-([2-8])bit"), lambda n: n + 20.0 / 128),    # group 128, 16-bit scale, packed zero
+)
+_BPW = re.compile(r"([0-9]{1,2}(?:\.[0-9]{1,4})?)bpw")
+
+
+def format_bits(name: str) -> float | None:
+    """Bits per weight (scales included) of a weight format: a name of :data:`FORMATS`, a family at another width
+    (``int4``, ``hqq-3bit``, ``gptq-8bit``), or a width given outright (``4.5bpw``, 1 to 32); None if unknown."""
+    if not isinstance(name, str):
+        return None
+    key = name.strip().lower()
+    if key in FORMATS:
+        return FORMATS[key]
+    for pattern, bits in _FAMILIES:
+        m = pattern.fullmatch(key)
+        if m:
+            return bits(int(m.group(1)))
+    m = _BPW.fullmatch(key)
+    if m and 1.0 <= float(m.group(1)) <= 32.0:
+        return float(m.group(1))
+    return None
+
+
 def _format(value: Any, where: str) -> str | None:
-    """A weight format's name (see :data:`FORMATS`), or null (the model's own)."""
+    """A weight format's name (see :func:`format_bits`), or null (the model's own)."""
     if value is None:
         return None
-    if not isinstance(value, str) or value not in FORMATS:
-        raise ConfigError(where, f"must be one of {', '.join(FORMATS)} or null, got {show(value)}")
-    return value
+    if format_bits(value) is None:
+        raise ConfigError(where, f"must be a weight format (e.g. {', '.join(list(FORMATS)[:8])}, int4, hqq-3bit, "
+                                 f"4.5bpw; {len(FORMATS)} named in sim/system_spec.py) or null, got {show(value)}")
+    return value.strip().lower()
 
 
 def _bool(value: Any, where: str) -> bool:
@@ -176,12 +217,12 @@ class SystemSpec:
     @property
     def expert_bits(self) -> float | None:
         """Bits per expert weight of ``expert_format`` (None: the model's)."""
-        return None if self.expert_format is None else FORMATS[self.expert_format]
+        return None if self.expert_format is None else format_bits(self.expert_format)
 
     @property
     def dense_bits(self) -> float | None:
         """Bits per dense weight of ``dense_format`` (None: the model's ``dtype_bytes``)."""
-        return None if self.dense_format is None else FORMATS[self.dense_format]
+        return None if self.dense_format is None else format_bits(self.dense_format)
 
     @property
     def serial(self) -> bool:
@@ -234,6 +275,6 @@ def is_ideal(system: SystemSpec) -> bool:
 
 IDEAL = SystemSpec(name=DEFAULT_SYSTEM)
 
-__all__ = ["COPY_STREAMS", "DEFAULT_SYSTEM", "DEQUANT_MODES", "DEQUANT_OUT_BITS", "FORMATS", "HOST_ISSUE_FIELDS",
+__all__ = ["format_bits", "COPY_STREAMS", "DEFAULT_SYSTEM", "DEQUANT_MODES", "DEQUANT_OUT_BITS", "FORMATS", "HOST_ISSUE_FIELDS",
            "IDEAL", "SYSTEM_FIELDS", "SYSTEM_KEYS", "SystemSpec", "SystemTables", "is_ideal", "load_system",
            "system_from_dict"]

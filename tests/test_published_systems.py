@@ -72,7 +72,7 @@ def test_hardware_of_maps_gpus_and_hosts():
 @pytest.mark.parametrize("change, problem", [
     ({"system": "vllm"}, "system must be one of"),
     ({"model": "gpt-5"}, "model must be one of"),
-    ({"expert_format": "hqq-1bit"}, "expert_format must be one of"),
+    ({"expert_format": "hqq-9bit"}, "expert_format must be a weight format"),
     ({"gpu": "rtx9090"}, "matches no hardware profile"),
     ({"batch": "two"}, "batch must be an integer"),
     ({"published_tok_s": "-3"}, "published_tok_s must be a number > 0"),

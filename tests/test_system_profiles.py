@@ -190,7 +190,7 @@ def test_profiles_load_by_name_path_and_inline_with_base_and_bad_values_name_the
     assert cfg.resolved["system"]["layer_overhead_us"] == pytest.approx(12)
     from sim.config import config_from_dict
     assert config_from_dict(cfg.resolved) == dataclasses.replace(cfg, source="inline")
-    for key, value in [("expert_format", "int3"), ("copy_stream", "parallel"), ("host_bw_fraction", 0),
+    for key, value in [("expert_format", "int9"), ("copy_stream", "parallel"), ("host_bw_fraction", 0),
                        ("layer_overhead_us", -1), ("pageable_copies", "maybe"), ("dequant", "table")]:
         with pytest.raises(ConfigError) as exc:
             _cfg("configs/mixtral.yaml", f"system.{key}={value}")
@@ -214,3 +214,21 @@ def test_a_dense_format_shrinks_the_dense_weights_in_gpu_memory():
     m = cfg.model
     assert dense_bytes_of(m, cfg.system) == pytest.approx(m.dense_params * FORMATS["hqq-4bit"] / 8, abs=1)
     assert dense_bytes_of(m, IDEAL) == m.dense_bytes
+
+
+@given(st.one_of(st.sampled_from(sorted(FORMATS)), st.text(max_size=12),
+                 st.builds(lambda n, fam: f"{fam}{n}", st.integers(0, 12), st.sampled_from(["int", "hqq-", "gptq-"])),
+                 st.builds(lambda x: f"{x:g}bpw", st.floats(0, 40, allow_nan=False))))
+@settings(max_examples=200, deadline=None)
+def test_a_weight_format_is_a_known_width_or_refused_at_load(name):
+    """Every name a system (or a published row) may give: a width of 1 to 32 bits, or one line naming the field."""
+    from sim.system_spec import format_bits
+
+    bits = format_bits(name)
+    if bits is None:
+        with pytest.raises(ConfigError) as exc:
+            load_system({"base": "ideal", "expert_format": name})
+        assert "system.expert_format" in str(exc.value) and "\n" not in str(exc.value)
+    else:
+        assert 1 <= bits <= 32
+        assert load_system({"base": "ideal", "expert_format": name}).expert_bits == bits

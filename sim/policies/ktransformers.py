@@ -36,6 +36,22 @@ class KTransformers(Placed):
     PARAMS = {"placement": "per-layer", "cpu_layers": -1}
     PARAM_RULES = {"placement": one_of(*PLACEMENTS), "cpu_layers": between(-1, MAX_EXPERTS, kind=int)}
 
+    @classmethod
+    def check_with_cache(cls, params: dict, where: str, run, cache) -> None:
+        """``cpu_layers: N`` keeps every expert of the cached layers from N on on the GPU: the room must hold them
+        (refused when the config loads, as the placement would refuse it when the run starts)."""
+        n = params.get("cpu_layers", -1)
+        if n < 0:
+            return
+        roles = [x.role for x in run.trace.meta.model.layers]
+        cached = [i for i, r in enumerate(roles) if cache.layers in ("all", r)]
+        need = run.model.num_experts * sum(1 for layer in cached if layer >= n)
+        room = cache.total_slots(len(cached))
+        if need > room:
+            raise ConfigError(f"{where}.cpu_layers", f"{n} leaves {need} experts on the GPU, but its room holds "
+                                                     f"{room} ((hpc_slots + mpc_slots) x cached layers, or "
+                                                     f"cache.shared_slots): give it that room")
+
     def is_global(self, ctx: PolicyContext) -> bool:
         return self.params["cpu_layers"] >= 0 or super().is_global(ctx)
 
