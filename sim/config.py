@@ -466,7 +466,8 @@ def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str]
     model = with_formats(given_model, system)
     check_dequant_table(system, hardware, model)
     policy = _load_named(d["policy"], "policy", policy_names)
-    predictor = _load_named(d.get("predictor"), "predictor", predictor_names, default=DEFAULT_PREDICTOR)
+    predictor = _load_named(d.get("predictor", system.predictor), "predictor", predictor_names,
+                            default=DEFAULT_PREDICTOR)
     workload, summary = _load_workload(d["workload"], model)
     facts = RunFacts(model, workload.trace, summary)
     for where, part in (("policy", policy), ("predictor", predictor)):

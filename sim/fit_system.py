@@ -328,8 +328,8 @@ def run_config(row: Row, constants: dict[str, float], system_profile: str | None
         else:
             d["policy"] = "lru"
             d["cache"] = {"hpc_slots": 0, "mpc_slots": slots, "lpc_buffers": 4}
-            if row.variant == "full":  # speculative loading of the next layer's experts (guessed from this layer)
-                d["predictor"] = {"name": "noisy", "params": dict(SPECULATIVE_GUESS)}
+            if row.variant == "full":  # speculative loading: the system profile's own predictor
+                d.pop("predictor")
     elif row.system == "deepspeed":
         d["policy"] = "on-demand"
         d["cache"] = {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 4}
@@ -356,12 +356,6 @@ def run_config(row: Row, constants: dict[str, float], system_profile: str | None
             d["cache"] = {"hpc_slots": slots or 0, "mpc_slots": 0, "lpc_buffers": 1}
         d["policy"] = {"name": "ktransformers", "params": params}
     return d
-
-
-#: mixtral-offloading's speculative loading as a noisy guess of the next layer's experts. Assumption: recall and
-#: precision 0.8 (the paper shows the guess from the previous layer's hidden states catching most of the next
-#: layer's experts, without a figure we re-read here).
-SPECULATIVE_GUESS = {"recall": 0.8, "precision": 0.8}
 
 
 def simulate_row(row: Row, constants: dict[str, float], system_profile: str | None = None) -> float:

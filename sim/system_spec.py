@@ -169,6 +169,23 @@ def _tables(value: Any, where: str) -> SystemTables | None:
     return None if t.dequant is None else t
 
 
+def _predictor(value: Any, where: str) -> dict | None:
+    """A predictor as a run config names one: a name, or ``{name, params}`` (the registry checks it when the run
+    config loads); None for none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = {"name": value}
+    d = check_mapping(value, where)
+    check_keys(d, where, ("name",), ("name", "params"))
+    if not isinstance(d["name"], str) or not d["name"].strip():
+        raise ConfigError(f"{where}.name", f"must be a predictor name, got {show(d['name'])}")
+    params = d.get("params")
+    if params is not None:
+        check_mapping(params, f"{where}.params")
+    return {"name": d["name"], "params": dict(params or {})}
+
+
 @dataclass(frozen=True)
 class SystemSpec:
     """The software's costs and choices, in SI units (seconds)."""
@@ -212,6 +229,9 @@ class SystemSpec:
     hit_issue_s: float | None = setting(None, _optional_time, key="hit_issue_us", divisor=1e6,
                                         constructor_default=True)
     tables: SystemTables | None = setting(None, _tables, nested=SystemTables, constructor_default=True)
+    # the system's own expert predictor ({name, params}, as a run config's ``predictor``): what a run of this
+    # system predicts with when its config names none (null: the simulator's default)
+    predictor: dict | None = setting(None, lambda v, where: _predictor(v, where), constructor_default=True)
     source: str = setting("inline", text(max_chars=4096), constructor_default=True)
 
     @property

@@ -3,7 +3,9 @@ moves time or bytes as it says it does."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +18,8 @@ from sim.hardware_spec import load_hardware
 from sim.model_spec import load_model
 from sim.run import simulate
 from sim.system_spec import FORMATS, IDEAL, SystemSpec, load_system
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SMALL = ("workload.requests=2", "workload.max_decode_tokens=8")
 SLOW = settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
@@ -232,3 +236,26 @@ def test_a_weight_format_is_a_known_width_or_refused_at_load(name):
     else:
         assert 1 <= bits <= 32
         assert load_system({"base": "ideal", "expert_format": name}).expert_bits == bits
+
+
+def test_a_systems_own_predictor_applies_when_the_run_config_names_none():
+    """mixtral-offloading's speculative loading travels with its profile; a config's own predictor wins."""
+    from sim.config import config_from_dict
+    from sim.policies import POLICIES
+    from sim.predictors import PREDICTORS
+    import yaml
+
+    d = yaml.safe_load((ROOT / "configs" / "mixtral.yaml").read_text())
+    d.pop("predictor", None)
+    d["system"] = {"base": "ideal", "predictor": {"name": "noisy", "params": {"recall": 0.5, "precision": 0.9}}}
+    cfg = config_from_dict(copy.deepcopy(d), "t", POLICIES.names(), PREDICTORS.names())
+    assert cfg.predictor.name == "noisy" and cfg.predictor.params["recall"] == 0.5
+    assert config_from_dict(cfg.resolved, "t", POLICIES.names(), PREDICTORS.names()).predictor == cfg.predictor
+    d["predictor"] = {"name": "none"}
+    assert config_from_dict(copy.deepcopy(d), "t", POLICIES.names(), PREDICTORS.names()).predictor.name == "none"
+    assert load_system("mixtral-offloading").predictor["name"] == "noisy"
+    d.pop("predictor")
+    d["system"]["predictor"] = {"name": "no-such-predictor"}
+    with pytest.raises(ConfigError) as exc:
+        config_from_dict(copy.deepcopy(d), "t", POLICIES.names(), PREDICTORS.names())
+    assert "predictor" in str(exc.value)
