@@ -5,14 +5,10 @@ rows. Bad files exit 2 with one line naming the file."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
 import sys
-import threading
-import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,12 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import ROOT
+from conftest import run_traces as run
 from sim.policies import POLICIES, PolicyContext
 from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.predictors import PREDICTORS, PredictorContext
 from sim.replay import replay
 from sim.workload import active_sets, build_iterations, phase_layers
-from traces.cli import main as traces_main
 from traces.errors import InputError
 from traces.import_ktparquet import import_kt_parquet
 from traces.io import load_trace
@@ -140,29 +136,6 @@ def replay_sets(trace):
     assert [(d.iteration, d.layer) for d in decisions] == [(i, layer) for i in range(len(its))
                                                            for layer in range(trace.num_layers)]
     return workload, [frozenset(d.active) for d in decisions]
-
-
-def run(*argv, timeout=60.0):
-    """``python -m traces ARGV`` in-process: (exit status, stdout, stderr, warnings)."""
-    result = {}
-
-    def target():
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                code = traces_main([str(a) for a in argv])
-            except SystemExit as exc:
-                code = exc.code
-        result.update(code=code, out=out.getvalue(), err=err.getvalue(),
-                      warnings=[f"{w.category.__name__}: {w.message}" for w in caught])
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), f"traces {' '.join(map(str, argv))[:200]} hangs"
-    return result["code"], result["out"], result["err"], result["warnings"]
 
 
 def refused(result, *words, out=None):

@@ -9,14 +9,11 @@ command line in-process (``traces.cli.main``); a few run ``python -m traces`` to
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
 import subprocess
 import sys
-import threading
-import warnings
 import zipfile
 from pathlib import Path
 
@@ -26,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, patch_central
-from traces.cli import main as traces_main
+from conftest import run_traces as run
 from traces.format import MAX_CONTEXT, MAX_REQUESTS
 from traces.import_common import bundled_profiles
 from traces.io import load_trace
@@ -37,31 +34,6 @@ HYP = settings(max_examples=40, deadline=None, derandomize=True, database=None,
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def run(*argv, timeout: float = 60.0) -> tuple[int, str, str, list]:
-    """``python -m traces ARGV`` in-process: (exit status, stdout, stderr, warnings raised). Run in a thread, so
-    that a hang fails the test instead of blocking it."""
-    result: dict = {}
-
-    def target():
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                code = traces_main([str(a) for a in argv])
-            except SystemExit as exc:  # argparse
-                code = exc.code
-        result.update(code=code, out=out.getvalue(), err=err.getvalue(),
-                      warnings=[f"{w.category.__name__}: {w.message}" for w in caught])
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), f"traces {' '.join(map(str, argv))[:200]} hangs"
-    assert "code" in result, "the command raised (see the thread's traceback above)"
-    return result["code"], result["out"], result["err"], result["warnings"]
-
-
 def refused(result, *words: str, out: Path | None = None) -> str:
     """Assert exit status 2 with one bounded ``error:`` line holding every one of ``words``, no warning, and
     nothing written at ``out`` (nor a temporary file beside it); returns the line."""
