@@ -274,8 +274,8 @@ def load_system(spec_or_name: Any = DEFAULT_SYSTEM, where: str = "system") -> Sy
     ``base``), None (the default, ``ideal``) or a :class:`SystemSpec` (returned as is)."""
     if isinstance(spec_or_name, SystemSpec):
         return spec_or_name
-    if spec_or_name is None:
-        spec_or_name = DEFAULT_SYSTEM
+    if spec_or_name is None:  # built in, equal to configs/systems/ideal.yaml: a config shipped without the
+        return IDEAL          # project's configs/ (a sweep point on a Ray node) still loads
     try:
         d, source = load_profile(spec_or_name, where, "systems", SYSTEM_KEYS)
     except ConfigError as exc:  # the profile loader names the kind by its folder

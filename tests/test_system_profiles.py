@@ -259,3 +259,18 @@ def test_a_systems_own_predictor_applies_when_the_run_config_names_none():
     with pytest.raises(ConfigError) as exc:
         config_from_dict(copy.deepcopy(d), "t", POLICIES.names(), PREDICTORS.names())
     assert "predictor" in str(exc.value)
+
+
+@pytest.mark.parametrize("system", [None, "ideal", "mixtral-offloading"])
+def test_a_resolved_config_loads_where_the_projects_configs_are_not(tmp_path, monkeypatch, system):
+    """What a sweep ships to a Ray node: the resolved config (model, hardware and system expanded), without the
+    project's configs/ folder beside it."""
+    import sim.profiles
+    from sim.config import config_from_dict
+    from sim.policies import POLICIES
+    from sim.predictors import PREDICTORS
+
+    cfg = _cfg("configs/mixtral.yaml", *([] if system is None else [f"system={system}"]))
+    monkeypatch.setattr(sim.profiles, "CONFIG_DIR", tmp_path / "no-configs")
+    again = config_from_dict(copy.deepcopy(cfg.resolved), "node", POLICIES.names(), PREDICTORS.names())
+    assert again.resolved == cfg.resolved
