@@ -375,6 +375,8 @@ ADDED_BYTES_PER_EXPERT = {  # issue 10 (tests/test_models.py has their details);
     "switch-base-64": 9.4e6, "switch-base-8": 9.4e6, "gpt-oss-20b": 13.2e6,
     # issue 13: today's models (configs/models/*.yaml hold their sources)
     "deepseek-v3": 44.0e6, "kimi-k2": 44.0e6, "qwen3-30b-a3b": 9.4e6, "qwen3-235b-a22b": 37.7e6, "gpt-oss-120b": 13.2e6,
+    # Qwen3.5-35B-A3B: 3 matrices x 2048 x 512 at bf16
+    "qwen3.5-35b-a3b": 6.3e6,
 }
 BYTES_PER_EXPERT = {**DESIGN_BYTES_PER_EXPERT, **ADDED_BYTES_PER_EXPERT}
 

@@ -346,10 +346,12 @@ def test_model_names_and_expert_counts(tmp_path):
     p = write_log(tmp_path / "m.parquet", rows)
     out = tmp_path / "t.npz"
     # an unknown model name is accepted; experts from the data when no profile or suffix gives them
-    code, stdout, err, _ = run("import", "kt-parquet", p, "--model", "qwen3.5-35b-a3b", "--out", out)
+    code, stdout, err, _ = run("import", "kt-parquet", p, "--model", "tiny-kt-moe", "--out", out)
     assert code == 0, err
     trace = load_trace(out)
-    assert trace.meta.model.name == "qwen3.5-35b-a3b" and trace.num_experts == int(trace.experts.max()) + 1
+    assert trace.meta.model.name == "tiny-kt-moe" and trace.num_experts == int(trace.experts.max()) + 1
+    # the profiled model's name: 3 layers of top-4 are not its shape (40 layers, top-8)
+    refused(run("import", "kt-parquet", p, "--model", "qwen3.5-35b-a3b", "--out", out), "does not match model")
     refused(run("import", "kt-parquet", p, "--model", "tiny-kt", "--num-experts", 8, "--out", out), str(p),
             "routes to expert 15", "outside 0..7")
     # a model with a profile must fit it (mixtral-8x7b: 32 layers, top-2)
