@@ -145,16 +145,12 @@ class CopyEngine(QueueCounters):
         q.land(job)
         if not q.demand and not q.prefetch:
             return
-        if self.serial or self.writeback:
-            if self.gap and q.has_next():
-                self.waking = True
-                heappush(self._heap, (self.env._now + self.gap, NORMAL, next(self._eid), self._woke))
-            else:
-                self._start_next()
-            return
         if self.gap and q.has_next():  # the copy thread notices the landing, then issues the next copy
             self.waking = True
             heappush(self._heap, (self.env._now + self.gap, NORMAL, next(self._eid), self._woke))
+            return
+        if self.serial or self.writeback:  # the software's rules are in _start_next
+            self._start_next()
             return
         job = q.start_next()   # as _start_next, inline (once per copy)
         if job is None:

@@ -85,15 +85,21 @@ def prompt_with_info(prefill: np.ndarray, request_info: dict | None) -> np.ndarr
     return np.where(ctx > 0, ctx, lens)
 
 
-def read_trace_summary(path: str | Path) -> TraceSummary:
-    """Metadata and request lengths of a trace file, read without its expert arrays (cached per file version).
-    Raises TraceError naming the file, like :func:`traces.io.load_trace`."""
+def file_version(path: str | Path) -> tuple[str, int, int]:
+    """(path, modification time in ns, size) of a trace file: the key its cached summaries are kept under, so a
+    rewritten file is read again. TraceError when it is missing."""
     path = Path(path)
     try:
         st = path.stat()
     except OSError:
         raise TraceError(path, "no such file") from None
-    return _trace_summary(str(path), st.st_mtime_ns, st.st_size)
+    return str(path), st.st_mtime_ns, st.st_size
+
+
+def read_trace_summary(path: str | Path) -> TraceSummary:
+    """Metadata and request lengths of a trace file, read without its expert arrays (cached per file version).
+    Raises TraceError naming the file, like :func:`traces.io.load_trace`."""
+    return _trace_summary(*file_version(path))
 
 
 @functools.lru_cache(maxsize=32)
@@ -193,12 +199,7 @@ def _same_trace_file(path: Path, evaluated: Path) -> bool:
 def routed_tokens(path: str | Path) -> tuple[int, int]:
     """(tokens, tokens routed to at least one expert in some layer) of a trace file (cached per file version);
     TraceError when it cannot be read."""
-    path = Path(path)
-    try:
-        st = path.stat()
-    except OSError:
-        raise TraceError(path, "no such file") from None
-    return _routed_tokens(str(path), st.st_mtime_ns, st.st_size)
+    return _routed_tokens(*file_version(path))
 
 
 @functools.lru_cache(maxsize=8)

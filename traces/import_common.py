@@ -216,6 +216,19 @@ def bounded_lines(f, path: str | os.PathLike, max_bytes: int, max_line_bytes: in
         yield lineno, raw
 
 
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them; InputError naming the file otherwise
+    (a folder, FIFO or device says what it is and is never read)."""
+    with open_regular_file(path, what) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise InputError(f"{path}: larger than {limit >> 20} MB, the limit for a {what}")
+    return data
+
+
 def read_json_file(path: str | os.PathLike, limit: int, what: str = "JSON file") -> Any:
     """The JSON value in the regular file ``path`` (at most ``limit`` bytes of UTF-8), parsed with the
     simulator's bounded parser (no nesting deeper than Python's stack, no key twice, no integer of thousands of
@@ -224,13 +237,7 @@ def read_json_file(path: str | os.PathLike, limit: int, what: str = "JSON file")
     from sim.files import parse_text
 
     path = Path(path)
-    with open_regular_file(path, what) as f:
-        try:
-            data = f.read(limit + 1)
-        except OSError as exc:
-            raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if len(data) > limit:
-        raise InputError(f"{path}: larger than {limit >> 20} MB, the limit for a {what}")
+    data = read_bounded(path, limit, what)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

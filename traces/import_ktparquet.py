@@ -43,8 +43,7 @@ import numpy as np
 from traces.errors import InputError, brief
 from traces.format import MAX_CONTEXT, ModelInfo, Provenance, Trace, TraceMeta, today
 from traces.import_common import (check_content, check_model_fit, check_model_name, check_out, default_num_experts,
-                                  offsets_from_lengths, read_json_file, show_list)
-from traces.io import open_regular_file
+                                  offsets_from_lengths, read_bounded, read_json_file, show_list)
 
 TOOL = "traces import kt-parquet"
 REQUIRED = ("layer_id", "token_position", "expert_ids", "expert_weights")
@@ -114,16 +113,7 @@ def read_log(path: str | os.PathLike) -> LogRows:
     import pyarrow.parquet as pq
 
     path = Path(path)
-    with open_regular_file(path, "Parquet file") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > MAX_PARQUET_BYTES:
-            raise InputError(f"{path}: {size} bytes, more than the {MAX_PARQUET_BYTES} a Parquet log may have")
-        try:
-            data = f.read(MAX_PARQUET_BYTES + 1)
-        except OSError as exc:
-            raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if len(data) > MAX_PARQUET_BYTES:
-        raise InputError(f"{path}: more than the {MAX_PARQUET_BYTES} bytes a Parquet log may have")
+    data = read_bounded(path, MAX_PARQUET_BYTES, "Parquet log")
     if len(data) < 12 or data[:4] != b"PAR1" or data[-4:] != b"PAR1":
         raise InputError(f"{path}: not a Parquet file (no PAR1 magic at its start and end)")
     # read from memory, on this thread: no file handle for pyarrow's reads to outlive
