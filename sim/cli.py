@@ -1,6 +1,8 @@
 """`python -m sim run CONFIG [--set key.path=value ...] [--out DIR] [--timeline] [--json]` and
 `python -m sim compare CONFIG --policies a,b,c [--baseline NAME]` (see ``sim/compare.py``) and
-`python -m sim fit-system --measured CSV --system NAME --hardware HW --out FILE.yaml` (see ``sim/fit_system.py``).
+`python -m sim fit-system --measured CSV --system NAME --hardware HW --out FILE.yaml` (see ``sim/fit_system.py``),
+`python -m sim sweep SWEEP.yaml` (see ``sim/sweep.py``; the sweep file: docs/sweeps.md) and
+`python -m sim policies [--json]`, the registered policies and predictors (see ``sim/listing.py``).
 
 Exit status 0 on success, 2 on bad input (config, trace, arguments) with one line naming the field or file,
 1 on an internal error. Nothing is written to ``--out`` unless the config is valid, and ``--out`` (with each file
@@ -15,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from sim.listing import SEE_POLICIES
 from traces.cli import OneLineParser, run_main
 from traces.io import check_output_file, check_output_folder
 
@@ -74,22 +77,41 @@ def check_outputs(out: Path, timeline: bool) -> None:
         check_output_file(out / name, "run result")
 
 
+EPILOG = """See python -m sim policies for every registered policy and predictor (name, origin, default
+predictor, what it does): the names policy.name, predictor.name and sim compare --policies take.
+The sweep file's keys: docs/sweeps.md (or python -m sim sweep --help).
+COMMAND --help says more. Exit status: 0 ok, 2 bad input (one line naming the field or file), 1 internal error."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m sim", description="Simulator of offloaded MoE inference.")
+    parser = OneLineParser(prog="python -m sim", description="Simulator of offloaded MoE inference.",
+                           epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("run", help="simulate one run config")
+    p = sub.add_parser("run", help="simulate one run config", epilog=SEE_POLICIES,
+                       description="Simulate one run config: a table on the terminal (or --json) and the result files "
+                                   "in --out.")
     p.add_argument("config", help="run config (YAML), e.g. configs/switch_xxl.yaml")
-    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE",
+                   help="override a config field (repeatable), e.g. policy.name=lru")
     p.add_argument("--out", help="results folder (default: runs/CONFIG-TIMESTAMP)")
     p.add_argument("--timeline", action="store_true", help="also write timeline.json (Chrome trace, opens in Perfetto)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.set_defaults(func=cmd_run)
-    from sim import compare, fit_system, sweep
+    from sim import compare, fit_system, listing, sweep
 
     compare.register(sub)
+    _point_to_policies(sub.choices["compare"])
     sweep.register(sub)
     fit_system.register(sub)
+    listing.register(sub)
     return parser
+
+
+def _point_to_policies(parser: argparse.ArgumentParser) -> None:
+    """Add the pointer to ``python -m sim policies`` to a sub-command's epilog (``sim compare`` is registered by
+    its own module), unless its epilog already names the listing."""
+    if "sim policies" not in (parser.epilog or ""):
+        parser.epilog = f"{parser.epilog}\n\n{SEE_POLICIES}" if parser.epilog else SEE_POLICIES
 
 
 def main(argv: list[str] | None = None) -> int:
