@@ -7,7 +7,7 @@ from traces.io import load_trace
 
 def register(sub) -> None:
     p = sub.add_parser("validate", help="check trace files against the format; exit 2 on the first bad one")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE", help="trace files (.npz) to check, one line each")
     p.set_defaults(func=run)
 
 

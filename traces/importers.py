@@ -57,7 +57,8 @@ def register(sub) -> None:
     fmt = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
 
     m = fmt.add_parser("mixtral-jsonl", help="per-(request, layer, token) JSON lines with token_idx")
-    m.add_argument("files", nargs="+", metavar="FILE")
+    m.add_argument("files", nargs="+", metavar="FILE",
+                   help="JSON-lines routing logs, imported together into one trace")
     m.add_argument("--out", "-o", required=True, help="trace file to write (.npz)")
     m.add_argument("--model", default="mixtral-8x7b", help="model name in the trace (default: %(default)s)")
     m.add_argument("--source-model", default="neuralmagic/Mixtral-8x7B-Instruct-v0.1-FP8",

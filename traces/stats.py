@@ -340,7 +340,7 @@ def format_stats(s: dict) -> str:
 
 def register(sub) -> None:
     p = sub.add_parser("stats", help="locality figures of a trace (skew, overlap, reuse, LRU hit rates, ...)")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="trace file (.npz) to describe")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--capacities", default=",".join(map(str, DEFAULT_CAPACITIES)),
                    help="LRU capacities per layer, comma-separated (default: %(default)s)")
