@@ -185,8 +185,11 @@ def _check_weights(w: np.ndarray, shape: tuple[int, int], name: str) -> None:
 
 
 def generate(knobs: SynthKnobs, seed: int = 0, lengths: tuple[np.ndarray, np.ndarray] | None = None,
-             date: str | None = None, extra: dict | None = None, dataset: str = "synthetic") -> Trace:
-    """A synthetic trace. ``lengths`` = (prompt lengths, decode lengths) per request overrides the drawn ones."""
+             date: str | None = None, extra: dict | None = None, dataset: str = "synthetic",
+             digest: tuple[str, ...] = ()) -> Trace:
+    """A synthetic trace. ``lengths`` = (prompt lengths, decode lengths) per request overrides the drawn ones.
+    Knobs named in ``digest`` are stored in the metadata as their shape and sha256 (``traces.reshape.knobs_sha256``)
+    instead of their values (tables too large to bundle)."""
     knobs.check()
     rng = np.random.default_rng(seed)
     e, k = knobs.num_experts, knobs.top_k
@@ -234,7 +237,7 @@ def generate(knobs: SynthKnobs, seed: int = 0, lengths: tuple[np.ndarray, np.nda
         model=ModelInfo(knobs.model, e, k, layers),
         provenance=Provenance("synthetic", TOOL, knobs.model, dataset, date),
         seed=int(seed),
-        extra={"knobs": _knobs_dict(knobs), **(extra or {})},
+        extra={"knobs": _knobs_dict(knobs, digest), **(extra or {})},
     )
     return Trace(experts, offsets, prompt.astype(np.int64), meta)
 
@@ -408,14 +411,20 @@ def _sticky_dedupe(base: np.ndarray, sticky: np.ndarray, draw, by_rank: np.ndarr
     raise RuntimeError("synth: could not make each token's experts distinct")
 
 
-def _knobs_dict(knobs: SynthKnobs) -> dict:
+def _knobs_dict(knobs: SynthKnobs, digest: tuple[str, ...] = ()) -> dict:
     """The knobs as JSON-ready metadata; fitted-model knobs appear only when set (so traces made without them
-    keep their bytes)."""
-    d = dataclasses.asdict(knobs)
+    keep their bytes); those named in ``digest`` as {"shape", "sha256"} of their stored (rounded) values."""
+    from traces.reshape import knobs_sha256
+
+    d = {f.name: getattr(knobs, f.name) for f in dataclasses.fields(knobs)}
     d["prompt_len"], d["decode_len"] = list(knobs.prompt_len), list(knobs.decode_len)
     for name in FITTED_KNOBS:
         v = d.pop(name)
-        if v is not None:
+        if v is None:
+            continue
+        if name in digest:
+            d[name] = {"shape": list(np.shape(v)), "sha256": knobs_sha256(v)}
+        else:
             d[name] = round(float(v), 6) if np.ndim(v) == 0 else np.round(np.asarray(v, dtype=float), 6).tolist()
     return d
 
@@ -484,6 +493,11 @@ def register(sub) -> None:
                         "cross-layer pull to a real trace (shape and lengths from it; see traces/fit.py), and "
                         "print the fit checked on held-out requests; --encoder-layers/--decoder-layers (or "
                         "--layers) stretch the fitted layers over a deeper model of the same family")
+    p.add_argument("--from-fit", metavar="FITTED_TRACE", default=None,
+                   help="generate from the fitted knobs a trace written by --fit holds, for another model shape: "
+                        "--experts/--top-k (traces/reshape.py: popularity's Lorenz curve resampled, lifts mapped), "
+                        "--layers or --encoder-layers/--decoder-layers (stretched), --requests, --prompt-len, "
+                        "--decode-len (default: the fitted trace's)")
     p.add_argument("--no-holdout", action="store_true",
                    help="with --fit: skip the held-out check (fit on half, compare on the other half)")
     p.add_argument("--date", default=None, help="provenance date to stamp (default: none, for reproducibility)")
@@ -515,7 +529,7 @@ def run(args) -> int:
     from traces.import_common import check_model_fit, check_model_name, check_out
     from traces.io import save_trace
 
-    check_out(args.out, [args.fit] if args.fit else [])
+    check_out(args.out, [x for x in (args.fit, args.from_fit) if x])
     if args.model is not None:
         check_model_name(args.model)
     given = {"model": args.model, "num_experts": args.experts, "top_k": args.top_k,
@@ -532,8 +546,12 @@ def run(args) -> int:
     for name, value in (("--requests", args.requests), ("--tokens", args.tokens)):
         if value is not None and value < 1:
             raise InputError(f"{name} must be >= 1, got {value}")
+    if args.fit and args.from_fit:
+        raise InputError("give either --fit (fit to a real trace) or --from-fit (use a fit), not both")
     if args.fit:
         trace = _run_fit(args, given)
+    elif args.from_fit:
+        trace = _run_from_fit(args, given)
     else:
         if args.tokens is not None or args.no_holdout:
             raise InputError(f"{'--tokens' if args.tokens is not None else '--no-holdout'} goes with --fit")
@@ -541,8 +559,9 @@ def run(args) -> int:
     check_model_fit(trace, "synth", hint="give that model's --experts, --top-k and layers, or another --model")
     save_trace(trace, args.out)
     k = trace.meta.extra["knobs"]
+    pre = k.get("prefix_popularity") or []
     what = ("fitted: per-layer popularity, stickiness and request concentration, "
-            f"{len(k.get('prefix_popularity') or [])} opening positions, cross-layer power "
+            f"{pre['shape'][0] if isinstance(pre, dict) else len(pre)} opening positions, cross-layer power "
             f"{k.get('transition_power')}" if "layer_popularity" in k else
             f"skew {k['skew']}, stickiness {k['stickiness']}, correlation {k['correlation']}")
     print(f"wrote {args.out}: {trace.num_tokens} tokens in {trace.num_requests} requests, "
@@ -614,3 +633,96 @@ def _run_fit(args, given: dict) -> Trace:
                                            "cross-layer pull between two layers from the same fitted one")
     return generate(knobs, args.seed, lengths, args.date, extra,
                     dataset=f"fitted to {real.meta.model.name} ({real.meta.provenance.dataset})")
+
+
+# ------------------------------------------------------------------------------------------------- from fit
+
+#: knobs a --from-fit trace names by digest instead of storing (256-384 expert transition tables are tens of MB)
+DIGESTED = ("prefix_popularity", "layer_transition")
+
+
+def fitted_knobs(path: str) -> tuple[SynthKnobs, TraceMeta]:
+    """The fitted knobs a trace written by ``synth --fit`` holds (``extra.knobs``), and its metadata. Raises
+    InputError naming the file when it holds none (or only their digests)."""
+    from traces.io import load_trace_header
+
+    meta = load_trace_header(path)[0]
+    d = meta.extra.get("knobs") if isinstance(meta.extra, dict) else None
+    if not isinstance(d, dict) or not isinstance(d.get("layer_popularity"), list):
+        raise InputError(f"{path}: holds no fitted knobs (extra.knobs.layer_popularity); give a trace written by "
+                         "`traces synth --fit`")
+    digested = [n for n in FITTED_KNOBS if isinstance(d.get(n), dict)]
+    if digested:
+        raise InputError(f"{path}: its knobs.{digested[0]} is stored as a digest (a --from-fit trace); give the "
+                         "trace `traces synth --fit` wrote")
+    try:
+        knobs = SynthKnobs.from_dict(d)
+        knobs.check()
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{path}: extra.knobs are not the generator's knobs ({exc})") from None
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
+    return knobs, meta
+
+
+def _run_from_fit(args, given: dict) -> Trace:
+    """``--from-fit``: the fitted knobs, stretched over the wanted layers and reshaped to the wanted experts and
+    top-k; opening positions kept only as far as every request's prompt reaches."""
+    import hashlib
+
+    from traces import fit as fitting
+    from traces import reshape
+
+    for flag, value in (("--skew", args.skew), ("--stickiness", args.stickiness),
+                        ("--correlation", args.correlation), ("--tokens", args.tokens)):
+        if value is not None:
+            raise InputError(f"--from-fit takes the knobs from {args.from_fit}; drop {flag}")
+    if args.no_holdout:
+        raise InputError("--no-holdout goes with --fit")
+    fitted, meta = fitted_knobs(args.from_fit)
+    with open(args.from_fit, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    knobs = dataclasses.replace(fitted, **{k: given[k] for k in ("model", "requests", "prompt_len", "decode_len")
+                                           if k in given})
+    enc = given.get("encoder_layers", fitted.encoder_layers)
+    dec = given.get("decoder_layers", fitted.decoder_layers)
+    layers_from = None
+    if (enc, dec) != (fitted.encoder_layers, fitted.decoder_layers):
+        knobs, layers_from = fitting.stretch_layers(knobs, enc, dec)
+    shaped = reshape.reshape_experts(knobs, given.get("num_experts", fitted.num_experts),
+                                     given.get("top_k", fitted.top_k))
+    knobs, prefix_note = _prefix_within_prompts(shaped.knobs)
+    note = {"file": os.path.basename(str(args.from_fit)), "sha256": sha, "model": meta.model.name,
+            "shape": f"{fitted.encoder_layers} encoder + {fitted.decoder_layers} decoder MoE layers, "
+                     f"{fitted.num_experts} experts, top-{fitted.top_k}",
+            "layers": ("unchanged" if layers_from is None else
+                       {"from": layers_from, "mapping": "traces.fit.stretch_layers: each layer takes the fitted layer "
+                        "of its role at the same relative depth; no cross-layer pull between two layers from the "
+                        "same fitted one"}),
+            "experts": ("unchanged" if shaped.sources is None else
+                        {"from": fitted.num_experts, "to": knobs.num_experts, "mapping": reshape.MAPPING}),
+            "top_k": {"from": fitted.top_k, "to": knobs.top_k},
+            "assumptions": list(reshape.ASSUMPTIONS), "prefix": prefix_note,
+            "digests": "knobs named by {shape, sha256} are tables too large to bundle; they are rebuilt by the "
+                       "same command from the same fitted trace (traces.reshape.knobs_sha256)"}
+    extra = {"fitted_to": meta.extra.get("fitted_to"), "from_fit": note}
+    source = meta.extra.get("fitted_to") or {}
+    dataset = f"fitted to {source.get('model', meta.model.name)}, reshaped ({meta.provenance.dataset})"
+    return generate(knobs, args.seed, date=args.date, extra=extra, dataset=dataset, digest=DIGESTED)
+
+
+def _prefix_within_prompts(knobs: SynthKnobs) -> tuple[SynthKnobs, str]:
+    """The fitted opening positions are prompt tokens (a chat template's fixed start): keep as many as the
+    shortest prompt holds, and say what was kept."""
+    n = len(knobs.prefix_popularity or ())
+    if n == 0:
+        return knobs, "the fit found no opening positions"
+    keep = min(n, knobs.prompt_len[0])
+    if keep == n:
+        return knobs, f"{n} fitted opening positions kept (every prompt holds them)"
+    knobs = dataclasses.replace(knobs, prefix_popularity=knobs.prefix_popularity[:keep] if keep else None)
+    if keep == 0:
+        return knobs, (f"the {n} fitted opening positions (prompt tokens of the real requests) dropped: requests "
+                       "without prompt rows (--prompt-len MIN 0) would otherwise route their first decode tokens "
+                       "like a prompt's opening")
+    return knobs, f"{keep} of the {n} fitted opening positions kept (the shortest prompt holds {keep})"
