@@ -1,7 +1,7 @@
 """`python -m sim sweep configs/sweeps/NAME.yaml [--executor local|ray [--address ADDR]] [--workers N] [--resume]
 [--attempts N] [--out DIR]`: many runs of one base config.
 
-A sweep file:
+A sweep file (every key, its type, default and limits: docs/sweeps.md; ``KEY_HELP`` below for ``--help``):
 
 ```yaml
 base: ../switch_xxl.yaml        # a run config (relative to the sweep file), or an inline mapping
@@ -43,8 +43,10 @@ the tasks), ``sim.sweep_store`` (the rows folder), ``sim.sweep_checks`` (invaria
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 from sim.errors import ConfigError, one_line
@@ -53,7 +55,9 @@ from sim.sweep_exec import MAX_ATTEMPTS, Progress, run_local, run_ray
 from sim.sweep_ray import describe, start_ray
 from sim.sweep_ray_connect import check_address
 from sim.sweep_report import make_plots, report_files, write_report
-from sim.sweep_spec import SWEEP_KEYS, Point, Sweep, is_safe_name, load_sweep
+from sim.sweep_spec import (CONFIG_SUFFIXES, EXTRA_PLOT_AXES, MAX_AXES, MAX_FIELD_CHARS, MAX_FIELD_PARTS,
+                            MAX_NAME_CHARS, MAX_POINTS, MAX_SET_KEYS, MAX_SET_VALUE_CHARS, MAX_VALUE_CHARS,
+                            SWEEP_KEYS, Point, Sweep, is_safe_name, load_sweep)
 from sim.sweep_store import ROWS, check_rows, clean_orphans, done_points, has_rows, read_rows, row_of, write_row
 from sim.sweep_worker import METRICS, run_point
 from traces.io import check_output_file, check_output_folder
@@ -63,8 +67,46 @@ MAX_WORKERS = 256          # --workers: points run at once (never more than the 
 MAX_ATTEMPTS_LIMIT = 10    # --attempts
 
 
+#: What each key of a sweep file (``SWEEP_KEYS``) holds, for ``sim sweep --help``; docs/sweeps.md says more.
+KEY_HELP = {
+    "base": f"required. The run config every point starts from: a path ({', '.join(CONFIG_SUFFIXES)}; looked for "
+            f"beside the sweep file, then in the current folder, then in the project) or an inline mapping.",
+    "set": f"optional mapping FIELD: VALUE applied to every point (at most {MAX_SET_KEYS:,} fields, a value at most "
+           f"{MAX_SET_VALUE_CHARS:,} characters as JSON); a swept field, or a part of one, may not be set.",
+    "grid": "optional mapping FIELD: [VALUE, ...]; the points are the cartesian product of its axes.",
+    "zip": "optional mapping FIELD: [VALUE, ...] of axes varied together (equal lengths), or a list of such "
+           "groups; each group is one axis, crossed with the grid and the other groups.",
+    "checks": f"optional list of invariants checked on the results: {', '.join(CHECKS)}; a broken one makes the "
+              f"exit status 3.",
+    "name": f"optional plain name, 1 to {MAX_NAME_CHARS} of A-Z a-z 0-9 . _ - not starting with '.' (default: the "
+            f"sweep file's name without its suffix); the default results folder is runs/sweep-NAME.",
+    "plots": f"optional list of swept fields (or {', '.join(EXTRA_PLOT_AXES)}) to plot throughput against "
+             f"(default: every numeric swept field, the cache fields as cache_slots; []: no throughput plot).",
+}
+
+
+def schema_epilog(width: int = 100) -> str:
+    """The sweep file's keys, types, defaults and limits in a few lines (the epilog of ``sim sweep --help``),
+    built from ``SWEEP_KEYS`` and the limits of ``sim.sweep_spec``."""
+    lines = ["sweep file: a YAML (or JSON) mapping with these keys and no other (reference: docs/sweeps.md;",
+             "examples: configs/sweeps/*.yaml):"]
+    for key in SWEEP_KEYS:
+        lines.append(textwrap.fill(KEY_HELP[key], width, initial_indent=f"  {key:<8}", subsequent_indent=" " * 10))
+    notes = (f"FIELD is a run-config path as --set takes it (policy.name, cache.hpc_slots, ...; at most "
+             f"{MAX_FIELD_CHARS} characters, {MAX_FIELD_PARTS} parts). VALUE is plain data (numbers, strings, "
+             f"booleans, null, lists, mappings), at most {MAX_VALUE_CHARS:,} characters as JSON in grid and zip. "
+             f"A sweep varies 1 to {MAX_AXES} fields (grid and zip together) and has at most {MAX_POINTS:,} points, "
+             f"counted before anything is expanded; points whose resolved configs are equal run once.",
+             "exit status: 0 every point ok and every check passed; 2 bad input (nothing run); 3 a check broke; "
+             "4 points failed (--resume runs only them again); 130 interrupted.")
+    return "\n\n".join(["\n".join(lines)] + [textwrap.fill(n, width) for n in notes])
+
+
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="run a grid of configs (resumable), with a report and checks")
+    p = sub.add_parser("sweep", help="run a grid of configs (resumable), with a report and checks",
+                       description="Run every point of a sweep file (one simulator run each), storing each row as\n"
+                                   "it finishes; then write results.parquet, report.md and plots.",
+                       epilog=schema_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep", help="sweep file, e.g. configs/sweeps/ci.yaml")
     p.add_argument("--executor", choices=["local", "ray"], default="local",
                    help="local: a process pool (default); ray: Ray tasks, on --address or a local Ray instance")
@@ -187,4 +229,4 @@ def _sweep(args, sweep: Sweep, out: Path, workers: int, attempts: int, session) 
 
 __all__ = ["Sweep", "Point", "load_sweep", "run_point", "read_rows", "run_checks", "write_row", "row_of",
            "Progress", "run_local", "run_ray", "write_report", "make_plots", "CHECKS", "METRICS", "SWEEP_KEYS",
-           "MAX_ATTEMPTS", "register", "run"]
+           "MAX_ATTEMPTS", "KEY_HELP", "register", "run", "schema_epilog"]
