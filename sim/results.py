@@ -14,7 +14,9 @@ Summary fields (``summary.json``):
   ``cpu_wait_ms`` (the compute stream waiting for the host's experts at a layer's end, apart from ``stall_ms``);
 - ``prefetch``: ``precision`` and ``recall`` of the predictor (null without predictions), copies issued, used
   and unused, ``wasted_bytes`` (unused prefetches that crossed the link), per layer precision/recall;
-- ``events`` (SimPy events processed), ``wall_s`` (real seconds the simulation took).
+- ``events`` (SimPy events processed), ``wall_s`` (real seconds the simulation took);
+- labels: ``policy``, ``predictor``, ``model``, ``hardware`` (the profile's name) and ``hardware_source`` (the
+  file it came from, such as a calibration file, or "inline"), ``batch_size``, ``batching``, ``seed``.
 
 Per-iteration columns (``iterations.csv``): index, batch, kind, requests, tokens, decode_tokens, start/end/latency
 and stall (ms), hits per tier, misses, copies, prefetches, unused prefetches, promotions, evictions, and
@@ -170,28 +172,55 @@ def write_outputs(out: Path, resolved: dict, summary: dict, records: list[Iterat
     return written
 
 
+INLINE = " (modified inline)"  # how sim.profiles marks a file's profile changed by inline settings
+
+
+def hardware_words(s: dict) -> str:
+    """The hardware a summary ran on: the bundled profile's name (``h200``), or the file it came from (a
+    calibration file, a profile of one's own) with the profile it is based on; ", modified inline" when
+    ``hardware.KEY`` settings changed it."""
+    name, source = str(s.get("hardware")), s.get("hardware_source")
+    if not source or source == "inline":
+        return name
+    modified = source.endswith(INLINE)
+    file = source[:-len(INLINE)] if modified else source
+    if Path(file).parts[-3:] == ("configs", "hardware", f"{name}.yaml"):
+        shown = name
+    else:
+        shown = file if Path(file).stem == name else f"{file}, based on {name}"
+    return shown + (", modified inline" if modified else "")
+
+
+def ms_words(ms: float) -> str:
+    """A duration in ms (thousands separated) below 10 s, else in seconds."""
+    return f"{ms:,.1f} ms" if ms < 10_000 else f"{ms / 1e3:,.2f} s"
+
+
 def format_summary(s: dict) -> str:
-    """The short table printed on the terminal."""
+    """The short table printed on the terminal: every count with thousands separators, times in ms or s, bytes
+    in GB."""
     def f(x, spec=".3f"):
         return "-" if x is None else format(x, spec)
 
     hr, it, pf = s["hit_rate"], s["iteration_ms"], s["prefetch"]
     lines = [
         f"policy {s.get('policy')} | predictor {s.get('predictor')} | model {s.get('model')} | "
-        f"hardware {s.get('hardware')} | batch {s.get('batch_size')} ({s.get('batching')})",
+        f"hardware {hardware_words(s)} | batch {s.get('batch_size')} ({s.get('batching')})",
         f"  throughput        {f(s['throughput_tok_s'], ',.1f')} tokens/s   "
-        f"({s['decode_tokens']} tokens, {s['requests_served']} requests"
-        + (f", {s['requests_reused']} re-used" if s["requests_reused"] else "") + f", {f(s['sim_time_s'], '.3f')} s simulated)",
-        f"  iteration latency mean {f(it['mean'], '.2f')} ms   p50 {f(it['p50'], '.2f')} ms   p99 {f(it['p99'], '.2f')} ms"
-        + (f"   (prefill total {s['prefill_ms']['total']:.1f} ms)" if s["prefill_ms"]["count"] else ""),
+        f"({s['decode_tokens']:,} tokens, {s['requests_served']:,} requests"
+        + (f", {s['requests_reused']:,} re-used" if s["requests_reused"] else "")
+        + f", {f(s['sim_time_s'], ',.3f')} s simulated)",
+        f"  iteration latency mean {f(it['mean'], ',.2f')} ms   p50 {f(it['p50'], ',.2f')} ms   "
+        f"p99 {f(it['p99'], ',.2f')} ms"
+        + (f"   (prefill total {ms_words(s['prefill_ms']['total'])})" if s["prefill_ms"]["count"] else ""),
         f"  hit rate          {f(hr['overall'])}  (hpc {f(hr['hpc'])}, mpc {f(hr['mpc'])}, lpc/prefetched {f(hr['lpc'])})"
-        f"   of {s['accesses']} accesses",
-        f"  PCIe              {s['pcie_bytes'] / 1e9:,.2f} GB in {s['copies']} copies   link busy "
-        f"{s['link_busy_frac']:.1%}   compute busy {s['compute_busy_frac']:.1%}   stall {s['stall_ms']:,.1f} ms",
-        *([f"  host CPU          {s['cpu_experts']} experts ({f(s['cpu_expert_frac'])} of accesses)   busy "
-           f"{s['cpu_busy_frac']:.1%}   GPU waiting for it {s['cpu_wait_ms']:,.1f} ms"] if s.get("cpu_experts") else []),
-        f"  prefetch          precision {f(pf['precision'])}  recall {f(pf['recall'])}  issued {pf['issued']}  "
-        f"unused {pf['unused']}  wasted {pf['wasted_bytes'] / 1e9:.2f} GB",
-        f"  simulator         {s['events']:,} events in {s['wall_s']:.2f} s ({f(s['events_per_s'], ',.0f')} events/s)",
+        f"   of {s['accesses']:,} accesses",
+        f"  PCIe              {s['pcie_bytes'] / 1e9:,.2f} GB in {s['copies']:,} copies   link busy "
+        f"{s['link_busy_frac']:.1%}   compute busy {s['compute_busy_frac']:.1%}   stall {ms_words(s['stall_ms'])}",
+        *([f"  host CPU          {s['cpu_experts']:,} experts ({f(s['cpu_expert_frac'])} of accesses)   busy "
+           f"{s['cpu_busy_frac']:.1%}   GPU waiting for it {ms_words(s['cpu_wait_ms'])}"] if s.get("cpu_experts") else []),
+        f"  prefetch          precision {f(pf['precision'])}  recall {f(pf['recall'])}  issued {pf['issued']:,}  "
+        f"unused {pf['unused']:,}  wasted {pf['wasted_bytes'] / 1e9:,.2f} GB",
+        f"  simulator         {s['events']:,} events in {s['wall_s']:,.2f} s ({f(s['events_per_s'], ',.0f')} events/s)",
     ]
     return "\n".join(lines)
