@@ -34,10 +34,11 @@ class Rule:
     """What a param accepts beyond its default's type.
 
     ``minimum``/``maximum``: an inclusive range for a number (``above``: the minimum itself excluded); ``choices``:
-    the words a string may be; ``kind``: the type when the default is None (int, float, str, bool); ``file``: the
-    string names an existing regular file of this kind ("trace file"); ``required``: null is refused even though
-    the default is None (``hint`` says what to give); ``training``: the file is a training trace, checked against
-    the run when the config loads (:meth:`Parametrised.check_for_run`)."""
+    the words a string may be (with ``file``: words it may be in place of a path); ``kind``: the type when the
+    default is None (int, float, str, bool); ``file``: the string names an existing regular file of this kind
+    ("trace file"); ``required``: null is refused even though the default is None (``hint`` says what to give);
+    ``training``: the file is a training trace, checked against the run when the config loads
+    (:meth:`Parametrised.check_for_run`)."""
 
     minimum: float | None = None
     maximum: float | None = None
@@ -65,10 +66,17 @@ def file_path(what: str = "file", required: bool = False, hint: str = "") -> Rul
     return Rule(kind=str, file=what, required=required, hint=hint)
 
 
-def training_trace(required: bool = False, hint: str = "") -> Rule:
+def training_trace(required: bool = False, hint: str = "", words: tuple[str, ...] = ()) -> Rule:
     """A path to a training trace: a trace file of the run's model, with routed tokens, other than the evaluated
-    trace (checked when the config loads, see :func:`sim.trace_summary.check_training_trace`)."""
-    return Rule(kind=str, file="trace file", required=required, hint=hint, training=True)
+    trace (checked when the config loads, see :func:`sim.trace_summary.check_training_trace`); or one of ``words``,
+    which the part itself gives a meaning (no file)."""
+    return Rule(kind=str, file="trace file", required=required, hint=hint, training=True,
+                choices=tuple(words) or None)
+
+
+def names_file(rule: Rule | None, value: Any) -> bool:
+    """Whether ``value`` of a param with ``rule`` is a path to a file (not null, not one of the rule's words)."""
+    return rule is not None and rule.file is not None and isinstance(value, str) and value not in (rule.choices or ())
 
 
 @dataclass(frozen=True)
@@ -114,7 +122,7 @@ class Parametrised:
         from sim.trace_summary import check_training_trace
 
         for key, rule in cls.PARAM_RULES.items():
-            if rule.training and params.get(key) is not None:
+            if rule.training and names_file(rule, params.get(key)):
                 check_training_trace(params[key], join(where, key), run.model, run.trace_path)
 
     @classmethod
@@ -204,11 +212,16 @@ def check_param(value: Any, default: Any, rule: Rule | None, where: str) -> Any:
         lo, hi = _range(kind, rule)
         ok = (value > lo if rule.above else value >= lo) and value <= hi
     if ok and kind is str:
-        ok = 0 < len(value) <= MAX_TEXT and (rule.choices is None or value in rule.choices)
+        ok = 0 < len(value) <= MAX_TEXT and (rule.choices is None or rule.file is not None or value in rule.choices)
     if not ok:
         raise ConfigError(where, f"must be {_want(kind, rule)}, got {show(value)}")
-    if rule.file is not None:
-        resolve_path(value, where, rule.file)
+    if names_file(rule, value):
+        try:
+            resolve_path(value, where, rule.file)
+        except ConfigError as exc:
+            if not rule.choices:
+                raise
+            raise ConfigError(exc.field, f"{exc.problem} (or give one of {', '.join(rule.choices)})") from None
     return value
 
 
@@ -222,7 +235,7 @@ def _range(kind: type, rule: Rule) -> tuple[float, float]:
 def _want(kind: type | None, rule: Rule) -> str:
     """What a param takes, in words."""
     if rule.file is not None:
-        return f"a path to a {rule.file}"
+        return f"a path to a {rule.file}" + (f" or one of {', '.join(rule.choices)}" if rule.choices else "")
     if rule.choices is not None:
         return f"one of {', '.join(rule.choices)}"
     if kind in (int, float):
@@ -234,5 +247,5 @@ def _want(kind: type | None, rule: Rule) -> str:
     return names.get(kind, f"a {getattr(kind, '__name__', 'value')}")
 
 
-__all__ = ["MAX_EXPERTS", "Parametrised", "Rule", "RunFacts", "between", "check_param", "file_path", "one_of",
-           "resolve_params", "training_trace"]
+__all__ = ["MAX_EXPERTS", "Parametrised", "Rule", "RunFacts", "between", "check_param", "file_path", "names_file",
+           "one_of", "resolve_params", "training_trace"]

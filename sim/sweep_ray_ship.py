@@ -39,6 +39,7 @@ def runtime_env(env=os.environ) -> dict:
 def file_fields(resolved: dict) -> dict[tuple, Path]:
     """The fields of a resolved config that name files (key path -> the file here)."""
     from sim.files import resolve_path
+    from sim.params import names_file
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 
@@ -52,7 +53,7 @@ def file_fields(resolved: dict) -> dict[tuple, Path]:
         params = part.get("params") or {}
         for key, rule in rules.items():
             value = params.get(key)
-            if getattr(rule, "file", None) and isinstance(value, str) and value.strip():
+            if names_file(rule, value) and value.strip():  # a path, not one of the rule's words
                 out[(section, "params", key)] = resolve_path(value, f"{section}.params.{key}", rule.file).resolve()
     return out
 

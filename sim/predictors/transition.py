@@ -1,4 +1,5 @@
-"""`transition`: a layer-to-layer transition table learned from a training trace (not the evaluated one).
+"""`transition`: a layer-to-layer transition table learned from a training trace, or from the evaluated trace's
+other requests (two-fold cross-fitting), never from the routing of the request it predicts.
 
 ``T_l[a, b]`` counts the tokens of the training trace routed to expert ``a`` in layer ``l`` and to ``b`` in the
 next layer of the same phase (every pair of a token's top-k in the two layers counts once). To predict layer
@@ -12,8 +13,17 @@ nothing.
 
 It reads only the routing of the current iteration's layer ``l`` (known once its gate ran), never ``truth``.
 
-Params: ``train``, the path of the training trace (required; same model shape: layers, experts, top-k; it must
-not be the evaluated trace: a file with the same routing and request boundaries is refused), and ``top``.
+Params: ``train`` (required) and ``top``. ``train`` is either
+
+- the path of a training trace (same model shape: layers, experts, top-k; it must not be the evaluated trace: a
+  file with the same routing and request boundaries is refused), or
+- ``other-requests``: two-fold cross-fitting on the evaluated trace, which needs no other file. Its requests fall
+  in two folds by index (even requests in one, odd in the other); a token is scored with the tables (and the
+  tie-breaking popularity) counted on the fold its request is NOT in, so no token's guess ever uses its own
+  request's routing. Each fold must hold routed tokens (so the trace at least two requests). The tables are
+  counts, so the two folds cost two tables per pair of layers instead of one. The guesses may use other
+  requests' routing from later in the trace: the tables stand for a predictor trained offline on a workload of
+  the same kind, as with a training file.
 """
 
 from __future__ import annotations
@@ -81,6 +91,31 @@ def load_training_trace(value, where: str, evaluated: Trace | None, evaluated_pa
     return train
 
 
+#: ``train``'s word for two-fold cross-fitting on the evaluated trace's other requests.
+OTHER_REQUESTS = "other-requests"
+#: The folds of cross-fitting: request ``r`` is in fold ``r % FOLDS``.
+FOLDS = 2
+
+
+def request_folds(trace: Trace) -> np.ndarray:
+    """int8 [tokens]: each trace row's fold, its request's index modulo ``FOLDS`` (even requests 0, odd 1)."""
+    counts = np.diff(np.asarray(trace.request_offsets, dtype=np.int64))
+    return np.repeat(np.arange(counts.size) % FOLDS, counts).astype(np.int8)
+
+
+def other_fold_routing(trace: Trace, where: str) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(each row's fold, per fold ``g`` the routing [tokens, layers, k] of the rows NOT in ``g``): what the tokens of
+    fold ``g`` are scored with. ConfigError naming ``where`` when a fold has no routed token."""
+    folds = request_folds(trace)
+    routed = (trace.experts >= 0).reshape(trace.experts.shape[0], -1).any(axis=1)
+    for g in range(FOLDS):
+        if not routed[folds == g].any():
+            which = "even" if g == 0 else "odd"
+            raise ConfigError(where, f"{OTHER_REQUESTS}: the trace's {which}-numbered requests have no routed token "
+                                     f"({trace.num_requests} requests): nothing to learn for the other fold")
+    return folds, [trace.experts[folds != g] for g in range(FOLDS)]
+
+
 def transition_table(experts: np.ndarray, src: int, dst: int, num_experts: int) -> np.ndarray:
     """[experts, experts]: tokens routed to ``a`` in layer ``src`` and ``b`` in layer ``dst`` (every pair of a
     token's top-k counts once); ``experts`` is a trace's [tokens, layers, k] array."""
@@ -110,14 +145,20 @@ class LayerPairPredictor(Predictor):
 @PREDICTORS.register("transition")
 class TransitionPredictor(LayerPairPredictor):
     PARAMS = {"train": None, "top": None}
-    PARAM_RULES = {"train": training_trace(required=True, hint="give the path of a training trace of the same "
-                                                                "model (not the evaluated trace)"),
+    PARAM_RULES = {"train": training_trace(required=True, words=(OTHER_REQUESTS,),
+                                           hint=f"give the path of a training trace of the same model (not the "
+                                                f"evaluated trace), or {OTHER_REQUESTS}"),
                    "top": between(1, MAX_EXPERTS, kind=int)}  # at most the model's experts: check_for_run
 
     @classmethod
     def check_for_run(cls, params: dict, where: str, run: RunFacts) -> None:
-        """``top`` at most the run's experts per layer, beside the training trace's checks."""
+        """``top`` at most the run's experts per layer, and ``other-requests`` on a trace of two requests or more,
+        beside the training trace's checks."""
         super().check_for_run(params, where, run)
+        if params.get("train") == OTHER_REQUESTS and run.trace.num_requests < FOLDS:
+            raise ConfigError(f"{where}.train", f"{OTHER_REQUESTS} needs a trace of at least {FOLDS} requests (one "
+                                                f"to learn from, another to predict), the workload's has "
+                                                f"{run.trace.num_requests}")
         top = params.get("top")
         if top is not None and top > run.model.num_experts:
             raise ConfigError(f"{where}.top", f"must be at most the {run.model.num_experts} experts of a layer of "
@@ -132,17 +173,25 @@ class TransitionPredictor(LayerPairPredictor):
             raise ConfigError("predictor.params.top", f"must be an integer in 1..{self.ctx.num_experts} or null "
                                                       f"(the model's top-k), got {top!r}")
         self.top = top
-        self.train = load_training_trace(self.params["train"], "predictor.params.train", self.trace,
-                                         self.ctx.extra.get("trace_path"))
+        where = "predictor.params.train"
+        if self.params["train"] == OTHER_REQUESTS:
+            # sources[g]: the routing the tokens of fold g learn from (the other fold's); group: each row's fold
+            self.train = None
+            self.group, self.sources = other_fold_routing(self.trace, where)
+        else:
+            self.train = load_training_trace(self.params["train"], where, self.trace, self.ctx.extra.get("trace_path"))
+            self.group, self.sources = None, [self.train.experts]
         self.start_tables()
+        self.guesses: dict[tuple[int, int, int], dict[tuple[int, ...], frozenset[int]]] = {}
 
-    def ranking_keys(self, src: int, dst: int) -> np.ndarray:
-        """[experts (of src), experts (of dst)] float: T plus a tie-breaker below 1 from dst's popularity."""
-        key = (src, dst)
+    def ranking_keys(self, src: int, dst: int, source: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """([experts (of src), experts (of dst)] T, [experts of dst] a tie-breaker below 1 from dst's popularity),
+        counted on ``self.sources[source]``."""
+        key = (src, dst, source)
         if key not in self.tables:
-            e = self.ctx.num_experts
-            table = transition_table(self.train.experts, src, dst, e).astype(np.float64)
-            ids = self.train.experts[:, dst, :].ravel()
+            e, experts = self.ctx.num_experts, self.sources[source]
+            table = transition_table(experts, src, dst, e).astype(np.float64)
+            ids = experts[:, dst, :].ravel()
             popular = np.bincount(ids[ids >= 0].astype(np.int64), minlength=e).astype(np.float64)
             self.tables[key] = (table, 0.5 * popular / (popular.max() + 1.0))
         return self.tables[key]
@@ -153,21 +202,32 @@ class TransitionPredictor(LayerPairPredictor):
         if pos == 0 or self.rows is None or self.rows.size == 0:
             return frozenset()
         src = layers[pos - 1]
-        table, tie = self.ranking_keys(src, layer)
-        ids = self.trace.experts[self.rows, src, :].astype(np.int64)  # routing of the layer whose gate ran
-        ids = ids[(ids >= 0).any(axis=1)]
-        if ids.size == 0:
-            return frozenset()
-        if ids.shape[0] > 1:  # tokens with the same experts guess the same: score each combination once
-            ids = np.sort(ids, axis=1)
-            if (self.ctx.num_experts + 1) ** ids.shape[1] < 2 ** 62:  # one int64 code per combination: faster
-                code = np.zeros(ids.shape[0], dtype=np.int64)
-                for j in range(ids.shape[1]):
-                    code = code * (self.ctx.num_experts + 1) + ids[:, j] + 1
-                ids = ids[np.unique(code, return_index=True)[1]]
-            else:
-                ids = np.unique(ids, axis=0)
-        score = np.where(ids[:, :, None] >= 0, table[np.maximum(ids, 0)], 0.0).sum(axis=1) + tie  # [tokens, E]
-        order = np.argsort(-score, axis=1, kind="stable")[:, : self.top]
-        keep = np.take_along_axis(score, order, axis=1) > 0
-        return frozenset(int(x) for x in np.unique(order[keep]))
+        if self.group is None:
+            return self.guess(self.rows, src, layer, 0)
+        groups = self.group[self.rows]
+        if self.rows.size == 1 or (groups == groups[0]).all():
+            return self.guess(self.rows, src, layer, int(groups[0]))
+        out = frozenset()
+        for g in np.unique(groups):  # each fold's tokens with the tables of the other fold
+            out |= self.guess(self.rows[groups == g], src, layer, int(g))
+        return out
+
+    def guess(self, rows: np.ndarray, src: int, dst: int, source: int) -> frozenset[int]:
+        """The union of the ``top`` best experts of ``dst`` over ``rows`` (trace rows), each scored from its
+        routing in ``src`` with the tables of ``self.sources[source]``. A token's guess depends only on its set of
+        experts in ``src``, so each set is scored once per (src, dst, source) and remembered."""
+        memo = self.guesses.setdefault((src, dst, source), {})
+        combos = {tuple(sorted(r)) for r in self.trace.experts[rows, src, :].tolist()}  # of the layer whose gate ran
+        new = [c for c in combos if c not in memo and c[-1] >= 0]  # sorted: c[-1] < 0 means no routing
+        if new:
+            table, tie = self.ranking_keys(src, dst, source)
+            ids = np.asarray(new, dtype=np.int64)
+            score = np.where(ids[:, :, None] >= 0, table[np.maximum(ids, 0)], 0.0).sum(axis=1) + tie  # [sets, E]
+            order = np.argsort(-score, axis=1, kind="stable")[:, : self.top]
+            keep = np.take_along_axis(score, order, axis=1) > 0
+            for c, o, k in zip(new, order.tolist(), keep.tolist()):
+                memo[c] = frozenset(x for x, kept in zip(o, k) if kept)
+        out = frozenset()
+        for c in combos:
+            out |= memo.get(c, frozenset())
+        return out
