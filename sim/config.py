@@ -46,7 +46,8 @@ from sim.model_spec import ModelSpec, load_model
 from sim.system_spec import DEFAULT_SYSTEM, SystemSpec, is_ideal, load_system
 from sim.overrides import apply_set
 from sim.params import RunFacts
-from sim.trace_summary import TraceSummary, read_trace_summary, routed_tokens, shape_text, trace_matches_model
+from sim.trace_summary import (TraceSummary, model_mismatch, read_trace_summary, routed_tokens, shape_text,
+                               trace_matches_model)
 from sim.units import GB
 from traces.errors import TraceError, brief
 
@@ -186,12 +187,13 @@ def _load_workload(d: Any, model: ModelSpec) -> tuple[WorkloadConfig, TraceSumma
         summary = read_trace_summary(w.trace)
     except TraceError as exc:
         raise ConfigError("workload.trace", str(exc)) from None
-    if not trace_matches_model(summary, model):
+    problem = model_mismatch(summary, model)
+    if problem:  # what differs first, whole; then both shapes and the file
         m = summary.meta.model
         enc, dec = summary.layer_counts()
         theirs = shape_text(m.num_experts, m.top_k, enc, dec)
         ours = shape_text(model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers)
-        raise ConfigError("workload.trace", f"trace model {show(m.name)} ({theirs}) does not match model "
+        raise ConfigError("workload.trace", f"{problem}: trace model {show(m.name)} ({theirs}) does not match model "
                                             f"{show(model.name)} ({ours}) in {w.trace}")
     has_prefill = w.prefill and int(summary.prefill_lengths.sum()) > 0
     has_decode = w.max_decode_tokens != 0 and int(summary.decode_lengths.sum()) > 0

@@ -13,7 +13,7 @@ import numpy as np
 
 from sim.errors import ConfigError
 from sim.model_spec import ModelSpec
-from traces.errors import TraceError, brief
+from traces.errors import TraceError, brief, one_line
 from traces.format import TraceMeta
 from traces.io import load_trace, load_trace_header
 
@@ -119,17 +119,28 @@ def _trace_summary(path_str: str, mtime_ns: int, size: int) -> TraceSummary:
     return TraceSummary(path, meta, prefill, lengths - prefill)
 
 
+#: The longest model name a message about a trace's model shows whole (import names are at most 128 characters).
+SHOWN_NAME_CHARS = 130
+
+
+def _quoted(name: str) -> str:
+    """A model name for a message: quoted, whole up to SHOWN_NAME_CHARS characters, on one line."""
+    if len(name) <= SHOWN_NAME_CHARS:
+        return one_line(repr(name), 4 * SHOWN_NAME_CHARS)
+    return one_line(repr(name[:SHOWN_NAME_CHARS]), 4 * SHOWN_NAME_CHARS) + f"... ({len(name)} characters)"
+
+
 def model_shape(summary: TraceSummary) -> str:
-    """The trace's model in words: name, experts, top-k, MoE layers."""
+    """The trace's model in words: name (whole up to SHOWN_NAME_CHARS), experts, top-k, MoE layers."""
     m = summary.meta.model
     enc, dec = summary.layer_counts()
-    return f"{brief(m.name, 60)} ({shape_text(m.num_experts, m.top_k, enc, dec)})"
+    return f"{_quoted(m.name)} ({shape_text(m.num_experts, m.top_k, enc, dec)})"
 
 
 def spec_shape(model: ModelSpec) -> str:
     """The run's model in the words of :func:`model_shape`."""
     shape = shape_text(model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers)
-    return f"{brief(model.name, 60)} ({shape})"
+    return f"{_quoted(model.name)} ({shape})"
 
 
 def shape_text(experts: int, top_k: int, enc: int, dec: int) -> str:
@@ -140,15 +151,51 @@ def _norm_name(name: str) -> str:
     return name.strip().lower().rsplit("/", 1)[-1]
 
 
-def trace_matches_model(summary: TraceSummary, model: ModelSpec) -> bool:
-    """Same experts, top-k and encoder/decoder MoE layer counts, and the same model name; a trace name may carry
-    an organisation prefix and a variant suffix ("mistralai/Mixtral-8x7B-Instruct-v0.1" is a "mixtral-8x7b")."""
+def names_match(trace_name: str, profile_name: str) -> bool:
+    """The simulator's name rule: the same name, or it with an organisation prefix and a variant suffix
+    ("mistralai/Mixtral-8x7B-Instruct-v0.1" is a "mixtral-8x7b")."""
+    tn, mn = _norm_name(trace_name), _norm_name(profile_name)
+    return tn == mn or tn.startswith(mn + "-")
+
+
+def model_mismatch(summary: TraceSummary, model: ModelSpec) -> str | None:
+    """None when the trace is of ``model`` (:func:`trace_matches_model`); else what differs, each difference in
+    full, e.g. "trace model 'x' has 8 experts per layer; profile 'y' has 16 experts per layer" (shapes first, then
+    the name)."""
     m = summary.meta.model
     enc, dec = summary.layer_counts()
-    tn, mn = _norm_name(m.name), _norm_name(model.name)
-    return ((tn == mn or tn.startswith(mn + "-"))
-            and (m.num_experts, m.top_k, enc, dec)
-            == (model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers))
+    theirs, ours = _differences((m.num_experts, m.top_k, enc, dec),
+                                (model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers))
+    same_name = names_match(m.name, model.name)
+    if theirs:
+        also = "" if same_name else "; and the names differ"
+        return f"trace model {_quoted(m.name)} has {theirs}; profile {_quoted(model.name)} has {ours}{also}"
+    if not same_name:
+        return (f"trace model name {_quoted(m.name)} is not profile {_quoted(model.name)} (a trace of it is named "
+                f"{_quoted(model.name)}, or that with an ORG/ prefix or a -VARIANT suffix)")
+    return None
+
+
+def _differences(trace: tuple[int, int, int, int], profile: tuple[int, int, int, int]) -> tuple[str, str]:
+    """The differing parts of two (experts, top-k, encoder MoE layers, decoder MoE layers) shapes, in words: one
+    text for each side ("" for both when they agree)."""
+    differs = [a != b for a, b in zip(trace, profile)]
+
+    def words(shape: tuple[int, int, int, int]) -> str:
+        experts, top_k, enc, dec = shape
+        parts = [f"{experts} experts per layer"] if differs[0] else []
+        parts += [f"top-{top_k}"] if differs[1] else []
+        layers = [f"{n} {role}" for n, role, d in ((enc, "encoder", differs[2]), (dec, "decoder", differs[3])) if d]
+        parts += [" and ".join(layers) + " MoE layers"] if layers else []
+        return ", ".join(parts)
+
+    return words(trace), words(profile)
+
+
+def trace_matches_model(summary: TraceSummary, model: ModelSpec) -> bool:
+    """Same experts, top-k and encoder/decoder MoE layer counts, and the same model name (:func:`names_match`);
+    :func:`model_mismatch` says what differs."""
+    return model_mismatch(summary, model) is None
 
 
 # --------------------------------------------------------------------------------------------- training traces
@@ -164,7 +211,7 @@ def check_training_trace(value, where: str, model: ModelSpec, evaluated_path: Pa
         summary = read_trace_summary(path)
     except TraceError as exc:
         raise ConfigError(where, str(exc)) from None
-    if not trace_matches_model(summary, model):
+    if not trace_matches_model(summary, model):  # both shapes and both names whole: every difference shows
         raise ConfigError(where, f"training trace {brief(str(value))} is of model {model_shape(summary)}, the run's "
                                  f"is {spec_shape(model)}")
     if evaluated_path is not None and _same_trace_file(path, Path(evaluated_path)):
@@ -210,5 +257,5 @@ def _routed_tokens(path_str: str, mtime_ns: int, size: int) -> tuple[int, int]:
     return int(experts.shape[0]), int((experts >= 0).reshape(experts.shape[0], -1).any(axis=1).sum())
 
 
-__all__ = ["TraceSummary", "check_training_trace", "model_shape", "prompt_with_info", "read_trace_summary",
-           "routed_tokens", "shape_text", "spec_shape", "trace_matches_model"]
+__all__ = ["TraceSummary", "check_training_trace", "model_mismatch", "model_shape", "names_match", "prompt_with_info",
+           "read_trace_summary", "routed_tokens", "shape_text", "spec_shape", "trace_matches_model"]

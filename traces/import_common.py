@@ -122,28 +122,25 @@ def profiles_for(name: str) -> list[tuple[str, Any]]:
             if trace_matches_model(_summary(_meta_like(name, spec)), spec)]
 
 
-def _shape(num_experts: int, top_k: int, enc: int, dec: int) -> str:
-    return f"{num_experts} experts, top-{top_k}, {enc} encoder + {dec} decoder MoE layers"
-
-
 def check_model_fit(trace: Trace, where: str, num_experts_from: str | None = None,
                     hint: str = "is --model the model that produced it?") -> None:
     """Refuse a trace that ``sim run`` would refuse with the model profile its name matches (a different expert
-    count, top-k, or number of encoder or decoder MoE layers): :func:`sim.trace_summary.trace_matches_model`,
-    the check a run config makes, applied when the trace is written rather than at every run. A name that
-    matches no profile is a model of the user's own (e.g. a small test model) and is not checked."""
-    from sim.trace_summary import trace_matches_model
+    count, top-k, or number of encoder or decoder MoE layers): :func:`sim.trace_summary.model_mismatch`, the check
+    a run config makes, applied when the trace is written rather than at every run, its message leading with what
+    differs. A name that matches no profile is a model of the user's own (e.g. a small test model) and is not
+    checked."""
+    from sim.trace_summary import model_mismatch
 
     m = trace.meta.model
     summary = _summary(trace.meta)
     for stem, spec in profiles_for(m.name):
-        if not trace_matches_model(summary, spec):
-            enc, dec = summary.layer_counts()
-            source = f" (experts from {num_experts_from})" if num_experts_from == "--num-experts" else ""
-            raise InputError(f"{where}: the routing ({_shape(m.num_experts, m.top_k, enc, dec)}{source}) does not "
-                             f"match model {brief(m.name)}: configs/models/{stem}.yaml has "
-                             f"{_shape(spec.num_experts, spec.top_k, spec.encoder_moe_layers, spec.decoder_moe_layers)}"
-                             f", so every run of that model would refuse the trace ({hint})")
+        problem = model_mismatch(summary, spec)
+        if problem:
+            source = "; the trace's experts per layer come from --num-experts" \
+                if num_experts_from == "--num-experts" else ""
+            raise InputError(f"{where}: the routing does not match model {brief(m.name)}: {problem} (the profile: "
+                             f"configs/models/{stem}.yaml{source}); every run of that model would refuse the trace "
+                             f"({hint})")
 
 
 def check_content(trace: Trace, where: str) -> None:

@@ -1,0 +1,335 @@
+"""A model profile (the fields of :class:`sim.model_spec.ModelSpec`, as in ``configs/models/*.yaml``) derived from a
+Hugging Face checkpoint's ``config.json``, for simulating a recorded or imported trace of a model that has no
+bundled profile.
+
+What is read, by quantity (the first field present wins; a required one that is missing is a one-line InputError
+naming it):
+
+- ``d_model``: ``hidden_size`` (``d_model`` for Switch); ``vocab_size``.
+- ``d_ff`` (one routed expert's width): ``moe_intermediate_size``, else ``intermediate_size`` (``d_ff`` for Switch);
+  ``dense_d_ff`` (the FFN of blocks without a router): ``intermediate_size`` (``d_ff`` for Switch).
+- ``num_experts``: ``num_local_experts``, ``num_experts`` or ``n_routed_experts``; ``top_k``:
+  ``num_experts_per_tok`` or ``experts_per_token`` (Switch routes top-1).
+- Which blocks are MoE: ``first_k_dense_replace`` and ``moe_layer_freq`` (DeepSeek: block i >= k with
+  i % freq == 0), ``mlp_only_layers`` and ``decoder_sparse_step`` (Qwen-MoE: block i not listed with
+  (i + 1) % step == 0), Switch's ``encoder_sparse_step``/``decoder_sparse_step`` (block i with i % step == 1, or
+  every block at step 1); otherwise every block of ``num_hidden_layers``.
+- Shared experts: ``shared_expert_intermediate_size`` (Qwen2-MoE) or ``n_shared_experts * moe_intermediate_size``
+  (DeepSeek).
+- Attention: ``num_attention_heads``, ``num_key_value_heads`` (default: the heads), ``head_dim`` (default:
+  ``hidden_size / heads``); Switch ``num_heads`` and ``d_kv``. Multi-head latent attention (``kv_lora_rank``)
+  becomes the equivalent the bundled DeepSeek profiles use: ``n_kv_heads * head_dim * 2 = kv_lora_rank +
+  qk_rope_head_dim`` (the compressed KV cache exactly).
+- Experts are gated (3 matrices: gate, up, down) except Switch's (2: wi, wo).
+- ``dtype_bytes``: ``torch_dtype``/``dtype`` (bfloat16 and float16: 2, float32: 4), else the caller's default (an
+  assumption, said in the file). ``expert_bits``: MXFP4 experts 4.25 (4 bits and one 8-bit scale per 32), FP8
+  experts 8 (block scales ignored), a ``bits`` field of another quantization method as it is (scales ignored).
+
+Known layouts (``model_type``): mixtral, olmoe, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss and
+switch_transformers: every tiny model of :mod:`traces.tiny_models`. Another ``model_type`` is read by the same
+rules, which the file then says as an assumption.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from traces.errors import InputError, brief
+
+KNOWN_TYPES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss",
+               "switch_transformers")
+#: Bytes per weight of a checkpoint dtype.
+DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8, "double": 8, "bfloat16": 2, "float16": 2, "half": 2,
+               "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
+#: The largest config.json read (real ones are a few KB).
+MAX_CONFIG_BYTES = 4 << 20
+#: The largest integer a config field may give (far beyond any real model).
+MAX_FIELD = 1 << 40
+
+
+@dataclass
+class DerivedProfile:
+    """A model profile derived from a config: ``fields`` (ModelSpec's keys, file units), where each came from
+    (``notes``) and what the config did not say (``assumptions``)."""
+
+    fields: dict
+    source: str
+    notes: list[str] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.fields["name"]
+
+    def yaml_text(self, made_by: str) -> str:
+        """The profile file: comments saying where each figure came from, then the fields."""
+        import yaml
+
+        spec = self.spec()
+        lines = [f"# Model profile of {self.name}, derived by {made_by} from {self.source}.",
+                 *(f"# {n}" for n in self.notes),
+                 f"# Bytes per routed expert: {spec.expert_matrices} * {spec.d_model} * {spec.d_ff} weights at "
+                 f"{spec.expert_bits_per_weight:g} bits = {spec.expert_bytes} bytes; "
+                 f"{spec.total_params} parameters in all.",
+                 "# Assumptions (not in the config):" if self.assumptions else "# Assumptions: none.",
+                 *(f"#   - {a}" for a in self.assumptions)]
+        body = yaml.safe_dump(self.fields, sort_keys=False, default_flow_style=False)
+        return "\n".join(lines) + "\n" + body
+
+    def spec(self):
+        """The profile checked as the simulator loads it (:func:`sim.model_spec.model_from_dict`); InputError
+        naming the config when a derived figure breaks a profile's rule (e.g. top-k above the experts)."""
+        from sim.errors import ConfigError
+        from sim.model_spec import model_from_dict
+
+        try:
+            return model_from_dict(self.fields, "model")
+        except ConfigError as exc:
+            raise InputError(f"{self.source}: the model profile derived from it is not valid ({exc})") from None
+
+
+class _Reader:
+    """Fields of one config, each read once, with the notes and assumptions that reading them leaves."""
+
+    def __init__(self, config: Mapping[str, Any], where: str):
+        self.c, self.where = config, where
+        self.notes: list[str] = []
+        self.assumptions: list[str] = []
+
+    def has(self, key: str) -> bool:
+        return self.c.get(key) is not None
+
+    def int(self, *keys: str, why: str, default: int | None = None, minimum: int = 1) -> int:
+        """The first of ``keys`` the config gives, as an integer >= ``minimum``; ``default`` (said as an
+        assumption-free default of the architecture) when none is given, else an InputError naming the field."""
+        for key in keys:
+            value = self.c.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_FIELD:
+                raise InputError(f"{self.where}: field '{key}' ({why}) must be an integer >= {minimum}, "
+                                 f"got {brief(value)}")
+            return int(value)
+        if default is not None:
+            return default
+        others = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
+        raise InputError(f"{self.where}: no field '{keys[0]}'{others}, {why}: cannot derive a model profile")
+
+    def int_list(self, key: str, why: str) -> list[int]:
+        value = self.c.get(key) or []
+        if not isinstance(value, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in value):
+            raise InputError(f"{self.where}: field '{key}' ({why}) must be a list of integers, got {brief(value)}")
+        return [int(x) for x in value]
+
+
+def read_config_file(path: str | Path, flag: str = "--hf-config") -> dict:
+    """The mapping of a checkpoint's ``config.json`` (a regular JSON file of at most MAX_CONFIG_BYTES); an
+    InputError naming ``flag`` and the file otherwise."""
+    from traces.import_common import read_json_file
+
+    try:
+        value = read_json_file(path, MAX_CONFIG_BYTES, "checkpoint config")
+    except InputError as exc:
+        raise InputError(f"{flag}: {exc}") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{flag}: {path} must hold a JSON object (a checkpoint's config.json), got "
+                         f"{type(value).__name__}")
+    return value
+
+
+def derive_profile(config: Mapping[str, Any], name: str, source: str, default_dtype_bytes: int | None = None,
+                   default_dtype_why: str = "") -> DerivedProfile:
+    """The model profile called ``name`` of the checkpoint whose config is ``config`` (``source`` names it in
+    messages and in the file). ``default_dtype_bytes`` is used when the config gives no dtype (with
+    ``default_dtype_why`` saying why, as an assumption); without it the profile assumes bf16 (2 bytes)."""
+    r = _Reader(config, source)
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in KNOWN_TYPES:
+        r.assumptions.append(f"model_type {brief(model_type, 40)} is none of {', '.join(KNOWN_TYPES)}: read with "
+                             f"their rules (gated experts, every block MoE unless the config says otherwise)")
+    switch = model_type == "switch_transformers"
+    fields = {"name": name}
+    fields.update(_switch_shape(r) if switch else _decoder_shape(r))
+    fields.update(_attention(r, fields["d_model"], switch))
+    fields["dtype_bytes"] = _dtype_bytes(r, default_dtype_bytes, default_dtype_why)
+    bits = _expert_bits(r, fields["dtype_bytes"])
+    if bits is not None:
+        fields["expert_bits"] = bits
+    fields["vocab_size"] = r.int("vocab_size", why="the vocabulary")
+    r.notes.append(f"vocab_size {fields['vocab_size']}; embedding and LM head counted apart (as in every profile).")
+    if config.get("tie_word_embeddings") is True:
+        r.assumptions.append("the checkpoint ties its embedding and LM head; the profile counts both (dense "
+                             "weights high by vocab_size x d_model)")
+    ordered = _ordered(fields)
+    profile = DerivedProfile(ordered, source, r.notes, r.assumptions)
+    profile.spec()
+    return profile
+
+
+def _ordered(fields: dict) -> dict:
+    from sim.model_spec import MODEL_FIELDS
+
+    return {k: fields[k] for k in MODEL_FIELDS if k in fields}
+
+
+# --------------------------------------------------------------------------------------------- FFN and layers
+def _decoder_shape(r: _Reader) -> dict:
+    """Expert and FFN shapes and MoE layers of a decoder-only MoE (Mixtral, OLMoE, Qwen-MoE, DeepSeek, gpt-oss)."""
+    d_model = r.int("hidden_size", "d_model", why="the model width")
+    experts = r.int("num_local_experts", "num_experts", "n_routed_experts", why="the routed experts per MoE layer")
+    top_k = r.int("num_experts_per_tok", "experts_per_token", "moe_topk", why="the experts each token is routed to")
+    blocks = r.int("num_hidden_layers", "num_layers", why="the transformer blocks")
+    width_key = "moe_intermediate_size" if r.has("moe_intermediate_size") else "intermediate_size"
+    d_ff = r.int(width_key, why="one routed expert's FFN width")
+    moe = _moe_blocks(r, blocks)
+    if not moe:
+        raise InputError(f"{r.where}: no block of the {blocks} is an MoE block (see first_k_dense_replace, "
+                         f"mlp_only_layers, decoder_sparse_step): nothing to simulate")
+    dense_d_ff = r.int("intermediate_size", why="the FFN width of the blocks without experts") \
+        if len(moe) < blocks else 0
+    shared = _shared_width(r, d_ff)
+    r.notes.append(f"{width_key} {d_ff} -> d_ff (gated experts: 3 matrices), {experts} routed experts, top-{top_k}, "
+                   f"{len(moe)} of {blocks} blocks MoE" + (f", dense FFN width {dense_d_ff}" if dense_d_ff else "")
+                   + (f", shared expert width {shared}" if shared else "") + ".")
+    return {"d_model": d_model, "d_ff": d_ff, "expert_matrices": 3, "num_experts": experts, "top_k": top_k,
+            "encoder_blocks": 0, "decoder_blocks": blocks, "encoder_moe_layers": 0, "decoder_moe_layers": len(moe),
+            "dense_d_ff": dense_d_ff, "dense_ffn_matrices": 3, "shared_expert_d_ff": shared}
+
+
+def _moe_blocks(r: _Reader, blocks: int) -> list[int]:
+    """Indices of the blocks with a router, by the rules of the architecture the config's fields belong to."""
+    if r.has("first_k_dense_replace") or r.has("moe_layer_freq"):
+        first = r.int("first_k_dense_replace", why="the leading dense blocks", default=0, minimum=0)
+        freq = r.int("moe_layer_freq", why="every how many blocks one is MoE", default=1)
+        return [i for i in range(blocks) if i >= first and i % freq == 0]
+    if r.has("mlp_only_layers") or r.has("decoder_sparse_step"):
+        dense = set(r.int_list("mlp_only_layers", "the blocks without experts"))
+        step = r.int("decoder_sparse_step", why="every how many blocks one is MoE", default=1)
+        return [i for i in range(blocks) if i not in dense and (i + 1) % step == 0]
+    return list(range(blocks))
+
+
+def _shared_width(r: _Reader, d_ff: int) -> int:
+    """The width of the always-on shared experts of one MoE layer (0: none)."""
+    if r.has("shared_expert_intermediate_size"):
+        return r.int("shared_expert_intermediate_size", why="the shared expert's width", minimum=0)
+    if r.has("n_shared_experts"):
+        return r.int("n_shared_experts", why="the shared experts per MoE layer", minimum=0) * d_ff
+    return 0
+
+
+def _switch_shape(r: _Reader) -> dict:
+    """Switch Transformers: encoder and decoder stacks, top-1, ReLU experts (wi, wo) as wide as the dense FFN."""
+    d_model = r.int("d_model", "hidden_size", why="the model width")
+    d_ff = r.int("d_ff", why="the FFN width of experts and dense blocks")
+    experts = r.int("num_experts", why="the routed experts per MoE layer")
+    enc = r.int("num_layers", why="the encoder blocks")
+    dec = r.int("num_decoder_layers", why="the decoder blocks", default=enc)
+    enc_moe = _switch_sparse(r, "encoder", enc)
+    dec_moe = _switch_sparse(r, "decoder", dec)
+    r.notes.append(f"Switch: d_ff {d_ff} (experts and dense blocks: wi, wo = 2 matrices), {experts} experts, "
+                   f"top-1, {enc_moe} of {enc} encoder and {dec_moe} of {dec} decoder blocks MoE.")
+    return {"d_model": d_model, "d_ff": d_ff, "expert_matrices": 2, "num_experts": experts, "top_k": 1,
+            "encoder_blocks": enc, "decoder_blocks": dec, "encoder_moe_layers": enc_moe,
+            "decoder_moe_layers": dec_moe, "dense_d_ff": d_ff, "dense_ffn_matrices": 2, "shared_expert_d_ff": 0}
+
+
+def _switch_sparse(r: _Reader, role: str, blocks: int) -> int:
+    """MoE blocks of a Switch stack: block i is sparse when i % step == 1 (every block at step 1), the step
+    being ``{role}_sparse_step`` or ``blocks // num_sparse_{role}_layers``."""
+    sparse = r.int(f"num_sparse_{role}_layers", why=f"the {role}'s MoE blocks", minimum=0)
+    if sparse == 0:
+        return 0
+    step = r.int(f"{role}_sparse_step", why=f"every how many {role} blocks one is MoE",
+                 default=max(blocks // sparse, 1), minimum=0)
+    if step == 0:
+        return 0
+    return sum(1 for i in range(blocks) if step == 1 or i % step == 1)
+
+
+# --------------------------------------------------------------------------------------------- attention
+def _attention(r: _Reader, d_model: int, switch: bool) -> dict:
+    if switch:
+        heads = r.int("num_heads", why="the attention heads")
+        head_dim = r.int("d_kv", why="the width of one head", default=d_model // heads)
+        r.notes.append(f"attention: {heads} heads x {head_dim} (d_kv), no grouped KV heads.")
+        return {"n_heads": heads, "n_kv_heads": heads, "head_dim": head_dim}
+    heads = r.int("num_attention_heads", why="the attention heads")
+    if r.has("kv_lora_rank"):
+        return _latent_attention(r, heads)
+    kv = r.int("num_key_value_heads", why="the KV heads", default=heads)
+    if r.has("head_dim"):
+        head_dim = r.int("head_dim", why="the width of one head")
+    elif d_model % heads == 0:
+        head_dim = d_model // heads
+    else:
+        raise InputError(f"{r.where}: no field 'head_dim', and hidden size {d_model} is not a multiple of the "
+                         f"{heads} heads: cannot derive a model profile")
+    r.notes.append(f"attention: {heads} heads, {kv} KV heads, head_dim {head_dim}.")
+    return {"n_heads": heads, "n_kv_heads": min(kv, heads), "head_dim": head_dim}
+
+
+def _latent_attention(r: _Reader, heads: int) -> dict:
+    """Multi-head latent attention as the plain shape the DeepSeek profiles use: its compressed KV cache
+    (kv_lora_rank + qk_rope_head_dim values per token and block) as 2 KV heads (1 when that is not whole)."""
+    rank = r.int("kv_lora_rank", why="the compressed KV width")
+    rope = r.int("qk_rope_head_dim", why="the rotary part of a key", minimum=0)
+    values = rank + rope
+    kv = 2 if values % 4 == 0 else 1
+    head_dim = math.ceil(values / (2 * kv))
+    r.notes.append(f"attention: multi-head latent attention ({heads} heads, kv_lora_rank {rank} + qk_rope_head_dim "
+                   f"{rope} = {values} cached values per token and block) kept as n_heads {heads}, n_kv_heads {kv}, "
+                   f"head_dim {head_dim}, as the bundled DeepSeek profiles do.")
+    r.assumptions.append("latent attention's weights and FLOPs are those of the equivalent plain shape (the "
+                         "bundled DeepSeek profiles say by how much they differ)")
+    if 2 * kv * head_dim != values:
+        r.assumptions.append(f"the KV cache rounds {values} values up to {2 * kv * head_dim} per token and block")
+    return {"n_heads": heads, "n_kv_heads": kv, "head_dim": head_dim}
+
+
+# --------------------------------------------------------------------------------------------- weights
+def _dtype_bytes(r: _Reader, default: int | None, why: str) -> int:
+    for key in ("torch_dtype", "dtype"):
+        value = r.c.get(key)
+        if value is None:
+            continue
+        name = str(value).replace("torch.", "")
+        if name not in DTYPE_BYTES:
+            raise InputError(f"{r.where}: field '{key}' names an unknown dtype {brief(value)} (known: "
+                             f"{', '.join(DTYPE_BYTES)})")
+        r.notes.append(f"{key} {name} -> dtype_bytes {DTYPE_BYTES[name]}.")
+        return DTYPE_BYTES[name]
+    if default is not None:
+        r.assumptions.append(f"dtype_bytes {default}: the config gives no torch_dtype{f' ({why})' if why else ''}")
+        return default
+    r.assumptions.append("dtype_bytes 2 (bf16): the config gives no torch_dtype")
+    return 2
+
+
+def _expert_bits(r: _Reader, dtype_bytes: int) -> float | None:
+    """The experts' storage width when the checkpoint quantizes them, else None (``8 * dtype_bytes``)."""
+    q = r.c.get("quantization_config")
+    if not isinstance(q, Mapping):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    if method == "mxfp4":
+        r.notes.append("quantization_config mxfp4: experts at 4.25 bits per weight (4 bits, one 8-bit scale per 32).")
+        return 4.25
+    if method == "fp8":
+        r.notes.append("quantization_config fp8: experts at 8 bits per weight; dense weights counted at dtype_bytes.")
+        r.assumptions.append("FP8 block scales left out of the expert bytes")
+        return 8.0
+    bits = q.get("bits")
+    if isinstance(bits, (int, float)) and not isinstance(bits, bool) and 0 < bits <= 64:
+        r.assumptions.append(f"quantization_config {brief(method, 30)}: experts at {bits:g} bits per weight, "
+                             f"scales and zero points left out")
+        return float(bits)
+    r.assumptions.append(f"quantization_config {brief(method, 30)} not modelled: experts at "
+                         f"{8 * dtype_bytes} bits per weight")
+    return None
+
+
+__all__ = ["DTYPE_BYTES", "DerivedProfile", "KNOWN_TYPES", "MAX_CONFIG_BYTES", "derive_profile", "read_config_file"]
