@@ -9,7 +9,9 @@ in the order of :func:`all_entries`. A policy other than the config's starts fro
 (:func:`origin_of`: ceiling, baseline, published, ours or bound), throughput, its ratio to the baseline, iteration
 latency, hit rates, the share of expert accesses computed on the host CPU (``cpu_expert_frac``), PCIe traffic, stall time, and the gap between each policy's cache hit rate (HPC + MPC) and the
 Belady bound: the hit rate of an offline optimal cache with the same slots per layer (HPC + MPC), which no policy
-can beat in cache hits.
+can beat in cache hits. Every row names its predictor; the policies that ran with the config's predictor because
+their entry named none are listed in one line under the table (:func:`config_predictor_note`), so that a config's
+predictor (the oracle, say) never reaches a row unsaid.
 
 Before any policy runs: each ``--policies`` entry names a known policy (and predictor, after ``@``), none twice
 (``all`` counts as each of its entries, and ``lru`` equals ``lru@P`` when P is the config's predictor), ``--baseline``
@@ -149,13 +151,37 @@ def check_baseline(baseline: str | None, entries: list[tuple[str, str | None]]) 
 
 
 def variant(base: RunConfig, policy: str, predictor: str | None) -> RunConfig:
-    """The base config with another policy (and predictor), params reset where the part changes."""
+    """The base config with another policy (and predictor), params reset where the part changes: an entry naming
+    the config's own predictor (``lru@transition`` on a config whose predictor is transition) keeps its params."""
     d = copy.deepcopy(base.resolved)
     if policy != base.policy.name:
         d["policy"] = {"name": policy, "params": {}}
     if predictor is not None and predictor != base.predictor.name:
         d["predictor"] = {"name": predictor, "params": {}}
     return config_from_dict(d, base.source, POLICIES.names(), PREDICTORS.names())
+
+
+def describe_predictor(part) -> str:
+    """A predictor as a config names it (a :class:`sim.config.NamedConfig`): its name and the params it sets away
+    from their defaults, ``transition (train: other-requests)``."""
+    declared = getattr(PREDICTORS.get(part.name), "PARAMS", {})
+    given = [f"{k}: {v}" for k, v in part.params.items() if k not in declared or declared[k] != v]
+    return part.name + (f" ({', '.join(given)})" if given else "")
+
+
+def config_predictor_note(base: RunConfig, entries: list[tuple[str, str | None]]) -> str | None:
+    """One line naming the policies that ran with the config's predictor because their entry named none (None when
+    every entry named its own)."""
+    names = [p for p, predictor in entries if predictor is None]
+    if not names:
+        return None
+    what = describe_predictor(base.predictor)
+    if base.predictor.name == "oracle":
+        what += ", perfect knowledge of the next layer's experts"
+    if base.predictor.name == "none":
+        return f"{', '.join(names)} ran with the config's predictor none (no prediction)"
+    return (f"{', '.join(names)} ran with the config's predictor {what}; give {names[0]}@none to run without "
+            f"prediction")
 
 
 def belady_cache_hit_rate(cfg: RunConfig, trace) -> float | None:
@@ -215,7 +241,8 @@ def _fmt(v, spec=".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def table_markdown(rows: list[dict], baseline: str, title: str) -> str:
+def table_markdown(rows: list[dict], baseline: str, title: str, note: str | None = None) -> str:
+    """The table (with ``note`` in a line under it)."""
     head = ["policy", "predictor", "origin", "tokens/s", f"x {baseline}", "iter ms (mean)", "hit rate",
             "cache hits", "prefetched", "cpu_expert_frac", "PCIe GB", "stall s", "Belady bound", "gap"]
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -226,6 +253,8 @@ def table_markdown(rows: list[dict], baseline: str, title: str) -> str:
             _fmt(r["iteration_ms_mean"], ".1f"), _fmt(r["hit_rate"]), _fmt(r["cache_hit_rate"]),
             _fmt(r["prefetch_hit_rate"]), _fmt(r.get("cpu_expert_frac")), _fmt(r["pcie_gb"], ",.1f"), _fmt(r["stall_s"], ",.2f"),
             _fmt(r["belady_cache_hit_rate"]), _fmt(r["gap_to_belady"], "+.3f")]) + " |")
+    if note:
+        lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
@@ -240,9 +269,10 @@ def table_csv(rows: list[dict]) -> str:
 
 def register(sub) -> None:
     p = sub.add_parser("compare", help="run one workload under several policies and compare them")
-    p.add_argument("config")
-    p.add_argument("--policies", required=True, help="comma-separated policies, each optionally POLICY@PREDICTOR; "
-                   "'all': every registered policy with its default predictor")
+    p.add_argument("config", help="run config (YAML) whose workload, model, hardware and cache every policy runs "
+                   "on; its predictor serves each entry without @PREDICTOR (said under the table)")
+    p.add_argument("--policies", required=True, help="comma-separated policies, each optionally POLICY@PREDICTOR "
+                   "(without one: the config's predictor); 'all': every registered policy with its default predictor")
     p.add_argument("--baseline", default=None, help="policy the throughput ratios refer to (default on-demand)")
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
     p.add_argument("--out", help="folder for compare.csv and compare.md (default runs/compare-CONFIG-TIMESTAMP)")
@@ -275,11 +305,14 @@ def run(args) -> int:
              f"slots HPC {base.cache.hpc_slots} + MPC {base.cache.mpc_slots}")
     title = (f"{base.model.name} on {base.hardware.name}, batch {w.batch_size} ({w.batching}), trace "
              f"{Path(w.trace).name}, {slots}, {base.cache.lpc_buffers} working buffers")
-    md = table_markdown(rows, baseline, title)
+    note = config_predictor_note(base, entries)
+    md = table_markdown(rows, baseline, title, note)
     atomic_write_bytes(out / "compare.csv", table_csv(rows).encode())
     atomic_write_bytes(out / "compare.md", md.encode())
     if args.json:
         print(json.dumps(rows, indent=1))
+        if note:
+            print(note, file=sys.stderr)
     else:
         print(md)
         print(f"written: {out}/compare.csv, {out}/compare.md")

@@ -7,12 +7,16 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, make_trace, random_trace
 from sim.cache import MPC
+from test_engine import tiny_model
 from test_policies import make_policy, run_decisions
+from traces.io import save_trace
 
 
 def _sim(*args):
@@ -47,6 +51,88 @@ def test_compare_rejects_unknown_names_before_running(tmp_path):
                "--set", "workload.requests=16", "--set", "workload.max_decode_tokens=4")
     assert res.returncode == 2 and "--baseline" in res.stderr
     assert not (out / "compare.csv").exists()
+
+
+# ------------------------------------------------------------------------------------- the config's predictor
+
+@pytest.fixture()
+def transition_config(tmp_path):
+    """A tiny run config whose predictor is transition trained on the trace's other requests."""
+    trace = random_trace(np.random.default_rng(5), tokens=48, layers=3, experts=8, k=2, requests=6)
+    path = save_trace(trace, tmp_path / "tiny.npz")
+    cfg = {"model": tiny_model(trace), "hardware": "h200",
+           "workload": {"trace": str(path), "batch_size": 2, "batching": "static"},
+           "cache": {"hpc_slots": 1, "mpc_slots": 1, "lpc_buffers": 4, "prefetch_reserve": 1, "layers": "all"},
+           "policy": {"name": "diffmoe", "params": {}},
+           "predictor": {"name": "transition", "params": {"train": "other-requests"}}, "seed": 0}
+    out = tmp_path / "tiny.yaml"
+    out.write_text(yaml.safe_dump(cfg))
+    return out
+
+
+NOTE = ("on-demand, lru ran with the config's predictor transition (train: other-requests); give on-demand@none to "
+        "run without prediction")
+
+
+def test_compare_says_under_the_table_which_rows_ran_with_the_configs_predictor(transition_config, tmp_path):
+    out = tmp_path / "cmp"
+    res = _sim("compare", transition_config, "--policies", "on-demand,lru,diffmoe@oracle,lfu@none", "--out", out)
+    assert res.returncode == 0, res.stderr
+    rows = {r["policy"]: r["predictor"] for r in csv.DictReader((out / "compare.csv").open())}
+    assert rows == {"on-demand": "transition", "lru": "transition", "diffmoe": "oracle", "lfu": "none"}
+    md = (out / "compare.md").read_text()
+    for text in (res.stdout, md):
+        lines = text.splitlines()
+        assert lines.count(NOTE) == 1
+        last_row = max(i for i, line in enumerate(lines) if line.startswith("| "))
+        assert lines.index(NOTE) > last_row  # under the table
+        assert "| lru | transition |" in text and "| diffmoe | oracle |" in text and "| lfu | none |" in text
+    # every entry names its predictor: no such line
+    res = _sim("compare", transition_config, "--policies", "lru@transition,lfu@none", "--out", tmp_path / "c2")
+    assert res.returncode == 0, res.stderr
+    assert "config's predictor" not in res.stdout + (tmp_path / "c2/compare.md").read_text()
+
+
+def test_an_oracle_config_predictor_is_named_as_the_oracle(transition_config):
+    from sim.compare import config_predictor_note
+    from sim.config import load_run_config
+
+    base = load_run_config(transition_config, ["predictor=oracle"])
+    note = config_predictor_note(base, [("lru", None), ("lfu", "none")])
+    assert note == ("lru ran with the config's predictor oracle, perfect knowledge of the next layer's experts; give "
+                    "lru@none to run without prediction")
+    assert config_predictor_note(base, [("lru", "oracle")]) is None
+
+
+def test_variant_keeps_the_configs_predictor_params_when_the_entry_names_the_same_predictor(transition_config):
+    from sim.compare import compare, variant
+    from sim.config import load_run_config
+    from sim.policies import POLICIES
+    from sim.predictors import PREDICTORS
+
+    base = load_run_config(transition_config)
+    assert base.predictor.params["train"] == "other-requests"
+    for predictor in (None, "transition"):
+        cfg = variant(base, "lru", predictor)
+        assert cfg.predictor.name == "transition" and cfg.predictor.params == base.predictor.params
+        assert cfg.policy.name == "lru" and cfg.policy.params == POLICIES.get("lru").check_params({})
+    assert variant(base, "lru", "oracle").predictor.params == {}  # another predictor: its own defaults (none)
+    assert variant(base, "lru", "cross-layer").predictor.params == PREDICTORS.get("cross-layer").check_params({})
+    by_entry = compare(base, [("lru", "transition")])[0], compare(base, [("lru", None)])[0]
+    assert by_entry[0] == by_entry[1] and by_entry[0]["prefetch_precision"] is not None
+
+
+def test_every_compare_argument_has_help():
+    import argparse
+
+    from sim.compare import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["compare"]
+    args = [a for a in sub._actions if not isinstance(a, argparse._HelpAction)]
+    assert {a.dest for a in args} >= {"config", "policies", "baseline", "set", "out", "json"}
+    assert all(a.help and len(a.help) > 10 for a in args), [a.dest for a in args if not a.help]
 
 
 # ------------------------------------------------------------------------------------------------ diffmoe-arc

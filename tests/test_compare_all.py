@@ -100,6 +100,9 @@ def test_compare_all_runs_every_policy_and_writes_the_origin_column(tiny_config,
     assert "| policy | predictor | origin |" in md
     assert "| arc | none | published |" in md and "| diffmoe-arc | oracle | ours |" in md
     assert "| gpu-only | none | ceiling |" in md and "| belady | none | bound |" in md
+    # the entries of `all` without a default predictor ran with the config's, said in one line under the table
+    from_config = ", ".join(p for p, d in all_entries() if d is None)
+    assert md.splitlines()[-1] == f"{from_config} ran with the config's predictor none (no prediction)"
 
 
 def test_compare_all_on_a_shared_cache_runs_the_shared_policies_against_the_shared_bound(tiny_config, tmp_path):
