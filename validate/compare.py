@@ -322,7 +322,7 @@ def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tup
     for i, run_dir in enumerate(runs, 1):
         row = compare_run(folder, run_dir, manifest)
         rows.append(row)
-        log(f"[{i}/{len(runs)}] {row['config']}: real {row['real_mean_ms']:.2f} ms, sim {row['sim_mean_ms']:.2f} ms "
+        log(f"[{i}/{len(runs)}] {row['config']}: real {row['real_mean_ms']:,.2f} ms, sim {row['sim_mean_ms']:,.2f} ms "
             f"({row['err_mean_pct']:+.1f}%), decisions identical: {'yes' if row['decisions_identical'] else 'NO'}")
     if own:
         out_dir = output_folder(folder, "compare")
@@ -364,9 +364,9 @@ def markdown(rows: list[dict], manifest: dict) -> str:
              "sim tok/s | err tok/s | same decisions |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
     for r in rows:
-        lines.append(f"| {r['config']} | {r['real_mean_ms']:.2f} | {r['sim_mean_ms']:.2f} | {r['err_mean_pct']:+.1f}% "
-                     f"| {r['real_p50_ms']:.2f} | {r['sim_p50_ms']:.2f} | {r['err_p50_pct']:+.1f}% "
-                     f"| {r['real_tok_s']:.1f} | {r['sim_tok_s']:.1f} | {r['err_tok_s_pct']:+.1f}% "
+        lines.append(f"| {r['config']} | {r['real_mean_ms']:,.2f} | {r['sim_mean_ms']:,.2f} | {r['err_mean_pct']:+,.1f}% "
+                     f"| {r['real_p50_ms']:,.2f} | {r['sim_p50_ms']:,.2f} | {r['err_p50_pct']:+,.1f}% "
+                     f"| {r['real_tok_s']:,.1f} | {r['sim_tok_s']:,.1f} | {r['err_tok_s_pct']:+,.1f}% "
                      f"| {'yes' if r['decisions_identical'] else 'NO'} |")
     lines += ["", f"Median absolute error over {len(rows)} configurations: mean latency "
               f"{median_abs(rows, 'err_mean_pct'):.1f}%, p50 latency {median_abs(rows, 'err_p50_pct'):.1f}%, "
@@ -380,17 +380,23 @@ def markdown(rows: list[dict], manifest: dict) -> str:
                   "real mean ms | sim mean ms | err mean |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in hybrid:
-            lines.append(f"| {r['config']} | {100 * r['cpu_expert_frac']:.1f}% | {r['real_cpu_experts']} / "
-                         f"{r['sim_cpu_experts']} | {_ms(r.get('real_cpu_busy_ms'))} / {_ms(r.get('sim_cpu_busy_ms'))} "
+            lines.append(f"| {r['config']} | {100 * r['cpu_expert_frac']:.1f}% | {_count(r['real_cpu_experts'])} / "
+                         f"{_count(r['sim_cpu_experts'])} | {_ms(r.get('real_cpu_busy_ms'))} / {_ms(r.get('sim_cpu_busy_ms'))} "
                          f"| {_ms(r.get('real_cpu_wait_ms'))} / {_ms(r.get('sim_cpu_wait_ms'))} | "
-                         f"{r['real_mean_ms']:.2f} | {r['sim_mean_ms']:.2f} | {r['err_mean_pct']:+.1f}% |")
+                         f"{r['real_mean_ms']:,.2f} | {r['sim_mean_ms']:,.2f} | {r['err_mean_pct']:+,.1f}% |")
         lines += ["", f"Median absolute error over {len(hybrid)} hybrid configuration(s): mean latency "
                   f"{median_abs(hybrid, 'err_mean_pct'):.1f}%.", ""]
     return "\n".join(lines)
 
 
 def _ms(v) -> str:
-    return "-" if v is None else f"{v:.2f}"
+    """Milliseconds with thousands separators, "-" for none."""
+    return "-" if v is None else f"{v:,.2f}"
+
+
+def _count(v) -> str:
+    """A count with thousands separators (as recorded when not a number)."""
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
 
 
 def plot(rows: list[dict], manifest: dict, path: Path) -> Path:
