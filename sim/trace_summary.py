@@ -158,10 +158,10 @@ def names_match(trace_name: str, profile_name: str) -> bool:
     return tn == mn or tn.startswith(mn + "-")
 
 
-def model_mismatch(summary: TraceSummary, model: ModelSpec) -> str | None:
+def model_mismatch(summary: TraceSummary, model: ModelSpec, subject: str = "trace model") -> str | None:
     """None when the trace is of ``model`` (:func:`trace_matches_model`); else what differs, each difference in
     full, e.g. "trace model 'x' has 8 experts per layer; profile 'y' has 16 experts per layer" (shapes first, then
-    the name)."""
+    the name; ``subject`` names the trace's side)."""
     m = summary.meta.model
     enc, dec = summary.layer_counts()
     theirs, ours = _differences((m.num_experts, m.top_k, enc, dec),
@@ -169,9 +169,9 @@ def model_mismatch(summary: TraceSummary, model: ModelSpec) -> str | None:
     same_name = names_match(m.name, model.name)
     if theirs:
         also = "" if same_name else "; and the names differ"
-        return f"trace model {_quoted(m.name)} has {theirs}; profile {_quoted(model.name)} has {ours}{also}"
+        return f"{subject} {_quoted(m.name)} has {theirs}; profile {_quoted(model.name)} has {ours}{also}"
     if not same_name:
-        return (f"trace model name {_quoted(m.name)} is not profile {_quoted(model.name)} (a trace of it is named "
+        return (f"{subject} name {_quoted(m.name)} is not profile {_quoted(model.name)} (a trace of it is named "
                 f"{_quoted(model.name)}, or that with an ORG/ prefix or a -VARIANT suffix)")
     return None
 

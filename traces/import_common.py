@@ -77,6 +77,20 @@ def check_model_name(name: Any, flag: str = "--model") -> str:
     return name
 
 
+def plain_model_name(text: str, fallback: str = "model") -> str:
+    """A model name (:func:`check_model_name`) made from a checkpoint's folder or ``name_or_path``: its last path
+    part, or ``ORG/NAME`` for a Hugging Face cache folder (``models--ORG--NAME/snapshots/HASH``); characters a name
+    may not hold become ``-``, and it is cut to MAX_MODEL_NAME_CHARS. ``fallback`` when nothing is left."""
+    parts = [p for p in re.split(r"[\\/]+", str(text)) if p not in ("", ".", "..")]
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        org_name = parts[-3][len("models--"):].split("--", 1)
+        return "/".join(plain_model_name(x, fallback) for x in org_name)
+    last = parts[-1] if parts else ""
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "-", last, flags=re.ASCII)
+    name = re.sub(r"\.{2,}", ".", name).lstrip("._+-")[:MAX_MODEL_NAME_CHARS].rstrip("._+-")
+    return name or fallback
+
+
 # --------------------------------------------------------------------------------------------- model profiles
 @functools.lru_cache(maxsize=1)
 def bundled_profiles() -> tuple[tuple[str, Any], ...]:
@@ -95,7 +109,7 @@ def bundled_profiles() -> tuple[tuple[str, Any], ...]:
     return tuple(out)
 
 
-def _summary(meta: TraceMeta):
+def meta_summary(meta: TraceMeta):
     """A trace summary of ``meta`` without request lengths: what :func:`sim.trace_summary.trace_matches_model`
     reads."""
     from sim.trace_summary import TraceSummary
@@ -104,7 +118,7 @@ def _summary(meta: TraceMeta):
     return TraceSummary(Path(""), meta, empty, empty)
 
 
-def _meta_like(name: str, spec) -> TraceMeta:
+def meta_like(name: str, spec) -> TraceMeta:
     """Metadata of a trace called ``name`` with exactly the shape of the model ``spec``."""
     layers = tuple([LayerInfo(i, "encoder") for i in range(spec.encoder_moe_layers)]
                    + [LayerInfo(i, "decoder") for i in range(spec.decoder_moe_layers)])
@@ -119,7 +133,7 @@ def profiles_for(name: str) -> list[tuple[str, Any]]:
     from sim.trace_summary import trace_matches_model
 
     return [(stem, spec) for stem, spec in bundled_profiles()
-            if trace_matches_model(_summary(_meta_like(name, spec)), spec)]
+            if trace_matches_model(meta_summary(meta_like(name, spec)), spec)]
 
 
 def check_model_fit(trace: Trace, where: str, num_experts_from: str | None = None,
@@ -132,7 +146,7 @@ def check_model_fit(trace: Trace, where: str, num_experts_from: str | None = Non
     from sim.trace_summary import model_mismatch
 
     m = trace.meta.model
-    summary = _summary(trace.meta)
+    summary = meta_summary(trace.meta)
     for stem, spec in profiles_for(m.name):
         problem = model_mismatch(summary, spec)
         if problem:

@@ -37,6 +37,7 @@ from traces.errors import InputError, brief
 from traces.format import MAX_CONTEXT, ModelInfo, Provenance, Trace, TraceMeta, today
 from traces.import_common import bounded_lines, check_content, check_model_fit, check_model_name, check_out, show_list
 from traces.io import open_regular_file, open_zip, read_npy_entry, read_npy_file, save_trace
+from traces.run_setup import add_hf_config_flag
 
 TOOL = "traces import"
 #: The longest JSON line read (a Mixtral record is about 150 bytes; a vLLM line holds one request's routing).
@@ -80,6 +81,8 @@ def register(sub) -> None:
     import_arrays.add_parser(fmt)
     import_ftlog.add_parser(fmt)
     import_ktparquet.add_parser(fmt)
+    for parser in fmt.choices.values():  # every format: --hf-config, a profile and run config beside the trace
+        add_hf_config_flag(parser)
 
 
 # --------------------------------------------------------------------------------------------- mixtral-jsonl

@@ -33,6 +33,7 @@ rules, which the file then says as an assumption.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -69,13 +70,11 @@ class DerivedProfile:
         import yaml
 
         spec = self.spec()
-        lines = [f"# Model profile of {self.name}, derived by {made_by} from {self.source}.",
-                 *(f"# {n}" for n in self.notes),
-                 f"# Bytes per routed expert: {spec.expert_matrices} * {spec.d_model} * {spec.d_ff} weights at "
-                 f"{spec.expert_bits_per_weight:g} bits = {spec.expert_bytes} bytes; "
-                 f"{spec.total_params} parameters in all.",
-                 "# Assumptions (not in the config):" if self.assumptions else "# Assumptions: none.",
-                 *(f"#   - {a}" for a in self.assumptions)]
+        said = [f"Model profile of {self.name}, derived by {made_by} from {self.source}.", *self.notes,
+                f"Bytes per routed expert: {spec.expert_matrices} * {spec.d_model} * {spec.d_ff} weights at "
+                f"{spec.expert_bits_per_weight:g} bits = {spec.expert_bytes} bytes; {spec.total_params} parameters "
+                f"in all.", "Assumptions (not in the config):" if self.assumptions else "Assumptions: none."]
+        lines = comment_lines(said) + comment_lines(self.assumptions, "  - ")
         body = yaml.safe_dump(self.fields, sort_keys=False, default_flow_style=False)
         return "\n".join(lines) + "\n" + body
 
@@ -89,6 +88,18 @@ class DerivedProfile:
             return model_from_dict(self.fields, "model")
         except ConfigError as exc:
             raise InputError(f"{self.source}: the model profile derived from it is not valid ({exc})") from None
+
+
+def comment_lines(texts: list[str], bullet: str = "", width: int = 116) -> list[str]:
+    """YAML comment lines holding ``texts`` (one line each, no line break kept), wrapped at ``width``; with a
+    ``bullet``, each text starts with it and its later lines are indented under it."""
+    from traces.errors import one_line
+
+    out = []
+    for text in texts:
+        out += textwrap.wrap(one_line(text, 2000), width, initial_indent="# " + bullet,
+                             subsequent_indent="# " + " " * len(bullet)) or ["#"]
+    return out
 
 
 class _Reader:
@@ -332,4 +343,5 @@ def _expert_bits(r: _Reader, dtype_bytes: int) -> float | None:
     return None
 
 
-__all__ = ["DTYPE_BYTES", "DerivedProfile", "KNOWN_TYPES", "MAX_CONFIG_BYTES", "derive_profile", "read_config_file"]
+__all__ = ["DTYPE_BYTES", "DerivedProfile", "KNOWN_TYPES", "MAX_CONFIG_BYTES", "comment_lines", "derive_profile",
+           "read_config_file"]

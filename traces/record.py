@@ -69,6 +69,7 @@ import numpy as np
 
 from traces.errors import InputError
 from traces.format import LayerInfo, ModelInfo, Provenance, Trace, TraceMeta, today
+from traces.import_common import check_model_name, plain_model_name
 from traces.record_cli import DTYPES, Prompt, load_checkpoint, read_prompts, register, run
 from traces.record_decode import (RequestRows, assemble, decode_decoder_only, decode_encoder_decoder,
                                   decoder_start_id, eos_token_ids, is_encoder_decoder, resolve_pad_id)
@@ -101,9 +102,13 @@ def record_routing(model, prompts: Sequence[Sequence[int]], max_new_tokens: int 
                    eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
                    request_ids: Sequence[str] | None = None, model_name: str | None = None,
                    dataset: str = "prompts", seed: int | None = None, extra: dict | None = None,
-                   tool: str | None = None) -> Recording:
+                   tool: str | None = None, source_model: str | None = None) -> Recording:
     """Greedy-decode ``prompts`` (token id lists) with ``model`` and record its routing: see the module doc for
-    the hooks and the row conventions. Returns the trace and the prompt and generated token ids."""
+    the hooks and the row conventions. Returns the trace and the prompt and generated token ids.
+
+    ``model_name`` is the trace's model name (checked like an import's ``--model``); by default the model's
+    ``name_or_path`` made a plain name (its last path part), never a path. ``source_model`` (default: the name)
+    is the provenance's model, e.g. the checkpoint folder."""
     import torch
 
     prompts = [[int(t) for t in p] for p in prompts]
@@ -116,7 +121,9 @@ def record_routing(model, prompts: Sequence[Sequence[int]], max_new_tokens: int 
         raise InputError(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
     if batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {batch_size}")
-    name = model_name or getattr(model, "name_or_path", None) or type(model).__name__
+    if model_name is None:
+        model_name = plain_model_name(str(getattr(model, "name_or_path", None) or ""), type(model).__name__)
+    name = check_model_name(model_name, "model_name")
     layers = find_moe_layers(model)
     if not layers:
         raise InputError(f"no MoE router modules found in {name}")
@@ -155,7 +162,8 @@ def record_routing(model, prompts: Sequence[Sequence[int]], max_new_tokens: int 
     ids = tuple(request_ids) if request_ids is not None else tuple(str(i) for i in range(len(prompts)))
     if len(ids) != len(prompts):
         raise ValueError(f"{len(ids)} request ids for {len(prompts)} prompts")
-    meta = TraceMeta(info, Provenance("recorded", tool or f"traces record {_version()}", name, dataset, today()),
+    meta = TraceMeta(info, Provenance("recorded", tool or f"traces record {_version()}", source_model or name, dataset,
+                                      today()),
                      seed, ids, notes)
     trace = Trace(experts, offsets, np.array([len(q.prompt) for q in reqs], dtype=np.int64), meta, weights)
     trace.validate()

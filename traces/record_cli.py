@@ -5,11 +5,14 @@ checkpoints; the recording itself is :func:`traces.record.record_routing`.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from traces.errors import InputError, brief
-from traces.import_common import check_model_fit, check_out
+from traces.import_common import check_model_fit, check_model_name, check_out, plain_model_name
+from traces.run_setup import (bundled_profile, check_bundled_fits, check_profile_fits, check_sim_files,
+                              write_sim_files)
 from traces.io import file_kind
 from traces.record_routers import find_moe_layers
 
@@ -154,6 +157,12 @@ def register(sub) -> None:
                    help="model dtype (float32; auto = the checkpoint's)")
     p.add_argument("--device", default="auto", help="torch device (auto: cuda if available, else cpu)")
     p.add_argument("--dataset", metavar="NAME", help="provenance.dataset (default: the prompts file name)")
+    p.add_argument("--name", metavar="NAME",
+                   help="model name stored in the trace (default: the checkpoint folder's name, or tiny-ARCH); a "
+                        "trace is simulated with the profile of this name in configs/models/ when there is one")
+    p.add_argument("--no-run-config", action="store_true",
+                   help="write only the trace: no model profile (OUT.model.yaml) or run config (OUT.run.yaml) "
+                        "beside it")
     p.set_defaults(func=run)
 
 
@@ -173,8 +182,13 @@ def run(args) -> int:
     if args.tiny is not None and args.dtype == "auto":
         raise InputError("--dtype auto needs --model (a tiny model has no checkpoint dtype)")
     out = check_out(args.out, [args.prompts])
+    name = check_model_name(args.name, "--name") if args.name is not None else default_name(args)
+    where = f"--name {brief(name)}" if args.name is not None else \
+        f"--model {brief(str(args.model))}" if args.model is not None else f"--tiny {args.tiny}"
+    files = None if args.no_run_config else check_sim_files(args.out)
     if args.model is not None:
         _check_checkpoint_folder(args.model)
+    profile = None if args.no_run_config else derived_profile(args, name, where)
     prompts = read_prompts(args.prompts)
 
     import torch
@@ -195,24 +209,68 @@ def run(args) -> int:
         if device == "cpu":
             torch.set_num_threads(1)  # tiny matrices: extra threads only add synchronisation (much slower on 2 CPUs)
         model = build_tiny_model(args.tiny, args.seed, _torch_dtype(args.dtype)).to(device)
-        name, tokenizer = f"tiny-{args.tiny}", "bytes (utf-8 byte b -> id b + 3)"
+        source, tokenizer = f"tiny-{args.tiny}", "bytes (utf-8 byte b -> id b + 3)"
         token_ids = [encode_bytes(p.text) for p in prompts]
     else:
         model, tok = load_checkpoint(args.model, args.dtype, device)
-        name, tokenizer = str(args.model), "checkpoint tokenizer"
+        source, tokenizer = str(args.model), "checkpoint tokenizer"
         token_ids = [list(tok(p.text)["input_ids"]) for p in prompts]
     for p, ids in zip(prompts, token_ids):
         if not ids:
             raise InputError(f"{args.prompts}: prompt {p.id} has no tokens")
     rec = record_routing(model, token_ids, args.max_new_tokens, batch_size=args.batch_size,
-                         request_ids=[p.id for p in prompts], model_name=name,
+                         request_ids=[p.id for p in prompts], model_name=name, source_model=source,
                          dataset=args.dataset or Path(args.prompts).name, seed=args.seed,
                          extra={"tokenizer": tokenizer, "device": str(device), "prompts_file": str(args.prompts)})
-    if args.model is not None:  # a checkpoint named like a profiled model must have that model's shape
-        check_model_fit(rec.trace, f"--model {brief(str(args.model))}")
+    # a model named like a profiled one must have its shape; a derived profile must fit what was recorded
+    check_model_fit(rec.trace, where, hint="give --name the name of the model recorded")
+    if profile is not None and bundled_profile(name) is None:
+        check_profile_fits(rec.trace.meta, profile)
     save_trace(rec.trace, out)
     t = rec.trace
     print(f"{out}: recorded {t.num_tokens} tokens ({int(t.prefill_lengths.sum())} prompt, "
           f"{int(t.decode_mask().sum())} generated), {t.num_requests} requests, {t.num_layers} MoE layers, "
           f"model {name}")
+    if files is not None:
+        for line in write_sim_files(out, files, profile, "python -m traces record"):
+            print(line)
     return 0
+
+
+def default_name(args) -> str:
+    """The trace's model name without ``--name``: ``tiny-ARCH``, or the checkpoint folder's last part made a plain
+    name (``ORG/NAME`` for a Hugging Face cache snapshot), never a path."""
+    if args.tiny is not None:
+        return f"tiny-{args.tiny}"
+    return plain_model_name(os.path.abspath(args.model))
+
+
+def derived_profile(args, name: str, where: str):
+    """The model profile of the recorded model, derived from its config before anything is recorded (a config it
+    cannot be derived from fails here, in one line). None when a bundled profile of ``name`` exists; the model's
+    shape is then checked against it, when its config tells it."""
+    stem = bundled_profile(name)
+    try:
+        profile = _derive(args, name)
+    except InputError as exc:
+        if stem is not None:  # the bundled profile is used; the recorded routing is checked against it
+            return None
+        raise InputError(f"{exc} (or give --no-run-config to record the trace alone)") from None
+    if stem is None:
+        return profile
+    check_bundled_fits(profile, stem, where)
+    return None
+
+
+def _derive(args, name: str):
+    from traces.profile_from_config import DTYPE_BYTES, derive_profile, read_config_file
+
+    if args.tiny is not None:
+        from traces.tiny_models import tiny_config
+
+        return derive_profile(tiny_config(args.tiny).to_dict(), name, f"the tiny {args.tiny} config",
+                              DTYPE_BYTES[args.dtype], f"a tiny model, recorded in {args.dtype}")
+    path = Path(args.model) / "config.json"
+    config = read_config_file(path, "--model")
+    dtype = "float32" if args.dtype == "auto" else args.dtype  # transformers loads a config without one in fp32
+    return derive_profile(config, name, str(path), DTYPE_BYTES[dtype], f"recorded in {dtype}")

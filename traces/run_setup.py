@@ -1,0 +1,228 @@
+"""What makes a recorded or imported trace simulate in one command: beside the trace ``t.npz``, a model profile
+``t.model.yaml`` (derived from the checkpoint's config by :mod:`traces.profile_from_config`, unless a bundled profile
+in ``configs/models/`` matches the trace's model name, which is then used and nothing is written for it) and a run
+config ``t.run.yaml``: that profile, the trace, one H200 (``configs/hardware/h200.yaml``), LRU over half of each
+layer's experts (fewer when they would not fit beside the dense weights), batch 1, no predictor. Then
+``python -m sim run t.run.yaml``.
+
+Paths in the run config are absolute, so it loads from any folder (a relative path would be looked up in the
+current folder and then the project root: :func:`sim.files.resolve_path`). Both files are checked as output places
+before any work (:func:`check_sim_files`) and written atomically; the run config is checked by the simulator's own
+loader before it is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from traces.errors import InputError, TraceError, brief, one_line
+from traces.profile_from_config import DerivedProfile, comment_lines
+
+DEFAULT_HARDWARE = "h200"
+DEFAULT_POLICY = "lru"
+#: The share of a layer's experts the run config's LRU cache holds (when they fit on the GPU).
+CACHED_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class SimFiles:
+    """The model profile and run config written beside a trace file."""
+
+    model: Path
+    run: Path
+
+    @classmethod
+    def beside(cls, trace_path: str | Path) -> "SimFiles":
+        """``t.model.yaml`` and ``t.run.yaml`` for the trace ``t.npz`` (``t.trace`` gives ``t.trace.model.yaml``)."""
+        path = Path(trace_path)
+        stem = path.name[:-4] if path.name.lower().endswith(".npz") and len(path.name) > 4 else path.name
+        return cls(path.with_name(f"{stem}.model.yaml"), path.with_name(f"{stem}.run.yaml"))
+
+
+def check_sim_files(trace_path: str | Path, flag: str = "--out") -> SimFiles:
+    """The profile and run config places beside ``trace_path``, checked before any work (a folder, FIFO or device
+    there is refused: :func:`traces.io.check_output_file`); InputError naming ``flag``."""
+    from traces.io import check_output_file
+
+    files = SimFiles.beside(trace_path)
+    for path, what in ((files.model, "model profile"), (files.run, "run config")):
+        try:
+            check_output_file(path, what)
+        except TraceError as exc:
+            raise InputError(f"{flag} {brief(str(trace_path))}: the {what} beside it, {exc}") from None
+    return files
+
+
+def bundled_profile(name: str) -> str | None:
+    """The name of the bundled profile (``configs/models/NAME.yaml``) a trace of model ``name`` is simulated with,
+    by the simulator's own name rule; None when there is none."""
+    from traces.import_common import profiles_for
+
+    matches = profiles_for(name)
+    return matches[0][0] if matches else None
+
+
+def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedProfile | None,
+                    made_by: str) -> list[str]:
+    """Write the profile (when no bundled one matches the trace's model) and the run config for the trace saved at
+    ``trace_path`` (its header is read, not its routing); returns the lines to print, the last one the command that
+    simulates it. InputError when the derived profile does not fit the trace (another expert count, top-k or MoE
+    layers) or the run config does not load (e.g. the dense weights alone exceed the GPU)."""
+    from sim.model_spec import load_model
+    from sim.trace_summary import read_trace_summary
+    from traces.io import atomic_write_bytes
+
+    trace = read_trace_summary(trace_path)
+    name = trace.meta.model.name
+    stem = bundled_profile(name)
+    if stem is not None:
+        spec, model_ref, model_value = load_model(stem), stem, stem
+    elif profile is None:
+        raise ValueError("a trace without a bundled profile needs a derived one")
+    else:
+        check_profile_fits(trace.meta, profile)
+        spec, model_ref, model_value = profile.spec(), str(Path(files.model).resolve()), profile.fields
+    run = run_config(spec, model_value, trace_path, trace)
+    lines = []
+    if stem is None:
+        atomic_write_bytes(files.model, profile.yaml_text(made_by).encode("utf-8"))
+        said = f"{len(profile.assumptions)} assumption{'' if len(profile.assumptions) == 1 else 's'} listed in it"
+        lines.append(f"{files.model}: model profile {brief(name)} derived from {one_line(profile.source, 200)} "
+                     f"({said})")
+    run["model"] = model_ref
+    atomic_write_bytes(files.run, run_config_text(run, trace_path, stem, made_by).encode("utf-8"))
+    lines.append(f"{files.run}: run config ({'bundled profile ' + stem if stem else 'that profile'}, "
+                 f"{DEFAULT_HARDWARE}, {DEFAULT_POLICY} with {run['cache']['mpc_slots']} of {spec.num_experts} "
+                 f"experts per layer cached)")
+    lines.append(f"simulate it: python -m sim run {shlex.quote(str(files.run))}")
+    return lines
+
+
+def check_profile_fits(meta, profile: DerivedProfile) -> None:
+    """InputError when a trace (its :class:`~traces.format.TraceMeta`) is not of the derived profile's model (what
+    differs, whole)."""
+    from sim.trace_summary import model_mismatch
+    from traces.import_common import meta_summary
+
+    problem = model_mismatch(meta_summary(meta), profile.spec())
+    if problem:
+        raise InputError(f"the model profile derived from {one_line(profile.source, 200)} does not fit the routing: "
+                         f"{problem}")
+
+
+def check_bundled_fits(profile: DerivedProfile, stem: str, where: str) -> None:
+    """InputError naming ``where`` when the model a config describes (``profile``) is not of the shape of the bundled
+    profile ``stem`` its name matches: checked before recording, which the simulator would refuse."""
+    from sim.model_spec import load_model
+    from sim.trace_summary import model_mismatch
+    from traces.import_common import meta_like, meta_summary
+
+    problem = model_mismatch(meta_summary(meta_like(profile.name, profile.spec())), load_model(stem),
+                             f"the model of {one_line(profile.source, 200)},")
+    if problem:
+        raise InputError(f"{where}: {problem} (the profile: configs/models/{stem}.yaml), so every run of it would "
+                         f"refuse the trace (give --name the name of the model recorded)")
+
+
+# --------------------------------------------------------------------------------------------- the run config
+def run_config(spec, model_value, trace_path: str | Path, trace) -> dict:
+    """A run config mapping for the trace, checked by :func:`sim.config.config_from_dict` (``model_value``: the
+    profile as the check reads it, a bundled name or the fields themselves; ``trace``: the trace's
+    :class:`~sim.trace_summary.TraceSummary`)."""
+    from sim.config import config_from_dict
+    from sim.errors import ConfigError
+
+    d = {"model": model_value, "hardware": DEFAULT_HARDWARE,
+         "workload": {"trace": str(Path(trace_path).resolve()), "batch_size": 1, "batching": "static",
+                      "max_decode_tokens": None, "prefill": True, "requests": None},
+         "cache": _cache(spec, trace), "policy": {"name": DEFAULT_POLICY, "params": {}},
+         "predictor": {"name": "none", "params": {}}, "seed": 0}
+    try:
+        config_from_dict(d)
+    except ConfigError as exc:
+        raise InputError(f"no run config for the trace on {DEFAULT_HARDWARE}: {exc}") from None
+    return d
+
+
+def _cache(spec, trace) -> dict:
+    """Cache tiers for LRU at batch 1: ``max(2, top_k)`` working buffers (a layer's experts of one token, one
+    more to prefetch into) and CACHED_SHARE of each layer's experts, fewer when that would not fit in the GPU's
+    memory beside the dense weights, the longest request's KV cache and the reserve."""
+    from sim.config import dense_bytes_of
+    from sim.hardware_spec import load_hardware
+
+    hw = load_hardware(DEFAULT_HARDWARE)
+    lpc = max(2, spec.top_k)
+    longest = trace.max_request_tokens(None)
+    room = (hw.gpu_memory_bytes - hw.reserved_bytes - dense_bytes_of(spec) - longest * spec.kv_bytes_per_token
+            - lpc * spec.expert_bytes)
+    fits = max(room, 0) // (spec.expert_bytes * spec.moe_layers)
+    mpc = int(min(int(spec.num_experts * CACHED_SHARE), fits))
+    return {"hpc_slots": 0, "mpc_slots": mpc, "lpc_buffers": lpc}
+
+
+def run_config_text(run: dict, trace_path: str | Path, stem: str | None, made_by: str) -> str:
+    """The run config file: what it runs, in comments, then the mapping."""
+    import yaml
+
+    source = f"bundled profile configs/models/{stem}.yaml" if stem else "the model profile beside it"
+    head = comment_lines([
+        f"Run config for the trace {Path(trace_path).name}, written by {made_by}: {source}, one H200, LRU at batch 1 "
+        f"with {run['cache']['mpc_slots']} experts per layer cached and {run['cache']['lpc_buffers']} working "
+        f"buffers, no predictor. Paths are absolute: it loads from any folder.",
+        "Run: python -m sim run THIS_FILE [--set key.path=value ...] (e.g. --set policy.name=diffmoe)"])
+    return "\n".join(head) + "\n" + yaml.safe_dump(run, sort_keys=False, default_flow_style=False)
+
+
+# --------------------------------------------------------------------------------------------- imports
+def add_hf_config_flag(parser) -> None:
+    """Give an import format's parser ``--hf-config`` and wrap its command: a checkpoint's config.json, from which
+    a model profile and a run config are written beside ``--out`` when ``--model`` names no bundled profile."""
+    parser.add_argument("--hf-config", metavar="CONFIG_JSON", default=None,
+                        help="the checkpoint's config.json: when --model has no profile in configs/models/, derive "
+                             "one and write OUT.model.yaml and OUT.run.yaml beside the trace")
+    parser.set_defaults(func=functools.partial(run_import, parser.get_default("func")))
+
+
+def run_import(command, args) -> int:
+    """An import command, then its sim files: with ``--hf-config``, the profile (derived before the import reads
+    anything) and run config; without it and without a bundled profile, one line saying how to get one."""
+    from traces.import_common import check_model_name
+    from traces.profile_from_config import derive_profile, read_config_file
+
+    files, profile = None, None
+    if args.hf_config is not None:
+        check_model_name(args.model)
+        files = check_sim_files(args.out)
+        config = read_config_file(args.hf_config)
+        if bundled_profile(args.model) is None:
+            profile = derive_profile(config, args.model, f"{args.hf_config}")
+    code = command(args)
+    if code:
+        return code
+    if files is not None:
+        try:
+            lines = write_sim_files(args.out, files, profile, "python -m traces import")
+        except InputError as exc:
+            raise InputError(f"--hf-config: {exc} (the trace {args.out} is written; no run config)") from None
+        for line in lines:
+            print(line)
+        return 0
+    from sim.trace_summary import read_trace_summary
+
+    name = read_trace_summary(args.out).meta.model.name
+    if bundled_profile(name) is None:
+        shown = SimFiles.beside(args.out)
+        print(f"note: no model profile in configs/models/ is of {brief(name)}: give --hf-config CONFIG_JSON (the "
+              f"checkpoint's config.json) to write {shown.model.name} and {shown.run.name} beside the trace, or "
+              f"write configs/models/{name.rsplit('/', 1)[-1]}.yaml by hand (fields: sim/model_spec.py)",
+              file=sys.stdout)
+    return 0
+
+
+__all__ = ["CACHED_SHARE", "DEFAULT_HARDWARE", "DEFAULT_POLICY", "SimFiles", "add_hf_config_flag", "bundled_profile",
+           "check_bundled_fits", "check_profile_fits", "check_sim_files", "run_config", "run_config_text", "run_import", "write_sim_files"]
