@@ -162,10 +162,9 @@ def variant(base: RunConfig, policy: str, predictor: str | None) -> RunConfig:
 
 
 def describe_predictor(part) -> str:
-    """A predictor as a config names it (a :class:`sim.config.NamedConfig`): its name and the params it sets away
-    from their defaults, ``transition (train: other-requests)``."""
-    declared = getattr(PREDICTORS.get(part.name), "PARAMS", {})
-    given = [f"{k}: {v}" for k, v in part.params.items() if k not in declared or declared[k] != v]
+    """A predictor as a config names it (a :class:`sim.config.NamedConfig`): its name and its params that hold a
+    value (defaults included, nulls left out), ``transition (train: other-requests)``."""
+    given = [f"{k}: {v}" for k, v in part.params.items() if v is not None]
     return part.name + (f" ({', '.join(given)})" if given else "")
 
 

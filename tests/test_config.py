@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SWITCH = ROOT / "configs" / "switch_xxl.yaml"
 MIXTRAL = ROOT / "configs" / "mixtral.yaml"
 POLICIES = ["diffmoe", "gpu-only", "lru", "on-demand"]
-PREDICTORS = ["noisy", "none", "oracle"]
+PREDICTORS = ["noisy", "none", "oracle", "transition"]
 
 
 def base(path: Path = SWITCH) -> dict:
@@ -164,7 +164,7 @@ def test_unknown_policy_and_predictor_names_list_the_known_ones():
     with pytest.raises(ConfigError) as exc:
         build(["predictor=crystal-ball"], predictor_names=PREDICTORS)
     field_error(exc, "predictor.name")
-    assert "known: noisy, none, oracle" in str(exc.value)
+    assert "known: noisy, none, oracle, transition" in str(exc.value)
     cfg = build(policy_names=POLICIES, predictor_names=PREDICTORS)
     assert (cfg.policy.name, cfg.predictor.name) == ("diffmoe", "oracle")
 
@@ -488,7 +488,7 @@ def test_policy_params_are_checked_when_the_config_loads():
                         (["policy=lru", "policy.params.pin_hot=null"], "policy.params.pin_hot"),
                         (["policy.params.fill=expert0", "policy.params.victim_order=legacy"], "policy.params.fill"),
                         (["predictor=noisy", "predictor.params.precision=0"], "predictor.params.precision"),
-                        (["predictor=transition"], "predictor.params.train")):
+                        (["predictor=transition", "predictor.params.train=null"], "predictor.params.train")):
         with pytest.raises(ConfigError) as exc:
             build(sets)
         field_error(exc, field)

@@ -343,7 +343,7 @@ def test_set_overrides_load_or_fail_on_one_line(base, tmp_path, sets):
     (["policy.params.bogus=1"], "policy.params.bogus"),
     (["policy.params.max_val=1.0e+300"], "policy.params.max_val"),
     (["predictor.params.recall=" + str(10**400)], "predictor.params.recall"),
-    (["predictor=transition"], "predictor.params.train"),
+    (["predictor=transition", "predictor.params.train=null"], "predictor.params.train"),
     (["predictor=transition", "predictor.params.train=/dev/zero"], "predictor.params.train"),
     (["policy.params.x=" + "[" * 5000 + "]" * 5000], "policy.params.x"),
     (["seed=" + "9" * 5000], "seed"),

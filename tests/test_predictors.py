@@ -111,8 +111,9 @@ def test_transition_refuses_the_evaluated_trace_a_missing_train_and_another_shap
         for same in (path, copy):  # the file itself, or the same routing under another name
             with pytest.raises(ConfigError, match=r"predictor\.params\.train: .*must differ"):
                 predictor(name, trace, {"train": str(same)})
-    with pytest.raises(ConfigError, match=r"predictor\.params\.train: missing"):
-        predictor("transition", trace)
+    assert predictor("transition", trace).params["train"] == "other-requests"  # the default: no file needed
+    with pytest.raises(ConfigError, match=r"predictor\.params\.train: must be a path .* or one of other-requests"):
+        predictor("transition", trace, {"train": None})
     with pytest.raises(ConfigError, match=r"predictor\.params\.train: no such trace file"):
         predictor("transition", trace, {"train": str(tmp_path / "nowhere.npz")})
     other = save_trace(random_trace(rng, tokens=50, layers=4, experts=8, k=2), tmp_path / "other.npz")

@@ -161,6 +161,20 @@ def test_other_requests_needs_no_file_and_is_checked_when_the_config_loads(tmp_p
         config_for(one, trace, "lru", "transition", predictor_params=CROSS)
 
 
+def test_other_requests_is_the_default_and_null_is_refused(tmp_path):
+    rng = np.random.default_rng(14)
+    trace = random_trace(rng, tokens=30, layers=3, experts=6, k=2, requests=4)
+    path = save_trace(trace, tmp_path / "eval.npz")
+    cfg = config_for(path, trace, "lru", "transition")
+    assert cfg.predictor.params == {"train": OTHER_REQUESTS, "top": None}
+    its, _ = build_iterations(trace, 1, "static", None, True, None)
+    assert drive(trace, its, cross_fitted(trace)) == drive(trace, its, PREDICTORS.get("transition")(
+        None, PredictorContext(trace.num_layers, trace.num_experts, 0, {"trace": trace})))
+    with pytest.raises(ConfigError, match=r"predictor\.params\.train: must be a path to a trace file or one of "
+                                          r"other-requests, got null"):
+        config_for(path, trace, "lru", "transition", predictor_params={"train": None})
+
+
 def test_a_fold_without_routing_is_refused():
     e = np.zeros((6, 2, 1), dtype=np.int16)
     e[2:4] = -1  # request 1 (odd): no routed token

@@ -13,17 +13,20 @@ nothing.
 
 It reads only the routing of the current iteration's layer ``l`` (known once its gate ran), never ``truth``.
 
-Params: ``train`` (required) and ``top``. ``train`` is either
+Params: ``train`` and ``top``. ``train`` is either
 
-- the path of a training trace (same model shape: layers, experts, top-k; it must not be the evaluated trace: a
-  file with the same routing and request boundaries is refused), or
-- ``other-requests``: two-fold cross-fitting on the evaluated trace, which needs no other file. Its requests fall
-  in two folds by index (even requests in one, odd in the other); a token is scored with the tables (and the
-  tie-breaking popularity) counted on the fold its request is NOT in, so no token's guess ever uses its own
-  request's routing. Each fold must hold routed tokens (so the trace at least two requests). The tables are
+- ``other-requests`` (the default): two-fold cross-fitting on the evaluated trace, which needs no other file. Its
+  requests fall in two folds by index (even requests in one, odd in the other); a token is scored with the tables
+  (and the tie-breaking popularity) counted on the fold its request is NOT in, so no token's guess ever uses its
+  own request's routing. Each fold must hold routed tokens (so the trace at least two requests). The tables are
   counts, so the two folds cost two tables per pair of layers instead of one. The guesses may use other
   requests' routing from later in the trace: the tables stand for a predictor trained offline on a workload of
-  the same kind, as with a training file.
+  the same kind, as with a training file; or
+- the path of a training trace (same model shape: layers, experts, top-k; it must not be the evaluated trace: a
+  file with the same routing and request boundaries is refused).
+
+It is the predictor of the bundled run configs of models without a pre-gate (``predictor: {name: transition,
+params: {}}``), so that none of them defaults to the oracle.
 """
 
 from __future__ import annotations
@@ -144,10 +147,8 @@ class LayerPairPredictor(Predictor):
 
 @PREDICTORS.register("transition")
 class TransitionPredictor(LayerPairPredictor):
-    PARAMS = {"train": None, "top": None}
-    PARAM_RULES = {"train": training_trace(required=True, words=(OTHER_REQUESTS,),
-                                           hint=f"give the path of a training trace of the same model (not the "
-                                                f"evaluated trace), or {OTHER_REQUESTS}"),
+    PARAMS = {"train": OTHER_REQUESTS, "top": None}
+    PARAM_RULES = {"train": training_trace(words=(OTHER_REQUESTS,)),
                    "top": between(1, MAX_EXPERTS, kind=int)}  # at most the model's experts: check_for_run
 
     @classmethod
