@@ -232,6 +232,13 @@ def test_step4_timeline(runs):
     start = float(it[it["kind"] == "decode"]["start_ms"].iloc[0])
     assert f"Zoom into the first decode iteration, at {start:.1f} ms" in words
     after = [e for e in events if e["ts"] >= start * 1e3 - 1e-3]
+    end = float(it[it["kind"] == "decode"]["end_ms"].iloc[0])
+    first = [e["name"].split() for e in after if e["ts"] < end * 1e3 and re.fullmatch(r"L\d+ E\d+ \w+", e["name"])]
+    assert "0-5 are the encoder and 6-11 the decoder" in words
+    per_layer = {int(n[0][1:]): {x[1] for x in first if x[0] == n[0]} for n in first}
+    assert sorted(per_layer) == list(range(6, 12)) and {len(v) for v in per_layer.values()} <= {1, 2}
+    assert "each decoder layer needs one or two experts, and none is cached yet" in words
+    assert not [n for n in first if n[2] in ("hpc", "mpc")]  # every expert of the first step comes by a copy
     dense = next(e for e in after if e["name"] == "L6 dense")
     demand = next(e for e in after if e["name"].startswith("L6 E") and e["name"].endswith("demand"))
     expert = demand["name"].split()[1]
