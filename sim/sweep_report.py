@@ -96,14 +96,15 @@ def _attempts_note(row) -> str:
 
 
 def _cell(v) -> str:
-    """A table cell: numbers with thousands separators (floats to 4 significant digits), "-" for none."""
+    """A table cell: numbers with thousands separators (floats to 4 significant digits, or whole from 10,000
+    up), "-" for none."""
     if v is None or (isinstance(v, float) and v != v):
         return "-"
     if isinstance(v, bool) or not isinstance(v, numbers.Number):
         return str(v)
     if isinstance(v, numbers.Integral):
         return f"{int(v):,}"
-    return f"{float(v):,.4g}"
+    return f"{float(v):,.0f}" if abs(float(v)) >= 1e4 else f"{float(v):,.4g}"  # 123,457, never 1.235e+05
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pandas as pd
 
 from conftest import ROOT
-from sim.sweep_report import plot_view, tier_title
+from sim.sweep_report import _cell, plot_view, tier_title
 
 AXES = ["policy.name", "workload.batch_size", "cache.hpc_slots", "cache.mpc_slots"]
 LONG_INTEGER = re.compile(r"(?<![\d.,])\d{10,}(?![\d.])")
@@ -101,3 +101,8 @@ zip:
     df = pd.read_parquet(out / "results.parquet")
     assert df["pcie_bytes"].max() >= 1e10  # the raw figure has 11+ digits; the report shows it in GB
     assert not [line for line in report.splitlines() if LONG_INTEGER.search(line)]
+
+
+def test_table_cells_are_human_numbers():
+    assert [_cell(v) for v in (123456.7, 1260.4, 0.9928, 18_778_521_340_800, None, float("nan"), "lru", True)] == \
+        ["123,457", "1,260", "0.9928", "18,778,521,340,800", "-", "-", "lru", "True"]

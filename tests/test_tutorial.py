@@ -4,8 +4,8 @@ write today.
 Each step's commands are taken as the tutorial shows them (the test fails if the text no longer holds them), run
 with ``runs/`` moved into a temporary folder, and every output block and every figure the prose quotes is
 checked against that run (or, for the CPU validation of step 6, against the committed measurement it cites and
-the text's own table: measuring takes 70-90 s and gives figures that differ per machine). About 30 s in all on a
-2-core VM.
+the text's own table: measuring takes 70-90 s and gives figures that differ per machine). About 20 s of CPU in all
+(30-50 s of wall time on a busy 2-core VM).
 """
 
 from __future__ import annotations
