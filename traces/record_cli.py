@@ -188,7 +188,6 @@ def run(args) -> int:
     files = None if args.no_run_config else check_sim_files(args.out)
     if args.model is not None:
         _check_checkpoint_folder(args.model)
-    profile = None if args.no_run_config else derived_profile(args, name, where)
     prompts = read_prompts(args.prompts)
 
     import torch
@@ -215,6 +214,8 @@ def run(args) -> int:
         model, tok = load_checkpoint(args.model, args.dtype, device)
         source, tokenizer = str(args.model), "checkpoint tokenizer"
         token_ids = [list(tok(p.text)["input_ids"]) for p in prompts]
+    # after loading (a dense checkpoint is refused as such first), before recording
+    profile = None if args.no_run_config else derived_profile(args, name, where)
     for p, ids in zip(prompts, token_ids):
         if not ids:
             raise InputError(f"{args.prompts}: prompt {p.id} has no tokens")
@@ -247,7 +248,7 @@ def default_name(args) -> str:
 
 def derived_profile(args, name: str, where: str):
     """The model profile of the recorded model, derived from its config before anything is recorded (a config it
-    cannot be derived from fails here, in one line). None when a bundled profile of ``name`` exists; the model's
+    cannot be derived from fails here, in one line, after the model loaded). None when a bundled profile of ``name`` exists; the model's
     shape is then checked against it, when its config tells it."""
     stem = bundled_profile(name)
     try:
