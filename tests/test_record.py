@@ -277,6 +277,8 @@ def test_cli_records_a_local_checkpoint(tmp_path, capsys):
     assert code == 0, io.err
     t = load_trace(out)
     assert t.meta.provenance.model == str(ckpt) and t.meta.extra["tokenizer"] == "checkpoint tokenizer"
+    assert t.meta.model.name == "ckpt"  # the folder's name, not its path
+    assert (tmp_path / "q.model.yaml").is_file() and (tmp_path / "q.run.yaml").is_file()
     assert t.prefill_lengths.tolist() == [11, 3]  # one token per character
     assert [(x.role, x.index) for x in t.meta.model.layers] == [("decoder", 0), ("decoder", 2)]
 

@@ -342,3 +342,32 @@ def test_import_with_a_config_of_another_shape_says_what_differs(tmp_path):
     line = _one_error_line(err)
     assert "trace model 'toy-moe' has 8 experts per layer; profile 'toy-moe' has 16 experts per layer" in line, line
     assert not (tmp_path / "imp.run.yaml").exists()
+
+
+# --------------------------------------------------------------------------------------------- the run config
+def test_the_run_config_caches_what_fits_beside_the_dense_weights(tmp_path):
+    from sim.trace_summary import read_trace_summary
+    from traces.run_setup import run_config
+
+    spec = load_model("deepseek-v3")        # half its experts (128 x 58 layers x 44 MB) would need 327 GB
+    experts = np.zeros((4, spec.decoder_moe_layers, spec.top_k), dtype=np.int16) + np.arange(spec.top_k)
+    path = save_trace(_named(make_trace(experts, [4], [2], num_experts=spec.num_experts), "deepseek-v3"),
+                      tmp_path / "d.npz")
+    run = run_config(spec, "deepseek-v3", path, read_trace_summary(path))
+    slots = run["cache"]["mpc_slots"]
+    assert 1 <= slots < spec.num_experts // 2 and run["cache"]["lpc_buffers"] == spec.top_k
+    cfg = config_from_dict(run)                                            # fits: the memory check passes
+    assert cfg.cache.mpc_slots == slots
+    with pytest.raises(ConfigError, match="tiers need"):                   # and one more slot per layer would not
+        config_from_dict({**run, "cache": {**run["cache"], "mpc_slots": slots + 1}})
+
+
+def test_no_run_config_when_the_dense_weights_alone_exceed_the_gpu(tmp_path):
+    from sim.trace_summary import read_trace_summary
+    from traces.run_setup import run_config
+
+    # embedding and LM head of 2e9 x 32 at 2 bytes: 256 GB, beyond the H200's 141
+    fields = {**derive_profile(tiny_config("mixtral").to_dict(), "huge", "tiny", 2).fields, "vocab_size": 2 * 10 ** 9}
+    path = _tiny_trace(tmp_path, "huge")
+    with pytest.raises(InputError, match="no run config for the trace on h200: cache: .* GB of dense weights"):
+        run_config(load_model(fields), fields, path, read_trace_summary(path))

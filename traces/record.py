@@ -52,6 +52,14 @@ never recorded.
 Tokens: a checkpoint directory uses its own tokenizer (``AutoTokenizer``, ``local_files_only=True``, default
 special tokens); the tiny models use the byte mapping of :func:`traces.tiny_models.encode_bytes`.
 
+Model name and simulation files
+-------------------------------
+The trace's model name is ``--name`` (checked like an import's ``--model``), by default the checkpoint folder's
+last part made a plain name (``ORG/NAME`` for a Hugging Face cache snapshot) or ``tiny-ARCH``, never a path; the
+provenance keeps the folder. Beside the trace the command writes a run config and, for a model without a bundled
+profile, a model profile derived from the checkpoint's config (:mod:`traces.run_setup`,
+:mod:`traces.profile_from_config`), so that ``python -m sim run OUT.run.yaml`` simulates it.
+
 Modules
 -------
 This module holds the entry points (:func:`record_routing`, :func:`record_trace`, :func:`teacher_forced_routing`)

@@ -1,5 +1,6 @@
 """`python -m traces record` (registered through :mod:`traces.record`): its arguments, prompts files and local
-checkpoints; the recording itself is :func:`traces.record.record_routing`.
+checkpoints, the trace's model name (``--name``), and the model profile and run config written beside the trace
+(:mod:`traces.run_setup`); the recording itself is :func:`traces.record.record_routing`.
 """
 
 from __future__ import annotations
@@ -233,7 +234,11 @@ def run(args) -> int:
           f"{int(t.decode_mask().sum())} generated), {t.num_requests} requests, {t.num_layers} MoE layers, "
           f"model {name}")
     if files is not None:
-        for line in write_sim_files(out, files, profile, "python -m traces record"):
+        try:
+            lines = write_sim_files(out, files, profile, "python -m traces record")
+        except InputError as exc:
+            raise InputError(f"{exc} (the trace {out} is written; no run config)") from None
+        for line in lines:
             print(line)
     return 0
 
