@@ -637,8 +637,9 @@ def _run_fit(args, given: dict) -> Trace:
 
 # ------------------------------------------------------------------------------------------------- from fit
 
-#: knobs a --from-fit trace names by digest instead of storing (256-384 expert transition tables are tens of MB)
-DIGESTED = ("prefix_popularity", "layer_transition")
+#: knobs a --from-fit trace names by digest instead of storing: 256-384 expert transition tables are tens of MB,
+#: and even the popularity table ([layers][experts]) would take Kimi-K2's bundled trace past 2 MB
+DIGESTED = ("layer_popularity", "prefix_popularity", "layer_transition")
 
 
 def fitted_knobs(path: str) -> tuple[SynthKnobs, TraceMeta]:
@@ -648,13 +649,13 @@ def fitted_knobs(path: str) -> tuple[SynthKnobs, TraceMeta]:
 
     meta = load_trace_header(path)[0]
     d = meta.extra.get("knobs") if isinstance(meta.extra, dict) else None
-    if not isinstance(d, dict) or not isinstance(d.get("layer_popularity"), list):
-        raise InputError(f"{path}: holds no fitted knobs (extra.knobs.layer_popularity); give a trace written by "
-                         "`traces synth --fit`")
-    digested = [n for n in FITTED_KNOBS if isinstance(d.get(n), dict)]
+    digested = [n for n in FITTED_KNOBS if isinstance(d, dict) and isinstance(d.get(n), dict)]
     if digested:
         raise InputError(f"{path}: its knobs.{digested[0]} is stored as a digest (a --from-fit trace); give the "
                          "trace `traces synth --fit` wrote")
+    if not isinstance(d, dict) or not isinstance(d.get("layer_popularity"), list):
+        raise InputError(f"{path}: holds no fitted knobs (extra.knobs.layer_popularity); give a trace written by "
+                         "`traces synth --fit`")
     try:
         knobs = SynthKnobs.from_dict(d)
         knobs.check()
@@ -706,8 +707,7 @@ def _run_from_fit(args, given: dict) -> Trace:
             "digests": "knobs named by {shape, sha256} are tables too large to bundle; they are rebuilt by the "
                        "same command from the same fitted trace (traces.reshape.knobs_sha256)"}
     extra = {"fitted_to": meta.extra.get("fitted_to"), "from_fit": note}
-    source = meta.extra.get("fitted_to") or {}
-    dataset = f"fitted to {source.get('model', meta.model.name)}, reshaped ({meta.provenance.dataset})"
+    dataset = f"{meta.provenance.dataset}, via synth --from-fit"
     return generate(knobs, args.seed, date=args.date, extra=extra, dataset=dataset, digest=DIGESTED)
 
 
