@@ -114,8 +114,8 @@ class _Reader:
         return self.c.get(key) is not None
 
     def int(self, *keys: str, why: str, default: int | None = None, minimum: int = 1) -> int:
-        """The first of ``keys`` the config gives, as an integer >= ``minimum``; ``default`` (said as an
-        assumption-free default of the architecture) when none is given, else an InputError naming the field."""
+        """The first of ``keys`` the config gives, as an integer >= ``minimum``; when none is given, ``default``
+        (what the architecture's own config class takes then), else an InputError naming the field."""
         for key in keys:
             value = self.c.get(key)
             if value is None:

@@ -252,9 +252,9 @@ def default_name(args) -> str:
 
 
 def derived_profile(args, name: str, where: str):
-    """The model profile of the recorded model, derived from its config before anything is recorded (a config it
-    cannot be derived from fails here, in one line, after the model loaded). None when a bundled profile of ``name`` exists; the model's
-    shape is then checked against it, when its config tells it."""
+    """The model profile of the recorded model, derived from its config once it is loaded and before anything is
+    recorded (a config it cannot be derived from fails here, in one line). None when a bundled profile of ``name``
+    exists; the model's shape is then checked against it, when its config tells it."""
     stem = bundled_profile(name)
     try:
         profile = _derive(args, name)

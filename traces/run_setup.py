@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,10 +218,10 @@ def run_import(command, args) -> int:
         shown = SimFiles.beside(args.out)
         print(f"note: no model profile in configs/models/ is of {brief(name)}: give --hf-config CONFIG_JSON (the "
               f"checkpoint's config.json) to write {shown.model.name} and {shown.run.name} beside the trace, or "
-              f"write configs/models/{name.rsplit('/', 1)[-1]}.yaml by hand (fields: sim/model_spec.py)",
-              file=sys.stdout)
+              f"write configs/models/{name.rsplit('/', 1)[-1]}.yaml by hand (fields: sim/model_spec.py)")
     return 0
 
 
 __all__ = ["CACHED_SHARE", "DEFAULT_HARDWARE", "DEFAULT_POLICY", "SimFiles", "add_hf_config_flag", "bundled_profile",
-           "check_bundled_fits", "check_profile_fits", "check_sim_files", "run_config", "run_config_text", "run_import", "write_sim_files"]
+           "check_bundled_fits", "check_profile_fits", "check_sim_files", "run_config", "run_config_text",
+           "run_import", "write_sim_files"]
