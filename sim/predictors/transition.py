@@ -224,11 +224,20 @@ class TransitionPredictor(LayerPairPredictor):
             table, tie = self.ranking_keys(src, dst, source)
             ids = np.asarray(new, dtype=np.int64)
             score = np.where(ids[:, :, None] >= 0, table[np.maximum(ids, 0)], 0.0).sum(axis=1) + tie  # [sets, E]
-            order = np.argsort(-score, axis=1, kind="stable")[:, : self.top]
-            keep = np.take_along_axis(score, order, axis=1) > 0
-            for c, o, k in zip(new, order.tolist(), keep.tolist()):
-                memo[c] = frozenset(x for x, kept in zip(o, k) if kept)
+            for c, row in zip(new, score):
+                memo[c] = self.best(row)
         out = frozenset()
         for c in combos:
             out |= memo.get(c, frozenset())
         return out
+
+    def best(self, score: np.ndarray) -> frozenset[int]:
+        """The ``top`` experts of highest score (ties to the lower id), those above 0: a partial sort finds the
+        ``top``-th score, and only the experts at or above it are ordered."""
+        if self.top < score.size:
+            cut = np.partition(score, score.size - self.top)[score.size - self.top]
+            ids = np.flatnonzero(score >= cut)  # ascending ids: the stable sort below keeps ties in id order
+        else:
+            ids = np.arange(score.size)
+        ids = ids[np.argsort(-score[ids], kind="stable")[: self.top]]
+        return frozenset(int(x) for x in ids[score[ids] > 0])
