@@ -161,6 +161,22 @@ def test_record_with_a_name_then_one_sim_run_from_anywhere(tmp_path, monkeypatch
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["model"] == "my-moe"
 
 
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_every_tiny_architecture_s_recording_loads_with_its_derived_profile(arch, tmp_path):
+    out = tmp_path / "t.npz"
+    code, _, err, _ = run_traces("record", "--tiny", arch, "--prompts", _prompts(tmp_path), "--out", out,
+                                 "--max-new-tokens", "1", "--device", "cpu", timeout=300)
+    assert code == 0, err
+    cfg = load_run_config(tmp_path / "t.run.yaml")
+    trace = load_trace(out)
+    roles = [x.role for x in trace.meta.model.layers]
+    assert (cfg.model.name, cfg.model.num_experts, cfg.model.top_k) == (f"tiny-{arch}", trace.num_experts,
+                                                                        trace.top_k)
+    assert (cfg.model.encoder_moe_layers, cfg.model.decoder_moe_layers) == (roles.count("encoder"),
+                                                                            roles.count("decoder"))
+    assert cfg.workload.trace == out.resolve() and cfg.policy.name == "lru"
+
+
 def test_record_without_a_name_uses_the_checkpoint_folder_and_its_config(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
