@@ -1,5 +1,5 @@
 """Experts on the host CPU against experts cached on the GPU (issue 13): tokens/s against batch size for Mixtral-8x7B,
-gpt-oss-120b and DeepSeek-V3, on an H200 server and on a 24 GB consumer GPU (RTX 4090) where the model fits; writes
+gpt-oss-120b, DeepSeek-V3 and Qwen3.5-35B-A3B (real routing), on an H200 server and on a 24 GB consumer GPU (RTX 4090) where the model fits; writes
 `docs/hybrid_study.md` (tables, the commands, crossover points) and one log-log plot per model x hardware under
 `docs/hybrid_study/`.
 
@@ -49,9 +49,10 @@ MIN_REQUESTS = 32   # requests served at small batches (more steps to average ov
 class Setup:
     """One model on one hardware profile: a run config and what its workload is."""
 
-    def __init__(self, key, model, hardware, config, trace_requests, what):
+    def __init__(self, key, model, hardware, config, trace_requests, what, sets=()):
         self.key, self.model, self.hardware, self.config = key, model, hardware, config
         self.trace_requests, self.what = trace_requests, what
+        self.sets = list(sets)   # overrides of every cell of this setup (before the batch's own)
 
     @property
     def title(self) -> str:
@@ -65,13 +66,24 @@ SETUPS = [
     Setup("mixtral_rtx4090", "Mixtral-8x7B", "RTX 4090", "configs/mixtral_rtx4090.yaml", 128,
           "the same trace; 1 of 8 experts per layer cached (all that fits 24 GB: configs/mixtral_rtx4090.yaml)"),
     Setup("gpt_oss_120b_h200", "gpt-oss-120b", "H200", "configs/gpt_oss_120b.yaml", 256,
-          "the bundled synthetic trace (256 requests x 32 decode tokens, assumed knobs matched to real gpt-oss-20b "
-          "locality); 4 + 28 of 128 experts per layer cached (an offloading choice: the whole model would fit)"),
+          "the bundled synthetic trace (256 requests x 32 decode tokens, fitted to the real Qwen3.5-35B-A3B "
+          "routing and reshaped to 128 experts, top-4: traces/data/README.md); 4 + 28 of 128 experts per layer "
+          "cached (an offloading choice: the whole model would fit)"),
     Setup("gpt_oss_120b_rtx4090", "gpt-oss-120b", "RTX 4090", "configs/gpt_oss_120b_rtx4090.yaml", 256,
           "the same trace; 4 + 28 of 128 experts per layer cached (what fits 24 GB)"),
     Setup("deepseek_v3_h200", "DeepSeek-V3", "H200", "configs/deepseek_v3.yaml", 256,
-          "the bundled synthetic trace (256 requests x 12 decode tokens, assumed knobs matched to real gpt-oss-20b "
-          "locality); 4 + 28 of 256 experts per layer cached (what fits beside 44 GB of dense weights)"),
+          "the bundled synthetic trace (256 requests x 12 decode tokens, fitted to the real Qwen3.5-35B-A3B "
+          "routing, same 256 experts and top-8, layers stretched 40 to 58: traces/data/README.md); 4 + 28 of 256 "
+          "experts per layer cached (what fits beside 44 GB of dense weights)"),
+    Setup("qwen3_5_35b_a3b_h200", "Qwen3.5-35B-A3B", "H200", "configs/qwen3_5_35b_a3b.yaml", 12,
+          "the real routing of 12 requests (traces/data/qwen3_5_35b_a3b.npz, logged at batch 1), their prompts "
+          "prefilled (24-145 tokens) and at most 32 decode tokens each (`workload.max_decode_tokens=32`, for the "
+          "study's run time, like the other setups' 12-32); 4 + 60 of 256 experts per layer cached "
+          "(configs/qwen3_5_35b_a3b.yaml: an offloading choice, the whole model would fit)",
+          sets=["workload.max_decode_tokens=32"]),
+    Setup("qwen3_5_35b_a3b_rtx4090", "Qwen3.5-35B-A3B", "RTX 4090", "configs/qwen3_5_35b_a3b_rtx4090.yaml", 12,
+          "the same requests; 4 + 52 of 256 experts per layer cached (what fits 24 GB beside the KV cache: "
+          "configs/qwen3_5_35b_a3b_rtx4090.yaml)", sets=["workload.max_decode_tokens=32"]),
 ]
 
 NOT_FITTING = ("DeepSeek-V3 is not studied on the RTX 4090: its dense part alone (attention, 3 dense FFN blocks, "
@@ -102,7 +114,7 @@ def find_policies(hybrid: str | None) -> tuple[list[str], list[str], list[str]]:
 def cell_sets(setup: Setup, batch: int, quick: bool) -> tuple[list[str], int, int]:
     """The ``--set`` overrides of one cell, the requests it serves and how many of them are distinct."""
     requests = max(4 if quick else MIN_REQUESTS, batch)
-    sets = ["predictor.name=none", f"workload.batch_size={batch}", f"workload.requests={requests}"]
+    sets = ["predictor.name=none", *setup.sets, f"workload.batch_size={batch}", f"workload.requests={requests}"]
     if quick:
         sets.append("workload.max_decode_tokens=4")
     return sets, requests, min(requests, setup.trace_requests)
@@ -125,7 +137,8 @@ def run_cell(config: str, sets: list[str], entries: list[tuple[str, str | None]]
         base = load_run_config(ROOT / config, sets, POLICIES.names(), PREDICTORS.names())
     except ConfigError as exc:
         base = None
-        for tokens in SHRINK if shrink and "KV cache" in str(exc) else ():
+        caps = [int(x.split("=", 1)[1]) for x in sets if x.startswith("workload.max_decode_tokens=")]
+        for tokens in [n for n in SHRINK if not caps or n < caps[-1]] if shrink and "KV cache" in str(exc) else ():
             try:
                 base = load_run_config(ROOT / config, sets + [f"workload.max_decode_tokens={tokens}"],
                                        POLICIES.names(), PREDICTORS.names())
@@ -413,7 +426,7 @@ def main(argv=None) -> int:
             parts.append("Crossover (computed from the table above):\n\n" + "\n".join(cross) + "\n")
         else:
             parts.append("No CPU-using policy is registered: no crossover to compute.\n")
-        shown = ["predictor.name=none", "workload.batch_size=B", "workload.requests=R"] + \
+        shown = ["predictor.name=none", *s.sets, "workload.batch_size=B", "workload.requests=R"] + \
             (["workload.max_decode_tokens=4"] if args.quick else [])
         parts.append(f"Command per batch B (requests R = max({4 if args.quick else MIN_REQUESTS}, B)):\n\n"
                      f"```sh\n{command(s.config, policies, shown)}\n```\n")
@@ -483,7 +496,8 @@ def _tps(rows, policy):
 def header(policies: list[str], missing: list[str], quick: bool) -> str:
     text = """# Hybrid study: experts on the host CPU against experts cached on the GPU (issue 13)
 
-Tokens/s against batch size for Mixtral-8x7B, gpt-oss-120b and DeepSeek-V3, on an H200 server (two Sapphire Rapids
+Tokens/s against batch size for Mixtral-8x7B, gpt-oss-120b, DeepSeek-V3 and Qwen3.5-35B-A3B (real routing), on an
+H200 server (two Sapphire Rapids
 sockets: `configs/hardware/h200.yaml`) and on a 24 GB consumer GPU (RTX 4090 with a Ryzen 9 7950X:
 `configs/hardware/rtx4090.yaml`) where the model fits. Regenerate with `python benchmarks/hybrid_study.py`.
 
@@ -530,10 +544,11 @@ file is used. **Assumptions** (no measured source; the profiles' comments say so
   2.5 TFLOPS bf16 = half of Zen 4's AVX-512 peak; 5 TOPS int8/int4 (VNNI, 4-bit widened); 5 us per expert call;
   GPU tensor math at ~80% of the datasheet; 2 GB reserved (context, workspaces, display); PCIe Gen4 at 25 GB/s
   both ways.
-- Workloads: the gpt-oss-120b and DeepSeek-V3 traces are synthetic with assumed knobs (popularity skew and
-  overlap with the previous token matched to the real gpt-oss-20b trace; `traces/data/README.md`); they are
-  decode rows only, so attention is over the decode tokens so far (no prompt). The Mixtral trace is fitted to real
-  Mixtral-8x7B-Instruct routing.
+- Workloads: the gpt-oss-120b and DeepSeek-V3 traces are synthetic, fitted to the real Qwen3.5-35B-A3B routing
+  and moved to each model's layers, experts and top-k (`traces/data/README.md`: the granularity transfer it
+  assumes; the fit has no cross-layer pull); they are decode rows only, so attention is over the decode tokens so
+  far (no prompt). The Qwen3.5-35B-A3B rows replay its real routing (12 requests with their prompts, decode cut
+  to 32 tokens). The Mixtral trace is fitted to real Mixtral-8x7B-Instruct routing.
 - Model approximations (`configs/models/*.yaml`): DeepSeek-V3's dense part at bf16 and MLA as an equivalent
   GQA shape (attention weights ~10 GB too many); 8-bit (FP8) experts priced at the CPU's int8 rate.
 """
