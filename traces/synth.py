@@ -21,6 +21,13 @@ stickiness, each request's own popularity, per-position laws for the opening tok
 cross-layer pull in place of the rank-for-rank map. It prints the fit checked on held-out requests and writes
 a trace with REAL's model shape and request lengths; its metadata hold every knob and what it was fitted to.
 
+``--from-fit FITTED`` generates from the fitted knobs a trace written by ``--fit`` holds, for another model shape:
+layers stretched (``traces.fit.stretch_layers``), experts and top-k reshaped (``traces.reshape``: the popularity's
+Lorenz curve resampled, lifts mapped by rank fraction, stickiness and request concentration kept), and the
+fitted opening positions kept only as far as every request's prompt reaches (requests without prompt rows drop
+them). Its metadata name the fitted trace (file, sha256), the mapping and its assumptions; the large tables are
+stored as digests (``DIGESTED``), the same command on the same fitted trace rebuilding them.
+
 The same knobs and seed give a byte-identical file (the trace's date is left empty unless ``--date`` is given).
 """
 
