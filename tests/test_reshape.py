@@ -130,6 +130,20 @@ def test_identity_reshape_returns_the_same_knobs_and_another_top_k_changes_only_
     assert other.top_k == 2
 
 
+@settings(max_examples=25, deadline=None)
+@given(new_e=st.integers(2, 40), new_k=st.integers(1, 6), layers=st.integers(1, 6), seed=st.integers(0, 1000))
+def test_any_reshape_generates_a_valid_trace_of_the_asked_shape_deterministically(new_e, new_k, layers, seed):
+    new_k = min(new_k, new_e)
+    knobs = fitted(e=12, k=3, layers=3, prefix=0, requests=5)
+    if layers != 3:
+        knobs, _ = stretch_layers(knobs, 0, layers)
+    shaped = reshape.reshape_experts(knobs, new_e, new_k).knobs
+    a, b = generate(shaped, seed), generate(shaped, seed)
+    a.validate()
+    assert (a.num_layers, a.num_experts, a.top_k, a.num_requests) == (layers, new_e, new_k, 5)
+    assert np.array_equal(a.experts, b.experts) and (a.experts >= 0).all()
+
+
 def test_reshape_refuses_unfitted_knobs_and_impossible_top_k():
     with pytest.raises(InputError, match="no fitted popularity"):
         reshape.reshape_experts(SynthKnobs(), 16, 2)

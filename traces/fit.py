@@ -468,7 +468,7 @@ def stretch_layers(knobs: SynthKnobs, encoder_layers: int, decoder_layers: int) 
         table = []
         for a, b in zip(source, source[1:]):
             table.append(knobs.layer_transition[a] if b == a + 1 else ones)
-        transition = tuple(table)
+        transition = tuple(table) if table else None  # one layer: no pair of layers to pull between
     prefix = None
     if knobs.prefix_popularity is not None:
         prefix = tuple(tuple(pos[j] for j in source) for pos in knobs.prefix_popularity)
