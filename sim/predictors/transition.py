@@ -2,14 +2,14 @@
 other requests (two-fold cross-fitting), never from the routing of the request it predicts.
 
 ``T_l[a, b]`` counts the tokens of the training trace (with ``train: other-requests``, of the requests of the other
-fold, below) routed to expert ``a`` in layer ``l`` and to ``b`` in the next layer of the same phase (every pair
-of a token's top-k in the two layers counts once). To predict layer ``l+1`` at layer ``l``'s gate: every token
-of the iteration (its trace rows) scores the experts by the sum of the ``T_l`` rows of its layer-``l`` experts;
-its ``top`` best (default: the model's top-k) are its guess, and the prediction is the union over the iteration's tokens. Ties go to the expert selected more often in layer ``l+1``
-of the training trace, then to the lower id; experts with no evidence at all (score 0 and never selected in
-``l+1`` in training) are never guessed, so a token whose experts the training trace never saw in layer ``l``
-falls back to the training trace's most popular experts of ``l+1``. A token with no routing in ``l`` adds
-nothing.
+fold, below) routed to expert ``a`` in layer ``l`` and to ``b`` in the next layer of the same phase (every pair of a
+token's top-k in the two layers counts once). To predict layer ``l+1`` at layer ``l``'s gate: every token of the
+iteration (its trace rows) scores the experts by the sum of the ``T_l`` rows of its layer-``l`` experts; its ``top``
+best (default: the model's top-k) are its guess, and the prediction is the union over the iteration's tokens. Ties
+go to the expert selected more often in layer ``l+1`` of the training trace, then to the lower id; experts with no
+evidence at all (score 0 and never selected in ``l+1`` in training) are never guessed, so a token whose experts the
+training trace never saw in layer ``l`` falls back to the training trace's most popular experts of ``l+1``. A token
+with no routing in ``l`` adds nothing.
 
 It reads only the routing of the current iteration's layer ``l`` (known once its gate ran), never ``truth``.
 
