@@ -357,6 +357,8 @@ def test_import_with_a_config_of_another_shape_says_what_differs(tmp_path):
     assert code == 2
     line = _one_error_line(err)
     assert "trace model 'toy-moe' has 8 experts per layer; profile 'toy-moe' has 16 experts per layer" in line, line
+    assert "derived from --hf-config" in line, line
+    assert not (tmp_path / "imp.npz").exists(), "the trace was written although its profile refuses it"
     assert not (tmp_path / "imp.run.yaml").exists()
 
 

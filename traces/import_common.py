@@ -4,6 +4,8 @@ reading of JSON files, request offsets, rows of requests, and short lists for me
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
 import re
@@ -147,14 +149,30 @@ def check_model_fit(trace: Trace, where: str, num_experts_from: str | None = Non
 
     m = trace.meta.model
     summary = meta_summary(trace.meta)
-    for stem, spec in profiles_for(m.name):
+    extra = [(where_from, spec) for where_from, spec in _EXTRA_PROFILES.get()]
+    for where_from, spec in [(f"configs/models/{stem}.yaml", spec) for stem, spec in profiles_for(m.name)] + extra:
         problem = model_mismatch(summary, spec)
         if problem:
             source = "; the trace's experts per layer come from --num-experts" \
                 if num_experts_from == "--num-experts" else ""
             raise InputError(f"{where}: the routing does not match model {brief(m.name)}: {problem} (the profile: "
-                             f"configs/models/{stem}.yaml{source}); every run of that model would refuse the trace "
-                             f"({hint})")
+                             f"{where_from}{source}); every run of that model would refuse the trace ({hint})")
+
+
+#: Profiles a trace being written must also fit, besides the bundled one its name matches: (where the profile comes
+#: from, ModelSpec), set for the length of one command by :func:`also_checked_against`.
+_EXTRA_PROFILES: contextvars.ContextVar[tuple] = contextvars.ContextVar("extra_profiles", default=())
+
+
+@contextlib.contextmanager
+def also_checked_against(where_from: str, spec):
+    """While inside, :func:`check_model_fit` also holds every trace to ``spec`` (a ModelSpec derived from a
+    checkpoint's config, say), so a trace that does not fit is refused before it is written."""
+    token = _EXTRA_PROFILES.set(_EXTRA_PROFILES.get() + ((where_from, spec),))
+    try:
+        yield
+    finally:
+        _EXTRA_PROFILES.reset(token)
 
 
 def check_content(trace: Trace, where: str) -> None:

@@ -200,7 +200,13 @@ def run_import(command, args) -> int:
         config = read_config_file(args.hf_config)
         if bundled_profile(args.model) is None:
             profile = derive_profile(config, args.model, f"{args.hf_config}")
-    code = command(args)
+    if profile is not None:
+        from traces.import_common import also_checked_against
+
+        with also_checked_against(f"derived from --hf-config {one_line(str(args.hf_config), 200)}", profile.spec()):
+            code = command(args)
+    else:
+        code = command(args)
     if code:
         return code
     if files is not None:
