@@ -34,11 +34,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "sweeps.md"
 CLIS = {"sim": sim.cli.build_parser, "traces": traces.cli.build_parser, "validate": validate.cli.build_parser}
 
-#: Arguments still without help in modules other helpers own: (cli, sub-command..., dest) -> owner. TEMPORARY:
-#: remove an entry as soon as its owner adds the help (the test then holds it like every other argument).
-KNOWN_MISSING = {
-    ("sim", "compare", "config"): "the helper that owns sim/compare.py",
-}
 
 
 # ------------------------------------------------------------------------------------------------ walking
@@ -106,8 +101,7 @@ def test_missing_help_finds_an_argument_without_help():
 @pytest.mark.parametrize("cli", sorted(CLIS))
 def test_every_argument_and_sub_command_has_help(cli):
     missing = [m for path, parser in parsers(cli) for m in missing_help(path, parser)]
-    unexpected = [" ".join(m) for m in missing if m not in KNOWN_MISSING]
-    assert not unexpected, f"arguments without help: {unexpected}"
+    assert not missing, f"arguments without help: {[' '.join(m) for m in missing]}"
 
 
 @pytest.mark.parametrize("path", subcommand_paths(), ids=" ".join)
