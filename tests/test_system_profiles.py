@@ -30,7 +30,8 @@ def _cfg(path: str, *sets: str):
 
 
 def _summary(result) -> dict:
-    return {k: v for k, v in result.summary.items() if k not in ("wall_s", "events_per_s")}
+    """The figures of a run, without how long it took or how its hardware profile was given (a label)."""
+    return {k: v for k, v in result.summary.items() if k not in ("wall_s", "events_per_s", "hardware_source")}
 
 
 def _iterations(result) -> list:
@@ -71,8 +72,11 @@ def test_expert_call_adds_exactly_its_count_when_every_expert_is_resident():
 @given(path=st.sampled_from(["configs/mixtral.yaml", "configs/switch_xxl.yaml"]),
        policy=st.sampled_from(["lru", "on-demand", "diffmoe"]))
 def test_a_serial_copy_stream_is_never_faster_and_never_overlaps(path, policy):
-    over = simulate(_cfg(path, f"policy.name={policy}"))
-    serial = simulate(_cfg(path, f"policy.name={policy}", "system.copy_stream=serial"))
+    # Under the oracle every prefetch is of an expert the layer uses. With a guessing predictor the copy counts need
+    # not order: which wrong guesses are copied before they are dropped depends on timing (mixtral, diffmoe,
+    # transition: 1,247 copies serial against 1,246 overlapped).
+    over = simulate(_cfg(path, f"policy.name={policy}", "predictor.name=oracle"))
+    serial = simulate(_cfg(path, f"policy.name={policy}", "predictor.name=oracle", "system.copy_stream=serial"))
     assert serial.summary["sim_time_s"] >= over.summary["sim_time_s"] * (1 - 1e-12)
     assert serial.summary["copies"] <= over.summary["copies"]
     e = serial.engine   # nothing overlaps: the compute stream's time and the link's add up to at most the total
