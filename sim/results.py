@@ -204,7 +204,10 @@ def format_summary(s: dict) -> str:
 
     hr, it, pf = s["hit_rate"], s["iteration_ms"], s["prefetch"]
     lines = [
-        f"policy {s.get('policy')} | predictor {s.get('predictor')} | model {s.get('model')} | "
+        f"policy {s.get('policy')} | predictor {s.get('predictor')}"
+        + ("" if pf["precision"] is None and pf["recall"] is None
+           else f" (precision {f(pf['precision'])}, recall {f(pf['recall'])})")
+        + f" | model {s.get('model')} | "
         f"hardware {hardware_words(s)} | batch {s.get('batch_size')} ({s.get('batching')})",
         f"  throughput        {f(s['throughput_tok_s'], ',.1f')} tokens/s   "
         f"({s['decode_tokens']:,} tokens, {s['requests_served']:,} requests"
@@ -219,7 +222,7 @@ def format_summary(s: dict) -> str:
         f"{s['link_busy_frac']:.1%}   compute busy {s['compute_busy_frac']:.1%}   stall {ms_words(s['stall_ms'])}",
         *([f"  host CPU          {s['cpu_experts']:,} experts ({f(s['cpu_expert_frac'])} of accesses)   busy "
            f"{s['cpu_busy_frac']:.1%}   GPU waiting for it {ms_words(s['cpu_wait_ms'])}"] if s.get("cpu_experts") else []),
-        f"  prefetch          precision {f(pf['precision'])}  recall {f(pf['recall'])}  issued {pf['issued']:,}  "
+        f"  prefetch          issued {pf['issued']:,}  "
         f"unused {pf['unused']:,}  wasted {pf['wasted_bytes'] / 1e9:,.2f} GB",
         f"  simulator         {s['events']:,} events in {s['wall_s']:,.2f} s ({f(s['events_per_s'], ',.0f')} events/s)",
     ]
