@@ -63,7 +63,7 @@ def test_run_config_loads_and_serves_one_request(name, tmp_path):
     assert cfg.model.name == "qwen3.5-35b-a3b" and cfg.hardware.name == CONFIGS[name]
     assert Path(cfg.workload.trace).resolve() == TRACE.resolve()
     assert cfg.cache.hpc_slots + cfg.cache.mpc_slots < cfg.model.num_experts      # an offloading setting
-    assert cfg.predictor.name == "none"                                          # no pre-gate: no oracle
+    assert cfg.predictor.name == "transition"    # no pre-gate: a causal predictor learned on other requests
     out = tmp_path / "run"
     rc = main(["run", str(path), "--set", "workload.requests=1", "--out", str(out), "--json"])
     assert rc == 0
