@@ -316,8 +316,8 @@ def measure_dense_issue(backend, model: ModelSpec, srcs: list, dsts: list, sampl
         finally:
             copier.close()
     beside /= samples
-    print(f"  dense work issued by the host: {alone * 1e6:.0f} us alone, {beside * 1e6:.0f} us while copies land",
-          flush=True)
+    print(f"  dense work issued by the host: {alone * 1e3:,.2f} ms alone, {beside * 1e3:,.2f} ms while copies "
+          "land", flush=True)
     return alone * 1e6, beside * 1e6
 
 
