@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 HPC, MPC, LPC, MISS = "hpc", "mpc", "lpc", "miss"
-#: A source, not a tier: the active expert is computed on the host CPU from its weights in host memory (issue 13;
-#: Fiddler, kTransformers): it never enters a working buffer (LPC), is never copied and never promoted.
+#: A source, not a tier: the active expert is computed on the host CPU from its weights in host memory (as
+#: Fiddler and kTransformers do): it never enters a working buffer (LPC), is never copied and never promoted.
 CPU = "cpu"
 TIERS = (HPC, MPC, LPC)
 

@@ -14,7 +14,7 @@ A hardware profile's measured ``tables`` (from a calibration run) replace the ro
 The expert and dense tables hold for one model's shapes: a :class:`CostModel` refuses tables measured for another
 model (:class:`~sim.errors.ConfigError` naming ``hardware.tables.model``).
 
-Experts computed on the host CPU (issue 13; Fiddler, kTransformers, llama.cpp ``--n-cpu-moe``): :meth:`CostModel.
+Experts computed on the host CPU (as Fiddler, kTransformers and llama.cpp ``--n-cpu-moe`` do): :meth:`CostModel.
 cpu_expert_s` is a roofline of the expert's weight bytes, at their storage width (``expert_bits``), read from host
 memory against its FLOPs at the host's rate for that weight format, plus a fixed cost per call; a ``cpu_expert``
 table (tokens -> s, measured with all ``cpu_cores``) replaces it. :meth:`CostModel.activation_copy_s` prices the
@@ -339,7 +339,7 @@ class CostModel:
         return (self._roofline(2 * p * n, p * m.dtype_bytes + n * (m.d_model + m.vocab_size) * m.dtype_bytes)
                 + 2 * self.hw.launch_overhead_s)
 
-    # ------------------------------------------------------------------ the host CPU (issue 13)
+    # ------------------------------------------------------------------ the host CPU computing experts
     def cpu_expert_s(self, tokens: int, cores: int | None = None) -> float:
         """One routed expert's FFN on the host CPU over ``tokens`` tokens (0 for none), its weights in host memory.
 

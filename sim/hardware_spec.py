@@ -6,7 +6,7 @@ declares its key and unit (see :mod:`sim.fields`). Every figure has a sane range
 (``gpu_memory_gb`` up to 1e6, rates at least 1e-6 GB/s or TFLOP/s, host times at most 1e9 us, slowdowns in
 [1, 1000]). Optional measured ``tables`` override the roofline; see :class:`CalibrationTables`.
 
-The host CPU (issue 13: experts computed beside their weights in host memory, as Fiddler, kTransformers and llama.cpp
+The host CPU (for experts computed beside their weights in host memory, as Fiddler, kTransformers and llama.cpp
 ``--n-cpu-moe`` do, moving only activations across the link) is described by the ``cpu_*`` keys: usable memory
 bandwidth, usable matrix throughput for 16-bit, 8-bit and 4-bit weights, the cores given to experts and a fixed cost
 per expert call; ``d2h_bw_gb_s`` and ``activation_latency_us`` price the activations crossing the link. Their
@@ -120,13 +120,13 @@ class HardwareSpec:
     launch_overhead_s: float = setting(check=_time(), key="launch_overhead_us", divisor=1e6)  # per kernel
     reserved_bytes: int = setting(check=number(0.0, 1e6, strict=False), key="reserved_gb", scale=GB,
                                   as_int=True)  # runtime, activations, fragmentation: not for weights/KV/tiers
-    # -- the link for activations (issue 13): device->host bytes/s (default: pcie_bw_gb_s, a symmetric link) and
+    # -- the link for host experts' activations: device->host bytes/s (default: pcie_bw_gb_s, a symmetric link) and
     # the fixed cost of one small activation copy either way (default: pcie_latency_us)
     d2h_bw: float = setting(lambda v, where: v["pcie_bw"], _rate(), key="d2h_bw_gb_s", scale=GB,
                             null_is_default=True)
     activation_latency_s: float = setting(lambda v, where: v["pcie_latency_s"], _time(),
                                           key="activation_latency_us", divisor=1e6, null_is_default=True)
-    # -- the host CPU computing experts beside their weights (issue 13); defaults: one Sapphire Rapids socket
+    # -- the host CPU computing experts beside their weights; defaults: one Sapphire Rapids socket
     cpu_mem_bw: float = setting(230.0, _rate(), key="cpu_mem_bw_gb_s", scale=GB)  # usable host memory bytes/s
     # usable matrix FLOP/s for experts whose weights are 16-bit (bf16/fp16; wider ones are taken at this rate too)
     cpu_bf16_flops: float = setting(20.0, _rate(), key="cpu_bf16_tflops", scale=1e12)
@@ -189,7 +189,7 @@ class HardwareSpec:
 #: Widest storage (bits per weight, scales included) the host computes at its 4-bit and 8-bit rates.
 CPU_INT4_MAX_BITS = 5.0
 CPU_INT8_MAX_BITS = 9.0
-#: The host-CPU keys of a hardware profile (issue 13), in file units.
+#: The host-CPU keys of a hardware profile (for experts computed on the host), in file units.
 CPU_FIELDS = ("cpu_mem_bw_gb_s", "cpu_bf16_tflops", "cpu_int8_tops", "cpu_int4_tops", "cpu_cores",
               "cpu_expert_overhead_us")
 

@@ -16,7 +16,7 @@ the engine, which
 A :class:`LayerStep` carries what an engine acts on, already sorted the way every engine acts on it: the unused
 prefetches to drop, the experts served from the HPC/MPC (``resident``), the experts that come through copies in
 active order (``copied``: each with its source, ``LPC`` for a prefetch now needed and ``MISS`` for a new copy),
-the experts computed on the host CPU in active order (``cpu``: source ``CPU``, issue 13; empty for a policy that
+the experts computed on the host CPU in active order (``cpu``: source ``CPU``; empty for a policy that
 never computes on the host), and the prefetches for the next layer. :func:`cpu_tokens` gives the tokens whose
 activations cross to the host for a layer's host experts (every engine uses it).
 """

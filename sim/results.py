@@ -9,7 +9,7 @@ Summary fields (``summary.json``):
 - ``pcie_bytes`` (= copies x expert bytes, plus the write-backs of evicted experts under a system with
   ``writeback_evicted``), ``link_busy_frac`` and ``compute_busy_frac`` (busy time over
   simulated time), ``stall_ms`` (compute stream waiting on copies);
-- ``cpu_experts`` (accesses served by computing the expert on the host CPU, issue 13: 0 for a GPU-only policy),
+- ``cpu_experts`` (accesses served by computing the expert on the host CPU: 0 for a GPU-only policy),
   ``cpu_expert_frac`` (their share of accesses), ``cpu_busy_frac`` (the host's expert time over simulated time),
   ``cpu_wait_ms`` (the compute stream waiting for the host's experts at a layer's end, apart from ``stall_ms``);
 - ``prefetch``: ``precision`` and ``recall`` of the predictor (null without predictions), copies issued, used

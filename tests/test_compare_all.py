@@ -16,7 +16,8 @@ from sim.policies import POLICIES, Policy
 from test_engine import tiny_model
 from traces.io import save_trace
 
-#: What each policy is, as issue 12 lists them (new policies declare it in their class).
+#: What each policy is: the gpu-only ceiling, a baseline, published, ours, or an offline bound (new policies
+#: declare it in their class).
 EXPECTED_ORIGINS = {"gpu-only": "ceiling", "on-demand": "baseline", "prefetch-all": "baseline",
                     "pregated": "baseline", "lru": "published", "lfu": "published", "moe-infinity": "published",
                     "diffmoe": "published", "arc": "published", "s3fifo": "published", "least-stale": "published",

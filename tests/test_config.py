@@ -371,9 +371,9 @@ DESIGN_BYTES_PER_EXPERT = {  # DESIGN 2.4, bf16
     "switch-xxl-128": 251.7e6, "switch-large-128": 16.8e6, "switch-base-128": 9.4e6, "mixtral-8x7b": 352e6,
     "qwen1.5-moe-a2.7b": 17.3e6, "deepseek-v2-lite": 17.3e6, "olmoe-1b-7b": 12.6e6,
 }
-ADDED_BYTES_PER_EXPERT = {  # issue 10 (tests/test_models.py has their details); gpt-oss-20b: MXFP4 experts
+ADDED_BYTES_PER_EXPERT = {  # beyond DESIGN 2.4 (tests/test_models.py has details); gpt-oss-20b: MXFP4 experts
     "switch-base-64": 9.4e6, "switch-base-8": 9.4e6, "gpt-oss-20b": 13.2e6,
-    # issue 13: today's models (configs/models/*.yaml hold their sources)
+    # today's models (configs/models/*.yaml hold their sources)
     "deepseek-v3": 44.0e6, "kimi-k2": 44.0e6, "qwen3-30b-a3b": 9.4e6, "qwen3-235b-a22b": 37.7e6, "gpt-oss-120b": 13.2e6,
     # Qwen3.5-35B-A3B: 3 matrices x 2048 x 512 at bf16
     "qwen3.5-35b-a3b": 6.3e6,

@@ -3,7 +3,7 @@
 (``ceciliawinter/Diff-MoE``: ``src/fastertransformer/utils/fetcher.cc``, ``FetcherContext::fetch``, cache policy
 0, and the cache set-up of ``models/t5/T5Decoding.cc``), hit for hit and promotion for promotion, on generated
 skewed traces and on the authors' own Switch routing logs (skipped when ../shared is absent). Also: the rules
-that differ from this simulator's before issue 10 (floor, victim order, float drift), the artifact's start with
+that differ from this simulator's earlier ones (floor, victim order, float drift), the artifact's start with
 no hot-expert list (every slot holds expert 0), bad params, and the libstdc++ ``std::sort`` port against g++."""
 
 from __future__ import annotations
@@ -317,7 +317,7 @@ def test_no_floor_an_idle_experts_first_activation_does_not_reach_the_threshold(
 
 def test_exact_threshold_without_float_drift():
     """1.8 - 0.4 - 0.4 is 1.0: a slot at that score is not below the threshold (exact) and is kept; Python
-    floats make it 0.9999999999999999 (this simulator before issue 10) and evict it. (The artifact's float32
+    floats make it 0.9999999999999999 (this simulator's earlier arithmetic) and evict it. (The artifact's float32
     happens to land on 1.0 here.)"""
     # MPC = [0]. t0: 1 -> 1.0. t1: 2 active, 1 -> 0.8. t2: 1 -> 1.8, slot 0 at 0.8: 1 is promoted.
     # t3, t4: 4 active (-0.6 + 1 = 0.4, then 1.4); 1 is cached and idle: 1.8 - 0.4 - 0.4.

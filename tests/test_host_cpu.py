@@ -1,4 +1,4 @@
-"""The host CPU in hardware profiles and the cost model (issue 13, parts 1 and 3): every profile carries usable host
+"""The host CPU in hardware profiles and the cost model: every profile carries usable host
 memory bandwidth, matrix throughput per weight format, cores and a per-call cost; ``CostModel.cpu_expert_s`` is a
 roofline over them (memory-bound at one token, compute-bound at many) or a ``cpu_expert`` table;
 ``activation_copy_s`` prices activations crossing the link. None of it moves an existing result."""

@@ -1,4 +1,4 @@
-"""Experts computed on the host CPU (issue 13): the ``cpu`` source through the engine, the host stream's timing,
+"""Experts computed on the host CPU: the ``cpu`` source through the engine, the host stream's timing,
 the reporting, and the three hybrid policies (fiddler, ktransformers, hybrid-cache)."""
 
 from __future__ import annotations

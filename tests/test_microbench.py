@@ -37,7 +37,7 @@ def test_the_calibration_file_is_a_hardware_profile_with_measured_tables(calibra
     assert "CPU" in yaml.safe_load(out.read_text())["source"]  # the machine it came from
     assert len(t.copy) == 4 and len(t.expert) == 4 and len(t.dense) == 6
     assert all(s > 0 for _, s in t.copy) and all(s > 0 for _, s in t.expert)
-    # the host CPU's expert time (issue 13), by the executor's host pool, whose threads are the profile's cores
+    # the host CPU's expert time, by the executor's host pool, whose threads are the profile's cores
     assert [int(n) for n, _ in t.cpu_expert] == [1, 4, 16, 64] and all(s > 0 for _, s in t.cpu_expert)
     assert hw.cpu_cores == yaml.safe_load(out.read_text())["cpu_cores"] >= 1
     assert t.copy[-1][1] > t.copy[0][1]  # 2 experts' bytes take longer than 1/64 of one

@@ -177,7 +177,7 @@ def test_bad_expert_bits_exit_2_from_the_cli(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-# ------------------------------------------------------------------------------------ current models (issue 13)
+# ------------------------------------------------------------------------------------ current models
 
 #: name -> (d_model, d_ff, experts, top_k, blocks, MoE layers, dense_d_ff, shared width, n_heads, n_kv_heads,
 #: head_dim, vocab, expert_bits, bytes per expert, total parameters (approx.)), from each file's source config

@@ -69,14 +69,14 @@ def test_lru_top1_hit_rate_equals_the_stack_distance_figure_of_traces_stats():
 
 # -------------------------------------------------------------------------------------------------- Diff-MoE
 
-#: The rules of this simulator's ``diffmoe`` before issue 10 (scores floored at 0, victims weakest first among
-#: the MPC experts not active now with ties longest-held first, Python floats): kept as params. The default is
-#: the artifact's rules, checked hit for hit against fetcher.cc in tests/test_diffmoe_artifact.py.
+#: The earlier rules of this simulator's ``diffmoe``, before the artifact's (scores floored at 0, victims weakest
+#: first among the MPC experts not active now with ties longest-held first, Python floats): kept as params. The
+#: default is the artifact's rules, checked hit for hit against fetcher.cc in tests/test_diffmoe_artifact.py.
 LEGACY = {"floor": True, "victim_order": "legacy", "arithmetic": "float64"}
 
 
 def plain_diffmoe(trace, hpc, mpc, ranking, max_val=2.0, dec_in=0.4, dec_out=0.2, threshold=1.0):
-    """DESIGN 2.2 as this simulator read it before issue 10 (see ``LEGACY``), written out directly, for a
+    """DESIGN 2.2 as this simulator read it before following the artifact (see ``LEGACY``), written out directly, for a
     decode-only trace at batch 1 (one static batch).
     Returns per (token, layer): ({expert: source}, sorted MPC contents after the step)."""
     steps = []
@@ -132,7 +132,7 @@ def legacy_vs_plain(trace, hpc, mpc):
 
 
 @pytest.mark.parametrize("experts", [HAND_MADE, "random"])
-def test_diffmoe_legacy_params_reproduce_the_rules_before_issue_10(experts):
+def test_diffmoe_legacy_params_reproduce_the_earlier_rules(experts):
     if experts == "random":
         trace = random_trace(np.random.default_rng(11), tokens=120, layers=2, experts=10, k=2, requests=1)
     else:

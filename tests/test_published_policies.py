@@ -1,5 +1,5 @@
-"""The published caching policies of issue 12 (`least-stale`, `arc`, `s3fifo`, `learned-rf`, `reuse-distance`):
-each against a plain restatement of its rule (written here, independently, with lists), hand-traced examples,
+"""Published caching policies beyond LRU/LFU/MoE-Infinity/Diff-MoE (`least-stale`, `arc`, `s3fifo`, `learned-rf`,
+`reuse-distance`): each against a plain restatement of its rule (written here, independently, with lists), hand-traced examples,
 invariants through the SimPy engine, and the Belady bound at equal slots."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One expert cache shared by all cached layers (``cache.organization: shared``, issue 12 parts 2 and 6): the config
+"""One expert cache shared by all cached layers (``cache.organization: shared``): the config
 option and its errors, the shared tier cache's invariants, each shared policy against a plain restatement of its
 rule (written here with lists), invariants through the SimPy engine, Belady's bound in both organizations (random
 traces, a brute-force optimum, the bundled gpt-oss trace), and per-layer runs unchanged."""

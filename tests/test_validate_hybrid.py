@@ -1,4 +1,4 @@
-"""Issue 13, the validator's half: experts computed on the host CPU for real (Fiddler / kTransformers style).
+"""The validator's half of host-CPU experts: experts computed on the host CPU for real (Fiddler / kTransformers style).
 
 The executor computes the experts a plan puts on the host (source ``"cpu"``) on a host thread pool beside the
 device's own experts, with the simulator's decisions; ``validate microbench`` measures the host's expert time

@@ -17,7 +17,7 @@ The executor and the copier speak to a backend only through these calls:
   either stream: a copy's ``start``/``end`` too);
 - ``synchronize()``: wait for all issued work.
 
-For experts computed on the host CPU (issue 13; ``validate.kernels.HostExperts``):
+For experts computed on the host CPU (``validate.kernels.HostExperts``):
 
 - ``activations(rows, cols, dtype, host)``: a [rows, cols] tensor on the host (pinned on a GPU) or the device;
 - ``to_host_async(dst, src)``: copy activations device -> host on the compute stream (after the work issued so

@@ -8,7 +8,7 @@ the host's busy time per iteration (real: deciding and issuing work, not waiting
 the latency, the run is bound by the host, which the simulator does not model), the link's mean idle gap between
 queued copies (real) and the link's busy fraction; whether the simulator's engine made the very decisions the
 executor made (every (iteration, layer): sources per active expert, promotions, prefetches, unused prefetches); the median
-absolute errors over the configurations. For experts computed on the host CPU (hybrid policies, issue 13): their
+absolute errors over the configurations. For experts computed on the host CPU (hybrid policies): their
 share of the active experts (``cpu_expert_frac``), their count, the host's busy time per iteration and the compute
 stream's idle time waiting for it (``cpu_wait``), real and simulated, and a section of the report of the hybrid
 configurations alone, with their median error. A policy that weighs costs (fiddler: the host against a copy) decides

@@ -9,7 +9,7 @@ attention blocks (q/k/v/o projections, attention of every token over ``context``
 token's keys and values written into the cache), the dense FFN blocks between MoE layers, and the gate GEMM. All
 tokens attend over the same (mean) context, as the simulator assumes.
 
-Experts computed on the host CPU beside their weights in host memory (issue 13: Fiddler, kTransformers) run on a
+Experts computed on the host CPU beside their weights in host memory (as Fiddler and kTransformers do) run on a
 :class:`HostExperts` pool: worker threads standing for the host's cores, each computing one block of every expert's
 FFN (:func:`expert_block`), so that the pool works while the calling thread issues the device's work.
 

@@ -102,7 +102,7 @@ def real_summary(name: str, res, workload_info, description: str) -> dict:
         "device_slots": {"physical": res.device_slots, "logical": res.logical_slots},
         "moe_layers": res.layers,
         "decisions_sha256": decisions_digest(res.decisions),
-        # experts computed on the host CPU (issue 13): per iteration, the pool's busy time, the compute thread's
+        # experts computed on the host CPU: per iteration, the pool's busy time, the compute thread's
         # wait for it, and the compute stream's idle time waiting for it (timed on the device)
         "cpu_experts": cpu,
         "active_experts": res.active_experts,

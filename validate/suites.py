@@ -10,7 +10,7 @@ simulator can replay exactly what was measured.
 Decode only (``prefill: false``), one static batch per configuration, a few decode steps each; the first
 iteration runs once more beforehand as a warm-up.
 
-Both suites end with hybrid configurations (issue 13): ``fiddler`` and ``ktransformers`` compute experts that are
+Both suites end with hybrid configurations: ``fiddler`` and ``ktransformers`` compute experts that are
 not on the device on the host CPU, beside their weights in host memory (the executor's host pool,
 ``validate.kernels.HostExperts``), so that ``validate compare`` reports the simulator's error on them. They are not
 in ``--quick``. Where this version's simulator does not register a policy, ``validate cpu|gpu`` skips its
@@ -83,7 +83,7 @@ def _points(scale: int) -> tuple:
     return tuple((point_name(p, b * scale, h, m), p, pr, b * scale, h, m) for p, pr, b, h, m in base)
 
 
-#: The policies of the hybrid configurations: experts computed on the host CPU (issue 13).
+#: The policies of the hybrid configurations: experts computed on the host CPU.
 HYBRID_POLICIES = ("fiddler", "ktransformers")
 
 

@@ -11,7 +11,7 @@ Protocol, per layer of an iteration (the simulator and the validator call exactl
    per active expert, whether it is served from the HPC, the MPC, a working buffer it was prefetched into
    (LPC), or is a miss to copy now; which experts move from their working buffer into the MPC after they
    compute (and whom they evict); and which prefetched experts went unused. A hybrid policy may instead have an
-   active expert computed on the host CPU (source ``CPU``, issue 13): it is not copied, never enters a working
+   active expert computed on the host CPU (source ``CPU``): it is not copied, never enters a working
    buffer and is never promoted; its access counts in ``CacheCounters.cpu``. Such a policy sets ``wants_counts``
    and reads the layer's tokens per active expert from ``self.layer_counts`` (set by the protocol just before
    ``plan_layer``), and the cost model from ``ctx.extra["costs"]``.

@@ -21,7 +21,7 @@ artifact's ``std::unique`` over the sorted ``permuted_experts_`` leaves them):
 2. every inactive expert decays by ``dec_in_cache`` if it is cached (in the slot array) or ``dec_out_cache`` if
    not. Scores are **not floored at 0** (``floor: false``, the artifact): an idle expert goes negative and then
    needs several activations to reach the threshold. ``floor: true`` floors decayed scores at 0 (this simulator's
-   rule before issue 10: an idle expert's first activation reaches 1.0 and can be promoted at once);
+   earlier rule: an idle expert's first activation reaches 1.0 and can be promoted at once);
 3. MPC replacement (``victim_order: artifact``): the active experts are sorted by score, highest first, and the
    MPC part of the slot array is re-sorted in place by score, highest first, both with ``std::sort`` (exactly as
    libstdc++ does it, :mod:`sim.policies._libstdcxx`: stable for at most 16 elements, introsort above). The walk
@@ -31,13 +31,13 @@ artifact's ``std::unique`` over the sorted ``permuted_experts_`` leaves them):
    candidate already cached is skipped without using up the slot; otherwise the candidate takes the slot (its
    position in the array). An expert active now may be evicted (its score is then below the threshold); it has
    already been read for this layer. The re-sorted array order persists to the next iteration.
-   ``victim_order: legacy`` is this simulator's rule before issue 10: candidates by score (ties: lower id),
+   ``victim_order: legacy`` is this simulator's earlier rule: candidates by score (ties: lower id),
    victims among the MPC experts *not* active now, weakest first (ties: longest held first).
 
 **Arithmetic** (``arithmetic``): ``exact`` (default) keeps scores in integer millionths, so that 1.8 - 0.4 - 0.4
 is 1.0 and reaches a threshold of 1.0 (params need at most 6 decimals); ``float32`` reproduces the artifact's
 ``float`` scores bit for bit, drift included (there, with both decays 0.2, 2.0 - 5 x 0.2 is 0.9999998 and falls
-below the threshold); ``float64`` reproduces this simulator before issue 10 (Python floats: 1.8 - 0.4 - 0.4 is
+below the threshold); ``float64`` reproduces this simulator's earlier arithmetic (Python floats: 1.8 - 0.4 - 0.4 is
 0.9999999999999999).
 
 **Cached-or-not test** for the decay (``in_cache_check``): ``intended`` (default, DESIGN 2.2) = held in the

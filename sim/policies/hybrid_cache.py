@@ -1,4 +1,4 @@
-"""`hybrid-cache` (ours, issue 13): a GPU expert cache plus the host CPU as a second place to compute the experts
+"""`hybrid-cache` (ours): a GPU expert cache plus the host CPU as a second place to compute the experts
 it does not hold. Per layer, each active expert that is not cached nor prefetched is either computed on the host
 (source ``cpu``: only its tokens' activations cross the link) or copied (a miss) and offered to the cache,
 whichever finishes the layer sooner, with credit for a copy that is likely to be used again.
