@@ -1,4 +1,4 @@
-"""Experts on the host CPU against experts cached on the GPU (issue 13): tokens/s against batch size for Mixtral-8x7B,
+"""Experts on the host CPU against experts cached on the GPU: tokens/s against batch size for Mixtral-8x7B,
 gpt-oss-120b, DeepSeek-V3 and Qwen3.5-35B-A3B (real routing), on an H200 server and on a 24 GB consumer GPU (RTX 4090) where the model fits; writes
 `docs/hybrid_study.md` (tables, the commands, crossover points) and one log-log plot per model x hardware under
 `docs/hybrid_study/`.
@@ -38,7 +38,7 @@ EXTENDED = (512, 1024, 2048, 4096)
 GPU_POLICIES = ("on-demand", "lru", "diffmoe", "belady")   # belady: the offline reference, not a contender
 ONLINE_GPU = ("on-demand", "lru", "diffmoe")                 # "best GPU-cache policy" is the best of these
 CPU_POLICIES = ("fiddler", "ktransformers")
-#: policies registered before issue 13 (none of them computes on the CPU): not candidates for "our hybrid"
+#: policies registered before the CPU-using ones (none of them computes on the CPU): not candidates for "our hybrid"
 OLDER = {"arc", "belady", "diffmoe", "diffmoe-arc", "gpu-only", "learned-rf", "least-stale", "lfu", "lru",
          "moe-infinity", "next-use-odds", "on-demand", "prefetch-all", "pregated", "reuse-distance", "s3fifo"}
 SHRINK = (64, 32, 16, 8)   # decode tokens per request tried for an extended batch whose KV cache does not fit
@@ -495,7 +495,7 @@ def _tps(rows, policy):
 
 
 def header(policies: list[str], missing: list[str], quick: bool) -> str:
-    text = """# Hybrid study: experts on the host CPU against experts cached on the GPU (issue 13)
+    text = """# Hybrid study: experts on the host CPU against experts cached on the GPU
 
 Tokens/s against batch size for Mixtral-8x7B, gpt-oss-120b, DeepSeek-V3 and Qwen3.5-35B-A3B (real routing), on an
 H200 server (two Sapphire Rapids
