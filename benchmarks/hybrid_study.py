@@ -1,7 +1,7 @@
 """Experts on the host CPU against experts cached on the GPU: tokens/s against batch size for Mixtral-8x7B,
-gpt-oss-120b, DeepSeek-V3 and Qwen3.5-35B-A3B (real routing), on an H200 server and on a 24 GB consumer GPU (RTX 4090) where the model fits; writes
-`docs/hybrid_study.md` (tables, the commands, crossover points) and one log-log plot per model x hardware under
-`docs/hybrid_study/`.
+gpt-oss-120b, DeepSeek-V3 and Qwen3.5-35B-A3B (real routing), on an H200 server and on a 24 GB consumer GPU (RTX
+4090) where the model fits; writes `docs/hybrid_study.md` (tables, the commands, crossover points) and one log-log
+plot per model x hardware under `docs/hybrid_study/`.
 
     python benchmarks/hybrid_study.py [--jobs 8] [--out runs/hybrid_study] [--doc docs/hybrid_study.md]
                                       [--setups KEY,KEY] [--batches 1,2,4] [--hybrid NAME] [--quick]
