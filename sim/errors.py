@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-from traces.errors import InputError
+from traces.errors import InputError, one_line
 
 #: The longest field name and problem a message holds; longer ones are cut (a user's value can be anything).
 MAX_FIELD_CHARS = 200
 MAX_PROBLEM_CHARS = 500
-
-
-def one_line(text: str, limit: int) -> str:
-    """``text`` on one printable line (runs of whitespace become one space, other control characters are escaped),
-    cut to at most ``limit`` characters."""
-    text = " ".join(str(text)[: 4 * limit].split())
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class ConfigError(InputError):

@@ -49,7 +49,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from sim.errors import ConfigError, one_line
+from sim.errors import ConfigError
 from sim.sweep_checks import CHECKS, run_checks
 from sim.sweep_exec import MAX_ATTEMPTS, Progress, run_local, run_ray
 from sim.sweep_ray import describe, start_ray
@@ -60,6 +60,7 @@ from sim.sweep_spec import (CONFIG_SUFFIXES, EXTRA_PLOT_AXES, MAX_AXES, MAX_FIEL
                             SWEEP_KEYS, Point, Sweep, is_safe_name, load_sweep)
 from sim.sweep_store import ROWS, check_rows, clean_orphans, done_points, has_rows, read_rows, row_of, write_row
 from sim.sweep_worker import METRICS, run_point
+from traces.errors import one_line
 from traces.io import check_output_file, check_output_folder
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 3, 4, 130

@@ -281,3 +281,57 @@ def test_trace_helpers_tell_prefill_from_decode():
     assert t.request_index().tolist() == [0, 0, 0, 1, 1]
     assert t.position_in_request().tolist() == [0, 1, 2, 0, 1]
     assert t.decode_mask().tolist() == [False, False, True, True, True]
+
+
+# ------------------------------------------------------------------------------------------ one_line
+def test_one_line_joins_every_kind_of_line_break_and_whitespace_run_into_one_space():
+    from traces.errors import one_line
+
+    text = "  a\r\nb\n\nc\rd\te\x0bf\x0cg\x1ch\x85i\u2028j\u2029k\xa0l   m \t "
+    assert one_line(text, 100) == "a b c d e f g h i j k l m"
+
+
+def test_one_line_escapes_control_characters_instead_of_passing_them_to_a_terminal():
+    from traces.errors import one_line
+
+    assert one_line("red \x1b[31mX\x00 \x7f \ud800", 100) == "red \\x1b[31mX\\x00 \\x7f \\ud800"
+    assert one_line("caf\xe9 \u6f22", 100) == "caf\xe9 \u6f22"  # printable non-ASCII is kept as it is
+
+
+def test_one_line_cuts_to_the_limit_with_an_ellipsis():
+    from traces.errors import one_line
+
+    assert one_line("x" * 10, 10) == "x" * 10
+    assert one_line("x" * 11, 10) == "x" * 7 + "..."
+    assert one_line("\x1b" * 10, 10) == "\\x1b\\x1..."  # escapes count toward the limit
+    assert [one_line("abcdef", n) for n in (0, 1, 2, 3, 4)] == ["", ".", "..", "...", "a..."]
+    assert one_line("x", -5) == ""
+    # the input beyond 4 x limit is never read, and the result says something was dropped
+    assert one_line("a" + " " * 1000 + "b", 10) == "a..."
+    assert one_line(12345, 3) == "..." and one_line(None) == "None"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(), st.integers(min_value=0, max_value=300))
+def test_one_line_is_one_bounded_printable_line(text, limit):
+    from traces.errors import one_line
+
+    line = one_line(text, limit)
+    assert len(line) <= limit and line.isprintable() and len(line.splitlines()) <= 1
+    assert "  " not in line and line == line.strip()
+    words = " ".join(text.split())
+    if len(text) <= limit and words.isprintable():
+        assert line == words  # a short printable text only loses its extra whitespace
+    assert one_line(line, limit) == line  # applying it twice changes nothing
+
+
+def test_config_errors_and_input_errors_use_the_same_one_line():
+    import sim.errors
+    import traces.errors
+    from sim.errors import ConfigError
+
+    assert sim.errors.one_line is traces.errors.one_line
+    exc = ConfigError("workload.\tbatch_size\n", "must be\r\nan integer \x1b[1m" + "!" * 1000)
+    assert exc.field == "workload. batch_size"
+    assert exc.problem.startswith("must be an integer \\x1b[1m!") and len(exc.problem) == sim.errors.MAX_PROBLEM_CHARS
+    assert str(traces.errors.InputError("a\tb\n\nc")) == "a b c"

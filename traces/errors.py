@@ -19,12 +19,22 @@ _REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 60, 60, 40
 
 
 def one_line(text: object, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """``text`` as one printable line (every kind of line break becomes a space, other control characters are
-    escaped), cut to ``limit`` characters with "..."."""
-    text = " ".join(str(text)[:4 * limit].splitlines())
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-    return text if len(text) <= limit else text[:max(limit - 3, 0)] + "..."
+    """``text`` as one printable line of at most ``limit`` characters, for an error message or a comment.
+
+    Every run of whitespace (line breaks of any kind, tabs, form feeds, Unicode spaces) becomes one space and the
+    ends are trimmed, so the line cannot be split or padded; every other character that is not printable (an
+    escape code, a NUL, a lone surrogate) is shown escaped (``\\x1b``), so a terminal never interprets it. A longer
+    result is cut and ends in "...". Only the first 4 x ``limit`` characters of ``text`` are read (a megabyte of
+    input costs no more than a short one); when that drops some, the result ends in "..." too. This is the one
+    implementation: ``sim.errors.ConfigError`` and every caller in sim, traces and validate use it."""
+    limit = max(limit, 0)
+    raw = str(text)
+    line = " ".join(raw[:4 * limit].split())
+    if not line.isprintable():
+        line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in line)
+    if len(line) > limit or len(raw) > 4 * limit:
+        line = line[:max(limit - 3, 0)] + "..."
+    return line[:limit]
 
 
 def brief(value: object, limit: int = 80) -> str:

@@ -37,8 +37,8 @@ import numpy as np
 import sim.cache
 from sim.checks import kind_of, show
 from sim.config import config_from_dict
-from sim.errors import ConfigError, one_line
-from traces.errors import InputError
+from sim.errors import ConfigError
+from traces.errors import InputError, one_line
 from sim.files import PROJECT_ROOT, confined_to
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
