@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     p.add_argument("folders", nargs="+", type=Path)
     p.add_argument("--label", action="append", default=[], help="a title per folder (default: the folder name)")
     args = p.parse_args(argv)
-    print(f"Paper (Diff-MoE, SC 2025): " + ", ".join(f"x {t} {v}" for _, t, v in BASELINES) + "\n")
+    print("Paper (Diff-MoE, SC 2025): " + ", ".join(f"x {t} {v}" for _, t, v in BASELINES) + "\n")
     for i, folder in enumerate(args.folders):
         print(report(load(folder), args.label[i] if i < len(args.label) else folder.name))
     return 0

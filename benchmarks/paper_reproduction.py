@@ -70,7 +70,8 @@ def variant(base: dict, name: str) -> dict:
 VARIANTS = {
     "decode64": "decode length 64 instead of 256",
     "no_hit_copy": "Diff-MoE without the artifact's hit copy into the working arena",
-    "hot_start": "Diff-MoE's cache starting with each layer's hottest experts (profiled on this trace) instead of expert 0",
+    "hot_start": "Diff-MoE's cache starting with each layer's hottest experts (profiled on this trace) "
+                 "instead of expert 0",
     "old_rules": "Diff-MoE with the earlier rules (score floor, old victim order, float64) and a hot start",
     "roundtrip100": "a per-layer routing round trip of 100 us instead of 21",
     "no_prefill": "decode only (the encoder's on-demand prefill left out)",

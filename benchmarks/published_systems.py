@@ -18,8 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.fit_system import (fit_and_predict, format_fits, format_table, read_rows,  # noqa: E402
-                            summary_of)
+from sim.fit_system import fit_and_predict, format_fits, format_table, read_rows, summary_of  # noqa: E402
 from traces.cli import OneLineParser, run_main  # noqa: E402
 from traces.io import atomic_write_bytes, check_output_file  # noqa: E402
 

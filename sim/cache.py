@@ -192,7 +192,8 @@ class TierCache:
                 raise CacheInvariantError(f"layer {layer}: an expert is in both HPC and MPC")
             if layer not in self.cached_layers and (self.hpc[layer] or self.mpc[layer]):
                 raise CacheInvariantError(f"layer {layer} is not cached but holds experts")
-        for layer, held in enumerate(self.lpc_of):  # a promoted expert is in its buffer and the MPC until the layer ends
+        # a promoted expert is in its buffer and the MPC until the layer ends
+        for layer, held in enumerate(self.lpc_of):
             if self.hpc[layer] & held:
                 raise CacheInvariantError(f"layer {layer}: expert {min(self.hpc[layer] & held)} in a working buffer "
                                           f"and the HPC")

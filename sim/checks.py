@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sim.errors import ConfigError
 
@@ -250,6 +251,7 @@ def text(allow_none: bool = False, max_chars: int = NAME_CHARS) -> Check:
     return lambda value, where: check_str(value, where, allow_none, max_chars)
 
 
-__all__ = ["kind_of", "INT_MAX", "MAX_DEPTH", "MAX_VALUES", "NAME_CHARS", "NUMBER_MAX", "Check", "check_bool", "check_choice",
-           "check_int", "check_keys", "check_mapping", "check_number", "check_size", "check_str", "integer", "join",
+__all__ = ["kind_of", "INT_MAX", "MAX_DEPTH", "MAX_VALUES", "NAME_CHARS", "NUMBER_MAX", "Check", "check_bool",
+           "check_choice", "check_int", "check_keys", "check_mapping", "check_number", "check_size", "check_str",
+           "integer", "join",
            "key_text", "known_text", "number", "one_of", "real", "show", "text"]

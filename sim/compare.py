@@ -7,7 +7,8 @@ Diff-MoE tiers with the oracle pre-gate, as ``benchmarks/policy_study.py`` runs 
 in the order of :func:`all_entries`. A policy other than the config's starts from empty params (the config's
 ``policy.params`` belong to its own policy); ``--set`` applies to every run. The table gives each policy's origin
 (:func:`origin_of`: ceiling, baseline, published, ours or bound), throughput, its ratio to the baseline, iteration
-latency, hit rates, the share of expert accesses computed on the host CPU (``cpu_expert_frac``), PCIe traffic, stall time, and the gap between each policy's cache hit rate (HPC + MPC) and the
+latency, hit rates, the share of expert accesses computed on the host CPU (``cpu_expert_frac``), PCIe traffic, stall
+time, and the gap between each policy's cache hit rate (HPC + MPC) and the
 Belady bound: the hit rate of an offline optimal cache with the same slots per layer (HPC + MPC), which no policy
 can beat in cache hits. Every row names its predictor; the policies that ran with the config's predictor because
 their entry named none are listed in one line under the table (:func:`config_predictor_note`), so that a config's
@@ -38,8 +39,9 @@ from sim.run import cached_layers, simulate
 from traces.io import atomic_write_bytes, check_output_file, check_output_folder, load_trace
 
 COLUMNS = ["policy", "predictor", "origin", "throughput_tok_s", "ratio_vs_baseline", "iteration_ms_mean",
-           "iteration_ms_p99", "hit_rate", "cache_hit_rate", "prefetch_hit_rate", "cpu_expert_frac", "pcie_gb", "stall_s",
-           "link_busy_frac", "prefetch_precision", "prefetch_recall", "belady_cache_hit_rate", "gap_to_belady"]
+           "iteration_ms_p99", "hit_rate", "cache_hit_rate", "prefetch_hit_rate", "cpu_expert_frac", "pcie_gb",
+           "stall_s", "link_busy_frac", "prefetch_precision", "prefetch_recall", "belady_cache_hit_rate",
+           "gap_to_belady"]
 
 
 #: Where a policy comes from, in the order ``--policies all`` runs them: the hypothetical ceiling (every expert
@@ -221,7 +223,8 @@ def compare(base: RunConfig, entries: list[tuple[str, str | None]], baseline: st
             "throughput_tok_s": s["throughput_tok_s"],
             "ratio_vs_baseline": None, "iteration_ms_mean": s["iteration_ms"]["mean"],
             "iteration_ms_p99": s["iteration_ms"]["p99"], "hit_rate": hr["overall"], "cache_hit_rate": cache_hits,
-            "prefetch_hit_rate": hr["lpc"], "cpu_expert_frac": s.get("cpu_expert_frac"), "pcie_gb": s["pcie_bytes"] / 1e9, "stall_s": s["stall_ms"] / 1e3,
+            "prefetch_hit_rate": hr["lpc"], "cpu_expert_frac": s.get("cpu_expert_frac"),
+            "pcie_gb": s["pcie_bytes"] / 1e9, "stall_s": s["stall_ms"] / 1e3,
             "link_busy_frac": s["link_busy_frac"], "prefetch_precision": s["prefetch"]["precision"],
             "prefetch_recall": s["prefetch"]["recall"],
             # gpu-only keeps every expert, so the bound at the configured slots does not apply to it
@@ -250,7 +253,8 @@ def table_markdown(rows: list[dict], baseline: str, title: str, note: str | None
             r["policy"], r["predictor"], r["origin"] or "-", _fmt(r["throughput_tok_s"], ",.1f"),
             _fmt(r["ratio_vs_baseline"], ".2f"),
             _fmt(r["iteration_ms_mean"], ".1f"), _fmt(r["hit_rate"]), _fmt(r["cache_hit_rate"]),
-            _fmt(r["prefetch_hit_rate"]), _fmt(r.get("cpu_expert_frac")), _fmt(r["pcie_gb"], ",.1f"), _fmt(r["stall_s"], ",.2f"),
+            _fmt(r["prefetch_hit_rate"]), _fmt(r.get("cpu_expert_frac")), _fmt(r["pcie_gb"], ",.1f"),
+            _fmt(r["stall_s"], ",.2f"),
             _fmt(r["belady_cache_hit_rate"]), _fmt(r["gap_to_belady"], "+.3f")]) + " |")
     if note:
         lines += ["", note]

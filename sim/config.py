@@ -29,25 +29,55 @@ import dataclasses
 import json
 import math
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from sim.checks import (INT_MAX, check_bool, check_int, check_keys, check_mapping, check_number, check_size, check_str,
-                        integer, known_text, number, one_of, show)
+from sim.checks import (
+    INT_MAX,
+    check_bool,
+    check_int,
+    check_keys,
+    check_mapping,
+    check_number,
+    check_size,
+    check_str,
+    integer,
+    known_text,
+    number,
+    one_of,
+    show,
+)
 from sim.costs import check_tables
 from sim.errors import ConfigError
-from sim.fields import (check_setting, key_of, keys_of, plain, read_settings, required_keys, schema_of, setting,
-                        settings_of, wrapped)
+from sim.fields import (
+    check_setting,
+    key_of,
+    keys_of,
+    plain,
+    read_settings,
+    required_keys,
+    schema_of,
+    setting,
+    settings_of,
+    wrapped,
+)
 from sim.files import PROJECT_ROOT, file_status, read_structured_file, resolve_path
-from sim.profiles import PROFILE_SUFFIXES
 from sim.hardware_spec import HardwareSpec, load_hardware
 from sim.model_spec import ModelSpec, load_model
-from sim.system_spec import DEFAULT_SYSTEM, SystemSpec, is_ideal, load_system
 from sim.overrides import apply_set
 from sim.params import RunFacts
-from sim.trace_summary import (TraceSummary, model_mismatch, read_trace_summary, routed_tokens, shape_text,
-                               trace_matches_model)
+from sim.profiles import PROFILE_SUFFIXES
+from sim.system_spec import DEFAULT_SYSTEM, SystemSpec, is_ideal, load_system
+from sim.trace_summary import (
+    TraceSummary,
+    model_mismatch,
+    read_trace_summary,
+    routed_tokens,
+    shape_text,
+    trace_matches_model,
+)
 from sim.units import GB
 from traces.errors import TraceError, brief
 
@@ -420,7 +450,8 @@ def memory_check(model: ModelSpec, hw: HardwareSpec, cache: CacheConfig, batch_s
                  f"(hpc_slots {cache.hpc_slots} + mpc_slots {cache.mpc_slots}) x {n_layers} layers")
         raise ConfigError("cache", f"tiers need {need['tiers'] / GB:.1f} GB ({slots} + lpc_buffers "
                                    f"{cache.lpc_buffers}, at {eb / GB:.3g} GB per expert) beside "
-                                   f"{need['dense'] / GB:.1f} GB of dense weights and {need['kv_cache'] / GB:.1f} GB of "
+                                   f"{need['dense'] / GB:.1f} GB of dense weights and "
+                                   f"{need['kv_cache'] / GB:.1f} GB of "
                                    f"KV cache (batch {batch_size} x {request_tokens} tokens) and "
                                    f"{need['reserved'] / GB:g} GB reserved, but hardware.gpu_memory_gb is "
                                    f"{hw.gpu_memory_bytes / GB:g}")

@@ -176,7 +176,7 @@ class CostModel:
     def expert_bytes(self) -> int:
         return self.model.expert_bytes
 
-    def _measured_dequant(self) -> "_Table1D | None":
+    def _measured_dequant(self) -> _Table1D | None:
         """The de-quantization table a ``dequant: table`` or ``measured`` system prices with: its own
         ``tables.dequant``, else the calibration's table for the experts' format (``dequant_int4`` / ``dequant_int8``,
         ``validate microbench``); None when neither exists."""
@@ -296,7 +296,7 @@ class CostModel:
     def _dense_roofline(self, role: str, n: int, ctx: float, moe: int) -> float:
         m, launch, dt = self.model, self.hw.launch_overhead_s, self.model.dtype_bytes
         wb = self.dense_weight_bytes  # bytes per dense weight (dt unless the system sets dense_format)
-        weights = 0                   # dense weights read per MoE layer (for their de-quantization)
+        weights: float = 0            # dense weights read per MoE layer (for their de-quantization)
         blocks = m.blocks(role)
         act = n * m.d_model * dt  # one activation tensor [tokens, d_model]
 

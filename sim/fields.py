@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sim.checks import Check, join
 from sim.errors import ConfigError
@@ -81,10 +82,10 @@ def read_settings(cls, d: dict, where: str, suffix: str = "", defaults: dict | N
             if value is REQUIRED:
                 raise ConfigError(where_key, f"missing{suffix}")
             if callable(value):
-                values[f.name] = _with_suffix(lambda: value(values, where_key), suffix)
+                values[f.name] = _with_suffix(suffix, value, values, where_key)
                 continue
         check = meta["check"]
-        values[f.name] = value if check is None else _with_suffix(lambda: check(value, where_key), suffix)
+        values[f.name] = value if check is None else _with_suffix(suffix, check, value, where_key)
     return values
 
 
@@ -94,9 +95,10 @@ def check_setting(cls, name: str, value: Any, where: str) -> Any:
     return value if check is None else check(value, where)
 
 
-def _with_suffix(fn: Callable[[], Any], suffix: str) -> Any:
+def _with_suffix(suffix: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, with ``suffix`` appended to the problem of a ConfigError it raises."""
     try:
-        return fn()
+        return fn(*args)
     except ConfigError as exc:
         if not suffix:
             raise
@@ -119,7 +121,7 @@ def schema_of(*classes) -> dict:
         for f in declared:
             meta = f.metadata
             nested = meta["nested"]
-            sub = FREE if meta["free"] else None
+            sub: Any = FREE if meta["free"] else None
             if nested is not None:
                 sub = schema_of(*(nested if isinstance(nested, tuple) else (nested,)))
                 if meta["wrap"] == "base":

@@ -9,8 +9,9 @@ import contextvars
 import json
 import os
 import stat
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import yaml
 

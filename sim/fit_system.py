@@ -33,9 +33,10 @@ import dataclasses
 import io
 import math
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from sim.errors import ConfigError
 from sim.files import PROJECT_ROOT

@@ -194,7 +194,7 @@ CPU_FIELDS = ("cpu_mem_bw_gb_s", "cpu_bf16_tflops", "cpu_int8_tops", "cpu_int4_t
               "cpu_expert_overhead_us")
 
 
-def cpu_format_rate(hw: "HardwareSpec", bits_per_weight: float) -> tuple[str, float]:
+def cpu_format_rate(hw: HardwareSpec, bits_per_weight: float) -> tuple[str, float]:
     """(format name, usable FLOP/s) the host computes weights of ``bits_per_weight`` at: "int4", "int8" or "bf16"."""
     if bits_per_weight <= CPU_INT4_MAX_BITS:
         return "int4", hw.cpu_int4_flops

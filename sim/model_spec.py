@@ -157,7 +157,8 @@ class ModelSpec:
         the FFN of every non-MoE block, shared experts and gates of every MoE layer. Norms and biases ignored."""
         attention = (self.encoder_blocks * self.attention_params("encoder")
                      + self.decoder_blocks * self.attention_params("decoder"))
-        dense_ffn_blocks = (self.encoder_blocks - self.encoder_moe_layers) + (self.decoder_blocks - self.decoder_moe_layers)
+        dense_ffn_blocks = ((self.encoder_blocks - self.encoder_moe_layers)
+                            + (self.decoder_blocks - self.decoder_moe_layers))
         return (2 * self.vocab_size * self.d_model + attention + dense_ffn_blocks * self.dense_ffn_params
                 + self.moe_layers * (self.shared_expert_params + self.gate_params))
 

@@ -23,8 +23,9 @@ activations cross to the host for a layer's host experts (every engine uses it).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ from traces.format import Trace
 
 __all__ = ["DecisionProtocol", "LayerDecision", "LayerStep", "cpu_tokens", "CPU", "HPC", "LPC", "MISS", "MPC"]
 
-_NO_GUESS = frozenset()
+_NO_GUESS: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,11 @@ class LayerStep:
         self.counts = counts            # expert -> tokens routed to it
         self.next_active = next_active  # the next layer's active experts (what a perfect predictor would say)
         # decided (DecisionProtocol.decide):
-        self.plan = None                # the policy's LayerPlan (sources, promote, unused_prefetch)
+        self.plan: Any = None           # the policy's LayerPlan (sources, promote, unused_prefetch)
         self.resident = None            # active experts served from the HPC/MPC, in active order
         self.copied = None              # (expert, LPC | MISS) of the copied ones, in active order
-        self.cpu = ()                   # active experts computed on the host CPU (source CPU), in active order
-        self.prefetch = ()              # experts of next_layer to copy ahead, in the policy's order
+        self.cpu: Sequence[int] = ()    # active experts computed on the host CPU (source CPU), in active order
+        self.prefetch: Sequence[int] = ()  # experts of next_layer to copy ahead, in the policy's order
 
     @property
     def unused(self):

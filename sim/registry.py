@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -29,10 +30,10 @@ class Registry(Generic[T]):
         def deco(cls: type[T]) -> type[T]:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} registered twice")
-            problems = getattr(cls, "declaration_problems", lambda: [])()
+            problems: list[str] = getattr(cls, "declaration_problems", lambda: [])()
             if problems:
                 raise TypeError(f"{self.kind} {name!r} ({cls.__name__}): {problems[0]}")
-            cls.name = name
+            cls.name = name  # type: ignore[attr-defined]  # every registered class gets its name
             self._items[name] = cls
             return cls
         return deco

@@ -52,7 +52,7 @@ def stats_ms(values) -> dict:
             "p99": float(np.percentile(a, 99)), "total": float(a.sum())}
 
 
-def summarize(res: "EngineResult", counters, workload: WorkloadInfo, labels: dict) -> dict:
+def summarize(res: EngineResult, counters, workload: WorkloadInfo, labels: dict) -> dict:
     """The summary dict of one run."""
     decode = [r.latency_s for r in res.iterations if r.kind == "decode"]
     prefill = [r.latency_s for r in res.iterations if r.kind == "prefill"]
@@ -216,12 +216,14 @@ def format_summary(s: dict) -> str:
         f"  iteration latency mean {f(it['mean'], ',.2f')} ms   p50 {f(it['p50'], ',.2f')} ms   "
         f"p99 {f(it['p99'], ',.2f')} ms"
         + (f"   (prefill total {ms_words(s['prefill_ms']['total'])})" if s["prefill_ms"]["count"] else ""),
-        f"  hit rate          {f(hr['overall'])}  (hpc {f(hr['hpc'])}, mpc {f(hr['mpc'])}, lpc/prefetched {f(hr['lpc'])})"
+        f"  hit rate          {f(hr['overall'])}  (hpc {f(hr['hpc'])}, mpc {f(hr['mpc'])}, "
+        f"lpc/prefetched {f(hr['lpc'])})"
         f"   of {s['accesses']:,} accesses",
         f"  PCIe              {s['pcie_bytes'] / 1e9:,.2f} GB in {s['copies']:,} copies   link busy "
         f"{s['link_busy_frac']:.1%}   compute busy {s['compute_busy_frac']:.1%}   stall {ms_words(s['stall_ms'])}",
         *([f"  host CPU          {s['cpu_experts']:,} experts ({f(s['cpu_expert_frac'])} of accesses)   busy "
-           f"{s['cpu_busy_frac']:.1%}   GPU waiting for it {ms_words(s['cpu_wait_ms'])}"] if s.get("cpu_experts") else []),
+           f"{s['cpu_busy_frac']:.1%}   GPU waiting for it {ms_words(s['cpu_wait_ms'])}"]
+          if s.get("cpu_experts") else []),
         f"  prefetch          issued {pf['issued']:,}  "
         f"unused {pf['unused']:,}  wasted {pf['wasted_bytes'] / 1e9:,.2f} GB",
         f"  simulator         {s['events']:,} events in {s['wall_s']:,.2f} s ({f(s['events_per_s'], ',.0f')} events/s)",

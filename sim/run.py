@@ -28,7 +28,7 @@ class RunOutput:
 
 
 def versions() -> dict:
-    out = {"python": platform.python_version()}
+    out: dict[str, str | None] = {"python": platform.python_version()}
     for pkg in ("moe-offload-sim", "simpy", "numpy", "pyyaml", "pandas"):
         try:
             out[pkg] = metadata.version(pkg)
@@ -53,7 +53,8 @@ def simulate(cfg: RunConfig, timeline: bool = False, progress=None, trace: Trace
                      record_decisions=record_decisions)
     res = sim.run()
     labels = {"policy": cfg.policy.name, "predictor": cfg.predictor.name, "model": cfg.model.name,
-              "hardware": cfg.hardware.name, "hardware_source": cfg.hardware.source, "batch_size": w.batch_size, "batching": w.batching, "seed": cfg.seed}
+              "hardware": cfg.hardware.name, "hardware_source": cfg.hardware.source, "batch_size": w.batch_size,
+              "batching": w.batching, "seed": cfg.seed}
     summary = summarize(res, policy.cache.counters, info, labels)
     resolved = dict(cfg.resolved)
     if "system" not in resolved:  # the default system, left out of the config's id: shown after the hardware

@@ -55,9 +55,23 @@ from sim.sweep_exec import MAX_ATTEMPTS, Progress, run_local, run_ray
 from sim.sweep_ray import describe, start_ray
 from sim.sweep_ray_connect import check_address
 from sim.sweep_report import make_plots, report_files, write_report
-from sim.sweep_spec import (CONFIG_SUFFIXES, EXTRA_PLOT_AXES, MAX_AXES, MAX_FIELD_CHARS, MAX_FIELD_PARTS,
-                            MAX_NAME_CHARS, MAX_POINTS, MAX_SET_KEYS, MAX_SET_VALUE_CHARS, MAX_VALUE_CHARS,
-                            SWEEP_KEYS, Point, Sweep, is_safe_name, load_sweep)
+from sim.sweep_spec import (
+    CONFIG_SUFFIXES,
+    EXTRA_PLOT_AXES,
+    MAX_AXES,
+    MAX_FIELD_CHARS,
+    MAX_FIELD_PARTS,
+    MAX_NAME_CHARS,
+    MAX_POINTS,
+    MAX_SET_KEYS,
+    MAX_SET_VALUE_CHARS,
+    MAX_VALUE_CHARS,
+    SWEEP_KEYS,
+    Point,
+    Sweep,
+    is_safe_name,
+    load_sweep,
+)
 from sim.sweep_store import ROWS, check_rows, clean_orphans, done_points, has_rows, read_rows, row_of, write_row
 from sim.sweep_worker import METRICS, run_point
 from traces.errors import one_line

@@ -76,7 +76,9 @@ def run_local(sweep: Sweep, todo: list[Point], out: Path, workers: int, progress
         for p in todo:
             rec.finish(p, attempt(sweep.base, p.overrides, sweep.source), 1)
         return
-    fresh, suspects, attempts = deque(todo), deque(), Counter()
+    fresh: deque[Point] = deque(todo)
+    suspects: deque[Point] = deque()
+    attempts: Counter[str] = Counter()
     while fresh or suspects:
         retrying = not fresh  # the points never started go first, at full width; then the suspects, alone
         lost, why = _run_pool(suspects if retrying else fresh, 1 if retrying else workers, sweep, rec, attempts)

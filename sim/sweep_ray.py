@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sim.errors import ConfigError
 from sim.sweep_exec import MAX_ATTEMPTS, Progress, Recorder
@@ -90,7 +91,9 @@ def _run(ray, sweep: Sweep, todo: list[Point], out: Path, width: int, progress: 
     task = ray.remote(num_cpus=1, max_retries=0)(run_shipped)  # retries are counted here, not by Ray
     width = max(1, min(width, len(todo)))
     ship, rec = Shipment(ray, sweep), Recorder(sweep, out, progress)
-    attempts, pending, queue = Counter(), {}, deque(todo)
+    attempts: Counter[str] = Counter()
+    pending: dict[Any, Point] = {}
+    queue = deque(todo)
     while queue or pending:
         while queue and len(pending) < width:
             p = queue.popleft()

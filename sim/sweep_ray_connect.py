@@ -150,7 +150,7 @@ def probe(addr: Address, timeout: float = PROBE_TIMEOUT_S) -> None:
                 return
         except ConnectionRefusedError:
             why = "connection refused (is `ray start --head` running there, with this port?)"
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             why = f"no answer within {timeout:g} s (a firewall, or the wrong host?)"
         except OSError as exc:
             why = exc.strerror or str(exc)

@@ -17,6 +17,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from sim.sweep_spec import Point, Sweep, resolve_config
 
@@ -30,7 +31,7 @@ def runtime_env(env=os.environ) -> dict:
     """The job's runtime environment: this checkout's packages, and the test hooks set here."""
     root = Path(__file__).resolve().parent.parent
     hooks = {k: v for k, v in env.items() if k.startswith(HOOK_PREFIX)}
-    out = {"py_modules": [str(root / p) for p in PACKAGES], "excludes": list(EXCLUDES)}
+    out: dict[str, Any] = {"py_modules": [str(root / p) for p in PACKAGES], "excludes": list(EXCLUDES)}
     if hooks:
         out["env_vars"] = hooks
     return out

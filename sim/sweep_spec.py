@@ -41,7 +41,7 @@ MAX_PATH_CHARS = 4096      # the base config's path
 MAX_NAME_CHARS = 100
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")   # what a base run config file is called
 #: A sweep's name: a plain file name, so that ``runs/sweep-NAME`` stays inside ``runs/``.
-NAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,%d}$" % (MAX_NAME_CHARS - 1))
+NAME_RE = re.compile(rf"^[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{MAX_NAME_CHARS - 1}}}$")
 #: A config field path, ``part.part...``: what ``--set`` accepts, with no ``=`` or space to confuse an override.
 FIELD_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*(\.[A-Za-z0-9_][A-Za-z0-9_-]*)*$")
 EXTRA_PLOT_AXES = ("cache_slots",)

@@ -25,6 +25,7 @@ import hashlib
 import os
 import signal
 import time
+from typing import Any
 
 FAIL_ENV = "SIM_SWEEP_TEST_FAIL"
 KILL_ENV = "SIM_SWEEP_TEST_KILL"
@@ -54,9 +55,9 @@ def run_point(base, overrides: tuple[str, ...], source: str = "sweep") -> dict:
     cfg = resolve_config(base, overrides, source)
     run = simulate(cfg)
     s = run.summary
-    out = {}
+    out: dict[str, Any] = {}
     for col, keys in METRICS.items():
-        v = s
+        v: Any = s
         for k in keys:
             v = v.get(k) if isinstance(v, dict) else None
         out[col] = v

@@ -295,6 +295,7 @@ def is_ideal(system: SystemSpec) -> bool:
 
 IDEAL = SystemSpec(name=DEFAULT_SYSTEM)
 
-__all__ = ["format_bits", "COPY_STREAMS", "DEFAULT_SYSTEM", "DEQUANT_MODES", "DEQUANT_OUT_BITS", "FORMATS", "HOST_ISSUE_FIELDS",
-           "IDEAL", "SYSTEM_FIELDS", "SYSTEM_KEYS", "SystemSpec", "SystemTables", "is_ideal", "load_system",
+__all__ = ["format_bits", "COPY_STREAMS", "DEFAULT_SYSTEM", "DEQUANT_MODES", "DEQUANT_OUT_BITS", "FORMATS",
+           "HOST_ISSUE_FIELDS", "IDEAL", "SYSTEM_FIELDS", "SYSTEM_KEYS", "SystemSpec", "SystemTables", "is_ideal",
+           "load_system",
            "system_from_dict"]

@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
+from traces.cli import main as traces_main
+from traces.format import LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
+
 # CI explores the same examples on every run (a new random counterexample is found by developers, not by CI)
 settings.register_profile("ci", derandomize=True, database=None, deadline=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
-from traces.cli import main as traces_main
-from traces.format import LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_MIXTRAL = ROOT.parent / "shared" / "traces" / "mixtral-8x7b-instruct"

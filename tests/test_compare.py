@@ -11,11 +11,11 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_engine import tiny_model
+from test_policies import make_policy, run_decisions
 
 from conftest import ROOT, make_trace, random_trace
 from sim.cache import MPC
-from test_engine import tiny_model
-from test_policies import make_policy, run_decisions
 from traces.io import save_trace
 
 

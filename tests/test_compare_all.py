@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 import yaml
+from test_engine import tiny_model
 
 from conftest import ROOT, random_trace
 from sim.compare import ORIGINS, all_entries, default_predictor, origin_of, parse_entries
 from sim.policies import POLICIES, Policy
-from test_engine import tiny_model
 from traces.io import save_trace
 
 #: What each policy is: the gpu-only ceiling, a baseline, published, ours, or an offline bound (new policies

@@ -277,7 +277,8 @@ def test_shipped_configs_load_from_another_folder(tmp_path, monkeypatch):
 
 def test_switch_xxl_example_values():
     cfg = build()
-    assert (cfg.cache.hpc_slots, cfg.cache.mpc_slots, cfg.cache.lpc_buffers, cfg.cache.prefetch_reserve) == (4, 9, 16, 1)
+    cache = cfg.cache
+    assert (cache.hpc_slots, cache.mpc_slots, cache.lpc_buffers, cache.prefetch_reserve) == (4, 9, 16, 1)
     assert cfg.cache.layers == "decoder" and cfg.cache.hot_profile == "trace"
     assert cfg.workload.batch_size == 16 and cfg.workload.max_decode_tokens == 128 and cfg.workload.prefill is True
 
@@ -363,7 +364,8 @@ def test_trace_summary_matches_the_trace():
     assert (s.decode_lengths == t.request_lengths - t.prefill_lengths).all()
     assert s.layer_counts() == (12, 12)
     assert s.max_request_tokens(None) == int(t.request_lengths.max())
-    assert s.max_request_tokens(8) == int((t.prefill_lengths + (t.request_lengths - t.prefill_lengths).clip(max=8)).max())
+    decode = (t.request_lengths - t.prefill_lengths).clip(max=8)
+    assert s.max_request_tokens(8) == int((t.prefill_lengths + decode).max())
 
 
 # ------------------------------------------------------------------------------------------ profiles

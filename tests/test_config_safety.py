@@ -127,7 +127,7 @@ def params_read(cls) -> set[str]:
 
         def is_params(n) -> bool:
             return (isinstance(n, ast.Attribute) and n.attr == "params") or (isinstance(n, ast.Name)
-                                                                            and n.id in aliases)
+                                                                            and n.id in aliases)  # noqa: B023
 
         for node in ast.walk(tree):
             if isinstance(node, ast.Subscript) and is_params(node.value) and isinstance(node.slice, ast.Constant):

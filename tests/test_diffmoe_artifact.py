@@ -238,8 +238,9 @@ def test_policy_equals_fetcher_cc_with_default_params(fill):
 @pytest.mark.parametrize("fill", ["hot", "expert0"])
 def test_the_engine_runs_the_artifacts_decisions(tmp_path, fill):
     """`sim run`'s engine asks the same policy: its hit and promotion counts are fetcher.cc's."""
-    from sim.run import simulate
     from test_engine import config_for
+
+    from sim.run import simulate
     from traces.io import save_trace
 
     trace = skewed_trace(3, layers=3, experts=16, k=2, requests=6)
@@ -425,7 +426,7 @@ def test_sort_by_key_descending_is_stable_up_to_16_elements():
         key = [rng.randint(0, 3) for _ in range(40)]
         a = rng.sample(range(40), n)
         b = list(a)
-        cxx_sort(b, lambda x, y: key[x] > key[y])
+        cxx_sort(b, lambda x, y: key[x] > key[y])  # noqa: B023
         c = list(a)
         sort_by_key_descending(c, key)
         assert b == c == sorted(a, key=lambda x: -key[x])
@@ -468,9 +469,9 @@ def test_cxx_sort_equals_gxx_std_sort(gxx_sort):
     for (heap, keys), want in zip(cases, gxx_sort(cases)):
         ids = list(range(len(keys)))
         if heap:
-            _partial_sort(ids, 0, len(ids), len(ids), lambda x, y: keys[x] > keys[y])
+            _partial_sort(ids, 0, len(ids), len(ids), lambda x, y: keys[x] > keys[y])  # noqa: B023
         else:
-            cxx_sort(ids, lambda x, y: keys[x] > keys[y])
+            cxx_sort(ids, lambda x, y: keys[x] > keys[y])  # noqa: B023
         assert ids == want, keys
         if not heap:
             ids2 = list(range(len(keys)))

@@ -94,7 +94,7 @@ def doc_commands(relpath: str) -> list[tuple[str, str, list[str]]]:
 
 
 # ------------------------------------------------------------------------------------------------- checking
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def parser(package: str):
     if package == "sim":
         from sim.cli import build_parser

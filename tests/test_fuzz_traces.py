@@ -417,7 +417,8 @@ ID_DTYPES = ["|i1", "<i2", "<i4", ">i4", "<i8", "|u1", "<u2", "<u8", "|b1", "<f2
              "<U2", "|S2"]
 PROB_DTYPES = ["<f2", "<f4", "<f8", ">f8", "<i4", "<c8", "<U1"]
 PROB_VALUES = st.one_of(st.floats(0, 1, width=32), st.floats(0, 1, width=32),
-                        st.sampled_from([0.0, 1.0, float("nan"), float("inf"), 1e5, -7e4, 65504.0, 65520.0, 1e-8, 3e38]))
+                        st.sampled_from([0.0, 1.0, float("nan"), float("inf"), 1e5, -7e4, 65504.0, 65520.0, 1e-8,
+                                         3e38]))
 ENTRY_VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-2, 10), st.sampled_from([2**63, 2**70, -2**63 - 1, 10**7, 2**21 + 1]),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4), st.sampled_from(["", "\ud800", "a" * 300]),

@@ -13,11 +13,11 @@ from contextlib import contextmanager
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_validate import TINY, FakeBackend, _with_hardware, tiny, tiny_config  # noqa: F401 (fixture)
 
 from conftest import ROOT
 from sim.errors import ConfigError
 from sim.run import simulate
-from test_validate import TINY, FakeBackend, _with_hardware, tiny, tiny_config  # noqa: F401 (fixture)
 from validate.backends import CpuBackend
 from validate.copier import Copier
 from validate.measure import host_pool_size, pinned_bytes
@@ -139,7 +139,8 @@ def test_progress_lines_reach_a_pipe_at_once():
 
 
 def test_the_validator_refuses_an_expert_width_it_cannot_run_naming_the_field(tmp_path):
-    (tmp_path / "m.yaml").write_text("base: gpt-oss-20b\nexpert_bits: 6\n")  # int4 and int8 run (test_validate_quantized)
+    # int4 and int8 run (test_validate_quantized)
+    (tmp_path / "m.yaml").write_text("base: gpt-oss-20b\nexpert_bits: 6\n")
     res = subprocess.run([sys.executable, "-m", "validate", "microbench", "--model", str(tmp_path / "m.yaml"),
                           "--out", str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 2 and "--model.expert_bits" in res.stderr, res.stderr

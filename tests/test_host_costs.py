@@ -4,9 +4,9 @@ move time and never decisions, and each adds no more than its count times its co
 from __future__ import annotations
 
 import pytest
+from test_validate import _with_hardware, tiny, tiny_config  # noqa: F401 (fixture)
 
 from sim.run import simulate
-from test_validate import _with_hardware, tiny, tiny_config  # noqa: F401 (fixture)
 
 
 def _run(cfg, trace):

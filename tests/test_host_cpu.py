@@ -207,10 +207,9 @@ def test_activation_copies_cross_the_link_both_ways():
 
 # ------------------------------------------------------------------------------------------------ no effect before
 def test_host_figures_do_not_move_an_existing_run():
+    from conftest import ROOT
     from sim.config import load_run_config
     from sim.run import simulate
-
-    from conftest import ROOT
 
     sets = ["workload.requests=16", "workload.max_decode_tokens=8"]
     base = simulate(load_run_config(ROOT / "configs/switch_xxl.yaml", sets)).summary

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from test_engine import comparable, config_for
 
 from conftest import ROOT, make_trace, random_trace
 from sim.cache import CPU, HPC, MISS
@@ -19,7 +20,6 @@ from sim.costs import CostModel
 from sim.protocol import cpu_tokens
 from sim.results import ITERATION_COLUMNS, iterations_csv
 from sim.run import simulate
-from test_engine import comparable, config_for
 from traces.io import save_trace
 
 HYBRID = ("fiddler", "ktransformers", "hybrid-cache")
@@ -200,7 +200,8 @@ def test_host_stream_time_one_layer(tmp_path):
     dense = out.engine.timeline[0][3]   # the layer's dense work, as the engine timed it
     hw = costs.hw
     start = dense + hw.layer_roundtrip_s
-    host_done = (start + costs.activation_copy_s(n_host_tokens, "d2h") + sum(costs.cpu_expert_s(counts[x]) for x in host)
+    host_done = (start + costs.activation_copy_s(n_host_tokens, "d2h")
+                 + sum(costs.cpu_expert_s(counts[x]) for x in host)
                  + costs.activation_copy_s(n_host_tokens, "h2d"))
     gpu_done = start + costs.expert_s(counts[gpu_e])
     lm = costs.lm_head_s(3)

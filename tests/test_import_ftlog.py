@@ -249,7 +249,7 @@ def test_random_logs_replay_to_their_lines(tmp_path, params):
     trace.validate()
     sets = replay_sets(trace, batch)
     assert len(sets) == len(lines)
-    for text, (active, tokens) in zip(lines, sets):
+    for text, (_active, tokens) in zip(lines, sets):
         assert tokens == dict(Counter(line_ids(text)))
     assert trace.num_tokens == runs * batch * (prompt + steps)
     assert int((trace.experts >= 0).sum()) == sum(len(line_ids(t)) for t in lines)

@@ -271,7 +271,8 @@ def test_a_huge_weight_where_no_expert_was_chosen_is_ignored(tmp_path):
     assert load_trace(tmp_path / "out.npz").weights[0, 0, 1] == 0
 
 
-BAD_MODELS = ["", " ", "x" * 300, "a b", "../gpt-oss-20b", "x/y/z", "ｇｐｔ-oss-20b", "gpt\n", "/abs", "-dash", "a\x00b"]
+BAD_MODELS = ["", " ", "x" * 300, "a b", "../gpt-oss-20b", "x/y/z", "ｇｐｔ-oss-20b", "gpt\n", "/abs", "-dash",
+              "a\x00b"]
 
 
 @pytest.mark.parametrize("model", BAD_MODELS, ids=repr)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_engine import config_for
+from test_published_policies import BOUNDED, HAND_MADE, cache_hits, drive, policy_for, steps_of
 
 from conftest import make_trace, random_trace
 from sim.cache import LPC, MISS
@@ -18,8 +20,6 @@ from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.run import simulate
 from sim.workload import build_iterations
-from test_engine import config_for
-from test_published_policies import BOUNDED, HAND_MADE, cache_hits, drive, policy_for, steps_of
 from traces.io import save_trace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,8 +8,11 @@ import math
 
 import numpy as np
 import pytest
+import test_published_policies as published
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_engine import comparable, config_for
+from test_published_policies import cache_hits, replay_snapshots, steps_of
 
 from conftest import make_trace, random_trace
 from sim.cache import LPC, MISS, MPC
@@ -20,9 +23,6 @@ from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.predictors import PREDICTORS, PredictorContext
 from sim.run import simulate
 from sim.workload import build_iterations
-from test_engine import comparable, config_for
-import test_published_policies as published
-from test_published_policies import cache_hits, replay_snapshots, steps_of
 from traces.io import save_trace
 
 NAME = "next-use-odds"
@@ -57,9 +57,9 @@ def plain_next_use_odds(steps, cap, weights):
             uses[e] = uses.get(e, 0) + 1
 
         def score(v):
-            age = min(t - last[v], 1024)
+            age = min(t - last[v], 1024)  # noqa: B023
             x = [1.0, math.log2(1 + age), float(age == 0), float(age == 1)] + [math.sqrt(u) for u in ema[v]] \
-                + [math.sqrt(uses[v] / t)]
+                + [math.sqrt(uses[v] / t)]  # noqa: B023
             return sum(a * b for a, b in zip(x, weights))
 
         for e in sorted((e for e in act if src[e] == MISS), key=lambda x: (-score(x), x)):

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_engine import config_for
+from test_policies import make_policy
 
 from conftest import make_trace, random_trace
 from sim.cache import LPC, MISS
@@ -19,8 +21,6 @@ from sim.predictors import PREDICTORS, PredictionScore, PredictorContext
 from sim.replay import replay
 from sim.run import simulate
 from sim.workload import active_sets, build_iterations, phase_layers
-from test_engine import config_for
-from test_policies import make_policy
 from traces.io import save_trace
 
 REALISTIC = ("history", "transition", "moe-infinity")

@@ -9,6 +9,7 @@ from collections import deque
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_engine import config_for
 
 from conftest import random_trace
 from sim.copy_queue import CopyQueue
@@ -16,7 +17,6 @@ from sim.decisions import build_decisions
 from sim.replay import replay
 from sim.run import simulate
 from sim.workload import build_iterations
-from test_engine import config_for
 from traces.io import save_trace
 
 
@@ -80,6 +80,6 @@ def test_copy_queue_keeps_its_rules(buffers, reserve, ops):
         assert len({b for b, _ in q.free}) == len(q.free)  # no buffer free twice
     while flight:                                          # drain: land, take and release everything
         q.land(flight.popleft())
-    for job in list(q.ready.get(0, ())):
+    for _job in list(q.ready.get(0, ())):
         q.release(q.take(0).buffer)
     assert len(q.free) == buffers

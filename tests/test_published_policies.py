@@ -1,6 +1,6 @@
 """Published caching policies beyond LRU/LFU/MoE-Infinity/Diff-MoE (`least-stale`, `arc`, `s3fifo`, `learned-rf`,
-`reuse-distance`): each against a plain restatement of its rule (written here, independently, with lists), hand-traced examples,
-invariants through the SimPy engine, and the Belady bound at equal slots."""
+`reuse-distance`): each against a plain restatement of its rule (written here, independently, with lists),
+hand-traced examples, invariants through the SimPy engine, and the Belady bound at equal slots."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_engine import config_for
 
 from conftest import make_trace, plain_lru, random_trace
 from sim.cache import HPC, LPC, MISS, MPC
@@ -21,7 +22,6 @@ from sim.predictors import PREDICTORS, PredictorContext
 from sim.replay import replay
 from sim.run import simulate
 from sim.workload import build_iterations
-from test_engine import config_for
 from traces.io import save_trace
 
 NEW = ("least-stale", "arc", "s3fifo", "learned-rf", "reuse-distance")
@@ -164,8 +164,8 @@ def plain_arc(steps, c):
                 t2.append(e)
 
         def replace(in_b2):
-            f1, f2 = [v for v in t1 if v not in act], [v for v in t2 if v not in act]
-            if (t1 and (len(t1) > p or (in_b2 and len(t1) == p)) and f1) or not f2:
+            f1, f2 = [v for v in t1 if v not in act], [v for v in t2 if v not in act]  # noqa: B023
+            if (t1 and (len(t1) > p or (in_b2 and len(t1) == p)) and f1) or not f2:  # noqa: B023
                 t1.remove(f1[0])
                 b1.append(f1[0])
             else:

@@ -23,7 +23,13 @@ from traces.cli import run_main  # noqa: E402
 from traces.errors import InputError  # noqa: E402
 from traces.io import load_trace, save_trace  # noqa: E402
 from traces.record import (  # noqa: E402
-    RoutingCapture, find_moe_layers, read_prompts, record_routing, register, teacher_forced_routing)
+    RoutingCapture,
+    find_moe_layers,
+    read_prompts,
+    record_routing,
+    register,
+    teacher_forced_routing,
+)
 from traces.tiny_models import EOS_ID, TINY_ARCHS, build_tiny_model, encode_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,12 +55,12 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny(arch: str):
     return build_tiny_model(arch, seed=0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def recorded(arch: str, batch_size: int, eos: int | None = EOS_ID, max_new: int = MAX_NEW):
     ids = [encode_bytes(p) for p in PROMPTS]
     return record_routing(tiny(arch), ids, max_new, batch_size=batch_size, eos_token_id=eos,

@@ -13,8 +13,11 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+import test_published_policies as published
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_engine import config_for
+from test_published_policies import cache_hits, plain_arc, plain_s3fifo
 
 from conftest import make_trace, random_trace
 from sim.cache import LPC, MISS, MPC, CacheInvariantError, SharedTierCache, TierCache
@@ -28,9 +31,6 @@ from sim.predictors import PREDICTORS, PredictorContext
 from sim.replay import replay
 from sim.run import build_decisions, simulate
 from sim.workload import build_iterations
-from test_engine import config_for
-import test_published_policies as published
-from test_published_policies import cache_hits, plain_arc, plain_s3fifo
 from traces.io import load_trace, save_trace
 
 #: Online policies that manage a shared cache (belady is the offline bound).
@@ -248,7 +248,7 @@ def plain_lfu(seq, n, cap):
             freq[(layer, e)] += 1
             last[(layer, e)] = clock[0]
 
-    return plain_scored(seq, n, cap, remember, lambda now, l, v: (-freq[(l, v)], -last[(l, v)], -v),
+    return plain_scored(seq, n, cap, remember, lambda now, lay, v: (-freq[(lay, v)], -last[(lay, v)], -v),
                         order=lambda layer, new: sorted(new, key=lambda e: -freq[(layer, e)]))
 
 
@@ -263,9 +263,9 @@ def plain_least_stale(seq, n, cap):
                 est[(layer, e)] = gap if (layer, e) not in est else 0.75 * est[(layer, e)] + 0.25 * gap
             last[(layer, e)] = step[layer]
 
-    def key(now, l, v):
-        lv = last[(l, v)]
-        return distance(lv + max(est.get((l, v), 0.0), 1.0) - step[l], l, now, n), lv, v
+    def key(now, lay, v):
+        lv = last[(lay, v)]
+        return distance(lv + max(est.get((lay, v), 0.0), 1.0) - step[lay], lay, now, n), lv, v
 
     return plain_scored(seq, n, cap, remember, key)
 
@@ -282,12 +282,12 @@ def plain_reuse_distance(seq, n, cap, window=8):
                 pool[layer] = (pool[layer] + [gap])[-4 * window:]
             last[(layer, e)] = step[layer]
 
-    def key(now, l, v):
-        age = step[l] - last[(l, v)]
-        past = own[(l, v)] or pool[l]
+    def key(now, lay, v):
+        age = step[lay] - last[(lay, v)]
+        past = own[(lay, v)] or pool[lay]
         longer = [x - age for x in past if x > age]
         pred = sum(longer) / len(longer) if longer else float(age)
-        return distance(pred, l, now, n), -last[(l, v)], -v
+        return distance(pred, lay, now, n), -last[(lay, v)], -v
 
     return plain_scored(seq, n, cap, remember, key)
 
@@ -301,10 +301,10 @@ def plain_learned_rf(seq, n, cap):
             uses[(layer, e)] += 1
             last[(layer, e)] = step[layer]
 
-    def key(now, l, v):
-        t = step[l]
-        score = 0.0 + 1.0 * math.log2(1 + t - last[(l, v)]) + -1.0 * math.log2(uses[(l, v)] / t)
-        return distance(2.0 ** score, l, now, n), -last[(l, v)], -v
+    def key(now, lay, v):
+        t = step[lay]
+        score = 0.0 + 1.0 * math.log2(1 + t - last[(lay, v)]) + -1.0 * math.log2(uses[(lay, v)] / t)
+        return distance(2.0 ** score, lay, now, n), -last[(lay, v)], -v
 
     return plain_scored(seq, n, cap, remember, key)
 
@@ -386,7 +386,7 @@ def test_moe_infinity_priority_of_all_layers_at_once_is_each_layers_priority():
         seen = []
 
         def after(p):
-            seen.append(np.array_equal(p.priority_all(), np.stack([p.priority(j) for j in range(3)])))
+            seen.append(np.array_equal(p.priority_all(), np.stack([p.priority(j) for j in range(3)])))  # noqa: B023
 
         replay(trace, its, pol, PREDICTORS.get("none")(None, PredictorContext(3, 6, 0)), after_step=after)
         assert seen and all(seen), how

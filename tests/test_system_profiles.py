@@ -244,10 +244,11 @@ def test_a_weight_format_is_a_known_width_or_refused_at_load(name):
 
 def test_a_systems_own_predictor_applies_when_the_run_config_names_none():
     """mixtral-offloading's speculative loading travels with its profile; a config's own predictor wins."""
+    import yaml
+
     from sim.config import config_from_dict
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
-    import yaml
 
     d = yaml.safe_load((ROOT / "configs" / "mixtral.yaml").read_text())
     d.pop("predictor", None)

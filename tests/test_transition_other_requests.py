@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_engine import config_for
+from test_predictors import drive
 
 from conftest import make_trace, random_trace
 from sim.errors import ConfigError
@@ -14,8 +16,6 @@ from sim.predictors.transition import OTHER_REQUESTS, request_folds
 from sim.run import simulate
 from sim.sweep_ray_ship import file_fields
 from sim.workload import build_iterations
-from test_engine import config_for
-from test_predictors import drive
 from traces.io import save_trace
 
 CROSS = {"train": OTHER_REQUESTS}
@@ -50,7 +50,7 @@ def test_a_token_is_never_predicted_from_its_own_requests_routing():
     its, _ = build_iterations(trace, 1, "static", None, True, None)
     decisions = drive(trace, its, cross_fitted(trace))
     assert decisions
-    for index, layer, guess, truth in decisions:
+    for index, _layer, guess, truth in decisions:
         r = int(request_of_rows(trace, its[index].rows)[0])
         assert guess, "the other fold's popular experts are guessed"
         assert not guess & own[r]  # its own request's experts: never (its routing never reached the tables)
@@ -59,7 +59,7 @@ def test_a_token_is_never_predicted_from_its_own_requests_routing():
         assert truth <= own[r]
     # in a batch of two requests (one per fold), each token still learns from the other fold only
     its, _ = build_iterations(trace, 2, "static", None, True, None)
-    for index, layer, guess, _ in drive(trace, its, cross_fitted(trace)):
+    for index, _layer, guess, _ in drive(trace, its, cross_fitted(trace)):
         batch = set(request_of_rows(trace, its[index].rows).tolist())
         allowed = set().union(*(own[q] for r in batch for q in range(trace.num_requests) if q % 2 != r % 2))
         assert guess and guess <= allowed

@@ -17,7 +17,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
@@ -320,7 +319,8 @@ def test_step6_text_agrees_with_itself_and_the_committed_measurement():
     words = prose(text)
     suite = SUITES["cpu"]
     assert (f"`--quick` measures {len(suite.quick)} configurations of the CPU suite for {suite.quick_decode_tokens} "
-            f"decode steps each, in {build_parser().parse_args(['cpu', '--out', 'x']).rounds} interleaved rounds") in words
+            f"decode steps each, in {build_parser().parse_args(['cpu', '--out', 'x']).rounds} "
+            "interleaved rounds") in words
     assert (f"measures all {len(suite.points)} configurations of the suite (the host-CPU and quantized ones "
             f"included) for {suite.decode_tokens} decode steps each") in words
     table_block = next(body for lang, body in blocks(text) if body.startswith("| config |"))

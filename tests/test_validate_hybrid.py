@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import yaml
+from test_validate import TINY, tiny_files
 
 from conftest import ROOT, TINY_MODEL
 from sim.cache import HPC, LPC
@@ -22,7 +23,6 @@ from sim.policies.base import LayerPlan, Policy
 from sim.predictors import PREDICTORS
 from sim.replay import replay
 from sim.run import build_decisions
-from test_validate import TINY, tiny_files
 from validate.backends import CpuBackend, default_host_threads
 from validate.executor import CPU, HOST_PHASES, Executor, cpu_experts_of
 from validate.kernels import HostExperts, expert_forward, expert_views, fill_random, torch_dtype

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import yaml
+from test_validate import TINY, tiny_files
 
 from sim.config import config_from_dict
 from sim.errors import ConfigError
@@ -18,11 +19,19 @@ from sim.predictors import PREDICTORS
 from sim.replay import replay
 from sim.run import build_decisions
 from sim.specs import load_hardware, load_model
-from test_validate import TINY, tiny_files
 from validate.backends import CpuBackend
 from validate.executor import Executor
-from validate.kernels import (INT4_ZERO, ExpertStore, _dequant_part, HostExperts, QuantLayout, check_runnable, expert_format,
-                              expert_forward, expert_shapes)
+from validate.kernels import (
+    INT4_ZERO,
+    ExpertStore,
+    HostExperts,
+    QuantLayout,
+    _dequant_part,
+    check_runnable,
+    expert_format,
+    expert_forward,
+    expert_shapes,
+)
 from validate.microbench import Timer, measure_dequant, write_calibration
 from validate.suites import QUANTIZED_BITS, SUITES
 
@@ -174,7 +183,7 @@ def test_the_dequant_tables_cover_both_formats_at_growing_sizes_and_keep_the_pro
     be = CpuBackend(torch)
     tables = measure_dequant(be, Timer(be, 2), model, quick=True)
     assert set(tables) == {"int8", "int4"}
-    for fmt, points in tables.items():
+    for _fmt, points in tables.items():
         assert len(points) == 3 and all(s > 0 for _, s in points)
         assert [b for b, _ in points] == sorted({b for b, _ in points})
     assert model.expert_bytes in [b for b, _ in tables["int4"]]           # the model's own width for its format
@@ -216,7 +225,7 @@ def test_the_suites_carry_an_int8_and_an_int4_configuration_of_their_model():
         quantized = [p for p in suite.points if len(p) > 6]
         assert [p[6]["expert_bits"] for p in quantized] == list(QUANTIZED_BITS.values())
         assert not {p[0] for p in quantized} & set(suite.quick)
-        for name, raw in suite.configs(only=[p[0] for p in quantized]):
+        for _name, raw in suite.configs(only=[p[0] for p in quantized]):
             model = load_model(raw["model"], "model")
             assert model.name == load_model(suite.model, "model").name and expert_format(model) in ("int8", "int4")
 

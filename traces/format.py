@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +46,7 @@ def _fail(msg: str):
     raise ValueError(msg)
 
 
-def _check_keys(d: Any, where: str, required: set[str], optional: set[str] = frozenset()) -> None:
+def _check_keys(d: Any, where: str, required: set[str], optional: AbstractSet[str] = frozenset()) -> None:
     if not isinstance(d, dict):
         _fail(f"metadata {where} must be an object, got {type(d).__name__}")
     missing = sorted(required - d.keys())
@@ -82,7 +83,7 @@ class LayerInfo:
     role: str = "decoder"
 
     @classmethod
-    def from_dict(cls, d: Any, where: str) -> "LayerInfo":
+    def from_dict(cls, d: Any, where: str) -> LayerInfo:
         _check_keys(d, where, {"index", "role"})
         role = d["role"]
         if role not in LAYER_ROLES:
@@ -100,11 +101,11 @@ class ModelInfo:
     layers: tuple[LayerInfo, ...]
 
     @classmethod
-    def decoder_only(cls, name: str, num_experts: int, top_k: int, num_layers: int) -> "ModelInfo":
+    def decoder_only(cls, name: str, num_experts: int, top_k: int, num_layers: int) -> ModelInfo:
         return cls(name, num_experts, top_k, tuple(LayerInfo(i, "decoder") for i in range(num_layers)))
 
     @classmethod
-    def from_dict(cls, d: Any) -> "ModelInfo":
+    def from_dict(cls, d: Any) -> ModelInfo:
         _check_keys(d, "model", {"name", "num_experts", "top_k", "layers"})
         if not isinstance(d["layers"], list) or not d["layers"]:
             _fail("metadata model.layers must be a non-empty list")
@@ -135,7 +136,7 @@ class Provenance:
     date: str | None
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Provenance":
+    def from_dict(cls, d: Any) -> Provenance:
         _check_keys(d, "provenance", {"kind", "tool", "model", "dataset", "date"})
         kind = d["kind"]
         if kind not in PROVENANCE_KINDS:
@@ -174,7 +175,7 @@ class TraceMeta:
     request_info: dict[str, list] | None = None
 
     @classmethod
-    def from_dict(cls, d: Any) -> "TraceMeta":
+    def from_dict(cls, d: Any) -> TraceMeta:
         _check_keys(d, "", {"format_version", "model", "provenance", "seed"},
                     {"request_ids", "extra", "request_info"})
         version = d["format_version"]

@@ -38,8 +38,17 @@ import numpy as np
 
 from traces.errors import InputError, brief
 from traces.format import INT_MAX, MAX_CONTEXT, MAX_REQUESTS, ModelInfo, Provenance, Trace, TraceMeta, today
-from traces.import_common import (check_content, check_model_fit, check_model_name, check_out, default_num_experts,
-                                  offsets_from_lengths, read_json_file, rows_of_requests, show_list)
+from traces.import_common import (
+    check_content,
+    check_model_fit,
+    check_model_name,
+    check_out,
+    default_num_experts,
+    offsets_from_lengths,
+    read_json_file,
+    rows_of_requests,
+    show_list,
+)
 from traces.io import open_regular_file, open_zip, read_npy_entry
 
 TOOL = "traces import expert-arrays"

@@ -8,7 +8,8 @@ the expert id chosen by every token of that call, sorted ascending. For an encod
 is ``--encoder-layers`` lines (encoder MoE layers in order; each holds B x P ids: the batch's P prompt tokens
 per request), then ``--decode-steps`` decode steps of ``--decoder-layers`` lines each (one id per request of the
 batch). The defaults (6, 6, 256: 1,542 lines a run) are those of the ``expert_log/`` files of GitHub
-ceciliawinter/Pregated_MoE, whose files hold several consecutive runs (the first a warm-up). The number of runs is the line count over the
+ceciliawinter/Pregated_MoE, whose files hold several consecutive runs (the first a warm-up). The number of runs is the
+line count over the
 run length; a file holding only one run's encoder lines (e.g. ``experts_e128_Pre-gated_b512.txt``) gives an
 encoder-only trace (prompt rows only, no decode rows). Any other line count is an error. ``--runs`` picks runs
 by 0-based index (``all`` by default; ``1-`` skips the warm-up run 0).
@@ -47,8 +48,16 @@ import numpy as np
 
 from traces.errors import InputError, brief
 from traces.format import MAX_CONTEXT, MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta, today
-from traces.import_common import (bounded_lines, check_content, check_model_fit, check_model_name, check_out, default_num_experts,
-                                  offsets_from_lengths, parse_index_list)
+from traces.import_common import (
+    bounded_lines,
+    check_content,
+    check_model_fit,
+    check_model_name,
+    check_out,
+    default_num_experts,
+    offsets_from_lengths,
+    parse_index_list,
+)
 from traces.io import MAX_ARRAY_BYTES, open_regular_file
 
 TOOL = "traces import ft-log"
@@ -72,7 +81,8 @@ EXACT = ("per (iteration, MoE layer) at the log's batch size with static batchin
          "the number of tokens routed to each")
 NOT_EXACT = ("which request (or which prompt token) chose which expert: each line's sorted ids are dealt to the "
              "batch's requests in order, so per-token paths across layers and steps are made up (exact for B = 1 "
-             "decode rows) and a request's prompt rows come in a seeded random order; per-token figures (overlap with the previous "
+             "decode rows) and a request's prompt rows come in a seeded random order; per-token figures "
+             "(overlap with the previous "
              "token, layer transitions, predictors learned from rows) and replays at another batch size or with "
              "continuous batching are therefore not the log's")
 

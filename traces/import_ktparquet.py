@@ -42,8 +42,17 @@ import numpy as np
 
 from traces.errors import InputError, brief
 from traces.format import MAX_CONTEXT, ModelInfo, Provenance, Trace, TraceMeta, today
-from traces.import_common import (check_content, check_model_fit, check_model_name, check_out, default_num_experts,
-                                  offsets_from_lengths, read_bounded, read_json_file, show_list)
+from traces.import_common import (
+    check_content,
+    check_model_fit,
+    check_model_name,
+    check_out,
+    default_num_experts,
+    offsets_from_lengths,
+    read_bounded,
+    read_json_file,
+    show_list,
+)
 
 TOOL = "traces import kt-parquet"
 REQUIRED = ("layer_id", "token_position", "expert_ids", "expert_weights")

@@ -2,7 +2,8 @@
 
 Formats:
 
-- ``mixtral-jsonl``: one JSON object per (request, layer, token), as in GitHub Mario928/speculative-moe's ``routing_data_collected/``:
+- ``mixtral-jsonl``: one JSON object per (request, layer, token), as in GitHub Mario928/speculative-moe's
+``routing_data_collected/``:
   ``{"dataset", "problem_id", "layer", "experts": [...], "gating_probs": [...], "token_idx"}``. Records may be
   missing for some layers; tokens are aligned across layers by ``token_idx`` and a token missing in any layer
   is dropped (the count per request goes to the trace's ``extra.dropped_tokens`` and to the terminal).
@@ -13,7 +14,8 @@ Formats:
 - ``expert-arrays`` (:mod:`traces.import_arrays`): one ``.npz`` with ``expert_ids`` [tokens, layers, top_k], optional
   ``expert_probs`` (kept as weights) and ``request_offsets``, and a ``requests.json`` beside it whose plain
   per-request fields (data set, prompt length, ...) go to ``meta.request_info``; ``--datasets`` and
-  ``--exclude-repetitive`` filter requests. Rows are decode tokens (as in gpt-oss-20b routing recorded with forward hooks).
+  ``--exclude-repetitive`` filter requests. Rows are decode tokens (as in gpt-oss-20b routing recorded with forward
+  hooks).
 - ``ft-log`` (:mod:`traces.import_ftlog`): the ``permuted_experts_`` logs of the Pre-gated MoE FasterTransformer
   build (GitHub ceciliawinter/Pregated_MoE, ``expert_log/``): one line per MoE layer call with the sorted expert ids of
   its tokens; each run becomes one static batch of ``--batch`` requests, with encoder and decoder MoE layers.

@@ -23,8 +23,9 @@ import tempfile
 import warnings
 import zipfile
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 import numpy as np
 

@@ -70,8 +70,8 @@ with hooks, :mod:`traces.record_decode` runs the decoding loops and lays rows ou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -79,8 +79,16 @@ from traces.errors import InputError
 from traces.format import LayerInfo, ModelInfo, Provenance, Trace, TraceMeta, today
 from traces.import_common import check_model_name, plain_model_name
 from traces.record_cli import DTYPES, Prompt, load_checkpoint, read_prompts, register, run
-from traces.record_decode import (RequestRows, assemble, decode_decoder_only, decode_encoder_decoder,
-                                  decoder_start_id, eos_token_ids, is_encoder_decoder, resolve_pad_id)
+from traces.record_decode import (
+    RequestRows,
+    assemble,
+    decode_decoder_only,
+    decode_encoder_decoder,
+    decoder_start_id,
+    eos_token_ids,
+    is_encoder_decoder,
+    resolve_pad_id,
+)
 from traces.record_routers import MoELayer, RoutingCapture, find_moe_layers
 
 __all__ = [

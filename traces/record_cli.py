@@ -9,13 +9,13 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from traces.errors import InputError, brief
 from traces.import_common import check_model_fit, check_model_name, check_out, plain_model_name
-from traces.run_setup import (bundled_profile, check_bundled_fits, check_profile_fits, check_sim_files,
-                              write_sim_files)
 from traces.io import file_kind
 from traces.record_routers import find_moe_layers
+from traces.run_setup import bundled_profile, check_bundled_fits, check_profile_fits, check_sim_files, write_sim_files
 
 DTYPES = ("float32", "float16", "bfloat16", "auto")
 
@@ -44,7 +44,7 @@ def read_prompts(path: str | Path) -> list[Prompt]:
         raise InputError(f"{path}: " + ("no such prompts file" if kind == "missing" else
                                         f"is {'a folder' if kind == 'folder' else kind}, not a prompts file"))
     text = read_text(path, str(path), name_file=False, limit=MAX_PROMPTS_BYTES)
-    prompts = []
+    prompts: list[Prompt] = []
     jsonl = path.suffix.lower() == ".jsonl"
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -99,7 +99,7 @@ def load_checkpoint(path: str | Path, dtype: str = "float32", device: str = "cpu
     if _has_no_router(auto, config):
         raise InputError(f"no MoE router modules found in {path}")
     try:
-        kwargs = {"local_files_only": True}
+        kwargs: dict[str, Any] = {"local_files_only": True}
         kwargs["dtype" if _accepts_dtype(tf) else "torch_dtype"] = "auto" if dtype == "auto" else _torch_dtype(dtype)
         model = auto.from_pretrained(path, **kwargs)
     except Exception as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -120,7 +121,7 @@ def decode_encoder_decoder(model, cap, prompts, max_new, eos, pad_id, device) ->
     cache = None
     while not all(done):
         cap.begin({"decoder": (b, 1)})
-        kw = {} if cache is None else {cache_kw: cache}
+        kw: dict[str, Any] = {} if cache is None else {cache_kw: cache}
         out = model(encoder_outputs=enc, attention_mask=mask, decoder_input_ids=step, use_cache=True, **kw)
         routed = cap.end()
         cache = _cache_of(out)

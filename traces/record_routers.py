@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -149,11 +150,11 @@ class RoutingCapture:
         self.model = model
         self.layers = list(layers)
         self.sources: dict[str, str] = {}
-        self._handles = []
+        self._handles: list[Any] = []
         self._router: dict[int, list] = {}
         self._experts: dict[int, list] = {}
 
-    def __enter__(self) -> "RoutingCapture":
+    def __enter__(self) -> RoutingCapture:
         for j, layer in enumerate(self.layers):
             self._handles.append(layer.router.register_forward_hook(functools.partial(self._on_router, j)))
             if layer.experts is not None:

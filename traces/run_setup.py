@@ -35,7 +35,7 @@ class SimFiles:
     run: Path
 
     @classmethod
-    def beside(cls, trace_path: str | Path) -> "SimFiles":
+    def beside(cls, trace_path: str | Path) -> SimFiles:
         """``t.model.yaml`` and ``t.run.yaml`` for the trace ``t.npz`` (``t.trace`` gives ``t.trace.model.yaml``)."""
         path = Path(trace_path)
         stem = path.name[:-4] if path.name.lower().endswith(".npz") and len(path.name) > 4 else path.name

@@ -127,7 +127,8 @@ def reuse_profile(trace: Trace) -> list[np.ndarray]:
 def lru_hit_rates(hists: list[np.ndarray], capacities) -> tuple[dict[int, float], list[dict[int, float]]]:
     """capacity -> LRU hit rate from stack-distance histograms: (over all layers, per layer)."""
     total = sum(int(h.sum()) for h in hists)
-    overall, per_layer = {}, [{} for _ in hists]
+    overall: dict[int, float] = {}
+    per_layer: list[dict[int, float]] = [{} for _ in hists]
     for c in capacities:
         hits = [int(h[:-1][:c].sum()) for h in hists]
         overall[c] = sum(hits) / total if total else float("nan")
@@ -169,7 +170,9 @@ def distinct_experts_vs_batch(trace: Trace, batch_sizes=DEFAULT_BATCH_SIZES, sam
     lengths = trace.request_offsets[1:] - starts
     pool = np.flatnonzero(lengths > 0)
     e = trace.num_experts
-    overall, per_layer, reused = {}, [{} for _ in range(trace.num_layers)], []
+    overall: dict[int, float] = {}
+    per_layer: list[dict[int, float]] = [{} for _ in range(trace.num_layers)]
+    reused: list[int] = []
     if pool.size == 0:
         return overall, per_layer, reused
     for b in batch_sizes:

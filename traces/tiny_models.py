@@ -21,6 +21,8 @@ for these tiny models; a real checkpoint uses its own tokenizer.
 
 from __future__ import annotations
 
+from typing import Any
+
 from traces.errors import InputError
 
 TINY_ARCHS = ("mixtral", "qwen2-moe", "olmoe", "deepseek-v3", "switch")
@@ -44,10 +46,10 @@ def tiny_config(arch: str):
     """The small config of a tiny ``arch`` (one of :data:`TINY_ARCHS`)."""
     import transformers as tf
 
-    common = dict(vocab_size=TINY_VOCAB, pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-                  initializer_range=0.1, tie_word_embeddings=False)
-    decoder = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                   rms_norm_eps=1e-6, **common)
+    common: dict[str, Any] = dict(vocab_size=TINY_VOCAB, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
+                                  eos_token_id=EOS_ID, initializer_range=0.1, tie_word_embeddings=False)
+    decoder: dict[str, Any] = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=512, rms_norm_eps=1e-6, **common)
     if arch == "mixtral":
         return tf.MixtralConfig(intermediate_size=64, num_hidden_layers=2, num_local_experts=8,
                                 num_experts_per_tok=2, **decoder)
@@ -69,7 +71,9 @@ def tiny_config(arch: str):
             vocab_size=TINY_VOCAB, d_model=32, d_kv=8, d_ff=64, num_heads=4, num_layers=4, num_decoder_layers=4,
             num_sparse_encoder_layers=2, num_sparse_decoder_layers=2, num_experts=8, expert_capacity=128,
             router_dtype="float32", router_jitter_noise=0.0, dropout_rate=0.0, initializer_factor=1.0,
-            pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID, tie_word_embeddings=False)
+            # decoder_start_token_id is taken at run time but missing from the annotated signature
+            pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID,  # type: ignore[call-arg]
+            tie_word_embeddings=False)
     raise InputError(f"--tiny: unknown architecture {arch!r} (choose from {', '.join(TINY_ARCHS)})")
 
 

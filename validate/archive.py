@@ -26,8 +26,9 @@ import stat
 import tarfile
 import tempfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 from sim.checks import show
 from sim.errors import ConfigError

@@ -18,12 +18,10 @@ from traces.cli import OneLineParser, run_main
 def cmd_microbench(args) -> int:
     from sim.errors import ConfigError
     from sim.specs import load_hardware, load_model
-    from validate.backends import make_backend
-    from validate.microbench import calibrate, write_calibration
-
-    from validate.kernels import check_runnable
-
     from traces.io import check_output_file
+    from validate.backends import make_backend
+    from validate.kernels import check_runnable
+    from validate.microbench import calibrate, write_calibration
 
     check_output_file(args.out, "calibration file (--out)")
     model = load_model(args.model, "--model")

@@ -7,7 +7,8 @@ the device), the compute stream's stall per iteration (real: timed on the device
 the host's busy time per iteration (real: deciding and issuing work, not waiting for copies: where it comes near
 the latency, the run is bound by the host, which the simulator does not model), the link's mean idle gap between
 queued copies (real) and the link's busy fraction; whether the simulator's engine made the very decisions the
-executor made (every (iteration, layer): sources per active expert, promotions, prefetches, unused prefetches); the median
+executor made (every (iteration, layer): sources per active expert, promotions, prefetches, unused prefetches); the
+median
 absolute errors over the configurations. For experts computed on the host CPU (hybrid policies): their
 share of the active experts (``cpu_expert_frac``), their count, the host's busy time per iteration and the compute
 stream's idle time waiting for it (``cpu_wait``), real and simulated, and a section of the report of the hybrid
@@ -38,14 +39,23 @@ import sim.cache
 from sim.checks import kind_of, show
 from sim.config import config_from_dict
 from sim.errors import ConfigError
-from traces.errors import InputError, one_line
 from sim.files import PROJECT_ROOT, confined_to
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
+from traces.errors import InputError, one_line
 from traces.io import atomic_write_bytes, check_output_folder, file_kind, file_sha256, load_trace
-from validate.archive import (ARCHIVE_SUFFIXES, MAX_MEMBERS, find_file, output_file, output_folder, plain_name,
-                              read_inside, regular_file, unpack)
+from validate.archive import (
+    ARCHIVE_SUFFIXES,
+    MAX_MEMBERS,
+    find_file,
+    output_file,
+    output_folder,
+    plain_name,
+    read_inside,
+    regular_file,
+    unpack,
+)
 from validate.measure import decisions_digest
 
 COLUMNS = ["config", "policy", "predictor", "batch_size", "hpc_slots", "mpc_slots", "iterations",
@@ -358,13 +368,15 @@ def _csv(rows: list[dict]) -> bytes:
 
 def markdown(rows: list[dict], manifest: dict) -> str:
     lines = [f"# Simulator against real runs: {label(manifest.get('suite'))} suite", "",
-             f"Measured on {label(manifest.get('device'))} ({label(manifest.get('date'))}). The simulator is calibrated "
+             f"Measured on {label(manifest.get('device'))} ({label(manifest.get('date'))}). "
+             "The simulator is calibrated "
              f"from the microbenchmarks only (`calibration.yaml`). Error = (sim - real) / real.", "",
              "| config | real mean ms | sim mean ms | err mean | real p50 ms | sim p50 ms | err p50 | real tok/s | "
              "sim tok/s | err tok/s | same decisions |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
     for r in rows:
-        lines.append(f"| {r['config']} | {r['real_mean_ms']:,.2f} | {r['sim_mean_ms']:,.2f} | {r['err_mean_pct']:+,.1f}% "
+        lines.append(f"| {r['config']} | {r['real_mean_ms']:,.2f} | {r['sim_mean_ms']:,.2f} "
+                     f"| {r['err_mean_pct']:+,.1f}% "
                      f"| {r['real_p50_ms']:,.2f} | {r['sim_p50_ms']:,.2f} | {r['err_p50_pct']:+,.1f}% "
                      f"| {r['real_tok_s']:,.1f} | {r['sim_tok_s']:,.1f} | {r['err_tok_s_pct']:+,.1f}% "
                      f"| {'yes' if r['decisions_identical'] else 'NO'} |")
@@ -381,7 +393,8 @@ def markdown(rows: list[dict], manifest: dict) -> str:
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in hybrid:
             lines.append(f"| {r['config']} | {100 * r['cpu_expert_frac']:.1f}% | {_count(r['real_cpu_experts'])} / "
-                         f"{_count(r['sim_cpu_experts'])} | {_ms(r.get('real_cpu_busy_ms'))} / {_ms(r.get('sim_cpu_busy_ms'))} "
+                         f"{_count(r['sim_cpu_experts'])} | {_ms(r.get('real_cpu_busy_ms'))} / "
+                         f"{_ms(r.get('sim_cpu_busy_ms'))} "
                          f"| {_ms(r.get('real_cpu_wait_ms'))} / {_ms(r.get('sim_cpu_wait_ms'))} | "
                          f"{r['real_mean_ms']:,.2f} | {r['sim_mean_ms']:,.2f} | {r['err_mean_pct']:+,.1f}% |")
         lines += ["", f"Median absolute error over {len(hybrid)} hybrid configuration(s): mean latency "

@@ -213,7 +213,7 @@ class QuantLayout:
         return (f"{self.format} experts ({self.bits_per_weight:.3f} bits per weight{grp}; fp16 scales {where}) in "
                 f"{self.nbytes} bytes each")
 
-    def views(self, torch, flat) -> "QuantExpert":
+    def views(self, torch, flat) -> QuantExpert:
         """The parts of the quantized expert held in ``flat`` (uint8, ``nbytes``)."""
         if flat.numel() != self.nbytes:
             raise ValueError(f"a {self.format} expert buffer holds {self.nbytes} bytes, got {flat.numel()}")

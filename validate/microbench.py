@@ -32,7 +32,8 @@ timings are skewed: a median would miss their slow tail), of the very calls the 
   lands the next copies, as in a run; ``dense_issue_us``, host time to issue one MoE layer's dense work, and
   ``host_slowdown``, how much longer that takes while copies land (the copy thread takes the interpreter lock at
   every landing); ``decide_us``, per policy, host time per MoE layer of its decisions (``measure_decisions``, the
-  decision protocol replayed without time over the measured configurations); ``hit_issue_us``, host time to issue one cached expert's kernels;
+  decision protocol replayed without time over the measured configurations); ``hit_issue_us``, host time to issue one
+  cached expert's kernels;
 - interference: ``compute_slowdown`` and ``dense_slowdown``, how much longer an expert FFN and a layer's dense work
   take while the copy thread copies experts, and ``copy_slowdown``, how much longer a copy takes while experts
   compute (copies and compute share memory bandwidth; never below 1).
@@ -68,8 +69,19 @@ import yaml
 from sim.specs import ModelSpec
 from traces.io import atomic_write_bytes
 from validate.copier import Copier
-from validate.kernels import (QUANT_RANGES, DenseLayer, ExpertStore, HostExperts, LMHead, dense_expert_bytes,
-                              expert_format, expert_forward, expert_views, fill_random, torch_dtype)
+from validate.kernels import (
+    QUANT_RANGES,
+    DenseLayer,
+    ExpertStore,
+    HostExperts,
+    LMHead,
+    dense_expert_bytes,
+    expert_format,
+    expert_forward,
+    expert_views,
+    fill_random,
+    torch_dtype,
+)
 
 ROTATE_BYTES = 256 << 20
 
@@ -356,7 +368,7 @@ def measure_copies(backend, timer: Timer, sizes: list[int]) -> tuple[list, list]
         rates = [copier_rate(backend, srcs, dsts, 2 * len(dsts))[0] for _ in range(max(1, timer.repeat // 2))]
         h2d.append([n, statistics.fmean(rates)])
         dst, dev = _cycle(dsts), _cycle(dsts[1:] + dsts[:1])  # never a buffer onto itself
-        d2d.append([n, timer(lambda: backend.device_copy(dst(), dev()))])
+        d2d.append([n, timer(lambda: backend.device_copy(dst(), dev()))])  # noqa: B023
     return h2d, d2d
 
 
@@ -369,7 +381,7 @@ def measure_expert(backend, timer: Timer, model: ModelSpec, tokens: list[int]) -
     with torch.inference_mode():
         for t in tokens:
             x = torch.randn(t, model.d_model, device=backend.device, dtype=dtype) * 0.1
-            out.append([t, timer(lambda: expert_forward(torch, weights(), x, gated))])
+            out.append([t, timer(lambda: expert_forward(torch, weights(), x, gated))])  # noqa: B023
     return out
 
 
@@ -411,7 +423,7 @@ def measure_dequant(backend, timer: Timer, model: ModelSpec, quick: bool = False
                 for b in bufs[1:]:
                     b.copy_(bufs[0])
                 expert = _cycle([store.handle(b) for b in bufs])
-                points.append([store.nbytes, timer(lambda: store.weights(expert()))])
+                points.append([store.nbytes, timer(lambda: store.weights(expert()))])  # noqa: B023, F821
                 del store, bufs, expert
             out[fmt] = points
     return out
@@ -494,7 +506,7 @@ def measure_dense(backend, timer: Timer, model: ModelSpec, tokens: list[int], co
         for t in tokens:
             x = torch.randn(t, model.d_model, device=backend.device, dtype=dtype) * 0.1
             for c in contexts:
-                out.append([t, c, timer(lambda: layer()(x, c))])
+                out.append([t, c, timer(lambda: layer()(x, c))])  # noqa: B023
     return out
 
 
@@ -505,7 +517,7 @@ def measure_lm_head(backend, timer: Timer, model: ModelSpec, tokens: list[int]) 
     with torch.inference_mode():
         for t in tokens:
             x = torch.randn(t, model.d_model, device=backend.device, dtype=torch_dtype(torch, model)) * 0.1
-            out.append([t, timer(lambda: head(x))])
+            out.append([t, timer(lambda: head(x))])  # noqa: B023
     return out
 
 

@@ -13,7 +13,7 @@ machine's ``g++`` when there is one.
 
 from __future__ import annotations
 
-from typing import Callable, MutableSequence
+from collections.abc import Callable, MutableSequence
 
 _THRESHOLD = 16  # libstdc++'s _S_threshold
 

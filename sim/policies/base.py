@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -245,7 +246,7 @@ class Policy(Parametrised):
         if not newcomers:
             return 0
         cache, promote = self.cache, plan.promote
-        cands = None
+        cands: list[tuple[Any, int, int]] | None = None
         admitted = 0
         for i, e in enumerate(newcomers):
             if cache.used < cache.mpc_slots:
@@ -257,10 +258,10 @@ class Policy(Parametrised):
                 busy = set(active)
                 mpcs = cache.mpc
                 cands = []
-                for l in self.shared_layers:
-                    held = [v for v in mpcs[l] if v not in busy] if l == layer else list(mpcs[l])
+                for lay in self.shared_layers:
+                    held = [v for v in mpcs[lay] if v not in busy] if lay == layer else list(mpcs[lay])
                     if held:
-                        cands.extend(zip(key(l, held), itertools.repeat(l), held))
+                        cands.extend(zip(key(lay, held), itertools.repeat(lay), held))
                 cands = heapq.nlargest(len(newcomers) - i, cands)[::-1]  # at most one victim per newcomer
             if not cands:
                 break  # every slot holds an expert this layer uses now
@@ -403,5 +404,5 @@ def selection_counts(experts: np.ndarray, num_experts: int) -> np.ndarray:
     return out
 
 
-__all__ = ["POLICIES", "KeepNothing", "PerLayerCache", "PinnedOnly", "CPU", "HPC", "LPC", "MISS", "MPC", "LayerPlan", "Policy", "PolicyContext", "hot_ranking_from_counts",
-           "selection_counts"]
+__all__ = ["POLICIES", "KeepNothing", "PerLayerCache", "PinnedOnly", "CPU", "HPC", "LPC", "MISS", "MPC", "LayerPlan",
+           "Policy", "PolicyContext", "hot_ranking_from_counts", "selection_counts"]

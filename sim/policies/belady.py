@@ -46,7 +46,8 @@ at equal total slots. The warm start fills the ``shared_slots`` (layer, expert) 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -54,6 +55,9 @@ from sim.cache import LPC, MISS
 from sim.errors import ConfigError
 from sim.policies.base import POLICIES, LayerPlan, Policy
 from sim.workload import phase_layers
+
+#: What min_step ranks: an expert id (per-layer MIN) or a (layer, expert) pair (the shared cache's MIN).
+Key = TypeVar("Key", int, tuple[int, int])
 
 #: "Never used again" as a next-use iteration index.
 NEVER = int(np.iinfo(np.int64).max)
@@ -123,12 +127,12 @@ def warm_fill(first_use: np.ndarray, excluded, slots: int) -> list[int]:
     return [int(e) for e in order if first_use[e] != NEVER and int(e) not in excluded][:slots]
 
 
-def min_step(held: Sequence[int], newcomers: Sequence[int], next_use, slots: int) -> list[tuple[int, int | None]]:
+def min_step(held: Sequence[Key], newcomers: Sequence[Key], next_use, slots: int) -> list[tuple[Key, Key | None]]:
     """One MIN step: ``held`` the MPC (may include experts active now), ``newcomers`` the active experts in
     neither HPC nor MPC, ``next_use[e]`` each one's next use. Returns (admitted expert, evicted expert or None)
     so that the MPC ends up holding the ``slots`` soonest-used experts of the pool (never-used newcomers stay out;
     ties keep the cached expert, then the lower id)."""
-    cand = [e for e in newcomers if next_use[e] != NEVER]
+    cand: list[Key] = [e for e in newcomers if next_use[e] != NEVER]
     if not cand:
         return []
     new = set(cand)
@@ -139,7 +143,7 @@ def min_step(held: Sequence[int], newcomers: Sequence[int], next_use, slots: int
         return []
     victims = sorted((v for v in held if v not in keep), key=lambda v: (-next_use[v], v))  # furthest first
     free = slots - len(held)
-    out = []
+    out: list[tuple[Key, Key | None]] = []
     for j, e in enumerate(incoming):
         out.append((e, None) if j < free else (e, victims[j - max(free, 0)]))
     return out
@@ -350,7 +354,7 @@ def belady_bound_shared(trace, iterations, capacity: int, cached_layers=None, wa
         run = {kind: [layer for layer in phases[kind] if layer in set(cached)] for kind in phases}
         when: dict[tuple[int, int], int] = {}
         held: dict[tuple[int, int], None] = {}
-        no_hpc = [frozenset()] * n
+        no_hpc: list[frozenset[int]] = [frozenset()] * n
         for it in iterations:
             i = it.index
             if warm and it.new_batch:

@@ -64,6 +64,8 @@ model has, so only 128-expert models run as intended.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from sim.errors import ConfigError
@@ -118,7 +120,7 @@ class DiffMoE(Policy):
         # per-call cost outweighs its loops): ints in millionths (exact), floats (float64), or numpy float32
         # scalars (float32: each operation rounds to float32 as the artifact's floats do).
         if arith == "exact":
-            self._dtype = np.int64
+            self._dtype: Any = np.int64
             for name in NUMBERS:
                 units = p[name] * EXACT_SCALE
                 if abs(units - round(units)) > 1e-6 * max(1.0, abs(units)):

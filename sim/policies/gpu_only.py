@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from sim.policies.base import Policy, PolicyContext
-from sim.policies.base import POLICIES
+from sim.policies.base import POLICIES, Policy, PolicyContext
 
 
 @POLICIES.register("gpu-only")

@@ -8,7 +8,8 @@ The rule (every number in it is a guess, named as such; costs from the run's cos
 - **Cache**: all ``hpc_slots + mpc_slots`` slots of a cached layer are one cache (no pinned HPC; its hits count
   as MPC hits) whose copies land in their slots (``promotion_is_free``). With ``warm_start`` (default, as fiddler
   and ktransformers start from the hot-expert profile) it starts holding the layer's hottest experts
-  (``cache.hot_profile``; without it, 321 tokens/s instead of 333 in the measurement below). Each expert of a layer carries a reuse estimate ``p``: an exponential moving average,
+  (``cache.hot_profile``; without it, 321 tokens/s instead of 333 in the measurement below). Each expert of a layer
+  carries a reuse estimate ``p``: an exponential moving average,
   per iteration, of whether the expert was active (``half_life`` iterations, default 16: a guess).
 - **Host or copy** (per layer, the non-resident active experts taken from the most tokens down, ties by id):
   the policy keeps two finish estimates, the GPU's ``G`` (the resident and prefetched experts' compute, then each

@@ -168,8 +168,8 @@ class LearnedRF(PerLayerCache):
         self._count_uses(layer, active)
         n, until, score = len(self.layer_pos), self.layers_until, self.score
 
-        def keys(l, held):  # global_distance(2 ** score, l, layer), inlined
-            t, d = self.last[l], until(l, layer)
-            return [((2.0 ** score(l, v) - 1.0) * n + d, -t[v], -v) for v in held]
+        def keys(lay, held):  # global_distance(2 ** score, lay, layer), inlined
+            t, d = self.last[lay], until(lay, layer)
+            return [((2.0 ** score(lay, v) - 1.0) * n + d, -t[v], -v) for v in held]
 
         self.admit_shared(layer, active, plan, keys)

@@ -78,8 +78,8 @@ class LeastStale(PerLayerCache):
         self.observe(layer, active)
         n, until = len(self.layer_pos), self.layers_until
 
-        def keys(l, held):  # global_distance(k, l, layer), inlined
-            t, i, now, d = self.last[l], self.interval[l], self.step[l], until(l, layer)
+        def keys(lay, held):  # global_distance(k, lay, layer), inlined
+            t, i, now, d = self.last[lay], self.interval[lay], self.step[lay], until(lay, layer)
             return [((t[v] + max(i[v], 1.0) - now - 1.0) * n + d, t[v], v) for v in held]
 
         self.admit_shared(layer, active, plan, keys)

@@ -78,8 +78,8 @@ class LFU(PerLayerCache):
             return
         freq = self.freq[layer]
         freqs, lasts = self.freq, self.last
-        def keys(l, held):
-            f, t = freqs[l], lasts[l]
+        def keys(lay, held):
+            f, t = freqs[lay], lasts[lay]
             return [(-f[v], -t[v], -v) for v in held]
 
         admitted = self.admit_shared(layer, active, plan, keys, newcomers)

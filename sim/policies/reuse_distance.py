@@ -59,8 +59,9 @@ class ReuseDistance(PerLayerCache):
         n, e, w = self.ctx.num_layers, self.ctx.num_experts, self.params["window"]
         self.step = [0] * n
         self.last = [[-1] * e for _ in range(n)]
-        self.history = [[deque(maxlen=w) for _ in range(e)] for _ in range(n)]
-        self.pooled = [deque(maxlen=4 * w) for _ in range(n)]  # the layer's recent intervals, every expert
+        self.history: list[list[deque[int]]] = [[deque(maxlen=w) for _ in range(e)] for _ in range(n)]
+        # the layer's recent intervals, every expert
+        self.pooled: list[deque[int]] = [deque(maxlen=4 * w) for _ in range(n)]
         if self.shared:
             self.update = self.update_shared
 
@@ -84,9 +85,9 @@ class ReuseDistance(PerLayerCache):
         self._record_gaps(layer, active)
         n, until, pred = len(self.layer_pos), self.layers_until, self.prediction
 
-        def keys(l, held):  # global_distance(prediction, l, layer), inlined
-            t, d = self.last[l], until(l, layer)
-            return [((pred(l, v) - 1.0) * n + d, -t[v], -v) for v in held]
+        def keys(lay, held):  # global_distance(prediction, lay, layer), inlined
+            t, d = self.last[lay], until(lay, layer)
+            return [((pred(lay, v) - 1.0) * n + d, -t[v], -v) for v in held]
 
         self.admit_shared(layer, active, plan, keys)
 

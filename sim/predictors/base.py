@@ -55,9 +55,10 @@ class PredictionScore:
     """Running precision/recall of a predictor, overall and per predicted layer."""
 
     num_layers: int
-    tp: np.ndarray = None
-    predicted: np.ndarray = None
-    actual: np.ndarray = None
+    # None until __post_init__ sizes them
+    tp: np.ndarray = None  # type: ignore[assignment]
+    predicted: np.ndarray = None  # type: ignore[assignment]
+    actual: np.ndarray = None  # type: ignore[assignment]
 
     def __post_init__(self):
         self.tp = np.zeros(self.num_layers, dtype=np.int64)

@@ -23,7 +23,8 @@ class NoisyPredictor(Predictor):
         for name in ("recall", "precision"):
             v = self.params[name]
             if not 0.0 <= v <= 1.0 or (name == "precision" and v == 0.0):
-                raise ConfigError(f"predictor.params.{name}: must lie in {'(0, 1]' if name == 'precision' else '[0, 1]'}, got {v}")
+                bounds = "(0, 1]" if name == "precision" else "[0, 1]"
+                raise ConfigError(f"predictor.params.{name}: must lie in {bounds}, got {v}")
 
     def predict(self, iteration, layer, truth, current):
         truth_sorted = sorted(truth)

@@ -35,11 +35,11 @@ import os
 
 import numpy as np
 
-from sim.errors import ConfigError
 from sim.checks import show
+from sim.errors import ConfigError
+from sim.files import resolve_path
 from sim.params import MAX_EXPERTS, RunFacts, between, training_trace
 from sim.predictors.base import PREDICTORS, Predictor
-from sim.files import resolve_path
 from sim.workload import phase_layers
 from traces.errors import TraceError
 from traces.format import Trace
@@ -208,7 +208,7 @@ class TransitionPredictor(LayerPairPredictor):
         groups = self.group[self.rows]
         if self.rows.size == 1 or (groups == groups[0]).all():
             return self.guess(self.rows, src, layer, int(groups[0]))
-        out = frozenset()
+        out: frozenset[int] = frozenset()
         for g in np.unique(groups):  # each fold's tokens with the tables of the other fold
             out |= self.guess(self.rows[groups == g], src, layer, int(g))
         return out
@@ -226,7 +226,7 @@ class TransitionPredictor(LayerPairPredictor):
             score = np.where(ids[:, :, None] >= 0, table[np.maximum(ids, 0)], 0.0).sum(axis=1) + tie  # [sets, E]
             for c, row in zip(new, score):
                 memo[c] = self.best(row)
-        out = frozenset()
+        out: frozenset[int] = frozenset()
         for c in combos:
             out |= memo.get(c, frozenset())
         return out
