@@ -19,31 +19,36 @@ starts, taking that long on the link (one copy and one write-back at a time: mix
 stream); with ``serial``, a copy never starts while the compute stream computes: copies queue until the stream waits
 (the engine calls :meth:`CopyEngine.kick` then), as on one stream where a copy and compute never overlap.
 
-Events: a copy's landing and the copy thread's wake-up are entries ``(time, priority, id, callback)`` on the SimPy
-environment's event heap, with the ids SimPy would give their timeouts (``env._eid``); the engine
-(``sim/engine.py``) steps that heap by hand and calls ``callback()``. At most one of them is pending at a time
-(the copy on the link, or the thread waking up to start one).
+Events: a copy's landing and the copy thread's wake-up are SimPy timeouts whose callback lands the copy or starts
+the next one; nothing else of SimPy is used, so other processes may share the environment. At most one of them is
+pending at a time (the copy on the link, or the thread waking up to start one): ``pending``, due at ``due``.
+``events`` counts the ones processed. A request of the compute stream happens at the stream's time (``clock``, a
+:class:`sim.clock.StreamClock` that may run ahead of SimPy's while nothing is due); its timeouts land exactly at that
+time plus their delay (``clock.timeout_at``). A callback happens at SimPy's time.
 """
 
 from __future__ import annotations
 
-from heapq import heappush
-
 import simpy
-from simpy.core import NORMAL
 
+from sim.clock import EnvClock
 from sim.copy_queue import CopyJob, CopyQueue, QueueCounters
 
 __all__ = ["CopyEngine", "CopyJob"]
 
+NEVER = float("inf")
+
 
 class CopyEngine(QueueCounters):
-    """Callback-driven: a copy is one heap entry whose callback lands it and starts the next; no process."""
+    """Callback-driven: a copy is one SimPy timeout whose callback lands it and starts the next; no process."""
 
     def __init__(self, env: simpy.Environment, copy_s: float, nbytes: int, buffers: int, reserve: int,
-                 timeline: list | None = None, slowdown: float = 1.0, handoff: float = 0.0, gap: float = 0.0,
-                 writeback: float = 0.0, serial: bool = False):
+                 timeline=None, slowdown: float = 1.0, handoff: float = 0.0, gap: float = 0.0,
+                 writeback: float = 0.0, serial: bool = False, clock=None):
+        """``timeline``: a :class:`sim.timeline.Timeline` that records each landed copy, or None; ``clock``: the
+        requesting stream's :class:`sim.clock.StreamClock` (default: SimPy's own clock)."""
         self.env = env
+        self.clock = clock if clock is not None else EnvClock(env)
         self.writeback = writeback   # seconds one evicted expert's write-back takes on the link (0: none)
         self.writebacks = 0          # write-backs done
         self.owed = 0                # evictions not yet written back
@@ -60,44 +65,40 @@ class CopyEngine(QueueCounters):
         self.demand, self.prefetch, self.ready = q.demand, q.prefetch, q.ready   # read by the engine
         self.timeline = timeline
         self.current: CopyJob | None = None  # the copy on the link
-        self._heap, self._eid = env._queue, env._eid
+        self.pending: simpy.Event | None = None   # the landing or wake-up to come (at most one)
+        self.due = NEVER                           # its time (SimPy's own sum: now + delay)
+        self.events = 0                            # landings and wake-ups processed
         # the idle copy thread (not already waking) is asked for a copy: it starts now, or after the hand-off
         self._wake = self._wake_later if handoff else self._start_next
-        self._landed, self._woke = self._land, self._woken   # the callbacks, bound once
+
+    @property
+    def busy(self) -> bool:
+        """A copy is on the link, or the copy thread is waking up to start one."""
+        return self.current is not None or self.waking
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, layer: int, expert: int, prefetch: bool) -> CopyJob:
         job = self.queue.submit(layer, expert, prefetch)
         if self.current is None and not self.waking:
-            self._wake()
+            self._ask()
         return job
 
     def upgrade(self, job: CopyJob) -> None:
         """A prefetched expert is needed now: if its copy has not started, it joins the demand queue."""
         if self.queue.upgrade(job) and self.current is None and not self.waking:
-            self._wake()
+            self._ask()
 
     def drop(self, job: CopyJob) -> None:
         """A prefetched expert went unused: cancel its copy, or free its buffer once it has landed."""
         if self.queue.drop(job) and self.current is None and not self.waking:
-            self._wake()
+            self._ask()
 
     def release(self, job: CopyJob) -> None:
         """``job``'s working buffer is free again."""
         q = self.queue
         q.release(job.buffer)
         if self.current is None and not self.waking and (self.handoff or q.demand or q.prefetch):
-            self._wake()
-
-    # -------------------------------------------------------------------------------------------- the link
-    def _wake_later(self) -> None:
-        self.waking = True
-        heappush(self._heap, (self.env._now + self.handoff, NORMAL, next(self._eid), self._woke))
-
-    def _woken(self) -> None:
-        self.waking = False
-        if self.current is None:
-            self._start_next()
+            self._ask()
 
     def evicted(self, n: int) -> None:
         """``n`` experts were evicted: each is written back before the next copy (with ``writeback`` set)."""
@@ -107,7 +108,33 @@ class CopyEngine(QueueCounters):
     def kick(self) -> None:
         """The compute stream waits (serial): start the next queued copy if the link is idle."""
         if self.current is None and not self.waking and self.queue.has_next():
-            self._wake()
+            self._ask()
+
+    # -------------------------------------------------------------------------------------------- the link
+    def _ask(self) -> None:
+        """The compute stream asks the idle copy thread for a copy, at the stream's time: the thread starts it, or
+        wakes up to."""
+        self._wake(self.clock.now, True)
+
+    def _after(self, now: float, delay: float, callback, asked: bool) -> None:
+        """The one pending event: ``delay`` seconds from ``now``, then ``callback``; ``asked``: ``now`` is the
+        compute stream's time (a request), else SimPy's (a callback)."""
+        ev = self.clock.timeout_at(now, delay) if asked else self.env.timeout(delay)
+        self.pending, self.due = ev, now + delay   # the timeout's time
+        ev.callbacks.append(callback)
+
+    def _wake_later(self, now: float, asked: bool, delay: float | None = None) -> None:
+        """The copy thread wakes up after the hand-off (or ``delay``), then starts the next copy."""
+        self.waking = True
+        self._after(now, self.handoff if delay is None else delay, self._woken, asked)
+
+    def _woken(self, _event) -> None:
+        self.events += 1
+        now = self.due   # SimPy's time now: this event's
+        self.pending, self.due = None, NEVER
+        self.waking = False
+        if self.current is None:
+            self._start_next(now, False)
 
     def _duration(self) -> float:
         """The next copy's time on the link, its owed write-backs first (software: write-back, serial)."""
@@ -118,49 +145,43 @@ class CopyEngine(QueueCounters):
             self.owed = 0
         return duration
 
-    def _start_next(self) -> None:
+    def _start_next(self, now: float, asked: bool) -> None:
+        """Start the next queued copy at ``now`` (``asked``: the compute stream's time, else SimPy's), if the queue
+        has one that may start (and, serial, the stream waits)."""
         if self.serial and self.computing:
             return
         job = self.queue.start_next()
         if job is None:
             return
-        job.start = now = self.env._now
+        job.start = now
         if self.serial or self.writeback:
             duration = self._duration()
         else:
             duration = self.copy_s * self.slowdown if self.computing else self.copy_s
-        job.end = end = now + duration  # planned; the engine reads it to stretch overlapping compute
+        job.end = end = now + duration  # planned (the timeout's time too); the engine reads it to stretch compute
         self.busy_s += duration
         self.current = job
-        heappush(self._heap, (end, NORMAL, next(self._eid), self._landed))
+        ev = self.clock.timeout_at(now, duration) if asked else self.env.timeout(duration)
+        self.pending, self.due = ev, end
+        ev.callbacks.append(self._land)
 
-    def _land(self) -> None:
+    def _land(self, _event) -> None:
         """The copy on the link lands: it waits in ``ready`` for its layer (or frees its buffer if dropped)."""
+        self.events += 1
+        now = self.due   # SimPy's time now: this event's
+        self.pending, self.due = None, NEVER
         job = self.current
         self.current = None
         if self.timeline is not None:
-            kind = "prefetch" if job.was_prefetch else "demand"
-            self.timeline.append(("copy", f"L{job.layer} E{job.expert} {kind}", job.start, job.end - job.start))
+            self.timeline.copy(job)
         q = self.queue
         q.land(job)
         if not q.demand and not q.prefetch:
             return
         if self.gap and q.has_next():  # the copy thread notices the landing, then issues the next copy
-            self.waking = True
-            heappush(self._heap, (self.env._now + self.gap, NORMAL, next(self._eid), self._woke))
+            self._wake_later(now, False, self.gap)
             return
-        if self.serial or self.writeback:  # the software's rules are in _start_next
-            self._start_next()
-            return
-        job = q.start_next()   # as _start_next, inline (once per copy)
-        if job is None:
-            return
-        job.start = now = self.env._now
-        duration = self.copy_s * self.slowdown if self.computing else self.copy_s
-        job.end = end = now + duration
-        self.busy_s += duration
-        self.current = job
-        heappush(self._heap, (end, NORMAL, next(self._eid), self._landed))
+        self._start_next(now, False)
 
     # ---------------------------------------------------------------------------------------------- counters
     @property

@@ -37,7 +37,7 @@ hardware's; each eviction is written back over the link with ``writeback_evicted
 one, and the stream resumes when the link is idle again, so that a copy and compute never overlap. Per-expert and
 per-copy costs, formats, de-quantization and pageable copies are in the durations (``sim/costs.py``).
 
-Host CPU experts (issue 13; Fiddler, kTransformers): a policy may have an active expert computed on the host CPU
+Host CPU experts (Fiddler, kTransformers): a policy may have an active expert computed on the host CPU
 from its weights in host memory (source ``CPU``, ``LayerStep.cpu``). When the layer's decisions are taken (after
 its gate and round trip), the input activations of the tokens routed to at least one of the layer's host experts
 (:func:`sim.protocol.cpu_tokens`) cross the link device->host (``CostModel.activation_copy_s(tokens, "d2h")``);
@@ -51,28 +51,38 @@ a weight copy on the same direction is an assumption), they do not slow the weig
 neither slows the GPU nor the weight copies (host memory bandwidth shared with the link's DMA is ignored), nor is
 it slowed by the host thread issuing copies. A run without host experts is timed exactly as before.
 
-Events are coarse: one per copy, one per expert compute that waits on a copy, one for the dense work and one for
-all cached experts of a layer together. They are numbered and ordered as SimPy numbers its events (``env._eid``),
-so the ``events`` count is SimPy's; only the copy engine's landings and wake-ups sit on SimPy's event heap, as
-light entries this engine steps by hand (``sim/copy_engine.py``), and the compute stream is plain code.
+Processes and events (SimPy's public API only, so that other processes may share the environment): the copy
+engine's landings and its thread's wake-ups are SimPy timeouts with callbacks (``sim/copy_engine.py``); the compute
+stream (:class:`ComputeStream`) is the run's driver: it keeps its own clock (``sim/clock.py``) and runs the
+environment (``env.step``) whenever an event is due before the end of one of its waits, or when it waits for a copy
+(until the callback of the copy event that lands it has run). A wait with nothing due before its end needs no event
+(nothing can happen in between), so most compute costs no SimPy event; the results are those of a process that
+waits on one timeout per compute (every event due at or before a wait's end runs before the stream goes on). The
+host CPU's work on a layer's experts is known when the layer's decisions are taken (nothing else uses the host), so
+its spans are computed then (:class:`HostStream`) and the compute stream waits for its end like for any compute.
+
+Events (``events``): the stream's start, each of its waits, each resumption on a landed copy, and each landing and
+wake-up of the copy engine processed (events of other processes are not counted).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from heapq import heappop
 from dataclasses import dataclass, field
 
 import simpy
 
-from sim.cache import HPC, LPC, MPC
+from sim.accounting import IterationTally, iteration_record
+from sim.cache import LPC
+from sim.clock import StreamClock
 from sim.copy_engine import CopyEngine
 from sim.costs import CostModel, Memo
 from sim.policies.base import Policy
-from sim.records import IterationRecord
 from sim.predictors.base import PredictionScore, Predictor
-from sim.protocol import DecisionProtocol, LayerDecision, cpu_tokens
+from sim.protocol import DecisionProtocol, LayerDecision, LayerStep, cpu_tokens
+from sim.records import IterationRecord
+from sim.timeline import Timeline
 from sim.workload import Iteration, phase_layers
 from traces.format import Trace
 
@@ -102,10 +112,281 @@ class EngineResult:
     cpu_experts: int = 0         # expert computations on the host
 
 
-def _events_processed(env: simpy.Environment) -> int:
-    """Events SimPy has processed: it numbers every scheduled event (``_eid``, a counter); the ones still queued
-    were not processed. Reading the counter once at the end costs nothing during the run."""
-    return next(env._eid) - len(env._queue)
+def host_cost(costs: CostModel, name: str) -> float:
+    """A host issue cost: the serving system's when it sets one, else the hardware's (as calibrated)."""
+    value = getattr(costs.system, name)
+    return getattr(costs.hw, name) if value is None else value
+
+
+class HostStream:
+    """The host CPU computing a layer's host experts: activations to the host, its experts one after another (each
+    with all its cores), outputs back. Nothing else uses the host and it is free when a layer's activations arrive,
+    so the work is known when it starts: :meth:`run` returns when it ends."""
+
+    def __init__(self, costs: CostModel, trace: Trace, timeline: Timeline | None):
+        self.costs, self.trace, self.timeline = costs, trace, timeline
+        self.expert_s = Memo(costs.cpu_expert_s)  # tokens -> one expert's compute on the host CPU
+
+    def run(self, now: float, it: Iteration, layer: int, counts, cpu) -> tuple[float, float]:
+        """The host side of ``layer`` whose decisions are taken at ``now``: (when the outputs are on the GPU, the
+        host's busy seconds)."""
+        costs, tl, expert_s = self.costs, self.timeline, self.expert_s
+        n = cpu_tokens(self.trace, it, layer, cpu)
+        d2h = costs.activation_copy_s(n, "d2h")
+        t = now + d2h
+        if tl is not None:
+            tl.host(layer, "activations d2h", now, d2h)
+        host = 0.0
+        for e in cpu:
+            c = expert_s[counts[e]]
+            if tl is not None:
+                tl.host(layer, f"E{e} cpu", t + host, c)
+            host += c
+        h2d = costs.activation_copy_s(n, "h2d")
+        if tl is not None:
+            tl.host(layer, "activations h2d", t + host, h2d)
+        return t + host + h2d, host
+
+
+class ComputeStream(StreamClock):
+    """The GPU's compute stream: one MoE layer (:meth:`layer`) and the LM head (:meth:`lm_head`), over the copy
+    engine ``copy``, on its own clock (:class:`sim.clock.StreamClock`: ``now``, ``wait``). It keeps the current
+    iteration's figures (:meth:`start_iteration` resets them): ``busy``, ``stall``, the prefetches ``issued``,
+    ``used`` and ``unused``, and the host experts (``cpu_n``, ``cpu_s``, ``cpu_wait``); ``wasted`` bytes and
+    ``waits`` (its waits and resumptions) are over the run."""
+
+    def __init__(self, env: simpy.Environment, costs: CostModel, policy: Policy, copy: CopyEngine,
+                 protocol: DecisionProtocol, trace: Trace, timeline: Timeline | None):
+        super().__init__(env)
+        self.costs, self.policy, self.copy, self.protocol = costs, policy, copy, protocol
+        copy.clock = self   # the copy engine's requests come at the stream's time
+        self.timeline = timeline
+        self.host = HostStream(costs, trace, timeline)
+        self.roles = [x.role for x in trace.meta.model.layers]
+        hw, system = costs.hw, costs.system
+        expert_bytes = self.expert_bytes = costs.expert_bytes
+        d2d = costs.d2d_s(expert_bytes)
+        self.hit_d2d = d2d if policy.hit_d2d else 0.0
+        self.promote_d2d = 0.0 if policy.promotion_is_free else d2d
+        self.slow, self.dense_slow = hw.compute_slowdown, hw.dense_slowdown
+        self.slowed = self.slow != 1.0 or self.dense_slow != 1.0
+        self.handoff = hw.handoff_s
+        self.serial = system.serial
+        self.writeback = system.writeback_evicted
+        self.roundtrip = host_cost(costs, "layer_roundtrip_s")
+        if system.layer_overhead_s:  # the framework's time per layer, beside the round trip
+            self.roundtrip = self.roundtrip + system.layer_overhead_s
+        self.copy_issue, self.expert_issue = host_cost(costs, "copy_issue_s"), host_cost(costs, "expert_issue_s")
+        self.hit_issue = host_cost(costs, "hit_issue_s")
+        self.expert_of = Memo(costs.expert_s)  # tokens -> one expert's compute
+        self.jobs = {}          # (layer, expert) -> the CopyJob of a prefetch not yet used or dropped
+        self.wasted = 0         # bytes of unused prefetches that crossed the link
+        self.dense_of = None
+
+    # ------------------------------------------------------------------------------------------------ time
+    def stretch(self, t: float, slow: float) -> float:
+        """Compute of ``t`` seconds started now, slowed by ``slow`` while it overlaps a copy: the whole of it when
+        more copies are queued, else only until the copy on the link lands."""
+        copy = self.copy
+        job = copy.current
+        if job is None:
+            return t
+        if copy.demand or copy.prefetch:
+            return t * slow
+        left = job.end - self.now
+        return t * slow if left >= t * slow else left + (t - left / slow)
+
+    def wait_copy(self, ready: deque) -> None:
+        """The stream stalls until the layer's next copy has landed in ``ready`` (serial: and the link is idle
+        again, the copies started meanwhile: one stream), waiting on the copy engine's events one by one, so that it
+        goes on right after the callback of the one that lands it; then its host thread wakes up to it (the
+        hand-off)."""
+        copy, step = self.copy, self.step
+        t0 = self.now
+        copy.computing = False
+        idle = self.serial
+        if idle:
+            copy.kick()
+        while not ready or (idle and (copy.current is not None or copy.waking)):
+            ev = copy.pending
+            if ev is None:
+                raise RuntimeError("simulation deadlocked: the compute stream waits on a copy that never comes")
+            while ev.callbacks is not None:   # the environment runs until the copy event's callback has run
+                step()
+        self.now = self.env.now
+        self.waits += 1   # the stream resumes
+        if self.handoff:
+            self.wait(self.handoff)
+        copy.computing = True
+        self.stall += self.now - t0
+
+    def wait_host(self, done: float) -> None:
+        """The stream waits for the layer's host experts (``done``)."""
+        w = done - self.now
+        if w <= 0:
+            return
+        if self.serial:  # one stream: no copy starts while it waits for the host
+            self.wait(w)
+        else:
+            self.copy.computing = False
+            self.wait(w)
+            self.copy.computing = True
+        self.cpu_wait += w
+
+    # ------------------------------------------------------------------------------------------- one layer
+    def start_iteration(self, it: Iteration) -> None:
+        """Reset the iteration's figures; the dense work of its layers, per role."""
+        self.busy = self.stall = self.cpu_wait = self.cpu_s = 0.0
+        self.cpu_n = self.issued = self.unused = self.used = 0
+        n_tok, costs = int(it.rows.size), self.costs
+        self.dense_of = Memo(lambda role: costs.dense_s(role, n_tok, it.context))
+
+    def layer(self, step: LayerStep) -> None:
+        """One MoE layer: dense work and gate, the host's round trip, the decisions, then its experts."""
+        layer, tl = step.layer, self.timeline
+        dense = self.dense_of[self.roles[layer]]
+        if self.slowed:
+            dense = self.stretch(dense, self.dense_slow)
+        if tl is not None:
+            tl.dense(layer, self.now, dense)
+        self.wait(dense)
+        self.busy += dense
+        if self.roundtrip:  # the gate's choice reaches the host before anything of the layer is issued
+            self.wait(self.roundtrip)
+        self.decide(step)
+        resident_s = self.resident_time(step)
+        cpu = step.cpu
+        if cpu:  # the host's side starts now, beside the GPU's
+            cpu_done, host_s = self.host.run(self.now, step.iteration, layer, step.counts, cpu)
+            self.cpu_s += host_s
+            self.cpu_n += len(cpu)
+        new_copies = self.issue_copies(step)
+        if self.copy_issue and new_copies:  # the host issues the copies before the layer's experts
+            self.wait(self.copy_issue * new_copies)
+        if resident_s:
+            if self.slowed:
+                resident_s = self.stretch(resident_s, self.slow)
+            if self.hit_issue:
+                resident_s = max(resident_s, self.hit_issue * len(step.resident))
+            self.wait(resident_s)
+            self.busy += resident_s
+        if step.copied:
+            self.copied_experts(step)
+        if cpu:
+            self.wait_host(cpu_done)
+
+    def decide(self, step: LayerStep) -> None:
+        """The layer's decisions (evictions written back, with a system that does), and its unused prefetches
+        dropped."""
+        if self.writeback:
+            counters = self.policy.cache.counters
+            evictions = counters.evictions
+            self.protocol.decide(step)
+            self.copy.evicted(counters.evictions - evictions)
+        else:
+            self.protocol.decide(step)
+        unused = step.plan.unused_prefetch
+        if unused:
+            jobs, drop, layer = self.jobs, self.copy.drop, step.layer
+            for e in unused:
+                job = jobs.pop((layer, e))
+                if job.started:
+                    self.wasted += self.expert_bytes
+                drop(job)
+            self.unused += len(unused)
+
+    def resident_time(self, step: LayerStep) -> float:
+        """The compute of the layer's cached experts, one after another from now (each after its copy into the
+        working arena when hits are not free)."""
+        resident_s, tl = 0.0, self.timeline
+        expert_of, counts, hit_d2d = self.expert_of, step.counts, self.hit_d2d
+        if tl is None:
+            for e in step.resident:
+                resident_s += expert_of[counts[e]] + hit_d2d
+            return resident_s
+        now, sources = self.now, step.plan.sources
+        for e in step.resident:
+            t = expert_of[counts[e]] + hit_d2d
+            tl.expert(step.layer, e, sources[e], now + resident_s, t)
+            resident_s += t
+        return resident_s
+
+    def issue_copies(self, step: LayerStep) -> int:
+        """The layer's demand copies (a queued prefetch it needs moves up), then the next layer's prefetches, so
+        that an idle link starts a copy this layer waits for; returns the copies submitted."""
+        copy, jobs, layer = self.copy, self.jobs, step.layer
+        submit, new_copies = copy.submit, 0
+        for e, src in step.copied:
+            if src == LPC:
+                copy.upgrade(jobs.pop((layer, e)))
+                self.used += 1
+            else:
+                submit(layer, e, False)
+                new_copies += 1
+        if step.prefetch:
+            nxt = step.next_layer
+            for e in step.prefetch:
+                jobs[(nxt, e)] = submit(nxt, e, True)
+            self.issued += len(step.prefetch)
+            new_copies += len(step.prefetch)
+        return new_copies
+
+    def copied_experts(self, step: LayerStep) -> None:
+        """Each copied expert computes as soon as its copy lands, in landing order (then its promotion into the
+        MPC, a device copy unless promotion is free), and frees its working buffer."""
+        copy, tl, layer = self.copy, self.timeline, step.layer
+        ready = copy.ready.get(layer)
+        if ready is None:
+            ready = copy.ready[layer] = deque()
+        promote, counts, expert_of = step.plan.promote, step.counts, self.expert_of
+        serial = self.serial
+        for _ in step.copied:
+            if not ready or (serial and copy.busy):
+                self.wait_copy(ready)
+            job = ready.popleft()
+            e = job.expert
+            t = expert_of[counts[e]]
+            if e in promote:
+                t += self.promote_d2d
+            if self.slowed:
+                t = self.stretch(t, self.slow)
+            if self.expert_issue:
+                t = max(t, self.expert_issue)
+            if tl is not None:
+                tl.expert(layer, e, "copied", self.now, t)
+            self.wait(t)
+            self.busy += t
+            copy.release(job)
+
+    def lm_head(self, it: Iteration) -> None:
+        """The LM head closes the iteration: over every generated token, or each prefilled request's last."""
+        n_tok = int(it.rows.size)
+        lm = self.costs.lm_head_s(n_tok if it.kind == "decode" else it.requests)
+        if lm and self.slowed:
+            lm = self.stretch(lm, self.dense_slow)
+        if lm:
+            if self.timeline is not None:
+                self.timeline.lm_head(self.now, lm)
+            self.wait(lm)
+            self.busy += lm
+
+
+class RunTotals:
+    """The run's sums of the compute stream's per-iteration figures (each added once per iteration)."""
+
+    def __init__(self):
+        self.busy = self.stall = self.cpu_busy = self.cpu_wait = 0.0
+        self.issued = self.used = self.unused = self.cpu_n = 0
+
+    def add(self, s: ComputeStream) -> None:
+        self.cpu_wait += s.cpu_wait
+        self.cpu_busy += s.cpu_s
+        self.cpu_n += s.cpu_n
+        self.busy += s.busy
+        self.stall += s.stall
+        self.issued += s.issued
+        self.unused += s.unused
+        self.used += s.used
 
 
 class Simulation:
@@ -121,12 +402,15 @@ class Simulation:
         self.costs = costs
         self.lpc_buffers = lpc_buffers
         self.prefetch_reserve = prefetch_reserve
-        self.timeline = [] if timeline else None
+        self.timeline = Timeline() if timeline else None
         self.progress = progress
         self.check_invariants = check_invariants  # full tier check after every layer (tests)
         self.record_decisions = record_decisions  # keep every step's LayerDecision (the validator compares them)
         self.roles = [x.role for x in trace.meta.model.layers]
         self.phase_layers = phase_layers(trace)
+        # built by setup(): the SimPy environment, the copy engine, the decision protocol, the compute stream
+        self.env = self.copy = self.protocol = self.stream = None
+        self.score = None
 
     def _check(self, policy: Policy) -> None:
         """The full invariant check after a layer: the tiers, and the working buffers within their number."""
@@ -134,302 +418,57 @@ class Simulation:
         if not 0 <= self.copy.queue.in_use <= self.copy.queue.capacity:
             raise AssertionError("working buffers over capacity")
 
-    def run(self) -> EngineResult:
+    def setup(self, env: simpy.Environment | None = None) -> simpy.Environment:
+        """The run's environment (a new one, or ``env`` with other processes of its own), its copy engine, decision
+        protocol and compute stream."""
+        env = self.env = env if env is not None else simpy.Environment()
+        costs, system, hw = self.costs, self.costs.system, self.costs.hw
+        nbytes = costs.expert_bytes
+        writeback = costs.writeback_s(nbytes) if system.writeback_evicted else 0.0
+        self.copy = CopyEngine(env, costs.copy_s(nbytes), nbytes, self.lpc_buffers, self.prefetch_reserve,
+                               self.timeline, hw.copy_slowdown, hw.handoff_s, hw.copy_gap_s, writeback, system.serial)
+        self.score = PredictionScore(len(self.roles))
+        self.protocol = DecisionProtocol(self.trace, self.policy, self.predictor, self.score, self.record_decisions,
+                                         self._check if self.check_invariants else None)
+        self.stream = ComputeStream(env, costs, self.policy, self.copy, self.protocol, self.trace, self.timeline)
+        return env
+
+    def layer_loop(self, records: list[IterationRecord], totals: RunTotals) -> None:
+        """Every iteration's MoE layers of its phase, then its LM head, on the compute stream; one record per
+        iteration."""
+        stream, protocol, progress = self.stream, self.protocol, self.progress
+        tally = IterationTally(self.policy.cache.counters, self.copy)
+        for it in self.iterations:
+            t_start = stream.now
+            tally.begin()
+            stream.start_iteration(it)
+            for step in protocol.steps(it):
+                stream.layer(step)
+            stream.lm_head(it)
+            records.append(iteration_record(it, int(it.rows.size), t_start, stream.now, stream.stall,
+                                            tally.counts(stream.issued, stream.unused), stream.cpu_n, stream.cpu_s,
+                                            stream.cpu_wait))
+            totals.add(stream)
+            if progress is not None:
+                progress(it.index + 1, len(self.iterations))
+        stream.wait(0.0)   # the copy events due at the last instant run before the stream ends
+        stream.catch_up()  # SimPy's clock at the run's end
+
+    def run(self, env: simpy.Environment | None = None) -> EngineResult:
+        """Simulate the run (in ``env`` if given: other processes there run beside it, as long as the stream
+        does)."""
         wall0 = time.perf_counter()
-        env = simpy.Environment()
-        costs, policy, predictor = self.costs, self.policy, self.predictor
-        expert_bytes = costs.expert_bytes
-        system = costs.system
-        serial = system.serial
-        writeback = costs.writeback_s(expert_bytes) if system.writeback_evicted else 0.0
-        copy = self.copy = CopyEngine(env, costs.copy_s(expert_bytes), expert_bytes, self.lpc_buffers,
-                                      self.prefetch_reserve, self.timeline, costs.hw.copy_slowdown,
-                                      costs.hw.handoff_s, costs.hw.copy_gap_s, writeback, serial)
-        handoff = costs.hw.handoff_s
-        def stretch(t: float, slow: float) -> float:
-            """Compute of ``t`` seconds started now, slowed by ``slow`` while it overlaps a copy: the whole of it
-            when more copies are queued, else only until the copy on the link lands."""
-            job = copy.current
-            if job is None:
-                return t
-            if copy.demand or copy.prefetch:
-                return t * slow
-            left = job.end - env._now
-            return t * slow if left >= t * slow else left + (t - left / slow)
-        d2d = costs.d2d_s(expert_bytes)
-        expert_s = costs.expert_s
-        tl = self.timeline
-        score = PredictionScore(len(self.roles))
+        env = self.setup(env)
         records: list[IterationRecord] = []
-        totals = {"busy": 0.0, "stall": 0.0, "issued": 0, "used": 0, "unused": 0, "wasted": 0,
-                  "cpu_busy": 0.0, "cpu_wait": 0.0, "cpu_n": 0}
-        counters = policy.cache.counters
-
-        protocol = self.protocol = DecisionProtocol(self.trace, policy, predictor, score, self.record_decisions,
-                                                    self._check if self.check_invariants else None)
-
-        # The compute stream is the only process, so it runs as plain code: a wait (``advance``) first runs every
-        # event SimPy would run before ``yield env.timeout(dt)`` resumes it (copy landings, the copy thread's
-        # wake-ups: keys below the timeout's (time, priority, id)), then moves the clock to ``now + dt``, the same
-        # float sum the timeout makes. Each wait still draws its event id, so ties and the events count are as with
-        # one SimPy event per wait. Every heap entry has SimPy's NORMAL priority and an older id than the wait's,
-        # so "below the wait's key" is "due at or before ``now + dt``".
-        queue, eids = env._queue, env._eid
-
-        def advance(dt: float) -> None:
-            t = env._now + dt
-            next(eids)
-            while queue and queue[0][0] <= t:
-                env._now, _, _, callback = heappop(queue)
-                callback()
-            env._now = t
-
-        def compute_stream():
-            submit, release, upgrade, drop = copy.submit, copy.release, copy.upgrade, copy.drop
-            # while a copy is on the link (or the copy thread wakes up), a submission only queues, and a freed
-            # buffer wakes the copy thread only when it is idle with copies queued (or a hand-off to pay): else
-            # the copy queue's own calls do all that CopyEngine.submit/release would
-            queue_submit, queue_release = copy.queue.submit, copy.queue.release
-            hit_d2d = d2d if policy.hit_d2d else 0.0
-            promote_d2d = 0.0 if policy.promotion_is_free else d2d
-            slow, dense_slow = costs.hw.compute_slowdown, costs.hw.dense_slowdown
-            slowed = slow != 1.0 or dense_slow != 1.0
-            hw = costs.hw
-            def host_cost(name: str) -> float:
-                """A host issue cost: the system's when it sets one, else the hardware's (as calibrated)."""
-                value = getattr(system, name)
-                return getattr(hw, name) if value is None else value
-            roundtrip, copy_issue = host_cost("layer_roundtrip_s"), host_cost("copy_issue_s")
-            expert_issue, hit_issue = host_cost("expert_issue_s"), host_cost("hit_issue_s")
-            if system.layer_overhead_s:
-                roundtrip = roundtrip + system.layer_overhead_s
-            roles, decide = self.roles, protocol.decide
-            copy_ready = copy.ready
-            expert_of = Memo(expert_s)  # tokens -> one expert's compute
-            trace = self.trace
-            cpu_of = Memo(costs.cpu_expert_s)  # tokens -> one expert's compute on the host CPU
-
-            def host_experts(it, layer, counts, cpu) -> float:
-                """The host side of a layer whose decisions are taken now: activations to the host, its experts
-                one after another, outputs back. Returns when the outputs are on the GPU, and the host's busy time."""
-                n = cpu_tokens(trace, it, layer, cpu)
-                d2h = costs.activation_copy_s(n, "d2h")
-                t0 = env._now
-                t = t0 + d2h
-                if tl is not None:
-                    tl.append(("cpu", f"L{layer} activations d2h", t0, d2h))
-                host = 0.0
-                for e in cpu:
-                    c = cpu_of[counts[e]]
-                    if tl is not None:
-                        tl.append(("cpu", f"L{layer} E{e} cpu", t + host, c))
-                    host += c
-                h2d = costs.activation_copy_s(n, "h2d")
-                if tl is not None:
-                    tl.append(("cpu", f"L{layer} activations h2d", t + host, h2d))
-                return t + host + h2d, host
-
-            def wait_host(done: float) -> float:
-                """The compute stream waits for the layer's host experts (``done``); returns the wait."""
-                w = done - env._now
-                if w <= 0:
-                    return 0.0
-                if serial:  # one stream: no copy starts while it waits for the host
-                    advance(w)
-                    return w
-                copy.computing = False
-                advance(w)
-                copy.computing = True
-                return w
-            for it in self.iterations:
-                t_start = env._now
-                stall = busy = 0.0
-                cpu_wait = cpu_s = 0.0
-                cpu_n = 0
-                before = (dict(counters.hits), counters.misses, copy.copies, counters.promotions, counters.evictions)
-                issued = unused = used = 0
-                jobs = {}
-                n_tok = int(it.rows.size)
-                # role -> the dense work of one MoE layer of this iteration
-                dense_of = Memo(lambda role: costs.dense_s(role, n_tok, it.context))
-                for step in protocol.steps(it):
-                    layer, counts = step.layer, step.counts
-                    dense = dense_of[roles[layer]]
-                    if slowed:
-                        dense = stretch(dense, dense_slow)
-                    if tl is not None:
-                        tl.append(("compute", f"L{layer} dense", env._now, dense))
-                    end = env._now + dense   # advance(dense), inline
-                    next(eids)
-                    while queue and queue[0][0] <= end:
-                        env._now, _, _, callback = heappop(queue)
-                        callback()
-                    env._now = end
-                    busy += dense
-                    if roundtrip:  # the gate's choice reaches the host before anything of the layer is issued
-                        advance(roundtrip)
-                    if writeback:
-                        evictions = counters.evictions
-                        decide(step)
-                        copy.evicted(counters.evictions - evictions)
-                    else:
-                        decide(step)
-                    plan = step.plan
-                    if plan.unused_prefetch:
-                        for e in plan.unused_prefetch:
-                            job = jobs.pop((layer, e))
-                            if job.started:
-                                totals["wasted"] += expert_bytes
-                            drop(job)
-                            unused += 1
-                    resident_s = 0.0
-                    resident = step.resident
-                    for e in resident:
-                        t = expert_of[counts[e]] + hit_d2d
-                        if tl is not None:
-                            tl.append(("compute", f"L{layer} E{e} {plan.sources[e]}", env._now + resident_s, t))
-                        resident_s += t
-                    cpu = step.cpu
-                    if cpu:  # the host's side starts now, beside the GPU's
-                        cpu_done, host_s = host_experts(it, layer, counts, cpu)
-                        cpu_s += host_s
-                        cpu_n += len(cpu)
-                    new_copies = 0
-                    copied = step.copied
-                    for e, src in copied:
-                        if src == LPC:
-                            upgrade(jobs.pop((layer, e)))
-                            used += 1
-                        else:
-                            if copy.current is None and not copy.waking:
-                                submit(layer, e, False)
-                            else:
-                                queue_submit(layer, e, False)
-                            new_copies += 1
-                    # prefetches reach the copy engine after this layer's demand copies, so that an idle link
-                    # starts a copy this layer waits for, not one for the next layer
-                    if step.prefetch:
-                        nxt = step.next_layer
-                        for e in step.prefetch:
-                            jobs[(nxt, e)] = submit(nxt, e, True)
-                            issued += 1
-                            new_copies += 1
-                    if copy_issue and new_copies:  # the host issues the copies before the layer's experts
-                        advance(copy_issue * new_copies)
-                    if resident_s:
-                        if slowed:
-                            resident_s = stretch(resident_s, slow)
-                        if hit_issue:
-                            resident_s = max(resident_s, hit_issue * len(resident))
-                        end = env._now + resident_s   # advance(resident_s), inline
-                        next(eids)
-                        while queue and queue[0][0] <= end:
-                            env._now, _, _, callback = heappop(queue)
-                            callback()
-                        env._now = end
-                        busy += resident_s
-                    if not copied:
-                        if cpu:
-                            cpu_wait += wait_host(cpu_done)
-                        continue
-                    ready = copy_ready.get(layer)
-                    if ready is None:
-                        ready = copy_ready[layer] = deque()
-                    promote = plan.promote
-                    for _ in copied:   # each copied expert computes as soon as its copy lands, in landing order
-                        if serial and (not ready or copy.current is not None or copy.waking):
-                            # one stream: the copies run now, all of them, and the stream resumes on an idle link
-                            t0 = env._now
-                            copy.computing = False
-                            copy.kick()
-                            while not ready or copy.current is not None or copy.waking:
-                                if not queue:
-                                    raise RuntimeError("simulation deadlocked: the compute stream waits on a copy "
-                                                       "that never comes")
-                                env._now, _, _, callback = heappop(queue)
-                                callback()
-                            next(eids)
-                            if handoff:
-                                advance(handoff)
-                            copy.computing = True
-                            stall += env._now - t0
-                        elif not ready:
-                            t0 = env._now
-                            copy.computing = False
-                            # until the layer's next copy lands; SimPy would resume the stream on a landing
-                            # event (its id drawn below), with nothing else due before it: the only other entry
-                            # there can be was pushed after the landing (the next copy, or the thread's wake-up)
-                            while not ready:
-                                if not queue:
-                                    raise RuntimeError("simulation deadlocked: the compute stream waits on a copy "
-                                                       "that never comes")
-                                env._now, _, _, callback = heappop(queue)
-                                callback()
-                            next(eids)
-                            if handoff:  # the compute side wakes up to the landed copy
-                                advance(handoff)
-                            copy.computing = True
-                            stall += env._now - t0
-                        job = ready.popleft()
-                        e = job.expert
-                        t = expert_of[counts[e]]
-                        if e in promote:
-                            t += promote_d2d
-                        if slowed:
-                            t = stretch(t, slow)
-                        if expert_issue:
-                            t = max(t, expert_issue)
-                        if tl is not None:
-                            tl.append(("compute", f"L{layer} E{e} copied", env._now, t))
-                        end = env._now + t   # advance(t), inline
-                        next(eids)
-                        while queue and queue[0][0] <= end:
-                            env._now, _, _, callback = heappop(queue)
-                            callback()
-                        env._now = end
-                        busy += t
-                        if copy.current is None and not copy.waking and (handoff or copy.demand or copy.prefetch):
-                            release(job)   # the freed buffer wakes the idle copy thread (CopyEngine.release)
-                        else:
-                            queue_release(job.buffer)
-                    if cpu:
-                        cpu_wait += wait_host(cpu_done)
-                # the LM head closes the iteration: over every generated token, or each prefilled request's last
-                lm = costs.lm_head_s(n_tok if it.kind == "decode" else it.requests)
-                if lm and slowed:
-                    lm = stretch(lm, dense_slow)
-                if lm:
-                    if tl is not None:
-                        tl.append(("compute", "lm head", env._now, lm))
-                    advance(lm)
-                    busy += lm
-                hits = counters.hits
-                records.append(IterationRecord(
-                    it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, t_start, env._now, stall,
-                    hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC], hits[LPC] - before[0][LPC],
-                    counters.misses - before[1], copy.copies - before[2], issued, unused,
-                    counters.promotions - before[3], counters.evictions - before[4],
-                    cpu_n, cpu_s, cpu_wait))
-                totals["cpu_wait"] += cpu_wait
-                totals["cpu_busy"] += cpu_s
-                totals["cpu_n"] += cpu_n
-                totals["busy"] += busy
-                totals["stall"] += stall
-                totals["issued"] += issued
-                totals["unused"] += unused
-                totals["used"] += used
-                if self.progress is not None:
-                    self.progress(it.index + 1, len(self.iterations))
-
-        next(env._eid)     # the id SimPy's start of the stream's process would take
-        compute_stream()
-        advance(0.0)       # the events SimPy runs before the stream's process ends
-        events = _events_processed(env)
+        totals = RunTotals()
+        self.layer_loop(records, totals)
+        copy = self.copy
         return EngineResult(
-            iterations=records, sim_time_s=env.now, compute_busy_s=totals["busy"], link_busy_s=copy.busy_s,
-            stall_s=totals["stall"], copies=copy.copies, prefetch_copies=copy.prefetch_copies,
-            pcie_bytes=copy.pcie_bytes, prefetches_issued=totals["issued"], prefetches_used=totals["used"],
-            unused_prefetches=totals["unused"], wasted_bytes=totals["wasted"], max_buffers_in_use=copy.max_in_use,
-            events=events, wall_s=time.perf_counter() - wall0, prediction=score, timeline=self.timeline,
-            decisions=protocol.decisions, cpu_busy_s=totals["cpu_busy"], cpu_wait_s=totals["cpu_wait"],
-            cpu_experts=totals["cpu_n"])
+            iterations=records, sim_time_s=self.stream.now, compute_busy_s=totals.busy, link_busy_s=copy.busy_s,
+            stall_s=totals.stall, copies=copy.copies, prefetch_copies=copy.prefetch_copies,
+            pcie_bytes=copy.pcie_bytes, prefetches_issued=totals.issued, prefetches_used=totals.used,
+            unused_prefetches=totals.unused, wasted_bytes=self.stream.wasted, max_buffers_in_use=copy.max_in_use,
+            events=1 + self.stream.waits + copy.events, wall_s=time.perf_counter() - wall0,
+            prediction=self.score, timeline=None if self.timeline is None else self.timeline.spans,
+            decisions=self.protocol.decisions, cpu_busy_s=totals.cpu_busy, cpu_wait_s=totals.cpu_wait,
+            cpu_experts=totals.cpu_n)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_policies import plain_diffmoe, plain_lru_hits
 
 from conftest import ROOT, make_trace, random_trace
 from sim.cache import HPC, MPC
@@ -18,7 +19,6 @@ from sim.config import config_from_dict
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
-from test_policies import plain_diffmoe, plain_lru_hits
 from traces.io import save_trace
 
 POLICY_NAMES = POLICIES.names()
@@ -109,8 +109,8 @@ def test_lru_through_the_engine_matches_a_plain_lru(tmp_path):
 
 
 def test_diffmoe_through_the_engine_matches_the_plain_rules(tmp_path):
-    """The legacy rules (before issue 10) through the engine; the default (the artifact's rules) through the engine
-    is checked against fetcher.cc in tests/test_diffmoe_artifact.py."""
+    """The legacy rules (this simulator's diffmoe before it followed the artifact) through the engine; the default
+    (the artifact's rules) through the engine is checked against fetcher.cc in tests/test_diffmoe_artifact.py."""
     from test_policies import HAND_MADE, LEGACY
 
     trace = make_trace(HAND_MADE, num_experts=6)
@@ -222,3 +222,154 @@ def test_missing_config_and_bad_yaml_exit_2(tmp_path):
     for path in (tmp_path / "absent.yaml", bad):
         res = _sim("run", path, "--out", tmp_path / "o")
         assert res.returncode == 2 and str(path) in res.stderr and res.stderr.count("\n") == 1
+
+
+# --------------------------------------------------------------------------------- SimPy's public API only
+
+def engine_for(cfg, trace, **kw):
+    """The engine of one run, built as ``sim.run.simulate`` builds it (so that a test can hand it an environment)."""
+    from sim.costs import CostModel
+    from sim.decisions import build_decisions
+    from sim.engine import Simulation
+    from sim.workload import build_iterations
+
+    w = cfg.workload
+    iterations, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
+    policy, predictor = build_decisions(cfg, trace, iterations)
+    return Simulation(trace, iterations, policy, predictor, CostModel(cfg.model, cfg.hardware, cfg.system),
+                      cfg.cache.lpc_buffers, cfg.cache.prefetch_reserve, record_decisions=True, **kw)
+
+
+def background_copies(env, link_s, seen, stream):
+    """Another SimPy process in the run's environment: a background copy stream (an NVMe tier, say) that copies
+    one block after another on a link of its own, and records, at each landing, SimPy's time and the compute
+    stream's."""
+    while True:
+        yield env.timeout(link_s)
+        seen.append((env.now, stream().now))
+
+
+@pytest.mark.parametrize("policy, predictor, batch, extra", [
+    ("lru", "oracle", 2, {}),
+    ("diffmoe", "noisy", 1, {"hardware": {"base": "h200", "handoff_us": 7, "copy_gap_us": 3,
+                                          "compute_slowdown": 1.3, "layer_roundtrip_us": 40}}),
+    ("lru", "none", 3, {"system": {"base": "ideal", "copy_stream": "serial", "writeback_evicted": True}}),
+])
+def test_an_extra_simpy_process_runs_beside_the_engine_and_changes_no_decision(tmp_path, policy, predictor, batch,
+                                                                             extra):
+    import simpy
+
+    trace = random_trace(np.random.default_rng(11), tokens=90, layers=4, experts=8, k=2, requests=3)
+    path = save_trace(trace, tmp_path / "t.npz")
+    cfg = config_for(path, trace, policy, predictor, batch, hpc=1, mpc=2, buffers=3)
+    if extra:
+        cfg = config_from_dict({**cfg.resolved, **extra}, "test", POLICY_NAMES, PREDICTOR_NAMES)
+    alone = engine_for(cfg, trace).run()
+    env = simpy.Environment()
+    shared = engine_for(cfg, trace, timeline=True)
+    seen = []
+    env.process(background_copies(env, alone.sim_time_s / 97, seen, lambda: shared.stream))
+    res = shared.run(env)
+    assert res.decisions == alone.decisions and len(res.decisions) > 0
+    assert res.iterations == alone.iterations   # the other process shares nothing: the same times and counts
+    assert (res.sim_time_s, res.stall_s, res.copies, res.events) == (alone.sim_time_s, alone.stall_s, alone.copies,
+                                                                    alone.events)
+    # the background stream ran all along, at its own times, and never saw the compute stream ahead of SimPy
+    assert len(seen) >= 90 and all(b[0] > a[0] for a, b in zip(seen, seen[1:]))
+    assert all(stream_now <= now for now, stream_now in seen)
+    assert env.now == res.sim_time_s   # SimPy's clock at the run's end
+    copies = [t for tr, _, t, _ in res.timeline if tr == "copy"]
+    assert len(copies) == res.copies
+
+
+@settings(max_examples=60, deadline=None)
+@given(waits=st.lists(st.sampled_from([0.0, 1e-9, 3e-7, 1e-3, 0.1, 0.7, 3.0, 1 / 3, 1e-6 / 7]), min_size=1,
+                      max_size=40),
+       others=st.lists(st.sampled_from([1e-9, 3e-7, 1e-3, 0.05, 1 / 3, 2.0]), max_size=12))
+def test_a_stream_clock_keeps_a_process_times_and_runs_every_event_due_by_each_wait(waits, others):
+    """The stream clock's times are those of a SimPy process that yields one timeout per wait (the same float
+    sums), another process's events keep their times, and every event due by the end of a wait runs before the
+    stream goes on (also one due at that very end): the log is in order of time, the other process first at a tie."""
+    import simpy
+
+    from sim.clock import StreamClock
+
+    def other(env, log):  # another process: its own waits, each logged at SimPy's time
+        for i, d in enumerate(others):
+            yield env.timeout(d)
+            log.append((env.now, 0, i))
+
+    env = simpy.Environment()
+    log = []
+    env.process(other(env, log))
+    env.step()   # the other process starts
+    clock = StreamClock(env)
+    for i, dt in enumerate(waits):
+        clock.wait(dt)
+        log.append((clock.now, 1, i))
+    clock.catch_up()
+
+    ref_env, ref = simpy.Environment(), []
+
+    def stream():
+        for dt in waits:
+            yield ref_env.timeout(dt)
+            ref.append(ref_env.now)
+
+    ref_env.run(until=ref_env.process(stream()))
+    assert [t for t, who, _ in log if who == 1] == ref
+    other_times, t = [], 0.0
+    for d in others:
+        t += d   # SimPy's sum: now + delay
+        other_times.append(t)
+    assert [t for t, who, _ in log if who == 0] == [t for t in other_times if t <= ref[-1]]
+    assert log == sorted(log)
+    assert env.now == clock.now == ref[-1]
+
+
+def test_a_copy_event_due_at_the_end_of_a_wait_runs_before_the_stream_goes_on():
+    """An event scheduled during a wait for that wait's very end (an older timeout than SimPy's order would put
+    first) runs before the stream goes on, as in the engine's model: every event due by a wait's end has run."""
+    import simpy
+
+    from sim.clock import StreamClock
+
+    env = simpy.Environment()
+    clock = StreamClock(env)
+    ran = []
+    first = env.timeout(0.25)
+    first.callbacks.append(lambda ev: env.timeout(0.75).callbacks.append(lambda e: ran.append(env.now)))
+    clock.wait(1.0)   # the second timeout lands at 0.25 + 0.75 = 1.0, scheduled after the wait's own
+    assert ran == [1.0] and clock.now == 1.0
+
+
+def test_the_engine_uses_only_simpys_public_api():
+    """No private attribute of SimPy's (``_now``, ``_eid``, ``_queue``), and nothing pushed on its heap by hand."""
+    import re
+
+    for name in ("sim/engine.py", "sim/copy_engine.py", "sim/clock.py"):
+        text = (ROOT / name).read_text()
+        assert not re.search(r"\b(env|environment)\._\w+|\._(now|eid|queue)\b|heappush|heappop", text), name
+
+
+def test_the_copy_engine_alone_lands_one_copy_at_a_time_on_simpys_clock():
+    """Without a stream clock the copy engine runs on SimPy's own: copies one after another, demand first, each
+    landing ``copy_s`` after the last, in a working buffer that stays taken until released."""
+    import simpy
+
+    from sim.copy_engine import CopyEngine
+
+    env = simpy.Environment()
+    copy = CopyEngine(env, copy_s=0.5, nbytes=10, buffers=2, reserve=1, handoff=0.0)
+    first, second = copy.submit(0, 3, False), copy.submit(0, 4, False)
+    prefetch = copy.submit(1, 7, True)
+    env.run()
+    assert [j.expert for j in copy.ready[0]] == [3, 4] and (first.end, second.end) == (0.5, 1.0)
+    assert not prefetch.started and copy.copies == 2 and copy.events == 2   # both buffers taken
+    copy.release(copy.ready[0].popleft())
+    env.run()
+    assert not prefetch.started   # a prefetch leaves the reserve free
+    copy.release(copy.ready[0].popleft())
+    env.run()
+    assert prefetch.finished and (prefetch.start, prefetch.end) == (1.0, 1.5) and env.now == 1.5
+    assert copy.pcie_bytes == 30 and copy.events == 3 and copy.busy_s == 1.5

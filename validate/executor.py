@@ -32,7 +32,7 @@ and so is the stall: how long the compute stream stood idle waiting for each cop
 work before the wait to the moment it could go on: the copy's landing plus the host's hand-off), the simulator's
 ``stall``. The host's own blocking time is kept beside it (``host_wait_s``).
 
-Experts the policy computes on the host CPU (issue 13, Fiddler / kTransformers style: the plan's source ``"cpu"``,
+Experts the policy computes on the host CPU (Fiddler / kTransformers style: the plan's source ``"cpu"``,
 ``LayerStep.cpu``) are computed there for real, beside their weights: at the layer's decision point the tokens
 routed to any of them (``sim.protocol.cpu_tokens``) are copied device -> host on the compute stream (one copy for
 the layer; each host expert reads its tokens' rows from it),
@@ -62,17 +62,17 @@ import numpy as np
 
 import sim.cache
 import sim.protocol
-from sim.cache import HPC, LPC, MPC
+from sim.accounting import IterationTally, iteration_record
+from sim.cache import LPC
 from sim.config import RunConfig
-from sim.records import IterationRecord
 from sim.decisions import build_decisions
 from sim.protocol import DecisionProtocol, LayerDecision
-from sim.workload import build_iterations, phase_layers
+from sim.records import IterationRecord
 from sim.units import GIB  # binary: 2**30 bytes
+from sim.workload import build_iterations, phase_layers
 from traces.format import Trace
 from validate.copier import Copier
-from validate.kernels import (DenseLayer, ExpertStore, HostExperts, LMHead, check_runnable, expert_forward,
-                              torch_dtype)
+from validate.kernels import DenseLayer, ExpertStore, HostExperts, LMHead, check_runnable, expert_forward, torch_dtype
 
 #: The plan's source of an expert computed on the host CPU (``sim.cache.CPU`` once the simulator has it).
 CPU = getattr(sim.cache, "CPU", "cpu")
@@ -84,12 +84,6 @@ ARENA_BUFFERS = 4
 #: (``cpu_issue``), and waiting for the pool and issuing the outputs' host -> device copy (``cpu_wait``).
 HOST_PHASES = ("dense_issue", "gate_sync", "decide", "issue_copies_and_hits", "copied_experts", "copy_wait",
                "cpu_issue", "cpu_wait")
-
-
-#: IterationRecord fields of the host experts (the simulator's record's), by where the executor keeps their value
-#: per iteration: (count, host busy seconds, compute thread wait seconds, compute stream wait seconds).
-CPU_RECORD_FIELDS = tuple((f, i) for f, i in (("cpu_experts", 0), ("cpu_s", 1), ("cpu_wait_s", 3))
-                          if f in IterationRecord.__dataclass_fields__)
 
 
 def _cpu_tokens(trace: Trace, iteration, layer: int, experts) -> int:
@@ -297,7 +291,7 @@ class Executor:
         dequant = self.store.weights  # a quantized expert de-quantized into the working buffer; a dense one as is
         copier = Copier(be, self._source, self.work, self.cfg.cache.prefetch_reserve)
         protocol = DecisionProtocol(trace, policy, predictor, record=record)
-        counters = policy.cache.counters
+        tally = IterationTally(policy.cache.counters, copier)
         hit_d2d = policy.hit_d2d
         promote_d2d = not policy.promotion_is_free
         marks, rows, stalls, host_busy = [], [], [], []
@@ -314,8 +308,7 @@ class Executor:
                     h0 = time.perf_counter()
                     n_tok = int(it.rows.size)
                     x = x_all[:n_tok]
-                    before = (dict(counters.hits), counters.misses, copier.copies, counters.promotions,
-                              counters.evictions)
+                    tally.begin()
                     issued = unused = 0
                     wait = 0.0
                     stalled = []  # (before, after) timestamps around each wait of the compute stream
@@ -412,11 +405,7 @@ class Executor:
                     host_busy.append(time.perf_counter() - h0 - wait - cpu_wait)
                     phases["copy_wait"] += wait
                     cpu_rows.append((n_cpu, cpu_busy, cpu_wait, cpu_stalled))
-                    hits = counters.hits
-                    rows.append((it, n_tok, wait, hits[HPC] - before[0][HPC], hits[MPC] - before[0][MPC],
-                                 hits[LPC] - before[0][LPC], counters.misses - before[1],
-                                 copier.copies - before[2], issued, unused, counters.promotions - before[3],
-                                 counters.evictions - before[4]))
+                    rows.append((it, n_tok, wait, tally.counts(issued, unused)))
                     if self.progress is not None and record:
                         self.progress(it.index + 1, len(iterations))
                 be.synchronize()
@@ -426,14 +415,13 @@ class Executor:
         cpu_stall_s = [sum(max(0.0, be.elapsed(a, b)) for a, b in r[3]) for r in cpu_rows]
         records = []
         host_wait = 0.0
-        for i, (it, n_tok, wait, *counts) in enumerate(rows):
+        for i, (it, n_tok, wait, counts) in enumerate(rows):
             stall = sum(max(0.0, be.elapsed(a, b)) for a, b in stalls[i])
             host_wait += wait
-            rec = IterationRecord(it.index, it.batch, it.kind, it.requests, n_tok, it.decode_tokens, times[i],
-                                  times[i + 1], stall, *counts)
-            for name, at in CPU_RECORD_FIELDS:  # the host experts, as the simulator's record has them
-                setattr(rec, name, cpu_stall_s[i] if at == 3 else cpu_rows[i][at])
-            records.append(rec)
+            # the host experts as the simulator records them: how many, the host's busy time, and the compute
+            # stream's wait for them (timed on the device)
+            records.append(iteration_record(it, n_tok, times[i], times[i + 1], stall, counts,
+                                            cpu_rows[i][0], cpu_rows[i][1], cpu_stall_s[i]))
         notes = []
         if self.store.quantized:
             notes.append(f"{self.store.describe()}, de-quantized on the device before computing")
