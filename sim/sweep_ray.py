@@ -31,7 +31,7 @@ from sim.sweep_spec import Point, Sweep
 class RaySession:
     """A connected Ray: the module, the cluster it runs on, and what the node check noted."""
 
-    ray: object
+    ray: Any  # the ray module, imported when a sweep asks for it
     cluster: Cluster
     notes: list[str] = field(default_factory=list)
 
@@ -115,7 +115,7 @@ def _run(ray, sweep: Sweep, todo: list[Point], out: Path, width: int, progress: 
                 rec.died(p, attempts[p.id], value)
 
 
-def _outcome(ray, ref) -> tuple[str, object]:
+def _outcome(ray, ref) -> tuple[str, Any]:
     """What became of a task: ("done", its result); ("lost", why): its worker or its node died, or the node could
     not fetch the point's trace (it is likely going down), so the point may run again; ("failed", error): the
     task raised (a bug, not a lost node: not retried)."""

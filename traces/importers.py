@@ -104,9 +104,9 @@ def import_mixtral_jsonl(files: list[str | Path], model: str = "mixtral-8x7b",
         path = Path(path)
         for lineno, rec in _json_lines(path):
             where = f"{path}:{lineno}"
-            for key in ("problem_id", "layer", "experts", "token_idx"):
-                if key not in rec:
-                    raise InputError(f"{where}: record has no field '{key}'")
+            for field in ("problem_id", "layer", "experts", "token_idx"):
+                if field not in rec:
+                    raise InputError(f"{where}: record has no field '{field}'")
             experts, probs = rec["experts"], rec.get("gating_probs")
             if not isinstance(experts, list) or not experts or not all(_is_int(x) for x in experts):
                 raise InputError(f"{where}: field 'experts' must be a non-empty list of integers")
