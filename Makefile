@@ -1,10 +1,15 @@
 # `make run`: set up .venv and run the main job.  `make test`: set up .venv and run the test suite.
+# `make lint`: ruff (lint rules and format check) over the tree and mypy over sim/ and traces/ (pyproject.toml's
+# [tool.ruff] and [tool.mypy]).  `make format`: rewrite the tree in ruff's format and import order.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+LINT_STAMP := $(VENV)/.lint-installed
+# The linters, pinned: another version may flag (or format) differently.
+LINT_TOOLS := ruff==0.17.6 mypy==2.4.1
 
-.PHONY: run test bench clean
+.PHONY: run test lint format bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +24,26 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+$(LINT_STAMP): $(STAMP) Makefile
+	$(PY) -m pip install -q $(LINT_TOOLS)
+	touch $(LINT_STAMP)
+
+# all three run, so one report shows every finding; the status is 1 if any of them found something
+lint: $(LINT_STAMP)
+	status=0; \
+	$(VENV)/bin/ruff check . || status=1; \
+	$(VENV)/bin/ruff format --check --output-format concise . || status=1; \
+	$(VENV)/bin/mypy || status=1; \
+	exit $$status
+
+format: $(LINT_STAMP)
+	$(VENV)/bin/ruff check --fix --select I .
+	$(VENV)/bin/ruff format .
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_stats.py
 	$(PY) benchmarks/bench_sim.py
 	$(PY) benchmarks/bench_sweep.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache
