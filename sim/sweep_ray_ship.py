@@ -44,7 +44,7 @@ def file_fields(resolved: dict) -> dict[tuple, Path]:
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 
-    out = {("workload", "trace"): Path(resolved["workload"]["trace"])}
+    out: dict[tuple[str, ...], Path] = {("workload", "trace"): Path(resolved["workload"]["trace"])}
     hot = (resolved.get("cache") or {}).get("hot_profile")
     if isinstance(hot, str) and hot != "trace":
         out[("cache", "hot_profile")] = Path(hot)

@@ -311,12 +311,13 @@ def file_requests(log: LogRows) -> list[Request]:
     """The requests of one file, in row order: runs of one context_id (the whole file without one)."""
     n = log.layer.shape[0]
     if log.context_codes is None:
-        runs = [(0, n, None)]
+        runs: list[tuple[int, int, str | None]] = [(0, n, None)]
     else:
         c = log.context_codes
         starts = np.concatenate([[0], np.flatnonzero(c[1:] != c[:-1]) + 1])
         stops = np.concatenate([starts[1:], [n]])
-        runs, seen = [], {}
+        runs = []
+        seen: dict[str, int] = {}
         for a, b in zip(starts.tolist(), stops.tolist()):
             name = log.contexts[int(c[a])]
             if name in seen:

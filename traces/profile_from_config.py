@@ -32,6 +32,7 @@ rules, which the file then says as an assumption.
 
 from __future__ import annotations
 
+import builtins
 import math
 import textwrap
 from collections.abc import Mapping
@@ -130,7 +131,7 @@ class _Reader:
         others = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
         raise InputError(f"{self.where}: no field '{keys[0]}'{others}, {why}: cannot derive a model profile")
 
-    def int_list(self, key: str, why: str) -> list[int]:
+    def int_list(self, key: str, why: str) -> list[builtins.int]:  # (int here names the method above)
         value = self.c.get(key) or []
         if not isinstance(value, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in value):
             raise InputError(f"{self.where}: field '{key}' ({why}) must be a list of integers, got {brief(value)}")
@@ -163,7 +164,7 @@ def derive_profile(config: Mapping[str, Any], name: str, source: str, default_dt
         r.assumptions.append(f"model_type {brief(model_type, 40)} is none of {', '.join(KNOWN_TYPES)}: read with "
                              f"their rules (gated experts, every block MoE unless the config says otherwise)")
     switch = model_type == "switch_transformers"
-    fields = {"name": name}
+    fields: dict[str, Any] = {"name": name}
     fields.update(_switch_shape(r) if switch else _decoder_shape(r))
     fields.update(_attention(r, fields["d_model"], switch))
     fields["dtype_bytes"] = _dtype_bytes(r, default_dtype_bytes, default_dtype_why)

@@ -79,7 +79,8 @@ def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedPro
     name = trace.meta.model.name
     stem = bundled_profile(name)
     if stem is not None:
-        spec, model_ref, model_value = load_model(stem), stem, stem
+        model_value: str | dict = stem
+        spec, model_ref = load_model(stem), stem
     elif profile is None:
         raise ValueError("a trace without a bundled profile needs a derived one")
     else:

@@ -64,6 +64,7 @@ model has, so only 128-expert models run as intended.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -126,7 +127,7 @@ class DiffMoE(Policy):
                 if abs(units - round(units)) > 1e-6 * max(1.0, abs(units)):
                     raise ConfigError(f"{where}.{name}", f"must have at most 6 decimals with arithmetic: exact, got "
                                                          f"{p[name]!r} (or set arithmetic: float32)")
-            conv = lambda v: int(round(v * EXACT_SCALE))  # noqa: E731
+            conv: Callable[[float], Any] = lambda v: int(round(v * EXACT_SCALE))  # noqa: E731
         elif arith == "float32":
             self._dtype = conv = np.float32
         else:

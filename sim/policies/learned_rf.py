@@ -51,7 +51,7 @@ from sim.workload import active_sets, build_iterations, phase_layers
 ORIGIN = "published"
 
 #: (bias, recency, frequency) without a training trace.
-DEFAULT_WEIGHTS = (0.0, 1.0, -1.0)
+DEFAULT_WEIGHTS: tuple[float, ...] = (0.0, 1.0, -1.0)
 
 
 def layer_steps(trace, batch: int, layers) -> dict[int, list[tuple[int, ...]]]:
@@ -91,7 +91,7 @@ def samples(steps: list[tuple[int, ...]], num_experts: int) -> tuple[np.ndarray,
     return x, target
 
 
-def fit_weights(trace, layers, batch: int = 1) -> tuple[float, float, float]:
+def fit_weights(trace, layers, batch: int = 1) -> tuple[float, ...]:
     """Least-squares weights (bias, recency, frequency) over every layer of ``layers`` of ``trace``."""
     xtx = np.zeros((3, 3))
     xty = np.zeros(3)

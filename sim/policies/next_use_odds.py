@@ -67,7 +67,7 @@ FEATURES = ("bias", "log2(1+age)", "age==0", "age==1", "sqrt(ema_0.5)", "sqrt(em
             "sqrt(share)")
 #: ``fit_weights`` on the even-numbered requests of traces/data/gpt_oss_20b.npz at batch 1, all 24 layers, rounded
 #: to 3 decimals (docs/our_policy.md makes that training half).
-DEFAULT_WEIGHTS = (-3.263, -0.227, 0.346, -0.141, -0.174, 1.661, 2.671, 0.714)
+DEFAULT_WEIGHTS: tuple[float, ...] = (-3.263, -0.227, 0.346, -0.141, -0.174, 1.661, 2.671, 0.714)
 #: The most training samples the fit uses (every n-th, in order, above this).
 MAX_SAMPLES = 1_500_000
 RIDGE = 1e-6

@@ -32,6 +32,7 @@ params: {}}``), so that none of them defaults to the oracle.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -136,7 +137,7 @@ class LayerPairPredictor(Predictor):
     def start_tables(self) -> None:
         """The workload's layers per phase, no table yet, no iteration yet (the end of ``configure``)."""
         self.phase_layers = phase_layers(self.trace)
-        self.tables: dict[tuple[int, int], np.ndarray] = {}
+        self.tables: dict[tuple[int, ...], Any] = {}  # each predictor keys and fills its own
         self.rows = None
         self.kind = None
 
