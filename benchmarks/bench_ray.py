@@ -72,13 +72,13 @@ def main() -> None:
             warm = subset(points, min(len(points), 2 * max(widths)))
             run_ray(sweep, warm, Path(d) / "warm", max(widths), Progress(len(warm), quiet=True), session=session)
             for w in widths:
-                wall = timed(lambda p, o, pr: run_ray(sweep, p, o, w, pr, session=session), points,  # noqa: B023
+                wall = timed(lambda p, o, pr, w=w: run_ray(sweep, p, o, w, pr, session=session), points,
                              Path(d) / f"ray{w}")
                 rows.append((f"ray, {session.cluster.nodes} node(s)", w, len(points), wall))
             session.close()
             session = None
             for w in [] if args.no_local else widths:  # after Ray is gone: nothing else competes for the cores
-                wall = timed(lambda p, o, pr: run_local(sweep, p, o, w, pr), points, Path(d) / f"local{w}")  # noqa: B023
+                wall = timed(lambda p, o, pr, w=w: run_local(sweep, p, o, w, pr), points, Path(d) / f"local{w}")
                 rows.append(("local pool", w, len(points), wall))
     finally:
         if session is not None:

@@ -125,9 +125,9 @@ def params_read(cls) -> set[str]:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute) and node.value.attr == "params":
                 aliases |= {t.id for t in node.targets if isinstance(t, ast.Name)}
 
-        def is_params(n) -> bool:
+        def is_params(n, aliases=aliases) -> bool:
             return (isinstance(n, ast.Attribute) and n.attr == "params") or (isinstance(n, ast.Name)
-                                                                            and n.id in aliases)  # noqa: B023
+                                                                            and n.id in aliases)
 
         for node in ast.walk(tree):
             if isinstance(node, ast.Subscript) and is_params(node.value) and isinstance(node.slice, ast.Constant):

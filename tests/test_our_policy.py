@@ -56,10 +56,10 @@ def plain_next_use_odds(steps, cap, weights):
             last[e] = t
             uses[e] = uses.get(e, 0) + 1
 
-        def score(v):
-            age = min(t - last[v], 1024)  # noqa: B023
+        def score(v, t=t):
+            age = min(t - last[v], 1024)
             x = [1.0, math.log2(1 + age), float(age == 0), float(age == 1)] + [math.sqrt(u) for u in ema[v]] \
-                + [math.sqrt(uses[v] / t)]  # noqa: B023
+                + [math.sqrt(uses[v] / t)]
             return sum(a * b for a, b in zip(x, weights))
 
         for e in sorted((e for e in act if src[e] == MISS), key=lambda x: (-score(x), x)):

@@ -171,9 +171,10 @@ def run_config_text(run: dict, trace_path: str | Path, stem: str | None, made_by
 
     source = f"bundled profile configs/models/{stem}.yaml" if stem else "the model profile beside it"
     head = comment_lines([
-        f"Run config for the trace {Path(trace_path).name}, written by {made_by}: {source}, one H200, LRU at batch 1 "
-        f"with {run['cache']['mpc_slots']} experts per layer cached and {run['cache']['lpc_buffers']} working "
-        f"buffers, no predictor. Paths are absolute: it loads from any folder.",
+        f"Run config for the trace {Path(trace_path).name}, written by {made_by}: {source}, one H200, "
+        f"LRU at batch 1 with {run['cache']['mpc_slots']} experts per layer cached and "
+        f"{run['cache']['lpc_buffers']} working buffers, no predictor. Paths are absolute: it loads from any "
+        "folder.",
         "Run: python -m sim run THIS_FILE [--set key.path=value ...] (e.g. --set policy.name=diffmoe)"])
     return "\n".join(head) + "\n" + yaml.safe_dump(run, sort_keys=False, default_flow_style=False)
 
