@@ -253,7 +253,8 @@ def _refresh_ray_config() -> None:
 
 def _have_gcs_client() -> bool:
     try:
-        from ray._raylet import GcsClient  # noqa: F401 - private, but the only way to ask the GCS before ray.init
+        # private (no type information), but the only way to ask the GCS before ray.init
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # noqa: F401
     except ImportError:
         return False
     return True
@@ -262,7 +263,7 @@ def _have_gcs_client() -> bool:
 def _gcs_accepts(addr: Address, timeout: float) -> bool:
     """Whether the GCS at ``addr`` answers a request with this process's authentication (False: refused);
     ConfigError when it does not answer at all."""
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     try:
         with _quiet_stderr():  # Ray's C++ client logs its failures there: the sweep says it in one line instead
