@@ -13,7 +13,8 @@ ones (fiddler, ktransformers and this project's hybrid); each only if registered
 ``ours`` that is neither an older GPU-cache policy nor fiddler/ktransformers (``--hybrid NAME`` names it instead).
 Each (model x hardware, batch) cell is one ``sim compare`` run (``sim.compare.compare``) in a worker process.
 Batches 512-4096 extend the study past 256 (re-used requests) to reach the crossovers; ``--no-extend`` leaves
-them out. ``--quick``: batches 1 and 4, a few requests of 4 decode tokens (a smoke run; the figures are not the study's).
+them out. ``--quick``: batches 1 and 4, a few requests of 4 decode tokens (a smoke run; the figures are not the
+study's).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import re
 import os
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -437,7 +438,8 @@ def main(argv=None) -> int:
     parts.insert(1, headline(setups, results, batches, cpu))
     parts.insert(2, "## Crossover points\n\nThe batch size at which each CPU-using policy stops beating the best "
                     "online GPU-cache policy (" + ", ".join(p for p in ONLINE_GPU if p in gpu) + "), from the "
-                    "tables below. The last column is where the cost model alone puts the break-even of one expert (Fiddler's "
+                    "tables below. The last column is where the cost model alone puts the break-even of one expert "
+                    "(Fiddler's "
                     "rule: computing it on the host CPU, its activations crossing both ways, against copying it and "
                     "computing it on the GPU): the tokens routed to it, and the batch at which an average expert of "
                     "a layer gets that many (tokens x experts / top-k, every expert active): an estimate from the "

@@ -99,7 +99,7 @@ SHARED = ["cache.organization=shared", "policy.name=lru", "policy.params={}"]
 def run_cell(config: str, sets: list[str]) -> list[dict]:
     """``sim compare CONFIG --policies all --set ...`` in this process: its rows (on a shared cache, the policies
     that manage one)."""
-    from sim.compare import parse_entries, compare
+    from sim.compare import compare, parse_entries
     from sim.config import load_run_config
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS

@@ -153,7 +153,7 @@ class Measure:
     transition: float | None
 
     @classmethod
-    def of(cls, trace: Trace, caps: list[int]) -> "Measure":
+    def of(cls, trace: Trace, caps: list[int]) -> Measure:
         _, ov = stats.overlap_prev(trace)
         lru = np.zeros((trace.num_layers, len(caps)))
         if caps:

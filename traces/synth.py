@@ -89,11 +89,11 @@ class SynthKnobs:
     layer_stickiness: tuple[float, ...] | None = None
     request_concentration: tuple[float, ...] | None = None
     prefix_popularity: tuple[tuple[tuple[float, ...], ...], ...] | None = None
-    layer_transition: tuple[tuple[tuple[float, ...], ...], ...] | None = None
+    layer_transition: tuple[tuple[tuple[float, ...], ...], ...] | np.ndarray | None = None  # ndarray: reshaped
     transition_power: float | None = None
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SynthKnobs":
+    def from_dict(cls, d: dict) -> SynthKnobs:
         """Knobs from their form in a trace's metadata (``extra.knobs``); lists become tuples."""
         d = dict(d)
         for name in ("prompt_len", "decode_len", "layer_stickiness", "request_concentration"):
@@ -278,7 +278,7 @@ class _Popularity:
             self.prefix = p / p.sum(axis=2, keepdims=True)
 
     def sampler(self, layer: int, request: np.ndarray, position: np.ndarray, src: np.ndarray | None,
-                rng) -> "_ZipfSampler | _TableSampler":
+                rng) -> _ZipfSampler | _TableSampler:
         """The draw function of one layer's rows (their requests, positions among the layer's rows, and experts in
         the previous layer, or None for the first layer)."""
         knobs = self.knobs
@@ -727,7 +727,7 @@ def _prefix_within_prompts(knobs: SynthKnobs) -> tuple[SynthKnobs, str]:
     keep = min(n, knobs.prompt_len[0])
     if keep == n:
         return knobs, f"{n} fitted opening positions kept (every prompt holds them)"
-    knobs = dataclasses.replace(knobs, prefix_popularity=knobs.prefix_popularity[:keep] if keep else None)
+    knobs = dataclasses.replace(knobs, prefix_popularity=(knobs.prefix_popularity or ())[:keep] if keep else None)
     if keep == 0:
         return knobs, (f"the {n} fitted opening positions (prompt tokens of the real requests) dropped: requests "
                        "without prompt rows (--prompt-len MIN 0) would otherwise route their first decode tokens "
