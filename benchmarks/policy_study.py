@@ -376,7 +376,7 @@ their prompts, decode cut to 64 tokens; on the H200 profile with 64 of 256 exper
 - **Held: Diff-MoE loses at batch 1**: 12th of 14 online policies on both profiles (48.9 tokens/s against
   learned-rf's 53.9 on the H200), 13th at 128 cached experts.
 - **Held: a shared cache lifts the bound, not the online policies**: 0.848 shared against 0.841 per layer, but
-  the best online shared cache reaches 0.676 (s3fifo) against 0.704 per layer.
+  the best published shared cache reaches 0.676 (s3fifo) against 0.704 (learned-rf) per layer.
 - **Held, by a smaller margin on the desktop: computing missing experts on the host CPU wins.** At batch 1
   fiddler reaches 148.5 tokens/s against 53.9 for the best GPU cache on the H200 (x2.8; gpt-oss-20b x3.1) and 36.2
   against 24.8 on the RTX 4090 (x1.5). Our hybrid-cache is the fastest policy of every Qwen3.5 batch table, the
