@@ -57,8 +57,13 @@ def bare_lru(trace, iterations, slots: int) -> tuple[int, float]:
 
 
 def one_case(policy: str, batch: int, requests: int) -> dict:
-    overrides = [f"policy.name={policy}", "predictor.name=none", f"workload.batch_size={batch}",
-                 f"workload.requests={requests}", "policy.params={}"]
+    overrides = [
+        f"policy.name={policy}",
+        "predictor.name=none",
+        f"workload.batch_size={batch}",
+        f"workload.requests={requests}",
+        "policy.params={}",
+    ]
     cfg = load_run_config(CONFIG, overrides)
     t0 = time.perf_counter()
     out = simulate(cfg)
@@ -73,8 +78,13 @@ def one_case(policy: str, batch: int, requests: int) -> dict:
     replay_s = time.perf_counter() - t0
     bare_steps, bare_s = bare_lru(trace, iterations, cfg.cache.hpc_slots + cfg.cache.mpc_slots)
     assert bare_steps == steps
-    return {"steps": steps, "sim": steps / sim_s, "replay": steps / replay_s, "bare": steps / bare_s,
-            "events": out.summary["events"]}
+    return {
+        "steps": steps,
+        "sim": steps / sim_s,
+        "replay": steps / replay_s,
+        "bare": steps / bare_s,
+        "events": out.summary["events"],
+    }
 
 
 def main() -> None:
@@ -83,16 +93,22 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cases", default="lru:1,lru:16,diffmoe:1,diffmoe:16")
     args = ap.parse_args()
-    print(f"{CONFIG}, first {args.requests} requests, no predictor; rates in layer-steps per second "
-          f"(median of {args.repeat} interleaved runs)")
+    print(
+        f"{CONFIG}, first {args.requests} requests, no predictor; rates in layer-steps per second "
+        f"(median of {args.repeat} interleaved runs)"
+    )
     print(f"{'case':<14} {'layer-steps':>11} {'sim run':>10} {'replay':>10} {'bare LRU':>10} {'sim/bare':>9}")
     for case in args.cases.split(","):
         policy, batch = case.split(":")
-        runs = sorted((one_case(policy, int(batch), args.requests) for _ in range(args.repeat)),
-                      key=lambda r: r["sim"] / r["bare"])
+        runs = sorted(
+            (one_case(policy, int(batch), args.requests) for _ in range(args.repeat)),
+            key=lambda r: r["sim"] / r["bare"],
+        )
         r = runs[len(runs) // 2]
-        print(f"{case:<14} {r['steps']:>11,} {r['sim']:>10,.0f} {r['replay']:>10,.0f} {r['bare']:>10,.0f} "
-              f"{r['sim'] / r['bare']:>9.2f}")
+        print(
+            f"{case:<14} {r['steps']:>11,} {r['sim']:>10,.0f} {r['replay']:>10,.0f} {r['bare']:>10,.0f} "
+            f"{r['sim'] / r['bare']:>9.2f}"
+        )
 
 
 if __name__ == "__main__":

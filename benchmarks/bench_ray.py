@@ -58,8 +58,15 @@ def main() -> None:
     if address is None:
         from ray.cluster_utils import Cluster
 
-        cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-            "num_cpus": args.cpus_per_node, "object_store_memory": 100 * MB, "include_dashboard": False})
+        cluster = Cluster(
+            initialize_head=True,
+            connect=False,
+            head_node_args={
+                "num_cpus": args.cpus_per_node,
+                "object_store_memory": 100 * MB,
+                "include_dashboard": False,
+            },
+        )
         for _ in range(args.nodes - 1):
             cluster.add_node(num_cpus=args.cpus_per_node, object_store_memory=100 * MB)
         address = cluster.address
@@ -72,8 +79,9 @@ def main() -> None:
             warm = subset(points, min(len(points), 2 * max(widths)))
             run_ray(sweep, warm, Path(d) / "warm", max(widths), Progress(len(warm), quiet=True), session=session)
             for w in widths:
-                wall = timed(lambda p, o, pr, w=w: run_ray(sweep, p, o, w, pr, session=session), points,
-                             Path(d) / f"ray{w}")
+                wall = timed(
+                    lambda p, o, pr, w=w: run_ray(sweep, p, o, w, pr, session=session), points, Path(d) / f"ray{w}"
+                )
                 rows.append((f"ray, {session.cluster.nodes} node(s)", w, len(points), wall))
             session.close()
             session = None

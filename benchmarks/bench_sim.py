@@ -49,14 +49,20 @@ def main() -> None:
     pairs.sort(key=lambda p: p[2]["events_per_s"] / p[0])
     bare, wall, s = pairs[len(pairs) // 2]  # the median ratio
     ratios = [p[2]["events_per_s"] / p[0] for p in pairs]
-    print(f"config {args.config} {' '.join(args.set)}: policy {s['policy']}, batch {s['batch_size']}, "
-          f"{s['iterations']} iterations, {s['decode_tokens']} decode tokens")
-    print(f"run wall time (load + workload + simulate): median {sorted(p[1] for p in pairs)[len(pairs) // 2]:.2f} s,"
-          f" best {min(p[1] for p in pairs):.2f} s   (target < 10 s)")
+    print(
+        f"config {args.config} {' '.join(args.set)}: policy {s['policy']}, batch {s['batch_size']}, "
+        f"{s['iterations']} iterations, {s['decode_tokens']} decode tokens"
+    )
+    print(
+        f"run wall time (load + workload + simulate): median {sorted(p[1] for p in pairs)[len(pairs) // 2]:.2f} s,"
+        f" best {min(p[1] for p in pairs):.2f} s   (target < 10 s)"
+    )
     print(f"engine: {s['events']:,} events in {s['wall_s']:.2f} s = {s['events_per_s']:,.0f} events/s")
     print(f"bare SimPy in the same process: {bare:,.0f} timeouts/s")
-    print(f"ratio engine/bare: median {ratios[len(ratios) // 2]:.2f} (range {ratios[0]:.2f}-{ratios[-1]:.2f} over "
-          f"{len(ratios)} interleaved pairs)   (target >= 0.25)")
+    print(
+        f"ratio engine/bare: median {ratios[len(ratios) // 2]:.2f} (range {ratios[0]:.2f}-{ratios[-1]:.2f} over "
+        f"{len(ratios)} interleaved pairs)   (target >= 0.25)"
+    )
 
 
 if __name__ == "__main__":

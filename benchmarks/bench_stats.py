@@ -25,10 +25,19 @@ def main() -> None:
     ap.add_argument("--decoder-layers", type=int, default=12)
     args = ap.parse_args()
     per_request = 64 + 256
-    knobs = SynthKnobs(model="bench", num_experts=args.experts, top_k=args.top_k,
-                       encoder_layers=args.encoder_layers, decoder_layers=args.decoder_layers,
-                       requests=max(1, args.tokens // per_request), prompt_len=(64, 64), decode_len=(256, 256),
-                       skew=1.0, stickiness=0.3, correlation=0.3)
+    knobs = SynthKnobs(
+        model="bench",
+        num_experts=args.experts,
+        top_k=args.top_k,
+        encoder_layers=args.encoder_layers,
+        decoder_layers=args.decoder_layers,
+        requests=max(1, args.tokens // per_request),
+        prompt_len=(64, 64),
+        decode_len=(256, 256),
+        skew=1.0,
+        stickiness=0.3,
+        correlation=0.3,
+    )
     t0 = time.perf_counter()
     trace = generate(knobs, seed=0)
     t1 = time.perf_counter()
@@ -41,9 +50,11 @@ def main() -> None:
         size = os.path.getsize(path)
     stats = compute_stats(trace)
     t4 = time.perf_counter()
-    print(f"trace: {trace.num_tokens} tokens, {trace.num_layers} layers "
-          f"({args.encoder_layers} encoder + {args.decoder_layers} decoder), {args.experts} experts top-{args.top_k}, "
-          f"{stats['accesses']} accesses, file {size / 1e6:.1f} MB")
+    print(
+        f"trace: {trace.num_tokens} tokens, {trace.num_layers} layers "
+        f"({args.encoder_layers} encoder + {args.decoder_layers} decoder), {args.experts} experts top-{args.top_k}, "
+        f"{stats['accesses']} accesses, file {size / 1e6:.1f} MB"
+    )
     print(f"generate {t1 - t0:.2f} s   save {t2 - t1:.2f} s   load+validate {t3 - t2:.2f} s")
     print(f"stats (all figures) {t4 - t3:.2f} s   (target < 30 s)")
 

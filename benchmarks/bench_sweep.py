@@ -44,8 +44,10 @@ def main() -> None:
         t0 = time.perf_counter()
         run_ray(sweep, sweep.points, out, 2, Progress(len(sweep.points), quiet=True))
         wall = time.perf_counter() - t0
-        print(f"ray executor, 2 workers (local instance, start-up included): 64 points in {wall:.1f} s = "
-              f"{len(sweep.points) / wall * 60:.0f} points/min")
+        print(
+            f"ray executor, 2 workers (local instance, start-up included): 64 points in {wall:.1f} s = "
+            f"{len(sweep.points) / wall * 60:.0f} points/min"
+        )
 
 
 if __name__ == "__main__":

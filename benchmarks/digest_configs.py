@@ -42,20 +42,38 @@ from sim.run import simulate  # noqa: E402
 #: Calibrated-machine settings that exercise the engine's hand-off, copy gap, interference and host-cost paths.
 HANDOFF = ["hardware.handoff_us=7", "hardware.copy_gap_us=3"]
 SLOW = ["hardware.compute_slowdown=1.3", "hardware.dense_slowdown=1.1", "hardware.copy_slowdown=1.2"]
-HOST = ["hardware.layer_roundtrip_us=40", "hardware.copy_issue_us=6", "hardware.expert_issue_us=9",
-        "hardware.hit_issue_us=4"]
+HOST = [
+    "hardware.layer_roundtrip_us=40",
+    "hardware.copy_issue_us=6",
+    "hardware.expert_issue_us=9",
+    "hardware.hit_issue_us=4",
+]
 SMALL = ["workload.requests=8", "workload.max_decode_tokens=6"]
 
 
-def pair(config: str, policy: str, predictor: str, batch: int, *extra: str, requests: int = 8,
-         decode: int = 6, timeline: bool = False) -> tuple[str, list[str], bool]:
+def pair(
+    config: str,
+    policy: str,
+    predictor: str,
+    batch: int,
+    *extra: str,
+    requests: int = 8,
+    decode: int = 6,
+    timeline: bool = False,
+) -> tuple[str, list[str], bool]:
     """One (config, overrides, timeline) entry: the policy (its default params unless it is the config's own), the
     predictor (always given), the batch size and a small workload, then ``extra`` overrides."""
     own = yaml.safe_load((ROOT / config).read_text())["policy"]
     own = own["name"] if isinstance(own, dict) else own
-    sets = [f"policy.name={policy}", *([] if policy == own else ["policy.params={}"]), f"predictor.name={predictor}",
-            f"workload.batch_size={batch}", f"workload.requests={requests}", f"workload.max_decode_tokens={decode}",
-            *extra]
+    sets = [
+        f"policy.name={policy}",
+        *([] if policy == own else ["policy.params={}"]),
+        f"predictor.name={predictor}",
+        f"workload.batch_size={batch}",
+        f"workload.requests={requests}",
+        f"workload.max_decode_tokens={decode}",
+        *extra,
+    ]
     return config, sets, timeline
 
 
@@ -90,8 +108,13 @@ PAIRS = [
     pair("configs/gpt_oss_20b.yaml", "on-demand", "none", 8),
     pair("configs/gpt_oss_20b.yaml", "gpu-only", "none", 1),
     pair("configs/gpt_oss_20b.yaml", "arc", "history", 8),
-    pair("configs/switch_base_real.yaml", "arc", "transition", 8,
-         "predictor.params.train=traces/data/switch_base_128_real_b1.npz"),
+    pair(
+        "configs/switch_base_real.yaml",
+        "arc",
+        "transition",
+        8,
+        "predictor.params.train=traces/data/switch_base_128_real_b1.npz",
+    ),
     pair("configs/gpt_oss_20b.yaml", "s3fifo", "cross-layer", 1),
     pair("configs/gpt_oss_20b.yaml", "lfu", "noisy", 8),
     pair("configs/gpt_oss_20b.yaml", "least-stale", "history", 1),
@@ -128,16 +151,38 @@ PAIRS = [
     pair("configs/deepseek_v3.yaml", "hybrid-cache", "none", 8, "system=llama-cpp"),
     # continuous batching, no prefill, a working-buffer squeeze
     pair("configs/switch_xxl.yaml", "lru", "oracle", 8, "workload.batching=continuous"),
-    pair("configs/mixtral.yaml", "lru", "oracle", 8, "workload.prefill=false", "cache.lpc_buffers=2",
-         "cache.prefetch_reserve=1"),
+    pair(
+        "configs/mixtral.yaml",
+        "lru",
+        "oracle",
+        8,
+        "workload.prefill=false",
+        "cache.lpc_buffers=2",
+        "cache.prefetch_reserve=1",
+    ),
 ]
 
 
 def engine_facts(res) -> list:
     """The engine's result fields that are the simulation's (not wall time, not the lists)."""
-    return [res.sim_time_s, res.compute_busy_s, res.link_busy_s, res.stall_s, res.copies, res.prefetch_copies,
-            res.pcie_bytes, res.prefetches_issued, res.prefetches_used, res.unused_prefetches, res.wasted_bytes,
-            res.max_buffers_in_use, res.events, res.cpu_busy_s, res.cpu_wait_s, res.cpu_experts]
+    return [
+        res.sim_time_s,
+        res.compute_busy_s,
+        res.link_busy_s,
+        res.stall_s,
+        res.copies,
+        res.prefetch_copies,
+        res.pcie_bytes,
+        res.prefetches_issued,
+        res.prefetches_used,
+        res.unused_prefetches,
+        res.wasted_bytes,
+        res.max_buffers_in_use,
+        res.events,
+        res.cpu_busy_s,
+        res.cpu_wait_s,
+        res.cpu_experts,
+    ]
 
 
 def digest(config: str, sets: list[str], timeline: bool) -> tuple[str, dict]:
@@ -164,6 +209,7 @@ def main() -> int:
     args = ap.parse_args()
     pairs = [p for p in PAIRS if args.only in p[0] + " " + " ".join(p[1])]
     import sim
+
     print(f"sim from {Path(sim.__file__).parent}")
     overall = hashlib.sha256()
     t_all = time.perf_counter()

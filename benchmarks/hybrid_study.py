@@ -36,15 +36,31 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 QUICK_BATCHES = (1, 4)
 #: beyond the study's 256, to find crossovers the cost model puts at larger batches (requests re-used: see the doc)
 EXTENDED = (512, 1024, 2048, 4096)
-GPU_POLICIES = ("on-demand", "lru", "diffmoe", "belady")   # belady: the offline reference, not a contender
-ONLINE_GPU = ("on-demand", "lru", "diffmoe")                 # "best GPU-cache policy" is the best of these
+GPU_POLICIES = ("on-demand", "lru", "diffmoe", "belady")  # belady: the offline reference, not a contender
+ONLINE_GPU = ("on-demand", "lru", "diffmoe")  # "best GPU-cache policy" is the best of these
 CPU_POLICIES = ("fiddler", "ktransformers")
 #: policies registered before the CPU-using ones (none of them computes on the CPU): not candidates for "our hybrid"
-OLDER = {"arc", "belady", "diffmoe", "diffmoe-arc", "gpu-only", "learned-rf", "least-stale", "lfu", "lru",
-         "moe-infinity", "next-use-odds", "on-demand", "prefetch-all", "pregated", "reuse-distance", "s3fifo"}
-SHRINK = (64, 32, 16, 8)   # decode tokens per request tried for an extended batch whose KV cache does not fit
+OLDER = {
+    "arc",
+    "belady",
+    "diffmoe",
+    "diffmoe-arc",
+    "gpu-only",
+    "learned-rf",
+    "least-stale",
+    "lfu",
+    "lru",
+    "moe-infinity",
+    "next-use-odds",
+    "on-demand",
+    "prefetch-all",
+    "pregated",
+    "reuse-distance",
+    "s3fifo",
+}
+SHRINK = (64, 32, 16, 8)  # decode tokens per request tried for an extended batch whose KV cache does not fit
 KV_RE = re.compile(r"([\d.]+ GB of KV cache)")
-MIN_REQUESTS = 32   # requests served at small batches (more steps to average over)
+MIN_REQUESTS = 32  # requests served at small batches (more steps to average over)
 
 
 class Setup:
@@ -53,7 +69,7 @@ class Setup:
     def __init__(self, key, model, hardware, config, trace_requests, what, sets=()):
         self.key, self.model, self.hardware, self.config = key, model, hardware, config
         self.trace_requests, self.what = trace_requests, what
-        self.sets = list(sets)   # overrides of every cell of this setup (before the batch's own)
+        self.sets = list(sets)  # overrides of every cell of this setup (before the batch's own)
 
     @property
     def title(self) -> str:
@@ -61,36 +77,81 @@ class Setup:
 
 
 SETUPS = [
-    Setup("mixtral_h200", "Mixtral-8x7B", "H200", "configs/mixtral.yaml", 128,
-          "the bundled trace fitted to real Mixtral-8x7B-Instruct routing (128 requests, up to 128 decode tokens "
-          "each); 1 + 2 of 8 experts per layer cached (configs/mixtral.yaml)"),
-    Setup("mixtral_rtx4090", "Mixtral-8x7B", "RTX 4090", "configs/mixtral_rtx4090.yaml", 128,
-          "the same trace; 1 of 8 experts per layer cached (all that fits 24 GB: configs/mixtral_rtx4090.yaml)"),
-    Setup("gpt_oss_120b_h200", "gpt-oss-120b", "H200", "configs/gpt_oss_120b.yaml", 256,
-          "the bundled synthetic trace (256 requests x 32 decode tokens, fitted to the real Qwen3.5-35B-A3B "
-          "routing and reshaped to 128 experts, top-4: traces/data/README.md); 4 + 28 of 128 experts per layer "
-          "cached (an offloading choice: the whole model would fit)"),
-    Setup("gpt_oss_120b_rtx4090", "gpt-oss-120b", "RTX 4090", "configs/gpt_oss_120b_rtx4090.yaml", 256,
-          "the same trace; 4 + 28 of 128 experts per layer cached (what fits 24 GB)"),
-    Setup("deepseek_v3_h200", "DeepSeek-V3", "H200", "configs/deepseek_v3.yaml", 256,
-          "the bundled synthetic trace (256 requests x 12 decode tokens, fitted to the real Qwen3.5-35B-A3B "
-          "routing, same 256 experts and top-8, layers stretched 40 to 58: traces/data/README.md); 4 + 28 of 256 "
-          "experts per layer cached (what fits beside 44 GB of dense weights)"),
-    Setup("qwen3_5_35b_a3b_h200", "Qwen3.5-35B-A3B", "H200", "configs/qwen3_5_35b_a3b.yaml", 12,
-          "the real routing of 12 requests (traces/data/qwen3_5_35b_a3b.npz, logged at batch 1), their prompts "
-          "prefilled (24-145 tokens) and at most 32 decode tokens each (`workload.max_decode_tokens=32`, for the "
-          "study's run time, like the other setups' 12-32); 4 + 60 of 256 experts per layer cached "
-          "(configs/qwen3_5_35b_a3b.yaml: an offloading choice, the whole model would fit)",
-          sets=["workload.max_decode_tokens=32"]),
-    Setup("qwen3_5_35b_a3b_rtx4090", "Qwen3.5-35B-A3B", "RTX 4090", "configs/qwen3_5_35b_a3b_rtx4090.yaml", 12,
-          "the same requests; 4 + 52 of 256 experts per layer cached (what fits 24 GB beside the KV cache: "
-          "configs/qwen3_5_35b_a3b_rtx4090.yaml)", sets=["workload.max_decode_tokens=32"]),
+    Setup(
+        "mixtral_h200",
+        "Mixtral-8x7B",
+        "H200",
+        "configs/mixtral.yaml",
+        128,
+        "the bundled trace fitted to real Mixtral-8x7B-Instruct routing (128 requests, up to 128 decode tokens "
+        "each); 1 + 2 of 8 experts per layer cached (configs/mixtral.yaml)",
+    ),
+    Setup(
+        "mixtral_rtx4090",
+        "Mixtral-8x7B",
+        "RTX 4090",
+        "configs/mixtral_rtx4090.yaml",
+        128,
+        "the same trace; 1 of 8 experts per layer cached (all that fits 24 GB: configs/mixtral_rtx4090.yaml)",
+    ),
+    Setup(
+        "gpt_oss_120b_h200",
+        "gpt-oss-120b",
+        "H200",
+        "configs/gpt_oss_120b.yaml",
+        256,
+        "the bundled synthetic trace (256 requests x 32 decode tokens, fitted to the real Qwen3.5-35B-A3B "
+        "routing and reshaped to 128 experts, top-4: traces/data/README.md); 4 + 28 of 128 experts per layer "
+        "cached (an offloading choice: the whole model would fit)",
+    ),
+    Setup(
+        "gpt_oss_120b_rtx4090",
+        "gpt-oss-120b",
+        "RTX 4090",
+        "configs/gpt_oss_120b_rtx4090.yaml",
+        256,
+        "the same trace; 4 + 28 of 128 experts per layer cached (what fits 24 GB)",
+    ),
+    Setup(
+        "deepseek_v3_h200",
+        "DeepSeek-V3",
+        "H200",
+        "configs/deepseek_v3.yaml",
+        256,
+        "the bundled synthetic trace (256 requests x 12 decode tokens, fitted to the real Qwen3.5-35B-A3B "
+        "routing, same 256 experts and top-8, layers stretched 40 to 58: traces/data/README.md); 4 + 28 of 256 "
+        "experts per layer cached (what fits beside 44 GB of dense weights)",
+    ),
+    Setup(
+        "qwen3_5_35b_a3b_h200",
+        "Qwen3.5-35B-A3B",
+        "H200",
+        "configs/qwen3_5_35b_a3b.yaml",
+        12,
+        "the real routing of 12 requests (traces/data/qwen3_5_35b_a3b.npz, logged at batch 1), their prompts "
+        "prefilled (24-145 tokens) and at most 32 decode tokens each (`workload.max_decode_tokens=32`, for the "
+        "study's run time, like the other setups' 12-32); 4 + 60 of 256 experts per layer cached "
+        "(configs/qwen3_5_35b_a3b.yaml: an offloading choice, the whole model would fit)",
+        sets=["workload.max_decode_tokens=32"],
+    ),
+    Setup(
+        "qwen3_5_35b_a3b_rtx4090",
+        "Qwen3.5-35B-A3B",
+        "RTX 4090",
+        "configs/qwen3_5_35b_a3b_rtx4090.yaml",
+        12,
+        "the same requests; 4 + 52 of 256 experts per layer cached (what fits 24 GB beside the KV cache: "
+        "configs/qwen3_5_35b_a3b_rtx4090.yaml)",
+        sets=["workload.max_decode_tokens=32"],
+    ),
 ]
 
-NOT_FITTING = ("DeepSeek-V3 is not studied on the RTX 4090: its dense part alone (attention, 3 dense FFN blocks, "
-               "the shared experts and embeddings) is 44.1 GB at bf16, and still 22.1 GB with FP8 dense weights "
-               "(`--set model.dtype_bytes=1`), against 22 GB usable (24 GB less 2 GB reserved). The same holds for "
-               "Kimi K2 (27.7 GB at bf16).")
+NOT_FITTING = (
+    "DeepSeek-V3 is not studied on the RTX 4090: its dense part alone (attention, 3 dense FFN blocks, "
+    "the shared experts and embeddings) is 44.1 GB at bf16, and still 22.1 GB with FP8 dense weights "
+    "(`--set model.dtype_bytes=1`), against 22 GB usable (24 GB less 2 GB reserved). The same holds for "
+    "Kimi K2 (27.7 GB at bf16)."
+)
 
 
 def find_policies(hybrid: str | None) -> tuple[list[str], list[str], list[str]]:
@@ -101,8 +162,9 @@ def find_policies(hybrid: str | None) -> tuple[list[str], list[str], list[str]]:
     names = set(POLICIES.names())
     if hybrid is None:
         new = sorted(names - OLDER - set(CPU_POLICIES))
-        hybrid_names = [n for n in new if origin_of(n) == "ours"] or \
-            [n for n in new if origin_of(n) not in ("ceiling", "bound", "baseline")]
+        hybrid_names = [n for n in new if origin_of(n) == "ours"] or [
+            n for n in new if origin_of(n) not in ("ceiling", "bound", "baseline")
+        ]
     else:
         hybrid_names = [hybrid]
     wanted_cpu = list(CPU_POLICIES) + (hybrid_names or ["<our hybrid>"])
@@ -121,8 +183,9 @@ def cell_sets(setup: Setup, batch: int, quick: bool) -> tuple[list[str], int, in
     return sets, requests, min(requests, setup.trace_requests)
 
 
-def run_cell(config: str, sets: list[str], entries: list[tuple[str, str | None]],
-             shrink: bool = False) -> tuple[list[dict], float, str, int | None]:
+def run_cell(
+    config: str, sets: list[str], entries: list[tuple[str, str | None]], shrink: bool = False
+) -> tuple[list[dict], float, str, int | None]:
     """``sim compare CONFIG --policies ... --set ...`` in this process: its rows, wall seconds, why there are
     none (a config the GPU-memory check refuses: an extended batch whose KV cache does not fit), and, with
     ``shrink``, the ``workload.max_decode_tokens`` (64, 32, 16 or 8) it took to fit such a batch (None: as given)."""
@@ -141,8 +204,9 @@ def run_cell(config: str, sets: list[str], entries: list[tuple[str, str | None]]
         caps = [int(x.split("=", 1)[1]) for x in sets if x.startswith("workload.max_decode_tokens=")]
         for tokens in [n for n in SHRINK if not caps or n < caps[-1]] if shrink and "KV cache" in str(exc) else ():
             try:
-                base = load_run_config(ROOT / config, sets + [f"workload.max_decode_tokens={tokens}"],
-                                       POLICIES.names(), PREDICTORS.names())
+                base = load_run_config(
+                    ROOT / config, sets + [f"workload.max_decode_tokens={tokens}"], POLICIES.names(), PREDICTORS.names()
+                )
                 break
             except ConfigError:
                 continue
@@ -239,20 +303,27 @@ def table(rows_by_batch: dict[int, list[dict]], policies: list[str], extended=()
             r = by.get(p)
             cells.append("-" if r is None else fmt(r["throughput_tok_s"], ",.2f"))
         label = str(b) + ("*" if b in extended else "") + ("+" if shrunk and b in shrunk else "")
-        lines.append("| " + " | ".join([label] + cells
-                                       + [best["policy"] if best else "-"]) + " |")
+        lines.append("| " + " | ".join([label] + cells + [best["policy"] if best else "-"]) + " |")
     return "\n".join(lines)
 
 
 def detail_table(rows: list[dict]) -> str:
     cpu_col = any("cpu_expert_frac" in r for r in rows)
-    head = ["policy", "predictor", "origin", "tokens/s", "x on-demand", "cache hits", "PCIe GB", "link busy"] + \
-        (["CPU experts"] if cpu_col else [])
+    head = ["policy", "predictor", "origin", "tokens/s", "x on-demand", "cache hits", "PCIe GB", "link busy"] + (
+        ["CPU experts"] if cpu_col else []
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["policy"], r["predictor"], r["origin"] or "-", fmt(r["throughput_tok_s"], ",.2f"),
-                 fmt(r["ratio_vs_baseline"], ".2f"), fmt(r["cache_hit_rate"]), fmt(r["pcie_gb"], ",.1f"),
-                 fmt(r["link_busy_frac"], ".2f")]
+        cells = [
+            r["policy"],
+            r["predictor"],
+            r["origin"] or "-",
+            fmt(r["throughput_tok_s"], ",.2f"),
+            fmt(r["ratio_vs_baseline"], ".2f"),
+            fmt(r["cache_hit_rate"]),
+            fmt(r["pcie_gb"], ",.1f"),
+            fmt(r["link_busy_frac"], ".2f"),
+        ]
         if cpu_col:
             cells.append(fmt(r.get("cpu_expert_frac")))
         lines.append("| " + " | ".join(cells) + " |")
@@ -267,8 +338,7 @@ def atomic_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def plot(setup: Setup, rows_by_batch: dict[int, list[dict]], policies: list[str], path: Path,
-         extended=()) -> None:
+def plot(setup: Setup, rows_by_batch: dict[int, list[dict]], policies: list[str], path: Path, extended=()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -278,15 +348,26 @@ def plot(setup: Setup, rows_by_batch: dict[int, list[dict]], policies: list[str]
     batches = list(rows_by_batch)
     markers = dict(zip(policies, "os^vDxP*h"))
     for p in policies:
-        pts = [(b, r["throughput_tok_s"]) for b in batches for r in rows_by_batch[b]
-               if r["policy"] == p and r["throughput_tok_s"]]
+        pts = [
+            (b, r["throughput_tok_s"])
+            for b in batches
+            for r in rows_by_batch[b]
+            if r["policy"] == p and r["throughput_tok_s"]
+        ]
         if not pts:
             continue
         style = "--" if p == "belady" else ("-" if p in ONLINE_GPU else "-.")
         lw = 2.5 if p not in GPU_POLICIES and p not in CPU_POLICIES else 1.4
-        ax.plot([x for x, _ in pts], [y for _, y in pts], style, marker=markers.get(p, "o"), ms=4,
-                mfc="none" if p == "fiddler" else None, lw=lw,
-                label=p + (" (CPU)" if p not in GPU_POLICIES else ""))
+        ax.plot(
+            [x for x, _ in pts],
+            [y for _, y in pts],
+            style,
+            marker=markers.get(p, "o"),
+            ms=4,
+            mfc="none" if p == "fiddler" else None,
+            lw=lw,
+            label=p + (" (CPU)" if p not in GPU_POLICIES else ""),
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ext = [b for b in batches if b in extended]
@@ -336,14 +417,17 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "hybrid_study")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "hybrid_study.md")
     p.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) - 1)))
-    p.add_argument("--setups", default=None, help="comma-separated setup keys (default: all): "
-                                                  + ", ".join(s.key for s in SETUPS))
+    p.add_argument(
+        "--setups", default=None, help="comma-separated setup keys (default: all): " + ", ".join(s.key for s in SETUPS)
+    )
     p.add_argument("--batches", default=None, help="comma-separated batch sizes (default: 1,2,4,...,256)")
     p.add_argument("--hybrid", default=None, help="name of our hybrid policy (default: found in the registry)")
     p.add_argument("--quick", action="store_true", help="a smoke run: batches 1 and 4, 4 decode tokens")
-    p.add_argument("--no-extend", action="store_true",
-                   help=f"leave out the batches beyond 256 ({', '.join(map(str, EXTENDED))}; not with --quick or "
-                        f"--batches)")
+    p.add_argument(
+        "--no-extend",
+        action="store_true",
+        help=f"leave out the batches beyond 256 ({', '.join(map(str, EXTENDED))}; not with --quick or --batches)",
+    )
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     setups = SETUPS
@@ -353,8 +437,9 @@ def main(argv=None) -> int:
         if unknown:
             p.error(f"unknown setup(s) {', '.join(unknown)} (known: {', '.join(s.key for s in SETUPS)})")
         setups = [s for s in SETUPS if s.key in keys]
-    batches = [int(x) for x in args.batches.split(",")] if args.batches else \
-        list(QUICK_BATCHES if args.quick else BATCHES)
+    batches = (
+        [int(x) for x in args.batches.split(",")] if args.batches else list(QUICK_BATCHES if args.quick else BATCHES)
+    )
     batches += [] if args.batches or args.quick or args.no_extend else list(EXTENDED)
     extended = [b for b in batches if b > max(BATCHES)]
     gpu, cpu, missing = find_policies(args.hybrid)
@@ -370,17 +455,22 @@ def main(argv=None) -> int:
             jobs.append((s, b, sets, requests, distinct))
     results: dict[tuple[str, int], tuple[list[dict], float, str, int | None]] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(run_cell, s.config, sets, entries, b in extended): (s.key, b)
-                   for s, b, sets, _, _ in jobs}
+        futures = {
+            pool.submit(run_cell, s.config, sets, entries, b in extended): (s.key, b) for s, b, sets, _, _ in jobs
+        }
         for i, fut in enumerate(as_completed(futures), 1):
             results[futures[fut]] = fut.result()
             rows, wall, why, shrunk = results[futures[fut]]
             best = best_gpu(rows)
-            print(f"[{i}/{len(jobs)}] {futures[fut][0]} batch {futures[fut][1]}: {wall:.0f} s"
-                  + (f", not run: {why}" if why else "")
-                  + (f", at max_decode_tokens={shrunk} to fit" if shrunk else "")
-                  + (f", best GPU-cache {best['policy']} {best['throughput_tok_s']:,.1f} tok/s" if best else "")
-                  + f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+            print(
+                f"[{i}/{len(jobs)}] {futures[fut][0]} batch {futures[fut][1]}: {wall:.0f} s"
+                + (f", not run: {why}" if why else "")
+                + (f", at max_decode_tokens={shrunk} to fit" if shrunk else "")
+                + (f", best GPU-cache {best['policy']} {best['throughput_tok_s']:,.1f} tok/s" if best else "")
+                + f" ({time.perf_counter() - t0:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     write_csv(args.out / "hybrid_study.csv", [(s.key, b, results[(s.key, b)][0]) for s, b, *_ in jobs])
     fig_dir = args.doc.parent / "hybrid_study"
     parts = [header(policies, missing, args.quick)]
@@ -392,23 +482,34 @@ def main(argv=None) -> int:
         plot(s, rows_by_batch, policies, png, extended)
         parts.append(f"## {s.title}\n\nWorkload: {s.what}.\n")
         parts.append(f"![{s.title}](hybrid_study/{png.name})\n")
-        parts.append("Tokens/s (simulated) per batch size; the last column names the best online GPU-cache policy "
-                     "(of " + ", ".join(p for p in ONLINE_GPU if p in gpu) + "):\n")
+        parts.append(
+            "Tokens/s (simulated) per batch size; the last column names the best online GPU-cache policy "
+            "(of " + ", ".join(p for p in ONLINE_GPU if p in gpu) + "):\n"
+        )
         shrunk = {b: results[(s.key, b)][3] for b in rows_by_batch if results[(s.key, b)][3]}
         parts.append(table(rows_by_batch, policies, extended, shrunk) + "\n")
         if shrunk:
-            parts.append("Batches marked + serve shorter requests so that their KV cache fits the GPU: "
-                         + ", ".join(f"batch {b} at `workload.max_decode_tokens={n}`" for b, n in shrunk.items())
-                         + " (attention over shorter contexts; the experts' work per step is as before).\n")
+            parts.append(
+                "Batches marked + serve shorter requests so that their KV cache fits the GPU: "
+                + ", ".join(f"batch {b} at `workload.max_decode_tokens={n}`" for b, n in shrunk.items())
+                + " (attention over shorter contexts; the experts' work per step is as before).\n"
+            )
         if refused:
-            parts.append("Not run: " + ", ".join(f"batch {b}" + (f" ({m.group(1)})" if (m := KV_RE.search(why)) else "")
-                                                 for b, why in refused.items())
-                         + ": the config's GPU-memory check refuses the batch (`sim run` says why).\n")
+            parts.append(
+                "Not run: "
+                + ", ".join(
+                    f"batch {b}" + (f" ({m.group(1)})" if (m := KV_RE.search(why)) else "")
+                    for b, why in refused.items()
+                )
+                + ": the config's GPU-memory check refuses the batch (`sim run` says why).\n"
+            )
         notes = [b for b in rows_by_batch if b > s.trace_requests]
         if notes:
-            parts.append(f"The trace holds {s.trace_requests} distinct requests: batch{'es' if len(notes) > 1 else ''} "
-                         f"{', '.join(map(str, notes))} re-use{'' if len(notes) > 1 else 's'} them (copies of a "
-                         f"request route alike, which understates the experts a step needs).\n")
+            parts.append(
+                f"The trace holds {s.trace_requests} distinct requests: batch{'es' if len(notes) > 1 else ''} "
+                f"{', '.join(map(str, notes))} re-use{'' if len(notes) > 1 else 's'} them (copies of a "
+                f"request route alike, which understates the experts a step needs).\n"
+            )
         n_even, b_even = break_even(s.config)
         even = "host faster up to 2^20 tokens" if n_even is None else f"{n_even:,} tokens (batch ~{b_even:,.0f})"
         cross = []
@@ -420,43 +521,58 @@ def main(argv=None) -> int:
                 if c in by and best and best["throughput_tok_s"]:
                     ratio[b] = by[c]["throughput_tok_s"] / best["throughput_tok_s"]
             text = crossover(list(rows_by_batch), ratio)
-            cross.append(f"- **{c}** against the best GPU-cache policy: {text}; ratio per batch "
-                         + ", ".join(f"{b}: x{ratio[b]:.2f}" for b in rows_by_batch if b in ratio) + ".")
+            cross.append(
+                f"- **{c}** against the best GPU-cache policy: {text}; ratio per batch "
+                + ", ".join(f"{b}: x{ratio[b]:.2f}" for b in rows_by_batch if b in ratio)
+                + "."
+            )
             summary.append(f"| {s.title} | {c} | {text} | {even} |")
         if cross:
             parts.append("Crossover (computed from the table above):\n\n" + "\n".join(cross) + "\n")
         else:
             parts.append("No CPU-using policy is registered: no crossover to compute.\n")
-        shown = ["predictor.name=none", *s.sets, "workload.batch_size=B", "workload.requests=R"] + \
-            (["workload.max_decode_tokens=4"] if args.quick else [])
-        parts.append(f"Command per batch B (requests R = max({4 if args.quick else MIN_REQUESTS}, B)):\n\n"
-                     f"```sh\n{command(s.config, policies, shown)}\n```\n")
+        shown = ["predictor.name=none", *s.sets, "workload.batch_size=B", "workload.requests=R"] + (
+            ["workload.max_decode_tokens=4"] if args.quick else []
+        )
+        parts.append(
+            f"Command per batch B (requests R = max({4 if args.quick else MIN_REQUESTS}, B)):\n\n"
+            f"```sh\n{command(s.config, policies, shown)}\n```\n"
+        )
         mid = [b for b in (1, 16, 256) if b in rows_by_batch]
         for b in mid:
-            parts.append(f"<details><summary>Every column at batch {b}</summary>\n\n"
-                         f"{detail_table(rows_by_batch[b])}\n\n</details>\n")
+            parts.append(
+                f"<details><summary>Every column at batch {b}</summary>\n\n"
+                f"{detail_table(rows_by_batch[b])}\n\n</details>\n"
+            )
     parts.insert(1, headline(setups, results, batches, cpu))
-    parts.insert(2, "## Crossover points\n\nThe batch size at which each CPU-using policy stops beating the best "
-                    "online GPU-cache policy (" + ", ".join(p for p in ONLINE_GPU if p in gpu) + "), from the "
-                    "tables below. The last column is where the cost model alone puts the break-even of one expert "
-                    "(Fiddler's "
-                    "rule: computing it on the host CPU, its activations crossing both ways, against copying it and "
-                    "computing it on the GPU): the tokens routed to it, and the batch at which an average expert of "
-                    "a layer gets that many (tokens x experts / top-k, every expert active): an estimate from the "
-                    "cost model, not a run. Batches above 256 (marked *) extend the study to reach the crossovers: "
-                    "their requests are re-used (copies of a request route alike), which leaves the active experts "
-                    "of a step as they are once every expert is active (Mixtral from batch ~64 on) and understates "
-                    "them otherwise; those marked + also serve shorter requests, so that the batch's KV cache fits "
-                    "the GPU (each section says how short).\n\n"
-                    "| model on hardware | policy | crossover (measured) | one expert's break-even (cost model) |\n"
-                    "|---|---|---|---|\n"
-                 + ("\n".join(summary) if summary else "| - | - | no CPU-using policy registered | - |") + "\n\n"
-                 + NOT_FITTING + "\n")
+    parts.insert(
+        2,
+        "## Crossover points\n\nThe batch size at which each CPU-using policy stops beating the best "
+        "online GPU-cache policy (" + ", ".join(p for p in ONLINE_GPU if p in gpu) + "), from the "
+        "tables below. The last column is where the cost model alone puts the break-even of one expert "
+        "(Fiddler's "
+        "rule: computing it on the host CPU, its activations crossing both ways, against copying it and "
+        "computing it on the GPU): the tokens routed to it, and the batch at which an average expert of "
+        "a layer gets that many (tokens x experts / top-k, every expert active): an estimate from the "
+        "cost model, not a run. Batches above 256 (marked *) extend the study to reach the crossovers: "
+        "their requests are re-used (copies of a request route alike), which leaves the active experts "
+        "of a step as they are once every expert is active (Mixtral from batch ~64 on) and understates "
+        "them otherwise; those marked + also serve shorter requests, so that the batch's KV cache fits "
+        "the GPU (each section says how short).\n\n"
+        "| model on hardware | policy | crossover (measured) | one expert's break-even (cost model) |\n"
+        "|---|---|---|---|\n"
+        + ("\n".join(summary) if summary else "| - | - | no CPU-using policy registered | - |")
+        + "\n\n"
+        + NOT_FITTING
+        + "\n",
+    )
     parts.insert(3, MOVED)
     parts.append(ASSUMPTIONS)
-    parts.append(f"\nGenerated by `python benchmarks/hybrid_study.py{' --quick' if args.quick else ''}` in "
-                 f"{time.perf_counter() - t0:.0f} s ({args.jobs} processes); every row is in "
-                 f"`{rel(args.out)}/hybrid_study.csv`.\n")
+    parts.append(
+        f"\nGenerated by `python benchmarks/hybrid_study.py{' --quick' if args.quick else ''}` in "
+        f"{time.perf_counter() - t0:.0f} s ({args.jobs} processes); every row is in "
+        f"`{rel(args.out)}/hybrid_study.csv`.\n"
+    )
     atomic_text(args.doc, "\n".join(parts))
     print(f"wrote {args.doc} and {fig_dir}/*.png", file=sys.stderr)
     return 0
@@ -466,8 +582,12 @@ def headline(setups, results, batches, cpu) -> str:
     """Tokens/s of the best online GPU-cache policy and of each CPU-using policy at batch 1, 16 and 256."""
     at = [b for b in (1, 16, 256) if b in batches]
     head = ["model on hardware", "batch", "best GPU-cache"] + cpu
-    lines = ["## Headline\n", "Tokens/s (simulated); in brackets, times the best online GPU-cache policy.\n",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        "## Headline\n",
+        "Tokens/s (simulated); in brackets, times the best online GPU-cache policy.\n",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for s in setups:
         for b in at:
             rows = results[(s.key, b)][0]
@@ -476,19 +596,29 @@ def headline(setups, results, batches, cpu) -> str:
                 continue
             by = {r["policy"]: r for r in rows}
             ref = best["throughput_tok_s"]
-            cells = [f"{by[c]['throughput_tok_s']:,.1f} (x{by[c]['throughput_tok_s'] / ref:.2f})" if c in by else "-"
-                     for c in cpu]
+            cells = [
+                f"{by[c]['throughput_tok_s']:,.1f} (x{by[c]['throughput_tok_s'] / ref:.2f})" if c in by else "-"
+                for c in cpu
+            ]
             lines.append("| " + " | ".join([s.title, str(b), f"{best['policy']} {ref:,.1f}"] + cells) + " |")
     same = []
     if "fiddler" in cpu and "ktransformers" in cpu:
         for s in setups:
             both = [b for b in batches if results[(s.key, b)][0]]
-            eq = [b for b in both if _tps(results[(s.key, b)][0], "fiddler") and abs(
-                _tps(results[(s.key, b)][0], "fiddler") / _tps(results[(s.key, b)][0], "ktransformers") - 1) < 0.005]
+            eq = [
+                b
+                for b in both
+                if _tps(results[(s.key, b)][0], "fiddler")
+                and abs(_tps(results[(s.key, b)][0], "fiddler") / _tps(results[(s.key, b)][0], "ktransformers") - 1)
+                < 0.005
+            ]
             same.append(f"{s.title} {len(eq)} of {len(both)}")
-        lines.append("\nFiddler and KTransformers give the same tokens/s (within 0.5%) at most batches ("
-                     + "; ".join(same) + "): below the break-even of the crossover table, Fiddler's rule sends every "
-                     "expert it does not pin to the host, which is KTransformers' placement.")
+        lines.append(
+            "\nFiddler and KTransformers give the same tokens/s (within 0.5%) at most batches ("
+            + "; ".join(same)
+            + "): below the break-even of the crossover table, Fiddler's rule sends every "
+            "expert it does not pin to the host, which is KTransformers' placement."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -519,8 +649,10 @@ Policies:
 """
     text += f"\nPolicies in this run: {', '.join(f'`{p}`' for p in policies)}."
     if missing:
-        text += (f" Not registered when it ran, so left out: {', '.join(f'`{p}`' for p in missing)} (rerun the "
-                 f"script once they are).")
+        text += (
+            f" Not registered when it ran, so left out: {', '.join(f'`{p}`' for p in missing)} (rerun the "
+            f"script once they are)."
+        )
     if quick:
         text += "\n\n**Quick run** (`--quick`): a few requests of 4 decode tokens; the figures are not the study's."
     return text + "\n"

@@ -19,10 +19,22 @@ import numpy as np
 import pandas as pd
 
 POINT_KEYS = ["workload.batch_size", "cache.hpc_slots", "cache.mpc_slots"]
-IGNORED = {"point", "status", "error", "wall_s", "workload.trace", "policy.name", "predictor.name", "policy.params",
-           "cache_slots"} | set(POINT_KEYS)
-BASELINES = (("on-demand", "on-demand (DeepSpeed)", 2.74), ("pregated", "Pre-gated", 2.22),
-             ("moe-infinity", "MoE-Infinity", 1.55))
+IGNORED = {
+    "point",
+    "status",
+    "error",
+    "wall_s",
+    "workload.trace",
+    "policy.name",
+    "predictor.name",
+    "policy.params",
+    "cache_slots",
+} | set(POINT_KEYS)
+BASELINES = (
+    ("on-demand", "on-demand (DeepSpeed)", 2.74),
+    ("pregated", "Pre-gated", 2.22),
+    ("moe-infinity", "MoE-Infinity", 1.55),
+)
 
 
 def load(folder: Path) -> pd.DataFrame:
@@ -68,16 +80,21 @@ def means(df: pd.DataFrame) -> list[tuple[str, dict[str, float]]]:
     for key, part in groups:
         key = key if isinstance(key, tuple) else (key,)
         r = ratios(part)
-        out.append(("; ".join(describe(v) for v in key) or "all", {b: float(r[b].mean()) for b, _, _ in BASELINES
-                                                                    if b in r}))
+        out.append(
+            ("; ".join(describe(v) for v in key) or "all", {b: float(r[b].mean()) for b, _, _ in BASELINES if b in r})
+        )
     return out
 
 
 def report(df: pd.DataFrame, label: str) -> str:
     keys = settings(df)
     groups = df.groupby(keys, sort=False) if keys else [((), df)]
-    lines = [f"### {label}", "", "| setting | " + " | ".join(f"x {title} (mean / geo)" for _, title, _ in BASELINES)
-             + " |", "| --- |" + " ---: |" * len(BASELINES)]
+    lines = [
+        f"### {label}",
+        "",
+        "| setting | " + " | ".join(f"x {title} (mean / geo)" for _, title, _ in BASELINES) + " |",
+        "| --- |" + " ---: |" * len(BASELINES),
+    ]
     per_batch = []
     for key, part in groups:
         key = key if isinstance(key, tuple) else (key,)
@@ -89,12 +106,17 @@ def report(df: pd.DataFrame, label: str) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
         by_batch = r.groupby(level=0).mean()
         per_batch.append((name, by_batch))
-    lines += ["", "Per batch size (mean over slots), Diff-MoE over on-demand / Pre-gated / MoE-Infinity:", "",
-              "| setting | " + " | ".join(f"b{b}" for b in per_batch[0][1].index) + " |",
-              "| --- |" + " ---: |" * len(per_batch[0][1].index)]
+    lines += [
+        "",
+        "Per batch size (mean over slots), Diff-MoE over on-demand / Pre-gated / MoE-Infinity:",
+        "",
+        "| setting | " + " | ".join(f"b{b}" for b in per_batch[0][1].index) + " |",
+        "| --- |" + " ---: |" * len(per_batch[0][1].index),
+    ]
     for name, by_batch in per_batch:
-        lines.append(f"| {name} | " + " | ".join(" / ".join(f"{v:.2f}" for v in row) for _, row in by_batch.iterrows())
-                     + " |")
+        lines.append(
+            f"| {name} | " + " | ".join(" / ".join(f"{v:.2f}" for v in row) for _, row in by_batch.iterrows()) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 

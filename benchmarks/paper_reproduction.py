@@ -52,11 +52,16 @@ def variant(base: dict, name: str) -> dict:
         batches = next(z for z in d["zip"] if "workload.trace" in z)
         d["zip"].remove(batches)
         d["zip"].append({"workload.batch_size": [1, 2, 4, 8, 16, 32, 64, 128]})
-        d["zip"].append({"model": [{"base": "switch-base-128", "dtype_bytes": 4},
-                                   {"base": "switch-large-128", "dtype_bytes": 4}],
-                         "workload.trace": ["traces/data/switch_base_128_fitted.npz",
-                                            "traces/data/switch_large_128.npz"],
-                         "workload.requests": [256, 128]})
+        d["zip"].append(
+            {
+                "model": [
+                    {"base": "switch-base-128", "dtype_bytes": 4},
+                    {"base": "switch-large-128", "dtype_bytes": 4},
+                ],
+                "workload.trace": ["traces/data/switch_base_128_fitted.npz", "traces/data/switch_large_128.npz"],
+                "workload.requests": [256, 128],
+            }
+        )
         del d["set"]["model"]
     elif name == "synthetic":
         batches = next(z for z in d["zip"] if "workload.trace" in z)
@@ -71,7 +76,7 @@ VARIANTS = {
     "decode64": "decode length 64 instead of 256",
     "no_hit_copy": "Diff-MoE without the artifact's hit copy into the working arena",
     "hot_start": "Diff-MoE's cache starting with each layer's hottest experts (profiled on this trace) "
-                 "instead of expert 0",
+    "instead of expert 0",
     "old_rules": "Diff-MoE with the earlier rules (score floor, old victim order, float64) and a hot start",
     "roundtrip100": "a per-layer routing round trip of 100 us instead of 21",
     "no_prefill": "decode only (the encoder's on-demand prefill left out)",
@@ -98,16 +103,20 @@ def main(argv=None) -> int:
         path.write_text(yaml.safe_dump(variant(base, name), sort_keys=False))
         run_sweep(path, args.out / name, args.workers)
     main_df = load(args.out / "main")
-    lines = ["### Summary: Diff-MoE's mean throughput ratio", "",
-             "| setting | " + " | ".join(f"x {t} (paper {v})" for _, t, v in BASELINES) + " |",
-             "| --- |" + " ---: |" * len(BASELINES)]
+    lines = [
+        "### Summary: Diff-MoE's mean throughput ratio",
+        "",
+        "| setting | " + " | ".join(f"x {t} (paper {v})" for _, t, v in BASELINES) + " |",
+        "| --- |" + " ---: |" * len(BASELINES),
+    ]
     for setting, m in means(main_df):
         lines.append(f"| {setting} | " + " | ".join(f"{m.get(b, float('nan')):.2f}" for b, _, _ in BASELINES) + " |")
     for name, what in VARIANTS.items():
         for setting, m in means(load(args.out / name)):
             label = what if setting == "all" else f"{what}: {setting}"
-            lines.append(f"| reference, {label} | " + " | ".join(f"{m.get(b, float('nan')):.2f}"
-                                                                  for b, _, _ in BASELINES) + " |")
+            lines.append(
+                f"| reference, {label} | " + " | ".join(f"{m.get(b, float('nan')):.2f}" for b, _, _ in BASELINES) + " |"
+            )
     print("\n".join(lines) + "\n")
     print(report(main_df, "The paper's setting on the real logs, four machines"))
     for name, what in VARIANTS.items():

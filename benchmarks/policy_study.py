@@ -32,58 +32,103 @@ class Workload:
 
     def __init__(self, key, title, config, what, batch_sets, sizes, common=(), shared=()):
         self.key, self.title, self.config, self.what = key, title, config, what
-        self.shared = shared           # batch sizes also run with one cache shared by all layers
-        self.batch_sets = batch_sets   # batch -> (settings, what that batch's rows are)
-        self.sizes = sizes             # HPC + MPC slots per layer on the plot's x axis (batch 1)
+        self.shared = shared  # batch sizes also run with one cache shared by all layers
+        self.batch_sets = batch_sets  # batch -> (settings, what that batch's rows are)
+        self.sizes = sizes  # HPC + MPC slots per layer on the plot's x axis (batch 1)
         self.common = list(common)
 
 
 def workloads(quick: bool, mixtral_real: str | None) -> list[Workload]:
     n = ["predictor.name=none"] + (["workload.requests=16", "workload.max_decode_tokens=32"] if quick else [])
     out = [
-        Workload("gpt_oss_20b", "gpt-oss-20b (real routing)", "configs/gpt_oss_20b.yaml",
-                 "85 real requests (MMLU dev, Tulu-3, Polyglot), recorded at batch 1; larger batches group them",
-                 {b: ([f"workload.batch_size={b}"], "real") for b in BATCHES}, (4, 8, 12, 16),
-                 [*n, "workload.max_decode_tokens=128"] if not quick else n, shared=(1, 16)),
-        Workload("switch_base_128", "switch-base-128 (real routing)", "configs/switch_base_real.yaml",
-                 "the Diff-MoE authors' FasterTransformer logs, replayed at the batch they were logged at; no log "
-                 "at batch 64, where a trace fitted to the logs stands in",
-                 {1: (["workload.trace=traces/data/switch_base_128_real_b1.npz", "workload.batch_size=1"], "real"),
-                  16: (["workload.trace=traces/data/switch_base_128_real_b16.npz", "workload.batch_size=16"], "real"),
-                  64: (["workload.trace=traces/data/switch_base_128_fitted.npz", "workload.batch_size=64",
-                        "workload.requests=128"], "fitted to the real logs")},
-                 (8, 13, 32, 64), n, shared=(1,)),
-        Workload("mixtral_8x7b", "Mixtral-8x7B (fitted to real routing)", "configs/mixtral.yaml",
-                 "a trace fitted to the real Mixtral-8x7B-Instruct routing (the real one has no license and is not "
-                 "bundled)", {b: ([f"workload.batch_size={b}", f"workload.requests={max(32, 2 * b)}"], "fitted")
-                              for b in BATCHES}, (2, 3, 4, 6), [*n], shared=(1,)),
-        Workload("qwen3_5_35b_a3b", "Qwen3.5-35B-A3B on H200 (real routing, 256 experts top-8)",
-                 "configs/qwen3_5_35b_a3b.yaml",
-                 "12 real requests (traces/data/qwen3_5_35b_a3b.npz, logged at batch 1), their prompts prefilled and "
-                 "at most 64 decode tokens each (for the study's run time); batches 16 and 64 re-use the 12 requests "
-                 "(copies route alike, which understates the experts a step needs): both hold all 12 at once, so "
-                 "they route the same experts per step and differ in tokens per step only", _reused_batches(),
-                 (16, 32, 64, 128), [*n, "workload.max_decode_tokens=64"], shared=(1,)),
-        Workload("qwen3_5_35b_a3b_rtx4090", "Qwen3.5-35B-A3B on RTX 4090 (real routing)",
-                 "configs/qwen3_5_35b_a3b_rtx4090.yaml",
-                 "the same requests on the 24 GB consumer GPU profile (configs/hardware/rtx4090.yaml: PCIe Gen4, "
-                 "a Ryzen 9 7950X host); 56 of 256 experts per layer fit beside the KV cache",
-                 {b: sets for b, sets in _reused_batches().items() if b in (1, 16)}, (16, 32, 56),
-                 [*n, "workload.max_decode_tokens=64"]),
+        Workload(
+            "gpt_oss_20b",
+            "gpt-oss-20b (real routing)",
+            "configs/gpt_oss_20b.yaml",
+            "85 real requests (MMLU dev, Tulu-3, Polyglot), recorded at batch 1; larger batches group them",
+            {b: ([f"workload.batch_size={b}"], "real") for b in BATCHES},
+            (4, 8, 12, 16),
+            [*n, "workload.max_decode_tokens=128"] if not quick else n,
+            shared=(1, 16),
+        ),
+        Workload(
+            "switch_base_128",
+            "switch-base-128 (real routing)",
+            "configs/switch_base_real.yaml",
+            "the Diff-MoE authors' FasterTransformer logs, replayed at the batch they were logged at; no log "
+            "at batch 64, where a trace fitted to the logs stands in",
+            {
+                1: (["workload.trace=traces/data/switch_base_128_real_b1.npz", "workload.batch_size=1"], "real"),
+                16: (["workload.trace=traces/data/switch_base_128_real_b16.npz", "workload.batch_size=16"], "real"),
+                64: (
+                    [
+                        "workload.trace=traces/data/switch_base_128_fitted.npz",
+                        "workload.batch_size=64",
+                        "workload.requests=128",
+                    ],
+                    "fitted to the real logs",
+                ),
+            },
+            (8, 13, 32, 64),
+            n,
+            shared=(1,),
+        ),
+        Workload(
+            "mixtral_8x7b",
+            "Mixtral-8x7B (fitted to real routing)",
+            "configs/mixtral.yaml",
+            "a trace fitted to the real Mixtral-8x7B-Instruct routing (the real one has no license and is not bundled)",
+            {b: ([f"workload.batch_size={b}", f"workload.requests={max(32, 2 * b)}"], "fitted") for b in BATCHES},
+            (2, 3, 4, 6),
+            [*n],
+            shared=(1,),
+        ),
+        Workload(
+            "qwen3_5_35b_a3b",
+            "Qwen3.5-35B-A3B on H200 (real routing, 256 experts top-8)",
+            "configs/qwen3_5_35b_a3b.yaml",
+            "12 real requests (traces/data/qwen3_5_35b_a3b.npz, logged at batch 1), their prompts prefilled and "
+            "at most 64 decode tokens each (for the study's run time); batches 16 and 64 re-use the 12 requests "
+            "(copies route alike, which understates the experts a step needs): both hold all 12 at once, so "
+            "they route the same experts per step and differ in tokens per step only",
+            _reused_batches(),
+            (16, 32, 64, 128),
+            [*n, "workload.max_decode_tokens=64"],
+            shared=(1,),
+        ),
+        Workload(
+            "qwen3_5_35b_a3b_rtx4090",
+            "Qwen3.5-35B-A3B on RTX 4090 (real routing)",
+            "configs/qwen3_5_35b_a3b_rtx4090.yaml",
+            "the same requests on the 24 GB consumer GPU profile (configs/hardware/rtx4090.yaml: PCIe Gen4, "
+            "a Ryzen 9 7950X host); 56 of 256 experts per layer fit beside the KV cache",
+            {b: sets for b, sets in _reused_batches().items() if b in (1, 16)},
+            (16, 32, 56),
+            [*n, "workload.max_decode_tokens=64"],
+        ),
     ]
     if mixtral_real:
-        out.append(Workload("mixtral_8x7b_real", "Mixtral-8x7B (real routing, 4 requests)", "configs/mixtral.yaml",
-                            f"the real Mixtral-8x7B-Instruct routing, imported to {Path(mixtral_real).name}",
-                            {1: (["workload.batch_size=1"], "real")}, (2, 3, 4, 6),
-                            [*n, f"workload.trace={Path(mixtral_real).resolve()}", "workload.requests=null"]))
+        out.append(
+            Workload(
+                "mixtral_8x7b_real",
+                "Mixtral-8x7B (real routing, 4 requests)",
+                "configs/mixtral.yaml",
+                f"the real Mixtral-8x7B-Instruct routing, imported to {Path(mixtral_real).name}",
+                {1: (["workload.batch_size=1"], "real")},
+                (2, 3, 4, 6),
+                [*n, f"workload.trace={Path(mixtral_real).resolve()}", "workload.requests=null"],
+            )
+        )
     return out
 
 
 def _reused_batches() -> dict:
     """Qwen3.5's batches: its 12 real requests at batch 1, re-used to fill batches of 16 and 64."""
-    return {1: (["workload.batch_size=1"], "real"),
-            16: (["workload.batch_size=16", "workload.requests=32"], "real requests, re-used"),
-            64: (["workload.batch_size=64", "workload.requests=128"], "real requests, re-used")}
+    return {
+        1: (["workload.batch_size=1"], "real"),
+        16: (["workload.batch_size=16", "workload.requests=32"], "real requests, re-used"),
+        64: (["workload.batch_size=64", "workload.requests=128"], "real requests, re-used"),
+    }
 
 
 def size_sets(size: int) -> list[str]:
@@ -117,17 +162,40 @@ def fmt(v, spec=".3f") -> str:
 
 
 def table(rows: list[dict], per_layer: dict | None = None) -> str:
-    head = ["policy", "predictor", "origin", "tokens/s", "x on-demand", "x diffmoe", "cache hits", "prefetched",
-            "gap to bound", "PCIe GB"] + (["per-layer cache hits"] if per_layer else [])
+    head = [
+        "policy",
+        "predictor",
+        "origin",
+        "tokens/s",
+        "x on-demand",
+        "x diffmoe",
+        "cache hits",
+        "prefetched",
+        "gap to bound",
+        "PCIe GB",
+    ] + (["per-layer cache hits"] if per_layer else [])
     diff = next((r["throughput_tok_s"] for r in rows if r["policy"] == "diffmoe"), None)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lines.append("| " + " | ".join([
-            f"**{r['policy']}**" if r["origin"] == "ours" else r["policy"], r["predictor"], r["origin"] or "-",
-            fmt(r["throughput_tok_s"], ",.1f"), fmt(r["ratio_vs_baseline"], ".2f"),
-            fmt(r["throughput_tok_s"] / diff if diff else None, ".2f"), fmt(r["cache_hit_rate"]),
-            fmt(r["prefetch_hit_rate"]), fmt(r["gap_to_belady"], "+.3f"), fmt(r["pcie_gb"], ",.1f")]
-            + ([fmt(per_layer.get(r["policy"], {}).get("cache_hit_rate"))] if per_layer else [])) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"**{r['policy']}**" if r["origin"] == "ours" else r["policy"],
+                    r["predictor"],
+                    r["origin"] or "-",
+                    fmt(r["throughput_tok_s"], ",.1f"),
+                    fmt(r["ratio_vs_baseline"], ".2f"),
+                    fmt(r["throughput_tok_s"] / diff if diff else None, ".2f"),
+                    fmt(r["cache_hit_rate"]),
+                    fmt(r["prefetch_hit_rate"]),
+                    fmt(r["gap_to_belady"], "+.3f"),
+                    fmt(r["pcie_gb"], ",.1f"),
+                ]
+                + ([fmt(per_layer.get(r["policy"], {}).get("cache_hit_rate"))] if per_layer else [])
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -173,8 +241,15 @@ def plot(w: Workload, by_size: dict[int, list[dict]], path: Path) -> None:
     for p in policies:
         ys = [next(r for r in by_size[s] if r["policy"] == p) for s in w.sizes]
         origin = ys[0]["origin"]
-        ax.plot(w.sizes, [r["throughput_tok_s"] for r in ys], styles.get(origin, "-"), marker="o", ms=3,
-                lw=2.5 if origin == "ours" else 1.2, label=f"{p} ({origin})")
+        ax.plot(
+            w.sizes,
+            [r["throughput_tok_s"] for r in ys],
+            styles.get(origin, "-"),
+            marker="o",
+            ms=3,
+            lw=2.5 if origin == "ours" else 1.2,
+            label=f"{p} ({origin})",
+        )
     ax.set_xlabel("cached experts per MoE layer (HPC + MPC slots)")
     ax.set_ylabel("tokens / s (simulated)")
     ax.set_yscale("log")
@@ -208,11 +283,17 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--mixtral-real", default=None)
     p.add_argument("--workloads", default=None, help="comma-separated workload keys (default: all)")
-    p.add_argument("--no-shared", action="store_true",
-                   help="leave out the cells with one cache shared by all layers (slow on 256-expert models)")
+    p.add_argument(
+        "--no-shared",
+        action="store_true",
+        help="leave out the cells with one cache shared by all layers (slow on 256-expert models)",
+    )
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--render", action="store_true",
-                   help="write the doc and plots from OUT/policy_study.csv of an earlier run, without simulating")
+    p.add_argument(
+        "--render",
+        action="store_true",
+        help="write the doc and plots from OUT/policy_study.csv of an earlier run, without simulating",
+    )
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     ws = workloads(args.quick, args.mixtral_real)
@@ -225,7 +306,7 @@ def main(argv=None) -> int:
     if args.no_shared:
         for w in ws:
             w.shared = ()
-    jobs = []   # (workload, kind, x, config, sets)
+    jobs = []  # (workload, kind, x, config, sets)
     for w in ws:
         for b, (sets, _) in w.batch_sets.items():
             jobs.append((w, "batch", b, w.config, w.common + sets))
@@ -251,8 +332,7 @@ def simulate_all(jobs, results: dict, n_jobs: int, t0: float) -> None:
         futures = {pool.submit(run_cell, cfg, sets): (w.key, kind, x) for w, kind, x, cfg, sets in jobs}
         for i, fut in enumerate(futures, 1):
             results[futures[fut]] = fut.result()
-            print(f"[{i}/{len(jobs)}] {futures[fut]} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
-                  flush=True)
+            print(f"[{i}/{len(jobs)}] {futures[fut]} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
 
 
 def read_csv(path: Path) -> dict:
@@ -262,8 +342,11 @@ def read_csv(path: Path) -> dict:
     with path.open() as f:
         for r in csv.DictReader(f):
             key = (r["workload"], r["cell"], int(r["x"]))
-            row = {k: (v if k in text else (float(v) if v != "" else None)) for k, v in r.items()
-                   if k not in ("workload", "cell", "x")}
+            row = {
+                k: (v if k in text else (float(v) if v != "" else None))
+                for k, v in r.items()
+                if k not in ("workload", "cell", "x")
+            }
             row["origin"] = row["origin"] or None
             out.setdefault(key, []).append(row)
     return out
@@ -279,27 +362,36 @@ def render(ws, results: dict, args, t0: float) -> None:
         parts.append(f"## {w.title}\n\nWorkload: {w.what}.\n")
         for b, (sets, what) in w.batch_sets.items():
             rows = results[(w.key, "batch", b)]
-            parts.append(f"### Batch {b} ({what})\n\n`{command(w.config, w.common + sets)}`\n\n"
-                         f"{summary_line(rows)}.\n\n{table(rows)}\n")
+            parts.append(
+                f"### Batch {b} ({what})\n\n`{command(w.config, w.common + sets)}`\n\n"
+                f"{summary_line(rows)}.\n\n{table(rows)}\n"
+            )
         for b in w.shared:
             rows = results[(w.key, "shared", b)]
             per_layer = {r["policy"]: r for r in results[(w.key, "batch", b)]}
-            parts.append(f"### One cache shared by all layers, batch {b}\n\nThe same GPU memory as one shared "
-                         f"cache (`cache.organization: shared`), with the policies that manage one; \"per-layer\" "
-                         f"is the same policy's cache hits with per-layer slots (the table above).\n\n"
-                         f"`{command(w.config, w.common + w.batch_sets[b][0] + SHARED)}`\n\n"
-                         f"{summary_line(rows)}.\n\n{table(rows, per_layer)}\n")
+            parts.append(
+                f"### One cache shared by all layers, batch {b}\n\nThe same GPU memory as one shared "
+                f'cache (`cache.organization: shared`), with the policies that manage one; "per-layer" '
+                f"is the same policy's cache hits with per-layer slots (the table above).\n\n"
+                f"`{command(w.config, w.common + w.batch_sets[b][0] + SHARED)}`\n\n"
+                f"{summary_line(rows)}.\n\n{table(rows, per_layer)}\n"
+            )
         by_size = {s: results[(w.key, "size", s)] for s in w.sizes}
         png = fig_dir / f"{w.key}.png"
         plot(w, by_size, png)
         sets = w.common + w.batch_sets[1][0]
-        parts.append(f"### Throughput against cache size (batch 1)\n\n![{w.title}](policy_study/{png.name})\n\n"
-                     f"`{command(w.config, sets + ['cache.hpc_slots=H', 'cache.mpc_slots=S-H'])}` for S in "
-                     f"{', '.join(map(str, w.sizes))} (H = max(1, S // 4)).\n\n"
-                     + "\n".join(f"- S = {s}: {summary_line(by_size[s])}" for s in w.sizes) + "\n")
+        parts.append(
+            f"### Throughput against cache size (batch 1)\n\n![{w.title}](policy_study/{png.name})\n\n"
+            f"`{command(w.config, sets + ['cache.hpc_slots=H', 'cache.mpc_slots=S-H'])}` for S in "
+            f"{', '.join(map(str, w.sizes))} (H = max(1, S // 4)).\n\n"
+            + "\n".join(f"- S = {s}: {summary_line(by_size[s])}" for s in w.sizes)
+            + "\n"
+        )
     rows_at = args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out
-    parts.append(f"\nGenerated by `python benchmarks/policy_study.py` ({args.jobs} processes); every row is in "
-                 f"`{rows_at}/policy_study.csv` (`--render` rewrites this file and the plots from it).\n")
+    parts.append(
+        f"\nGenerated by `python benchmarks/policy_study.py` ({args.jobs} processes); every row is in "
+        f"`{rows_at}/policy_study.csv` (`--render` rewrites this file and the plots from it).\n"
+    )
     text = "\n".join(parts)
     tmp = args.doc.with_suffix(".tmp")
     tmp.write_text(text)

@@ -34,15 +34,41 @@ def report(rows_path: str, json_out: str | None) -> int:
     print(format_fits(fits))
     s = summary_of(results, "predict")
     if s["rows"]:
-        print(f"\npredicted rows with a published value: {s['rows']}; median |error| "
-              f"{100 * s['median_abs_error']:.1f}%, max |error| {100 * s['max_abs_error']:.1f}%")
+        print(
+            f"\npredicted rows with a published value: {s['rows']}; median |error| "
+            f"{100 * s['median_abs_error']:.1f}%, max |error| {100 * s['max_abs_error']:.1f}%"
+        )
     if json_out is not None:
-        out = {"rows": [{k: r[k] for k in ("row", "role", "system", "hardware", "predicted_tok_s", "published_tok_s",
-                                          "error", "constants", "problem")} for r in results],
-               "fits": {name: {"key": f.key, "value": f.value, "per_gpu": f.per_gpu, "rows": list(f.rows),
-                               "rows_by_gpu": {k: list(v) for k, v in f.rows_by_gpu.items()}}
-                        for name, f in fits.items()},
-               "predicted": s}
+        out = {
+            "rows": [
+                {
+                    k: r[k]
+                    for k in (
+                        "row",
+                        "role",
+                        "system",
+                        "hardware",
+                        "predicted_tok_s",
+                        "published_tok_s",
+                        "error",
+                        "constants",
+                        "problem",
+                    )
+                }
+                for r in results
+            ],
+            "fits": {
+                name: {
+                    "key": f.key,
+                    "value": f.value,
+                    "per_gpu": f.per_gpu,
+                    "rows": list(f.rows),
+                    "rows_by_gpu": {k: list(v) for k, v in f.rows_by_gpu.items()},
+                }
+                for name, f in fits.items()
+            },
+            "predicted": s,
+        }
         atomic_write_bytes(json_out, (json.dumps(out, indent=1) + "\n").encode())
         print(f"wrote {json_out}")
     return 0

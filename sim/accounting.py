@@ -35,15 +35,45 @@ class IterationTally:
         evictions."""
         c, (hits0, misses0, copies0, promotions0, evictions0) = self.counters, self.before
         hits = c.hits
-        return (hits[HPC] - hits0[HPC], hits[MPC] - hits0[MPC], hits[LPC] - hits0[LPC], c.misses - misses0,
-                self.copier.copies - copies0, prefetches, unused, c.promotions - promotions0,
-                c.evictions - evictions0)
+        return (
+            hits[HPC] - hits0[HPC],
+            hits[MPC] - hits0[MPC],
+            hits[LPC] - hits0[LPC],
+            c.misses - misses0,
+            self.copier.copies - copies0,
+            prefetches,
+            unused,
+            c.promotions - promotions0,
+            c.evictions - evictions0,
+        )
 
 
-def iteration_record(it, tokens: int, start_s: float, end_s: float, stall_s: float, counts: tuple[int, ...],
-                     cpu_experts: int = 0, cpu_s: float = 0.0, cpu_wait_s: float = 0.0) -> IterationRecord:
+def iteration_record(
+    it,
+    tokens: int,
+    start_s: float,
+    end_s: float,
+    stall_s: float,
+    counts: tuple[int, ...],
+    cpu_experts: int = 0,
+    cpu_s: float = 0.0,
+    cpu_wait_s: float = 0.0,
+) -> IterationRecord:
     """The record of iteration ``it`` (a :class:`sim.workload.Iteration`): its ``tokens``, its start and end and the
     compute stream's stall on copies (seconds), ``counts`` (:meth:`IterationTally.counts`) and its experts on the
     host CPU (how many, the host's seconds on them, the compute stream's wait for them)."""
-    return IterationRecord(it.index, it.batch, it.kind, it.requests, tokens, it.decode_tokens, start_s, end_s,
-                           stall_s, *counts, cpu_experts, cpu_s, cpu_wait_s)
+    return IterationRecord(
+        it.index,
+        it.batch,
+        it.kind,
+        it.requests,
+        tokens,
+        it.decode_tokens,
+        start_s,
+        end_s,
+        stall_s,
+        *counts,
+        cpu_experts,
+        cpu_s,
+        cpu_wait_s,
+    )

@@ -41,7 +41,7 @@ class CacheCounters:
     insertions: int = 0
     evictions: int = 0
     promotions: int = 0
-    cpu: int = 0        # accesses served by computing the expert on the host CPU (source ``CPU``)
+    cpu: int = 0  # accesses served by computing the expert on the host CPU (source ``CPU``)
 
     @property
     def accesses(self) -> int:
@@ -139,9 +139,14 @@ class TierCache:
         mpc, counters = self.mpc[layer], self.counters
         if victim is not None:
             if victim not in mpc:
-                raise CacheInvariantError(f"layer {layer}: "
-                                          + (f"HPC expert {victim} chosen for eviction" if victim in self.hpc[layer]
-                                             else f"evicted expert {victim} is not in the MPC"))
+                raise CacheInvariantError(
+                    f"layer {layer}: "
+                    + (
+                        f"HPC expert {victim} chosen for eviction"
+                        if victim in self.hpc[layer]
+                        else f"evicted expert {victim} is not in the MPC"
+                    )
+                )
             del mpc[victim]
             counters.evictions += 1
         if len(mpc) >= self.mpc_slots:
@@ -195,8 +200,9 @@ class TierCache:
         # a promoted expert is in its buffer and the MPC until the layer ends
         for layer, held in enumerate(self.lpc_of):
             if self.hpc[layer] & held:
-                raise CacheInvariantError(f"layer {layer}: expert {min(self.hpc[layer] & held)} in a working buffer "
-                                          f"and the HPC")
+                raise CacheInvariantError(
+                    f"layer {layer}: expert {min(self.hpc[layer] & held)} in a working buffer and the HPC"
+                )
 
 
 class SharedTierCache(TierCache):
@@ -222,8 +228,9 @@ class SharedTierCache(TierCache):
             raise CacheInvariantError(f"layer {layer} is not cached but its MPC was filled")
         used = self.used - len(self.mpc[layer]) + len(experts)
         if used > self.mpc_slots:
-            raise CacheInvariantError(f"layer {layer}: MPC fill brings the shared MPC to {used} experts, over its "
-                                      f"{self.mpc_slots} slots")
+            raise CacheInvariantError(
+                f"layer {layer}: MPC fill brings the shared MPC to {used} experts, over its {self.mpc_slots} slots"
+            )
         if self.hpc[layer] & set(experts):
             raise CacheInvariantError(f"layer {layer}: MPC fill repeats an HPC expert")
         self._check_ids(layer, experts)
@@ -244,10 +251,14 @@ class SharedTierCache(TierCache):
                 raise CacheInvariantError(f"layer {layer}: victim layer {vl} out of range")
             vm = self.mpc[vl]
             if victim not in vm:
-                raise CacheInvariantError(f"layer {layer}: "
-                                          + (f"HPC expert {victim} of layer {vl} chosen for eviction"
-                                             if victim in self.hpc[vl] else
-                                             f"evicted expert {victim} of layer {vl} is not in the MPC"))
+                raise CacheInvariantError(
+                    f"layer {layer}: "
+                    + (
+                        f"HPC expert {victim} of layer {vl} chosen for eviction"
+                        if victim in self.hpc[vl]
+                        else f"evicted expert {victim} of layer {vl} is not in the MPC"
+                    )
+                )
             del vm[victim]
             self.used -= 1
             counters.evictions += 1
@@ -274,5 +285,6 @@ class SharedTierCache(TierCache):
             raise CacheInvariantError(f"shared MPC holds {total} experts, over its {self.mpc_slots} slots")
         for layer, held in enumerate(self.lpc_of):
             if self.hpc[layer] & held:
-                raise CacheInvariantError(f"layer {layer}: expert {min(self.hpc[layer] & held)} in a working buffer "
-                                          f"and the HPC")
+                raise CacheInvariantError(
+                    f"layer {layer}: expert {min(self.hpc[layer] & held)} in a working buffer and the HPC"
+                )

@@ -14,13 +14,13 @@ from typing import Any
 
 from sim.errors import ConfigError
 
-INT_MAX = 2**31 - 1     # the largest integer a field accepts unless it states its own bound
-NUMBER_MAX = 1e12       # the largest real number a field accepts unless it states its own bound
-NAME_CHARS = 256        # the longest name (model, hardware, policy, ...)
-MAX_DEPTH = 32          # the deepest nesting a config or profile may have
-MAX_VALUES = 200_000    # the most values a config or profile may hold (each repeat of a YAML alias counts)
-SHOW_CHARS = 60         # an echoed value longer than this is abbreviated
-LIST_CHARS = 250        # a list of known names longer than this is shown as its closest matches and a count
+INT_MAX = 2**31 - 1  # the largest integer a field accepts unless it states its own bound
+NUMBER_MAX = 1e12  # the largest real number a field accepts unless it states its own bound
+NAME_CHARS = 256  # the longest name (model, hardware, policy, ...)
+MAX_DEPTH = 32  # the deepest nesting a config or profile may have
+MAX_VALUES = 200_000  # the most values a config or profile may hold (each repeat of a YAML alias counts)
+SHOW_CHARS = 60  # an echoed value longer than this is abbreviated
+LIST_CHARS = 250  # a list of known names longer than this is shown as its closest matches and a count
 
 #: A check: ``check(value, where)`` returns the clean value or raises ConfigError naming ``where``.
 Check = Callable[[Any, str], Any]
@@ -32,8 +32,7 @@ def kind_of(value: Any) -> str:
     empty file)". For errors about a file of the wrong shape, which must not echo what the file holds."""
     if value is None:
         return "nothing (an empty file)"
-    names = {str: "a string", list: "a list", dict: "a mapping", bool: "a boolean", int: "a number",
-             float: "a number"}
+    names = {str: "a string", list: "a list", dict: "a mapping", bool: "a boolean", int: "a number", float: "a number"}
     return names.get(type(value), f"a {type(value).__name__}")
 
 
@@ -66,7 +65,7 @@ def _short_repr(value: Any, budget: int, depth: int = 0) -> str | None:
     if depth >= 3 or len(value) > budget:
         return None
     parts, used = [], 2
-    for item in (value.items() if isinstance(value, dict) else value):
+    for item in value.items() if isinstance(value, dict) else value:
         if isinstance(value, dict):
             key, val = _short_repr(item[0], budget, depth + 1), _short_repr(item[1], budget, depth + 1)
             piece = None if key is None or val is None else f"{key}: {val}"
@@ -165,8 +164,9 @@ def _at(where: str, top: Any) -> str:
 
 
 # --------------------------------------------------------------------------------------------- scalars
-def check_int(value: Any, where: str, minimum: int | None = None, maximum: int | None = INT_MAX,
-              allow_none: bool = False) -> int | None:
+def check_int(
+    value: Any, where: str, minimum: int | None = None, maximum: int | None = INT_MAX, allow_none: bool = False
+) -> int | None:
     """An integer (not a bool) in [minimum, maximum]; ``maximum`` defaults to INT_MAX."""
     if value is None and allow_none:
         return None
@@ -196,8 +196,9 @@ def real(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def check_number(value: Any, where: str, minimum: float = 0.0, strict: bool = True,
-                 maximum: float | None = NUMBER_MAX) -> float:
+def check_number(
+    value: Any, where: str, minimum: float = 0.0, strict: bool = True, maximum: float | None = NUMBER_MAX
+) -> float:
     """A finite real number > minimum (strict) or >= minimum, and <= maximum (NUMBER_MAX unless given)."""
     v = real(value)
     if v is not None and (v > minimum if strict else v >= minimum) and (maximum is None or v <= maximum):
@@ -251,7 +252,29 @@ def text(allow_none: bool = False, max_chars: int = NAME_CHARS) -> Check:
     return lambda value, where: check_str(value, where, allow_none, max_chars)
 
 
-__all__ = ["kind_of", "INT_MAX", "MAX_DEPTH", "MAX_VALUES", "NAME_CHARS", "NUMBER_MAX", "Check", "check_bool",
-           "check_choice", "check_int", "check_keys", "check_mapping", "check_number", "check_size", "check_str",
-           "integer", "join",
-           "key_text", "known_text", "number", "one_of", "real", "show", "text"]
+__all__ = [
+    "kind_of",
+    "INT_MAX",
+    "MAX_DEPTH",
+    "MAX_VALUES",
+    "NAME_CHARS",
+    "NUMBER_MAX",
+    "Check",
+    "check_bool",
+    "check_choice",
+    "check_int",
+    "check_keys",
+    "check_mapping",
+    "check_number",
+    "check_size",
+    "check_str",
+    "integer",
+    "join",
+    "key_text",
+    "known_text",
+    "number",
+    "one_of",
+    "real",
+    "show",
+    "text",
+]

@@ -32,8 +32,13 @@ def _progress_printer():
         pct = done * 100 // total
         if pct != state["last"] or done == total:
             state["last"] = pct
-            print(f"\r  simulating: {done}/{total} iterations ({pct}%)", end="" if done < total else "\n",
-                  file=sys.stderr, flush=True)
+            print(
+                f"\r  simulating: {done}/{total} iterations ({pct}%)",
+                end="" if done < total else "\n",
+                file=sys.stderr,
+                flush=True,
+            )
+
     return show
 
 
@@ -84,15 +89,26 @@ COMMAND --help says more. Exit status: 0 ok, 2 bad input (one line naming the fi
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m sim", description="Simulator of offloaded MoE inference.",
-                           epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(
+        prog="python -m sim",
+        description="Simulator of offloaded MoE inference.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("run", help="simulate one run config", epilog=SEE_POLICIES,
-                       description="Simulate one run config: a table on the terminal (or --json) and the result files "
-                                   "in --out.")
+    p = sub.add_parser(
+        "run",
+        help="simulate one run config",
+        epilog=SEE_POLICIES,
+        description="Simulate one run config: a table on the terminal (or --json) and the result files in --out.",
+    )
     p.add_argument("config", help="run config (YAML), e.g. configs/switch_xxl.yaml")
-    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE",
-                   help="override a config field (repeatable), e.g. policy.name=lru")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY.PATH=VALUE",
+        help="override a config field (repeatable), e.g. policy.name=lru",
+    )
     p.add_argument("--out", help="results folder (default: runs/CONFIG-TIMESTAMP)")
     p.add_argument("--timeline", action="store_true", help="also write timeline.json (Chrome trace, opens in Perfetto)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")

@@ -63,14 +63,14 @@ class StreamClock:
         env = self.env
         if env.peek() > end:
             at = env.now
-            if at + (end - at) == end:   # a timeout from SimPy's clock can land there exactly later
+            if at + (end - at) == end:  # a timeout from SimPy's clock can land there exactly later
                 self.now = end
                 return
         ev = self.timeout_at(self.now, dt)
         step = self.step
         while ev.callbacks is not None:
             step()
-        while env.peek() <= end:   # due at this very instant, scheduled during the wait
+        while env.peek() <= end:  # due at this very instant, scheduled during the wait
             step()
         self.now = end
 
@@ -84,7 +84,7 @@ class StreamClock:
             d = due - at
             if at + d == due:
                 return env.timeout(d)
-            self.catch_up()   # SimPy's clock at the stream's: start + delay from there
+            self.catch_up()  # SimPy's clock at the stream's: start + delay from there
         return env.timeout(delay)
 
     def catch_up(self) -> None:

@@ -38,10 +38,26 @@ from sim.predictors import PREDICTORS
 from sim.run import cached_layers, simulate
 from traces.io import atomic_write_bytes, check_output_file, check_output_folder, load_trace
 
-COLUMNS = ["policy", "predictor", "origin", "throughput_tok_s", "ratio_vs_baseline", "iteration_ms_mean",
-           "iteration_ms_p99", "hit_rate", "cache_hit_rate", "prefetch_hit_rate", "cpu_expert_frac", "pcie_gb",
-           "stall_s", "link_busy_frac", "prefetch_precision", "prefetch_recall", "belady_cache_hit_rate",
-           "gap_to_belady"]
+COLUMNS = [
+    "policy",
+    "predictor",
+    "origin",
+    "throughput_tok_s",
+    "ratio_vs_baseline",
+    "iteration_ms_mean",
+    "iteration_ms_p99",
+    "hit_rate",
+    "cache_hit_rate",
+    "prefetch_hit_rate",
+    "cpu_expert_frac",
+    "pcie_gb",
+    "stall_s",
+    "link_busy_frac",
+    "prefetch_precision",
+    "prefetch_recall",
+    "belady_cache_hit_rate",
+    "gap_to_belady",
+]
 
 
 #: Where a policy comes from, in the order ``--policies all`` runs them: the hypothetical ceiling (every expert
@@ -49,8 +65,19 @@ COLUMNS = ["policy", "predictor", "origin", "throughput_tok_s", "ratio_vs_baseli
 ORIGINS = ("ceiling", "baseline", "published", "ours", "bound")
 
 #: Order within an origin under ``--policies all`` (the policy study's); others follow by name.
-STUDY_ORDER = ("gpu-only", "on-demand", "prefetch-all", "pregated", "lru", "lfu", "moe-infinity", "diffmoe",
-               "diffmoe-arc", "lookahead", "belady")
+STUDY_ORDER = (
+    "gpu-only",
+    "on-demand",
+    "prefetch-all",
+    "pregated",
+    "lru",
+    "lfu",
+    "moe-infinity",
+    "diffmoe",
+    "diffmoe-arc",
+    "lookahead",
+    "belady",
+)
 
 
 def origin_of(policy_class) -> str | None:
@@ -68,6 +95,7 @@ def default_predictor(policy: str) -> str | None:
 def all_entries() -> list[tuple[str, str | None]]:
     """Every registered policy with its default predictor, by origin (``ORIGINS``), then the study's order, then
     name."""
+
     def key(name):
         origin = origin_of(name)
         rank = ORIGINS.index(origin) if origin in ORIGINS else len(ORIGINS)
@@ -103,8 +131,9 @@ def parse_entries(text: str, shared: bool = False) -> list[tuple[str, str | None
 
     items = [x.strip() for x in str(text).split(",")]
     if not any(items):
-        raise ConfigError("--policies", "give at least one policy (POLICY or POLICY@PREDICTOR, comma-separated, or "
-                                        "all)")
+        raise ConfigError(
+            "--policies", "give at least one policy (POLICY or POLICY@PREDICTOR, comma-separated, or all)"
+        )
     for item in items:
         if not item:
             raise ConfigError("--policies", "an empty entry (two commas, or one at an end)")
@@ -124,13 +153,16 @@ def _entry(item: str) -> tuple[str, str | None]:
     if not policy:
         raise ConfigError("--policies", f"{_name_text(item)}: no policy before '@'")
     if at and not predictor:
-        raise ConfigError("--policies", f"{_name_text(item)}: no predictor after '@' (leave out the '@' to use the "
-                                        f"config's)")
+        raise ConfigError(
+            "--policies", f"{_name_text(item)}: no predictor after '@' (leave out the '@' to use the config's)"
+        )
     if policy not in POLICIES:
         raise ConfigError("--policies", f"unknown policy {_name_text(policy)} (known: {choices(POLICIES.names())})")
     if at and predictor not in PREDICTORS:
-        raise ConfigError("--policies", f"unknown predictor {_name_text(predictor)} in {_name_text(item)} "
-                                        f"(known: {choices(PREDICTORS.names())})")
+        raise ConfigError(
+            "--policies",
+            f"unknown predictor {_name_text(predictor)} in {_name_text(item)} (known: {choices(PREDICTORS.names())})",
+        )
     return policy, predictor or None
 
 
@@ -147,8 +179,9 @@ def check_baseline(baseline: str | None, entries: list[tuple[str, str | None]]) 
     if baseline is None:
         return "on-demand" if "on-demand" in names else names[0]
     if baseline not in names:
-        raise ConfigError("--baseline", f"{_name_text(str(baseline))} is not among the compared policies "
-                                        f"({choices(names)})")
+        raise ConfigError(
+            "--baseline", f"{_name_text(str(baseline))} is not among the compared policies ({choices(names)})"
+        )
     return baseline
 
 
@@ -181,8 +214,7 @@ def config_predictor_note(base: RunConfig, entries: list[tuple[str, str | None]]
         what += ", perfect knowledge of the next layer's experts"
     if base.predictor.name == "none":
         return f"{', '.join(names)} ran with the config's predictor none (no prediction)"
-    return (f"{', '.join(names)} ran with the config's predictor {what}; give {names[0]}@none to run without "
-            f"prediction")
+    return f"{', '.join(names)} ran with the config's predictor {what}; give {names[0]}@none to run without prediction"
 
 
 def belady_cache_hit_rate(cfg: RunConfig, trace) -> float | None:
@@ -204,8 +236,9 @@ def belady_cache_hit_rate(cfg: RunConfig, trace) -> float | None:
     return out["hit_rate"]
 
 
-def compare(base: RunConfig, entries: list[tuple[str, str | None]], baseline: str | None = None,
-            log=None) -> list[dict]:
+def compare(
+    base: RunConfig, entries: list[tuple[str, str | None]], baseline: str | None = None, log=None
+) -> list[dict]:
     """One row per entry (see COLUMNS)."""
     check_baseline(baseline, entries)  # before any policy runs
     trace = load_trace(base.workload.trace)
@@ -218,20 +251,31 @@ def compare(base: RunConfig, entries: list[tuple[str, str | None]], baseline: st
         s = simulate(cfg, trace=trace).summary
         hr = s["hit_rate"]
         cache_hits = None if hr["hpc"] is None else hr["hpc"] + hr["mpc"]
-        rows.append({
-            "policy": policy, "predictor": cfg.predictor.name, "origin": origin_of(policy),
-            "throughput_tok_s": s["throughput_tok_s"],
-            "ratio_vs_baseline": None, "iteration_ms_mean": s["iteration_ms"]["mean"],
-            "iteration_ms_p99": s["iteration_ms"]["p99"], "hit_rate": hr["overall"], "cache_hit_rate": cache_hits,
-            "prefetch_hit_rate": hr["lpc"], "cpu_expert_frac": s.get("cpu_expert_frac"),
-            "pcie_gb": s["pcie_bytes"] / 1e9, "stall_s": s["stall_ms"] / 1e3,
-            "link_busy_frac": s["link_busy_frac"], "prefetch_precision": s["prefetch"]["precision"],
-            "prefetch_recall": s["prefetch"]["recall"],
-            # gpu-only keeps every expert, so the bound at the configured slots does not apply to it
-            "belady_cache_hit_rate": None if is_ceiling(policy) else bound,
-            "gap_to_belady": None if bound is None or cache_hits is None or is_ceiling(policy)
-            else bound - cache_hits,
-        })
+        rows.append(
+            {
+                "policy": policy,
+                "predictor": cfg.predictor.name,
+                "origin": origin_of(policy),
+                "throughput_tok_s": s["throughput_tok_s"],
+                "ratio_vs_baseline": None,
+                "iteration_ms_mean": s["iteration_ms"]["mean"],
+                "iteration_ms_p99": s["iteration_ms"]["p99"],
+                "hit_rate": hr["overall"],
+                "cache_hit_rate": cache_hits,
+                "prefetch_hit_rate": hr["lpc"],
+                "cpu_expert_frac": s.get("cpu_expert_frac"),
+                "pcie_gb": s["pcie_bytes"] / 1e9,
+                "stall_s": s["stall_ms"] / 1e3,
+                "link_busy_frac": s["link_busy_frac"],
+                "prefetch_precision": s["prefetch"]["precision"],
+                "prefetch_recall": s["prefetch"]["recall"],
+                # gpu-only keeps every expert, so the bound at the configured slots does not apply to it
+                "belady_cache_hit_rate": None if is_ceiling(policy) else bound,
+                "gap_to_belady": None
+                if bound is None or cache_hits is None or is_ceiling(policy)
+                else bound - cache_hits,
+            }
+        )
     names = [r["policy"] for r in rows]
     ref = rows[names.index(check_baseline(baseline, entries))]["throughput_tok_s"]
     for r in rows:
@@ -245,17 +289,46 @@ def _fmt(v, spec=".3f") -> str:
 
 def table_markdown(rows: list[dict], baseline: str, title: str, note: str | None = None) -> str:
     """The table (with ``note`` in a line under it)."""
-    head = ["policy", "predictor", "origin", "tokens/s", f"x {baseline}", "iter ms (mean)", "hit rate",
-            "cache hits", "prefetched", "cpu_expert_frac", "PCIe GB", "stall s", "Belady bound", "gap"]
+    head = [
+        "policy",
+        "predictor",
+        "origin",
+        "tokens/s",
+        f"x {baseline}",
+        "iter ms (mean)",
+        "hit rate",
+        "cache hits",
+        "prefetched",
+        "cpu_expert_frac",
+        "PCIe GB",
+        "stall s",
+        "Belady bound",
+        "gap",
+    ]
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lines.append("| " + " | ".join([
-            r["policy"], r["predictor"], r["origin"] or "-", _fmt(r["throughput_tok_s"], ",.1f"),
-            _fmt(r["ratio_vs_baseline"], ".2f"),
-            _fmt(r["iteration_ms_mean"], ".1f"), _fmt(r["hit_rate"]), _fmt(r["cache_hit_rate"]),
-            _fmt(r["prefetch_hit_rate"]), _fmt(r.get("cpu_expert_frac")), _fmt(r["pcie_gb"], ",.1f"),
-            _fmt(r["stall_s"], ",.2f"),
-            _fmt(r["belady_cache_hit_rate"]), _fmt(r["gap_to_belady"], "+.3f")]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["policy"],
+                    r["predictor"],
+                    r["origin"] or "-",
+                    _fmt(r["throughput_tok_s"], ",.1f"),
+                    _fmt(r["ratio_vs_baseline"], ".2f"),
+                    _fmt(r["iteration_ms_mean"], ".1f"),
+                    _fmt(r["hit_rate"]),
+                    _fmt(r["cache_hit_rate"]),
+                    _fmt(r["prefetch_hit_rate"]),
+                    _fmt(r.get("cpu_expert_frac")),
+                    _fmt(r["pcie_gb"], ",.1f"),
+                    _fmt(r["stall_s"], ",.2f"),
+                    _fmt(r["belady_cache_hit_rate"]),
+                    _fmt(r["gap_to_belady"], "+.3f"),
+                ]
+            )
+            + " |"
+        )
     if note:
         lines += ["", note]
     return "\n".join(lines) + "\n"
@@ -272,10 +345,17 @@ def table_csv(rows: list[dict]) -> str:
 
 def register(sub) -> None:
     p = sub.add_parser("compare", help="run one workload under several policies and compare them")
-    p.add_argument("config", help="run config (YAML) whose workload, model, hardware and cache every policy runs "
-                   "on; its predictor serves each entry without @PREDICTOR (said under the table)")
-    p.add_argument("--policies", required=True, help="comma-separated policies, each optionally POLICY@PREDICTOR "
-                   "(without one: the config's predictor); 'all': every registered policy with its default predictor")
+    p.add_argument(
+        "config",
+        help="run config (YAML) whose workload, model, hardware and cache every policy runs "
+        "on; its predictor serves each entry without @PREDICTOR (said under the table)",
+    )
+    p.add_argument(
+        "--policies",
+        required=True,
+        help="comma-separated policies, each optionally POLICY@PREDICTOR "
+        "(without one: the config's predictor); 'all': every registered policy with its default predictor",
+    )
     p.add_argument("--baseline", default=None, help="policy the throughput ratios refer to (default on-demand)")
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
     p.add_argument("--out", help="folder for compare.csv and compare.md (default runs/compare-CONFIG-TIMESTAMP)")
@@ -293,8 +373,10 @@ def run(args) -> int:
     entries = parse_entries(args.policies, shared)
     if shared and "all" in [x.strip() for x in args.policies.split(",")]:
         left = sorted(set(POLICIES.names()) - {p for p, _ in entries})
-        print(f"cache.organization: shared: leaving out the policies that manage per-layer slots only: "
-              f"{choices(left)}", file=sys.stderr)
+        print(
+            f"cache.organization: shared: leaving out the policies that manage per-layer slots only: {choices(left)}",
+            file=sys.stderr,
+        )
     baseline = check_baseline(args.baseline, entries)
     _check_variants(base, entries)
     out = Path(args.out) if args.out is not None else default_out(args.config)
@@ -304,10 +386,15 @@ def run(args) -> int:
     rows = compare(base, entries, baseline, log=lambda m: print(m, file=sys.stderr))
     w = base.workload
     n_cached = len(cached_layers(load_trace(w.trace), base.cache.layers))
-    slots = (f"one cache of {base.cache.total_slots(n_cached)} experts shared by {n_cached} layers" if shared else
-             f"slots HPC {base.cache.hpc_slots} + MPC {base.cache.mpc_slots}")
-    title = (f"{base.model.name} on {base.hardware.name}, batch {w.batch_size} ({w.batching}), trace "
-             f"{Path(w.trace).name}, {slots}, {base.cache.lpc_buffers} working buffers")
+    slots = (
+        f"one cache of {base.cache.total_slots(n_cached)} experts shared by {n_cached} layers"
+        if shared
+        else f"slots HPC {base.cache.hpc_slots} + MPC {base.cache.mpc_slots}"
+    )
+    title = (
+        f"{base.model.name} on {base.hardware.name}, batch {w.batch_size} ({w.batching}), trace "
+        f"{Path(w.trace).name}, {slots}, {base.cache.lpc_buffers} working buffers"
+    )
     note = config_predictor_note(base, entries)
     md = table_markdown(rows, baseline, title, note)
     atomic_write_bytes(out / "compare.csv", table_csv(rows).encode())
@@ -342,12 +429,12 @@ def _base_config(args) -> RunConfig:
         if exc.field != "cache.organization":
             raise
         # the config's own policy manages per-layer slots only: the compared policies replace it anyway
-        first = next((p for p, _ in parse_entries(args.policies, shared=True) if POLICIES.get(p).supports_shared),
-                     None)
+        first = next((p for p, _ in parse_entries(args.policies, shared=True) if POLICIES.get(p).supports_shared), None)
         if first is None:
             raise
-        return load_run_config(args.config, sets + [f"policy.name={first}", "policy.params={}"], POLICIES.names(),
-                               PREDICTORS.names())
+        return load_run_config(
+            args.config, sets + [f"policy.name={first}", "policy.params={}"], POLICIES.names(), PREDICTORS.names()
+        )
 
 
 def _check_variants(base: RunConfig, entries: list[tuple[str, str | None]]) -> None:
@@ -359,6 +446,8 @@ def _check_variants(base: RunConfig, entries: list[tuple[str, str | None]]) -> N
         key = (policy, cfg.predictor.name)
         given = policy if predictor is None else f"{policy}@{predictor}"
         if key in seen:
-            raise ConfigError("--policies", f"{seen[key]} and {given} run the same policy with the same predictor "
-                                            f"({cfg.predictor.name})")
+            raise ConfigError(
+                "--policies",
+                f"{seen[key]} and {given} run the same policy with the same predictor ({cfg.predictor.name})",
+            )
         seen[key] = given

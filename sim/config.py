@@ -85,10 +85,10 @@ BATCHING = ("static", "continuous")
 CACHE_LAYERS = ("all", "decoder", "encoder")
 ORGANIZATIONS = ("per-layer", "shared")
 DEFAULT_PREDICTOR = "none"
-MAX_BATCH = 1 << 16         # requests per batch
-MAX_REQUESTS = 1 << 20      # requests a run serves
-MAX_BUFFERS = 1 << 16       # working buffers (lpc_buffers)
-MAX_SEED = 2**32 - 1        # numpy's legacy seeding takes at most 32 bits
+MAX_BATCH = 1 << 16  # requests per batch
+MAX_REQUESTS = 1 << 20  # requests a run serves
+MAX_BUFFERS = 1 << 16  # working buffers (lpc_buffers)
+MAX_SEED = 2**32 - 1  # numpy's legacy seeding takes at most 32 bits
 MAX_GPU_MEMORY_GB = 1e6
 
 
@@ -101,16 +101,18 @@ def _trace_file(value: Any, where: str) -> Path:
 
 
 def _hot_profile(value: Any, where: str) -> Any:
-    """"trace" (null too), the resolved path of a profiling trace (a string), or per-layer lists of expert ids."""
+    """ "trace" (null too), the resolved path of a profiling trace (a string), or per-layer lists of expert ids."""
     if value is None or value == "trace":
         return "trace"
     if isinstance(value, str):
         return str(resolve_path(value, where, "profiling trace file").resolve())
-    if isinstance(value, list) and all(isinstance(row, list) and all(isinstance(e, int) and not isinstance(e, bool)
-                                                                     for e in row) for row in value):
+    if isinstance(value, list) and all(
+        isinstance(row, list) and all(isinstance(e, int) and not isinstance(e, bool) for e in row) for row in value
+    ):
         return [list(row) for row in value]
-    raise ConfigError(where, f"must be 'trace', a path to a profiling trace, or per-layer lists of expert ids, "
-                             f"got {show(value)}")
+    raise ConfigError(
+        where, f"must be 'trace', a path to a profiling trace, or per-layer lists of expert ids, got {show(value)}"
+    )
 
 
 def _fraction(value: Any, where: str) -> float:
@@ -122,9 +124,9 @@ def _fraction(value: Any, where: str) -> float:
 class WorkloadConfig:
     """What a run serves: the trace's requests, in which batches, how much of each."""
 
-    trace: Path = setting(check=_trace_file)                                   # resolved path of the trace file
+    trace: Path = setting(check=_trace_file)  # resolved path of the trace file
     batch_size: int = setting(1, integer(1, MAX_BATCH))
-    batching: str = setting("static", one_of(*BATCHING))                       # static | continuous
+    batching: str = setting("static", one_of(*BATCHING))  # static | continuous
     max_decode_tokens: int | None = setting(None, integer(0, INT_MAX, allow_none=True))  # per request; None = all
     prefill: bool = setting(True, check_bool)
     requests: int | None = setting(None, integer(1, MAX_REQUESTS, allow_none=True))  # None = the trace's count
@@ -135,11 +137,11 @@ class WorkloadConfig:
 class CacheConfig:
     """The expert tiers on the GPU. The slot counts are given as such, or derived from :class:`MemorySizing`."""
 
-    hpc_slots: int = setting(check=integer(0))                     # per cached MoE layer
-    mpc_slots: int = setting(check=integer(0))                     # per cached MoE layer
-    lpc_buffers: int = setting(check=integer(1, MAX_BUFFERS))      # shared working buffers for copies from host
-    prefetch_reserve: int = setting(None)                          # working buffers prefetches may not take
-    layers: str = setting("all", one_of(*CACHE_LAYERS))            # all | decoder | encoder: the cached MoE layers
+    hpc_slots: int = setting(check=integer(0))  # per cached MoE layer
+    mpc_slots: int = setting(check=integer(0))  # per cached MoE layer
+    lpc_buffers: int = setting(check=integer(1, MAX_BUFFERS))  # shared working buffers for copies from host
+    prefetch_reserve: int = setting(None)  # working buffers prefetches may not take
+    layers: str = setting("all", one_of(*CACHE_LAYERS))  # all | decoder | encoder: the cached MoE layers
     hot_profile: Any = setting("trace", _hot_profile, constructor_default=True)
     #                                 "trace", a resolved trace path (str), or per-layer lists of hot expert ids
     organization: str = setting("per-layer", one_of(*ORGANIZATIONS), constructor_default=True)
@@ -195,7 +197,7 @@ class RunConfig:
     policy: NamedConfig = setting(nested=NamedConfig, wrap="name")
     predictor: NamedConfig = setting(DEFAULT_PREDICTOR, nested=NamedConfig, wrap="name")
     seed: int = setting(0, integer(0, MAX_SEED))
-    source: str = field(default="inline")        # the config file, or "inline"
+    source: str = field(default="inline")  # the config file, or "inline"
     resolved: dict = field(default_factory=dict)  # the whole config as plain data, defaults filled, profiles expanded
 
 
@@ -223,15 +225,21 @@ def _load_workload(d: Any, model: ModelSpec) -> tuple[WorkloadConfig, TraceSumma
         enc, dec = summary.layer_counts()
         theirs = shape_text(m.num_experts, m.top_k, enc, dec)
         ours = shape_text(model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers)
-        raise ConfigError("workload.trace", f"{problem}: trace model {show(m.name)} ({theirs}) does not match model "
-                                            f"{show(model.name)} ({ours}) in {w.trace}")
+        raise ConfigError(
+            "workload.trace",
+            f"{problem}: trace model {show(m.name)} ({theirs}) does not match model "
+            f"{show(model.name)} ({ours}) in {w.trace}",
+        )
     has_prefill = w.prefill and int(summary.prefill_lengths.sum()) > 0
     has_decode = w.max_decode_tokens != 0 and int(summary.decode_lengths.sum()) > 0
     if not (has_prefill or has_decode):
         field_ = "workload.max_decode_tokens" if w.max_decode_tokens == 0 else "workload.prefill"
-        raise ConfigError(field_, f"leaves nothing to simulate: the trace has {int(summary.prefill_lengths.sum())} "
-                                  f"prompt and {int(summary.decode_lengths.sum())} generated tokens, with prefill "
-                                  f"{str(w.prefill).lower()} and max_decode_tokens {w.max_decode_tokens}")
+        raise ConfigError(
+            field_,
+            f"leaves nothing to simulate: the trace has {int(summary.prefill_lengths.sum())} "
+            f"prompt and {int(summary.decode_lengths.sum())} generated tokens, with prefill "
+            f"{str(w.prefill).lower()} and max_decode_tokens {w.max_decode_tokens}",
+        )
     return w, summary
 
 
@@ -256,25 +264,33 @@ def _load_cache(d: Any, model: ModelSpec, all_resident: bool) -> tuple[CacheConf
     split_given = [k for k in keys_of(MemorySizing) if d.get(k) is not None]
     sized_from = None
     if slots_given and split_given:
-        raise ConfigError("cache", f"give either hpc_slots/mpc_slots/lpc_buffers or gpu_memory_gb/split, not both "
-                                   f"(got {', '.join(slots_given + split_given)})")
+        raise ConfigError(
+            "cache",
+            f"give either hpc_slots/mpc_slots/lpc_buffers or gpu_memory_gb/split, not both "
+            f"(got {', '.join(slots_given + split_given)})",
+        )
     if split_given:
         hpc, mpc, lpc, sized_from = _slots_from_split(d, model, n_layers)
     elif slots_given:
         for k in SLOT_KEYS:
             if d.get(k) is None:
-                raise ConfigError(f"cache.{k}", "missing (give hpc_slots, mpc_slots and lpc_buffers together, "
-                                                "or gpu_memory_gb and split)")
+                raise ConfigError(
+                    f"cache.{k}",
+                    "missing (give hpc_slots, mpc_slots and lpc_buffers together, or gpu_memory_gb and split)",
+                )
         hpc, mpc, lpc = (check_setting(CacheConfig, k, d[k], f"cache.{k}") for k in SLOT_KEYS)
     elif all_resident:
         hpc, mpc, lpc = 0, 0, 1
     else:
-        raise ConfigError("cache", "give the tier sizes: hpc_slots, mpc_slots and lpc_buffers, "
-                                   "or gpu_memory_gb and split {hpc, mpc, lpc}")
+        raise ConfigError(
+            "cache",
+            "give the tier sizes: hpc_slots, mpc_slots and lpc_buffers, or gpu_memory_gb and split {hpc, mpc, lpc}",
+        )
     if hpc + mpc > model.num_experts:
-        raise ConfigError("cache.mpc_slots" if mpc else "cache.hpc_slots",
-                          f"hpc_slots + mpc_slots ({hpc} + {mpc}) exceed the {model.num_experts} experts of a layer "
-                          f"of {model.name}")
+        raise ConfigError(
+            "cache.mpc_slots" if mpc else "cache.hpc_slots",
+            f"hpc_slots + mpc_slots ({hpc} + {mpc}) exceed the {model.num_experts} experts of a layer of {model.name}",
+        )
     reserve = d.get("prefetch_reserve")
     reserve = min(1, lpc - 1) if reserve is None else check_int(reserve, "cache.prefetch_reserve", 0, lpc - 1)
     _check_hot_lists(values["hot_profile"], model)
@@ -282,11 +298,16 @@ def _load_cache(d: Any, model: ModelSpec, all_resident: bool) -> tuple[CacheConf
     shared = values["shared_slots"]
     if shared is not None:
         if values["organization"] != "shared":
-            raise ConfigError("cache.shared_slots", f"applies only with cache.organization: shared (got "
-                                                    f"{show(values['organization'])})")
+            raise ConfigError(
+                "cache.shared_slots",
+                f"applies only with cache.organization: shared (got {show(values['organization'])})",
+            )
         if shared > model.num_experts * n_layers:
-            raise ConfigError("cache.shared_slots", f"{shared} exceeds the {model.num_experts * n_layers} experts of "
-                                                    f"the {n_layers} cached layers of {model.name}")
+            raise ConfigError(
+                "cache.shared_slots",
+                f"{shared} exceeds the {model.num_experts * n_layers} experts of "
+                f"the {n_layers} cached layers of {model.name}",
+            )
     return CacheConfig(hpc, mpc, lpc, reserve, **values), sized_from
 
 
@@ -303,11 +324,17 @@ def _check_hot_trace(profile: Any, model: ModelSpec) -> None:
         raise ConfigError(where, str(exc)) from None
     m = summary.meta.model
     if (len(m.layers), m.num_experts) != (model.moe_layers, model.num_experts):
-        raise ConfigError(where, f"profiling trace {brief(profile)} has {len(m.layers)} MoE layers x {m.num_experts} "
-                                 f"experts, model {show(model.name)} {model.moe_layers} x {model.num_experts}")
+        raise ConfigError(
+            where,
+            f"profiling trace {brief(profile)} has {len(m.layers)} MoE layers x {m.num_experts} "
+            f"experts, model {show(model.name)} {model.moe_layers} x {model.num_experts}",
+        )
     if routed == 0:
-        raise ConfigError(where, f"profiling trace {brief(profile)} has no routed tokens ({tokens} tokens): no "
-                                 f"expert ranking to take from it")
+        raise ConfigError(
+            where,
+            f"profiling trace {brief(profile)} has no routed tokens ({tokens} tokens): no "
+            f"expert ranking to take from it",
+        )
 
 
 def _check_hot_lists(profile: Any, model: ModelSpec) -> None:
@@ -315,12 +342,17 @@ def _check_hot_lists(profile: Any, model: ModelSpec) -> None:
     if not isinstance(profile, list):
         return
     if len(profile) != model.moe_layers:
-        raise ConfigError("cache.hot_profile", f"must hold {model.moe_layers} per-layer lists (one per MoE layer of "
-                                               f"{show(model.name)}), got {len(profile)}")
+        raise ConfigError(
+            "cache.hot_profile",
+            f"must hold {model.moe_layers} per-layer lists (one per MoE layer of "
+            f"{show(model.name)}), got {len(profile)}",
+        )
     for i, row in enumerate(profile):
         if any(not 0 <= e < model.num_experts for e in row) or len(set(row)) != len(row):
-            raise ConfigError(f"cache.hot_profile[{i}]", f"must list distinct expert ids in "
-                                                         f"0..{model.num_experts - 1}, got {show(row)}")
+            raise ConfigError(
+                f"cache.hot_profile[{i}]",
+                f"must list distinct expert ids in 0..{model.num_experts - 1}, got {show(row)}",
+            )
 
 
 def _slots_from_split(d: dict, model: ModelSpec, n_layers: int) -> tuple[int, int, int, dict]:
@@ -344,8 +376,11 @@ def _slots_from_split(d: dict, model: ModelSpec, n_layers: int) -> tuple[int, in
     hpc = min(hpc, model.num_experts)
     mpc = min(mpc, model.num_experts - hpc)
     if lpc < 1:
-        raise ConfigError("cache.split.lpc", f"gives {budget * frac['lpc'] / GB:g} GB, less than one working buffer "
-                                             f"({eb / GB:.3g} GB per expert of {model.name})")
+        raise ConfigError(
+            "cache.split.lpc",
+            f"gives {budget * frac['lpc'] / GB:g} GB, less than one working buffer "
+            f"({eb / GB:.3g} GB per expert of {model.name})",
+        )
     lpc = min(lpc, MAX_BUFFERS)
     return hpc, mpc, lpc, {"gpu_memory_gb": d["gpu_memory_gb"], "split": dict(frac)}
 
@@ -355,8 +390,10 @@ def _registry(section: str):
     imports every part's module)."""
     if section == "policy":
         from sim.policies import POLICIES
+
         return POLICIES
     from sim.predictors import PREDICTORS
+
     return PREDICTORS
 
 
@@ -374,15 +411,17 @@ def _load_named(d: Any, where: str, names: Iterable[str] | None, default: str | 
     allowed = None if names is None else set(names)
     known = [n for n in registry.names() if allowed is None or n in allowed]
     if name not in known:
-        raise ConfigError(f"{where}.name",
-                          f"unknown {where} {brief(name)} ({known_text(name, known, registry.folder)})")
+        raise ConfigError(
+            f"{where}.name", f"unknown {where} {brief(name)} ({known_text(name, known, registry.folder)})"
+        )
     params = d.get("params")
     params = {} if params is None else check_mapping(params, f"{where}.params")
     try:
         json.dumps(params, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}.params", f"must hold plain values (numbers, strings, lists, mappings): {exc}") \
-            from None
+        raise ConfigError(
+            f"{where}.params", f"must hold plain values (numbers, strings, lists, mappings): {exc}"
+        ) from None
     params = registry.get(name).check_params(copy.deepcopy(params), f"{where}.params")
     return NamedConfig(name, params)
 
@@ -394,8 +433,10 @@ def check_organization(policy: str, organization: str) -> None:
     registry = _registry("policy")
     if not getattr(registry.get(policy), "supports_shared", False):
         able = [n for n in registry.names() if getattr(registry.get(n), "supports_shared", False)]
-        raise ConfigError("cache.organization", f"policy {show(policy)} manages per-layer slots only; shared works "
-                                                f"with {', '.join(able)}")
+        raise ConfigError(
+            "cache.organization",
+            f"policy {show(policy)} manages per-layer slots only; shared works with {', '.join(able)}",
+        )
 
 
 def dense_bytes_of(model: ModelSpec, system: SystemSpec | None = None) -> int:
@@ -407,8 +448,14 @@ def dense_bytes_of(model: ModelSpec, system: SystemSpec | None = None) -> int:
     return math.ceil(model.dense_params * bits / 8)
 
 
-def kv_cache_check(model: ModelSpec, hw: HardwareSpec, batch_size: int, request_tokens: int,
-                   longest: tuple[int, int] | None = None, dense_bytes: int | None = None) -> int:
+def kv_cache_check(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    batch_size: int,
+    request_tokens: int,
+    longest: tuple[int, int] | None = None,
+    dense_bytes: int | None = None,
+) -> int:
     """The KV cache of the largest batch of contexts (``batch_size`` requests of ``request_tokens`` tokens each,
     the longest request's prompt plus its generated tokens: an upper bound on what a batch holds at once) beside the
     dense weights and the reserved memory, which every policy keeps on the GPU whatever its tiers (the all-resident
@@ -423,18 +470,27 @@ def kv_cache_check(model: ModelSpec, hw: HardwareSpec, batch_size: int, request_
     fixed = dense + hw.reserved_bytes
     if kv + fixed > hw.gpu_memory_bytes:
         prompt, generated = longest if longest is not None else (request_tokens, 0)
-        raise ConfigError("cache", f"the KV cache alone does not fit: batch {batch_size} x {request_tokens} tokens "
-                                   f"(the longest request: {prompt} prompt + {generated} generated) x "
-                                   f"{model.kv_bytes_per_token / 1024:g} KiB per token of {show(model.name)} needs "
-                                   f"{kv / GB:.1f} GB beside {dense / GB:.1f} GB of dense weights and "
-                                   f"{hw.reserved_bytes / GB:g} GB reserved, but hardware.gpu_memory_gb is "
-                                   f"{hw.gpu_memory_bytes / GB:g} (lower workload.batch_size or the trace's prompt "
-                                   f"lengths)")
+        raise ConfigError(
+            "cache",
+            f"the KV cache alone does not fit: batch {batch_size} x {request_tokens} tokens "
+            f"(the longest request: {prompt} prompt + {generated} generated) x "
+            f"{model.kv_bytes_per_token / 1024:g} KiB per token of {show(model.name)} needs "
+            f"{kv / GB:.1f} GB beside {dense / GB:.1f} GB of dense weights and "
+            f"{hw.reserved_bytes / GB:g} GB reserved, but hardware.gpu_memory_gb is "
+            f"{hw.gpu_memory_bytes / GB:g} (lower workload.batch_size or the trace's prompt "
+            f"lengths)",
+        )
     return kv
 
 
-def memory_check(model: ModelSpec, hw: HardwareSpec, cache: CacheConfig, batch_size: int,
-                 request_tokens: int, dense_bytes: int | None = None) -> dict:
+def memory_check(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    cache: CacheConfig,
+    batch_size: int,
+    request_tokens: int,
+    dense_bytes: int | None = None,
+) -> dict:
     """Bytes each resident thing needs; raises ConfigError("cache: ...") when they exceed the GPU's memory.
     ``dense_bytes``: the dense weights' (default: at the model's ``dtype_bytes``)."""
     n_layers = cached_layer_count(model, cache.layers)
@@ -446,15 +502,21 @@ def memory_check(model: ModelSpec, hw: HardwareSpec, cache: CacheConfig, batch_s
         "reserved": hw.reserved_bytes,
     }
     if sum(need.values()) > hw.gpu_memory_bytes:
-        slots = (f"shared_slots {cache.total_slots(n_layers)}" if cache.organization == "shared" else
-                 f"(hpc_slots {cache.hpc_slots} + mpc_slots {cache.mpc_slots}) x {n_layers} layers")
-        raise ConfigError("cache", f"tiers need {need['tiers'] / GB:.1f} GB ({slots} + lpc_buffers "
-                                   f"{cache.lpc_buffers}, at {eb / GB:.3g} GB per expert) beside "
-                                   f"{need['dense'] / GB:.1f} GB of dense weights and "
-                                   f"{need['kv_cache'] / GB:.1f} GB of "
-                                   f"KV cache (batch {batch_size} x {request_tokens} tokens) and "
-                                   f"{need['reserved'] / GB:g} GB reserved, but hardware.gpu_memory_gb is "
-                                   f"{hw.gpu_memory_bytes / GB:g}")
+        slots = (
+            f"shared_slots {cache.total_slots(n_layers)}"
+            if cache.organization == "shared"
+            else f"(hpc_slots {cache.hpc_slots} + mpc_slots {cache.mpc_slots}) x {n_layers} layers"
+        )
+        raise ConfigError(
+            "cache",
+            f"tiers need {need['tiers'] / GB:.1f} GB ({slots} + lpc_buffers "
+            f"{cache.lpc_buffers}, at {eb / GB:.3g} GB per expert) beside "
+            f"{need['dense'] / GB:.1f} GB of dense weights and "
+            f"{need['kv_cache'] / GB:.1f} GB of "
+            f"KV cache (batch {batch_size} x {request_tokens} tokens) and "
+            f"{need['reserved'] / GB:g} GB reserved, but hardware.gpu_memory_gb is "
+            f"{hw.gpu_memory_bytes / GB:g}",
+        )
     return need
 
 
@@ -466,10 +528,13 @@ def check_dequant_table(system: SystemSpec, hardware: HardwareSpec, model: Model
     if system.tables is not None and system.tables.dequant is not None:
         return
     if hardware.tables is None or hardware.tables.dequant_for(model.expert_bits_per_weight) is None:
-        raise ConfigError("system.dequant", f"is 'table' but neither the system's tables.dequant nor the hardware's "
-                                            f"measured table for {model.expert_bits_per_weight:g}-bit experts exists "
-                                            f"(validate microbench measures them; 'measured' falls back to the "
-                                            f"roofline)")
+        raise ConfigError(
+            "system.dequant",
+            f"is 'table' but neither the system's tables.dequant nor the hardware's "
+            f"measured table for {model.expert_bits_per_weight:g}-bit experts exists "
+            f"(validate microbench measures them; 'measured' falls back to the "
+            f"roofline)",
+        )
 
 
 def with_formats(model: ModelSpec, system: SystemSpec) -> ModelSpec:
@@ -482,8 +547,12 @@ def with_formats(model: ModelSpec, system: SystemSpec) -> ModelSpec:
 
 
 # --------------------------------------------------------------------------------------------- entry points
-def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str] | None = None,
-                     predictor_names: Iterable[str] | None = None) -> RunConfig:
+def config_from_dict(
+    d: Any,
+    source: str = "inline",
+    policy_names: Iterable[str] | None = None,
+    predictor_names: Iterable[str] | None = None,
+) -> RunConfig:
     """Check a whole config mapping into a :class:`RunConfig` (the mapping is not modified). Policy and predictor
     names are those registered; ``policy_names``/``predictor_names``, when given, narrow them further."""
     if not isinstance(d, dict):
@@ -499,8 +568,9 @@ def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str]
     model = with_formats(given_model, system)
     check_dequant_table(system, hardware, model)
     policy = _load_named(d["policy"], "policy", policy_names)
-    predictor = _load_named(d.get("predictor", system.predictor), "predictor", predictor_names,
-                            default=DEFAULT_PREDICTOR)
+    predictor = _load_named(
+        d.get("predictor", system.predictor), "predictor", predictor_names, default=DEFAULT_PREDICTOR
+    )
     workload, summary = _load_workload(d["workload"], model)
     facts = RunFacts(model, workload.trace, summary)
     for where, part in (("policy", policy), ("predictor", predictor)):
@@ -512,14 +582,23 @@ def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str]
     check_organization(policy.name, cache.organization)
     tokens = summary.max_request_tokens(workload.max_decode_tokens)
     dense = dense_bytes_of(model, system)
-    kv_cache_check(model, hardware, workload.batch_size, tokens, summary.longest_request(workload.max_decode_tokens),
-                   dense)
+    kv_cache_check(
+        model, hardware, workload.batch_size, tokens, summary.longest_request(workload.max_decode_tokens), dense
+    )
     if not all_resident:
         memory_check(model, hardware, cache, workload.batch_size, tokens, dense)
-    parts = {"model": model, "hardware": hardware, "system": system, "workload": workload, "cache": cache,
-             "policy": policy, "predictor": predictor, **read_settings(RunConfig, d, "", skip=tuple(_SECTIONS))}
+    parts = {
+        "model": model,
+        "hardware": hardware,
+        "system": system,
+        "workload": workload,
+        "cache": cache,
+        "policy": policy,
+        "predictor": predictor,
+        **read_settings(RunConfig, d, "", skip=tuple(_SECTIONS)),
+    }
     resolved = {key_of(f): plain(parts[f.name]) for f in settings_of(RunConfig)}
-    resolved["model"] = plain(given_model)   # the model as given: the system's formats apply again on loading
+    resolved["model"] = plain(given_model)  # the model as given: the system's formats apply again on loading
     if is_ideal(system):  # the default: left out, so that a config (and its sweep point's hash) reads as before
         resolved.pop("system")  # systems existed; the run's config.resolved.yaml shows it (sim/run.py)
     if cache.organization == "per-layer":  # the default: left out, so that a per-layer config (and its sweep
@@ -528,8 +607,12 @@ def config_from_dict(d: Any, source: str = "inline", policy_names: Iterable[str]
     return RunConfig(**parts, source=source, resolved=resolved)
 
 
-def load_run_config(path: str | Path, overrides: Iterable[str] = (), policy_names: Iterable[str] | None = None,
-                    predictor_names: Iterable[str] | None = None) -> RunConfig:
+def load_run_config(
+    path: str | Path,
+    overrides: Iterable[str] = (),
+    policy_names: Iterable[str] | None = None,
+    predictor_names: Iterable[str] | None = None,
+) -> RunConfig:
     """Read a YAML run config (a regular file: the current folder first, then the project root), apply ``--set``
     overrides in order, and check it."""
     given = str(path)
@@ -558,11 +641,14 @@ def load_run_config(path: str | Path, overrides: Iterable[str] = (), policy_name
 
 
 # --------------------------------------------------------------------------------------------- --set
-SCHEMA: dict = schema_of(RunConfig)   # every key a config may hold (FREE below params)
+SCHEMA: dict = schema_of(RunConfig)  # every key a config may hold (FREE below params)
 _SCHEMA = SCHEMA
-_WRAP = wrapped(RunConfig)            # a profile name there becomes {base: NAME}, a part's name {name: NAME}
-_SEE = {"model": "sim/model_spec.py", "hardware": "sim/hardware_spec.py",  # where their many keys are listed
-        "system": "sim/system_spec.py"}
+_WRAP = wrapped(RunConfig)  # a profile name there becomes {base: NAME}, a part's name {name: NAME}
+_SEE = {
+    "model": "sim/model_spec.py",
+    "hardware": "sim/hardware_spec.py",  # where their many keys are listed
+    "system": "sim/system_spec.py",
+}
 
 
 def apply_override(d: dict, text: str) -> None:
@@ -572,6 +658,22 @@ def apply_override(d: dict, text: str) -> None:
     apply_set(d, text, SCHEMA, _WRAP, _SEE)
 
 
-__all__ = ["CacheConfig", "MemorySizing", "NamedConfig", "RunConfig", "TierSplit", "TraceSummary", "WorkloadConfig",
-           "apply_override", "cached_layer_count", "check_organization", "config_from_dict", "load_run_config",
-           "dense_bytes_of", "kv_cache_check", "memory_check", "read_trace_summary", "trace_matches_model"]
+__all__ = [
+    "CacheConfig",
+    "MemorySizing",
+    "NamedConfig",
+    "RunConfig",
+    "TierSplit",
+    "TraceSummary",
+    "WorkloadConfig",
+    "apply_override",
+    "cached_layer_count",
+    "check_organization",
+    "config_from_dict",
+    "load_run_config",
+    "dense_bytes_of",
+    "kv_cache_check",
+    "memory_check",
+    "read_trace_summary",
+    "trace_matches_model",
+]

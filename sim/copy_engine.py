@@ -42,17 +42,29 @@ NEVER = float("inf")
 class CopyEngine(QueueCounters):
     """Callback-driven: a copy is one SimPy timeout whose callback lands it and starts the next; no process."""
 
-    def __init__(self, env: simpy.Environment, copy_s: float, nbytes: int, buffers: int, reserve: int,
-                 timeline=None, slowdown: float = 1.0, handoff: float = 0.0, gap: float = 0.0,
-                 writeback: float = 0.0, serial: bool = False, clock=None):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        copy_s: float,
+        nbytes: int,
+        buffers: int,
+        reserve: int,
+        timeline=None,
+        slowdown: float = 1.0,
+        handoff: float = 0.0,
+        gap: float = 0.0,
+        writeback: float = 0.0,
+        serial: bool = False,
+        clock=None,
+    ):
         """``timeline``: a :class:`sim.timeline.Timeline` that records each landed copy, or None; ``clock``: the
         requesting stream's :class:`sim.clock.StreamClock` (default: SimPy's own clock)."""
         self.env = env
         self.clock = clock if clock is not None else EnvClock(env)
-        self.writeback = writeback   # seconds one evicted expert's write-back takes on the link (0: none)
-        self.writebacks = 0          # write-backs done
-        self.owed = 0                # evictions not yet written back
-        self.serial = serial         # copies start only while the compute stream waits
+        self.writeback = writeback  # seconds one evicted expert's write-back takes on the link (0: none)
+        self.writebacks = 0  # write-backs done
+        self.owed = 0  # evictions not yet written back
+        self.serial = serial  # copies start only while the compute stream waits
         self.handoff = handoff
         self.gap = gap
         self.waking = False  # the copy thread is waking up to start the next copy
@@ -62,12 +74,12 @@ class CopyEngine(QueueCounters):
         self.busy_s = 0.0
         self.nbytes = nbytes
         self.queue = q = CopyQueue(buffers, reserve)
-        self.demand, self.prefetch, self.ready = q.demand, q.prefetch, q.ready   # read by the engine
+        self.demand, self.prefetch, self.ready = q.demand, q.prefetch, q.ready  # read by the engine
         self.timeline = timeline
         self.current: CopyJob | None = None  # the copy on the link
-        self.pending: simpy.Event | None = None   # the landing or wake-up to come (at most one)
-        self.due = NEVER                           # its time (SimPy's own sum: now + delay)
-        self.events = 0                            # landings and wake-ups processed
+        self.pending: simpy.Event | None = None  # the landing or wake-up to come (at most one)
+        self.due = NEVER  # its time (SimPy's own sum: now + delay)
+        self.events = 0  # landings and wake-ups processed
         # the idle copy thread (not already waking) is asked for a copy: it starts now, or after the hand-off
         self._wake = self._wake_later if handoff else self._start_next
 
@@ -120,7 +132,7 @@ class CopyEngine(QueueCounters):
         """The one pending event: ``delay`` seconds from ``now``, then ``callback``; ``asked``: ``now`` is the
         compute stream's time (a request), else SimPy's (a callback)."""
         ev = self.clock.timeout_at(now, delay) if asked else self.env.timeout(delay)
-        self.pending, self.due = ev, now + delay   # the timeout's time
+        self.pending, self.due = ev, now + delay  # the timeout's time
         ev.callbacks.append(callback)
 
     def _wake_later(self, now: float, asked: bool, delay: float | None = None) -> None:
@@ -130,7 +142,7 @@ class CopyEngine(QueueCounters):
 
     def _woken(self, _event) -> None:
         self.events += 1
-        now = self.due   # SimPy's time now: this event's
+        now = self.due  # SimPy's time now: this event's
         self.pending, self.due = None, NEVER
         self.waking = False
         if self.current is None:
@@ -168,7 +180,7 @@ class CopyEngine(QueueCounters):
     def _land(self, _event) -> None:
         """The copy on the link lands: it waits in ``ready`` for its layer (or frees its buffer if dropped)."""
         self.events += 1
-        now = self.due   # SimPy's time now: this event's
+        now = self.due  # SimPy's time now: this event's
         self.pending, self.due = None, NEVER
         job = self.current
         self.current = None

@@ -24,16 +24,27 @@ __all__ = ["CopyJob", "CopyQueue", "QueueCounters"]
 class CopyJob:
     """One expert's copy from host into a working buffer, for one MoE layer."""
 
-    __slots__ = ("layer", "expert", "was_prefetch", "started", "finished", "dropped", "buffer", "after", "start",
-                 "end", "landed")
+    __slots__ = (
+        "layer",
+        "expert",
+        "was_prefetch",
+        "started",
+        "finished",
+        "dropped",
+        "buffer",
+        "after",
+        "start",
+        "end",
+        "landed",
+    )
 
     def __init__(self, layer: int, expert: int, prefetch: bool):
         self.layer, self.expert, self.was_prefetch = layer, expert, prefetch
         self.started = self.finished = self.dropped = False
-        self.buffer = None     # index of the working buffer it lands in
-        self.after = None      # the engine's marker of when that buffer was freed (None: free from the start)
-        self.start = self.end = 0.0   # simulated start and (planned) landing
-        self.landed = None     # the executor's device timestamps of the copy
+        self.buffer = None  # index of the working buffer it lands in
+        self.after = None  # the engine's marker of when that buffer was freed (None: free from the start)
+        self.start = self.end = 0.0  # simulated start and (planned) landing
+        self.landed = None  # the executor's device timestamps of the copy
 
 
 class CopyQueue:
@@ -105,7 +116,7 @@ class CopyQueue:
     def start_next(self) -> CopyJob | None:
         """The copy to start now, with its working buffer taken (``job.buffer``, ``job.after``), or None."""
         free = self.free
-        if self.demand and free:   # as _queue, inline (the simulator calls this once per copy and more)
+        if self.demand and free:  # as _queue, inline (the simulator calls this once per copy and more)
             job = self.demand.popleft()
         elif self.prefetch and len(free) > self.reserve:
             job = self.prefetch.popleft()

@@ -42,10 +42,10 @@ from sim.system_spec import DEQUANT_OUT_BITS, IDEAL, SystemSpec
 
 DIRECTIONS = ("h2d", "d2h")  # activation copies: host -> device, device -> host
 
-ATTENTION_KERNELS = 5   # per attention sublayer: norm, fused q/k/v projection, attention, output projection, residual
-FFN_EXTRA_KERNELS = 2   # around a dense FFN block, beside one GEMM per weight matrix: norm, residual
-GATE_KERNELS = 2        # the router GEMM, then softmax + top-k
-MOE_EXTRA_KERNELS = 1   # the norm in front of an MoE layer
+ATTENTION_KERNELS = 5  # per attention sublayer: norm, fused q/k/v projection, attention, output projection, residual
+FFN_EXTRA_KERNELS = 2  # around a dense FFN block, beside one GEMM per weight matrix: norm, residual
+GATE_KERNELS = 2  # the router GEMM, then softmax + top-k
+MOE_EXTRA_KERNELS = 1  # the norm in front of an MoE layer
 _CACHE_LIMIT = 1 << 17  # memo entries kept per method before the memo is cleared
 
 
@@ -53,10 +53,12 @@ def check_tables(model: ModelSpec, hw: HardwareSpec, where: str = "hardware") ->
     """Raise ConfigError when ``hw`` carries expert/dense tables measured for a model other than ``model``."""
     t = hw.tables
     if t is not None and t.has_model_tables and t.model != model.name:
-        raise ConfigError(f"{where}.tables.model",
-                          f"the expert/dense/lm_head/cpu_expert tables in {hw.source} were measured for model "
-                          f"{t.model!r}, but the run's model is {model.name!r} (calibrate for it, or drop those "
-                          f"tables)")
+        raise ConfigError(
+            f"{where}.tables.model",
+            f"the expert/dense/lm_head/cpu_expert tables in {hw.source} were measured for model "
+            f"{t.model!r}, but the run's model is {model.name!r} (calibrate for it, or drop those "
+            f"tables)",
+        )
 
 
 class _Table1D:
@@ -248,8 +250,9 @@ class CostModel:
         else:
             m = self.model
             activations = 2 * n * m.d_model * m.dtype_bytes
-            value = (m.expert_matrices * self.hw.launch_overhead_s
-                     + self._roofline(n * m.expert_flops_per_token, m.expert_bytes + activations))
+            value = m.expert_matrices * self.hw.launch_overhead_s + self._roofline(
+                n * m.expert_flops_per_token, m.expert_bytes + activations
+            )
         if n > 0 and (self.dequant_s or self.expert_call_s):
             value = value + self.dequant_s + self.expert_call_s
         if len(memo) >= _CACHE_LIMIT:
@@ -296,7 +299,7 @@ class CostModel:
     def _dense_roofline(self, role: str, n: int, ctx: float, moe: int) -> float:
         m, launch, dt = self.model, self.hw.launch_overhead_s, self.model.dtype_bytes
         wb = self.dense_weight_bytes  # bytes per dense weight (dt unless the system sets dense_format)
-        weights: float = 0            # dense weights read per MoE layer (for their de-quantization)
+        weights: float = 0  # dense weights read per MoE layer (for their de-quantization)
         blocks = m.blocks(role)
         act = n * m.d_model * dt  # one activation tensor [tokens, d_model]
 
@@ -311,8 +314,7 @@ class CostModel:
         dense_blocks = blocks - moe
         if dense_blocks:
             p = m.dense_ffn_params
-            ffn = (self._roofline(2 * p * n, p * wb + 2 * act)
-                   + (m.dense_ffn_matrices + FFN_EXTRA_KERNELS) * launch)
+            ffn = self._roofline(2 * p * n, p * wb + 2 * act) + (m.dense_ffn_matrices + FFN_EXTRA_KERNELS) * launch
             total += (dense_blocks / moe) * ffn
             weights += (dense_blocks / moe) * p
         if m.shared_expert_d_ff:
@@ -336,8 +338,10 @@ class CostModel:
             return self._lm_head_table(n)
         m = self.model
         p = m.vocab_size * m.d_model
-        return (self._roofline(2 * p * n, p * m.dtype_bytes + n * (m.d_model + m.vocab_size) * m.dtype_bytes)
-                + 2 * self.hw.launch_overhead_s)
+        return (
+            self._roofline(2 * p * n, p * m.dtype_bytes + n * (m.d_model + m.vocab_size) * m.dtype_bytes)
+            + 2 * self.hw.launch_overhead_s
+        )
 
     # ------------------------------------------------------------------ the host CPU computing experts
     def cpu_expert_s(self, tokens: int, cores: int | None = None) -> float:
@@ -375,8 +379,10 @@ class CostModel:
         else:
             m = self.model
             activations = 2 * n * m.d_model * m.dtype_bytes
-            value = self.cpu_overhead_s + max(n * m.expert_flops_per_token / (self.cpu_rate * share),
-                                              (m.expert_bytes + activations) / (self.cpu_mem_bw * share))
+            value = self.cpu_overhead_s + max(
+                n * m.expert_flops_per_token / (self.cpu_rate * share),
+                (m.expert_bytes + activations) / (self.cpu_mem_bw * share),
+            )
         if len(memo) >= _CACHE_LIMIT:
             memo.clear()
         memo[key] = value

@@ -33,15 +33,21 @@ def hot_ranking(cfg: RunConfig, trace: Trace) -> tuple[tuple[int, ...], ...]:
     if isinstance(profile, (str, Path)):
         prof = load_trace(profile)
         if prof.num_layers != n_layers or prof.num_experts != n_exp:
-            raise ConfigError("cache.hot_profile", f"profiling trace {profile} has {prof.num_layers} layers x "
-                              f"{prof.num_experts} experts, the run's trace {n_layers} x {n_exp}")
+            raise ConfigError(
+                "cache.hot_profile",
+                f"profiling trace {profile} has {prof.num_layers} layers x "
+                f"{prof.num_experts} experts, the run's trace {n_layers} x {n_exp}",
+            )
         return hot_ranking_from_counts(selection_counts(prof.experts, n_exp))
     if not isinstance(profile, (list, tuple)) or len(profile) != n_layers:
         raise ConfigError("cache.hot_profile", f"must be 'trace', a trace path, or {n_layers} per-layer lists")
     out = []
     for i, row in enumerate(profile):
-        if not isinstance(row, (list, tuple)) or any(not isinstance(e, int) or not 0 <= e < n_exp for e in row) \
-                or len(set(row)) != len(row):
+        if (
+            not isinstance(row, (list, tuple))
+            or any(not isinstance(e, int) or not 0 <= e < n_exp for e in row)
+            or len(set(row)) != len(row)
+        ):
             raise ConfigError(f"cache.hot_profile[{i}]", f"must list distinct expert ids in 0..{n_exp - 1}")
         out.append(tuple(row) + tuple(e for e in range(n_exp) if e not in set(row)))
     return tuple(out)
@@ -54,21 +60,36 @@ def build_decisions(cfg: RunConfig, trace: Trace, iterations=None) -> tuple[Poli
     # what offline parts may read: the whole workload, and the evaluated trace's path (a part trained on another
     # trace refuses that very file); "costs": the run's cost model (plain Python), which hybrid CPU/GPU policies
     # weigh a copy against computing an expert on the host with
-    extra = {"trace": trace, "iterations": iterations, "trace_path": cfg.workload.trace,
-             "costs": CostModel(cfg.model, cfg.hardware, cfg.system)}
-    ctx = PolicyContext(num_layers=trace.num_layers, num_experts=trace.num_experts, layer_roles=roles,
-                        cached_layers=cached_layers(trace, cfg.cache.layers), hpc_slots=cfg.cache.hpc_slots,
-                        mpc_slots=cfg.cache.mpc_slots, hot_ranking=hot_ranking(cfg, trace), seed=cfg.seed,
-                        extra=extra, organization=getattr(cfg.cache, "organization", "per-layer"),
-                        shared_slots=getattr(cfg.cache, "shared_slots", None))
+    extra = {
+        "trace": trace,
+        "iterations": iterations,
+        "trace_path": cfg.workload.trace,
+        "costs": CostModel(cfg.model, cfg.hardware, cfg.system),
+    }
+    ctx = PolicyContext(
+        num_layers=trace.num_layers,
+        num_experts=trace.num_experts,
+        layer_roles=roles,
+        cached_layers=cached_layers(trace, cfg.cache.layers),
+        hpc_slots=cfg.cache.hpc_slots,
+        mpc_slots=cfg.cache.mpc_slots,
+        hot_ranking=hot_ranking(cfg, trace),
+        seed=cfg.seed,
+        extra=extra,
+        organization=getattr(cfg.cache, "organization", "per-layer"),
+        shared_slots=getattr(cfg.cache, "shared_slots", None),
+    )
     if cfg.cache.hpc_slots + cfg.cache.mpc_slots > trace.num_experts:
-        raise ConfigError("cache", f"hpc_slots + mpc_slots ({cfg.cache.hpc_slots} + {cfg.cache.mpc_slots}) exceed "
-                          f"the {trace.num_experts} experts of a layer")
+        raise ConfigError(
+            "cache",
+            f"hpc_slots + mpc_slots ({cfg.cache.hpc_slots} + {cfg.cache.mpc_slots}) exceed "
+            f"the {trace.num_experts} experts of a layer",
+        )
     try:
         policy = POLICIES.get(cfg.policy.name)(cfg.policy.params, ctx)
         predictor = PREDICTORS.get(cfg.predictor.name)(
-            cfg.predictor.params,
-            PredictorContext(trace.num_layers, trace.num_experts, cfg.seed, dict(extra)))
+            cfg.predictor.params, PredictorContext(trace.num_layers, trace.num_experts, cfg.seed, dict(extra))
+        )
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None
     return policy, predictor

@@ -106,10 +106,10 @@ class EngineResult:
     wall_s: float
     prediction: PredictionScore
     timeline: list | None = field(default=None)
-    decisions: list[LayerDecision] | None = field(default=None)   # with record_decisions
-    cpu_busy_s: float = 0.0      # the host CPU computing experts (source CPU)
-    cpu_wait_s: float = 0.0      # the compute stream waiting for the host's experts at the end of a layer
-    cpu_experts: int = 0         # expert computations on the host
+    decisions: list[LayerDecision] | None = field(default=None)  # with record_decisions
+    cpu_busy_s: float = 0.0  # the host CPU computing experts (source CPU)
+    cpu_wait_s: float = 0.0  # the compute stream waiting for the host's experts at the end of a layer
+    cpu_experts: int = 0  # expert computations on the host
 
 
 def host_cost(costs: CostModel, name: str) -> float:
@@ -155,11 +155,19 @@ class ComputeStream(StreamClock):
     ``used`` and ``unused``, and the host experts (``cpu_n``, ``cpu_s``, ``cpu_wait``); ``wasted`` bytes and
     ``waits`` (its waits and resumptions) are over the run."""
 
-    def __init__(self, env: simpy.Environment, costs: CostModel, policy: Policy, copy: CopyEngine,
-                 protocol: DecisionProtocol, trace: Trace, timeline: Timeline | None):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        costs: CostModel,
+        policy: Policy,
+        copy: CopyEngine,
+        protocol: DecisionProtocol,
+        trace: Trace,
+        timeline: Timeline | None,
+    ):
         super().__init__(env)
         self.costs, self.policy, self.copy, self.protocol = costs, policy, copy, protocol
-        copy.clock = self   # the copy engine's requests come at the stream's time
+        copy.clock = self  # the copy engine's requests come at the stream's time
         self.timeline = timeline
         self.host = HostStream(costs, trace, timeline)
         self.roles = [x.role for x in trace.meta.model.layers]
@@ -179,8 +187,8 @@ class ComputeStream(StreamClock):
         self.copy_issue, self.expert_issue = host_cost(costs, "copy_issue_s"), host_cost(costs, "expert_issue_s")
         self.hit_issue = host_cost(costs, "hit_issue_s")
         self.expert_of = Memo(costs.expert_s)  # tokens -> one expert's compute
-        self.jobs = {}          # (layer, expert) -> the CopyJob of a prefetch not yet used or dropped
-        self.wasted = 0         # bytes of unused prefetches that crossed the link
+        self.jobs = {}  # (layer, expert) -> the CopyJob of a prefetch not yet used or dropped
+        self.wasted = 0  # bytes of unused prefetches that crossed the link
         self.dense_of = None
 
     # ------------------------------------------------------------------------------------------------ time
@@ -211,10 +219,10 @@ class ComputeStream(StreamClock):
             ev = copy.pending
             if ev is None:
                 raise RuntimeError("simulation deadlocked: the compute stream waits on a copy that never comes")
-            while ev.callbacks is not None:   # the environment runs until the copy event's callback has run
+            while ev.callbacks is not None:  # the environment runs until the copy event's callback has run
                 step()
         self.now = self.env.now
-        self.waits += 1   # the stream resumes
+        self.waits += 1  # the stream resumes
         if self.handoff:
             self.wait(self.handoff)
         copy.computing = True
@@ -392,9 +400,20 @@ class RunTotals:
 class Simulation:
     """One run: a trace, its iterations, a policy, a predictor and a cost model."""
 
-    def __init__(self, trace: Trace, iterations: list[Iteration], policy: Policy, predictor: Predictor,
-                 costs: CostModel, lpc_buffers: int, prefetch_reserve: int = 1, timeline: bool = False,
-                 progress=None, check_invariants: bool = False, record_decisions: bool = False):
+    def __init__(
+        self,
+        trace: Trace,
+        iterations: list[Iteration],
+        policy: Policy,
+        predictor: Predictor,
+        costs: CostModel,
+        lpc_buffers: int,
+        prefetch_reserve: int = 1,
+        timeline: bool = False,
+        progress=None,
+        check_invariants: bool = False,
+        record_decisions: bool = False,
+    ):
         self.trace = trace
         self.iterations = iterations
         self.policy = policy
@@ -425,11 +444,28 @@ class Simulation:
         costs, system, hw = self.costs, self.costs.system, self.costs.hw
         nbytes = costs.expert_bytes
         writeback = costs.writeback_s(nbytes) if system.writeback_evicted else 0.0
-        self.copy = CopyEngine(env, costs.copy_s(nbytes), nbytes, self.lpc_buffers, self.prefetch_reserve,
-                               self.timeline, hw.copy_slowdown, hw.handoff_s, hw.copy_gap_s, writeback, system.serial)
+        self.copy = CopyEngine(
+            env,
+            costs.copy_s(nbytes),
+            nbytes,
+            self.lpc_buffers,
+            self.prefetch_reserve,
+            self.timeline,
+            hw.copy_slowdown,
+            hw.handoff_s,
+            hw.copy_gap_s,
+            writeback,
+            system.serial,
+        )
         self.score = PredictionScore(len(self.roles))
-        self.protocol = DecisionProtocol(self.trace, self.policy, self.predictor, self.score, self.record_decisions,
-                                         self._check if self.check_invariants else None)
+        self.protocol = DecisionProtocol(
+            self.trace,
+            self.policy,
+            self.predictor,
+            self.score,
+            self.record_decisions,
+            self._check if self.check_invariants else None,
+        )
         self.stream = ComputeStream(env, costs, self.policy, self.copy, self.protocol, self.trace, self.timeline)
         return env
 
@@ -445,13 +481,23 @@ class Simulation:
             for step in protocol.steps(it):
                 stream.layer(step)
             stream.lm_head(it)
-            records.append(iteration_record(it, int(it.rows.size), t_start, stream.now, stream.stall,
-                                            tally.counts(stream.issued, stream.unused), stream.cpu_n, stream.cpu_s,
-                                            stream.cpu_wait))
+            records.append(
+                iteration_record(
+                    it,
+                    int(it.rows.size),
+                    t_start,
+                    stream.now,
+                    stream.stall,
+                    tally.counts(stream.issued, stream.unused),
+                    stream.cpu_n,
+                    stream.cpu_s,
+                    stream.cpu_wait,
+                )
+            )
             totals.add(stream)
             if progress is not None:
                 progress(it.index + 1, len(self.iterations))
-        stream.wait(0.0)   # the copy events due at the last instant run before the stream ends
+        stream.wait(0.0)  # the copy events due at the last instant run before the stream ends
         stream.catch_up()  # SimPy's clock at the run's end
 
     def run(self, env: simpy.Environment | None = None) -> EngineResult:
@@ -464,11 +510,25 @@ class Simulation:
         self.layer_loop(records, totals)
         copy = self.copy
         return EngineResult(
-            iterations=records, sim_time_s=self.stream.now, compute_busy_s=totals.busy, link_busy_s=copy.busy_s,
-            stall_s=totals.stall, copies=copy.copies, prefetch_copies=copy.prefetch_copies,
-            pcie_bytes=copy.pcie_bytes, prefetches_issued=totals.issued, prefetches_used=totals.used,
-            unused_prefetches=totals.unused, wasted_bytes=self.stream.wasted, max_buffers_in_use=copy.max_in_use,
-            events=1 + self.stream.waits + copy.events, wall_s=time.perf_counter() - wall0,
-            prediction=self.score, timeline=None if self.timeline is None else self.timeline.spans,
-            decisions=self.protocol.decisions, cpu_busy_s=totals.cpu_busy, cpu_wait_s=totals.cpu_wait,
-            cpu_experts=totals.cpu_n)
+            iterations=records,
+            sim_time_s=self.stream.now,
+            compute_busy_s=totals.busy,
+            link_busy_s=copy.busy_s,
+            stall_s=totals.stall,
+            copies=copy.copies,
+            prefetch_copies=copy.prefetch_copies,
+            pcie_bytes=copy.pcie_bytes,
+            prefetches_issued=totals.issued,
+            prefetches_used=totals.used,
+            unused_prefetches=totals.unused,
+            wasted_bytes=self.stream.wasted,
+            max_buffers_in_use=copy.max_in_use,
+            events=1 + self.stream.waits + copy.events,
+            wall_s=time.perf_counter() - wall0,
+            prediction=self.score,
+            timeline=None if self.timeline is None else self.timeline.spans,
+            decisions=self.protocol.decisions,
+            cpu_busy_s=totals.cpu_busy,
+            cpu_wait_s=totals.cpu_wait,
+            cpu_experts=totals.cpu_n,
+        )

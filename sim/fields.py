@@ -21,9 +21,20 @@ from sim.errors import ConfigError
 REQUIRED = dataclasses.MISSING
 
 
-def setting(default: Any = REQUIRED, check: Check | None = None, *, key: str | None = None, scale: float = 1.0,
-            divisor: float = 1.0, as_int: bool = False, null_is_default: bool = False, nested: Any = None,
-            free: bool = False, wrap: str | None = None, constructor_default: bool = False) -> Any:
+def setting(
+    default: Any = REQUIRED,
+    check: Check | None = None,
+    *,
+    key: str | None = None,
+    scale: float = 1.0,
+    divisor: float = 1.0,
+    as_int: bool = False,
+    null_is_default: bool = False,
+    nested: Any = None,
+    free: bool = False,
+    wrap: str | None = None,
+    constructor_default: bool = False,
+) -> Any:
     """A dataclass field set from a mapping.
 
     - ``default``: the value when the key is absent (REQUIRED: it must be given); a callable ``default(values,
@@ -37,8 +48,19 @@ def setting(default: Any = REQUIRED, check: Check | None = None, *, key: str | N
       (a part's params); ``wrap``: the key a bare string here stands for when a key below it is set with ``--set``
       (``base`` for a profile name, ``name`` for a policy name). These three shape the ``--set`` schema.
     """
-    meta = {"setting": True, "default": default, "check": check, "key": key, "scale": scale, "divisor": divisor,
-            "as_int": as_int, "null_is_default": null_is_default, "nested": nested, "free": free, "wrap": wrap}
+    meta = {
+        "setting": True,
+        "default": default,
+        "check": check,
+        "key": key,
+        "scale": scale,
+        "divisor": divisor,
+        "as_int": as_int,
+        "null_is_default": null_is_default,
+        "nested": nested,
+        "free": free,
+        "wrap": wrap,
+    }
     if constructor_default:
         return dataclasses.field(default=default, metadata=meta)
     return dataclasses.field(metadata=meta)
@@ -62,8 +84,9 @@ def required_keys(cls) -> tuple[str, ...]:
     return tuple(key_of(f) for f in settings_of(cls) if f.metadata["default"] is REQUIRED)
 
 
-def read_settings(cls, d: dict, where: str, suffix: str = "", defaults: dict | None = None,
-                  skip: tuple[str, ...] = ()) -> dict[str, Any]:
+def read_settings(
+    cls, d: dict, where: str, suffix: str = "", defaults: dict | None = None, skip: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Each setting of ``cls`` (but those in ``skip``) from the mapping ``d``, checked, in file units, by field
     name: the given value, else its default (``defaults`` overrides the declared ones by key). ``suffix`` ends
     every error message (`` (in FILE)``). Keys are not checked here (see :func:`sim.checks.check_keys`)."""
@@ -178,5 +201,19 @@ def plain(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-__all__ = ["FREE", "REQUIRED", "check_setting", "key_of", "keys_of", "plain", "read_settings", "required_keys",
-           "schema_of", "setting", "settings_of", "to_plain", "to_si", "wrapped"]
+__all__ = [
+    "FREE",
+    "REQUIRED",
+    "check_setting",
+    "key_of",
+    "keys_of",
+    "plain",
+    "read_settings",
+    "required_keys",
+    "schema_of",
+    "setting",
+    "settings_of",
+    "to_plain",
+    "to_si",
+    "wrapped",
+]

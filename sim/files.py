@@ -20,7 +20,7 @@ from sim.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = PROJECT_ROOT / "configs"
-MAX_FILE_BYTES = 4 << 20   # the largest config or profile file read (a config is a few KB)
+MAX_FILE_BYTES = 4 << 20  # the largest config or profile file read (a config is a few KB)
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -38,8 +38,9 @@ class StrictLoader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH + 1:
-                raise yaml.composer.ComposerError(None, None, f"nests deeper than {MAX_DEPTH} levels",
-                                                  self.peek_event().start_mark)
+                raise yaml.composer.ComposerError(
+                    None, None, f"nests deeper than {MAX_DEPTH} levels", self.peek_event().start_mark
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -58,8 +59,11 @@ class StrictLoader(yaml.SafeLoader):
                     continue
                 if repeated:
                     raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark, f"found duplicate key {show(key)}",
-                        key_node.start_mark)
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {show(key)}",
+                        key_node.start_mark,
+                    )
         return super().construct_mapping(node, deep)
 
 
@@ -117,7 +121,8 @@ def check_regular(path: Path, given: Any, where: str, what: str) -> Path:
 
 #: While set (:func:`confined_to`): the folders and the single files that a path named inside a file may reach.
 _CONFINEMENT: contextvars.ContextVar[tuple[tuple[Path, ...], frozenset[Path]] | None] = contextvars.ContextVar(
-    "confinement", default=None)
+    "confinement", default=None
+)
 
 
 @contextlib.contextmanager
@@ -144,8 +149,11 @@ def _outside(path: Path, given: Any, where: str, what: str) -> ConfigError | Non
     real = Path(os.path.realpath(path))
     if real in files or any(real == f or f in real.parents for f in folders):
         return None
-    return ConfigError(where, f"the {what} {show(str(given))} lies outside the folders this file may reference "
-                              f"({', '.join(str(f) for f in folders)})")
+    return ConfigError(
+        where,
+        f"the {what} {show(str(given))} lies outside the folders this file may reference "
+        f"({', '.join(str(f) for f in folders)})",
+    )
 
 
 def resolve_path(value: str | os.PathLike, where: str, what: str = "file") -> Path:
@@ -210,5 +218,16 @@ def read_structured_file(path: Path, where: str, name_file: bool = True) -> Any:
         raise ConfigError(exc.field, exc.problem + (f" (in {path})" if name_file else "")) from None
 
 
-__all__ = ["CONFIG_DIR", "MAX_FILE_BYTES", "PROJECT_ROOT", "StrictLoader", "check_regular", "file_status",
-           "confined_to", "parse_text", "read_structured_file", "read_text", "resolve_path"]
+__all__ = [
+    "CONFIG_DIR",
+    "MAX_FILE_BYTES",
+    "PROJECT_ROOT",
+    "StrictLoader",
+    "check_regular",
+    "file_status",
+    "confined_to",
+    "parse_text",
+    "read_structured_file",
+    "read_text",
+    "resolve_path",
+]

@@ -41,35 +41,56 @@ from typing import Any
 from sim.errors import ConfigError
 from sim.files import PROJECT_ROOT
 
-COLUMNS = ("row", "source", "system", "variant", "model", "expert_format", "dense_format", "gpu", "host", "pcie",
-           "batch", "prompt_tokens", "decode_tokens", "gpu_experts_per_layer", "published_tok_s", "role")
+COLUMNS = (
+    "row",
+    "source",
+    "system",
+    "variant",
+    "model",
+    "expert_format",
+    "dense_format",
+    "gpu",
+    "host",
+    "pcie",
+    "batch",
+    "prompt_tokens",
+    "decode_tokens",
+    "gpu_experts_per_layer",
+    "published_tok_s",
+    "role",
+)
 ROLES = ("fit", "predict")
 MAX_ROWS = 10_000
 MAX_FILE_BYTES = 4 << 20
 
 #: Model names in rows -> model profiles (configs/models/).
-MODEL_ALIASES = {"mixtral-8x7b-instruct": "mixtral-8x7b", "mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
-                 "deepseek-r1": "deepseek-v3"}
+MODEL_ALIASES = {
+    "mixtral-8x7b-instruct": "mixtral-8x7b",
+    "mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
+    "deepseek-r1": "deepseek-v3",
+}
 #: Model profile -> the bundled trace it replays (traces/data/README.md) and the requests simulated (enough decode
 #: tokens for a stable mean: the mixtral trace's requests hold ~144 decode tokens, deepseek's 12).
-TRACES = {"mixtral-8x7b": ("traces/data/mixtral_8x7b.npz", 8),
-          "deepseek-v3": ("traces/data/synth_deepseek_v3.npz", 48),
-          "gpt-oss-20b": ("traces/data/gpt_oss_20b.npz", 8),
-          "gpt-oss-120b": ("traces/data/synth_gpt_oss_120b.npz", 8),
-          "qwen3-30b-a3b": ("traces/data/synth_qwen3_30b_a3b.npz", 16),
-          "qwen3-235b-a22b": ("traces/data/synth_qwen3_235b_a22b.npz", 16),
-          "kimi-k2": ("traces/data/synth_kimi_k2.npz", 48)}
+TRACES = {
+    "mixtral-8x7b": ("traces/data/mixtral_8x7b.npz", 8),
+    "deepseek-v3": ("traces/data/synth_deepseek_v3.npz", 48),
+    "gpt-oss-20b": ("traces/data/gpt_oss_20b.npz", 8),
+    "gpt-oss-120b": ("traces/data/synth_gpt_oss_120b.npz", 8),
+    "qwen3-30b-a3b": ("traces/data/synth_qwen3_30b_a3b.npz", 16),
+    "qwen3-235b-a22b": ("traces/data/synth_qwen3_235b_a22b.npz", 16),
+    "kimi-k2": ("traces/data/synth_kimi_k2.npz", 48),
+}
 
 
 @dataclass(frozen=True)
 class Fitted:
     """The constant a system fits: a system-profile key, its search range and how tokens/s moves with it."""
 
-    key: str                 # a key of sim/system_spec.py (file units)
+    key: str  # a key of sim/system_spec.py (file units)
     low: float
     high: float
-    per_gpu: bool            # one value per GPU (the software's cost depends on it), else one for the system
-    increasing: bool         # tokens/s grows with the constant
+    per_gpu: bool  # one value per GPU (the software's cost depends on it), else one for the system
+    increasing: bool  # tokens/s grows with the constant
     log_scale: bool = False  # bisect on log(value)
 
 
@@ -85,8 +106,13 @@ SYSTEMS: dict[str, tuple[str, Fitted]] = {
     # framework time per MoE layer
     "deepspeed": ("deepspeed", Fitted("layer_overhead_us", 0.0, 100_000.0, True, False)),
 }
-SYSTEM_ALIASES = {"llama-cpp": "llama.cpp", "llamacpp": "llama.cpp", "accelerate": "deepspeed",
-                  "deepspeed-inference": "deepspeed", "mixtral_offloading": "mixtral-offloading"}
+SYSTEM_ALIASES = {
+    "llama-cpp": "llama.cpp",
+    "llamacpp": "llama.cpp",
+    "accelerate": "deepspeed",
+    "deepspeed-inference": "deepspeed",
+    "mixtral_offloading": "mixtral-offloading",
+}
 
 
 @dataclass(frozen=True)
@@ -109,9 +135,9 @@ class Row:
     gpu_experts_per_layer: int | None
     published_tok_s: float | None
     role: str
-    hardware: str            # the hardware profile (name or path) the row runs on
-    line: int = 0            # the file's line number
-    file: str = ""           # the file it was read from
+    hardware: str  # the hardware profile (name or path) the row runs on
+    line: int = 0  # the file's line number
+    file: str = ""  # the file it was read from
 
 
 # ------------------------------------------------------------------------------------------------ reading rows
@@ -144,8 +170,10 @@ def _positive(value: str, col: str, where: str) -> float | None:
 
 
 def _profile_exists(kind: str, name: str) -> bool:
-    return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name)) and (PROJECT_ROOT / "configs" / kind /
-                                                                       f"{name}.yaml").is_file()
+    return (
+        bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name))
+        and (PROJECT_ROOT / "configs" / kind / f"{name}.yaml").is_file()
+    )
 
 
 def hardware_of(gpu: str, host: str) -> str | None:
@@ -155,8 +183,11 @@ def hardware_of(gpu: str, host: str) -> str | None:
     its memory size (``rtx4090-24gb`` -> ``rtx4090``); None when none matches."""
     gpu = gpu.strip().lower()
     stem = re.sub(r"-\d+gb$", "", gpu)
-    m = re.search(r"(?:(\d+)\s*x\s*)?(?:amd\s+|intel\s*(?:\(r\))?\s+)?(?:xeon|epyc)\s*(?:\(r\))?\s+"
-                  r"(?:gold\s+|platinum\s+|silver\s+)?(\w+)", host.lower())
+    m = re.search(
+        r"(?:(\d+)\s*x\s*)?(?:amd\s+|intel\s*(?:\(r\))?\s+)?(?:xeon|epyc)\s*(?:\(r\))?\s+"
+        r"(?:gold\s+|platinum\s+|silver\s+)?(\w+)",
+        host.lower(),
+    )
     if m:
         name = f"{stem}-{m.group(1) or 1}x{m.group(2)}"
         if _profile_exists("hardware", name):
@@ -184,8 +215,14 @@ def system_of(name: str) -> str:
     return SYSTEM_ALIASES.get(name, name)
 
 
-def check_row(raw: dict, path: str, line: int, hardware: str | None = None, default_role: str | None = None,
-              default_system: str | None = None) -> Row:
+def check_row(
+    raw: dict,
+    path: str,
+    line: int,
+    hardware: str | None = None,
+    default_role: str | None = None,
+    default_system: str | None = None,
+) -> Row:
     """One CSV record checked into a :class:`Row` (``hardware``: the profile every row runs on, else the row's GPU
     and host decide; ``default_role``/``default_system``: the role/system of a row that leaves it blank)."""
     from sim.system_spec import format_bits
@@ -200,18 +237,27 @@ def check_row(raw: dict, path: str, line: int, hardware: str | None = None, defa
         raise ConfigError(where, f"system must be one of {', '.join(SYSTEMS)}, got {v['system'][:40]!r}")
     model = _model_of(v["model"])
     if model not in TRACES or not _profile_exists("models", model):
-        raise ConfigError(where, f"model must be one of {', '.join(sorted(TRACES))} (or an alias: "
-                                 f"{', '.join(MODEL_ALIASES)}), got {v['model'][:40]!r}")
+        raise ConfigError(
+            where,
+            f"model must be one of {', '.join(sorted(TRACES))} (or an alias: "
+            f"{', '.join(MODEL_ALIASES)}), got {v['model'][:40]!r}",
+        )
     formats = {}
     for col in ("expert_format", "dense_format"):
         if v[col] and format_bits(v[col]) is None:
-            raise ConfigError(where, f"{col} must be a weight format (e.g. hqq-2bit, q4_k_m, bf16, int4, 4.5bpw) or "
-                                     f"blank, got {v[col][:40]!r}")
+            raise ConfigError(
+                where,
+                f"{col} must be a weight format (e.g. hqq-2bit, q4_k_m, bf16, int4, 4.5bpw) or "
+                f"blank, got {v[col][:40]!r}",
+            )
         formats[col] = v[col].lower() or None
     hw = hardware or hardware_of(v["gpu"], v["host"])
     if hw is None:
-        raise ConfigError(where, f"gpu {v['gpu'][:40]!r} with host {v['host'][:60]!r} matches no hardware profile in "
-                                 f"configs/hardware/ (name the GPU's profile, or GPU-24gb with 'Nx Xeon Gold SKU')")
+        raise ConfigError(
+            where,
+            f"gpu {v['gpu'][:40]!r} with host {v['host'][:60]!r} matches no hardware profile in "
+            f"configs/hardware/ (name the GPU's profile, or GPU-24gb with 'Nx Xeon Gold SKU')",
+        )
     role = v["role"].lower() or (default_role or "")
     if role not in ROLES:
         raise ConfigError(where, f"role must be fit or predict, got {v['role'][:40]!r}")
@@ -220,16 +266,31 @@ def check_row(raw: dict, path: str, line: int, hardware: str | None = None, defa
         raise ConfigError(where, "published_tok_s is blank but the row is a fit row")
     variant = v["variant"].lower()
     batch = _int(v["batch"], "batch", where, 1)
-    return Row(row=rid, source=v["source"], system=system, variant=variant, model=model, gpu=v["gpu"], host=v["host"],
-               pcie=v["pcie"], batch=1 if batch is None else batch,
-               prompt_tokens=_int(v["prompt_tokens"], "prompt_tokens", where),
-               decode_tokens=_int(v["decode_tokens"], "decode_tokens", where, 1),
-               gpu_experts_per_layer=_int(v["gpu_experts_per_layer"], "gpu_experts_per_layer", where),
-               published_tok_s=published, role=role, hardware=hw, line=line, file=path, **formats)
+    return Row(
+        row=rid,
+        source=v["source"],
+        system=system,
+        variant=variant,
+        model=model,
+        gpu=v["gpu"],
+        host=v["host"],
+        pcie=v["pcie"],
+        batch=1 if batch is None else batch,
+        prompt_tokens=_int(v["prompt_tokens"], "prompt_tokens", where),
+        decode_tokens=_int(v["decode_tokens"], "decode_tokens", where, 1),
+        gpu_experts_per_layer=_int(v["gpu_experts_per_layer"], "gpu_experts_per_layer", where),
+        published_tok_s=published,
+        role=role,
+        hardware=hw,
+        line=line,
+        file=path,
+        **formats,
+    )
 
 
-def read_rows(path: str | Path, hardware: str | None = None, default_role: str | None = None,
-              default_system: str | None = None) -> list[Row]:
+def read_rows(
+    path: str | Path, hardware: str | None = None, default_role: str | None = None, default_system: str | None = None
+) -> list[Row]:
     """The rows of a CSV file, every one checked (ConfigError naming the file, the row and the problem)."""
     shown = str(path)
     p = Path(path)
@@ -298,6 +359,7 @@ def _fits_on_gpu(cfg_dict: dict) -> int:
 
 def _request_tokens(cfg) -> int:
     from sim.config import read_trace_summary
+
     return read_trace_summary(cfg.workload.trace).max_request_tokens(cfg.workload.max_decode_tokens)
 
 
@@ -315,11 +377,23 @@ def run_config(row: Row, constants: dict[str, float], system_profile: str | None
     if row.dense_format:
         system["dense_format"] = row.dense_format
     trace, requests = TRACES[row.model]
-    workload = {"trace": trace, "batch_size": row.batch, "batching": "static", "prefill": False,
-                "max_decode_tokens": row.decode_tokens, "requests": requests * row.batch}
+    workload = {
+        "trace": trace,
+        "batch_size": row.batch,
+        "batching": "static",
+        "prefill": False,
+        "max_decode_tokens": row.decode_tokens,
+        "requests": requests * row.batch,
+    }
     slots = row.gpu_experts_per_layer
-    d: dict[str, Any] = {"model": row.model, "hardware": row.hardware, "system": system, "workload": workload,
-                         "predictor": "none", "seed": 0}
+    d: dict[str, Any] = {
+        "model": row.model,
+        "hardware": row.hardware,
+        "system": system,
+        "workload": workload,
+        "predictor": "none",
+        "seed": 0,
+    }
     # working buffers for experts in flight: 4 (assumption: mixtral-offloading's buffer_size 4, one layer's
     # top-2 and its speculative pair)
     if row.system == "mixtral-offloading":  # variants full | lru | none; another variant: by its slots
@@ -339,8 +413,7 @@ def run_config(row: Row, constants: dict[str, float], system_profile: str | None
         d["policy"] = {"name": "fiddler", "params": {"placement": "global"}}
         if slots is None:  # the most popular experts of the whole model, as many as the GPU holds
             n = _fits_on_gpu(d)
-            d["cache"] = {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 1, "organization": "shared",
-                          "shared_slots": n}
+            d["cache"] = {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 1, "organization": "shared", "shared_slots": n}
         else:
             d["cache"] = {"hpc_slots": slots, "mpc_slots": 0, "lpc_buffers": 1}
     else:  # ktransformers, llama.cpp: routed experts on the host, hot or whole layers on the GPU
@@ -348,11 +421,17 @@ def run_config(row: Row, constants: dict[str, float], system_profile: str | None
         params: dict[str, Any] = {}
         if n_cpu is not None:
             from sim.model_spec import load_model
+
             m = load_model(row.model)
             layers = m.encoder_moe_layers + m.decoder_moe_layers
             params["cpu_layers"] = min(n_cpu, layers)
-            d["cache"] = {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 1, "organization": "shared",
-                          "shared_slots": (layers - params["cpu_layers"]) * m.num_experts}
+            d["cache"] = {
+                "hpc_slots": 0,
+                "mpc_slots": 0,
+                "lpc_buffers": 1,
+                "organization": "shared",
+                "shared_slots": (layers - params["cpu_layers"]) * m.num_experts,
+            }
         else:
             d["cache"] = {"hpc_slots": slots or 0, "mpc_slots": 0, "lpc_buffers": 1}
         d["policy"] = {"name": "ktransformers", "params": params}
@@ -378,19 +457,20 @@ class SystemFit:
 
     system: str
     key: str
-    value: float | None                       # over all the system's fit rows (None: no fit row)
-    per_gpu: dict[str, float]                 # hardware profile -> value
-    rows: tuple[str, ...]                     # the fit rows' ids
+    value: float | None  # over all the system's fit rows (None: no fit row)
+    per_gpu: dict[str, float]  # hardware profile -> value
+    rows: tuple[str, ...]  # the fit rows' ids
     rows_by_gpu: dict[str, tuple[str, ...]]
-    at_bound: bool = False                    # the search range's end was reached (the rows want more)
+    at_bound: bool = False  # the search range's end was reached (the rows want more)
 
     def constants_for(self, hardware: str) -> dict[str, float]:
         v = self.per_gpu.get(hardware, self.value)
         return {} if v is None else {self.key: v}
 
 
-def fit_rows(fit_rows: list[Row], simulate: Callable[[Row, dict], float] | None = None,
-             iterations: int = 24) -> dict[str, SystemFit]:
+def fit_rows(
+    fit_rows: list[Row], simulate: Callable[[Row, dict], float] | None = None, iterations: int = 24
+) -> dict[str, SystemFit]:
     """Fit each system's constant on its ``fit`` rows (only those are given; a row of another role is refused).
     Returns system -> :class:`SystemFit`."""
     sim = simulate or (lambda r, c: simulate_row(r, c))
@@ -420,12 +500,13 @@ def fit_rows(fit_rows: list[Row], simulate: Callable[[Row, dict], float] | None 
 def _fit_one(rows: list[Row], spec: Fitted, sim, iterations: int) -> tuple[float, bool]:
     """The constant at which the mean log error of the rows' simulated tokens/s is zero (bisection), and whether
     the search range's end was reached."""
+
     def err(x: float) -> float:
         return sum(math.log(sim(r, {spec.key: x}) / r.published_tok_s) for r in rows) / len(rows)
 
     lo, hi = spec.low, spec.high
-    to = (math.log if spec.log_scale else float)
-    back = (math.exp if spec.log_scale else float)
+    to = math.log if spec.log_scale else float
+    back = math.exp if spec.log_scale else float
     a, b = to(lo), to(hi)
     ea, eb = err(lo), err(hi)
     # tokens/s increasing in x: the error rises from ea to eb
@@ -449,8 +530,9 @@ def _round(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def predict_rows(rows: list[Row], fits: dict[str, SystemFit],
-                 simulate: Callable[[Row, dict], float] | None = None) -> list[dict]:
+def predict_rows(
+    rows: list[Row], fits: dict[str, SystemFit], simulate: Callable[[Row, dict], float] | None = None
+) -> list[dict]:
     """Each row's simulated tokens/s with its system's fitted constants (a system without fit rows runs its profile
     as committed). The measured value is not given to the simulation."""
     sim = simulate or (lambda r, c: simulate_row(r, c))
@@ -468,9 +550,19 @@ def predict_rows(rows: list[Row], fits: dict[str, SystemFit],
             predicted, problem = None, str(exc)
         pub = r.published_tok_s
         err = None if pub is None or predicted is None else predicted / pub - 1.0
-        out.append({"row": r.row, "role": r.role, "system": r.system, "hardware": r.hardware,
-                    "predicted_tok_s": predicted, "published_tok_s": pub, "error": err, "constants": constants,
-                    "problem": problem})
+        out.append(
+            {
+                "row": r.row,
+                "role": r.role,
+                "system": r.system,
+                "hardware": r.hardware,
+                "predicted_tok_s": predicted,
+                "published_tok_s": pub,
+                "error": err,
+                "constants": constants,
+                "problem": problem,
+            }
+        )
     return out
 
 
@@ -493,8 +585,10 @@ def summary_of(results: Iterable[dict], role: str = "predict") -> dict:
 
 def format_table(results: list[dict]) -> str:
     """The rows as a Markdown table: role, published, simulated, error."""
-    lines = ["| row | role | system | hardware | published tok/s | simulated tok/s | error |",
-             "| --- | --- | --- | --- | ---: | ---: | ---: |"]
+    lines = [
+        "| row | role | system | hardware | published tok/s | simulated tok/s | error |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: |",
+    ]
     for r in results:
         pub = "" if r["published_tok_s"] is None else f"{r['published_tok_s']:.3g}"
         err = "" if r["error"] is None else f"{100 * r['error']:+.1f}%"
@@ -509,8 +603,10 @@ def format_fits(fits: dict[str, SystemFit]) -> str:
     lines = []
     for f in fits.values():
         value = "none (no fit row)" if f.value is None else f"{f.value:g}"
-        lines.append(f"- {f.system}: {f.key} = {value} (fitted on {', '.join(f.rows)})"
-                     + (" [at the end of its search range]" if f.at_bound else ""))
+        lines.append(
+            f"- {f.system}: {f.key} = {value} (fitted on {', '.join(f.rows)})"
+            + (" [at the end of its search range]" if f.at_bound else "")
+        )
         for hw, v in f.per_gpu.items():
             lines.append(f"  - on {hw}: {f.key} = {v:g} (fitted on {', '.join(f.rows_by_gpu[hw])})")
     return "\n".join(lines)
@@ -535,20 +631,25 @@ def fit_system(measured: str, system: str, hardware: str, out: str) -> tuple[Sys
     rows = read_rows(measured, hardware=hardware, default_role="fit", default_system=name)
     other = [r for r in rows if r.system != name]
     if other:
-        raise ConfigError(_where(measured, other[0].line, other[0].row),
-                          f"system is {other[0].system}, but --system is {name}")
+        raise ConfigError(
+            _where(measured, other[0].line, other[0].row), f"system is {other[0].system}, but --system is {name}"
+        )
     if not any(r.role == "fit" for r in rows):
         raise ConfigError(measured, "holds no fit row with a measured tokens/s")
     fits, results = fit_and_predict(rows)
     fit = fits[name]
     spec = SYSTEMS[name][1]
     # one machine: the fit over all its rows (per_gpu is the same single group)
-    profile = {"base": SYSTEMS[name][0], spec.key: fit.value,
-               "source": f"fitted by python -m sim fit-system on the fit rows of {Path(measured).name} "
-                         f"({', '.join(fit.rows)}) on hardware {hardware}"}
+    profile = {
+        "base": SYSTEMS[name][0],
+        spec.key: fit.value,
+        "source": f"fitted by python -m sim fit-system on the fit rows of {Path(measured).name} "
+        f"({', '.join(fit.rows)}) on hardware {hardware}",
+    }
     load_system(profile, "--out")  # the profile loads back
-    text = (f"# {name} on {hardware}: {spec.key} fitted on {', '.join(fit.rows)} of {measured}\n"
-            + yaml.safe_dump(profile, sort_keys=False))
+    text = f"# {name} on {hardware}: {spec.key} fitted on {', '.join(fit.rows)} of {measured}\n" + yaml.safe_dump(
+        profile, sort_keys=False
+    )
     atomic_write_bytes(out, text.encode())
     return fit, results, profile
 
@@ -560,8 +661,10 @@ def cmd_fit_system(args) -> int:
     for role in ("fit", "predict"):
         s = summary_of(results, role)
         if s["rows"]:
-            print(f"{role} rows: {s['rows']}, median |error| {100 * s['median_abs_error']:.1f}%, "
-                  f"max {100 * s['max_abs_error']:.1f}%")
+            print(
+                f"{role} rows: {s['rows']}, median |error| {100 * s['median_abs_error']:.1f}%, "
+                f"max {100 * s['max_abs_error']:.1f}%"
+            )
     print(f"wrote {args.out}")
     return 0
 
@@ -575,6 +678,25 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_fit_system)
 
 
-__all__ = ["COLUMNS", "Fitted", "Row", "SYSTEMS", "SystemFit", "TRACES", "check_row", "cmd_fit_system",
-           "fit_and_predict", "fit_rows", "fit_system", "format_fits", "format_table", "hardware_of",
-           "predict_rows", "read_rows", "register", "run_config", "simulate_row", "summary_of"]
+__all__ = [
+    "COLUMNS",
+    "Fitted",
+    "Row",
+    "SYSTEMS",
+    "SystemFit",
+    "TRACES",
+    "check_row",
+    "cmd_fit_system",
+    "fit_and_predict",
+    "fit_rows",
+    "fit_system",
+    "format_fits",
+    "format_table",
+    "hardware_of",
+    "predict_rows",
+    "read_rows",
+    "register",
+    "run_config",
+    "simulate_row",
+    "summary_of",
+]

@@ -64,10 +64,10 @@ Points3 = tuple[tuple[float, float, float], ...]
 class CalibrationTables:
     """Measured tables that override the roofline (all optional; each a list of points sorted by its inputs)."""
 
-    copy: Points2 | None = None    # (bytes, seconds) host->device
-    d2d: Points2 | None = None     # (bytes, seconds) device->device
+    copy: Points2 | None = None  # (bytes, seconds) host->device
+    d2d: Points2 | None = None  # (bytes, seconds) device->device
     expert: Points2 | None = None  # (tokens routed to one expert, seconds) for THIS model's expert shape
-    dense: Points3 | None = None   # (batch tokens, context length, seconds) dense work per MoE layer
+    dense: Points3 | None = None  # (batch tokens, context length, seconds) dense work per MoE layer
     lm_head: Points2 | None = None  # (tokens, seconds) the LM head of THIS model
     # (tokens routed to one expert, seconds) one expert on the host CPU (all cpu_cores), THIS model's expert shape
     cpu_expert: Points2 | None = None
@@ -75,14 +75,23 @@ class CalibrationTables:
     # (per-channel scales) and packed int4 (group scales): measured by ``validate microbench`` for the model's shape
     dequant_int8: Points2 | None = None
     dequant_int4: Points2 | None = None
-    model: str | None = None       # the model the expert/dense/lm_head/cpu_expert/dequant tables were measured for
+    model: str | None = None  # the model the expert/dense/lm_head/cpu_expert/dequant tables were measured for
 
     def to_dict(self) -> dict:
         """The tables in the hardware-file schema (lists of lists, SI units)."""
+
         def pts(v):
             return None if v is None else [list(p) for p in v]
-        out = {"model": self.model, "copy": pts(self.copy), "d2d": pts(self.d2d), "expert": pts(self.expert),
-               "dense": pts(self.dense), "lm_head": pts(self.lm_head), "cpu_expert": pts(self.cpu_expert)}
+
+        out = {
+            "model": self.model,
+            "copy": pts(self.copy),
+            "d2d": pts(self.d2d),
+            "expert": pts(self.expert),
+            "dense": pts(self.dense),
+            "lm_head": pts(self.lm_head),
+            "cpu_expert": pts(self.cpu_expert),
+        }
         for key in ("dequant_int8", "dequant_int4"):  # only when measured: older files and results read as before
             if getattr(self, key) is not None:
                 out[key] = pts(getattr(self, key))
@@ -91,8 +100,10 @@ class CalibrationTables:
     @property
     def has_model_tables(self) -> bool:
         """Whether any table here holds for one model's shapes (expert, dense, lm_head, cpu_expert)."""
-        return any(t is not None for t in (self.expert, self.dense, self.lm_head, self.cpu_expert,
-                                            self.dequant_int8, self.dequant_int4))
+        return any(
+            t is not None
+            for t in (self.expert, self.dense, self.lm_head, self.cpu_expert, self.dequant_int8, self.dequant_int4)
+        )
 
     def dequant_for(self, bits_per_weight: float) -> Points2 | None:
         """The measured de-quantization table for experts stored at ``bits_per_weight`` (scales included): packed
@@ -110,22 +121,24 @@ class HardwareSpec:
 
     name: str = setting("inline", text())
     gpu_memory_bytes: int = setting(check=number(0.0, 1e6), key="gpu_memory_gb", scale=GB, as_int=True)
-    hbm_bw: float = setting(check=_rate(), key="hbm_bw_gb_s", scale=GB)                  # bytes/s
-    flops: float = setting(check=_rate(), key="flops_tflops", scale=1e12)               # dense 16-bit FLOP/s
-    flops_fp32: float = setting(check=_rate(), key="flops_fp32_tflops", scale=1e12)     # when dtype_bytes == 4
-    pcie_bw: float = setting(check=_rate(), key="pcie_bw_gb_s", scale=GB)               # host->device, pinned
+    hbm_bw: float = setting(check=_rate(), key="hbm_bw_gb_s", scale=GB)  # bytes/s
+    flops: float = setting(check=_rate(), key="flops_tflops", scale=1e12)  # dense 16-bit FLOP/s
+    flops_fp32: float = setting(check=_rate(), key="flops_fp32_tflops", scale=1e12)  # when dtype_bytes == 4
+    pcie_bw: float = setting(check=_rate(), key="pcie_bw_gb_s", scale=GB)  # host->device, pinned
     pcie_latency_s: float = setting(check=_time(), key="pcie_latency_us", divisor=1e6)  # fixed cost per copy
-    d2d_bw: float = setting(lambda v, where: v["hbm_bw"] / 2, _rate(), key="d2d_bw_gb_s", scale=GB,
-                            null_is_default=True)  # device->device copy bytes/s (default hbm / 2: read + write)
+    d2d_bw: float = setting(
+        lambda v, where: v["hbm_bw"] / 2, _rate(), key="d2d_bw_gb_s", scale=GB, null_is_default=True
+    )  # device->device copy bytes/s (default hbm / 2: read + write)
     launch_overhead_s: float = setting(check=_time(), key="launch_overhead_us", divisor=1e6)  # per kernel
-    reserved_bytes: int = setting(check=number(0.0, 1e6, strict=False), key="reserved_gb", scale=GB,
-                                  as_int=True)  # runtime, activations, fragmentation: not for weights/KV/tiers
+    reserved_bytes: int = setting(
+        check=number(0.0, 1e6, strict=False), key="reserved_gb", scale=GB, as_int=True
+    )  # runtime, activations, fragmentation: not for weights/KV/tiers
     # -- the link for host experts' activations: device->host bytes/s (default: pcie_bw_gb_s, a symmetric link) and
     # the fixed cost of one small activation copy either way (default: pcie_latency_us)
-    d2h_bw: float = setting(lambda v, where: v["pcie_bw"], _rate(), key="d2h_bw_gb_s", scale=GB,
-                            null_is_default=True)
-    activation_latency_s: float = setting(lambda v, where: v["pcie_latency_s"], _time(),
-                                          key="activation_latency_us", divisor=1e6, null_is_default=True)
+    d2h_bw: float = setting(lambda v, where: v["pcie_bw"], _rate(), key="d2h_bw_gb_s", scale=GB, null_is_default=True)
+    activation_latency_s: float = setting(
+        lambda v, where: v["pcie_latency_s"], _time(), key="activation_latency_us", divisor=1e6, null_is_default=True
+    )
     # -- the host CPU computing experts beside their weights; defaults: one Sapphire Rapids socket
     cpu_mem_bw: float = setting(230.0, _rate(), key="cpu_mem_bw_gb_s", scale=GB)  # usable host memory bytes/s
     # usable matrix FLOP/s for experts whose weights are 16-bit (bf16/fp16; wider ones are taken at this rate too)
@@ -137,8 +150,9 @@ class HardwareSpec:
     cpu_cores: int = setting(56, integer(1, 100_000))  # cores given to experts (the rates above are for all of them)
     # fixed host cost per expert call (thread-pool dispatch and join, weight pointers): us -> s
     cpu_expert_overhead_s: float = setting(5.0, _time(), key="cpu_expert_overhead_us", divisor=1e6)
-    tables: CalibrationTables | None = setting(None, lambda v, where: tables_from_dict(v, where),
-                                               nested=CalibrationTables)
+    tables: CalibrationTables | None = setting(
+        None, lambda v, where: tables_from_dict(v, where), nested=CalibrationTables
+    )
     source: str = setting("inline", text(max_chars=4096))  # the file it came from, or "inline"
     # expert compute stretch while the link is busy (shared memory bandwidth), >= 1
     compute_slowdown: float = setting(1.0, _slowdown(), constructor_default=True)
@@ -182,16 +196,25 @@ class HardwareSpec:
         """The profile in the hardware-file schema (readable units); loads back with :func:`load_hardware`."""
         d = to_plain(self)
         d["decide_us"] = dict(self.decide_us)
-        return {**{k: v for k, v in d.items() if k not in ("tables", "source")}, "tables": d["tables"],
-                "source": d["source"]}
+        return {
+            **{k: v for k, v in d.items() if k not in ("tables", "source")},
+            "tables": d["tables"],
+            "source": d["source"],
+        }
 
 
 #: Widest storage (bits per weight, scales included) the host computes at its 4-bit and 8-bit rates.
 CPU_INT4_MAX_BITS = 5.0
 CPU_INT8_MAX_BITS = 9.0
 #: The host-CPU keys of a hardware profile (for experts computed on the host), in file units.
-CPU_FIELDS = ("cpu_mem_bw_gb_s", "cpu_bf16_tflops", "cpu_int8_tops", "cpu_int4_tops", "cpu_cores",
-              "cpu_expert_overhead_us")
+CPU_FIELDS = (
+    "cpu_mem_bw_gb_s",
+    "cpu_bf16_tflops",
+    "cpu_int8_tops",
+    "cpu_int4_tops",
+    "cpu_cores",
+    "cpu_expert_overhead_us",
+)
 
 
 def cpu_format_rate(hw: HardwareSpec, bits_per_weight: float) -> tuple[str, float]:
@@ -206,12 +229,18 @@ def cpu_format_rate(hw: HardwareSpec, bits_per_weight: float) -> tuple[str, floa
 #: Host costs a calibration measures. They describe the software more than the silicon: a serving-system profile
 #: (``sim/system_spec.py``) may set the first four (``HOST_ISSUE_FIELDS`` there), and then its values replace these;
 #: they stay here so that calibration files keep loading and keep their meaning.
-HOST_COST_FIELDS = ("layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us", "dense_issue_us",
-                    "decide_us")
+HOST_COST_FIELDS = (
+    "layer_roundtrip_us",
+    "copy_issue_us",
+    "expert_issue_us",
+    "hit_issue_us",
+    "dense_issue_us",
+    "decide_us",
+)
 HARDWARE_FIELDS = keys_of(HardwareSpec)
 HARDWARE_KEYS = HARDWARE_FIELDS + ("base",)
 TABLE_KEYS = tuple(f.name for f in dataclasses.fields(CalibrationTables))
-MAX_POINTS = 100_000   # the most points a table holds
+MAX_POINTS = 100_000  # the most points a table holds
 MAX_COORDINATE = 1e15  # the largest number a table point holds (bytes, tokens, seconds)
 
 
@@ -222,8 +251,9 @@ def hardware_from_dict(d: Any, where: str = "hardware", suffix: str = "", source
     values = read_settings(HardwareSpec, d, where, suffix, defaults={"source": source})
     memory, reserved = values["gpu_memory_bytes"], values["reserved_bytes"]
     if reserved >= memory:
-        raise ConfigError(join(where, "reserved_gb"),
-                          f"({reserved:g}) must be below gpu_memory_gb ({memory:g}){suffix}")
+        raise ConfigError(
+            join(where, "reserved_gb"), f"({reserved:g}) must be below gpu_memory_gb ({memory:g}){suffix}"
+        )
     return HardwareSpec(**to_si(HardwareSpec, values))
 
 
@@ -235,13 +265,17 @@ def tables_from_dict(d: Any, where: str = "hardware.tables", suffix: str = "") -
     model = d.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip() or len(model) > NAME_CHARS):
         raise ConfigError(join(where, "model"), f"must be a model name or null, got {show(model)}{suffix}")
-    out = {k: _points(d.get(k), join(where, k), 2, suffix)
-           for k in ("copy", "d2d", "expert", "lm_head", "cpu_expert", "dequant_int8", "dequant_int4")}
+    out = {
+        k: _points(d.get(k), join(where, k), 2, suffix)
+        for k in ("copy", "d2d", "expert", "lm_head", "cpu_expert", "dequant_int8", "dequant_int4")
+    }
     out["dense"] = _points(d.get("dense"), join(where, "dense"), 3, suffix)
     per_model = ("expert", "dense", "lm_head", "cpu_expert", "dequant_int8", "dequant_int4")
     if any(out[k] for k in per_model) and model is None:
-        raise ConfigError(join(where, "model"), f"missing: expert, dense, lm_head and cpu_expert tables hold for one "
-                                                 f"model's shapes{suffix}")
+        raise ConfigError(
+            join(where, "model"),
+            f"missing: expert, dense, lm_head and cpu_expert tables hold for one model's shapes{suffix}",
+        )
     if all(v is None for v in out.values()):
         return None if model is None else CalibrationTables(model=model)
     return CalibrationTables(model=model, **out)
@@ -258,11 +292,15 @@ def _points(value: Any, where: str, arity: int, suffix: str):
         raise ConfigError(where, f"holds {len(value)} points, more than {MAX_POINTS}{suffix}")
     pts = []
     for i, p in enumerate(value):
-        good = (isinstance(p, (list, tuple)) and len(p) == arity
-                and all(real(x) is not None and 0 <= x <= MAX_COORDINATE for x in p))
+        good = (
+            isinstance(p, (list, tuple))
+            and len(p) == arity
+            and all(real(x) is not None and 0 <= x <= MAX_COORDINATE for x in p)
+        )
         if not good:
-            raise ConfigError(f"{where}[{i}]", f"must be {what} with numbers in [0, {MAX_COORDINATE:g}], "
-                                               f"got {show(p)}{suffix}")
+            raise ConfigError(
+                f"{where}[{i}]", f"must be {what} with numbers in [0, {MAX_COORDINATE:g}], got {show(p)}{suffix}"
+            )
         pts.append(tuple(float(x) for x in p))
     pts.sort()
     keys = [p[:-1] for p in pts]
@@ -281,8 +319,9 @@ def _points(value: Any, where: str, arity: int, suffix: str):
         for t in ts:
             for c in cs:
                 if (t, c) not in have:
-                    raise ConfigError(where, f"points must form a full grid over (tokens, context): "
-                                             f"missing [{t:g}, {c:g}]{suffix}")
+                    raise ConfigError(
+                        where, f"points must form a full grid over (tokens, context): missing [{t:g}, {c:g}]{suffix}"
+                    )
     return tuple(pts)
 
 
@@ -296,6 +335,18 @@ def load_hardware(spec_or_name: Any, where: str = "hardware") -> HardwareSpec:
     return hardware_from_dict(d, where, suffix, source)
 
 
-__all__ = ["CPU_FIELDS", "CPU_INT4_MAX_BITS", "CPU_INT8_MAX_BITS", "HARDWARE_FIELDS", "HARDWARE_KEYS",
-           "HOST_COST_FIELDS", "TABLE_KEYS", "CalibrationTables", "HardwareSpec", "cpu_format_rate",
-           "hardware_from_dict", "load_hardware", "tables_from_dict"]
+__all__ = [
+    "CPU_FIELDS",
+    "CPU_INT4_MAX_BITS",
+    "CPU_INT8_MAX_BITS",
+    "HARDWARE_FIELDS",
+    "HARDWARE_KEYS",
+    "HOST_COST_FIELDS",
+    "TABLE_KEYS",
+    "CalibrationTables",
+    "HardwareSpec",
+    "cpu_format_rate",
+    "hardware_from_dict",
+    "load_hardware",
+    "tables_from_dict",
+]

@@ -16,8 +16,10 @@ DESCRIPTION_CHARS = 110
 #: Shown for a policy without a ``default_predictor``: it runs with the predictor its config names.
 CONFIG_PREDICTOR = "(config's)"
 #: The pointer every help that takes a policy or predictor name prints.
-SEE_POLICIES = ("See python -m sim policies for every registered policy and predictor (name, origin, default "
-                "predictor, what it does).")
+SEE_POLICIES = (
+    "See python -m sim policies for every registered policy and predictor (name, origin, default "
+    "predictor, what it does)."
+)
 
 _SENTENCE_END = re.compile(r"[.!?](?=\s+[A-Z(`\"]|$)")
 _NAME_PREFIX = re.compile(r"^`(?P<name>[^`]+)`\s*(?:\((?P<note>[^()]*(?:\([^()]*\)[^()]*)*)\))?\s*:\s*")
@@ -30,7 +32,7 @@ def first_sentence(doc: str | None) -> str:
         return ""
     para = " ".join(re.split(r"\n\s*\n", doc.strip())[0].split()).replace("``", "`")
     end = _SENTENCE_END.search(para)
-    return para[:end.end()] if end else para
+    return para[: end.end()] if end else para
 
 
 def describe(cls) -> str:
@@ -51,7 +53,7 @@ def _module_sentence(cls) -> str:
     m = _NAME_PREFIX.match(text)
     if not m:
         return text
-    rest = text[m.end():]
+    rest = text[m.end() :]
     if m.group("note"):
         rest = f"{rest.rstrip('.')} ({m.group('note')})."
     return rest
@@ -63,10 +65,16 @@ def policy_rows() -> list[dict]:
     from sim.compare import all_entries, origin_of
     from sim.policies import POLICIES
 
-    return [{"name": name, "origin": origin_of(name), "default_predictor": predictor,
-             "supports_shared": bool(getattr(POLICIES.get(name), "supports_shared", False)),
-             "description": describe(POLICIES.get(name))}
-            for name, predictor in all_entries()]
+    return [
+        {
+            "name": name,
+            "origin": origin_of(name),
+            "default_predictor": predictor,
+            "supports_shared": bool(getattr(POLICIES.get(name), "supports_shared", False)),
+            "description": describe(POLICIES.get(name)),
+        }
+        for name, predictor in all_entries()
+    ]
 
 
 def predictor_rows() -> list[dict]:
@@ -86,18 +94,28 @@ def _cut(text: str, width: int = DESCRIPTION_CHARS) -> str:
 def format_listing(policies: list[dict], predictors: list[dict]) -> str:
     """The terminal table: a header, one line per policy, then one line per predictor."""
     w = max([len("policy")] + [len(p["name"]) for p in policies + predictors]) + 2
-    lines = [f"policies ({len(policies)}): policy.name in a run config, entries of sim compare --policies",
-             f"  {'policy':<{w}}{'origin':<11}{'predictor':<14}description"]
+    lines = [
+        f"policies ({len(policies)}): policy.name in a run config, entries of sim compare --policies",
+        f"  {'policy':<{w}}{'origin':<11}{'predictor':<14}description",
+    ]
     for p in policies:
-        lines.append(f"  {p['name']:<{w}}{p['origin'] or '-':<11}{p['default_predictor'] or CONFIG_PREDICTOR:<14}"
-                     f"{_cut(p['description'])}")
-    lines += ["", f"predictors ({len(predictors)}): predictor.name in a run config, POLICY@PREDICTOR in sim compare",
-              f"  {'predictor':<{w}}description"]
+        lines.append(
+            f"  {p['name']:<{w}}{p['origin'] or '-':<11}{p['default_predictor'] or CONFIG_PREDICTOR:<14}"
+            f"{_cut(p['description'])}"
+        )
+    lines += [
+        "",
+        f"predictors ({len(predictors)}): predictor.name in a run config, POLICY@PREDICTOR in sim compare",
+        f"  {'predictor':<{w}}description",
+    ]
     lines += [f"  {p['name']:<{w}}{_cut(p['description'])}" for p in predictors]
-    lines += ["", "origin: ceiling (every expert resident), baseline (caches nothing), published, ours, bound "
-                  "(offline, reads the future)",
-              f"predictor: the one sim compare --policies all runs the policy with; {CONFIG_PREDICTOR}: the "
-              f"config's predictor.name"]
+    lines += [
+        "",
+        "origin: ceiling (every expert resident), baseline (caches nothing), published, ours, bound "
+        "(offline, reads the future)",
+        f"predictor: the one sim compare --policies all runs the policy with; {CONFIG_PREDICTOR}: the "
+        f"config's predictor.name",
+    ]
     return "\n".join(lines)
 
 
@@ -111,14 +129,26 @@ def cmd_policies(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("policies", help="list the registered cache policies and predictors",
-                       description="List every registered cache policy (name, origin, the predictor "
-                                   "sim compare --policies all gives it, one line on what it does) and every "
-                                   "predictor, as registered in sim/policies/ and sim/predictors/.")
-    p.add_argument("--json", action="store_true",
-                   help="print {policies: [...], predictors: [...]} as JSON (whole first sentences)")
+    p = sub.add_parser(
+        "policies",
+        help="list the registered cache policies and predictors",
+        description="List every registered cache policy (name, origin, the predictor "
+        "sim compare --policies all gives it, one line on what it does) and every "
+        "predictor, as registered in sim/policies/ and sim/predictors/.",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print {policies: [...], predictors: [...]} as JSON (whole first sentences)"
+    )
     p.set_defaults(func=cmd_policies)
 
 
-__all__ = ["SEE_POLICIES", "cmd_policies", "describe", "first_sentence", "format_listing", "policy_rows",
-           "predictor_rows", "register"]
+__all__ = [
+    "SEE_POLICIES",
+    "cmd_policies",
+    "describe",
+    "first_sentence",
+    "format_listing",
+    "policy_rows",
+    "predictor_rows",
+    "register",
+]

@@ -54,21 +54,21 @@ class ModelSpec:
 
     name: str = setting(check=text())
     d_model: int = setting(check=integer(1))
-    d_ff: int = setting(check=integer(1))                          # expert FFN width
-    expert_matrices: int = setting(check=integer(2, 3))            # 2 (ReLU/GELU: wi, wo) or 3 (gated: w1, w3, w2)
-    num_experts: int = setting(check=integer(1))                   # routed experts per MoE layer
+    d_ff: int = setting(check=integer(1))  # expert FFN width
+    expert_matrices: int = setting(check=integer(2, 3))  # 2 (ReLU/GELU: wi, wo) or 3 (gated: w1, w3, w2)
+    num_experts: int = setting(check=integer(1))  # routed experts per MoE layer
     top_k: int = setting(check=integer(1))
-    encoder_blocks: int = setting(0, integer(0))                   # transformer blocks in the encoder (0: decoder-only)
-    decoder_blocks: int = setting(check=integer(1))                # transformer blocks in the decoder
-    encoder_moe_layers: int = setting(0, integer(0))               # MoE layers among them (the trace's encoder layers)
+    encoder_blocks: int = setting(0, integer(0))  # transformer blocks in the encoder (0: decoder-only)
+    decoder_blocks: int = setting(check=integer(1))  # transformer blocks in the decoder
+    encoder_moe_layers: int = setting(0, integer(0))  # MoE layers among them (the trace's encoder layers)
     decoder_moe_layers: int = setting(check=integer(0))
     n_heads: int = setting(check=integer(1))
     n_kv_heads: int = setting(lambda v, where: v["n_heads"], integer(1))
     head_dim: int = setting(_default_head_dim, integer(1))
-    dense_d_ff: int = setting(0, integer(0))                       # FFN width of non-MoE blocks (0: every block is MoE)
+    dense_d_ff: int = setting(0, integer(0))  # FFN width of non-MoE blocks (0: every block is MoE)
     dense_ffn_matrices: int = setting(lambda v, where: v["expert_matrices"], integer(2, 3))  # 2 or 3
-    shared_expert_d_ff: int = setting(0, integer(0))               # width of always-on shared experts per MoE layer
-    dtype_bytes: int = setting(check=_dtype_bytes)                 # 2 for bf16, 4 for fp32
+    shared_expert_d_ff: int = setting(0, integer(0))  # width of always-on shared experts per MoE layer
+    dtype_bytes: int = setting(check=_dtype_bytes)  # 2 for bf16, 4 for fp32
     vocab_size: int = setting(check=integer(1))
     expert_bits: float | None = setting(None, _expert_bits, constructor_default=True)  # None = 8 * dtype_bytes
 
@@ -155,12 +155,18 @@ class ModelSpec:
     def dense_params(self) -> int:
         """Every weight that stays on the GPU: embedding and LM head (counted untied), attention of every block,
         the FFN of every non-MoE block, shared experts and gates of every MoE layer. Norms and biases ignored."""
-        attention = (self.encoder_blocks * self.attention_params("encoder")
-                     + self.decoder_blocks * self.attention_params("decoder"))
-        dense_ffn_blocks = ((self.encoder_blocks - self.encoder_moe_layers)
-                            + (self.decoder_blocks - self.decoder_moe_layers))
-        return (2 * self.vocab_size * self.d_model + attention + dense_ffn_blocks * self.dense_ffn_params
-                + self.moe_layers * (self.shared_expert_params + self.gate_params))
+        attention = self.encoder_blocks * self.attention_params(
+            "encoder"
+        ) + self.decoder_blocks * self.attention_params("decoder")
+        dense_ffn_blocks = (self.encoder_blocks - self.encoder_moe_layers) + (
+            self.decoder_blocks - self.decoder_moe_layers
+        )
+        return (
+            2 * self.vocab_size * self.d_model
+            + attention
+            + dense_ffn_blocks * self.dense_ffn_params
+            + self.moe_layers * (self.shared_expert_params + self.gate_params)
+        )
 
     @property
     def dense_bytes(self) -> int:
@@ -204,11 +210,16 @@ def model_from_dict(d: Any, where: str = "model", suffix: str = "") -> ModelSpec
         if spec.moe_layers_of(role) > spec.blocks(role):
             fail(f"{role}_moe_layers", f"({spec.moe_layers_of(role)}) exceeds {role}_blocks ({spec.blocks(role)})")
         if spec.moe_layers_of(role) == 0 and spec.blocks(role) > 0:
-            fail(f"{role}_moe_layers", f"must be >= 1 when {role}_blocks is {spec.blocks(role)}: every stack "
-                                       "needs an MoE layer to carry its dense work")
+            fail(
+                f"{role}_moe_layers",
+                f"must be >= 1 when {role}_blocks is {spec.blocks(role)}: every stack "
+                "needs an MoE layer to carry its dense work",
+            )
         if spec.blocks(role) > spec.moe_layers_of(role) and spec.dense_d_ff == 0:
-            fail("dense_d_ff", f"must be >= 1: the {role} has {spec.blocks(role) - spec.moe_layers_of(role)} "
-                               "non-MoE blocks")
+            fail(
+                "dense_d_ff",
+                f"must be >= 1: the {role} has {spec.blocks(role) - spec.moe_layers_of(role)} non-MoE blocks",
+            )
     return spec
 
 

@@ -104,18 +104,18 @@ class ActivationTracker:
         self.collection = EAMCollection(self.num_layers, self.num_experts, capacity)
         self.request_of_row = trace.request_index()
         self.phase_layers = phase_layers(trace)
-        self.live: dict[int, np.ndarray] = {}                  # request -> EAM so far
+        self.live: dict[int, np.ndarray] = {}  # request -> EAM so far
         self.global_counts = np.zeros((self.num_layers, self.num_experts))
         # the current iteration
         self.iteration = None
-        self.requests = np.zeros(0, dtype=np.int64)            # distinct requests, sorted
+        self.requests = np.zeros(0, dtype=np.int64)  # distinct requests, sorted
         self.matrices = np.zeros((0, self.num_layers, self.num_experts))  # their EAMs (stacked copy of live)
-        self._inverse = np.zeros(0, dtype=np.int64)            # row -> position in requests
+        self._inverse = np.zeros(0, dtype=np.int64)  # row -> position in requests
         self._layers: list[int] = []
-        self._observed = 0                                     # how many of _layers were added
+        self._observed = 0  # how many of _layers were added
         self._unit = np.zeros((0, self.num_layers, self.num_experts))  # matrices with unit rows
-        self._sim = np.zeros((0, 0))                           # similarity of the requests to the collection
-        self._match: np.ndarray | None = None                  # cached best match of the current state
+        self._sim = np.zeros((0, 0))  # similarity of the requests to the collection
+        self._match: np.ndarray | None = None  # cached best match of the current state
 
     # ------------------------------------------------------------------------------------------- iterations
     def start_iteration(self, it) -> None:
@@ -139,8 +139,11 @@ class ActivationTracker:
         self.requests = reqs
         self._inverse = inverse.reshape(-1)
         zero = np.zeros((self.num_layers, self.num_experts))
-        self.matrices = np.stack([self.live.get(r, zero).copy() for r in reqs.tolist()]) if reqs.size else \
-            np.zeros((0, self.num_layers, self.num_experts))
+        self.matrices = (
+            np.stack([self.live.get(r, zero).copy() for r in reqs.tolist()])
+            if reqs.size
+            else np.zeros((0, self.num_layers, self.num_experts))
+        )
         self._layers = self.phase_layers[it.kind]
         self._observed = 0
         self._unit = _unit_rows(self.matrices)

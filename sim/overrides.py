@@ -9,8 +9,8 @@ from sim.errors import ConfigError
 from sim.fields import FREE
 from sim.files import parse_text
 
-MAX_SET_PARTS = 32          # dotted parts of a key path
-MAX_SET_CHARS = 1 << 20     # characters of a value
+MAX_SET_PARTS = 32  # dotted parts of a key path
+MAX_SET_CHARS = 1 << 20  # characters of a value
 
 
 def apply_set(d: dict, text: str, schema: dict, wrap: dict[str, str], see: dict[str, str] | None = None) -> None:
@@ -40,8 +40,10 @@ def apply_set(d: dict, text: str, schema: dict, wrap: dict[str, str], see: dict[
         if sub_schema is not FREE:
             if not isinstance(sub_schema, dict) or part not in sub_schema:
                 if isinstance(sub_schema, dict):
-                    raise ConfigError(".".join(parts[:i] + [key_text(part)]),
-                                      f"unknown key ({known_text(part, list(sub_schema), (see or {}).get(parts[0]))})")
+                    raise ConfigError(
+                        ".".join(parts[:i] + [key_text(part)]),
+                        f"unknown key ({known_text(part, list(sub_schema), (see or {}).get(parts[0]))})",
+                    )
                 raise ConfigError(path, f"{'.'.join(parts[:i])} has no fields to set")
             below = sub_schema[part]
         else:

@@ -70,8 +70,7 @@ def training_trace(required: bool = False, hint: str = "", words: tuple[str, ...
     """A path to a training trace: a trace file of the run's model, with routed tokens, other than the evaluated
     trace (checked when the config loads, see :func:`sim.trace_summary.check_training_trace`); or one of ``words``,
     which the part itself gives a meaning (no file)."""
-    return Rule(kind=str, file="trace file", required=required, hint=hint, training=True,
-                choices=tuple(words) or None)
+    return Rule(kind=str, file="trace file", required=required, hint=hint, training=True, choices=tuple(words) or None)
 
 
 def names_file(rule: Rule | None, value: Any) -> bool:
@@ -165,8 +164,9 @@ def _declaration_problem(default: Any, rule: Rule | None) -> str | None:
     return None
 
 
-def resolve_params(declared: dict[str, Any], given: dict | None, where: str,
-                   rules: dict[str, Rule] | None = None) -> dict[str, Any]:
+def resolve_params(
+    declared: dict[str, Any], given: dict | None, where: str, rules: dict[str, Rule] | None = None
+) -> dict[str, Any]:
     """Defaults overridden by ``given``; an unknown name, a value of the wrong type or outside its rule raises
     ConfigError naming ``where.NAME``. Returns every declared param."""
     rules = rules or {}
@@ -178,8 +178,9 @@ def resolve_params(declared: dict[str, Any], given: dict | None, where: str,
         raise ConfigError(where, f"keys must be strings, got {show(bad[0])}")
     unknown = sorted(set(given) - set(declared))
     if unknown:
-        raise ConfigError(join(where, key_text(unknown[0])),
-                          f"unknown parameter ({known_text(unknown[0], sorted(declared))})")
+        raise ConfigError(
+            join(where, key_text(unknown[0])), f"unknown parameter ({known_text(unknown[0], sorted(declared))})"
+        )
     out = dict(declared)
     for key, value in given.items():
         out[key] = check_param(value, declared[key], rules.get(key), join(where, key))
@@ -247,5 +248,16 @@ def _want(kind: type | None, rule: Rule) -> str:
     return names.get(kind, f"a {getattr(kind, '__name__', 'value')}")
 
 
-__all__ = ["MAX_EXPERTS", "Parametrised", "Rule", "RunFacts", "between", "check_param", "file_path", "names_file",
-           "one_of", "resolve_params", "training_trace"]
+__all__ = [
+    "MAX_EXPERTS",
+    "Parametrised",
+    "Rule",
+    "RunFacts",
+    "between",
+    "check_param",
+    "file_path",
+    "names_file",
+    "one_of",
+    "resolve_params",
+    "training_trace",
+]

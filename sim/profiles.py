@@ -16,7 +16,7 @@ from sim.files import CONFIG_DIR, PROJECT_ROOT, file_status, read_structured_fil
 from traces.errors import brief
 
 PROFILE_SUFFIXES = (".yaml", ".yml", ".json")
-MAX_BASE_DEPTH = 8   # base profiles chained deeper than this are refused (a cycle, most likely)
+MAX_BASE_DEPTH = 8  # base profiles chained deeper than this are refused (a cycle, most likely)
 
 
 def available(kind: str) -> list[str]:
@@ -43,14 +43,18 @@ def _named_file(value: str, where: str, kind: str, singular: str) -> Path:
     if is_path(value):
         path = resolve_path(value, where, f"{singular} file")
         if path.suffix.lower() not in PROFILE_SUFFIXES:  # any other file would be parsed, its lines shown as keys
-            raise ConfigError(where, f"{brief(value)} is not a {singular} file: a profile is a "
-                                     f"{'/'.join(PROFILE_SUFFIXES)} file")
+            raise ConfigError(
+                where, f"{brief(value)} is not a {singular} file: a profile is a {'/'.join(PROFILE_SUFFIXES)} file"
+            )
         return path
     st = file_status(CONFIG_DIR / kind / f"{value}.yaml") if len(value) <= NAME_CHARS else None
     if st is None or not stat.S_ISREG(st.st_mode):
         names = available(kind)
-        raise ConfigError(where, f"unknown {singular} {brief(value)} ({known_text(value, names, f'configs/{kind}/')}; "
-                                 "or give a path to a .yaml/.json file)")
+        raise ConfigError(
+            where,
+            f"unknown {singular} {brief(value)} ({known_text(value, names, f'configs/{kind}/')}; "
+            "or give a path to a .yaml/.json file)",
+        )
     return CONFIG_DIR / kind / f"{value}.yaml"
 
 

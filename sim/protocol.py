@@ -47,30 +47,41 @@ class LayerDecision:
     iteration: int
     layer: int
     active: tuple[int, ...]
-    sources: tuple[tuple[int, str], ...]        # (expert, tier or "miss") in active order
+    sources: tuple[tuple[int, str], ...]  # (expert, tier or "miss") in active order
     promote: tuple[tuple[int, int | None], ...]  # (expert, victim)
-    prefetched: tuple[int, ...]                  # experts of the NEXT layer copied ahead at this gate
+    prefetched: tuple[int, ...]  # experts of the NEXT layer copied ahead at this gate
     unused_prefetch: tuple[int, ...]
 
 
 class LayerStep:
     """One MoE layer of one iteration, decided: what the engine does for it."""
 
-    __slots__ = ("iteration", "layer", "next_layer", "active", "counts", "next_active", "plan", "resident",
-                 "copied", "cpu", "prefetch")
+    __slots__ = (
+        "iteration",
+        "layer",
+        "next_layer",
+        "active",
+        "counts",
+        "next_active",
+        "plan",
+        "resident",
+        "copied",
+        "cpu",
+        "prefetch",
+    )
 
     def __init__(self, iteration, layer, next_layer, active, counts, next_active):
-        self.iteration = iteration      # the Iteration
+        self.iteration = iteration  # the Iteration
         self.layer = layer
-        self.next_layer = next_layer    # None at the phase's last layer
-        self.active = active            # sorted active experts
-        self.counts = counts            # expert -> tokens routed to it
+        self.next_layer = next_layer  # None at the phase's last layer
+        self.active = active  # sorted active experts
+        self.counts = counts  # expert -> tokens routed to it
         self.next_active = next_active  # the next layer's active experts (what a perfect predictor would say)
         # decided (DecisionProtocol.decide):
-        self.plan: Any = None           # the policy's LayerPlan (sources, promote, unused_prefetch)
-        self.resident = None            # active experts served from the HPC/MPC, in active order
-        self.copied = None              # (expert, LPC | MISS) of the copied ones, in active order
-        self.cpu: Sequence[int] = ()    # active experts computed on the host CPU (source CPU), in active order
+        self.plan: Any = None  # the policy's LayerPlan (sources, promote, unused_prefetch)
+        self.resident = None  # active experts served from the HPC/MPC, in active order
+        self.copied = None  # (expert, LPC | MISS) of the copied ones, in active order
+        self.cpu: Sequence[int] = ()  # active experts computed on the host CPU (source CPU), in active order
         self.prefetch: Sequence[int] = ()  # experts of next_layer to copy ahead, in the policy's order
 
     @property
@@ -80,8 +91,15 @@ class LayerStep:
 
     def decision(self) -> LayerDecision:
         plan, active = self.plan, self.active
-        return LayerDecision(self.iteration.index, self.layer, active, tuple((e, plan.sources[e]) for e in active),
-                             tuple(plan.promote.items()), tuple(self.prefetch), tuple(plan.unused_prefetch))
+        return LayerDecision(
+            self.iteration.index,
+            self.layer,
+            active,
+            tuple((e, plan.sources[e]) for e in active),
+            tuple(plan.promote.items()),
+            tuple(self.prefetch),
+            tuple(plan.unused_prefetch),
+        )
 
 
 def cpu_tokens(trace: Trace, iteration: Iteration, layer: int, experts) -> int:
@@ -92,7 +110,7 @@ def cpu_tokens(trace: Trace, iteration: Iteration, layer: int, experts) -> int:
     rows = iteration.rows
     if rows.size == 1:
         return 1
-    ids = trace.experts[rows, layer]          # [tokens, k], -1 for no expert
+    ids = trace.experts[rows, layer]  # [tokens, k], -1 for no expert
     return int(np.isin(ids, np.fromiter(experts, dtype=ids.dtype)).any(axis=1).sum())
 
 
@@ -103,8 +121,15 @@ class DecisionProtocol:
     ``record``: keep every step's :class:`LayerDecision` in ``decisions``; ``after_step(policy)``: called after each
     layer finishes (tests check the tiers there)."""
 
-    def __init__(self, trace: Trace, policy: Policy, predictor: Predictor, score: PredictionScore | None = None,
-                 record: bool = False, after_step=None):
+    def __init__(
+        self,
+        trace: Trace,
+        policy: Policy,
+        predictor: Predictor,
+        score: PredictionScore | None = None,
+        record: bool = False,
+        after_step=None,
+    ):
         self.trace, self.policy, self.predictor = trace, policy, predictor
         self.score = score
         self.decisions: list[LayerDecision] | None = [] if record else None
@@ -112,8 +137,9 @@ class DecisionProtocol:
         self.phase_layers = phase_layers(trace)
         # ``plan_prefetch`` is asked at every gate but the phase's last, unless its answer is known: the base rule
         # (``Policy.plan_prefetch``) prefetches only guessed experts, so without a predictor it prefetches nothing
-        self._asks_prefetch = (predictor.predicts
-                               or getattr(policy.plan_prefetch, "__func__", None) is not Policy.plan_prefetch)
+        self._asks_prefetch = (
+            predictor.predicts or getattr(policy.plan_prefetch, "__func__", None) is not Policy.plan_prefetch
+        )
         self._gives_counts = bool(getattr(policy, "wants_counts", False))
 
     def steps(self, it: Iteration) -> Iterator[LayerStep]:
@@ -153,7 +179,7 @@ class DecisionProtocol:
         if self._gives_counts:
             policy.layer_counts = step.counts
         plan = step.plan = policy.plan_layer(index, step.layer, step.active)
-        if plan.resident is not None:      # split by the policy's classify already
+        if plan.resident is not None:  # split by the policy's classify already
             step.resident, step.copied = plan.resident, plan.copied
             if plan.cpu:
                 step.cpu = plan.cpu

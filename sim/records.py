@@ -24,10 +24,10 @@ class IterationRecord:
     copies: int
     prefetches: int
     unused_prefetches: int
-    promotions: int = 0   # experts moved into the MPC
-    evictions: int = 0    # experts they displaced
+    promotions: int = 0  # experts moved into the MPC
+    evictions: int = 0  # experts they displaced
     cpu_experts: int = 0  # expert computations on the host CPU (source "cpu")
-    cpu_s: float = 0.0    # the host CPU's time computing them
+    cpu_s: float = 0.0  # the host CPU's time computing them
     cpu_wait_s: float = 0.0  # the compute stream waiting for them (apart from stall_s)
 
     @property

@@ -20,13 +20,14 @@ class Registry(Generic[T]):
     def __init__(self, kind: str, folder: str | None = None):
         self.kind = kind
         plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
-        self.folder = folder or f"sim/{plural}/"   # where the parts are, for an error that does not list them all
+        self.folder = folder or f"sim/{plural}/"  # where the parts are, for an error that does not list them all
         self._items: dict[str, type[T]] = {}
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
         """A class decorator registering the part as ``name``. A part with params must declare what each accepts
         (``declaration_problems`` empty, see :class:`sim.params.Parametrised`): a TypeError otherwise, when its
         module is imported, so that no part can take a param the config loader does not check."""
+
         def deco(cls: type[T]) -> type[T]:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} registered twice")
@@ -36,6 +37,7 @@ class Registry(Generic[T]):
             cls.name = name  # type: ignore[attr-defined]  # every registered class gets its name
             self._items[name] = cls
             return cls
+
         return deco
 
     def get(self, name: str) -> type[T]:
@@ -45,8 +47,9 @@ class Registry(Generic[T]):
             from sim.checks import known_text
             from traces.errors import brief
 
-            raise KeyError(f"unknown {self.kind} {brief(name)} "
-                           f"({known_text(name, self.names(), self.folder)})") from None
+            raise KeyError(
+                f"unknown {self.kind} {brief(name)} ({known_text(name, self.names(), self.folder)})"
+            ) from None
 
     def names(self) -> list[str]:
         return sorted(self._items)

@@ -12,8 +12,9 @@ from traces.format import Trace
 __all__ = ["LayerDecision", "replay"]
 
 
-def replay(trace: Trace, iterations: list[Iteration], policy: Policy, predictor: Predictor,
-           after_step=None) -> list[LayerDecision]:
+def replay(
+    trace: Trace, iterations: list[Iteration], policy: Policy, predictor: Predictor, after_step=None
+) -> list[LayerDecision]:
     """Drive ``policy`` and ``predictor`` through ``iterations``; ``after_step(policy)`` runs after each layer."""
     protocol = DecisionProtocol(trace, policy, predictor, record=True, after_step=after_step)
     protocol.run(iterations)

@@ -48,8 +48,13 @@ def stats_ms(values) -> dict:
     if not values:
         return {"count": 0, "mean": None, "p50": None, "p99": None, "total": 0.0}
     a = np.asarray(values) * 1e3
-    return {"count": int(a.size), "mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
-            "p99": float(np.percentile(a, 99)), "total": float(a.sum())}
+    return {
+        "count": int(a.size),
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p99": float(np.percentile(a, 99)),
+        "total": float(a.sum()),
+    }
 
 
 def summarize(res: EngineResult, counters, workload: WorkloadInfo, labels: dict) -> dict:
@@ -68,8 +73,12 @@ def summarize(res: EngineResult, counters, workload: WorkloadInfo, labels: dict)
         "throughput_tok_s": float(workload.decode_tokens / t) if t > 0 else None,
         "iteration_ms": stats_ms(decode),
         "prefill_ms": stats_ms(prefill),
-        "hit_rate": {"overall": share(hits[HPC] + hits[MPC] + hits[LPC]), "hpc": share(hits[HPC]),
-                     "mpc": share(hits[MPC]), "lpc": share(hits[LPC])},
+        "hit_rate": {
+            "overall": share(hits[HPC] + hits[MPC] + hits[LPC]),
+            "hpc": share(hits[HPC]),
+            "mpc": share(hits[MPC]),
+            "lpc": share(hits[LPC]),
+        },
         "accesses": accesses,
         "hits": {k: int(v) for k, v in hits.items()},
         "misses": counters.misses,
@@ -82,10 +91,15 @@ def summarize(res: EngineResult, counters, workload: WorkloadInfo, labels: dict)
         "cpu_expert_frac": share(getattr(counters, "cpu", 0)),
         "cpu_busy_frac": float(getattr(res, "cpu_busy_s", 0.0) / t) if t > 0 else 0.0,
         "cpu_wait_ms": getattr(res, "cpu_wait_s", 0.0) * 1e3,
-        "prefetch": {"precision": res.prediction.precision(), "recall": res.prediction.recall(),
-                     "issued": res.prefetches_issued, "used": res.prefetches_used,
-                     "unused": res.unused_prefetches, "wasted_bytes": int(res.wasted_bytes),
-                     "per_layer": res.prediction.per_layer()},
+        "prefetch": {
+            "precision": res.prediction.precision(),
+            "recall": res.prediction.recall(),
+            "issued": res.prefetches_issued,
+            "used": res.prefetches_used,
+            "unused": res.unused_prefetches,
+            "wasted_bytes": int(res.wasted_bytes),
+            "per_layer": res.prediction.per_layer(),
+        },
         "evictions": counters.evictions,
         "promotions": counters.promotions,
         "max_buffers_in_use": res.max_buffers_in_use,
@@ -101,9 +115,29 @@ def summarize(res: EngineResult, counters, workload: WorkloadInfo, labels: dict)
     }
 
 
-ITERATION_COLUMNS = ["index", "batch", "kind", "requests", "tokens", "decode_tokens", "start_ms", "end_ms",
-                     "latency_ms", "stall_ms", "hits_hpc", "hits_mpc", "hits_lpc", "misses", "copies",
-                     "prefetches", "unused_prefetches", "promotions", "evictions", "cpu_experts", "cpu_ms"]
+ITERATION_COLUMNS = [
+    "index",
+    "batch",
+    "kind",
+    "requests",
+    "tokens",
+    "decode_tokens",
+    "start_ms",
+    "end_ms",
+    "latency_ms",
+    "stall_ms",
+    "hits_hpc",
+    "hits_mpc",
+    "hits_lpc",
+    "misses",
+    "copies",
+    "prefetches",
+    "unused_prefetches",
+    "promotions",
+    "evictions",
+    "cpu_experts",
+    "cpu_ms",
+]
 
 
 def iteration_rows(records: list[IterationRecord]) -> list[dict]:
@@ -111,8 +145,13 @@ def iteration_rows(records: list[IterationRecord]) -> list[dict]:
     for r in records:
         d = asdict(r)
         start, end, stall = d.pop("start_s"), d.pop("end_s"), d.pop("stall_s")
-        d.update(start_ms=start * 1e3, end_ms=end * 1e3, latency_ms=(end - start) * 1e3, stall_ms=stall * 1e3,
-                 cpu_ms=d.pop("cpu_s", 0.0) * 1e3)
+        d.update(
+            start_ms=start * 1e3,
+            end_ms=end * 1e3,
+            latency_ms=(end - start) * 1e3,
+            stall_ms=stall * 1e3,
+            cpu_ms=d.pop("cpu_s", 0.0) * 1e3,
+        )
         d.setdefault("cpu_experts", 0)
         rows.append({k: d[k] for k in ITERATION_COLUMNS})
     return rows
@@ -130,14 +169,25 @@ def iterations_csv(records: list[IterationRecord]) -> bytes:
 def chrome_trace(timeline: list) -> bytes:
     """Copies and computes as a Chrome trace (opens in Perfetto / chrome://tracing)."""
     tids = {"compute": 1, "copy": 2, "cpu": 3}
-    events = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": f"{name} stream"}}
-              for name, tid in tids.items()]
+    events = [
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": f"{name} stream"}}
+        for name, tid in tids.items()
+    ]
     events.append({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "simulated GPU"}})
     if not any(x[0] == "cpu" for x in timeline):  # the host lane only when the host computed experts
         events = [x for x in events if x.get("tid") != 3]
     for track, name, start, dur in timeline:
-        events.append({"name": name, "cat": track, "ph": "X", "pid": 1, "tid": tids[track],
-                       "ts": round(start * 1e6, 3), "dur": round(dur * 1e6, 3)})
+        events.append(
+            {
+                "name": name,
+                "cat": track,
+                "ph": "X",
+                "pid": 1,
+                "tid": tids[track],
+                "ts": round(start * 1e6, 3),
+                "dur": round(dur * 1e6, 3),
+            }
+        )
     return json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode()
 
 
@@ -146,8 +196,9 @@ def output_files(timeline: bool) -> list[str]:
     return ["config.resolved.yaml", "summary.json", "iterations.csv"] + (["timeline.json"] if timeline else [])
 
 
-def write_outputs(out: Path, resolved: dict, summary: dict, records: list[IterationRecord],
-                  timeline: list | None) -> list[Path]:
+def write_outputs(
+    out: Path, resolved: dict, summary: dict, records: list[IterationRecord], timeline: list | None
+) -> list[Path]:
     """Write a run's files into ``out``, each atomically; returns their paths. ``out`` must be a folder or
     missing (a file, FIFO or device there is a TraceError), and no file replaces anything but a regular file."""
     import yaml
@@ -183,7 +234,7 @@ def hardware_words(s: dict) -> str:
     if not source or source == "inline":
         return name
     modified = source.endswith(INLINE)
-    file = source[:-len(INLINE)] if modified else source
+    file = source[: -len(INLINE)] if modified else source
     if Path(file).parts[-3:] == ("configs", "hardware", f"{name}.yaml"):
         shown = name
     else:
@@ -199,14 +250,18 @@ def ms_words(ms: float) -> str:
 def format_summary(s: dict) -> str:
     """The short table printed on the terminal: every count with thousands separators, times in ms or s, bytes
     in GB."""
+
     def f(x, spec=".3f"):
         return "-" if x is None else format(x, spec)
 
     hr, it, pf = s["hit_rate"], s["iteration_ms"], s["prefetch"]
     lines = [
         f"policy {s.get('policy')} | predictor {s.get('predictor')}"
-        + ("" if pf["precision"] is None and pf["recall"] is None
-           else f" (precision {f(pf['precision'])}, recall {f(pf['recall'])})")
+        + (
+            ""
+            if pf["precision"] is None and pf["recall"] is None
+            else f" (precision {f(pf['precision'])}, recall {f(pf['recall'])})"
+        )
         + f" | model {s.get('model')} | "
         f"hardware {hardware_words(s)} | batch {s.get('batch_size')} ({s.get('batching')})",
         f"  throughput        {f(s['throughput_tok_s'], ',.1f')} tokens/s   "
@@ -221,9 +276,14 @@ def format_summary(s: dict) -> str:
         f"   of {s['accesses']:,} accesses",
         f"  PCIe              {s['pcie_bytes'] / 1e9:,.2f} GB in {s['copies']:,} copies   link busy "
         f"{s['link_busy_frac']:.1%}   compute busy {s['compute_busy_frac']:.1%}   stall {ms_words(s['stall_ms'])}",
-        *([f"  host CPU          {s['cpu_experts']:,} experts ({f(s['cpu_expert_frac'])} of accesses)   busy "
-           f"{s['cpu_busy_frac']:.1%}   GPU waiting for it {ms_words(s['cpu_wait_ms'])}"]
-          if s.get("cpu_experts") else []),
+        *(
+            [
+                f"  host CPU          {s['cpu_experts']:,} experts ({f(s['cpu_expert_frac'])} of accesses)   busy "
+                f"{s['cpu_busy_frac']:.1%}   GPU waiting for it {ms_words(s['cpu_wait_ms'])}"
+            ]
+            if s.get("cpu_experts")
+            else []
+        ),
         f"  prefetch          issued {pf['issued']:,}  "
         f"unused {pf['unused']:,}  wasted {pf['wasted_bytes'] / 1e9:,.2f} GB",
         f"  simulator         {s['events']:,} events in {s['wall_s']:,.2f} s ({f(s['events_per_s'], ',.0f')} events/s)",

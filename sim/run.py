@@ -37,8 +37,14 @@ def versions() -> dict:
     return out
 
 
-def simulate(cfg: RunConfig, timeline: bool = False, progress=None, trace: Trace | None = None,
-             check_invariants: bool = False, record_decisions: bool = False) -> RunOutput:
+def simulate(
+    cfg: RunConfig,
+    timeline: bool = False,
+    progress=None,
+    trace: Trace | None = None,
+    check_invariants: bool = False,
+    record_decisions: bool = False,
+) -> RunOutput:
     """Run the simulator for one config; returns the summary and everything behind it (``record_decisions``: the
     engine keeps every step's decisions, ``engine.decisions``)."""
     trace = trace if trace is not None else load_trace(cfg.workload.trace)
@@ -48,13 +54,30 @@ def simulate(cfg: RunConfig, timeline: bool = False, progress=None, trace: Trace
     costs = policy.ctx.extra.get("costs")  # the policy's own, if it has one
     if costs is None or costs.system is not cfg.system:
         costs = CostModel(cfg.model, cfg.hardware, cfg.system)
-    sim = Simulation(trace, iterations, policy, predictor, costs, cfg.cache.lpc_buffers, cfg.cache.prefetch_reserve,
-                     timeline=timeline, progress=progress, check_invariants=check_invariants,
-                     record_decisions=record_decisions)
+    sim = Simulation(
+        trace,
+        iterations,
+        policy,
+        predictor,
+        costs,
+        cfg.cache.lpc_buffers,
+        cfg.cache.prefetch_reserve,
+        timeline=timeline,
+        progress=progress,
+        check_invariants=check_invariants,
+        record_decisions=record_decisions,
+    )
     res = sim.run()
-    labels = {"policy": cfg.policy.name, "predictor": cfg.predictor.name, "model": cfg.model.name,
-              "hardware": cfg.hardware.name, "hardware_source": cfg.hardware.source, "batch_size": w.batch_size,
-              "batching": w.batching, "seed": cfg.seed}
+    labels = {
+        "policy": cfg.policy.name,
+        "predictor": cfg.predictor.name,
+        "model": cfg.model.name,
+        "hardware": cfg.hardware.name,
+        "hardware_source": cfg.hardware.source,
+        "batch_size": w.batch_size,
+        "batching": w.batching,
+        "seed": cfg.seed,
+    }
     summary = summarize(res, policy.cache.counters, info, labels)
     resolved = dict(cfg.resolved)
     if "system" not in resolved:  # the default system, left out of the config's id: shown after the hardware

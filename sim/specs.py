@@ -54,22 +54,48 @@ from __future__ import annotations
 from sim.checks import check_bool, check_choice, check_int, check_keys, check_mapping, check_number, check_str
 from sim.files import CONFIG_DIR, PROJECT_ROOT, read_structured_file, resolve_path
 from sim.hardware_spec import (
-                               HARDWARE_FIELDS,
-                               HARDWARE_KEYS,
-                               HOST_COST_FIELDS,
-                               TABLE_KEYS,
-                               CalibrationTables,
-                               HardwareSpec,
-                               hardware_from_dict,
-                               load_hardware,
-                               tables_from_dict,
+    HARDWARE_FIELDS,
+    HARDWARE_KEYS,
+    HOST_COST_FIELDS,
+    TABLE_KEYS,
+    CalibrationTables,
+    HardwareSpec,
+    hardware_from_dict,
+    load_hardware,
+    tables_from_dict,
 )
 from sim.model_spec import MODEL_FIELDS, MODEL_KEYS, ROLES, ModelSpec, load_model, model_from_dict
 from sim.profiles import PROFILE_SUFFIXES, available
 from sim.units import GB
 
-__all__ = ["CONFIG_DIR", "GB", "HARDWARE_FIELDS", "HARDWARE_KEYS", "HOST_COST_FIELDS", "MODEL_FIELDS", "MODEL_KEYS",
-           "PROFILE_SUFFIXES", "PROJECT_ROOT", "ROLES", "TABLE_KEYS", "CalibrationTables", "HardwareSpec", "ModelSpec",
-           "available", "check_bool", "check_choice", "check_int", "check_keys", "check_mapping", "check_number",
-           "check_str", "hardware_from_dict", "load_hardware", "load_model", "model_from_dict", "read_structured_file",
-           "resolve_path", "tables_from_dict"]
+__all__ = [
+    "CONFIG_DIR",
+    "GB",
+    "HARDWARE_FIELDS",
+    "HARDWARE_KEYS",
+    "HOST_COST_FIELDS",
+    "MODEL_FIELDS",
+    "MODEL_KEYS",
+    "PROFILE_SUFFIXES",
+    "PROJECT_ROOT",
+    "ROLES",
+    "TABLE_KEYS",
+    "CalibrationTables",
+    "HardwareSpec",
+    "ModelSpec",
+    "available",
+    "check_bool",
+    "check_choice",
+    "check_int",
+    "check_keys",
+    "check_mapping",
+    "check_number",
+    "check_str",
+    "hardware_from_dict",
+    "load_hardware",
+    "load_model",
+    "model_from_dict",
+    "read_structured_file",
+    "resolve_path",
+    "tables_from_dict",
+]

@@ -78,65 +78,91 @@ from traces.errors import one_line
 from traces.io import check_output_file, check_output_folder
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 3, 4, 130
-MAX_WORKERS = 256          # --workers: points run at once (never more than the sweep has points)
-MAX_ATTEMPTS_LIMIT = 10    # --attempts
+MAX_WORKERS = 256  # --workers: points run at once (never more than the sweep has points)
+MAX_ATTEMPTS_LIMIT = 10  # --attempts
 
 
 #: What each key of a sweep file (``SWEEP_KEYS``) holds, for ``sim sweep --help``; docs/sweeps.md says more.
 KEY_HELP = {
     "base": f"required. The run config every point starts from: a path ({', '.join(CONFIG_SUFFIXES)}; looked for "
-            f"beside the sweep file, then in the current folder, then in the project) or an inline mapping.",
+    f"beside the sweep file, then in the current folder, then in the project) or an inline mapping.",
     "set": f"optional mapping FIELD: VALUE applied to every point (at most {MAX_SET_KEYS:,} fields, a value at most "
-           f"{MAX_SET_VALUE_CHARS:,} characters as JSON); a swept field, or a part of one, may not be set.",
+    f"{MAX_SET_VALUE_CHARS:,} characters as JSON); a swept field, or a part of one, may not be set.",
     "grid": "optional mapping FIELD: [VALUE, ...]; the points are the cartesian product of its axes.",
     "zip": "optional mapping FIELD: [VALUE, ...] of axes varied together (equal lengths), or a list of such "
-           "groups; each group is one axis, crossed with the grid and the other groups.",
+    "groups; each group is one axis, crossed with the grid and the other groups.",
     "checks": f"optional list of invariants checked on the results: {', '.join(CHECKS)}; a broken one makes the "
-              f"exit status 3.",
+    f"exit status 3.",
     "name": f"optional plain name, 1 to {MAX_NAME_CHARS} of A-Z a-z 0-9 . _ - not starting with '.' (default: the "
-            f"sweep file's name without its suffix); the default results folder is runs/sweep-NAME.",
+    f"sweep file's name without its suffix); the default results folder is runs/sweep-NAME.",
     "plots": f"optional list of swept fields (or {', '.join(EXTRA_PLOT_AXES)}) to plot throughput against "
-             f"(default: every numeric swept field, the cache fields as cache_slots; []: no throughput plot).",
+    f"(default: every numeric swept field, the cache fields as cache_slots; []: no throughput plot).",
 }
 
 
 def schema_epilog(width: int = 100) -> str:
     """The sweep file's keys, types, defaults and limits in a few lines (the epilog of ``sim sweep --help``),
     built from ``SWEEP_KEYS`` and the limits of ``sim.sweep_spec``."""
-    lines = ["sweep file: a YAML (or JSON) mapping with these keys and no other (reference: docs/sweeps.md;",
-             "examples: configs/sweeps/*.yaml):"]
+    lines = [
+        "sweep file: a YAML (or JSON) mapping with these keys and no other (reference: docs/sweeps.md;",
+        "examples: configs/sweeps/*.yaml):",
+    ]
     for key in SWEEP_KEYS:
         lines.append(textwrap.fill(KEY_HELP[key], width, initial_indent=f"  {key:<8}", subsequent_indent=" " * 10))
-    notes = (f"FIELD is a run-config path as --set takes it (policy.name, cache.hpc_slots, ...; at most "
-             f"{MAX_FIELD_CHARS} characters, {MAX_FIELD_PARTS} parts). VALUE is plain data (numbers, strings, "
-             f"booleans, null, lists, mappings), at most {MAX_VALUE_CHARS:,} characters as JSON in grid and zip. "
-             f"A sweep varies 1 to {MAX_AXES} fields (grid and zip together) and has at most {MAX_POINTS:,} points, "
-             f"counted before anything is expanded; points whose resolved configs are equal run once.",
-             "exit status: 0 every point ok and every check passed; 2 bad input (nothing run); 3 a check broke; "
-             "4 points failed (--resume runs only them again); 130 interrupted.")
+    notes = (
+        f"FIELD is a run-config path as --set takes it (policy.name, cache.hpc_slots, ...; at most "
+        f"{MAX_FIELD_CHARS} characters, {MAX_FIELD_PARTS} parts). VALUE is plain data (numbers, strings, "
+        f"booleans, null, lists, mappings), at most {MAX_VALUE_CHARS:,} characters as JSON in grid and zip. "
+        f"A sweep varies 1 to {MAX_AXES} fields (grid and zip together) and has at most {MAX_POINTS:,} points, "
+        f"counted before anything is expanded; points whose resolved configs are equal run once.",
+        "exit status: 0 every point ok and every check passed; 2 bad input (nothing run); 3 a check broke; "
+        "4 points failed (--resume runs only them again); 130 interrupted.",
+    )
     return "\n\n".join(["\n".join(lines)] + [textwrap.fill(n, width) for n in notes])
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="run a grid of configs (resumable), with a report and checks",
-                       description="Run every point of a sweep file (one simulator run each), storing each row as\n"
-                                   "it finishes; then write results.parquet, report.md and plots.",
-                       epilog=schema_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "sweep",
+        help="run a grid of configs (resumable), with a report and checks",
+        description="Run every point of a sweep file (one simulator run each), storing each row as\n"
+        "it finishes; then write results.parquet, report.md and plots.",
+        epilog=schema_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("sweep", help="sweep file, e.g. configs/sweeps/ci.yaml")
-    p.add_argument("--executor", choices=["local", "ray"], default="local",
-                   help="local: a process pool (default); ray: Ray tasks, on --address or a local Ray instance")
-    p.add_argument("--address", default=None,
-                   help="with --executor ray: the Ray cluster, HOST:PORT of its head (ray start --head --port), "
-                        "ray://HOST:PORT or auto (default: $RAY_ADDRESS, else a local Ray instance); "
-                        "see docs/ray_cluster.md")
-    p.add_argument("--workers", type=int, default=None,
-                   help=f"points run at once, 1 to {MAX_WORKERS} (default: all cores; on a Ray cluster, its CPUs; "
-                        f"never more than the sweep has points)")
-    p.add_argument("--resume", action="store_true",
-                   help="keep the ok rows already in --out; run only the missing and the failed points")
-    p.add_argument("--attempts", type=int, default=MAX_ATTEMPTS,
-                   help=f"starts of a point whose worker dies before it is recorded as failed, 1 to "
-                        f"{MAX_ATTEMPTS_LIMIT} (default {MAX_ATTEMPTS})")
+    p.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="local: a process pool (default); ray: Ray tasks, on --address or a local Ray instance",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="with --executor ray: the Ray cluster, HOST:PORT of its head (ray start --head --port), "
+        "ray://HOST:PORT or auto (default: $RAY_ADDRESS, else a local Ray instance); "
+        "see docs/ray_cluster.md",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help=f"points run at once, 1 to {MAX_WORKERS} (default: all cores; on a Ray cluster, its CPUs; "
+        f"never more than the sweep has points)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the ok rows already in --out; run only the missing and the failed points",
+    )
+    p.add_argument(
+        "--attempts",
+        type=int,
+        default=MAX_ATTEMPTS,
+        help=f"starts of a point whose worker dies before it is recorded as failed, 1 to "
+        f"{MAX_ATTEMPTS_LIMIT} (default {MAX_ATTEMPTS})",
+    )
     p.add_argument("--out", help="results folder (default runs/sweep-NAME)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=run)
@@ -212,10 +238,12 @@ def _sweep(args, sweep: Sweep, out: Path, workers: int, attempts: int, session) 
     wanted = {p.id for p in sweep.points}
     todo = [p for p in sweep.points if p.id not in done]
     retry = len(wanted & (failed_before - done))
-    print(f"sweep {sweep.name}: {len(sweep.points)} points, {len(sweep.points) - len(todo)} already done, "
-          f"{len(todo)} to run{f' ({retry} failed before)' if retry else ''} on {min(workers, max(1, len(todo)))} "
-          f"worker(s) -> {out}"
-          + (f"; removed {len(orphans)} unfinished temporary file(s)" if orphans else ""), file=sys.stderr)
+    print(
+        f"sweep {sweep.name}: {len(sweep.points)} points, {len(sweep.points) - len(todo)} already done, "
+        f"{len(todo)} to run{f' ({retry} failed before)' if retry else ''} on {min(workers, max(1, len(todo)))} "
+        f"worker(s) -> {out}" + (f"; removed {len(orphans)} unfinished temporary file(s)" if orphans else ""),
+        file=sys.stderr,
+    )
     out.mkdir(parents=True, exist_ok=True)
     progress = Progress(len(todo), args.quiet)
     try:
@@ -237,11 +265,34 @@ def _sweep(args, sweep: Sweep, out: Path, workers: int, attempts: int, session) 
         more = f" (and {len(bad) - 3} more in {out / 'report.md'})" if len(bad) > 3 else ""
         print(one_line(f"CHECK FAILED {name}: {'; '.join(bad[:3])}", 600) + more, file=sys.stderr)
     if failed:
-        print(f"{failed} of {len(df)} points failed (errors in {out / 'report.md'}); to run only them again: "
-              f"python -m sim sweep {args.sweep} --out {out} --resume", file=sys.stderr)
+        print(
+            f"{failed} of {len(df)} points failed (errors in {out / 'report.md'}); to run only them again: "
+            f"python -m sim sweep {args.sweep} --out {out} --resume",
+            file=sys.stderr,
+        )
     return EXIT_CHECK_FAILED if broken else EXIT_POINTS_FAILED if failed else EXIT_OK
 
 
-__all__ = ["Sweep", "Point", "load_sweep", "run_point", "read_rows", "run_checks", "write_row", "row_of",
-           "Progress", "run_local", "run_ray", "write_report", "make_plots", "CHECKS", "METRICS", "SWEEP_KEYS",
-           "MAX_ATTEMPTS", "KEY_HELP", "register", "run", "schema_epilog"]
+__all__ = [
+    "Sweep",
+    "Point",
+    "load_sweep",
+    "run_point",
+    "read_rows",
+    "run_checks",
+    "write_row",
+    "row_of",
+    "Progress",
+    "run_local",
+    "run_ray",
+    "write_report",
+    "make_plots",
+    "CHECKS",
+    "METRICS",
+    "SWEEP_KEYS",
+    "MAX_ATTEMPTS",
+    "KEY_HELP",
+    "register",
+    "run",
+    "schema_epilog",
+]

@@ -11,8 +11,15 @@ from sim.policies import is_ceiling
 
 #: Swept fields that set how many experts the cache holds: lru's hit rate may only grow along them. Any other
 #: cache field (``cache.organization``, ``cache.layers``, ``cache.lpc_buffers``...) is another field to group by.
-SIZE_AXES = ("cache.hpc_slots", "cache.mpc_slots", "cache.shared_slots", "cache.gpu_memory_gb", "cache.split.hpc",
-             "cache.split.mpc", "cache.split.lpc")
+SIZE_AXES = (
+    "cache.hpc_slots",
+    "cache.mpc_slots",
+    "cache.shared_slots",
+    "cache.gpu_memory_gb",
+    "cache.split.hpc",
+    "cache.split.mpc",
+    "cache.split.lpc",
+)
 
 
 def _groups(df, others: list[str]):
@@ -85,8 +92,11 @@ def _check_lru_monotone(df, axes):
     return bad
 
 
-CHECKS = {"gpu_only_ceiling": _check_gpu_only_ceiling, "belady_bound": _check_belady_bound,
-          "lru_monotone_in_cache": _check_lru_monotone}
+CHECKS = {
+    "gpu_only_ceiling": _check_gpu_only_ceiling,
+    "belady_bound": _check_belady_bound,
+    "lru_monotone_in_cache": _check_lru_monotone,
+}
 
 
 def run_checks(df, sweep) -> dict[str, list[str] | None]:

@@ -41,8 +41,12 @@ class Progress:
             return
         elapsed = time.perf_counter() - self.t0
         left = (self.total - self.done) * elapsed / self.done if self.done else 0.0
-        print(f"\r  sweep: {self.done}/{self.total} points, {self.failed} failed, ~{left:.0f} s left   ",
-              end="" if self.done < self.total else "\n", file=sys.stderr, flush=True)
+        print(
+            f"\r  sweep: {self.done}/{self.total} points, {self.failed} failed, ~{left:.0f} s left   ",
+            end="" if self.done < self.total else "\n",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def note(self, message: str) -> None:
         """A line on stderr about the run (a dead worker, a retry), shown even when the progress line is not."""
@@ -67,8 +71,9 @@ class Recorder:
         self.finish(point, ("failed", None, f"worker died in {attempts} attempt(s): {why}", 0.0), attempts)
 
 
-def run_local(sweep: Sweep, todo: list[Point], out: Path, workers: int, progress: Progress,
-              max_attempts: int = MAX_ATTEMPTS) -> None:
+def run_local(
+    sweep: Sweep, todo: list[Point], out: Path, workers: int, progress: Progress, max_attempts: int = MAX_ATTEMPTS
+) -> None:
     """Run points in a process pool (or in this process when workers == 1), storing each row as it finishes. The
     pool never has more processes than points to run."""
     rec = Recorder(sweep, out, progress)
@@ -90,9 +95,12 @@ def run_local(sweep: Sweep, todo: list[Point], out: Path, workers: int, progress
             rec.died(p, attempts[p.id], why)
         suspects.extend(again)
         news = ([f"{len(again)} to retry one at a time"] if again else []) + (
-            [f"{len(given_up)} given up after {max_attempts} attempt(s)"] if given_up else [])
-        progress.note(f"a worker died with {len(lost)} point(s) in flight: {', '.join(news)}"
-                      + ("; starting a new pool" if fresh or suspects else ""))
+            [f"{len(given_up)} given up after {max_attempts} attempt(s)"] if given_up else []
+        )
+        progress.note(
+            f"a worker died with {len(lost)} point(s) in flight: {', '.join(news)}"
+            + ("; starting a new pool" if fresh or suspects else "")
+        )
 
 
 def _run_pool(queue: deque, width: int, sweep: Sweep, rec: Recorder, attempts: Counter) -> tuple[list[Point], str]:
@@ -144,8 +152,16 @@ def _result(fut) -> Result:
     return "failed", None, f"{type(exc).__name__}: {exc}".splitlines()[0][:500], 0.0
 
 
-def run_ray(sweep: Sweep, todo: list[Point], out: Path, workers: int | None, progress: Progress,
-            address: str | None = None, max_attempts: int = MAX_ATTEMPTS, session=None) -> None:
+def run_ray(
+    sweep: Sweep,
+    todo: list[Point],
+    out: Path,
+    workers: int | None,
+    progress: Progress,
+    address: str | None = None,
+    max_attempts: int = MAX_ATTEMPTS,
+    session=None,
+) -> None:
     """Run points as Ray tasks (``sim.sweep_ray.run_ray``: a local Ray instance, or the cluster at ``address``,
     with the code and the traces shipped to it)."""
     from sim.sweep_ray import run_ray as run

@@ -71,8 +71,16 @@ def start_ray(address: str | None, workers: int | None) -> RaySession:
     return session
 
 
-def run_ray(sweep: Sweep, todo: list[Point], out: Path, workers: int | None, progress: Progress,
-            address: str | None = None, max_attempts: int = MAX_ATTEMPTS, session: RaySession | None = None) -> None:
+def run_ray(
+    sweep: Sweep,
+    todo: list[Point],
+    out: Path,
+    workers: int | None,
+    progress: Progress,
+    address: str | None = None,
+    max_attempts: int = MAX_ATTEMPTS,
+    session: RaySession | None = None,
+) -> None:
     """Run ``todo`` as Ray tasks, at most ``workers`` at a time (None: the cluster's CPUs), storing each row as it
     finishes and submitting a lost task again (see the module docstring). Uses ``session`` when given (the caller
     closes it), else connects to ``address`` (or a local instance) for this call."""
@@ -108,8 +116,10 @@ def _run(ray, sweep: Sweep, todo: list[Point], out: Path, width: int, progress: 
             elif kind == "failed":
                 rec.finish(p, ("failed", None, value, 0.0), attempts[p.id])
             elif attempts[p.id] < max_attempts:
-                progress.note(f"point {p.id} was lost (its worker or node died: {value[:160]}); submitting it "
-                              f"again (attempt {attempts[p.id] + 1} of {max_attempts})")
+                progress.note(
+                    f"point {p.id} was lost (its worker or node died: {value[:160]}); submitting it "
+                    f"again (attempt {attempts[p.id] + 1} of {max_attempts})"
+                )
                 queue.appendleft(p)
             else:
                 rec.died(p, attempts[p.id], value)

@@ -35,17 +35,19 @@ from pathlib import Path
 
 from sim.errors import ConfigError
 
-CONNECT_TIMEOUT_S = 30.0   # the whole connection, probes and ray.init together
-PROBE_TIMEOUT_S = 5.0      # one TCP connection or handshake
+CONNECT_TIMEOUT_S = 30.0  # the whole connection, probes and ray.init together
+PROBE_TIMEOUT_S = 5.0  # one TCP connection or handshake
 WHERE = "--address"
-DRIVER_HINT = ("run the sweep on a node of the cluster, e.g. the head, with the same Ray and Python versions, "
-               "or give ray://HEAD:10001 to go through Ray Client")
+DRIVER_HINT = (
+    "run the sweep on a node of the cluster, e.g. the head, with the same Ray and Python versions, "
+    "or give ray://HEAD:10001 to go through Ray Client"
+)
 AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
 #: What a gRPC (HTTP/2) client sends first: the connection preface and an empty SETTINGS frame.
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 _SETTINGS = 0x04
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^\s:/\[\]]+):(?P<port>[0-9]{1,5})$")
-_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")   # one label of a host name (RFC 1123), ASCII only
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")  # one label of a host name (RFC 1123), ASCII only
 MAX_ADDRESS_CHARS = 300
 MAX_HOST_CHARS = 253
 
@@ -89,8 +91,11 @@ def parse_address(text: str, where: str = WHERE) -> Address:
     client = text.startswith("ray://")
     m = _HOST_PORT.match(text.removeprefix("ray://")) if len(text) <= MAX_ADDRESS_CHARS else None
     if not m or not 0 < int(m["port"]) < 65536 or not _valid_host(m["host"]):
-        raise ConfigError(where, f"expected HOST:PORT (the head node's GCS port, e.g. 10.0.0.1:6379), "
-                                 f"ray://HOST:PORT or auto, got {_show(text)}")
+        raise ConfigError(
+            where,
+            f"expected HOST:PORT (the head node's GCS port, e.g. 10.0.0.1:6379), "
+            f"ray://HOST:PORT or auto, got {_show(text)}",
+        )
     return Address(m["host"].strip("[]"), int(m["port"]), client)
 
 
@@ -123,20 +128,27 @@ def _show(text: str) -> str:
 def _local_cluster_address() -> Address:
     try:
         from ray._private.utils import read_ray_address  # private: where `ray start` records the address
+
         found = read_ray_address()
     except Exception:  # noqa: BLE001 - another Ray version: no such helper
         found = None
     if not found:
-        raise ConfigError(WHERE, "auto: no Ray cluster was started on this machine (start one with "
-                                 "`ray start --head --port 6379`, or give HOST:PORT)")
+        raise ConfigError(
+            WHERE,
+            "auto: no Ray cluster was started on this machine (start one with "
+            "`ray start --head --port 6379`, or give HOST:PORT)",
+        )
     return parse_address(found)
 
 
 def probe(addr: Address, timeout: float = PROBE_TIMEOUT_S) -> None:
     """A TCP connection to ``addr`` and a gRPC handshake; ConfigError naming the cause when either fails."""
     try:
-        infos = _bounded(lambda: socket.getaddrinfo(addr.host, addr.port, type=socket.SOCK_STREAM), timeout,
-                         f"the name lookup of {addr.host!r}")
+        infos = _bounded(
+            lambda: socket.getaddrinfo(addr.host, addr.port, type=socket.SOCK_STREAM),
+            timeout,
+            f"the name lookup of {addr.host!r}",
+        )
     except socket.gaierror as exc:
         raise ConfigError(WHERE, f"{addr}: unknown host {addr.host!r} ({exc.strerror})") from None
     why = "no address"
@@ -188,12 +200,18 @@ def token_setup(env=os.environ) -> str | None:
     not there."""
     source = token_source(env)
     if env.get(AUTH_TOKEN_PATH) and source is None and not env.get(AUTH_TOKEN, "").strip():
-        raise ConfigError(WHERE, f"{AUTH_TOKEN_PATH} names {env[AUTH_TOKEN_PATH]}, which is not a file: copy the "
-                                 f"head node's ~/.ray/auth_token there")
+        raise ConfigError(
+            WHERE,
+            f"{AUTH_TOKEN_PATH} names {env[AUTH_TOKEN_PATH]}, which is not a file: copy the "
+            f"head node's ~/.ray/auth_token there",
+        )
     if (env.get(AUTH_MODE) or "").strip().lower() == "token" and source is None:
-        raise ConfigError(WHERE, f"{AUTH_MODE}=token but no token here: copy the head node's ~/.ray/auth_token to "
-                                 f"~/.ray/auth_token on this machine (or set {AUTH_TOKEN_PATH}=FILE or "
-                                 f"{AUTH_TOKEN}=TOKEN)")
+        raise ConfigError(
+            WHERE,
+            f"{AUTH_MODE}=token but no token here: copy the head node's ~/.ray/auth_token to "
+            f"~/.ray/auth_token on this machine (or set {AUTH_TOKEN_PATH}=FILE or "
+            f"{AUTH_TOKEN}=TOKEN)",
+        )
     return source
 
 
@@ -218,13 +236,19 @@ def negotiate_auth(addr: Address, timeout: float, env=os.environ) -> str:
     if _gcs_accepts(addr, timeout):
         return "no authentication"
     if source is None:
-        raise ConfigError(WHERE, f"the Ray cluster at {addr} uses token authentication and this machine has no "
-                                 f"token: copy the head node's ~/.ray/auth_token to ~/.ray/auth_token here (or "
-                                 f"set {AUTH_TOKEN_PATH}=FILE or {AUTH_TOKEN}=TOKEN)")
+        raise ConfigError(
+            WHERE,
+            f"the Ray cluster at {addr} uses token authentication and this machine has no "
+            f"token: copy the head node's ~/.ray/auth_token to ~/.ray/auth_token here (or "
+            f"set {AUTH_TOKEN_PATH}=FILE or {AUTH_TOKEN}=TOKEN)",
+        )
     _set_mode("token", env)
     if not _gcs_accepts(addr, timeout):
-        raise ConfigError(WHERE, f"the Ray cluster at {addr} refused the token from {source}: it is not the "
-                                 f"cluster's; copy the head node's ~/.ray/auth_token")
+        raise ConfigError(
+            WHERE,
+            f"the Ray cluster at {addr} refused the token from {source}: it is not the "
+            f"cluster's; copy the head node's ~/.ray/auth_token",
+        )
     return _in_words(env, source)
 
 
@@ -267,8 +291,11 @@ def _gcs_accepts(addr: Address, timeout: float) -> bool:
 
     try:
         with _quiet_stderr():  # Ray's C++ client logs its failures there: the sweep says it in one line instead
-            _bounded(lambda: GcsClient(address=f"{addr.host}:{addr.port}").get_all_node_info(timeout=timeout),
-                     timeout, f"the Ray GCS at {addr}")
+            _bounded(
+                lambda: GcsClient(address=f"{addr.host}:{addr.port}").get_all_node_info(timeout=timeout),
+                timeout,
+                f"the Ray GCS at {addr}",
+            )
         return True
     except ConfigError:
         raise
@@ -276,8 +303,7 @@ def _gcs_accepts(addr: Address, timeout: float) -> bool:
         text = f"{type(exc).__name__}: {exc}"
         if "Auth" in type(exc).__name__ or "InvalidAuthToken" in text or "nauthenticated" in text:
             return False
-        raise ConfigError(WHERE, f"the Ray cluster at {addr} did not answer ({text.splitlines()[0][:200]})") \
-            from None
+        raise ConfigError(WHERE, f"the Ray cluster at {addr} did not answer ({text.splitlines()[0][:200]})") from None
 
 
 @contextlib.contextmanager
@@ -295,8 +321,7 @@ def _quiet_stderr():
 
 
 # --------------------------------------------------------------------------------------------- connecting
-def connect(ray, address: str | None, workers: int, runtime_env: dict,
-            timeout: float = CONNECT_TIMEOUT_S) -> Cluster:
+def connect(ray, address: str | None, workers: int, runtime_env: dict, timeout: float = CONNECT_TIMEOUT_S) -> Cluster:
     """``ray.init`` on the cluster at ``address`` (checked first, everything within ``timeout`` seconds), or a
     local instance of ``workers`` CPUs when ``address`` is None."""
     if address is None:
@@ -311,8 +336,13 @@ def connect(ray, address: str | None, workers: int, runtime_env: dict,
         auth = negotiate_auth(addr, max(1.0, min(PROBE_TIMEOUT_S, (timeout - (time.monotonic() - t0)) / 2)))
     left = max(5.0, timeout - (time.monotonic() - t0))
     try:
-        _with_watchdog(lambda: ray.init(address=str(addr), log_to_driver=False, logging_level=logging.WARNING,
-                                        runtime_env=runtime_env), left, f"ray.init on {addr}")
+        _with_watchdog(
+            lambda: ray.init(
+                address=str(addr), log_to_driver=False, logging_level=logging.WARNING, runtime_env=runtime_env
+            ),
+            left,
+            f"ray.init on {addr}",
+        )
     except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, AuthenticationError...
         text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         raise ConfigError(WHERE, f"cannot connect to the Ray cluster at {addr} ({text}; {DRIVER_HINT})") from None
@@ -325,14 +355,23 @@ def start_local(ray, workers: int, runtime_env: dict) -> None:
     line, exit 2, with whatever it started stopped: nothing has run and the remedy is the user's (another
     executor, a cluster, a less loaded machine), as for an unreachable --address."""
     try:
-        ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING, runtime_env=runtime_env)
+        ray.init(
+            address="local",
+            num_cpus=workers,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+            runtime_env=runtime_env,
+        )
     except Exception as exc:  # noqa: BLE001 - TimeoutError, RuntimeError, ConnectionError, Ray's own exceptions
         with contextlib.suppress(Exception):
             ray.shutdown()
         text = f"{type(exc).__name__}: {str(exc).strip() or 'no detail'}".splitlines()[0][:200]
-        raise ConfigError("--executor", f"ray: could not start a local Ray instance ({text}); run with --executor "
-                                        f"local, or start a cluster (ray start --head) and give --address") from None
+        raise ConfigError(
+            "--executor",
+            f"ray: could not start a local Ray instance ({text}); run with --executor "
+            f"local, or start a cluster (ray start --head) and give --address",
+        ) from None
 
 
 def _cluster(ray, address: str | None, auth: str) -> Cluster:
@@ -345,9 +384,14 @@ def _with_watchdog(fn, seconds: float, what: str):
     """``fn()`` in this thread (``ray.init`` sets signal handlers, which only the main thread may); if it has
     not returned after ``seconds``, the sweep ends there: one line naming ``what`` and exit status 2 (no row has
     been written yet, so there is nothing to clean up)."""
+
     def fire():
-        print(f"error: {WHERE}: {what} did not finish within {seconds:.0f} s (the address answers, but Ray could "
-              f"not join it: {DRIVER_HINT})", file=sys.stderr, flush=True)
+        print(
+            f"error: {WHERE}: {what} did not finish within {seconds:.0f} s (the address answers, but Ray could "
+            f"not join it: {DRIVER_HINT})",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(2)
 
     timer = threading.Timer(seconds, fire)

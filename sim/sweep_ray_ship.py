@@ -21,8 +21,8 @@ from typing import Any
 
 from sim.sweep_spec import Point, Sweep, resolve_config
 
-PACKAGES = ("sim", "traces")                       # what a worker imports (validate is not needed)
-EXCLUDES = ["__pycache__/", "*.pyc", "data/"]      # data/: the bundled traces travel through the object store
+PACKAGES = ("sim", "traces")  # what a worker imports (validate is not needed)
+EXCLUDES = ["__pycache__/", "*.pyc", "data/"]  # data/: the bundled traces travel through the object store
 HOOK_PREFIX = "SIM_SWEEP_TEST_"
 NODE_CHECK_TIMEOUT_S = 60.0
 
@@ -62,6 +62,7 @@ def file_fields(resolved: dict) -> dict[tuple, Path]:
 def ship_name(path: Path) -> str:
     """The name a shipped file gets on the nodes: its own, made plain (letters, digits, ``.``, ``_``, ``-``; no
     leading dot; at most 120 characters, its suffix kept, which the readers go by)."""
+
     def plain(text: str, limit: int) -> str:
         return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:limit]
 
@@ -75,8 +76,8 @@ class Shipment:
 
     def __init__(self, ray, sweep: Sweep):
         self.ray, self.sweep = ray, sweep
-        self.sha_of: dict[Path, str] = {}     # file here -> SHA-256 of its bytes
-        self.refs: dict[str, object] = {}     # SHA-256 -> object store reference to the bytes
+        self.sha_of: dict[Path, str] = {}  # file here -> SHA-256 of its bytes
+        self.refs: dict[str, object] = {}  # SHA-256 -> object store reference to the bytes
 
     def _ship(self, path: Path) -> str:
         if path not in self.sha_of:
@@ -115,11 +116,15 @@ def check_nodes(ray, timeout: float = NODE_CHECK_TIMEOUT_S) -> tuple[list[str], 
         try:
             r = ray.get(ref)
         except Exception as exc:  # noqa: BLE001 - RuntimeEnvSetupError, a node lost meanwhile...
-            notes.append(f"node {asked[ref]} could not run the check: {type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            notes.append(
+                f"node {asked[ref]} could not run the check: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            )
             continue
         if r["missing"]:
-            problems.append(f"node {asked[ref]} ({r['host']}, Python {r['python']}) lacks the Python package(s) "
-                            f"{', '.join(r['missing'])}: install them there (pip install numpy simpy pyyaml)")
+            problems.append(
+                f"node {asked[ref]} ({r['host']}, Python {r['python']}) lacks the Python package(s) "
+                f"{', '.join(r['missing'])}: install them there (pip install numpy simpy pyyaml)"
+            )
     notes += [f"node {asked[ref]} did not answer the check within {timeout:.0f} s" for ref in late]
     return problems, notes

@@ -25,10 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-REQUIRED = ("numpy", "simpy", "yaml")   # what a worker imports to simulate (module names; yaml is PyYAML)
+REQUIRED = ("numpy", "simpy", "yaml")  # what a worker imports to simulate (module names; yaml is PyYAML)
 CACHE_ENV = "SIM_SWEEP_TRACE_CACHE"
 STARTED_ENV = "SIM_SWEEP_TEST_STARTED"
-_checked: set[str] = set()    # paths of copies this process has checked (or written)
+_checked: set[str] = set()  # paths of copies this process has checked (or written)
 _started = [0]
 #: What a shipped file's cache path is made of: the SHA-256 of its bytes, and a plain file name (no folder, no
 #: ``..``), so that every copy lands inside the cache folder.
@@ -48,8 +48,10 @@ class CacheError(Exception):
 def cache_path(sha: str, name: str) -> Path:
     """``CACHE/SHA/NAME``, inside the cache folder: ``sha`` a SHA-256 in hex, ``name`` a plain file name."""
     if not (isinstance(sha, str) and _SHA.match(sha) and isinstance(name, str) and _NAME.match(name)):
-        raise CacheError(f"refusing to write the shipped file {str(name)[:60]!r} ({str(sha)[:16]}): not a "
-                         f"SHA-256 and a plain file name")
+        raise CacheError(
+            f"refusing to write the shipped file {str(name)[:60]!r} ({str(sha)[:16]}): not a "
+            f"SHA-256 and a plain file name"
+        )
     return cache_dir() / sha / name
 
 
@@ -62,8 +64,12 @@ def node_report() -> dict:
     """This node as a sweep sees it: its address, Python, the missing packages, where ``sim`` comes from."""
     import sim
 
-    return {"host": platform.node(), "python": platform.python_version(), "missing": missing_packages(),
-            "sim": str(Path(sim.__file__).parent)}
+    return {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "missing": missing_packages(),
+        "sim": str(Path(sim.__file__).parent),
+    }
 
 
 def cache_dir() -> Path:
@@ -84,15 +90,18 @@ def materialise(sha: str, name: str, ref) -> str:
             data = ray.get(ref)
         except Exception as exc:  # noqa: BLE001 - ObjectLostError, OwnerDiedError...
             first = str(exc).splitlines()[0] if str(exc) else ""
-            raise ShipError(f"cannot fetch {name} on {platform.node()} from the sweep's object store: "
-                            f"{type(exc).__name__}: {first}") from None
+            raise ShipError(
+                f"cannot fetch {name} on {platform.node()} from the sweep's object store: {type(exc).__name__}: {first}"
+            ) from None
         if hashlib.sha256(data).hexdigest() != sha:
             raise ShipError(f"{name} arrived corrupted (its SHA-256 differs from the sweep's)")
         try:
             _write(path, data)
         except OSError as exc:
-            raise ShipError(f"cannot write {name} to {path.parent} on {platform.node()}: {exc.strerror or exc} "
-                            f"(set {CACHE_ENV} to a writable folder on the nodes)") from None
+            raise ShipError(
+                f"cannot write {name} to {path.parent} on {platform.node()}: {exc.strerror or exc} "
+                f"(set {CACHE_ENV} to a writable folder on the nodes)"
+            ) from None
     _checked.add(str(path))
     return str(path)
 
@@ -152,9 +161,14 @@ def run_shipped(config: dict, files: list, refs: dict, source: str, overrides: t
     submits the point again)."""
     missing = missing_packages()
     if missing:
-        return ("failed", None, f"node {platform.node()} lacks the Python package(s) {', '.join(missing)} "
-                                f"(Python {platform.python_version()} at {sys.executable}): install the project's "
-                                f"dependencies there (pip install numpy simpy pyyaml)", 0.0)
+        return (
+            "failed",
+            None,
+            f"node {platform.node()} lacks the Python package(s) {', '.join(missing)} "
+            f"(Python {platform.python_version()} at {sys.executable}): install the project's "
+            f"dependencies there (pip install numpy simpy pyyaml)",
+            0.0,
+        )
     try:
         local = with_local_files(config, files, refs)
     except CacheError as exc:

@@ -49,11 +49,23 @@ def write_report(out: Path, sweep: Sweep, df, checks: dict) -> list[Path]:
     plots = [p for p, _ in described]
     files += plots
     shown = df.assign(pcie_gb=pd.to_numeric(df["pcie_bytes"], errors="coerce") / 1e9) if "pcie_bytes" in df else df
-    cols = [a for a in sweep.axes if a in df] + ["status", "throughput_tok_s", "iteration_ms_mean", "hit_rate",
-                                                 "hit_rate_hpc", "hit_rate_mpc", "hit_rate_lpc", "pcie_gb"]
+    cols = [a for a in sweep.axes if a in df] + [
+        "status",
+        "throughput_tok_s",
+        "iteration_ms_mean",
+        "hit_rate",
+        "hit_rate_hpc",
+        "hit_rate_mpc",
+        "hit_rate_lpc",
+        "pcie_gb",
+    ]
     table = _sorted(shown[cols], [a for a in sweep.axes if a in df]) if len(df) else pd.DataFrame(columns=cols)
-    lines = [f"# Sweep {sweep.name}", "", f"{len(df)} points from `{sweep.source}`; "
-             f"{int((df['status'] != 'ok').sum()) if len(df) else 0} failed.", ""]
+    lines = [
+        f"# Sweep {sweep.name}",
+        "",
+        f"{len(df)} points from `{sweep.source}`; {int((df['status'] != 'ok').sum()) if len(df) else 0} failed.",
+        "",
+    ]
     if checks:
         lines += ["## Checks", ""]
         for name, bad in checks.items():
@@ -127,8 +139,13 @@ def numeric_axes(sweep: Sweep, df, series: str | None) -> list[str]:
     or the sweep file's ``plots``."""
     if sweep.plots is not None:  # the sweep file chose its plots
         return [a for a in sweep.plots if a in df]
-    numeric = [a for a in sweep.axes if a in df and a != series and df[a].map(lambda v: isinstance(v, (int, float))
-                                                                              and not isinstance(v, bool)).all()]
+    numeric = [
+        a
+        for a in sweep.axes
+        if a in df
+        and a != series
+        and df[a].map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)).all()
+    ]
     if any(a.startswith("cache.") for a in numeric):
         numeric = [a for a in numeric if not a.startswith("cache.")] + ["cache_slots"]
     return numeric
@@ -138,8 +155,14 @@ def plot_view(sweep: Sweep, df, axis: str, series: str | None) -> PlotView:
     """The rows, title and scale of the throughput plot against ``axis``: one line per ``series`` value, at the
     first value of every other swept axis that is not zipped with the series, the cache's axes excepted (they
     are averaged, and the title says so)."""
-    others = [a for a in sweep.axes if a in df and a not in (axis, series) and not a.startswith("cache.")
-              and (df[a].nunique() <= 1 or not (series and (df.groupby(series)[a].nunique() <= 1).all()))]
+    others = [
+        a
+        for a in sweep.axes
+        if a in df
+        and a not in (axis, series)
+        and not a.startswith("cache.")
+        and (df[a].nunique() <= 1 or not (series and (df.groupby(series)[a].nunique() <= 1).all()))
+    ]
     # (an axis zipped with the series varies with the lines; one with a single value is held fixed)
     sub = df
     for a in others:  # one line per series at the first value of every other axis
@@ -153,11 +176,12 @@ def plot_view(sweep: Sweep, df, axis: str, series: str | None) -> PlotView:
 
 
 def averaged_words(sweep: Sweep, rows, keys: list[str]) -> str:
-    """"mean over 3 cache sizes and 2 batch sizes": the swept axes that take several values within a group of
+    """ "mean over 3 cache sizes and 2 batch sizes": the swept axes that take several values within a group of
     ``rows`` sharing ``keys`` (the cache's axes counted together, as cache sizes); "" when nothing is averaged."""
     cache = [a for a in sweep.axes if a.startswith("cache.") and a in rows and a not in keys]
-    groups = ([(CACHE, cache)] if cache else []) + [(a, [a]) for a in sweep.axes
-                                                   if a in rows and a not in keys and not a.startswith("cache.")]
+    groups = ([(CACHE, cache)] if cache else []) + [
+        (a, [a]) for a in sweep.axes if a in rows and a not in keys and not a.startswith("cache.")
+    ]
     out = []
     for name, cols in groups:
         counts = _distinct_per_group(rows, keys, cols)
@@ -209,7 +233,7 @@ def make_plots_described(out: Path, sweep: Sweep, df) -> list[tuple[Path, str]]:
     for axis in numeric_axes(sweep, df, series):
         view = plot_view(sweep, df, axis, series)
         fig, ax = plt.subplots(figsize=(6, 4))
-        for name, g in (view.rows.groupby(series) if series else [("all", view.rows)]):
+        for name, g in view.rows.groupby(series) if series else [("all", view.rows)]:
             g = g.groupby(axis, as_index=False)["throughput_tok_s"].mean().sort_values(axis)
             ax.plot(g[axis], g["throughput_tok_s"], marker="o", label=str(name))
         ax.set_xlabel(axis)
@@ -223,8 +247,9 @@ def make_plots_described(out: Path, sweep: Sweep, df) -> list[tuple[Path, str]]:
         fig.tight_layout()
         scale = "log" if view.log_scale else "linear"
         what = f"throughput against {axis}" + (f", one line per {series}" if series else "")
-        made.append((_save_png(plt, fig, out / plot_file(axis)),
-                     f"{what}; {view.title or 'every point'}; {scale} scale"))
+        made.append(
+            (_save_png(plt, fig, out / plot_file(axis)), f"{what}; {view.title or 'every point'}; {scale} scale")
+        )
     if series:
         tiers = df.groupby(series)[["hit_rate_hpc", "hit_rate_mpc", "hit_rate_lpc"]].mean()
         title = tier_title(sweep, df, series)

@@ -29,17 +29,17 @@ from sim.files import PROJECT_ROOT, check_regular, file_status, read_structured_
 from sim.sweep_checks import CHECKS
 
 SWEEP_KEYS = ("base", "set", "grid", "zip", "checks", "name", "plots")
-MAX_POINTS = 5_000         # points of one sweep: each is resolved and checked at load (3-5 ms each, mostly
-                           # parsing the model and hardware profiles again), so loading stays under ~30 s
-MAX_AXES = 32              # swept fields (grid and zip together)
-MAX_SET_KEYS = 256         # fields of ``set``
-MAX_VALUE_CHARS = 1_000    # an axis value, as compact JSON (it is stored in every row and shown in the report)
-MAX_SET_VALUE_CHARS = 100_000   # a ``set`` value, as compact JSON (an inline model or hardware profile fits)
-MAX_FIELD_CHARS = 200      # a dotted config field name
+MAX_POINTS = 5_000  # points of one sweep: each is resolved and checked at load (3-5 ms each, mostly
+# parsing the model and hardware profiles again), so loading stays under ~30 s
+MAX_AXES = 32  # swept fields (grid and zip together)
+MAX_SET_KEYS = 256  # fields of ``set``
+MAX_VALUE_CHARS = 1_000  # an axis value, as compact JSON (it is stored in every row and shown in the report)
+MAX_SET_VALUE_CHARS = 100_000  # a ``set`` value, as compact JSON (an inline model or hardware profile fits)
+MAX_FIELD_CHARS = 200  # a dotted config field name
 MAX_FIELD_PARTS = 32
-MAX_PATH_CHARS = 4096      # the base config's path
+MAX_PATH_CHARS = 4096  # the base config's path
 MAX_NAME_CHARS = 100
-CONFIG_SUFFIXES = (".yaml", ".yml", ".json")   # what a base run config file is called
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")  # what a base run config file is called
 #: A sweep's name: a plain file name, so that ``runs/sweep-NAME`` stays inside ``runs/``.
 NAME_RE = re.compile(rf"^[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{MAX_NAME_CHARS - 1}}}$")
 #: A config field path, ``part.part...``: what ``--set`` accepts, with no ``=`` or space to confuse an override.
@@ -61,13 +61,13 @@ class Sweep:
     """A loaded sweep file: the base config, the common overrides, the swept axes and their points."""
 
     name: str
-    base: object            # path (str) of the base run config, or an inline mapping
-    common: dict            # overrides for every point
+    base: object  # path (str) of the base run config, or an inline mapping
+    common: dict  # overrides for every point
     axes: list[str]
     points: list[Point]
     checks: list[str]
     source: str
-    plots: list[str] | None = None   # x axes of the throughput plots (None: every numeric swept axis)
+    plots: list[str] | None = None  # x axes of the throughput plots (None: every numeric swept axis)
 
 
 def _override(key: str, value) -> str:
@@ -157,11 +157,17 @@ def _check_value(value, limit: int, where, key: str) -> None:
 
 
 def _check_field(key, where, section: str) -> str:
-    if not isinstance(key, str) or len(key) > MAX_FIELD_CHARS or not FIELD_RE.match(key) \
-            or key.count(".") >= MAX_FIELD_PARTS:
-        raise where(f"{section}.{_key_text(key)}" if section else _key_text(key),
-                    f"must be a config field path (parts of letters, digits, _ and -, joined by dots, at most "
-                    f"{MAX_FIELD_CHARS} characters)")
+    if (
+        not isinstance(key, str)
+        or len(key) > MAX_FIELD_CHARS
+        or not FIELD_RE.match(key)
+        or key.count(".") >= MAX_FIELD_PARTS
+    ):
+        raise where(
+            f"{section}.{_key_text(key)}" if section else _key_text(key),
+            f"must be a config field path (parts of letters, digits, _ and -, joined by dots, at most "
+            f"{MAX_FIELD_CHARS} characters)",
+        )
     return key
 
 
@@ -184,8 +190,9 @@ def _axes(axes: dict, where, section: str) -> dict:
         if not isinstance(values, list) or not values:
             raise where(f"{section}.{key}", f"must be a non-empty list of values, got {show(values)}")
         if len(values) > MAX_POINTS:
-            raise where(f"{section}.{key}", f"has {len(values)} values, more than the {MAX_POINTS} points a sweep "
-                                            f"may have")
+            raise where(
+                f"{section}.{key}", f"has {len(values)} values, more than the {MAX_POINTS} points a sweep may have"
+            )
         for v in values:
             _check_value(v, MAX_VALUE_CHARS, where, f"{section}.{key}")
     return axes
@@ -206,8 +213,10 @@ def _zip_groups(raw, where) -> list[dict]:
             raise where(section, "an empty group: give its axes, or leave it out")
         lengths = sorted({len(v) for v in g.values()})
         if len(lengths) > 1:
-            raise where(section, f"every zipped axis needs the same number of values (got lengths "
-                                 f"{', '.join(map(str, lengths[:5]))})")
+            raise where(
+                section,
+                f"every zipped axis needs the same number of values (got lengths {', '.join(map(str, lengths[:5]))})",
+            )
         out.append(g)
     return out
 
@@ -224,15 +233,20 @@ def _check_overlaps(common: dict, swept: list[tuple[str, str]], where) -> None:
     for i, (section, key) in enumerate(swept):
         for other_section, other in swept[:i]:
             if key == other or key.startswith(other + ".") or other.startswith(key + "."):
-                also = "swept twice" if key == other else f"part of {other}" if key.startswith(other) else \
-                    f"swept with its part {other}"
-                raise where(f"{section}.{key}", f"is {also} (in {other_section} too): each field may vary on one "
-                                                f"axis only")
+                also = (
+                    "swept twice"
+                    if key == other
+                    else f"part of {other}"
+                    if key.startswith(other)
+                    else f"swept with its part {other}"
+                )
+                raise where(
+                    f"{section}.{key}", f"is {also} (in {other_section} too): each field may vary on one axis only"
+                )
     for key in common:
         for section, axis in swept:
             if key == axis or key.startswith(axis + "."):
-                raise where(f"set.{key}", f"is also swept ({section}.{axis}): the axis would replace it at every "
-                                          f"point")
+                raise where(f"set.{key}", f"is also swept ({section}.{axis}): the axis would replace it at every point")
 
 
 def count_points(grid: dict, groups: list[dict], limit: int = MAX_POINTS) -> int:
@@ -280,8 +294,11 @@ def _name(raw, path: Path, where) -> str:
     if raw is None:
         return safe_name(path.stem)
     if not is_safe_name(raw):
-        raise where("name", f"must be a plain name of at most {MAX_NAME_CHARS} letters, digits, '.', '_' or '-', "
-                            f"not starting with '.' (it names the results folder runs/sweep-NAME), got {show(raw)}")
+        raise where(
+            "name",
+            f"must be a plain name of at most {MAX_NAME_CHARS} letters, digits, '.', '_' or '-', "
+            f"not starting with '.' (it names the results folder runs/sweep-NAME), got {show(raw)}",
+        )
     return raw
 
 
@@ -304,8 +321,10 @@ def _base(raw, path: Path, where):
     for c in candidates:
         if file_status(c) is not None:
             return str(check_regular(c, raw, f"{where.path}: sweep.base", "run config").resolve())
-    raise where("base", f"no such run config {show(raw)} (looked beside the sweep file, in the current folder and "
-                        f"in the project)")
+    raise where(
+        "base",
+        f"no such run config {show(raw)} (looked beside the sweep file, in the current folder and in the project)",
+    )
 
 
 def _resolver(base, source: str):
@@ -323,8 +342,9 @@ def _resolver(base, source: str):
         except ConfigError as exc:
             raise ConfigError(f"{source}: sweep.base", f"{exc}") from None
         if not isinstance(raw, dict):
-            raise ConfigError(f"{source}: sweep.base", f"{show(base)} must hold a mapping of config fields, got "
-                                                       f"{type(raw).__name__}")
+            raise ConfigError(
+                f"{source}: sweep.base", f"{show(base)} must hold a mapping of config fields, got {type(raw).__name__}"
+            )
     where = source if isinstance(base, dict) else base
     policies, predictors = POLICIES.names(), PREDICTORS.names()
 
@@ -333,6 +353,7 @@ def _resolver(base, source: str):
         for o in overrides:
             apply_override(d, o)
         return config_from_dict(d, where, policies, predictors)
+
     return resolve
 
 
@@ -397,8 +418,10 @@ def _points(grid: dict, groups: list[dict], common: dict, resolve, where) -> lis
             try:
                 cfg = resolve(overrides)
             except ConfigError as exc:
-                raise ConfigError(f"{where.path}: {exc.field}" if exc.field else str(where.path),
-                                  f"{exc.problem} (sweep point {_fields_text(fields)})") from None
+                raise ConfigError(
+                    f"{where.path}: {exc.field}" if exc.field else str(where.path),
+                    f"{exc.problem} (sweep point {_fields_text(fields)})",
+                ) from None
             pid = hashlib.sha256(json.dumps(cfg.resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
             if pid not in seen:
                 seen.add(pid)
@@ -411,5 +434,14 @@ def _fields_text(fields: dict, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-__all__ = ["MAX_POINTS", "Point", "SWEEP_KEYS", "Sweep", "count_points", "is_safe_name", "load_sweep",
-           "resolve_config", "safe_name"]
+__all__ = [
+    "MAX_POINTS",
+    "Point",
+    "SWEEP_KEYS",
+    "Sweep",
+    "count_points",
+    "is_safe_name",
+    "load_sweep",
+    "resolve_config",
+    "safe_name",
+]

@@ -25,13 +25,13 @@ if TYPE_CHECKING:
 
 ROWS = "rows"
 #: the temporary files that ``atomic_write_bytes`` leaves behind when killed mid-write, per folder
-ORPHANS = {ROWS: (".*.parquet.*.tmp",),
-           ".": (".results.parquet.*.tmp", ".report.md.*.tmp", ".*.png.*.tmp")}
-MAX_ROW_BYTES = 16 << 20   # a row is a few KB: a bigger file in rows/ was not written by a sweep
+ORPHANS = {ROWS: (".*.parquet.*.tmp",), ".": (".results.parquet.*.tmp", ".report.md.*.tmp", ".*.png.*.tmp")}
+MAX_ROW_BYTES = 16 << 20  # a row is a few KB: a bigger file in rows/ was not written by a sweep
 
 
-def row_of(sweep: Sweep, point: Point, status: str, metrics: dict | None, error: str | None, wall: float,
-           attempts: int = 1) -> dict:
+def row_of(
+    sweep: Sweep, point: Point, status: str, metrics: dict | None, error: str | None, wall: float, attempts: int = 1
+) -> dict:
     """The stored row of one finished (or given-up) point."""
     row = {"point": point.id, "status": status, "error": error, "wall_s": wall, "attempts": int(attempts)}
     row.update({k: _scalar(v) for k, v in point.fields.items()})
@@ -77,11 +77,17 @@ def row_files(out: Path) -> list[Path]:
         except OSError:
             continue  # gone meanwhile
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(str(f), "is not a row file written by a sweep (a link, a folder, a FIFO or a device): "
-                                      "remove it, or use another --out")
+            raise ConfigError(
+                str(f),
+                "is not a row file written by a sweep (a link, a folder, a FIFO or a device): "
+                "remove it, or use another --out",
+            )
         if st.st_size > MAX_ROW_BYTES:
-            raise ConfigError(str(f), f"is larger than {MAX_ROW_BYTES >> 20} MB: not a row written by a sweep; "
-                                      f"remove it, or use another --out")
+            raise ConfigError(
+                str(f),
+                f"is larger than {MAX_ROW_BYTES >> 20} MB: not a row written by a sweep; "
+                f"remove it, or use another --out",
+            )
         files.append(f)
     return files
 
@@ -92,11 +98,11 @@ def _read_row(path: Path):
     try:
         df = pd.read_parquet(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a damaged or foreign file
-        raise ConfigError(str(path), f"cannot be read as a sweep row ({type(exc).__name__}): remove it and run "
-                                     f"again with --resume") from None
+        raise ConfigError(
+            str(path), f"cannot be read as a sweep row ({type(exc).__name__}): remove it and run again with --resume"
+        ) from None
     if "point" not in df or "status" not in df:
-        raise ConfigError(str(path), "is not a sweep row (no point or status column): remove it, or use another "
-                                     "--out")
+        raise ConfigError(str(path), "is not a sweep row (no point or status column): remove it, or use another --out")
     return df
 
 

@@ -34,15 +34,27 @@ KILL_ONCE_ENV = "SIM_SWEEP_TEST_KILL_ONCE"
 DELAY_ENV = "SIM_SWEEP_TEST_DELAY"
 
 METRICS = {  # row column -> path in summary.json
-    "throughput_tok_s": ("throughput_tok_s",), "iteration_ms_mean": ("iteration_ms", "mean"),
-    "iteration_ms_p50": ("iteration_ms", "p50"), "iteration_ms_p99": ("iteration_ms", "p99"),
-    "hit_rate": ("hit_rate", "overall"), "hit_rate_hpc": ("hit_rate", "hpc"), "hit_rate_mpc": ("hit_rate", "mpc"),
-    "hit_rate_lpc": ("hit_rate", "lpc"), "pcie_bytes": ("pcie_bytes",), "link_busy_frac": ("link_busy_frac",),
-    "compute_busy_frac": ("compute_busy_frac",), "stall_ms": ("stall_ms",),
-    "prefetch_precision": ("prefetch", "precision"), "prefetch_recall": ("prefetch", "recall"),
-    "prefetch_wasted_bytes": ("prefetch", "wasted_bytes"), "requests_reused": ("requests_reused",),
-    "cpu_expert_frac": ("cpu_expert_frac",), "cpu_busy_frac": ("cpu_busy_frac",), "cpu_wait_ms": ("cpu_wait_ms",),
-    "events": ("events",), "sim_wall_s": ("wall_s",),
+    "throughput_tok_s": ("throughput_tok_s",),
+    "iteration_ms_mean": ("iteration_ms", "mean"),
+    "iteration_ms_p50": ("iteration_ms", "p50"),
+    "iteration_ms_p99": ("iteration_ms", "p99"),
+    "hit_rate": ("hit_rate", "overall"),
+    "hit_rate_hpc": ("hit_rate", "hpc"),
+    "hit_rate_mpc": ("hit_rate", "mpc"),
+    "hit_rate_lpc": ("hit_rate", "lpc"),
+    "pcie_bytes": ("pcie_bytes",),
+    "link_busy_frac": ("link_busy_frac",),
+    "compute_busy_frac": ("compute_busy_frac",),
+    "stall_ms": ("stall_ms",),
+    "prefetch_precision": ("prefetch", "precision"),
+    "prefetch_recall": ("prefetch", "recall"),
+    "prefetch_wasted_bytes": ("prefetch", "wasted_bytes"),
+    "requests_reused": ("requests_reused",),
+    "cpu_expert_frac": ("cpu_expert_frac",),
+    "cpu_busy_frac": ("cpu_busy_frac",),
+    "cpu_wait_ms": ("cpu_wait_ms",),
+    "events": ("events",),
+    "sim_wall_s": ("wall_s",),
 }
 METRIC_COLUMNS = [*METRICS, "cache_slots"]
 
@@ -73,8 +85,9 @@ def cache_slots(cfg, n_cached: int) -> float:
     return cfg.cache.hpc_slots + cfg.cache.mpc_slots
 
 
-def attempt(base, overrides: tuple[str, ...], source: str,
-            hooks: tuple[str, ...] | None = None) -> tuple[str, dict | None, str | None, float]:
+def attempt(
+    base, overrides: tuple[str, ...], source: str, hooks: tuple[str, ...] | None = None
+) -> tuple[str, dict | None, str | None, float]:
     """Run one point: (status "ok" or "failed", metrics or None, error or None, wall seconds). ``hooks``: the
     overrides the test hooks match (default ``overrides``)."""
     t0 = time.perf_counter()
@@ -87,8 +100,9 @@ def attempt(base, overrides: tuple[str, ...], source: str,
         return "failed", None, msg, time.perf_counter() - t0
 
 
-def attempt_in_worker(base, overrides: tuple[str, ...], source: str,
-                      hooks: tuple[str, ...] | None = None) -> tuple[str, dict | None, str | None, float]:
+def attempt_in_worker(
+    base, overrides: tuple[str, ...], source: str, hooks: tuple[str, ...] | None = None
+) -> tuple[str, dict | None, str | None, float]:
     """``attempt`` as run by a pool or Ray worker (where the test hooks may delay it or kill the process first)."""
     hooks = overrides if hooks is None else hooks
     delay = float(os.environ.get(DELAY_ENV) or 0)

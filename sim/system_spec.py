@@ -97,9 +97,9 @@ def _optional_time(value: Any, where: str) -> float | None:
 
 
 _FAMILIES = (  # (pattern, bits per weight from N, the widths the family has)
-    (re.compile(r"int([1-8])"), lambda n: float(n)),                       # per-channel scales: negligible
-    (re.compile(r"hqq-([1-8])bit"), lambda n: n + 32.0 / 64),              # HQQ's default group 64 (assumption)
-    (re.compile(r"(?:gptq|awq)-([2-8])bit"), lambda n: n + 20.0 / 128),    # group 128, 16-bit scale, packed zero
+    (re.compile(r"int([1-8])"), lambda n: float(n)),  # per-channel scales: negligible
+    (re.compile(r"hqq-([1-8])bit"), lambda n: n + 32.0 / 64),  # HQQ's default group 64 (assumption)
+    (re.compile(r"(?:gptq|awq)-([2-8])bit"), lambda n: n + 20.0 / 128),  # group 128, 16-bit scale, packed zero
 )
 _BPW = re.compile(r"([0-9]{1,2}(?:\.[0-9]{1,4})?)bpw")
 
@@ -127,8 +127,11 @@ def _format(value: Any, where: str) -> str | None:
     if value is None:
         return None
     if format_bits(value) is None:
-        raise ConfigError(where, f"must be a weight format (e.g. {', '.join(list(FORMATS)[:8])}, int4, hqq-3bit, "
-                                 f"4.5bpw; {len(FORMATS)} named in sim/system_spec.py) or null, got {show(value)}")
+        raise ConfigError(
+            where,
+            f"must be a weight format (e.g. {', '.join(list(FORMATS)[:8])}, int4, hqq-3bit, "
+            f"4.5bpw; {len(FORMATS)} named in sim/system_spec.py) or null, got {show(value)}",
+        )
     return value.strip().lower()
 
 
@@ -147,6 +150,7 @@ def _dequant_table(value: Any, where: str):
     if value is None:
         return None
     from sim.hardware_spec import _points  # the same checks as a calibration table's points
+
     return _points(value, where, 2, "")
 
 
@@ -217,17 +221,18 @@ class SystemSpec:
     # host expert kernels: share of the hardware's cpu_mem_bw_gb_s they reach
     host_bw_fraction: float = setting(1.0, _fraction, constructor_default=True)
     # host expert kernels: fixed cost per call (null: the hardware's cpu_expert_overhead_us)
-    host_call_s: float | None = setting(None, _optional_time, key="host_call_us", divisor=1e6,
-                                        constructor_default=True)
+    host_call_s: float | None = setting(None, _optional_time, key="host_call_us", divisor=1e6, constructor_default=True)
     # host issue costs (null: the hardware profile's value, as calibrated)
-    layer_roundtrip_s: float | None = setting(None, _optional_time, key="layer_roundtrip_us", divisor=1e6,
-                                              constructor_default=True)
-    copy_issue_s: float | None = setting(None, _optional_time, key="copy_issue_us", divisor=1e6,
-                                         constructor_default=True)
-    expert_issue_s: float | None = setting(None, _optional_time, key="expert_issue_us", divisor=1e6,
-                                           constructor_default=True)
-    hit_issue_s: float | None = setting(None, _optional_time, key="hit_issue_us", divisor=1e6,
-                                        constructor_default=True)
+    layer_roundtrip_s: float | None = setting(
+        None, _optional_time, key="layer_roundtrip_us", divisor=1e6, constructor_default=True
+    )
+    copy_issue_s: float | None = setting(
+        None, _optional_time, key="copy_issue_us", divisor=1e6, constructor_default=True
+    )
+    expert_issue_s: float | None = setting(
+        None, _optional_time, key="expert_issue_us", divisor=1e6, constructor_default=True
+    )
+    hit_issue_s: float | None = setting(None, _optional_time, key="hit_issue_us", divisor=1e6, constructor_default=True)
     tables: SystemTables | None = setting(None, _tables, nested=SystemTables, constructor_default=True)
     # the system's own expert predictor ({name, params}, as a run config's ``predictor``): what a run of this
     # system predicts with when its config names none (null: the simulator's default)
@@ -251,8 +256,11 @@ class SystemSpec:
     def to_dict(self) -> dict:
         """The profile in the system-file schema (microseconds); loads back with :func:`load_system`."""
         d = to_plain(self)
-        return {**{k: v for k, v in d.items() if k not in ("tables", "source")}, "tables": d["tables"],
-                "source": d["source"]}
+        return {
+            **{k: v for k, v in d.items() if k not in ("tables", "source")},
+            "tables": d["tables"],
+            "source": d["source"],
+        }
 
 
 SYSTEM_FIELDS = keys_of(SystemSpec)
@@ -275,7 +283,7 @@ def load_system(spec_or_name: Any = DEFAULT_SYSTEM, where: str = "system") -> Sy
     if isinstance(spec_or_name, SystemSpec):
         return spec_or_name
     if spec_or_name is None:  # built in, equal to configs/systems/ideal.yaml: a config shipped without the
-        return IDEAL          # project's configs/ (a sweep point on a Ray node) still loads
+        return IDEAL  # project's configs/ (a sweep point on a Ray node) still loads
     try:
         d, source = load_profile(spec_or_name, where, "systems", SYSTEM_KEYS)
     except ConfigError as exc:  # the profile loader names the kind by its folder
@@ -287,15 +295,45 @@ def load_system(spec_or_name: Any = DEFAULT_SYSTEM, where: str = "system") -> Sy
 
 def is_ideal(system: SystemSpec) -> bool:
     """Whether ``system`` changes nothing (every cost zero, every choice the default)."""
-    return all(getattr(system, f) == getattr(IDEAL, f) for f in
-               ("layer_overhead_s", "expert_call_s", "copy_overhead_s", "copy_stream", "pageable_copies",
-                "writeback_evicted", "expert_format", "dense_format", "dequant", "host_threads", "host_bw_fraction",
-                "host_call_s", "layer_roundtrip_s", "copy_issue_s", "expert_issue_s", "hit_issue_s"))
+    return all(
+        getattr(system, f) == getattr(IDEAL, f)
+        for f in (
+            "layer_overhead_s",
+            "expert_call_s",
+            "copy_overhead_s",
+            "copy_stream",
+            "pageable_copies",
+            "writeback_evicted",
+            "expert_format",
+            "dense_format",
+            "dequant",
+            "host_threads",
+            "host_bw_fraction",
+            "host_call_s",
+            "layer_roundtrip_s",
+            "copy_issue_s",
+            "expert_issue_s",
+            "hit_issue_s",
+        )
+    )
 
 
 IDEAL = SystemSpec(name=DEFAULT_SYSTEM)
 
-__all__ = ["format_bits", "COPY_STREAMS", "DEFAULT_SYSTEM", "DEQUANT_MODES", "DEQUANT_OUT_BITS", "FORMATS",
-           "HOST_ISSUE_FIELDS", "IDEAL", "SYSTEM_FIELDS", "SYSTEM_KEYS", "SystemSpec", "SystemTables", "is_ideal",
-           "load_system",
-           "system_from_dict"]
+__all__ = [
+    "format_bits",
+    "COPY_STREAMS",
+    "DEFAULT_SYSTEM",
+    "DEQUANT_MODES",
+    "DEQUANT_OUT_BITS",
+    "FORMATS",
+    "HOST_ISSUE_FIELDS",
+    "IDEAL",
+    "SYSTEM_FIELDS",
+    "SYSTEM_KEYS",
+    "SystemSpec",
+    "SystemTables",
+    "is_ideal",
+    "load_system",
+    "system_from_dict",
+]

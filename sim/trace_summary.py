@@ -25,7 +25,7 @@ class TraceSummary:
     path: Path
     meta: TraceMeta
     prefill_lengths: np.ndarray  # int64 [R]
-    decode_lengths: np.ndarray   # int64 [R]
+    decode_lengths: np.ndarray  # int64 [R]
 
     @property
     def num_requests(self) -> int:
@@ -77,8 +77,11 @@ def prompt_with_info(prefill: np.ndarray, request_info: dict | None) -> np.ndarr
     if known is None or len(known) != ctx.shape[0]:
         return ctx
     col = np.asarray(known, dtype=object)
-    ok = np.fromiter((isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and x > 0
-                      for x in col), dtype=bool, count=col.shape[0])
+    ok = np.fromiter(
+        (isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and x > 0 for x in col),
+        dtype=bool,
+        count=col.shape[0],
+    )
     lens = np.zeros(ctx.shape[0], dtype=np.int64)
     if ok.any():
         lens[ok] = np.array([min(int(x), MAX_PROMPT_INFO) for x in col[ok]], dtype=np.int64)
@@ -106,15 +109,22 @@ def read_trace_summary(path: str | Path) -> TraceSummary:
 def _trace_summary(path_str: str, mtime_ns: int, size: int) -> TraceSummary:
     path = Path(path_str)
     meta, experts_shape, offsets, prefill = load_trace_header(path)
-    if offsets.dtype != np.int64 or offsets.ndim != 1 or offsets.shape[0] < 2 or offsets[0] != 0 \
-            or np.any(np.diff(offsets) < 0):
+    if (
+        offsets.dtype != np.int64
+        or offsets.ndim != 1
+        or offsets.shape[0] < 2
+        or offsets[0] != 0
+        or np.any(np.diff(offsets) < 0)
+    ):
         raise TraceError(path, "request_offsets must be non-decreasing int64 [requests + 1] starting at 0")
     if len(experts_shape) != 3 or experts_shape[0] != offsets[-1] or experts_shape[1] != len(meta.model.layers):
-        raise TraceError(path, f"experts shape {list(experts_shape)} does not match request_offsets "
-                               f"(ending at {offsets[-1]}) and the {len(meta.model.layers)} layers of its metadata")
+        raise TraceError(
+            path,
+            f"experts shape {list(experts_shape)} does not match request_offsets "
+            f"(ending at {offsets[-1]}) and the {len(meta.model.layers)} layers of its metadata",
+        )
     lengths = np.diff(offsets)
-    if prefill.dtype != np.int64 or prefill.shape != lengths.shape or np.any(prefill < 0) \
-            or np.any(prefill > lengths):
+    if prefill.dtype != np.int64 or prefill.shape != lengths.shape or np.any(prefill < 0) or np.any(prefill > lengths):
         raise TraceError(path, "prefill_lengths must be int64, one per request, between 0 and its token count")
     return TraceSummary(path, meta, prefill, lengths - prefill)
 
@@ -164,15 +174,19 @@ def model_mismatch(summary: TraceSummary, model: ModelSpec, subject: str = "trac
     the name; ``subject`` names the trace's side)."""
     m = summary.meta.model
     enc, dec = summary.layer_counts()
-    theirs, ours = _differences((m.num_experts, m.top_k, enc, dec),
-                                (model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers))
+    theirs, ours = _differences(
+        (m.num_experts, m.top_k, enc, dec),
+        (model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers),
+    )
     same_name = names_match(m.name, model.name)
     if theirs:
         also = "" if same_name else "; and the names differ"
         return f"{subject} {_quoted(m.name)} has {theirs}; profile {_quoted(model.name)} has {ours}{also}"
     if not same_name:
-        return (f"{subject} name {_quoted(m.name)} is not profile {_quoted(model.name)} (a trace of it is named "
-                f"{_quoted(model.name)}, or that with an ORG/ prefix or a -VARIANT suffix)")
+        return (
+            f"{subject} name {_quoted(m.name)} is not profile {_quoted(model.name)} (a trace of it is named "
+            f"{_quoted(model.name)}, or that with an ORG/ prefix or a -VARIANT suffix)"
+        )
     return None
 
 
@@ -212,15 +226,23 @@ def check_training_trace(value, where: str, model: ModelSpec, evaluated_path: Pa
     except TraceError as exc:
         raise ConfigError(where, str(exc)) from None
     if not trace_matches_model(summary, model):  # both shapes and both names whole: every difference shows
-        raise ConfigError(where, f"training trace {brief(str(value))} is of model {model_shape(summary)}, the run's "
-                                 f"is {spec_shape(model)}")
+        raise ConfigError(
+            where,
+            f"training trace {brief(str(value))} is of model {model_shape(summary)}, the run's is {spec_shape(model)}",
+        )
     if evaluated_path is not None and _same_trace_file(path, Path(evaluated_path)):
-        raise ConfigError(where, f"training trace {brief(str(value))} is the evaluated trace: it must differ (a part "
-                                 f"learned from the routing it predicts would see the future)")
+        raise ConfigError(
+            where,
+            f"training trace {brief(str(value))} is the evaluated trace: it must differ (a part "
+            f"learned from the routing it predicts would see the future)",
+        )
     tokens, routed = routed_tokens(path)
     if routed == 0:
-        raise ConfigError(where, f"training trace {brief(str(value))} has no routed tokens ({tokens} tokens, "
-                                 f"{'every expert id -1' if tokens else 'none'}): nothing to learn from")
+        raise ConfigError(
+            where,
+            f"training trace {brief(str(value))} has no routed tokens ({tokens} tokens, "
+            f"{'every expert id -1' if tokens else 'none'}): nothing to learn from",
+        )
     return path
 
 
@@ -232,8 +254,9 @@ def _same_trace_file(path: Path, evaluated: Path) -> bool:
         a, b = read_trace_summary(path), read_trace_summary(evaluated)
     except (OSError, TraceError):
         return False
-    same_lengths = np.array_equal(a.prefill_lengths, b.prefill_lengths) and np.array_equal(a.decode_lengths,
-                                                                                             b.decode_lengths)
+    same_lengths = np.array_equal(a.prefill_lengths, b.prefill_lengths) and np.array_equal(
+        a.decode_lengths, b.decode_lengths
+    )
     if not same_lengths:
         return False
     try:
@@ -257,5 +280,16 @@ def _routed_tokens(path_str: str, mtime_ns: int, size: int) -> tuple[int, int]:
     return int(experts.shape[0]), int((experts >= 0).reshape(experts.shape[0], -1).any(axis=1).sum())
 
 
-__all__ = ["TraceSummary", "check_training_trace", "model_mismatch", "model_shape", "names_match", "prompt_with_info",
-           "read_trace_summary", "routed_tokens", "shape_text", "spec_shape", "trace_matches_model"]
+__all__ = [
+    "TraceSummary",
+    "check_training_trace",
+    "model_mismatch",
+    "model_shape",
+    "names_match",
+    "prompt_with_info",
+    "read_trace_summary",
+    "routed_tokens",
+    "shape_text",
+    "spec_shape",
+    "trace_matches_model",
+]

@@ -29,12 +29,12 @@ from traces.format import Trace
 @dataclass(frozen=True)
 class Iteration:
     index: int
-    batch: int            # static batch number (0 for continuous batching)
-    kind: str             # "prefill" | "decode"
-    rows: np.ndarray      # trace rows processed
-    requests: int         # requests in the batch during this iteration
-    context: float        # mean attention context (tokens) of the rows
-    new_batch: bool       # first iteration of a static batch (or of the run)
+    batch: int  # static batch number (0 for continuous batching)
+    kind: str  # "prefill" | "decode"
+    rows: np.ndarray  # trace rows processed
+    requests: int  # requests in the batch during this iteration
+    context: float  # mean attention context (tokens) of the rows
+    new_batch: bool  # first iteration of a static batch (or of the run)
 
     @property
     def decode_tokens(self) -> int:
@@ -45,7 +45,7 @@ class Iteration:
 class WorkloadInfo:
     requests_served: int
     distinct_requests: int
-    reused: int           # requests served beyond the trace's distinct ones
+    reused: int  # requests served beyond the trace's distinct ones
     iterations: int
     decode_tokens: int
     prefill_tokens: int
@@ -67,8 +67,14 @@ def _request_plan(trace: Trace, max_decode_tokens: int | None):
     return start, prompt, start + prompt, decode
 
 
-def build_iterations(trace: Trace, batch_size: int, batching: str = "static", max_decode_tokens: int | None = None,
-                     prefill: bool = True, requests: int | None = None) -> tuple[list[Iteration], WorkloadInfo]:
+def build_iterations(
+    trace: Trace,
+    batch_size: int,
+    batching: str = "static",
+    max_decode_tokens: int | None = None,
+    prefill: bool = True,
+    requests: int | None = None,
+) -> tuple[list[Iteration], WorkloadInfo]:
     """The iterations of a workload, and a summary of it.
 
     Requests with nothing to run (no prompt to prefill, no token to generate) still take their place in the order
@@ -83,8 +89,8 @@ def build_iterations(trace: Trace, batch_size: int, batching: str = "static", ma
     elif requests is None:
         served = max(served, batch_size)  # enough to fill the batch once
     order = np.arange(served) % n_trace
-    prefilled = prompt > 0 if prefill else np.zeros(n_trace, dtype=bool)   # requests with a prefill iteration
-    busy = (prefilled | (decode > 0))[order]       # per place in the order: the request has something to run
+    prefilled = prompt > 0 if prefill else np.zeros(n_trace, dtype=bool)  # requests with a prefill iteration
+    busy = (prefilled | (decode > 0))[order]  # per place in the order: the request has something to run
     its: list[Iteration] = []
 
     def prefill_it(reqs: np.ndarray, batch, size, new_batch):
@@ -101,7 +107,7 @@ def build_iterations(trace: Trace, batch_size: int, batching: str = "static", ma
     attended = prompt_context(trace)
 
     def decode_it(reqs, steps, batch, new_batch):
-        if len(reqs) == 1:   # np.mean of one value is that value
+        if len(reqs) == 1:  # np.mean of one value is that value
             r, s = reqs[0], steps[0]
             rows = np.array([dstart[r] + s], dtype=np.int64)
             ctx = float(attended[r] + s + 1)
@@ -112,8 +118,8 @@ def build_iterations(trace: Trace, batch_size: int, batching: str = "static", ma
 
     if batching == "static":
         working = busy.reshape(served // batch_size, batch_size).any(axis=1)
-        for b in np.flatnonzero(working).tolist():     # a batch of requests with nothing to run adds nothing
-            reqs = order[b * batch_size:(b + 1) * batch_size]
+        for b in np.flatnonzero(working).tolist():  # a batch of requests with nothing to run adds nothing
+            reqs = order[b * batch_size : (b + 1) * batch_size]
             new = not prefill_it(reqs, b, len(reqs), True)
             decoding = reqs[decode[reqs] > 0].tolist()
             for s in range(int(decode[reqs].max(initial=0))):
@@ -121,18 +127,18 @@ def build_iterations(trace: Trace, batch_size: int, batching: str = "static", ma
                 decode_it(live, [s] * len(live), b, new)
                 new = False
     elif batching == "continuous":
-        busy_at = np.flatnonzero(busy)   # the places in the order of requests with something to run
-        nxt = 0                          # the next place in the order to join
-        running: list[list[int]] = []    # [request, next decode step]
+        busy_at = np.flatnonzero(busy)  # the places in the order of requests with something to run
+        nxt = 0  # the next place in the order to join
+        running: list[list[int]] = []  # [request, next decode step]
         first = True
         while nxt < served or running:
-            if not running:   # rounds that take only requests with nothing to run: skip them whole
+            if not running:  # rounds that take only requests with nothing to run: skip them whole
                 k = int(np.searchsorted(busy_at, nxt))
                 upto = int(busy_at[k]) if k < busy_at.size else served
                 nxt += (upto - nxt) // batch_size * batch_size
                 if nxt >= served:
                     break
-            joining = order[nxt:nxt + batch_size - len(running)]
+            joining = order[nxt : nxt + batch_size - len(running)]
             nxt += joining.size
             if joining.size:
                 if prefill_it(joining, 0, len(running) + joining.size, first):
@@ -148,9 +154,13 @@ def build_iterations(trace: Trace, batch_size: int, batching: str = "static", ma
     else:
         raise ValueError(f"unknown batching {batching!r}")
     info = WorkloadInfo(
-        requests_served=int(served), distinct_requests=int(min(served, n_trace)), reused=int(max(0, served - n_trace)),
-        iterations=len(its), decode_tokens=sum(it.decode_tokens for it in its),
-        prefill_tokens=sum(int(it.rows.size) for it in its if it.kind == "prefill"))
+        requests_served=int(served),
+        distinct_requests=int(min(served, n_trace)),
+        reused=int(max(0, served - n_trace)),
+        iterations=len(its),
+        decode_tokens=sum(it.decode_tokens for it in its),
+        prefill_tokens=sum(int(it.rows.size) for it in its if it.kind == "prefill"),
+    )
     return its, info
 
 
@@ -160,8 +170,10 @@ def phase_layers(trace: Trace) -> dict[str, list[int]]:
     roles = [x.role for x in trace.meta.model.layers]
     every = list(range(len(roles)))
     if "encoder" in roles and "decoder" in roles:
-        return {"prefill": [i for i in every if roles[i] == "encoder"],
-                "decode": [i for i in every if roles[i] == "decoder"]}
+        return {
+            "prefill": [i for i in every if roles[i] == "encoder"],
+            "decode": [i for i in every if roles[i] == "decoder"],
+        }
     return {"prefill": every, "decode": every}
 
 
@@ -185,8 +197,8 @@ def active_sets(trace: Trace, rows: np.ndarray, layers: list[int]) -> list[tuple
     experts, tokens = expert.tolist(), counts[layer_of, expert].tolist()
     out = []
     for j in range(len(layers)):
-        ex = experts[bounds[j]:bounds[j + 1]]
-        out.append((tuple(ex), dict(zip(ex, tokens[bounds[j]:bounds[j + 1]]))))
+        ex = experts[bounds[j] : bounds[j + 1]]
+        out.append((tuple(ex), dict(zip(ex, tokens[bounds[j] : bounds[j + 1]]))))
     return out
 
 
@@ -198,7 +210,7 @@ def _active_sets_one(row: list, layers: list[int]) -> list[tuple[tuple[int, ...]
         ids = row[layer]
         ex = tuple(ids)
         counts = dict.fromkeys(ex, 1)
-        if len(counts) != len(ex) or not ex or ex[0] < 0:   # not the usual top-k (each expert once)
+        if len(counts) != len(ex) or not ex or ex[0] < 0:  # not the usual top-k (each expert once)
             ex = tuple(x for x in counts if x != -1)
             counts = {x: ids.count(x) for x in ex}
         out.append((ex, counts))

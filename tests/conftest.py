@@ -29,14 +29,31 @@ MIXTRAL_FILES = {name: SHARED_MIXTRAL / f"{name}_2_routing.jsonl" for name in ("
 
 
 #: A tiny model profile (the shapes of a decoder-only MoE, small enough for the CPU in milliseconds).
-TINY_MODEL = {"name": "tiny-moe", "d_model": 128, "d_ff": 256, "expert_matrices": 2, "num_experts": 8, "top_k": 2,
-              "encoder_blocks": 0, "decoder_blocks": 2, "encoder_moe_layers": 0, "decoder_moe_layers": 2,
-              "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "dense_d_ff": 0, "dense_ffn_matrices": 2,
-              "shared_expert_d_ff": 0, "dtype_bytes": 4, "vocab_size": 1000}
+TINY_MODEL = {
+    "name": "tiny-moe",
+    "d_model": 128,
+    "d_ff": 256,
+    "expert_matrices": 2,
+    "num_experts": 8,
+    "top_k": 2,
+    "encoder_blocks": 0,
+    "decoder_blocks": 2,
+    "encoder_moe_layers": 0,
+    "decoder_moe_layers": 2,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "head_dim": 32,
+    "dense_d_ff": 0,
+    "dense_ffn_matrices": 2,
+    "shared_expert_d_ff": 0,
+    "dtype_bytes": 4,
+    "vocab_size": 1000,
+}
 
 
-def make_trace(experts, lengths=None, prefill=None, num_experts=None, roles=None, weights=None,
-               kind="synthetic") -> Trace:
+def make_trace(
+    experts, lengths=None, prefill=None, num_experts=None, roles=None, weights=None, kind="synthetic"
+) -> Trace:
     """A valid trace around an expert array [T, L, k] (lists accepted)."""
     e = np.asarray(experts, dtype=np.int16)
     if e.ndim == 2:
@@ -46,9 +63,11 @@ def make_trace(experts, lengths=None, prefill=None, num_experts=None, roles=None
     prefill = [0] * len(lengths) if prefill is None else list(prefill)
     num_experts = int(max(e.max() + 1, k)) if num_experts is None else num_experts
     roles = roles or ["decoder"] * n_layers
-    meta = TraceMeta(ModelInfo("test-model", num_experts, k, tuple(LayerInfo(i, r) for i, r in enumerate(roles))),
-                     Provenance(kind, "tests", "test-model", "handmade", None if kind == "synthetic" else "2026-01-01"),
-                     seed=0)
+    meta = TraceMeta(
+        ModelInfo("test-model", num_experts, k, tuple(LayerInfo(i, r) for i, r in enumerate(roles))),
+        Provenance(kind, "tests", "test-model", "handmade", None if kind == "synthetic" else "2026-01-01"),
+        seed=0,
+    )
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     return Trace(e, offsets, np.asarray(prefill, dtype=np.int64), meta, weights)
 
@@ -116,7 +135,7 @@ def patch_central(data: bytes, name: str, **fields) -> bytes:
     pos = out.find(b"PK\x01\x02")
     while pos >= 0:
         n = struct.unpack_from("<H", out, pos + 28)[0]
-        if out[pos + 46:pos + 46 + n] == name.encode():
+        if out[pos + 46 : pos + 46 + n] == name.encode():
             for key, value in fields.items():
                 off, fmt = offsets[key]
                 struct.pack_into(fmt, out, pos + off, value)
@@ -131,15 +150,22 @@ def run_traces(*argv, timeout: float = 60.0) -> tuple[int, str, str, list]:
 
     def target():
         out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                warnings.catch_warnings(record=True) as caught:
+        with (
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+            warnings.catch_warnings(record=True) as caught,
+        ):
             warnings.simplefilter("always")
             try:
                 code = traces_main([str(a) for a in argv])
             except SystemExit as exc:  # argparse
                 code = exc.code
-        result.update(code=code, out=out.getvalue(), err=err.getvalue(),
-                      warnings=[f"{w.category.__name__}: {w.message}" for w in caught])
+        result.update(
+            code=code,
+            out=out.getvalue(),
+            err=err.getvalue(),
+            warnings=[f"{w.category.__name__}: {w.message}" for w in caught],
+        )
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()

@@ -23,8 +23,10 @@ def gpt_oss() -> Trace:
     with np.load(GPT_OSS) as z:
         experts = z["expert_ids"].astype(np.int16)
         offsets = z["request_offsets"].astype(np.int64)
-    meta = TraceMeta(ModelInfo.decoder_only("gpt-oss-20b", 32, 4, experts.shape[1]),
-                     Provenance("imported", "tests", "gpt-oss-20b", "gpt-oss-20b routing.npz", "2026-01-01"))
+    meta = TraceMeta(
+        ModelInfo.decoder_only("gpt-oss-20b", 32, 4, experts.shape[1]),
+        Provenance("imported", "tests", "gpt-oss-20b", "gpt-oss-20b routing.npz", "2026-01-01"),
+    )
     return Trace(experts, offsets, np.zeros(offsets.size - 1, dtype=np.int64), meta)
 
 
@@ -42,13 +44,15 @@ def switch_decode() -> Trace:
         lines = [line.split() for line in path.read_text().splitlines() if line.strip()]
         assert all(x[0] == "permuted_experts_" for x in lines), path
         for r in range(len(lines) // per_run):
-            decode = lines[r * per_run + SWITCH_DECODE_LAYERS:(r + 1) * per_run]
+            decode = lines[r * per_run + SWITCH_DECODE_LAYERS : (r + 1) * per_run]
             assert all(len(x) == 2 for x in decode), f"{path}: a decode line with more than one token"
             ids = np.array([int(x[1]) for x in decode], dtype=np.int16).reshape(SWITCH_STEPS, SWITCH_DECODE_LAYERS)
             if not any(np.array_equal(ids, seen) for seen in runs):
                 runs.append(ids)
     experts = np.concatenate(runs)[:, :, None]
     offsets = np.arange(len(runs) + 1, dtype=np.int64) * SWITCH_STEPS
-    meta = TraceMeta(ModelInfo.decoder_only("switch-base-128", 128, 1, SWITCH_DECODE_LAYERS),
-                     Provenance("imported", "tests", "switch-base-128", "pregated logs b1, decode", "2026-01-01"))
+    meta = TraceMeta(
+        ModelInfo.decoder_only("switch-base-128", 128, 1, SWITCH_DECODE_LAYERS),
+        Provenance("imported", "tests", "switch-base-128", "pregated logs b1, decode", "2026-01-01"),
+    )
     return Trace(experts, offsets, np.zeros(len(runs), dtype=np.int64), meta)

@@ -31,10 +31,14 @@ from validate.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_ARCHIVE = ROOT / "docs" / "validation" / "h200-2026-11-30-s4-base" / "gpu-check.tar.gz"
-CONFIG = "on-demand-b4"   # the quickest configuration of that measurement to simulate
-MAX_LINE = 800            # the longest error line (a path of <= 200 characters and a problem of <= 500)
-FUZZ = dict(max_examples=int(os.environ.get("ARCHIVE_FUZZ_EXAMPLES", 40)), deadline=None, derandomize=True,
-            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+CONFIG = "on-demand-b4"  # the quickest configuration of that measurement to simulate
+MAX_LINE = 800  # the longest error line (a path of <= 200 characters and a problem of <= 500)
+FUZZ = dict(
+    max_examples=int(os.environ.get("ARCHIVE_FUZZ_EXAMPLES", 40)),
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -49,13 +53,20 @@ class Files(dict):
 def files(tmp_path_factory) -> dict[str, bytes]:
     """A minimal measurement (one configuration of a committed H200 archive): relative name -> content."""
     with tarfile.open(SOURCE_ARCHIVE) as tar:  # a committed archive: trusted
+
         def read(name):
             return tar.extractfile(f"gpu-check/{name}").read()
+
         manifest = json.loads(read("manifest.json"))
         manifest["configs"] = [CONFIG]
-        return Files({"manifest.json": json.dumps(manifest).encode(), "calibration.yaml": read("calibration.yaml"),
+        return Files(
+            {
+                "manifest.json": json.dumps(manifest).encode(),
+                "calibration.yaml": read("calibration.yaml"),
                 f"runs/{CONFIG}/summary.json": read(f"runs/{CONFIG}/summary.json"),
-                      f"runs/{CONFIG}/config.yaml": read(f"runs/{CONFIG}/config.yaml")})
+                f"runs/{CONFIG}/config.yaml": read(f"runs/{CONFIG}/config.yaml"),
+            }
+        )
 
 
 def write_folder(folder: Path, files: dict[str, bytes]) -> Path:
@@ -68,8 +79,15 @@ def write_folder(folder: Path, files: dict[str, bytes]) -> Path:
 def member(name: str, kind: str = "file", data: bytes = b"x", link: str = "") -> tuple[tarfile.TarInfo, bytes]:
     """A tar member: kind is file, dir, sym, hard, fifo, chr, blk, or a raw one-letter tar type."""
     ti = tarfile.TarInfo(name)
-    types = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "sym": tarfile.SYMTYPE, "hard": tarfile.LNKTYPE,
-             "fifo": tarfile.FIFOTYPE, "chr": tarfile.CHRTYPE, "blk": tarfile.BLKTYPE}
+    types = {
+        "file": tarfile.REGTYPE,
+        "dir": tarfile.DIRTYPE,
+        "sym": tarfile.SYMTYPE,
+        "hard": tarfile.LNKTYPE,
+        "fifo": tarfile.FIFOTYPE,
+        "chr": tarfile.CHRTYPE,
+        "blk": tarfile.BLKTYPE,
+    }
     ti.type = types.get(kind, kind.encode() if isinstance(kind, str) else kind)
     ti.mode = 0o755 if kind == "dir" else 0o644
     ti.linkname = link
@@ -108,8 +126,9 @@ def snapshot(root: Path) -> dict[str, tuple]:
         for name in dirnames + filenames:
             p = Path(dirpath) / name
             s = os.lstat(p)
-            out[str(p.relative_to(root))] = (s.st_mode,) if p.is_dir() and not p.is_symlink() else \
-                (s.st_mode, s.st_size, s.st_mtime_ns)
+            out[str(p.relative_to(root))] = (
+                (s.st_mode,) if p.is_dir() and not p.is_symlink() else (s.st_mode, s.st_size, s.st_mtime_ns)
+            )
     return out
 
 
@@ -151,8 +170,11 @@ def test_a_plain_tar_unpacks_too(files, tmp_path):
 HOSTILE = {
     "symlink out": [member("gpu-check/runs", "sym", link="../..")],
     "symlink absolute": [member("gpu-check/x", "sym", link="/etc/passwd")],
-    "symlink chain": [member("gpu-check/a", "sym", link="."), member("gpu-check/a/b", "sym", link=".."),
-                      member("gpu-check/a/b/c", "sym", link="..")],
+    "symlink chain": [
+        member("gpu-check/a", "sym", link="."),
+        member("gpu-check/a/b", "sym", link=".."),
+        member("gpu-check/a/b/c", "sym", link=".."),
+    ],
     "compare link": [member("gpu-check/compare", "sym", link="..")],
     "summary to /dev/zero": [member(f"gpu-check/runs/{CONFIG}/x", "sym", link="/dev/zero")],
     "hard link inside": [member("gpu-check/h", "hard", link="gpu-check/manifest.json")],
@@ -184,16 +206,19 @@ def test_hostile_members_are_refused_and_leave_nothing(files, tmp_path, case):
 
 def test_member_types_are_named(files, tmp_path):
     for kind, word in (("sym", "symbolic link"), ("hard", "hard link"), ("fifo", "FIFO"), ("chr", "device")):
-        arc = write_archive(tmp_path / f"{kind}.tar.gz", measurement_members(files) + [member("gpu-check/m", kind,
-                                                                                               link="x")])
+        arc = write_archive(
+            tmp_path / f"{kind}.tar.gz", measurement_members(files) + [member("gpu-check/m", kind, link="x")]
+        )
         code, _, err = run(["compare", arc])
         assert_refused(code, err, word, "'gpu-check/m'")
 
 
 def test_a_top_that_is_a_file_or_an_archive_without_manifest_is_refused(tmp_path):
-    for name, members in (("a.tar.gz", [member("gpu-check")]),
-                          ("b.tar.gz", [member("gpu-check", "dir"), member("gpu-check/notes.txt")]),
-                          ("c.tar.gz", [])):
+    for name, members in (
+        ("a.tar.gz", [member("gpu-check")]),
+        ("b.tar.gz", [member("gpu-check", "dir"), member("gpu-check/notes.txt")]),
+        ("c.tar.gz", []),
+    ):
         arc = write_archive(tmp_path / name, members)
         code, _, err = run(["compare", arc])
         assert_refused(code, err, name)
@@ -244,7 +269,7 @@ def _good_gz(files) -> bytes:
 def test_a_damaged_gzip_stream_is_refused_before_use(files, tmp_path, damage):
     data = bytearray(_good_gz(files))
     if damage == "crc":
-        data[-8] ^= 0xFF      # the trailer: CRC-32, then the length
+        data[-8] ^= 0xFF  # the trailer: CRC-32, then the length
     elif damage == "length":
         data[-1] ^= 0x01
     elif damage == "cut":
@@ -263,7 +288,7 @@ def test_a_damaged_gzip_stream_is_refused_before_use(files, tmp_path, damage):
 def test_a_damaged_tar_header_in_a_plain_tar_is_refused(files, tmp_path):
     data = bytearray(tar_bytes(measurement_members(files) + [member("gpu-check/later")]))
     pos = data.rfind(b"gpu-check/later")
-    data[pos + 148: pos + 156] = b"9999999\0"  # the header's checksum: tarfile would stop there, silently
+    data[pos + 148 : pos + 156] = b"9999999\0"  # the header's checksum: tarfile would stop there, silently
     arc = tmp_path / "m.tar"
     arc.write_bytes(bytes(data))
     code, _, err = run(["compare", arc])
@@ -328,8 +353,22 @@ def test_an_archive_that_is_not_a_regular_file_is_refused_without_waiting(tmp_pa
 
 # --------------------------------------------------------------------------------------------- random archives
 PARTS = ["runs", "a", "b", "compare", "manifest.json", "..", ".", "", "gpu-check"]
-LINK_TARGETS = [".", "..", "../..", "../../..", "a", "a/b", "../outside", "../outside/bait.txt", "/dev/zero",
-                "/etc/passwd", "{outside}", "{outside}/bait.txt", "gpu-check/manifest.json", "gpu-check/a"]
+LINK_TARGETS = [
+    ".",
+    "..",
+    "../..",
+    "../../..",
+    "a",
+    "a/b",
+    "../outside",
+    "../outside/bait.txt",
+    "/dev/zero",
+    "/etc/passwd",
+    "{outside}",
+    "{outside}/bait.txt",
+    "gpu-check/manifest.json",
+    "gpu-check/a",
+]
 KINDS = ["file", "file", "dir", "dir", "sym", "sym", "hard", "fifo", "chr"]
 
 
@@ -417,9 +456,21 @@ def _link(path: Path, target: str | Path) -> None:
 SUMMARY = f"runs/{CONFIG}/summary.json"
 
 
-@pytest.mark.parametrize("case", ["summary link to /etc/passwd", "summary link to /dev/zero", "summary is a folder",
-                                  "summary link inside", "runs link", "config link", "calibration link",
-                                  "manifest link", "hardware snapshot link", "summary is /dev/null-like FIFO"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "summary link to /etc/passwd",
+        "summary link to /dev/zero",
+        "summary is a folder",
+        "summary link inside",
+        "runs link",
+        "config link",
+        "calibration link",
+        "manifest link",
+        "hardware snapshot link",
+        "summary is /dev/null-like FIFO",
+    ],
+)
 def test_reads_stay_inside_the_folder_through_real_folders_only(folder, tmp_path, case):
     outside = tmp_path / "outside"
     write_folder(outside, {"x": b"root:x:0:0:root:/root:/bin/bash\n"})
@@ -457,8 +508,9 @@ def test_reads_stay_inside_the_folder_through_real_folders_only(folder, tmp_path
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("name", ["../../elsewhere", "/etc", "", "a/b", "..", ".", "x" * 101, 5, None, ["a"],
-                                  "-rf", "a\nb", CONFIG + "/"])
+@pytest.mark.parametrize(
+    "name", ["../../elsewhere", "/etc", "", "a/b", "..", ".", "x" * 101, 5, None, ["a"], "-rf", "a\nb", CONFIG + "/"]
+)
 def test_manifest_configs_are_plain_names(folder, tmp_path, name):
     (tmp_path / "elsewhere" / "summary.json").parent.mkdir(parents=True)
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -471,17 +523,31 @@ def test_manifest_configs_are_plain_names(folder, tmp_path, name):
 
 def test_manifest_configs_given_twice_and_bad_traces_are_refused(folder):
     manifest = json.loads((folder / "manifest.json").read_text())
-    for change, word in (({"configs": [CONFIG, CONFIG]}, "twice"), ({"configs": "abc"}, "configs"),
-                         ({"traces": ["x"]}, "traces"), ({"traces": {"x": 5}}, "traces"),
-                         ({"traces": {"": "0" * 64}}, "traces"), ({"traces": {"a" * 2000: "0" * 64}}, "traces")):
+    for change, word in (
+        ({"configs": [CONFIG, CONFIG]}, "twice"),
+        ({"configs": "abc"}, "configs"),
+        ({"traces": ["x"]}, "traces"),
+        ({"traces": {"x": 5}}, "traces"),
+        ({"traces": {"": "0" * 64}}, "traces"),
+        ({"traces": {"a" * 2000: "0" * 64}}, "traces"),
+    ):
         (folder / "manifest.json").write_text(json.dumps({**manifest, **change}))
         code, _, err = run(["compare", folder])
         assert_refused(code, err, "manifest.json", word)
 
 
-@pytest.mark.parametrize("case", ["compare link up", "compare link absolute", "compare is a file",
-                                  "compare is a FIFO", "compare.md is a FIFO", "compare.csv is a folder",
-                                  "compare.png link to a FIFO"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "compare link up",
+        "compare link absolute",
+        "compare is a file",
+        "compare is a FIFO",
+        "compare.md is a FIFO",
+        "compare.csv is a folder",
+        "compare.png link to a FIFO",
+    ],
+)
 def test_the_output_folder_is_a_real_folder_inside(folder, tmp_path, case):
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -538,25 +604,28 @@ def test_a_long_suite_string_is_cut_in_the_title_and_report(folder, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- summary values
-@pytest.mark.parametrize("path,value,word", [
-    (("throughput_tok_s",), -85.6, "throughput_tok_s"),
-    (("throughput_tok_s",), 0, "throughput_tok_s"),
-    (("iteration_ms", "mean"), 0, "iteration_ms.mean"),
-    (("iteration_ms", "p50"), "12", "iteration_ms.p50"),
-    (("iteration_ms",), [1, 2], "iteration_ms"),
-    (("iterations",), 0, "iterations"),
-    (("iterations",), 2.5, "iterations"),
-    (("iterations",), True, "iterations"),
-    (("copies",), None, "copies"),
-    (("decisions_sha256",), 5, "decisions_sha256"),
-    (("cpu_expert_frac",), 1.5, "cpu_expert_frac"),
-    (("host_phase_ms",), "x", "host_phase_ms"),
-    (("host_phase_ms", "decide"), -1, "host_phase_ms.decide"),
-    (("stall_ms",), float("nan"), "stall_ms"),
-    (("iteration_ms", "mean"), 1e308, "iteration_ms.mean"),
-    (("throughput_tok_s",), 1e-300, "throughput_tok_s"),
-    (("mean_copy_ms",), 1e300, "mean_copy_ms"),
-])
+@pytest.mark.parametrize(
+    "path,value,word",
+    [
+        (("throughput_tok_s",), -85.6, "throughput_tok_s"),
+        (("throughput_tok_s",), 0, "throughput_tok_s"),
+        (("iteration_ms", "mean"), 0, "iteration_ms.mean"),
+        (("iteration_ms", "p50"), "12", "iteration_ms.p50"),
+        (("iteration_ms",), [1, 2], "iteration_ms"),
+        (("iterations",), 0, "iterations"),
+        (("iterations",), 2.5, "iterations"),
+        (("iterations",), True, "iterations"),
+        (("copies",), None, "copies"),
+        (("decisions_sha256",), 5, "decisions_sha256"),
+        (("cpu_expert_frac",), 1.5, "cpu_expert_frac"),
+        (("host_phase_ms",), "x", "host_phase_ms"),
+        (("host_phase_ms", "decide"), -1, "host_phase_ms.decide"),
+        (("stall_ms",), float("nan"), "stall_ms"),
+        (("iteration_ms", "mean"), 1e308, "iteration_ms.mean"),
+        (("throughput_tok_s",), 1e-300, "throughput_tok_s"),
+        (("mean_copy_ms",), 1e300, "mean_copy_ms"),
+    ],
+)
 def test_bad_summary_fields_are_named(folder, path, value, word):
     summary = json.loads((folder / SUMMARY).read_text())
     target = summary
@@ -573,19 +642,30 @@ def test_bad_summary_fields_are_named(folder, path, value, word):
 
 
 HOSTILE_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-10**30, 10**30), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=20), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(),
-                                                                              max_size=3))
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**30), 10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+)
 SUMMARY_PATHS = [keys for keys, _ in __import__("validate.compare", fromlist=["x"]).SUMMARY_FIELDS] + [("config",)]
 
 
-@given(changes=st.lists(st.tuples(st.sampled_from(SUMMARY_PATHS), st.one_of(st.just("<delete>"), HOSTILE_VALUES)),
-                        min_size=1, max_size=3),
-       manifest_change=st.one_of(st.none(), st.tuples(st.sampled_from(["configs", "traces", "suite", "device",
-                                                                       "date", "<whole>"]), HOSTILE_VALUES)))
+@given(
+    changes=st.lists(
+        st.tuples(st.sampled_from(SUMMARY_PATHS), st.one_of(st.just("<delete>"), HOSTILE_VALUES)),
+        min_size=1,
+        max_size=3,
+    ),
+    manifest_change=st.one_of(
+        st.none(),
+        st.tuples(st.sampled_from(["configs", "traces", "suite", "device", "date", "<whole>"]), HOSTILE_VALUES),
+    ),
+)
 @settings(**{**FUZZ, "max_examples": int(os.environ.get("ARCHIVE_FUZZ_EXAMPLES", 30))})
-def test_random_summary_and_manifest_values_exit_0_1_or_2_never_a_traceback(files, tmp_path, changes,
-                                                                             manifest_change):
+def test_random_summary_and_manifest_values_exit_0_1_or_2_never_a_traceback(files, tmp_path, changes, manifest_change):
     folder = write_folder(tempfile_dir(tmp_path), files)
     summary = json.loads((folder / SUMMARY).read_text())
     for keys, value in changes:
@@ -615,16 +695,20 @@ def test_random_summary_and_manifest_values_exit_0_1_or_2_never_a_traceback(file
 
 # --------------------------------------------------------------------------------------------- end to end
 def _cli(args, cwd=ROOT, timeout=120):
-    return subprocess.run([sys.executable, "-m", "validate", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "validate", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_end_to_end_a_link_chain_archive_writes_nothing_outside(files, tmp_path):
     deep = tmp_path / "a" / "b" / "c"
     deep.mkdir(parents=True)
     members = measurement_members(files) + [
-        member("gpu-check/l1", "sym", link="."), member("gpu-check/l1/l2", "sym", link=".."),
-        member("gpu-check/l1/l2/l3", "sym", link="../.."), member("gpu-check/compare", "sym", link="l1/l2/l3")]
+        member("gpu-check/l1", "sym", link="."),
+        member("gpu-check/l1/l2", "sym", link=".."),
+        member("gpu-check/l1/l2/l3", "sym", link="../.."),
+        member("gpu-check/compare", "sym", link="l1/l2/l3"),
+    ]
     arc = write_archive(deep / "gpu-check.tar.gz", members)
     before = snapshot(tmp_path)
     res = _cli(["compare", arc])
@@ -706,6 +790,7 @@ def test_a_measurement_may_not_reference_files_outside_itself_and_the_project(fo
                     section[key] = value.replace("{secret}", str(secret))
                 elif isinstance(value, dict) and value.get("base") == "{secret}":
                     value["base"] = str(secret)
+
     _edit_yaml(config, edit)
     before = snapshot(tmp_path / "elsewhere")
     code, _, err = run(["compare", folder])

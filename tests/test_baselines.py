@@ -25,6 +25,7 @@ NEVER = float("inf")
 
 # ----------------------------------------------------------------------------------------------------- helpers
 
+
 def workload(trace, batch=1, batching="static"):
     its, _ = build_iterations(trace, batch, batching, None, True, None)
     return its
@@ -33,9 +34,17 @@ def workload(trace, batch=1, batching="static"):
 def policy_for(name, trace, its, hpc=0, mpc=2, params=None, ranking=None, cached=None):
     """A policy set up as ``sim.run.build_decisions`` does, with the workload in ``ctx.extra``."""
     ranking = ranking or hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(trace.num_layers, trace.num_experts, tuple(x.role for x in trace.meta.model.layers),
-                        frozenset(range(trace.num_layers)) if cached is None else frozenset(cached), hpc, mpc,
-                        tuple(tuple(r) for r in ranking), 0, {"trace": trace, "iterations": its})
+    ctx = PolicyContext(
+        trace.num_layers,
+        trace.num_experts,
+        tuple(x.role for x in trace.meta.model.layers),
+        frozenset(range(trace.num_layers)) if cached is None else frozenset(cached),
+        hpc,
+        mpc,
+        tuple(tuple(r) for r in ranking),
+        0,
+        {"trace": trace, "iterations": its},
+    )
     return POLICIES.get(name)(params, ctx)
 
 
@@ -49,6 +58,7 @@ def run(trace, its, policy, predictor="none", pred_params=None, check=True, afte
             p.cache.check()
         if after is not None:
             after(p)
+
     return replay(trace, its, policy, predictor_for(predictor, trace, pred_params), after_step=step)
 
 
@@ -89,6 +99,7 @@ def enc_dec_trace(rng, tokens=40, experts=6, k=2, requests=4):
 
 # ---------------------------------------------------------------------------------- plain re-statements (lists)
 
+
 def next_use(steps, t, e):
     for s in range(t + 1, len(steps)):
         if e in steps[s][1]:
@@ -115,7 +126,7 @@ def plain_min(steps, cap, warm=True, evict_active=True):
         forced = [e for e in cache if e in act] if not evict_active else []
         pool = [e for e in cache if e not in forced] + [e for e in act if e not in cache]
         pool.sort(key=lambda e: (next_use(steps, t, e), e not in cache, e))
-        keep = forced + [e for e in pool if next_use(steps, t, e) != NEVER or e in cache][:cap - len(forced)]
+        keep = forced + [e for e in pool if next_use(steps, t, e) != NEVER or e in cache][: cap - len(forced)]
         cache = keep
     return hits
 
@@ -166,6 +177,7 @@ def plain_lfu(steps, hpc_set, cap):
 
 # ----------------------------------------------------------------------------------------- LRU and belady exactly
 
+
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10**6), cap=st.integers(1, 6), k=st.integers(1, 3), warm=st.booleans())
 def test_lru_and_belady_match_plain_list_implementations_at_batch_1(seed, cap, k, warm):
@@ -182,8 +194,9 @@ def test_lru_and_belady_match_plain_list_implementations_at_batch_1(seed, cap, k
 
 
 @settings(max_examples=50, deadline=None)
-@given(seed=st.integers(0, 10**6), cap=st.integers(1, 3), batch=st.integers(1, 3), k=st.integers(1, 3),
-       warm=st.booleans())
+@given(
+    seed=st.integers(0, 10**6), cap=st.integers(1, 3), batch=st.integers(1, 3), k=st.integers(1, 3), warm=st.booleans()
+)
 def test_belady_is_the_exact_optimum_for_sets_of_any_batch(seed, cap, batch, k, warm):
     """belady's hits equal an exhaustive search's over every demand policy (new cache entries come from the step's
     active experts; any of them may be evicted after the step), for top-k and batch > 1 alike."""
@@ -209,9 +222,15 @@ def test_never_evicting_an_active_expert_is_not_optimal_for_sets():
 
 
 @settings(max_examples=50, deadline=None)
-@given(seed=st.integers(0, 10**6), total=st.integers(1, 6), hpc=st.integers(0, 3), batch=st.integers(1, 4),
-       k=st.integers(1, 3), batching=st.sampled_from(["static", "continuous"]),
-       predictor=st.sampled_from(["none", "oracle", "noisy"]))
+@given(
+    seed=st.integers(0, 10**6),
+    total=st.integers(1, 6),
+    hpc=st.integers(0, 3),
+    batch=st.integers(1, 4),
+    k=st.integers(1, 3),
+    batching=st.sampled_from(["static", "continuous"]),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+)
 def test_belady_hits_at_least_every_online_policy_at_equal_capacity(seed, total, hpc, batch, k, batching, predictor):
     """At equal slots per layer (online: hpc + mpc = total; belady: all of it MIN, warm), belady's HPC+MPC hits
     are >= lru's, lfu's and diffmoe's, at every batch size and top-k, whatever the online policy prefetches. This
@@ -227,14 +246,22 @@ def test_belady_hits_at_least_every_online_policy_at_equal_capacity(seed, total,
     run(trace, its, bel, check=False)
     for name in ("lru", "lfu", "diffmoe"):
         pol = policy_for(name, trace, its, hpc=hpc, mpc=total - hpc)
-        run(trace, its, pol, predictor, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None,
-            check=False)
+        run(
+            trace, its, pol, predictor, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None, check=False
+        )
         assert cache_hits(bel) >= cache_hits(pol), name
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10**6), cap=st.integers(0, 5), batch=st.integers(1, 4), warm=st.booleans(),
-       enc_dec=st.booleans(), cached=st.sampled_from(["all", "some"]), pinned_slots=st.integers(0, 2))
+@given(
+    seed=st.integers(0, 10**6),
+    cap=st.integers(0, 5),
+    batch=st.integers(1, 4),
+    warm=st.booleans(),
+    enc_dec=st.booleans(),
+    cached=st.sampled_from(["all", "some"]),
+    pinned_slots=st.integers(0, 2),
+)
 def test_belady_bound_equals_the_belady_policy(seed, cap, batch, warm, enc_dec, cached, pinned_slots):
     rng = np.random.default_rng(seed)
     trace = enc_dec_trace(rng) if enc_dec else random_trace(rng, tokens=40, layers=3, experts=6, k=2, requests=4)
@@ -257,7 +284,7 @@ def test_belady_bound_on_a_hand_made_trace():
     its = workload(trace, 1)
     assert belady_bound(trace, its, 1, warm=False) == {"hits": 2, "accesses": 6, "hit_rate": pytest.approx(1 / 3)}
     assert belady_bound(trace, its, 2, warm=False)["hits"] == 3  # a and b kept
-    assert belady_bound(trace, its, 1, warm=True)["hits"] == 3   # a filled before the first step
+    assert belady_bound(trace, its, 1, warm=True)["hits"] == 3  # a filled before the first step
     assert belady_bound(trace, its, 0)["hits"] == 0
 
 
@@ -271,14 +298,23 @@ def test_belady_needs_the_workload():
 
 # ------------------------------------------------------------------------------------------------------------ LFU
 
-@pytest.mark.parametrize("batch, hpc, mpc, pin_hot", [(1, 0, 1, False), (1, 0, 3, False), (1, 2, 2, True),
-                                                      (3, 1, 3, True), (4, 0, 5, False), (1, 2, 2, False),
-                                                      (3, 1, 3, False)])
+
+@pytest.mark.parametrize(
+    "batch, hpc, mpc, pin_hot",
+    [
+        (1, 0, 1, False),
+        (1, 0, 3, False),
+        (1, 2, 2, True),
+        (3, 1, 3, True),
+        (4, 0, 5, False),
+        (1, 2, 2, False),
+        (3, 1, 3, False),
+    ],
+)
 def test_lfu_matches_a_plain_restatement(batch, hpc, mpc, pin_hot):
     """With ``pin_hot`` the HPC pins the hottest ``hpc`` experts and LFU runs on ``mpc`` slots; without (the
     default) LFU runs on all ``hpc + mpc`` slots."""
-    trace = random_trace(np.random.default_rng(batch * 10 + mpc), tokens=120, layers=2, experts=10, k=2,
-                         requests=6)
+    trace = random_trace(np.random.default_rng(batch * 10 + mpc), tokens=120, layers=2, experts=10, k=2, requests=6)
     its = workload(trace, batch)
     ranking = [tuple(range(trace.num_experts))[::-1]] * trace.num_layers
     pol = policy_for("lfu", trace, its, hpc=hpc, mpc=mpc, ranking=ranking, params={"pin_hot": pin_hot})
@@ -296,11 +332,15 @@ def test_lfu_matches_a_plain_restatement(batch, hpc, mpc, pin_hot):
 
 # ------------------------------------------------------------------------------------------ pregated, prefetch-all
 
+
 @pytest.mark.parametrize("batch, enc_dec", [(1, False), (3, False), (2, True)])
 def test_pregated_with_an_oracle_misses_only_in_each_iterations_first_layer(batch, enc_dec):
     rng = np.random.default_rng(batch)
-    trace = enc_dec_trace(rng, tokens=60, experts=8) if enc_dec else \
-        random_trace(rng, tokens=60, layers=3, experts=8, k=2, requests=4)
+    trace = (
+        enc_dec_trace(rng, tokens=60, experts=8)
+        if enc_dec
+        else random_trace(rng, tokens=60, layers=3, experts=8, k=2, requests=4)
+    )
     its = workload(trace, batch)
     pol = policy_for("pregated", trace, its, hpc=2, mpc=3)  # the configured slots are ignored: nothing kept
     decisions = run(trace, its, pol, "oracle")
@@ -369,15 +409,26 @@ def test_prefetch_all_skips_experts_already_cached_or_in_flight():
 
 # ------------------------------------------------------------------------------------------- tier invariants
 
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10**6), policy=st.sampled_from(["pregated", "prefetch-all", "lfu", "belady"]),
-       hpc=st.integers(0, 3), mpc=st.integers(0, 4), batch=st.integers(1, 4),
-       predictor=st.sampled_from(["none", "oracle", "noisy"]), enc_dec=st.booleans(), pin_hot=st.booleans(),
-       cached=st.sampled_from(["all", "decoder"]))
+@given(
+    seed=st.integers(0, 10**6),
+    policy=st.sampled_from(["pregated", "prefetch-all", "lfu", "belady"]),
+    hpc=st.integers(0, 3),
+    mpc=st.integers(0, 4),
+    batch=st.integers(1, 4),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+    enc_dec=st.booleans(),
+    pin_hot=st.booleans(),
+    cached=st.sampled_from(["all", "decoder"]),
+)
 def test_tier_invariants_hold_for_the_baselines(seed, policy, hpc, mpc, batch, predictor, enc_dec, pin_hot, cached):
     rng = np.random.default_rng(seed)
-    trace = enc_dec_trace(rng, tokens=40, experts=8) if enc_dec else \
-        random_trace(rng, tokens=40, layers=3, experts=8, k=2, requests=4)
+    trace = (
+        enc_dec_trace(rng, tokens=40, experts=8)
+        if enc_dec
+        else random_trace(rng, tokens=40, layers=3, experts=8, k=2, requests=4)
+    )
     its = workload(trace, batch)
     roles = [x.role for x in trace.meta.model.layers]
     layers = None if cached == "all" else [i for i, r in enumerate(roles) if r == "decoder"]
@@ -390,8 +441,9 @@ def test_tier_invariants_hold_for_the_baselines(seed, policy, hpc, mpc, batch, p
         # working buffers are dropped when their layer finishes: only the next layer's prefetches remain
         assert len({layer for layer, _ in p.cache.lpc}) <= 1
 
-    decisions = run(trace, its, pol, predictor, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None,
-                    after=check)
+    decisions = run(
+        trace, its, pol, predictor, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None, after=check
+    )
     c = pol.cache.counters
     assert c.accesses == sum(len(d.active) for d in decisions)
     assert c.misses == sum(1 for d in decisions for _, s in d.sources if s == MISS)

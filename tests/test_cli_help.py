@@ -35,7 +35,6 @@ DOC = ROOT / "docs" / "sweeps.md"
 CLIS = {"sim": sim.cli.build_parser, "traces": traces.cli.build_parser, "validate": validate.cli.build_parser}
 
 
-
 # ------------------------------------------------------------------------------------------------ walking
 def parsers(cli: str):
     """(path, parser) of the command line ``cli`` and every sub-command under it, at any depth."""
@@ -60,8 +59,10 @@ def missing_help(path: tuple[str, ...], parser: argparse.ArgumentParser) -> list
             out += [path + (name, "(sub-command help)") for name in action.choices if not helped.get(name)]
             continue
         if not action.help or action.help == argparse.SUPPRESS or not str(action.help).strip():
-            out.append(path + ((action.option_strings or [action.dest])[-1].lstrip("-") if action.option_strings
-                               else action.dest,))
+            out.append(
+                path
+                + ((action.option_strings or [action.dest])[-1].lstrip("-") if action.option_strings else action.dest,)
+            )
     return out
 
 
@@ -81,10 +82,23 @@ def help_text(path: tuple[str, ...]) -> str:
 # ------------------------------------------------------------------------------------------------ every argument
 def test_the_walk_finds_every_command_line_and_nested_sub_command():
     paths = set(subcommand_paths())
-    assert {("sim", "run"), ("sim", "compare"), ("sim", "sweep"), ("sim", "fit-system"), ("sim", "policies"),
-            ("traces", "stats"), ("traces", "synth"), ("traces", "record"), ("traces", "validate"),
-            ("traces", "import", "vllm"), ("traces", "import", "mixtral-jsonl"), ("validate", "compare"),
-            ("validate", "microbench"), ("validate", "gpu"), ("validate", "cpu")} <= paths
+    assert {
+        ("sim", "run"),
+        ("sim", "compare"),
+        ("sim", "sweep"),
+        ("sim", "fit-system"),
+        ("sim", "policies"),
+        ("traces", "stats"),
+        ("traces", "synth"),
+        ("traces", "record"),
+        ("traces", "validate"),
+        ("traces", "import", "vllm"),
+        ("traces", "import", "mixtral-jsonl"),
+        ("validate", "compare"),
+        ("validate", "microbench"),
+        ("validate", "gpu"),
+        ("validate", "cpu"),
+    } <= paths
 
 
 def test_missing_help_finds_an_argument_without_help():
@@ -94,8 +108,7 @@ def test_missing_help_finds_an_argument_without_help():
     parser.add_argument("--fine", help="has one")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("bare")
-    assert sorted(missing_help(("x",), parser)) == [("x", "bare", "(sub-command help)"), ("x", "file"),
-                                                     ("x", "quiet")]
+    assert sorted(missing_help(("x",), parser)) == [("x", "bare", "(sub-command help)"), ("x", "file"), ("x", "quiet")]
 
 
 @pytest.mark.parametrize("cli", sorted(CLIS))
@@ -117,7 +130,7 @@ def _rows(text: str, section: str) -> dict[str, list[str]]:
     lines = text.splitlines()
     start = next(i for i, x in enumerate(lines) if x.startswith(f"{section} ("))
     rows = {}
-    for line in lines[start + 2:]:  # the section's title, then its column header
+    for line in lines[start + 2 :]:  # the section's title, then its column header
         if not line.startswith("  "):
             break
         words = line.split()
@@ -145,16 +158,20 @@ def test_every_description_is_its_own_not_the_base_class_docstring():
 
 def test_description_is_the_first_sentence():
     assert listing.first_sentence("Keep the hottest. Then ``more``.\n\nAnother paragraph.") == "Keep the hottest."
-    assert listing.first_sentence("A cache (Xue et al. 2024) on\n   per-layer slots.") == \
-        "A cache (Xue et al. 2024) on per-layer slots."
+    assert (
+        listing.first_sentence("A cache (Xue et al. 2024) on\n   per-layer slots.")
+        == "A cache (Xue et al. 2024) on per-layer slots."
+    )
     assert listing.first_sentence(None) == ""
 
 
 @pytest.fixture
 def dummy_parts():
     """A policy and a predictor registered for one test (and taken out again)."""
+
     class DummyPolicy(Policy):
         """Keep every third expert, for the listing test. Nothing more."""
+
         origin = "ours"
         default_predictor = "oracle"
 
@@ -173,10 +190,14 @@ def dummy_parts():
 def test_a_newly_registered_policy_and_predictor_are_listed(dummy_parts, capsys):
     assert listing.cmd_policies(argparse.Namespace(json=False)) == 0
     text = capsys.readouterr().out
-    assert " ".join(_rows(text, "policies")["zz-dummy-policy"]) == \
-        "zz-dummy-policy ours oracle Keep every third expert, for the listing test."
-    assert " ".join(_rows(text, "predictors")["zz-dummy-predictor"]) == \
-        "zz-dummy-predictor Guess expert seven, for the listing test."
+    assert (
+        " ".join(_rows(text, "policies")["zz-dummy-policy"])
+        == "zz-dummy-policy ours oracle Keep every third expert, for the listing test."
+    )
+    assert (
+        " ".join(_rows(text, "predictors")["zz-dummy-predictor"])
+        == "zz-dummy-predictor Guess expert seven, for the listing test."
+    )
     assert listing.cmd_policies(argparse.Namespace(json=True)) == 0
     data = json.loads(capsys.readouterr().out)
     assert [p["name"] for p in data["policies"]].count("zz-dummy-policy") == 1
@@ -184,8 +205,9 @@ def test_a_newly_registered_policy_and_predictor_are_listed(dummy_parts, capsys)
 
 
 def test_python_m_sim_policies_runs():
-    done = subprocess.run([sys.executable, "-m", "sim", "policies", "--json"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "sim", "policies", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert sorted(p["name"] for p in data["policies"]) == POLICIES.names()
@@ -201,8 +223,9 @@ def test_the_help_that_takes_policy_names_points_to_the_listing(path):
 def _keys_the_loader_reads() -> set[str]:
     """The top-level keys ``sim/sweep_spec.py`` reads from a sweep file's mapping ``d``."""
     source = (ROOT / "sim" / "sweep_spec.py").read_text()
-    return set(re.findall(r'\bd(?:\.get\(|\[)"(\w+)"', source)) | \
-        set(re.findall(r'_optional_mapping\(d, "(\w+)"', source))
+    return set(re.findall(r'\bd(?:\.get\(|\[)"(\w+)"', source)) | set(
+        re.findall(r'_optional_mapping\(d, "(\w+)"', source)
+    )
 
 
 def test_the_loader_reads_exactly_the_keys_it_accepts(tmp_path):
@@ -222,8 +245,15 @@ def test_every_sweep_key_is_documented_in_the_page_and_in_the_help():
         assert re.search(rf"^### `{key}` \((required|optional)", doc, re.M), f"docs/sweeps.md: no section on {key}"
         assert re.search(rf"^  {key} +(required|optional)", epilog, re.M), f"sim sweep --help: no line on {key}"
     assert "docs/sweeps.md" in epilog
-    for number in (sweep_spec.MAX_POINTS, sweep_spec.MAX_AXES, sweep_spec.MAX_SET_KEYS, sweep_spec.MAX_NAME_CHARS,
-                   sweep_spec.MAX_VALUE_CHARS, sweep_spec.MAX_SET_VALUE_CHARS, sweep_spec.MAX_FIELD_CHARS):
+    for number in (
+        sweep_spec.MAX_POINTS,
+        sweep_spec.MAX_AXES,
+        sweep_spec.MAX_SET_KEYS,
+        sweep_spec.MAX_NAME_CHARS,
+        sweep_spec.MAX_VALUE_CHARS,
+        sweep_spec.MAX_SET_VALUE_CHARS,
+        sweep_spec.MAX_FIELD_CHARS,
+    ):
         assert f"{number:,}" in epilog
 
 

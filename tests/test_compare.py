@@ -25,8 +25,18 @@ def _sim(*args):
 
 def test_compare_writes_csv_and_markdown_with_ratios_and_the_belady_bound(tmp_path):
     out = tmp_path / "cmp"
-    res = _sim("compare", "configs/switch_xxl.yaml", "--policies", "gpu-only,on-demand,lru@none,diffmoe",
-               "--set", "workload.requests=16", "--set", "workload.max_decode_tokens=16", "--out", out)
+    res = _sim(
+        "compare",
+        "configs/switch_xxl.yaml",
+        "--policies",
+        "gpu-only,on-demand,lru@none,diffmoe",
+        "--set",
+        "workload.requests=16",
+        "--set",
+        "workload.max_decode_tokens=16",
+        "--out",
+        out,
+    )
     assert res.returncode == 0, res.stderr
     rows = list(csv.DictReader((out / "compare.csv").open()))
     by = {r["policy"]: r for r in rows}
@@ -47,31 +57,50 @@ def test_compare_rejects_unknown_names_before_running(tmp_path):
     for policies, word in (("lru,clairvoyant", "clairvoyant"), ("lru@psychic", "psychic")):
         res = _sim("compare", "configs/switch_xxl.yaml", "--policies", policies, "--out", out)
         assert res.returncode == 2 and word in res.stderr and res.stderr.count("\n") == 1
-    res = _sim("compare", "configs/switch_xxl.yaml", "--policies", "lru", "--baseline", "diffmoe", "--out", out,
-               "--set", "workload.requests=16", "--set", "workload.max_decode_tokens=4")
+    res = _sim(
+        "compare",
+        "configs/switch_xxl.yaml",
+        "--policies",
+        "lru",
+        "--baseline",
+        "diffmoe",
+        "--out",
+        out,
+        "--set",
+        "workload.requests=16",
+        "--set",
+        "workload.max_decode_tokens=4",
+    )
     assert res.returncode == 2 and "--baseline" in res.stderr
     assert not (out / "compare.csv").exists()
 
 
 # ------------------------------------------------------------------------------------- the config's predictor
 
+
 @pytest.fixture()
 def transition_config(tmp_path):
     """A tiny run config whose predictor is transition trained on the trace's other requests."""
     trace = random_trace(np.random.default_rng(5), tokens=48, layers=3, experts=8, k=2, requests=6)
     path = save_trace(trace, tmp_path / "tiny.npz")
-    cfg = {"model": tiny_model(trace), "hardware": "h200",
-           "workload": {"trace": str(path), "batch_size": 2, "batching": "static"},
-           "cache": {"hpc_slots": 1, "mpc_slots": 1, "lpc_buffers": 4, "prefetch_reserve": 1, "layers": "all"},
-           "policy": {"name": "diffmoe", "params": {}},
-           "predictor": {"name": "transition", "params": {"train": "other-requests"}}, "seed": 0}
+    cfg = {
+        "model": tiny_model(trace),
+        "hardware": "h200",
+        "workload": {"trace": str(path), "batch_size": 2, "batching": "static"},
+        "cache": {"hpc_slots": 1, "mpc_slots": 1, "lpc_buffers": 4, "prefetch_reserve": 1, "layers": "all"},
+        "policy": {"name": "diffmoe", "params": {}},
+        "predictor": {"name": "transition", "params": {"train": "other-requests"}},
+        "seed": 0,
+    }
     out = tmp_path / "tiny.yaml"
     out.write_text(yaml.safe_dump(cfg))
     return out
 
 
-NOTE = ("on-demand, lru ran with the config's predictor transition (train: other-requests); give on-demand@none to "
-        "run without prediction")
+NOTE = (
+    "on-demand, lru ran with the config's predictor transition (train: other-requests); give on-demand@none to "
+    "run without prediction"
+)
 
 
 def test_compare_says_under_the_table_which_rows_ran_with_the_configs_predictor(transition_config, tmp_path):
@@ -99,8 +128,10 @@ def test_an_oracle_config_predictor_is_named_as_the_oracle(transition_config):
 
     base = load_run_config(transition_config, ["predictor=oracle"])
     note = config_predictor_note(base, [("lru", None), ("lfu", "none")])
-    assert note == ("lru ran with the config's predictor oracle, perfect knowledge of the next layer's experts; give "
-                    "lru@none to run without prediction")
+    assert note == (
+        "lru ran with the config's predictor oracle, perfect knowledge of the next layer's experts; give "
+        "lru@none to run without prediction"
+    )
     assert config_predictor_note(base, [("lru", "oracle")]) is None
 
 
@@ -137,6 +168,7 @@ def test_every_compare_argument_has_help():
 
 # ------------------------------------------------------------------------------------------------ diffmoe-arc
 
+
 def _arc_consistent(policy):
     for layer, arc in policy.arc.items():
         assert set(arc.t1) | set(arc.t2) == set(policy.cache.mpc[layer])  # T1 + T2 is exactly the MPC
@@ -146,8 +178,13 @@ def _arc_consistent(policy):
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10**6), hpc=st.integers(0, 2), mpc=st.integers(0, 5), k=st.integers(1, 3),
-       batch=st.integers(1, 3))
+@given(
+    seed=st.integers(0, 10**6),
+    hpc=st.integers(0, 2),
+    mpc=st.integers(0, 5),
+    k=st.integers(1, 3),
+    batch=st.integers(1, 3),
+)
 def test_diffmoe_arc_keeps_its_lists_and_the_tiers_consistent(seed, hpc, mpc, k, batch):
     trace = random_trace(np.random.default_rng(seed), tokens=80, layers=2, experts=10, k=k, requests=3)
     policy = make_policy("diffmoe-arc", trace, hpc=hpc, mpc=mpc)

@@ -18,12 +18,27 @@ from traces.io import save_trace
 
 #: What each policy is: the gpu-only ceiling, a baseline, published, ours, or an offline bound (new policies
 #: declare it in their class).
-EXPECTED_ORIGINS = {"gpu-only": "ceiling", "on-demand": "baseline", "prefetch-all": "baseline",
-                    "pregated": "baseline", "lru": "published", "lfu": "published", "moe-infinity": "published",
-                    "diffmoe": "published", "arc": "published", "s3fifo": "published", "least-stale": "published",
-                    "learned-rf": "published", "reuse-distance": "published", "diffmoe-arc": "ours",
-                    "next-use-odds": "ours", "belady": "bound", "fiddler": "published",
-                    "ktransformers": "published", "hybrid-cache": "ours"}
+EXPECTED_ORIGINS = {
+    "gpu-only": "ceiling",
+    "on-demand": "baseline",
+    "prefetch-all": "baseline",
+    "pregated": "baseline",
+    "lru": "published",
+    "lfu": "published",
+    "moe-infinity": "published",
+    "diffmoe": "published",
+    "arc": "published",
+    "s3fifo": "published",
+    "least-stale": "published",
+    "learned-rf": "published",
+    "reuse-distance": "published",
+    "diffmoe-arc": "ours",
+    "next-use-odds": "ours",
+    "belady": "bound",
+    "fiddler": "published",
+    "ktransformers": "published",
+    "hybrid-cache": "ours",
+}
 
 
 def test_every_registered_policy_has_an_origin_and_runs_without_params():
@@ -38,7 +53,7 @@ def test_every_registered_policy_has_an_origin_and_runs_without_params():
 
 def test_the_origin_is_the_class_declaration():
     class Mine(Policy):
-        name = "lru"      # a registered name does not lend its origin
+        name = "lru"  # a registered name does not lend its origin
         origin = "ours"
 
     class Unknown(Policy):
@@ -58,8 +73,10 @@ def test_all_expands_to_every_policy_by_origin_with_default_predictors():
     pred = dict(entries)
     assert pred["moe-infinity"] == "moe-infinity"
     assert pred["pregated"] == pred["diffmoe"] == pred["diffmoe-arc"] == "oracle"
-    assert all(pred[p] is None for p in ("lru", "lfu", "arc", "s3fifo", "least-stale", "learned-rf",
-                                         "reuse-distance", "belady", "on-demand"))
+    assert all(
+        pred[p] is None
+        for p in ("lru", "lfu", "arc", "s3fifo", "least-stale", "learned-rf", "reuse-distance", "belady", "on-demand")
+    )
     assert default_predictor("lru") is None
     assert parse_entries("all") == entries
     assert parse_entries("all,lru@oracle") == entries + [("lru", "oracle")]
@@ -69,10 +86,15 @@ def test_all_expands_to_every_policy_by_origin_with_default_predictors():
 def tiny_config(tmp_path):
     trace = random_trace(np.random.default_rng(4), tokens=36, layers=2, experts=8, k=2, requests=4)
     path = save_trace(trace, tmp_path / "tiny.npz")
-    cfg = {"model": tiny_model(trace), "hardware": "h200",
-           "workload": {"trace": str(path), "batch_size": 2, "batching": "static"},
-           "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 4, "prefetch_reserve": 1, "layers": "all"},
-           "policy": {"name": "lru", "params": {}}, "predictor": {"name": "none", "params": {}}, "seed": 0}
+    cfg = {
+        "model": tiny_model(trace),
+        "hardware": "h200",
+        "workload": {"trace": str(path), "batch_size": 2, "batching": "static"},
+        "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 4, "prefetch_reserve": 1, "layers": "all"},
+        "policy": {"name": "lru", "params": {}},
+        "predictor": {"name": "none", "params": {}},
+        "seed": 0,
+    }
     out = tmp_path / "tiny.yaml"
     out.write_text(yaml.safe_dump(cfg))
     return out
@@ -80,8 +102,12 @@ def tiny_config(tmp_path):
 
 def test_compare_all_runs_every_policy_and_writes_the_origin_column(tiny_config, tmp_path):
     out = tmp_path / "cmp"
-    res = subprocess.run([sys.executable, "-m", "sim", "compare", str(tiny_config), "--policies", "all", "--out",
-                          str(out)], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "sim", "compare", str(tiny_config), "--policies", "all", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     rows = list(csv.DictReader((out / "compare.csv").open()))
     assert [r["policy"] for r in rows] == [p for p, _ in all_entries()]
@@ -118,8 +144,24 @@ def test_compare_all_on_a_shared_cache_runs_the_shared_policies_against_the_shar
     cfg["policy"] = {"name": "diffmoe", "params": {}}
     tiny_config.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "cmp"
-    res = subprocess.run([sys.executable, "-m", "sim", "compare", str(tiny_config), "--policies", "all", "--out",
-                          str(out), "--set", "cache.organization=shared"], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "compare",
+            str(tiny_config),
+            "--policies",
+            "all",
+            "--out",
+            str(out),
+            "--set",
+            "cache.organization=shared",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     assert "leaving out" in res.stderr and "diffmoe" in res.stderr
     rows = {r["policy"]: r for r in csv.DictReader((out / "compare.csv").open())}

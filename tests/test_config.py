@@ -54,7 +54,7 @@ BAD = [
     (["workload.trace=no/such/trace.npz"], "workload.trace"),
     (["workload.trace=5"], "workload.trace"),
     (["workload.trace=null"], "workload.trace"),
-    (["workload.trace=configs/switch_xxl.yaml"], "workload.trace"),   # not a trace file
+    (["workload.trace=configs/switch_xxl.yaml"], "workload.trace"),  # not a trace file
     (["workload.trace=traces/data/mixtral_8x7b.npz"], "workload.trace"),  # another model's trace
     (["workload=3"], "workload"),
     # cache
@@ -65,26 +65,75 @@ BAD = [
     (["cache.prefetch_reserve=-1"], "cache.prefetch_reserve"),
     (["cache.layers=some"], "cache.layers"),
     (["cache.hpc_slots=100", "cache.mpc_slots=100"], "cache.mpc_slots"),  # more than the layer's 128 experts
-    (["cache.gpu_memory_gb=60"], "cache"),                               # sizes given both ways
-    (["cache.hpc_slots=null"], "cache.hpc_slots"),                       # slot form incomplete
+    (["cache.gpu_memory_gb=60"], "cache"),  # sizes given both ways
+    (["cache.hpc_slots=null"], "cache.hpc_slots"),  # slot form incomplete
     (["cache.hpc_slots=null", "cache.mpc_slots=null", "cache.lpc_buffers=null"], "cache"),  # neither form
-    (["cache.hpc_slots=null", "cache.mpc_slots=null", "cache.lpc_buffers=null",
-      "cache.split={hpc: 0.3, mpc: 0.5, lpc: 0.2}"], "cache.gpu_memory_gb"),
-    (["cache.hpc_slots=null", "cache.mpc_slots=null", "cache.lpc_buffers=null", "cache.gpu_memory_gb=60"],
-     "cache.split"),
-    (["cache.hpc_slots=null", "cache.mpc_slots=null", "cache.lpc_buffers=null", "cache.gpu_memory_gb=60",
-      "cache.split={hpc: 0.6, mpc: 0.5, lpc: 0.2}"], "cache.split"),
-    (["cache.hpc_slots=null", "cache.mpc_slots=null", "cache.lpc_buffers=null", "cache.gpu_memory_gb=60",
-      "cache.split={hpc: -0.1, mpc: 0.5, lpc: 0.2}"], "cache.split.hpc"),
-    (["cache.hpc_slots=null", "cache.mpc_slots=null", "cache.lpc_buffers=null", "cache.gpu_memory_gb=60",
-      "cache.split={hpc: 0.5, mpc: 0.5}"], "cache.split.lpc"),
-    (["cache.hpc_slots=null", "cache.mpc_slots=null", "cache.lpc_buffers=null", "cache.gpu_memory_gb=60",
-      "cache.split={hpc: 0.5, mpc: 0.5, lpc: 0.0}"], "cache.split.lpc"),  # no working buffer
-    (["cache.hpc_slots=null", "cache.mpc_slots=null", "cache.lpc_buffers=null", "cache.gpu_memory_gb=0",
-      "cache.split={hpc: 0.5, mpc: 0.3, lpc: 0.2}"], "cache.gpu_memory_gb"),
+    (
+        [
+            "cache.hpc_slots=null",
+            "cache.mpc_slots=null",
+            "cache.lpc_buffers=null",
+            "cache.split={hpc: 0.3, mpc: 0.5, lpc: 0.2}",
+        ],
+        "cache.gpu_memory_gb",
+    ),
+    (
+        ["cache.hpc_slots=null", "cache.mpc_slots=null", "cache.lpc_buffers=null", "cache.gpu_memory_gb=60"],
+        "cache.split",
+    ),
+    (
+        [
+            "cache.hpc_slots=null",
+            "cache.mpc_slots=null",
+            "cache.lpc_buffers=null",
+            "cache.gpu_memory_gb=60",
+            "cache.split={hpc: 0.6, mpc: 0.5, lpc: 0.2}",
+        ],
+        "cache.split",
+    ),
+    (
+        [
+            "cache.hpc_slots=null",
+            "cache.mpc_slots=null",
+            "cache.lpc_buffers=null",
+            "cache.gpu_memory_gb=60",
+            "cache.split={hpc: -0.1, mpc: 0.5, lpc: 0.2}",
+        ],
+        "cache.split.hpc",
+    ),
+    (
+        [
+            "cache.hpc_slots=null",
+            "cache.mpc_slots=null",
+            "cache.lpc_buffers=null",
+            "cache.gpu_memory_gb=60",
+            "cache.split={hpc: 0.5, mpc: 0.5}",
+        ],
+        "cache.split.lpc",
+    ),
+    (
+        [
+            "cache.hpc_slots=null",
+            "cache.mpc_slots=null",
+            "cache.lpc_buffers=null",
+            "cache.gpu_memory_gb=60",
+            "cache.split={hpc: 0.5, mpc: 0.5, lpc: 0.0}",
+        ],
+        "cache.split.lpc",
+    ),  # no working buffer
+    (
+        [
+            "cache.hpc_slots=null",
+            "cache.mpc_slots=null",
+            "cache.lpc_buffers=null",
+            "cache.gpu_memory_gb=0",
+            "cache.split={hpc: 0.5, mpc: 0.3, lpc: 0.2}",
+        ],
+        "cache.gpu_memory_gb",
+    ),
     (["cache.hot_profile=7"], "cache.hot_profile"),
     (["cache.hot_profile=no/such.npz"], "cache.hot_profile"),
-    (["cache.hpc_slots=12", "cache.mpc_slots=30"], "cache"),            # the memory check
+    (["cache.hpc_slots=12", "cache.mpc_slots=30"], "cache"),  # the memory check
     # policy, predictor, seed
     (["policy=null"], "policy"),
     (["policy.name=5"], "policy.name"),
@@ -104,9 +153,9 @@ BAD = [
     (["model.decoder_moe_layers=25"], "model.decoder_moe_layers"),
     (["model.dense_d_ff=0"], "model.dense_d_ff"),
     (["model.name=null"], "model.name"),
-    (["model={name: m, d_model: 8}"], "model.d_ff"),                     # missing fields
+    (["model={name: m, d_model: 8}"], "model.d_ff"),  # missing fields
     (["model.base=no-such-model"], "model.base"),
-    (["model.num_experts=64"], "workload.trace"),                        # no longer the trace's model
+    (["model.num_experts=64"], "workload.trace"),  # no longer the trace's model
     # hardware
     (["hardware=no-such-gpu"], "hardware"),
     (["hardware.pcie_bw_gb_s=0"], "hardware.pcie_bw_gb_s"),
@@ -121,8 +170,10 @@ BAD = [
     (["hardware.tables={copy: 5}"], "hardware.tables.copy"),
     (["hardware.tables={expert: [[1, 1.0e-5], [8, 2.0e-5]]}"], "hardware.tables.model"),
     (["hardware.tables={model: mixtral-8x7b, expert: [[1, 1.0e-5], [8, 2.0e-5]]}"], "hardware.tables.model"),
-    (["hardware.tables={model: switch-xxl-128, dense: [[1, 64, 1.0e-4], [8, 64, 2.0e-4], [1, 128, 2.0e-4]]}"],
-     "hardware.tables.dense"),
+    (
+        ["hardware.tables={model: switch-xxl-128, dense: [[1, 64, 1.0e-4], [8, 64, 2.0e-4], [1, 128, 2.0e-4]]}"],
+        "hardware.tables.dense",
+    ),
     (["hardware.tables={model: switch-xxl-128, bogus: 1}"], "hardware.tables.bogus"),
 ]
 
@@ -134,20 +185,23 @@ def test_bad_value_names_its_field(sets, field):
     field_error(exc, field)
 
 
-@pytest.mark.parametrize("mutate,field", [
-    (lambda d: d.update(engine={}), "engine"),
-    (lambda d: d["workload"].update(foo=1), "workload.foo"),
-    (lambda d: d["cache"].update(slots=1), "cache.slots"),
-    (lambda d: d["policy"].update(kind="x"), "policy.kind"),
-    (lambda d: d["predictor"].update(name=None), "predictor.name"),
-    (lambda d: d.update(model={"base": "switch-xxl-128", "experts": 3}), "model.experts"),
-    (lambda d: d.update(hardware={"base": "h200", "pcie_gb_s": 3}), "hardware.pcie_gb_s"),
-    (lambda d: d.pop("workload"), "workload"),
-    (lambda d: d.pop("policy"), "policy"),
-    (lambda d: d.pop("model"), "model"),
-    (lambda d: d["workload"].pop("trace"), "workload.trace"),
-    (lambda d: d.update(cache=None), "cache"),
-])
+@pytest.mark.parametrize(
+    "mutate,field",
+    [
+        (lambda d: d.update(engine={}), "engine"),
+        (lambda d: d["workload"].update(foo=1), "workload.foo"),
+        (lambda d: d["cache"].update(slots=1), "cache.slots"),
+        (lambda d: d["policy"].update(kind="x"), "policy.kind"),
+        (lambda d: d["predictor"].update(name=None), "predictor.name"),
+        (lambda d: d.update(model={"base": "switch-xxl-128", "experts": 3}), "model.experts"),
+        (lambda d: d.update(hardware={"base": "h200", "pcie_gb_s": 3}), "hardware.pcie_gb_s"),
+        (lambda d: d.pop("workload"), "workload"),
+        (lambda d: d.pop("policy"), "policy"),
+        (lambda d: d.pop("model"), "model"),
+        (lambda d: d["workload"].pop("trace"), "workload.trace"),
+        (lambda d: d.update(cache=None), "cache"),
+    ],
+)
 def test_unknown_and_missing_keys(mutate, field):
     d = base()
     mutate(d)
@@ -183,13 +237,23 @@ def test_unknown_model_name_lists_the_profiles():
 
 # ------------------------------------------------------------------------------------------ overrides
 def test_overrides_set_fields():
-    cfg = build(["workload.batch_size=32", "workload.batching=continuous", "workload.max_decode_tokens=null",
-                 "cache.layers=all", "seed=7", "policy.params.threshold=1.5", "policy.params.fill=expert0",
-                 "predictor=none", "cache.prefetch_reserve=0"])
+    cfg = build(
+        [
+            "workload.batch_size=32",
+            "workload.batching=continuous",
+            "workload.max_decode_tokens=null",
+            "cache.layers=all",
+            "seed=7",
+            "policy.params.threshold=1.5",
+            "policy.params.fill=expert0",
+            "predictor=none",
+            "cache.prefetch_reserve=0",
+        ]
+    )
     assert cfg.workload.batch_size == 32 and cfg.workload.batching == "continuous"
     assert cfg.workload.max_decode_tokens is None and cfg.cache.layers == "all" and cfg.seed == 7
     assert cfg.policy.params == {**POLICY_CLASSES.get("diffmoe").PARAMS, "threshold": 1.5, "fill": "expert0"}
-    assert cfg.resolved["policy"]["params"] == cfg.policy.params                 # every param, defaults filled
+    assert cfg.resolved["policy"]["params"] == cfg.policy.params  # every param, defaults filled
     assert cfg.predictor.name == "none" and cfg.predictor.params == {} and cfg.cache.prefetch_reserve == 0
 
 
@@ -203,8 +267,15 @@ def test_override_of_a_named_profile_field_keeps_the_profile():
 
 
 def test_split_sizes_become_slots():
-    cfg = build(["cache.hpc_slots=null", "cache.mpc_slots=null", "cache.lpc_buffers=null", "cache.gpu_memory_gb=60",
-                 "cache.split={hpc: 0.3, mpc: 0.5, lpc: 0.2}"])
+    cfg = build(
+        [
+            "cache.hpc_slots=null",
+            "cache.mpc_slots=null",
+            "cache.lpc_buffers=null",
+            "cache.gpu_memory_gb=60",
+            "cache.split={hpc: 0.3, mpc: 0.5, lpc: 0.2}",
+        ]
+    )
     eb = load_model("switch-xxl-128").expert_bytes
     assert cfg.cache.hpc_slots == int(18e9 // (eb * 12)) == 5
     assert cfg.cache.mpc_slots == int(30e9 // (eb * 12)) == 9
@@ -212,18 +283,21 @@ def test_split_sizes_become_slots():
     assert cfg.resolved["cache"]["hpc_slots"] == 5 and "split" not in cfg.resolved["cache"]
 
 
-@pytest.mark.parametrize("text,field", [
-    ("workload.nope=1", "workload.nope"),
-    ("nope=1", "nope"),
-    ("cache.split.x=1", "cache.split.x"),
-    ("seed.x=1", "seed.x"),
-    ("model.colour=red", "model.colour"),
-    ("hardware.tables.foo=1", "hardware.tables.foo"),
-    ("workload.batch_size", "--set"),
-    ("=3", "--set"),
-    ("workload..batch_size=3", "--set"),
-    ("workload.batch_size=[1", "workload.batch_size"),
-])
+@pytest.mark.parametrize(
+    "text,field",
+    [
+        ("workload.nope=1", "workload.nope"),
+        ("nope=1", "nope"),
+        ("cache.split.x=1", "cache.split.x"),
+        ("seed.x=1", "seed.x"),
+        ("model.colour=red", "model.colour"),
+        ("hardware.tables.foo=1", "hardware.tables.foo"),
+        ("workload.batch_size", "--set"),
+        ("=3", "--set"),
+        ("workload..batch_size=3", "--set"),
+        ("workload.batch_size=[1", "workload.batch_size"),
+    ],
+)
 def test_bad_overrides_are_rejected(text, field):
     with pytest.raises(ConfigError) as exc:
         apply_override(base(), text)
@@ -260,11 +334,18 @@ def test_config_file_problems_name_the_file(tmp_path):
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_run_configs_load(path):
     cfg = load_run_config(path, policy_names=POLICIES, predictor_names=PREDICTORS)
-    json.dumps(cfg.resolved)                                     # plain data
+    json.dumps(cfg.resolved)  # plain data
     assert yaml.safe_load(yaml.safe_dump(cfg.resolved)) == cfg.resolved
-    again = config_from_dict(cfg.resolved)                       # resolved loads back to the same config
-    assert (again.model, again.hardware, again.workload, again.cache, again.policy, again.predictor, again.seed) == \
-        (cfg.model, cfg.hardware, cfg.workload, cfg.cache, cfg.policy, cfg.predictor, cfg.seed)
+    again = config_from_dict(cfg.resolved)  # resolved loads back to the same config
+    assert (again.model, again.hardware, again.workload, again.cache, again.policy, again.predictor, again.seed) == (
+        cfg.model,
+        cfg.hardware,
+        cfg.workload,
+        cfg.cache,
+        cfg.policy,
+        cfg.predictor,
+        cfg.seed,
+    )
     assert again.resolved == cfg.resolved
 
 
@@ -284,8 +365,13 @@ def test_switch_xxl_example_values():
 
 
 def test_defaults_fill_in():
-    d = {"model": "mixtral-8x7b", "hardware": "h200", "workload": {"trace": "traces/data/mixtral_8x7b.npz"},
-         "cache": {"hpc_slots": 0, "mpc_slots": 2, "lpc_buffers": 1}, "policy": "lru"}
+    d = {
+        "model": "mixtral-8x7b",
+        "hardware": "h200",
+        "workload": {"trace": "traces/data/mixtral_8x7b.npz"},
+        "cache": {"hpc_slots": 0, "mpc_slots": 2, "lpc_buffers": 1},
+        "policy": "lru",
+    }
     cfg = config_from_dict(d)
     assert cfg.workload.batch_size == 1 and cfg.workload.batching == "static" and cfg.workload.prefill is True
     assert cfg.workload.max_decode_tokens is None and cfg.workload.requests is None
@@ -306,8 +392,8 @@ def test_memory_check_fires_for_too_large_tiers():
 
 def test_memory_check_counts_kv_cache():
     sets = ["cache.hpc_slots=4", "cache.mpc_slots=20"]
-    build(sets + ["workload.batch_size=1"])                       # fits
-    with pytest.raises(ConfigError) as exc:                       # the KV cache of 4096 requests does not
+    build(sets + ["workload.batch_size=1"])  # fits
+    with pytest.raises(ConfigError) as exc:  # the KV cache of 4096 requests does not
         build(sets + ["workload.batch_size=4096"])
     field_error(exc, "cache")
 
@@ -318,14 +404,14 @@ def test_memory_check_is_skipped_for_gpu_only():
     d = base()
     del d["cache"]
     d["policy"] = {"name": "gpu-only"}
-    cfg = config_from_dict(d)                                     # no tier sizes needed
+    cfg = config_from_dict(d)  # no tier sizes needed
     assert (cfg.cache.hpc_slots, cfg.cache.mpc_slots, cfg.cache.lpc_buffers) == (0, 0, 1)
 
 
 def test_memory_check_uses_the_hardware():
     build(["hardware=a100-pcie", "cache.hpc_slots=2", "cache.mpc_slots=4"])
     with pytest.raises(ConfigError) as exc:
-        build(["hardware=a100-pcie", "cache.mpc_slots=16"])      # 20 slots x 12 layers = 60 GB + 16 GB dense ...
+        build(["hardware=a100-pcie", "cache.mpc_slots=16"])  # 20 slots x 12 layers = 60 GB + 16 GB dense ...
     assert str(exc.value).endswith("hardware.gpu_memory_gb is 80")
 
 
@@ -370,13 +456,24 @@ def test_trace_summary_matches_the_trace():
 
 # ------------------------------------------------------------------------------------------ profiles
 DESIGN_BYTES_PER_EXPERT = {  # DESIGN 2.4, bf16
-    "switch-xxl-128": 251.7e6, "switch-large-128": 16.8e6, "switch-base-128": 9.4e6, "mixtral-8x7b": 352e6,
-    "qwen1.5-moe-a2.7b": 17.3e6, "deepseek-v2-lite": 17.3e6, "olmoe-1b-7b": 12.6e6,
+    "switch-xxl-128": 251.7e6,
+    "switch-large-128": 16.8e6,
+    "switch-base-128": 9.4e6,
+    "mixtral-8x7b": 352e6,
+    "qwen1.5-moe-a2.7b": 17.3e6,
+    "deepseek-v2-lite": 17.3e6,
+    "olmoe-1b-7b": 12.6e6,
 }
 ADDED_BYTES_PER_EXPERT = {  # beyond DESIGN 2.4 (tests/test_models.py has details); gpt-oss-20b: MXFP4 experts
-    "switch-base-64": 9.4e6, "switch-base-8": 9.4e6, "gpt-oss-20b": 13.2e6,
+    "switch-base-64": 9.4e6,
+    "switch-base-8": 9.4e6,
+    "gpt-oss-20b": 13.2e6,
     # today's models (configs/models/*.yaml hold their sources)
-    "deepseek-v3": 44.0e6, "kimi-k2": 44.0e6, "qwen3-30b-a3b": 9.4e6, "qwen3-235b-a22b": 37.7e6, "gpt-oss-120b": 13.2e6,
+    "deepseek-v3": 44.0e6,
+    "kimi-k2": 44.0e6,
+    "qwen3-30b-a3b": 9.4e6,
+    "qwen3-235b-a22b": 37.7e6,
+    "gpt-oss-120b": 13.2e6,
     # Qwen3.5-35B-A3B: 3 matrices x 2048 x 512 at bf16
     "qwen3.5-35b-a3b": 6.3e6,
 }
@@ -400,7 +497,7 @@ def test_every_profile_is_shipped():
 def test_model_shapes():
     xxl = load_model("switch-xxl-128")
     assert (xxl.encoder_moe_layers, xxl.decoder_moe_layers, xxl.moe_layers) == (12, 12, 24)
-    assert xxl.total_params == pytest.approx(395e9, rel=0.02)           # "395 B parameters" (DESIGN 1)
+    assert xxl.total_params == pytest.approx(395e9, rel=0.02)  # "395 B parameters" (DESIGN 1)
     assert xxl.attention_params("decoder") == 2 * xxl.attention_params("encoder") == 2 * 4 * 4096 * 4096
     assert xxl.expert_flops_per_token == 2 * 3 * 4096 * 10240
     mix = load_model("mixtral-8x7b")
@@ -420,19 +517,25 @@ def test_hardware_units():
     assert h.pcie_latency_s == pytest.approx(10e-6) and h.flops == 790e12 and h.d2d_bw == h.hbm_bw / 2
     assert h.tables is None and h.source == "configs/hardware/h200.yaml"
     assert load_hardware("gh200").pcie_bw > 5 * load_hardware("h200").pcie_bw
-    assert load_hardware(h.to_dict()) == h                                   # the file schema round-trips
+    assert load_hardware(h.to_dict()) == h  # the file schema round-trips
 
 
 def test_calibration_file(tmp_path):
-    cal = {"base": "h200", "pcie_bw_gb_s": 50.5,
-           "tables": {"model": "switch-xxl-128", "copy": [[1e8, 2.1e-3], [1e6, 3e-5]],
-                      "expert": [[1, 6e-5], [64, 7e-5], [512, 2e-4]],
-                      "dense": [[1, 64, 1e-4], [64, 64, 2e-4], [1, 1024, 3e-4], [64, 1024, 5e-4]]}}
+    cal = {
+        "base": "h200",
+        "pcie_bw_gb_s": 50.5,
+        "tables": {
+            "model": "switch-xxl-128",
+            "copy": [[1e8, 2.1e-3], [1e6, 3e-5]],
+            "expert": [[1, 6e-5], [64, 7e-5], [512, 2e-4]],
+            "dense": [[1, 64, 1e-4], [64, 64, 2e-4], [1, 1024, 3e-4], [64, 1024, 5e-4]],
+        },
+    }
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(cal))
     h = load_hardware(str(path))
     assert h.name == "h200" and h.pcie_bw == 50.5e9 and h.source == str(path)
-    assert h.tables.copy == ((1e6, 3e-5), (1e8, 2.1e-3))                      # sorted
+    assert h.tables.copy == ((1e6, 3e-5), (1e8, 2.1e-3))  # sorted
     assert h.tables.model == "switch-xxl-128" and h.tables.d2d is None and len(h.tables.dense) == 4
     cfg = build([f"hardware={path}"])
     assert cfg.hardware == h and cfg.resolved["hardware"]["tables"]["model"] == "switch-xxl-128"
@@ -483,14 +586,16 @@ def test_keys_schema_and_resolved_come_from_the_dataclasses():
 
 def test_policy_params_are_checked_when_the_config_loads():
     with pytest.raises(ConfigError) as exc:
-        load_run_config(SWITCH, ["policy.params.bogus=1"])              # before anything runs
+        load_run_config(SWITCH, ["policy.params.bogus=1"])  # before anything runs
     field_error(exc, "policy.params.bogus")
-    for sets, field in ((["policy=moe-infinity", "policy.params.capacity=1000000"], "policy.params.capacity"),
-                        (["policy=lfu", "policy.params.counts=most"], "policy.params.counts"),
-                        (["policy=lru", "policy.params.pin_hot=null"], "policy.params.pin_hot"),
-                        (["policy.params.fill=expert0", "policy.params.victim_order=legacy"], "policy.params.fill"),
-                        (["predictor=noisy", "predictor.params.precision=0"], "predictor.params.precision"),
-                        (["predictor=transition", "predictor.params.train=null"], "predictor.params.train")):
+    for sets, field in (
+        (["policy=moe-infinity", "policy.params.capacity=1000000"], "policy.params.capacity"),
+        (["policy=lfu", "policy.params.counts=most"], "policy.params.counts"),
+        (["policy=lru", "policy.params.pin_hot=null"], "policy.params.pin_hot"),
+        (["policy.params.fill=expert0", "policy.params.victim_order=legacy"], "policy.params.fill"),
+        (["predictor=noisy", "predictor.params.precision=0"], "predictor.params.precision"),
+        (["predictor=transition", "predictor.params.train=null"], "predictor.params.train"),
+    ):
         with pytest.raises(ConfigError) as exc:
             build(sets)
         field_error(exc, field)

@@ -51,8 +51,13 @@ REGISTRIES = (("policy", POLICIES), ("predictor", PREDICTORS))
 
 def fuzz(examples: int) -> settings:
     """Derandomized hypothesis settings (the same examples on every run) with ``examples`` examples."""
-    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
 
 
 def one_line(exc: BaseException) -> str:
@@ -90,17 +95,22 @@ def files(tmp_path_factory):
     out["top-1"] = save_trace(top1, d / "top1.npz")
     deep = random_trace(rng, tokens=40, layers=3, experts=8, k=2, requests=2)
     out["3 layers"] = save_trace(deep, d / "deep.npz")
-    out["other name"] = save_trace(_trace_of(train.experts, train.request_lengths, train.prefill_lengths,
-                                             name="another-model"), d / "named.npz")
+    out["other name"] = save_trace(
+        _trace_of(train.experts, train.request_lengths, train.prefill_lengths, name="another-model"), d / "named.npz"
+    )
     return out
 
 
 def base_config(files, policy="lru", predictor="none", **params) -> dict:
-    return {"model": {**TINY_MODEL, "name": "test-model"}, "hardware": "h200",
-            "workload": {"trace": str(files["evaluated"]), "batch_size": 2, "max_decode_tokens": 4},
-            "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 3},
-            "policy": {"name": policy, "params": params.get("policy_params", {})},
-            "predictor": {"name": predictor, "params": params.get("predictor_params", {})}, "seed": 0}
+    return {
+        "model": {**TINY_MODEL, "name": "test-model"},
+        "hardware": "h200",
+        "workload": {"trace": str(files["evaluated"]), "batch_size": 2, "max_decode_tokens": 4},
+        "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 3},
+        "policy": {"name": policy, "params": params.get("policy_params", {})},
+        "predictor": {"name": predictor, "params": params.get("predictor_params", {})},
+        "seed": 0,
+    }
 
 
 def required_params(cls, files) -> dict:
@@ -126,14 +136,21 @@ def params_read(cls) -> set[str]:
                 aliases |= {t.id for t in node.targets if isinstance(t, ast.Name)}
 
         def is_params(n, aliases=aliases) -> bool:
-            return (isinstance(n, ast.Attribute) and n.attr == "params") or (isinstance(n, ast.Name)
-                                                                            and n.id in aliases)
+            return (isinstance(n, ast.Attribute) and n.attr == "params") or (
+                isinstance(n, ast.Name) and n.id in aliases
+            )
 
         for node in ast.walk(tree):
             if isinstance(node, ast.Subscript) and is_params(node.value) and isinstance(node.slice, ast.Constant):
                 keys.add(node.slice.value)
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-                    and is_params(node.func.value) and node.args and isinstance(node.args[0], ast.Constant)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "get"
+                and is_params(node.func.value)
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
                 keys.add(node.args[0].value)
     return {k for k in keys if isinstance(k, str)}
 
@@ -163,17 +180,20 @@ def test_the_scan_sees_the_params_a_part_reads():
     assert params_read(Sloppy) - set(Sloppy.PARAMS) == {"b", "c"}
 
 
-@pytest.mark.parametrize("params,rules,problem", [
-    ({"n": 1}, {}, "without a declared range"),
-    ({"n": 1}, {"n": between(0, None, kind=int)}, "without a declared range"),
-    ({"x": 0.5}, {"x": between(None, 1.0)}, "without a declared range"),
-    ({"s": "a"}, {}, "without declared choices"),
-    ({"t": None}, {}, "has no type"),
-    ({"l": [1]}, {}, "params are numbers, strings or true/false"),
-    ({"n": 5}, {"n": between(0, 3)}, "its own rule refuses"),
-    ({"s": "c"}, {"s": one_of("a", "b")}, "its own rule refuses"),
-    ({}, {"ghost": between(0, 1)}, "not in PARAMS"),
-])
+@pytest.mark.parametrize(
+    "params,rules,problem",
+    [
+        ({"n": 1}, {}, "without a declared range"),
+        ({"n": 1}, {"n": between(0, None, kind=int)}, "without a declared range"),
+        ({"x": 0.5}, {"x": between(None, 1.0)}, "without a declared range"),
+        ({"s": "a"}, {}, "without declared choices"),
+        ({"t": None}, {}, "has no type"),
+        ({"l": [1]}, {}, "params are numbers, strings or true/false"),
+        ({"n": 5}, {"n": between(0, 3)}, "its own rule refuses"),
+        ({"s": "c"}, {"s": one_of("a", "b")}, "its own rule refuses"),
+        ({}, {"ghost": between(0, 1)}, "not in PARAMS"),
+    ],
+)
 def test_a_part_with_an_undeclared_param_cannot_register(params, rules, problem):
     registry = Registry("policy")
     cls = type("Undeclared", (Policy,), {"PARAMS": params, "PARAM_RULES": rules})
@@ -189,11 +209,19 @@ def _values_for(rule: Rule | None, files) -> st.SearchStrategy:
     paths = [str(files[k]) for k in files] + ["/dev/null", "/nowhere/x.npz", str(ROOT / "configs")]
     words = list(rule.choices) if rule is not None and rule.choices else []
     return st.one_of(
-        st.integers(-3, 40), st.sampled_from([-1, 0, 1, 2**15, 2**15 + 1, 2**31 - 1, 2**31, 10**30]),
-        st.floats(-2.0, 40.0), st.sampled_from([0.0, -0.0, 1e-300, 5e-324, 0.5, 1.0, 1e6, 1e6 + 1, 1e300,
-                                                float("nan"), float("inf"), -float("inf")]),
-        st.booleans(), st.none(), st.text(max_size=6), st.sampled_from(paths),
-        st.sampled_from(words or ["x"]), st.lists(st.integers(0, 3), max_size=2))
+        st.integers(-3, 40),
+        st.sampled_from([-1, 0, 1, 2**15, 2**15 + 1, 2**31 - 1, 2**31, 10**30]),
+        st.floats(-2.0, 40.0),
+        st.sampled_from(
+            [0.0, -0.0, 1e-300, 5e-324, 0.5, 1.0, 1e6, 1e6 + 1, 1e300, float("nan"), float("inf"), -float("inf")]
+        ),
+        st.booleans(),
+        st.none(),
+        st.text(max_size=6),
+        st.sampled_from(paths),
+        st.sampled_from(words or ["x"]),
+        st.lists(st.integers(0, 3), max_size=2),
+    )
 
 
 PARAMS = [(section, name, key) for section, name in PARTS for key in dict(REGISTRIES)[section].get(name).PARAMS]
@@ -240,8 +268,9 @@ def test_every_param_at_its_edges_is_refused_at_load_or_runs(files, section, nam
         values += [str(f) for f in files.values()]
     for value in values:
         params = {**required_params(cls, files), key: value}
-        d = base_config(files, **({"policy": name} if section == "policy" else {"predictor": name}),
-                        **{f"{section}_params": params})
+        d = base_config(
+            files, **({"policy": name} if section == "policy" else {"predictor": name}), **{f"{section}_params": params}
+        )
         try:
             cfg = config_from_dict(d)
         except ConfigError as exc:
@@ -250,56 +279,71 @@ def test_every_param_at_its_edges_is_refused_at_load_or_runs(files, section, nam
         simulate(cfg)
 
 
-@pytest.mark.parametrize("section,name,key,value", [
-    ("policy", "hybrid-cache", "max_prefetch", -1),
-    ("policy", "hybrid-cache", "half_life", 0),
-    ("policy", "hybrid-cache", "half_life", -2.5),
-    ("policy", "hybrid-cache", "horizon", -1),
-    ("policy", "lookahead", "horizon", -1),
-    ("predictor", "transition", "top", 9),          # more than the tiny model's 8 experts
-    ("predictor", "moe-infinity", "budget", 0),
-])
+@pytest.mark.parametrize(
+    "section,name,key,value",
+    [
+        ("policy", "hybrid-cache", "max_prefetch", -1),
+        ("policy", "hybrid-cache", "half_life", 0),
+        ("policy", "hybrid-cache", "half_life", -2.5),
+        ("policy", "hybrid-cache", "horizon", -1),
+        ("policy", "lookahead", "horizon", -1),
+        ("predictor", "transition", "top", 9),  # more than the tiny model's 8 experts
+        ("predictor", "moe-infinity", "budget", 0),
+    ],
+)
 def test_out_of_range_params_name_their_field_at_load(files, section, name, key, value):
     cls = dict(REGISTRIES)[section].get(name)
     params = {**required_params(cls, files), key: value}
-    d = base_config(files, **({"policy": name} if section == "policy" else {"predictor": name}),
-                    **{f"{section}_params": params})
+    d = base_config(
+        files, **({"policy": name} if section == "policy" else {"predictor": name}), **{f"{section}_params": params}
+    )
     with pytest.raises(ConfigError) as exc:
         config_from_dict(d)
     assert one_line(exc.value).startswith(f"{section}.params.{key}: ")
 
 
 # --------------------------------------------------------------------------------------------- training traces
-TRAINED = [(section, name, key) for section, name in PARTS
-           for key, rule in dict(REGISTRIES)[section].get(name).PARAM_RULES.items() if rule.training]
+TRAINED = [
+    (section, name, key)
+    for section, name in PARTS
+    for key, rule in dict(REGISTRIES)[section].get(name).PARAM_RULES.items()
+    if rule.training
+]
 
 
 def test_every_trace_param_is_checked_as_a_training_trace():
-    assert len(TRAINED) >= 5   # next-use-odds, learned-rf, cross-layer, transition, moe-infinity
+    assert len(TRAINED) >= 5  # next-use-odds, learned-rf, cross-layer, transition, moe-infinity
     for section, name in PARTS:
         for key, rule in dict(REGISTRIES)[section].get(name).PARAM_RULES.items():
             assert rule.file != "trace file" or rule.training, (section, name, key)
 
 
-BAD_TRAINING = [("all -1", "has no routed tokens"), ("no tokens", "has no routed tokens"),
-                ("16 experts", "is of model"), ("top-1", "is of model"), ("3 layers", "is of model"),
-                ("other name", "is of model"), ("evaluated", "is the evaluated trace"),
-                ("copy", "is the evaluated trace")]
+BAD_TRAINING = [
+    ("all -1", "has no routed tokens"),
+    ("no tokens", "has no routed tokens"),
+    ("16 experts", "is of model"),
+    ("top-1", "is of model"),
+    ("3 layers", "is of model"),
+    ("other name", "is of model"),
+    ("evaluated", "is the evaluated trace"),
+    ("copy", "is the evaluated trace"),
+]
 
 
 @pytest.mark.parametrize("section,name,key", TRAINED)
 def test_training_traces_with_nothing_to_learn_or_of_another_model_are_refused_at_load(files, section, name, key):
     def config(path):
         params = {key: str(path)}
-        return base_config(files, **({"policy": name} if section == "policy" else {"predictor": name}),
-                           **{f"{section}_params": params})
+        return base_config(
+            files, **({"policy": name} if section == "policy" else {"predictor": name}), **{f"{section}_params": params}
+        )
 
     for bad, problem in BAD_TRAINING:
         with pytest.raises(ConfigError) as exc:
             config_from_dict(config(files[bad]))
         msg = one_line(exc.value)
         assert msg.startswith(f"{section}.params.{key}: ") and problem in msg, (bad, msg)
-    simulate(config_from_dict(config(files["train"])))   # a good one loads and runs
+    simulate(config_from_dict(config(files["train"])))  # a good one loads and runs
 
 
 def test_a_training_trace_of_another_model_says_both(files):
@@ -335,13 +379,23 @@ def _kv_trace(tmp_path, prompt_rows, decode, claimed):
 
 
 @fuzz(40)
-@given(prompt_rows=st.integers(1, 40), decode=st.integers(1, 6), claimed=st.integers(0, MAX_CONTEXT),
-       batch=st.integers(1, 512), cap=st.none() | st.integers(0, 3), policy=st.sampled_from(["lru", "gpu-only"]))
+@given(
+    prompt_rows=st.integers(1, 40),
+    decode=st.integers(1, 6),
+    claimed=st.integers(0, MAX_CONTEXT),
+    batch=st.integers(1, 512),
+    cap=st.none() | st.integers(0, 3),
+    policy=st.sampled_from(["lru", "gpu-only"]),
+)
 def test_the_kv_cache_of_the_longest_contexts_must_fit(tmp_path, prompt_rows, decode, claimed, batch, cap, policy):
     path = _kv_trace(tmp_path, prompt_rows, decode, claimed)
-    d = {"model": BIG_KV, "hardware": "h200",
-         "workload": {"trace": str(path), "batch_size": batch, "max_decode_tokens": cap},
-         "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 3}, "policy": policy}
+    d = {
+        "model": BIG_KV,
+        "hardware": "h200",
+        "workload": {"trace": str(path), "batch_size": batch, "max_decode_tokens": cap},
+        "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 3},
+        "policy": policy,
+    }
     model, hw = load_model(BIG_KV), load_hardware("h200")
     kept = decode if cap is None else min(decode, cap)
     tokens = max(prompt_rows, claimed) + kept
@@ -361,13 +415,27 @@ def test_the_kv_cache_of_the_longest_contexts_must_fit(tmp_path, prompt_rows, de
 
 
 def test_a_claimed_prompt_that_cannot_fit_exits_2_on_one_line(tmp_path):
-    path = _kv_trace(tmp_path, 4, 2, MAX_CONTEXT)           # 2 M tokens x 512 KiB: 1.1 TB on a 141 GB GPU
+    path = _kv_trace(tmp_path, 4, 2, MAX_CONTEXT)  # 2 M tokens x 512 KiB: 1.1 TB on a 141 GB GPU
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"model": BIG_KV, "hardware": "h200", "workload": {"trace": str(path)},
-                                   "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 3}, "policy": "lru"}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": BIG_KV,
+                "hardware": "h200",
+                "workload": {"trace": str(path)},
+                "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 3},
+                "policy": "lru",
+            }
+        )
+    )
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "sim", "run", str(cfg), "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "sim", "run", str(cfg), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cache: the KV cache alone does not fit"), done.stderr
@@ -375,13 +443,18 @@ def test_a_claimed_prompt_that_cannot_fit_exits_2_on_one_line(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("claimed,batch,fits", [(1000, 1, True), (200_000, 1, True), (200_000, 2, False),
-                                                 (MAX_CONTEXT, 1, False)])
+@pytest.mark.parametrize(
+    "claimed,batch,fits", [(1000, 1, True), (200_000, 1, True), (200_000, 2, False), (MAX_CONTEXT, 1, False)]
+)
 def test_claimed_prompts_count_in_the_kv_cache(tmp_path, claimed, batch, fits):
     """200,000 claimed tokens x 512 KiB is 105 GB: one request fits on a 141 GB GPU, two do not."""
-    d = {"model": BIG_KV, "hardware": "h200",
-         "workload": {"trace": str(_kv_trace(tmp_path, 4, 2, claimed)), "batch_size": batch},
-         "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 3}, "policy": "lru"}
+    d = {
+        "model": BIG_KV,
+        "hardware": "h200",
+        "workload": {"trace": str(_kv_trace(tmp_path, 4, 2, claimed)), "batch_size": batch},
+        "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 3},
+        "policy": "lru",
+    }
     for policy in ("lru", "gpu-only"):
         d["policy"] = policy
         if fits:
@@ -428,18 +501,26 @@ def plain_iterations(trace, batch_size, batching, max_decode_tokens, prefill, re
         rows = [x for r in reqs for x in range(start[r], start[r] + prompt[r])]
         if not prefill or not rows:
             return False
-        its.append(("prefill", batch, rows, size, float(np.mean([(prompt[r] + 1) / 2 for r in reqs if prompt[r]])),
-                    new))
+        its.append(
+            ("prefill", batch, rows, size, float(np.mean([(prompt[r] + 1) / 2 for r in reqs if prompt[r]])), new)
+        )
         return True
 
     def decode_it(reqs, steps, batch, new):
-        its.append(("decode", batch, [dstart + s for dstart, s in ((start[r] + prompt[r], s) for r, s in
-                                                                      zip(reqs, steps))],
-                    len(reqs), float(np.mean([attended[r] + s + 1 for r, s in zip(reqs, steps)])), new))
+        its.append(
+            (
+                "decode",
+                batch,
+                [dstart + s for dstart, s in ((start[r] + prompt[r], s) for r, s in zip(reqs, steps))],
+                len(reqs),
+                float(np.mean([attended[r] + s + 1 for r, s in zip(reqs, steps)])),
+                new,
+            )
+        )
 
     if batching == "static":
         for b in range(served // batch_size):
-            reqs = order[b * batch_size:(b + 1) * batch_size]
+            reqs = order[b * batch_size : (b + 1) * batch_size]
             new = not prefill_it(reqs, b, len(reqs), True)
             for s in range(max((decode[r] for r in reqs), default=0)):
                 live = [r for r in reqs if decode[r] > s]
@@ -466,11 +547,16 @@ def plain_iterations(trace, batch_size, batching, max_decode_tokens, prefill, re
 
 
 @fuzz(150)
-@given(lengths=st.lists(st.integers(0, 5), min_size=1, max_size=12), data=st.data(),
-       batch=st.integers(1, 5), batching=st.sampled_from(["static", "continuous"]),
-       cap=st.none() | st.integers(0, 4), prefill=st.booleans(), requests=st.none() | st.integers(1, 30))
-def test_the_workload_equals_the_plain_rule_with_empty_requests(lengths, data, batch, batching, cap, prefill,
-                                                                 requests):
+@given(
+    lengths=st.lists(st.integers(0, 5), min_size=1, max_size=12),
+    data=st.data(),
+    batch=st.integers(1, 5),
+    batching=st.sampled_from(["static", "continuous"]),
+    cap=st.none() | st.integers(0, 4),
+    prefill=st.booleans(),
+    requests=st.none() | st.integers(1, 30),
+)
+def test_the_workload_equals_the_plain_rule_with_empty_requests(lengths, data, batch, batching, cap, prefill, requests):
     prefills = [data.draw(st.integers(0, n)) for n in lengths]
     experts = np.zeros((sum(lengths), 2, 1), dtype=np.int16)
     trace = make_trace(experts, lengths, prefills, num_experts=4)
@@ -486,7 +572,7 @@ def test_empty_requests_cost_no_work_each(batching, batch):
     proportion to its tokens, not its requests."""
     lengths = np.zeros(MAX_REQUESTS, dtype=np.int64)
     prefill = np.zeros(MAX_REQUESTS, dtype=np.int64)
-    lengths[[-2, -1]], prefill[[-2, -1]] = 10, 4   # (the first ones are served again to fill a static batch)
+    lengths[[-2, -1]], prefill[[-2, -1]] = 10, 4  # (the first ones are served again to fill a static batch)
     rng = np.random.default_rng(0)
     experts = np.argsort(rng.random((20, 2, 8)), axis=2)[:, :, :2].astype(np.int16)
     trace = make_trace(experts, lengths, prefill, num_experts=8)
@@ -520,12 +606,29 @@ def _set(d: dict, path: tuple, value) -> dict:
 
 
 @pytest.mark.parametrize("length", [250, 5000])
-@pytest.mark.parametrize("where", [
-    ("policy", "name"), ("predictor", "name"), ("model",), ("hardware",), ("workload", "batching"),
-    ("cache", "layers"), ("cache", "organization"), ("policy", "params", "*"), ("predictor", "params", "*"),
-    ("*",), ("workload", "*"), ("cache", "*"), ("policy", "*"), ("hardware", "*"), ("model", "*"),
-    ("hardware", "tables", "*"), ("lfu counts",),
-], ids=lambda w: ".".join(w) if isinstance(w, tuple) else str(w))
+@pytest.mark.parametrize(
+    "where",
+    [
+        ("policy", "name"),
+        ("predictor", "name"),
+        ("model",),
+        ("hardware",),
+        ("workload", "batching"),
+        ("cache", "layers"),
+        ("cache", "organization"),
+        ("policy", "params", "*"),
+        ("predictor", "params", "*"),
+        ("*",),
+        ("workload", "*"),
+        ("cache", "*"),
+        ("policy", "*"),
+        ("hardware", "*"),
+        ("model", "*"),
+        ("hardware", "tables", "*"),
+        ("lfu counts",),
+    ],
+    ids=lambda w: ".".join(w) if isinstance(w, tuple) else str(w),
+)
 def test_unknown_names_and_keys_stay_on_one_short_line(files, where, length):
     value = LONG[-length:]
     d = base_config(files, "diffmoe", "noisy")
@@ -571,19 +674,27 @@ def test_a_long_list_of_known_names_shows_the_closest():
     assert "switch-xxl-128" in one_line(exc.value)
 
 
-@pytest.mark.parametrize("argv,field", [
-    (["--set", "hardware." + LONG + "=1"], "hardware.qqq"),
-    (["--set", "policy.name=" + LONG[-250:]], "policy.name"),
-    (["--set", "hardware=" + LONG], "hardware"),
-    (["--set", "policy=hybrid-cache", "--set", "policy.params.half_life=0"], "policy.params.half_life: "),
-    (["--set", "policy=hybrid-cache", "--set", "policy.params.max_prefetch=-1"], "policy.params.max_prefetch: "),
-])
+@pytest.mark.parametrize(
+    "argv,field",
+    [
+        (["--set", "hardware." + LONG + "=1"], "hardware.qqq"),
+        (["--set", "policy.name=" + LONG[-250:]], "policy.name"),
+        (["--set", "hardware=" + LONG], "hardware"),
+        (["--set", "policy=hybrid-cache", "--set", "policy.params.half_life=0"], "policy.params.half_life: "),
+        (["--set", "policy=hybrid-cache", "--set", "policy.params.max_prefetch=-1"], "policy.params.max_prefetch: "),
+    ],
+)
 def test_the_command_line_prints_one_short_line(files, tmp_path, argv, field):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(base_config(files)))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "sim", "run", str(cfg), "--out", str(out), *argv], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "sim", "run", str(cfg), "--out", str(out), *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {field}"), done.stderr[-2000:]

@@ -25,7 +25,7 @@ def with_tables(hw=H200, **tables):
 def test_copy_of_a_switch_xxl_expert_over_gen5_is_about_5_ms():
     c = CostModel(XXL, H200)
     assert c.expert_bytes == XXL.expert_bytes == pytest.approx(251.7e6, rel=0.001)
-    assert c.copy_s(c.expert_bytes) == pytest.approx(5e-3, rel=0.05)       # DESIGN 2.5
+    assert c.copy_s(c.expert_bytes) == pytest.approx(5e-3, rel=0.05)  # DESIGN 2.5
     assert c.copy_s(c.expert_bytes) == pytest.approx(10e-6 + 251.66e6 / 52e9, rel=1e-3)
     assert c.copy_s(0) == 0.0
 
@@ -46,11 +46,11 @@ def test_d2d_copy_reads_and_writes_hbm():
 def test_expert_at_one_token_is_memory_bound_about_50_us():
     c = CostModel(XXL, H200)
     t1 = c.expert_s(1)
-    assert 45e-6 < t1 < 75e-6                                               # DESIGN 2.5: reading it once ~50 us
+    assert 45e-6 < t1 < 75e-6  # DESIGN 2.5: reading it once ~50 us
     read = XXL.expert_bytes / H200.hbm_bw
     assert t1 == pytest.approx(3 * H200.launch_overhead_s + read, rel=0.01)
-    assert XXL.expert_flops_per_token / H200.flops < read / 100             # compute is negligible at 1 token
-    assert c.copy_s(XXL.expert_bytes) / t1 > 50                             # a miss costs ~100x the compute
+    assert XXL.expert_flops_per_token / H200.flops < read / 100  # compute is negligible at 1 token
+    assert c.copy_s(XXL.expert_bytes) / t1 > 50  # a miss costs ~100x the compute
 
 
 def test_expert_grows_with_tokens_and_turns_compute_bound():
@@ -75,7 +75,8 @@ def test_fp32_models_use_the_fp32_rate():
     bf16 = load_model("switch-base-128")
     big = 1 << 16
     assert CostModel(fp32, H200).expert_s(big) == pytest.approx(
-        2 * H200.launch_overhead_s + big * fp32.expert_flops_per_token / H200.flops_fp32, rel=1e-6)
+        2 * H200.launch_overhead_s + big * fp32.expert_flops_per_token / H200.flops_fp32, rel=1e-6
+    )
     assert CostModel(fp32, H200).expert_s(big) > 5 * CostModel(bf16, H200).expert_s(big)
 
 
@@ -95,13 +96,13 @@ def test_dense_of_switch_xxl():
     # one decoder MoE layer carries 2 blocks (self + cross attention each) and 1 gated dense FFN block
     weights = (2 * XXL.attention_params("decoder") + XXL.dense_ffn_params + XXL.gate_params) * 2
     t = c.dense_s("decoder", 1, 1)
-    assert t > weights / H200.hbm_bw                                        # reads its weights at least once
-    assert t < weights / H200.hbm_bw + 100e-6                               # plus launches and a little KV
-    assert c.dense_s("decoder", 16, 256) > c.dense_s("encoder", 16, 256)   # cross-attention
+    assert t > weights / H200.hbm_bw  # reads its weights at least once
+    assert t < weights / H200.hbm_bw + 100e-6  # plus launches and a little KV
+    assert c.dense_s("decoder", 16, 256) > c.dense_s("encoder", 16, 256)  # cross-attention
     with pytest.raises(ValueError):
         c.dense_s("middle", 1, 1)
     with pytest.raises(ValueError):
-        CostModel(MIXTRAL, H200).dense_s("encoder", 1, 1)                  # decoder-only model
+        CostModel(MIXTRAL, H200).dense_s("encoder", 1, 1)  # decoder-only model
 
 
 def test_lm_head():
@@ -116,12 +117,12 @@ def test_copy_table_overrides_and_interpolates():
     c = CostModel(XXL, with_tables(copy=((1e6, 1e-3), (1e8, 3e-3)), d2d=((0, 1e-5), (1e9, 1e-3))))
     assert c.copy_s(1e6) == pytest.approx(1e-3)
     assert c.copy_s(1e8) == pytest.approx(3e-3)
-    assert c.copy_s(0.5e8 + 0.5e6) == pytest.approx(2e-3)                  # halfway
-    assert c.copy_s(1e3) == pytest.approx(1e-3)                             # held below the first point
+    assert c.copy_s(0.5e8 + 0.5e6) == pytest.approx(2e-3)  # halfway
+    assert c.copy_s(1e3) == pytest.approx(1e-3)  # held below the first point
     slope = 2e-3 / 99e6
-    assert c.copy_s(3e8) == pytest.approx(3e-3 + slope * 2e8)               # extrapolated with the last slope
+    assert c.copy_s(3e8) == pytest.approx(3e-3 + slope * 2e8)  # extrapolated with the last slope
     assert c.d2d_s(5e8) == pytest.approx(0.505e-3)
-    assert c.expert_s(1) == CostModel(XXL, H200).expert_s(1)                # other durations keep the roofline
+    assert c.expert_s(1) == CostModel(XXL, H200).expert_s(1)  # other durations keep the roofline
 
 
 def test_table_extrapolation_never_decreases():
@@ -156,8 +157,8 @@ def test_dense_table_is_bilinear():
     mid_t, mid_c = (1 + 65) // 2, (64 + 1024) / 2
     assert c.dense_s("encoder", mid_t, mid_c) == pytest.approx((100 + 200 + 300 + 500) / 4 * 1e-6)
     assert c.dense_s("decoder", mid_t, 64) == pytest.approx(150e-6)
-    assert c.dense_s("decoder", 1, 0) == pytest.approx(100e-6)              # held below the grid
-    assert c.dense_s("decoder", 129, 64) == pytest.approx(300e-6)           # extrapolated above it
+    assert c.dense_s("decoder", 1, 0) == pytest.approx(100e-6)  # held below the grid
+    assert c.dense_s("decoder", 129, 64) == pytest.approx(300e-6)  # extrapolated above it
     assert c.dense_s("decoder", 129, 2048) > 500e-6
     assert c.dense_s("decoder", 0, 64) == 0.0
 
@@ -179,5 +180,7 @@ def test_memoised_values_equal_a_fresh_cost_model():
     c = CostModel(MIXTRAL, H200)
     first = [c.expert_s(t) for t in (7, 1, 7, 64)] + [c.dense_s("decoder", 16, 100.5), c.dense_s("decoder", 1, 9)]
     fresh = [CostModel(MIXTRAL, H200).expert_s(t) for t in (7, 1, 7, 64)] + [
-        CostModel(MIXTRAL, H200).dense_s("decoder", 16, 100.5), CostModel(MIXTRAL, H200).dense_s("decoder", 1, 9)]
+        CostModel(MIXTRAL, H200).dense_s("decoder", 16, 100.5),
+        CostModel(MIXTRAL, H200).dense_s("decoder", 1, 9),
+    ]
     assert first == fresh and first[0] != first[1] and first[0] == first[2]

@@ -38,6 +38,7 @@ SWITCH_LOGS = ROOT.parent / "shared" / "traces" / "switch-base-pregated-logs"
 
 # ------------------------------------------------------------------------------------- fetcher.cc, transliterated
 
+
 class FetcherCC:
     """The artifact's cache state for one forward call (one static batch), per decoder MoE layer: the priority of
     every expert (``expert_priority``) and the ``cache_size`` ids of ``expert_in_cache``, whose first
@@ -48,8 +49,19 @@ class FetcherCC:
     "float32" as the artifact's ``float`` does. ``literal_in_cache``: the artifact's cached-or-not test as written
     (``std::find(cache row, layer * 128 + i)``), else the intended ``std::find(cache row, i)``."""
 
-    def __init__(self, top_k_experts, cache_size, fix_cache_size, num_experts, max_val=2.0, threshold=1.0,
-                 dec_in_cache=0.4, dec_out_cache=0.2, arithmetic="exact", literal_in_cache=False):
+    def __init__(
+        self,
+        top_k_experts,
+        cache_size,
+        fix_cache_size,
+        num_experts,
+        max_val=2.0,
+        threshold=1.0,
+        dec_in_cache=0.4,
+        dec_out_cache=0.2,
+        arithmetic="exact",
+        literal_in_cache=False,
+    ):
         self.f32 = arithmetic == "float32"
         num = (lambda x: np.float32(x)) if self.f32 else (lambda x: Fraction(str(x)))
         self.max_val, self.threshold = num(max_val), num(threshold)
@@ -102,7 +114,7 @@ class FetcherCC:
                 break
             if prio[expert_using[j]] < self.threshold:
                 break
-            if expert_using[j] in row:    # already_in_cache: i--; continue
+            if expert_using[j] in row:  # already_in_cache: i--; continue
                 i -= 1
             else:
                 old = row[cache_size - i - 1]
@@ -114,17 +126,27 @@ class FetcherCC:
 
     def mpc(self, layer):
         row = self.expert_in_cache[layer]
-        return sorted(set(row[self.fix_cache_size:]) - set(row[:self.fix_cache_size]))
+        return sorted(set(row[self.fix_cache_size :]) - set(row[: self.fix_cache_size]))
 
 
 # ----------------------------------------------------------------------------------------------------- drivers
+
 
 def policy_ctx(trace, hpc, mpc, ranking=None):
     ranking = ranking or hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
     roles = tuple(x.role for x in trace.meta.model.layers)
     cached = frozenset(i for i, r in enumerate(roles) if r == "decoder")
-    return PolicyContext(trace.num_layers, trace.num_experts, roles, cached, hpc, mpc,
-                         tuple(tuple(r) for r in ranking), 0, {"trace": trace})
+    return PolicyContext(
+        trace.num_layers,
+        trace.num_experts,
+        roles,
+        cached,
+        hpc,
+        mpc,
+        tuple(tuple(r) for r in ranking),
+        0,
+        {"trace": trace},
+    )
 
 
 def run_policy(trace, its, hpc, mpc, params=None, ranking=None):
@@ -134,8 +156,9 @@ def run_policy(trace, its, hpc, mpc, params=None, ranking=None):
     policy = POLICIES.get("diffmoe")(params, ctx)
     snaps = []
     pred = PREDICTORS.get("none")(None, PredictorContext(trace.num_layers, trace.num_experts, 0))
-    decisions = replay(trace, its, policy, pred,
-                       after_step=lambda p: (p.cache.check(), snaps.append([sorted(m) for m in p.cache.mpc])))
+    decisions = replay(
+        trace, its, policy, pred, after_step=lambda p: (p.cache.check(), snaps.append([sorted(m) for m in p.cache.mpc]))
+    )
     out = []
     for d, snap in zip(decisions, snaps):
         if d.layer in ctx.cached_layers:
@@ -147,20 +170,37 @@ def run_policy(trace, its, hpc, mpc, params=None, ranking=None):
 def run_fetcher(trace, its, hpc, mpc, params=None, ranking=None):
     """The same workload through ``FetcherCC``, reset at every static batch as each forward call does (decoder-only
     traces: every iteration runs every layer)."""
-    p = {"max_val": 2.0, "threshold": 1.0, "dec_in_cache": 0.4, "dec_out_cache": 0.2, "arithmetic": "exact",
-         "fill": "hot", "in_cache_check": "intended", **(params or {})}
+    p = {
+        "max_val": 2.0,
+        "threshold": 1.0,
+        "dec_in_cache": 0.4,
+        "dec_out_cache": 0.2,
+        "arithmetic": "exact",
+        "fill": "hot",
+        "in_cache_check": "intended",
+        **(params or {}),
+    }
     ctx = policy_ctx(trace, hpc, mpc, ranking)
     layers = sorted(ctx.cached_layers)
     if p["fill"] == "expert0":
         lists = [[0] * (hpc + mpc) for _ in layers]  # eval_cache.py: no cache_init_experts -> all zeros
     else:
-        lists = [list(ctx.hot_ranking[layer][:hpc + mpc]) for layer in layers]
+        lists = [list(ctx.hot_ranking[layer][: hpc + mpc]) for layer in layers]
     fetcher, out = None, []
     for it in its:
         if it.new_batch:
-            fetcher = FetcherCC(lists, hpc + mpc, hpc, trace.num_experts, p["max_val"], p["threshold"],
-                                p["dec_in_cache"], p["dec_out_cache"], p["arithmetic"],
-                                p["in_cache_check"] == "artifact")
+            fetcher = FetcherCC(
+                lists,
+                hpc + mpc,
+                hpc,
+                trace.num_experts,
+                p["max_val"],
+                p["threshold"],
+                p["dec_in_cache"],
+                p["dec_out_cache"],
+                p["arithmetic"],
+                p["in_cache_check"] == "artifact",
+            )
         for pos, layer in enumerate(layers):
             ids = trace.experts[it.rows, layer, :].ravel()
             using = sorted({int(x) for x in ids if x >= 0})
@@ -171,8 +211,17 @@ def run_fetcher(trace, its, hpc, mpc, params=None, ranking=None):
 
 def skewed_trace(seed, layers=3, experts=16, k=2, requests=4, skew=1.2, stickiness=0.5):
     """A generated decode-only trace with concentrated, sticky routing (as real routing is)."""
-    knobs = SynthKnobs(num_experts=experts, top_k=k, decoder_layers=layers, requests=requests, prompt_len=(0, 0),
-                       decode_len=(30, 90), skew=skew, stickiness=stickiness, correlation=0.3)
+    knobs = SynthKnobs(
+        num_experts=experts,
+        top_k=k,
+        decoder_layers=layers,
+        requests=requests,
+        prompt_len=(0, 0),
+        decode_len=(30, 90),
+        skew=skew,
+        stickiness=stickiness,
+        correlation=0.3,
+    )
     return generate(knobs, seed)
 
 
@@ -184,14 +233,17 @@ def read_switch_log(path: Path, num_experts: int) -> Trace:
     assert len(lines) % per_run == 0, f"{path}: {len(lines)} lines is not a whole number of runs"
     runs = []
     for r in range(len(lines) // per_run):
-        dec = lines[r * per_run + 6:(r + 1) * per_run]
+        dec = lines[r * per_run + 6 : (r + 1) * per_run]
         assert all(len(x) == 1 for x in dec), f"{path}: a decode line of run {r} has more than one token"
         runs.append(np.array([int(x[0]) for x in dec], dtype=np.int16).reshape(256, 6))
     experts = np.concatenate(runs)[:, :, None]
-    meta = TraceMeta(ModelInfo(f"switch-base-{num_experts}", num_experts, 1,
-                               tuple(LayerInfo(2 * i + 1, "decoder") for i in range(6))),
-                     Provenance("imported", "tests", f"google/switch-base-{num_experts}", path.name, "2024-12-10"),
-                     seed=None)
+    meta = TraceMeta(
+        ModelInfo(
+            f"switch-base-{num_experts}", num_experts, 1, tuple(LayerInfo(2 * i + 1, "decoder") for i in range(6))
+        ),
+        Provenance("imported", "tests", f"google/switch-base-{num_experts}", path.name, "2024-12-10"),
+        seed=None,
+    )
     offsets = np.arange(len(runs) + 1, dtype=np.int64) * 256
     return Trace(experts, offsets, np.zeros(len(runs), dtype=np.int64), meta)
 
@@ -209,18 +261,36 @@ def assert_same(got, want):
 
 # ------------------------------------------------------------------------------------- the policy == fetcher.cc
 
+
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10**6), hpc=st.integers(0, 3), mpc=st.integers(0, 6), k=st.integers(1, 3),
-       batch=st.integers(1, 4), experts=st.sampled_from([8, 16, 32]), fill=st.sampled_from(["hot", "expert0"]),
-       arithmetic=st.sampled_from(["exact", "float32"]), check=st.sampled_from(["intended", "artifact"]),
-       dec=st.sampled_from([(0.4, 0.2), (0.2, 0.4), (0.5, 0.5)]), thr=st.sampled_from([(2.0, 1.0), (3.0, 2.0)]))
-def test_policy_equals_fetcher_cc_on_generated_skewed_traces(seed, hpc, mpc, k, batch, experts, fill, arithmetic,
-                                                            check, dec, thr):
+@given(
+    seed=st.integers(0, 10**6),
+    hpc=st.integers(0, 3),
+    mpc=st.integers(0, 6),
+    k=st.integers(1, 3),
+    batch=st.integers(1, 4),
+    experts=st.sampled_from([8, 16, 32]),
+    fill=st.sampled_from(["hot", "expert0"]),
+    arithmetic=st.sampled_from(["exact", "float32"]),
+    check=st.sampled_from(["intended", "artifact"]),
+    dec=st.sampled_from([(0.4, 0.2), (0.2, 0.4), (0.5, 0.5)]),
+    thr=st.sampled_from([(2.0, 1.0), (3.0, 2.0)]),
+)
+def test_policy_equals_fetcher_cc_on_generated_skewed_traces(
+    seed, hpc, mpc, k, batch, experts, fill, arithmetic, check, dec, thr
+):
     mpc = min(mpc, experts - hpc)  # sim.decisions.build_decisions refuses more slots than experts
     trace = skewed_trace(seed, experts=experts, k=k)
     its = workload(trace, batch)
-    params = {"fill": fill, "arithmetic": arithmetic, "in_cache_check": check, "dec_in_cache": dec[0],
-              "dec_out_cache": dec[1], "max_val": thr[0], "threshold": thr[1]}
+    params = {
+        "fill": fill,
+        "arithmetic": arithmetic,
+        "in_cache_check": check,
+        "dec_in_cache": dec[0],
+        "dec_out_cache": dec[1],
+        "max_val": thr[0],
+        "threshold": thr[1],
+    }
     got, _ = run_policy(trace, its, hpc, mpc, params)
     assert_same(got, run_fetcher(trace, its, hpc, mpc, params))
 
@@ -286,6 +356,7 @@ def test_float32_drift_changes_decisions_on_the_real_switch_trace(switch_b1):
 
 
 # ------------------------------------------------------------------------------------------ the rules, by hand
+
 
 def one_layer(steps, experts=6):
     """A decode-only one-layer trace, one request, top-k = the widest step (padded with -1)."""
@@ -385,16 +456,20 @@ def test_expert0_fill_is_the_artifacts_start_without_a_hot_list():
 
 # ------------------------------------------------------------------------------------------------------ params
 
-@pytest.mark.parametrize("params, field", [
-    ({"victim_order": "random"}, "policy.params.victim_order"),
-    ({"arithmetic": "float16"}, "policy.params.arithmetic"),
-    ({"fill": "cold"}, "policy.params.fill"),
-    ({"in_cache_check": "maybe"}, "policy.params.in_cache_check"),
-    ({"threshold": -1}, "policy.params.threshold"),
-    ({"dec_in_cache": 0.1234567}, "policy.params.dec_in_cache"),   # exact arithmetic: at most 6 decimals
-    ({"fill": "expert0", "victim_order": "legacy"}, "policy.params.fill"),
-    ({"floor": "yes"}, "policy.params.floor"),
-])
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"victim_order": "random"}, "policy.params.victim_order"),
+        ({"arithmetic": "float16"}, "policy.params.arithmetic"),
+        ({"fill": "cold"}, "policy.params.fill"),
+        ({"in_cache_check": "maybe"}, "policy.params.in_cache_check"),
+        ({"threshold": -1}, "policy.params.threshold"),
+        ({"dec_in_cache": 0.1234567}, "policy.params.dec_in_cache"),  # exact arithmetic: at most 6 decimals
+        ({"fill": "expert0", "victim_order": "legacy"}, "policy.params.fill"),
+        ({"floor": "yes"}, "policy.params.floor"),
+    ],
+)
 def test_bad_params_name_the_field(params, field):
     trace = one_layer([[1]])
     with pytest.raises(ConfigError, match="^" + field.replace(".", r"\.") + ":"):
@@ -408,16 +483,35 @@ def test_seven_decimals_are_fine_in_float32():
 
 def test_a_bad_param_exits_2_from_the_cli(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-m", "sim", "run", "configs/switch_xxl.yaml", "--set",
-                          "policy.params.victim_order=lifo", "--set", "workload.requests=1", "--set",
-                          "workload.max_decode_tokens=2", "--out", str(tmp_path / "o")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "run",
+            "configs/switch_xxl.yaml",
+            "--set",
+            "policy.params.victim_order=lifo",
+            "--set",
+            "workload.requests=1",
+            "--set",
+            "workload.max_decode_tokens=2",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 2, res.stderr
     lines = [x for x in res.stderr.strip().splitlines() if x]
     assert len(lines) == 1 and "policy.params.victim_order" in lines[0] and "lifo" in lines[0]
 
 
 # ------------------------------------------------------------------------------------- std::sort, as libstdc++
+
 
 def test_sort_by_key_descending_is_stable_up_to_16_elements():
     rng = random.Random(0)
@@ -441,11 +535,12 @@ def gxx_sort(tmp_path_factory):
     src = d / "s.cc"
     src.write_text(
         "#include <algorithm>\n#include <cstdio>\n#include <vector>\n"
-        "int main(){int n,m;while(scanf(\"%d %d\",&m,&n)==2){std::vector<int> key(n),ids(n);"
-        "for(int i=0;i<n;i++){scanf(\"%d\",&key[i]);ids[i]=i;}"
+        'int main(){int n,m;while(scanf("%d %d",&m,&n)==2){std::vector<int> key(n),ids(n);'
+        'for(int i=0;i<n;i++){scanf("%d",&key[i]);ids[i]=i;}'
         "auto c=[&](const int&a,const int&b){return key[a]>key[b];};"
         "if(m)std::partial_sort(ids.begin(),ids.end(),ids.end(),c);else std::sort(ids.begin(),ids.end(),c);"
-        "for(int i=0;i<n;i++)printf(\"%d \",ids[i]);printf(\"\\n\");}}\n")
+        'for(int i=0;i<n;i++)printf("%d ",ids[i]);printf("\\n");}}\n'
+    )
     exe = d / "s"
     subprocess.run([gxx, "-O2", "-o", str(exe), str(src)], check=True, timeout=120)
 
@@ -453,6 +548,7 @@ def gxx_sort(tmp_path_factory):
         text = "".join(f"{m} {len(c)} " + " ".join(map(str, c)) + "\n" for m, c in cases)
         out = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=True).stdout
         return [[int(x) for x in line.split()] for line in out.splitlines()]
+
     return run
 
 

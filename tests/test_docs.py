@@ -29,7 +29,7 @@ SHELL_BLOCKS = ("sh", "bash", "shell", "console")
 PYTHONS = ("python", "python3", ".venv/bin/python")
 #: argument prefixes that name files shipped in the repository (checked to exist unless they hold a placeholder)
 BUNDLED = ("configs/", "traces/data/", "benchmarks/", "validate/", "docs/")
-PLACEHOLDER = re.compile(r"[A-Z]{3,}|[*?]")   # NAME, FILE, COMMIT, or a glob
+PLACEHOLDER = re.compile(r"[A-Z]{3,}|[*?]")  # NAME, FILE, COMMIT, or a glob
 
 
 # ------------------------------------------------------------------------------------------------ extraction
@@ -218,24 +218,27 @@ def test_documents_show_commands(relpath):
     assert {"sim", "traces", "validate"} <= packages, f"{relpath}: commands found for {sorted(packages)} only"
 
 
-@pytest.mark.parametrize("line", [
-    "python -m sim run configs/switch_xxl.yaml --no-such-flag",
-    "python -m sim runn configs/switch_xxl.yaml",
-    "python -m sim compare configs/switch_xxl.yaml --policies lru,no-such-policy",
-    "python -m sim compare configs/switch_xxl.yaml --policies lru@no-such-predictor",
-    "python -m sim run configs/switch_xxl.yaml --set workload.no_such_field=1",
-    "python -m sim run configs/no_such_config.yaml",
-    "python -m sim sweep configs/sweeps/ci.yaml --executor slurm",
-    "python -m traces stats he.npz --no-such-flag",
-    "python -m traces no-such-command x",
-    "python -m validate cpu --quick",                # --out is required
-    "python -m validate no-such-command --help",
-    ".venv/bin/python -m validate compare DIR --max-median-error ten",
-    ".venv/bin/python benchmarks/no_such_bench.py",
-    "bash validate/no_such_script.sh",
-    "make no-such-target",
-    "cp docs/validation/no-such-folder/gpu-check.tar.gz runs/h200/",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "python -m sim run configs/switch_xxl.yaml --no-such-flag",
+        "python -m sim runn configs/switch_xxl.yaml",
+        "python -m sim compare configs/switch_xxl.yaml --policies lru,no-such-policy",
+        "python -m sim compare configs/switch_xxl.yaml --policies lru@no-such-predictor",
+        "python -m sim run configs/switch_xxl.yaml --set workload.no_such_field=1",
+        "python -m sim run configs/no_such_config.yaml",
+        "python -m sim sweep configs/sweeps/ci.yaml --executor slurm",
+        "python -m traces stats he.npz --no-such-flag",
+        "python -m traces no-such-command x",
+        "python -m validate cpu --quick",  # --out is required
+        "python -m validate no-such-command --help",
+        ".venv/bin/python -m validate compare DIR --max-median-error ten",
+        ".venv/bin/python benchmarks/no_such_bench.py",
+        "bash validate/no_such_script.sh",
+        "make no-such-target",
+        "cp docs/validation/no-such-folder/gpu-check.tar.gz runs/h200/",
+    ],
+)
 def test_checker_rejects_bad_commands(line):
     """The check can fail: each of these is caught."""
     commands = split_commands(line)
@@ -244,18 +247,20 @@ def test_checker_rejects_bad_commands(line):
 
 
 def test_extraction():
-    text = "\n".join([
-        "```sh",
-        ". .venv/bin/activate",
-        "python -m sim run configs/switch_xxl.yaml --json   # a comment --no-such-flag",
-        "python -m validate cpu --out runs/v && python -m validate compare runs/v",
-        "python -m traces stats he.npz [--json]",
-        "LIMIT_S=150 EXTRA=\"--suite cpu\" bash validate/run_gpu_check.sh --pack OUT",
-        "python -m traces synth --experts 8 \\",
-        "    --out s.npz",
-        "```",
-        "python -m sim run --not-in-a-block",
-    ])
+    text = "\n".join(
+        [
+            "```sh",
+            ". .venv/bin/activate",
+            "python -m sim run configs/switch_xxl.yaml --json   # a comment --no-such-flag",
+            "python -m validate cpu --out runs/v && python -m validate compare runs/v",
+            "python -m traces stats he.npz [--json]",
+            'LIMIT_S=150 EXTRA="--suite cpu" bash validate/run_gpu_check.sh --pack OUT',
+            "python -m traces synth --experts 8 \\",
+            "    --out s.npz",
+            "```",
+            "python -m sim run --not-in-a-block",
+        ]
+    )
     cmds = [t for _, line in shell_blocks(text) for t in split_commands(line)]
     assert cmds == [
         ["python", "-m", "sim", "run", "configs/switch_xxl.yaml", "--json"],
@@ -275,8 +280,13 @@ OUTSIDE = "../shared"
 def repository_files() -> list[str]:
     """Tracked files and new ones not ignored (``git ls-files``), or a walk when git is not at hand."""
     try:
-        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                             capture_output=True, check=True, timeout=60).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        ).stdout
         return sorted({p for p in out.decode().split("\0") if p})
     except (OSError, subprocess.SubprocessError):
         skip = {".git", ".venv", "runs", "__pycache__", ".pytest_cache", ".hypothesis", "build"}
@@ -310,7 +320,7 @@ def outside_mentions(relpath: str, text: str) -> list[str]:
     bad = [s for s in sentences(text) if OUTSIDE in s]
     if relpath == "README.md":
         allowed = [s for s in bad if re.search(r"\btests?\b", s, re.I) and "skip" in s]
-        if len(allowed) == 1:   # the one sentence about the optional real-trace tests
+        if len(allowed) == 1:  # the one sentence about the optional real-trace tests
             bad.remove(allowed[0])
     return bad
 
@@ -327,13 +337,15 @@ def test_nothing_points_outside_the_repository():
             continue
         for s in outside_mentions(relpath, text):
             at = s.index(OUTSIDE)
-            offenders.append(f"{relpath}: ...{s[max(0, at - 80):at + 60]}...")
+            offenders.append(f"{relpath}: ...{s[max(0, at - 80) : at + 60]}...")
     assert not offenders, "files that point outside the repository:\n" + "\n".join(offenders)
 
 
 def test_outside_check_can_fail():
-    readme = ("Tests that use the real routing read `../shared/traces/` and skip with a reason when it is absent "
-              "(a fresh clone has no `../shared`). Nothing downloads.")
+    readme = (
+        "Tests that use the real routing read `../shared/traces/` and skip with a reason when it is absent "
+        "(a fresh clone has no `../shared`). Nothing downloads."
+    )
     assert outside_mentions("README.md", readme) == []
     assert outside_mentions("README.md", readme + " Design: `../shared/DESIGN.md`.") != []
     assert outside_mentions("docs/architecture.md", readme) != []

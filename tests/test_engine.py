@@ -29,20 +29,59 @@ def tiny_model(trace, d_model=256, d_ff=512):
     """An inline model matching a test trace's shape (small experts, so copies are ~100 us)."""
     roles = [x.role for x in trace.meta.model.layers]
     enc, dec = roles.count("encoder"), roles.count("decoder")
-    return {"name": trace.meta.model.name, "d_model": d_model, "d_ff": d_ff, "expert_matrices": 2,
-            "num_experts": trace.num_experts, "top_k": trace.top_k, "encoder_blocks": enc, "decoder_blocks": dec,
-            "encoder_moe_layers": enc, "decoder_moe_layers": dec, "n_heads": 4, "n_kv_heads": 4, "head_dim": 64,
-            "dense_d_ff": 0, "dense_ffn_matrices": 2, "shared_expert_d_ff": 0, "dtype_bytes": 2, "vocab_size": 1000}
+    return {
+        "name": trace.meta.model.name,
+        "d_model": d_model,
+        "d_ff": d_ff,
+        "expert_matrices": 2,
+        "num_experts": trace.num_experts,
+        "top_k": trace.top_k,
+        "encoder_blocks": enc,
+        "decoder_blocks": dec,
+        "encoder_moe_layers": enc,
+        "decoder_moe_layers": dec,
+        "n_heads": 4,
+        "n_kv_heads": 4,
+        "head_dim": 64,
+        "dense_d_ff": 0,
+        "dense_ffn_matrices": 2,
+        "shared_expert_d_ff": 0,
+        "dtype_bytes": 2,
+        "vocab_size": 1000,
+    }
 
 
-def config_for(trace_path, trace, policy="lru", predictor="none", batch=1, hpc=0, mpc=2, buffers=4,
-               batching="static", layers="all", seed=0, policy_params=None, predictor_params=None, **workload):
-    d = {"model": tiny_model(trace), "hardware": "h200",
-         "workload": {"trace": str(trace_path), "batch_size": batch, "batching": batching, **workload},
-         "cache": {"hpc_slots": hpc, "mpc_slots": mpc, "lpc_buffers": buffers, "prefetch_reserve": min(1, buffers - 1),
-                   "layers": layers},
-         "policy": {"name": policy, "params": policy_params or {}},
-         "predictor": {"name": predictor, "params": predictor_params or {}}, "seed": seed}
+def config_for(
+    trace_path,
+    trace,
+    policy="lru",
+    predictor="none",
+    batch=1,
+    hpc=0,
+    mpc=2,
+    buffers=4,
+    batching="static",
+    layers="all",
+    seed=0,
+    policy_params=None,
+    predictor_params=None,
+    **workload,
+):
+    d = {
+        "model": tiny_model(trace),
+        "hardware": "h200",
+        "workload": {"trace": str(trace_path), "batch_size": batch, "batching": batching, **workload},
+        "cache": {
+            "hpc_slots": hpc,
+            "mpc_slots": mpc,
+            "lpc_buffers": buffers,
+            "prefetch_reserve": min(1, buffers - 1),
+            "layers": layers,
+        },
+        "policy": {"name": policy, "params": policy_params or {}},
+        "predictor": {"name": predictor, "params": predictor_params or {}},
+        "seed": seed,
+    }
     return config_from_dict(d, "test", POLICY_NAMES, PREDICTOR_NAMES)
 
 
@@ -51,11 +90,20 @@ def comparable(summary):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 10**6), batch=st.integers(1, 5), hpc=st.integers(0, 2), mpc=st.integers(0, 3),
-       buffers=st.integers(1, 6), k=st.integers(1, 2), predictor=st.sampled_from(["none", "oracle", "noisy"]),
-       batching=st.sampled_from(["static", "continuous"]), enc_dec=st.booleans())
-def test_engine_invariants_on_random_traces_and_configs(tmp_path, seed, batch, hpc, mpc, buffers, k, predictor,
-                                                       batching, enc_dec):
+@given(
+    seed=st.integers(0, 10**6),
+    batch=st.integers(1, 5),
+    hpc=st.integers(0, 2),
+    mpc=st.integers(0, 3),
+    buffers=st.integers(1, 6),
+    k=st.integers(1, 2),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+    batching=st.sampled_from(["static", "continuous"]),
+    enc_dec=st.booleans(),
+)
+def test_engine_invariants_on_random_traces_and_configs(
+    tmp_path, seed, batch, hpc, mpc, buffers, k, predictor, batching, enc_dec
+):
     rng = np.random.default_rng(seed)
     trace = random_trace(rng, tokens=48, layers=4, experts=8, k=k, requests=4)
     if enc_dec:  # first two layers encoder (prompt rows), last two decoder (generated rows)
@@ -69,14 +117,16 @@ def test_engine_invariants_on_random_traces_and_configs(tmp_path, seed, batch, h
     pred_params = {"recall": 0.7, "precision": 0.5} if predictor == "noisy" else None
     results = {}
     for policy in POLICY_NAMES:
-        cfg = config_for(path, trace, policy, predictor, batch, hpc, mpc, buffers, batching, seed=seed,
-                         predictor_params=pred_params)
+        cfg = config_for(
+            path, trace, policy, predictor, batch, hpc, mpc, buffers, batching, seed=seed, predictor_params=pred_params
+        )
         out = simulate(cfg, timeline=True, check_invariants=True, trace=trace)  # tiers checked after every layer
         s, res = out.summary, out.engine
         hits = s["hits"]
         assert hits["hpc"] + hits["mpc"] + hits["lpc"] + s["misses"] + s["cpu_experts"] == s["accesses"]
-        assert s["accesses"] == sum(r.hits_hpc + r.hits_mpc + r.hits_lpc + r.misses + r.cpu_experts
-                                    for r in res.iterations)
+        assert s["accesses"] == sum(
+            r.hits_hpc + r.hits_mpc + r.hits_lpc + r.misses + r.cpu_experts for r in res.iterations
+        )
         assert s["pcie_bytes"] == s["copies"] * cfg.model.expert_bytes
         assert s["max_buffers_in_use"] <= buffers
         ends = [r.end_s for r in res.iterations]
@@ -117,9 +167,12 @@ def test_diffmoe_through_the_engine_matches_the_plain_rules(tmp_path):
     path = save_trace(trace, tmp_path / "t.npz")
     ranking = [list(range(6))]
     cfg = config_for(path, trace, "diffmoe", "none", batch=1, hpc=1, mpc=2, policy_params=LEGACY)
-    cfg = config_from_dict({**cfg.resolved, "model": tiny_model(trace),
-                            "cache": {**cfg.resolved["cache"], "hot_profile": ranking}}, "test", POLICY_NAMES,
-                           PREDICTOR_NAMES)
+    cfg = config_from_dict(
+        {**cfg.resolved, "model": tiny_model(trace), "cache": {**cfg.resolved["cache"], "hot_profile": ranking}},
+        "test",
+        POLICY_NAMES,
+        PREDICTOR_NAMES,
+    )
     s = simulate(cfg, trace=trace).summary
     want = plain_diffmoe(trace, 1, 2, ranking)
     sources = [src for step in want for src in step[0].values()]
@@ -148,19 +201,40 @@ def test_continuous_batching_serves_every_decode_token_once(tmp_path):
         served = s["requests_served"]
         assert s["decode_tokens"] == sum(int(trace.request_lengths[r % 7]) for r in range(served))
         assert s["requests_reused"] == served - 7
-    assert simulate(config_for(path, trace, "lru", batch=3, batching="continuous"), trace=trace).summary[
-        "requests_served"] == 7
+    assert (
+        simulate(config_for(path, trace, "lru", batch=3, batching="continuous"), trace=trace).summary["requests_served"]
+        == 7
+    )
 
 
 # ------------------------------------------------------------------------------------------------ real trace
+
 
 @pytest.mark.parametrize("policy", ["lru", "diffmoe"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_real_mixtral_trace_runs_end_to_end(mixtral_real, tmp_path, policy, batch):
     out = tmp_path / f"{policy}-{batch}"
-    res = subprocess.run([sys.executable, "-m", "sim", "run", "configs/mixtral.yaml", "--json", "--out", str(out),
-                          "--set", f"workload.trace={mixtral_real['both']}", "--set", f"workload.batch_size={batch}",
-                          "--set", f"policy.name={policy}"], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "run",
+            "configs/mixtral.yaml",
+            "--json",
+            "--out",
+            str(out),
+            "--set",
+            f"workload.trace={mixtral_real['both']}",
+            "--set",
+            f"workload.batch_size={batch}",
+            "--set",
+            f"policy.name={policy}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     s = json.loads(res.stdout)
     assert s["throughput_tok_s"] > 0 and 0 < s["hit_rate"]["overall"] <= 1
@@ -170,19 +244,39 @@ def test_real_mixtral_trace_runs_end_to_end(mixtral_real, tmp_path, policy, batc
 
 # ------------------------------------------------------------------------------------------------------- CLI
 
+
 def _sim(*args):
     return subprocess.run([sys.executable, "-m", "sim", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
 def test_default_run_writes_every_result_file_and_a_perfetto_timeline(tmp_path):
     out = tmp_path / "run"
-    res = _sim("run", "configs/switch_xxl.yaml", "--out", out, "--timeline", "--set", "workload.requests=16",
-               "--set", "workload.max_decode_tokens=8")
+    res = _sim(
+        "run",
+        "configs/switch_xxl.yaml",
+        "--out",
+        out,
+        "--timeline",
+        "--set",
+        "workload.requests=16",
+        "--set",
+        "workload.max_decode_tokens=8",
+    )
     assert res.returncode == 0, res.stderr
     assert "throughput" in res.stdout and "hit rate" in res.stdout
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("throughput_tok_s", "iteration_ms", "hit_rate", "pcie_bytes", "link_busy_frac", "compute_busy_frac",
-                "stall_ms", "prefetch", "events", "wall_s"):
+    for key in (
+        "throughput_tok_s",
+        "iteration_ms",
+        "hit_rate",
+        "pcie_bytes",
+        "link_busy_frac",
+        "compute_busy_frac",
+        "stall_ms",
+        "prefetch",
+        "events",
+        "wall_s",
+    ):
         assert key in summary
     assert set(summary["iteration_ms"]) >= {"mean", "p50", "p99"}
     assert set(summary["hit_rate"]) == {"overall", "hpc", "mpc", "lpc"}
@@ -197,17 +291,20 @@ def test_default_run_writes_every_result_file_and_a_perfetto_timeline(tmp_path):
     assert lines[0].startswith("index,batch,kind") and len(lines) == summary["iterations"] + 1
 
 
-@pytest.mark.parametrize("override, field", [
-    ("workload.batch_size=0", "workload.batch_size"),
-    ("workload.batching=dynamic", "workload.batching"),
-    ("workload.colour=red", "workload.colour"),
-    ("cache.mpc_slots=2000", "cache"),
-    ("policy.name=clairvoyant", "policy.name"),
-    ("predictor.name=psychic", "predictor.name"),
-    ("model=mixtral-8x7b", "workload.trace"),
-    ("hardware.pcie_bw_gb_s=-1", "hardware"),
-    ("policy.params.threshold=high", "policy.params.threshold"),
-])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("workload.batch_size=0", "workload.batch_size"),
+        ("workload.batching=dynamic", "workload.batching"),
+        ("workload.colour=red", "workload.colour"),
+        ("cache.mpc_slots=2000", "cache"),
+        ("policy.name=clairvoyant", "policy.name"),
+        ("predictor.name=psychic", "predictor.name"),
+        ("model=mixtral-8x7b", "workload.trace"),
+        ("hardware.pcie_bw_gb_s=-1", "hardware"),
+        ("policy.params.threshold=high", "policy.params.threshold"),
+    ],
+)
 def test_bad_configs_exit_2_naming_the_field_and_write_nothing(tmp_path, override, field):
     out = tmp_path / "out"
     res = _sim("run", "configs/switch_xxl.yaml", "--out", out, "--set", override)
@@ -226,6 +323,7 @@ def test_missing_config_and_bad_yaml_exit_2(tmp_path):
 
 # --------------------------------------------------------------------------------- SimPy's public API only
 
+
 def engine_for(cfg, trace, **kw):
     """The engine of one run, built as ``sim.run.simulate`` builds it (so that a test can hand it an environment)."""
     from sim.costs import CostModel
@@ -236,8 +334,17 @@ def engine_for(cfg, trace, **kw):
     w = cfg.workload
     iterations, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
     policy, predictor = build_decisions(cfg, trace, iterations)
-    return Simulation(trace, iterations, policy, predictor, CostModel(cfg.model, cfg.hardware, cfg.system),
-                      cfg.cache.lpc_buffers, cfg.cache.prefetch_reserve, record_decisions=True, **kw)
+    return Simulation(
+        trace,
+        iterations,
+        policy,
+        predictor,
+        CostModel(cfg.model, cfg.hardware, cfg.system),
+        cfg.cache.lpc_buffers,
+        cfg.cache.prefetch_reserve,
+        record_decisions=True,
+        **kw,
+    )
 
 
 def background_copies(env, link_s, seen, stream):
@@ -249,14 +356,30 @@ def background_copies(env, link_s, seen, stream):
         seen.append((env.now, stream().now))
 
 
-@pytest.mark.parametrize("policy, predictor, batch, extra", [
-    ("lru", "oracle", 2, {}),
-    ("diffmoe", "noisy", 1, {"hardware": {"base": "h200", "handoff_us": 7, "copy_gap_us": 3,
-                                          "compute_slowdown": 1.3, "layer_roundtrip_us": 40}}),
-    ("lru", "none", 3, {"system": {"base": "ideal", "copy_stream": "serial", "writeback_evicted": True}}),
-])
-def test_an_extra_simpy_process_runs_beside_the_engine_and_changes_no_decision(tmp_path, policy, predictor, batch,
-                                                                             extra):
+@pytest.mark.parametrize(
+    "policy, predictor, batch, extra",
+    [
+        ("lru", "oracle", 2, {}),
+        (
+            "diffmoe",
+            "noisy",
+            1,
+            {
+                "hardware": {
+                    "base": "h200",
+                    "handoff_us": 7,
+                    "copy_gap_us": 3,
+                    "compute_slowdown": 1.3,
+                    "layer_roundtrip_us": 40,
+                }
+            },
+        ),
+        ("lru", "none", 3, {"system": {"base": "ideal", "copy_stream": "serial", "writeback_evicted": True}}),
+    ],
+)
+def test_an_extra_simpy_process_runs_beside_the_engine_and_changes_no_decision(
+    tmp_path, policy, predictor, batch, extra
+):
     import simpy
 
     trace = random_trace(np.random.default_rng(11), tokens=90, layers=4, experts=8, k=2, requests=3)
@@ -271,21 +394,26 @@ def test_an_extra_simpy_process_runs_beside_the_engine_and_changes_no_decision(t
     env.process(background_copies(env, alone.sim_time_s / 97, seen, lambda: shared.stream))
     res = shared.run(env)
     assert res.decisions == alone.decisions and len(res.decisions) > 0
-    assert res.iterations == alone.iterations   # the other process shares nothing: the same times and counts
-    assert (res.sim_time_s, res.stall_s, res.copies, res.events) == (alone.sim_time_s, alone.stall_s, alone.copies,
-                                                                    alone.events)
+    assert res.iterations == alone.iterations  # the other process shares nothing: the same times and counts
+    assert (res.sim_time_s, res.stall_s, res.copies, res.events) == (
+        alone.sim_time_s,
+        alone.stall_s,
+        alone.copies,
+        alone.events,
+    )
     # the background stream ran all along, at its own times, and never saw the compute stream ahead of SimPy
     assert len(seen) >= 90 and all(b[0] > a[0] for a, b in zip(seen, seen[1:]))
     assert all(stream_now <= now for now, stream_now in seen)
-    assert env.now == res.sim_time_s   # SimPy's clock at the run's end
+    assert env.now == res.sim_time_s  # SimPy's clock at the run's end
     copies = [t for tr, _, t, _ in res.timeline if tr == "copy"]
     assert len(copies) == res.copies
 
 
 @settings(max_examples=60, deadline=None)
-@given(waits=st.lists(st.sampled_from([0.0, 1e-9, 3e-7, 1e-3, 0.1, 0.7, 3.0, 1 / 3, 1e-6 / 7]), min_size=1,
-                      max_size=40),
-       others=st.lists(st.sampled_from([1e-9, 3e-7, 1e-3, 0.05, 1 / 3, 2.0]), max_size=12))
+@given(
+    waits=st.lists(st.sampled_from([0.0, 1e-9, 3e-7, 1e-3, 0.1, 0.7, 3.0, 1 / 3, 1e-6 / 7]), min_size=1, max_size=40),
+    others=st.lists(st.sampled_from([1e-9, 3e-7, 1e-3, 0.05, 1 / 3, 2.0]), max_size=12),
+)
 def test_a_stream_clock_keeps_a_process_times_and_runs_every_event_due_by_each_wait(waits, others):
     """The stream clock's times are those of a SimPy process that yields one timeout per wait (the same float
     sums), another process's events keep their times, and every event due by the end of a wait runs before the
@@ -302,7 +430,7 @@ def test_a_stream_clock_keeps_a_process_times_and_runs_every_event_due_by_each_w
     env = simpy.Environment()
     log = []
     env.process(other(env, log))
-    env.step()   # the other process starts
+    env.step()  # the other process starts
     clock = StreamClock(env)
     for i, dt in enumerate(waits):
         clock.wait(dt)
@@ -320,7 +448,7 @@ def test_a_stream_clock_keeps_a_process_times_and_runs_every_event_due_by_each_w
     assert [t for t, who, _ in log if who == 1] == ref
     other_times, t = [], 0.0
     for d in others:
-        t += d   # SimPy's sum: now + delay
+        t += d  # SimPy's sum: now + delay
         other_times.append(t)
     assert [t for t, who, _ in log if who == 0] == [t for t in other_times if t <= ref[-1]]
     assert log == sorted(log)
@@ -339,7 +467,7 @@ def test_a_copy_event_due_at_the_end_of_a_wait_runs_before_the_stream_goes_on():
     ran = []
     first = env.timeout(0.25)
     first.callbacks.append(lambda ev: env.timeout(0.75).callbacks.append(lambda e: ran.append(env.now)))
-    clock.wait(1.0)   # the second timeout lands at 0.25 + 0.75 = 1.0, scheduled after the wait's own
+    clock.wait(1.0)  # the second timeout lands at 0.25 + 0.75 = 1.0, scheduled after the wait's own
     assert ran == [1.0] and clock.now == 1.0
 
 
@@ -365,10 +493,10 @@ def test_the_copy_engine_alone_lands_one_copy_at_a_time_on_simpys_clock():
     prefetch = copy.submit(1, 7, True)
     env.run()
     assert [j.expert for j in copy.ready[0]] == [3, 4] and (first.end, second.end) == (0.5, 1.0)
-    assert not prefetch.started and copy.copies == 2 and copy.events == 2   # both buffers taken
+    assert not prefetch.started and copy.copies == 2 and copy.events == 2  # both buffers taken
     copy.release(copy.ready[0].popleft())
     env.run()
-    assert not prefetch.started   # a prefetch leaves the reserve free
+    assert not prefetch.started  # a prefetch leaves the reserve free
     copy.release(copy.ready[0].popleft())
     env.run()
     assert prefetch.finished and (prefetch.start, prefetch.end) == (1.0, 1.5) and env.now == 1.5

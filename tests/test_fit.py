@@ -19,8 +19,7 @@ from traces.synth import SynthKnobs, _balance, generate
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True)
+    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
 def truth_knobs(seed=7, layers=4, experts=16, k=2, requests=300, prefix=2) -> SynthKnobs:
@@ -30,12 +29,22 @@ def truth_knobs(seed=7, layers=4, experts=16, k=2, requests=300, prefix=2) -> Sy
     pop = rng.dirichlet(np.full(experts, 0.7), size=layers)
     lift = np.exp(rng.normal(0, 1.0, size=(layers - 1, experts, experts)))
     opening = [rng.dirichlet(np.full(experts, 0.1), size=layers) for _ in range(prefix)]
-    return SynthKnobs(model="truth", num_experts=experts, top_k=k, decoder_layers=layers, requests=requests,
-                      prompt_len=(0, 0), decode_len=(40, 160), correlation=0.0,
-                      layer_popularity=tuple(map(tuple, pop)), layer_stickiness=(0.2, 0.4, 0.3, 0.5)[:layers],
-                      request_concentration=(5.0, 20.0, 2.0, 50.0)[:layers],
-                      prefix_popularity=tuple(tuple(map(tuple, o)) for o in opening) or None,
-                      layer_transition=tuple(tuple(map(tuple, t)) for t in lift), transition_power=1.0)
+    return SynthKnobs(
+        model="truth",
+        num_experts=experts,
+        top_k=k,
+        decoder_layers=layers,
+        requests=requests,
+        prompt_len=(0, 0),
+        decode_len=(40, 160),
+        correlation=0.0,
+        layer_popularity=tuple(map(tuple, pop)),
+        layer_stickiness=(0.2, 0.4, 0.3, 0.5)[:layers],
+        request_concentration=(5.0, 20.0, 2.0, 50.0)[:layers],
+        prefix_popularity=tuple(tuple(map(tuple, o)) for o in opening) or None,
+        layer_transition=tuple(tuple(map(tuple, t)) for t in lift),
+        transition_power=1.0,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -106,18 +115,23 @@ def test_request_concentration_keeps_the_layer_and_concentrates_requests():
 
 def test_cross_layer_pull_raises_transition_accuracy():
     base = truth_knobs(requests=120, layers=3, prefix=0)
-    acc = [stats.transition_accuracy(generate(dataclasses.replace(base, transition_power=p), 2))[0]
-           for p in (0.0, 1.0, 4.0)]
+    acc = [
+        stats.transition_accuracy(generate(dataclasses.replace(base, transition_power=p), 2))[0]
+        for p in (0.0, 1.0, 4.0)
+    ]
     assert acc[0] < acc[1] < acc[2] and acc[2] > acc[0] + 0.08
 
 
-@pytest.mark.parametrize("change, knob", [
-    ({"layer_popularity": ((1.0, 2.0),)}, "knobs.layer_popularity"),
-    ({"layer_stickiness": (0.1, 1.5, 0.2, 0.3)}, "knobs.layer_stickiness"),
-    ({"request_concentration": (1.0, 0.0, 1.0, 1.0)}, "knobs.request_concentration"),
-    ({"prefix_popularity": (((1.0,) * 16,),)}, "knobs.prefix_popularity"),
-    ({"transition_power": -1.0}, "knobs.transition_power"),
-])
+@pytest.mark.parametrize(
+    "change, knob",
+    [
+        ({"layer_popularity": ((1.0, 2.0),)}, "knobs.layer_popularity"),
+        ({"layer_stickiness": (0.1, 1.5, 0.2, 0.3)}, "knobs.layer_stickiness"),
+        ({"request_concentration": (1.0, 0.0, 1.0, 1.0)}, "knobs.request_concentration"),
+        ({"prefix_popularity": (((1.0,) * 16,),)}, "knobs.prefix_popularity"),
+        ({"transition_power": -1.0}, "knobs.transition_power"),
+    ],
+)
 def test_impossible_fitted_knobs_are_named(change, knob):
     with pytest.raises(InputError, match=knob.replace(".", r"\.")):
         dataclasses.replace(truth_knobs(requests=5), **change).check()
@@ -134,32 +148,52 @@ def test_cli_fit_prints_the_held_out_table_and_records_what_it_fitted(small_real
     out = tmp_path / "fitted.npz"
     res = _cli("synth", "--fit", small_real, "--out", out, "--tokens", 3000, "--seed", 4)
     assert res.returncode == 0, res.stderr
-    for name in ("overlap_prev", "lru_hit_rate@2", "lru_hit_rate@4", "lru_hit_rate@8", "distinct_experts@batch64",
-                 "held-out check"):
+    for name in (
+        "overlap_prev",
+        "lru_hit_rate@2",
+        "lru_hit_rate@4",
+        "lru_hit_rate@8",
+        "distinct_experts@batch64",
+        "held-out check",
+    ):
         assert name in res.stdout
     t = load_trace(out)
     assert 3000 <= t.num_tokens < 3000 + int(load_trace(small_real).request_lengths.max())
     extra = t.meta.extra
-    assert {"layer_popularity", "layer_stickiness", "request_concentration", "layer_transition",
-            "transition_power"} <= set(extra["knobs"])
+    assert {
+        "layer_popularity",
+        "layer_stickiness",
+        "request_concentration",
+        "layer_transition",
+        "transition_power",
+    } <= set(extra["knobs"])
     assert extra["fitted_to"]["file"] == "real.npz" and extra["fitted_to"]["requests"] == 60
     assert {r["figure"] for r in extra["fitted_to"]["held_out"]} >= {"overlap_prev", "distinct_experts@batch1"}
     assert t.meta.provenance.kind == "synthetic" and "fitted to" in t.meta.provenance.dataset
     # the metadata regenerate the file byte for byte (lengths from the trace itself)
     knobs = SynthKnobs.from_dict(extra["knobs"])
-    again = generate(knobs, t.meta.seed, (t.prefill_lengths, t.request_lengths - t.prefill_lengths), None,
-                     {"fitted_to": extra["fitted_to"]}, dataset=t.meta.provenance.dataset)
+    again = generate(
+        knobs,
+        t.meta.seed,
+        (t.prefill_lengths, t.request_lengths - t.prefill_lengths),
+        None,
+        {"fitted_to": extra["fitted_to"]},
+        dataset=t.meta.provenance.dataset,
+    )
     assert trace_bytes(again) == out.read_bytes()
     res = _cli("synth", "--fit", small_real, "--out", tmp_path / "n.npz", "--requests", 7, "--no-holdout")
     assert res.returncode == 0 and "held-out" not in res.stdout and load_trace(tmp_path / "n.npz").num_requests == 7
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--requests", "3", "--tokens", "100"], "--requests or --tokens"),
-    (["--skew", "1"], "--skew"),
-    (["--experts", "4"], "--experts"),
-    (["--tokens", "0"], "--tokens"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--requests", "3", "--tokens", "100"], "--requests or --tokens"),
+        (["--skew", "1"], "--skew"),
+        (["--experts", "4"], "--experts"),
+        (["--tokens", "0"], "--tokens"),
+    ],
+)
 def test_cli_fit_bad_arguments_exit_2(small_real, tmp_path, args, words):
     res = _cli("synth", "--fit", small_real, "--out", tmp_path / "x.npz", *args)
     assert res.returncode == 2 and words in res.stderr and res.stderr.count("\n") == 1
@@ -177,9 +211,12 @@ def test_cli_fit_needs_two_requests_for_the_check_and_tokens_need_fit(tmp_path):
 def test_real_gpt_oss_fit_on_half_matches_the_other_half():
     """The held-out figures of the brief within 0.03 (distinct experts as a share of the 32 experts)."""
     rows, result = fit.held_out_check(gpt_oss(), seed=0)
-    print("\ngpt-oss-20b, fit on the even-numbered requests, compared on the odd-numbered ones:\n"
-          + fit.format_table(rows, 32) + f"\n(opening positions {result.prefix_positions}, cross-layer power "
-          f"{result.knobs.transition_power}, calibration rounds {result.rounds})")
+    print(
+        "\ngpt-oss-20b, fit on the even-numbered requests, compared on the odd-numbered ones:\n"
+        + fit.format_table(rows, 32)
+        + f"\n(opening positions {result.prefix_positions}, cross-layer power "
+        f"{result.knobs.transition_power}, calibration rounds {result.rounds})"
+    )
     for r in rows:
         if r["target"]:
             assert r["within"], r
@@ -194,8 +231,9 @@ def test_real_switch_fit_on_one_prompt_compared_on_another():
     rows, result = fit.held_out_check(real, seed=0)
     print("\nswitch-base-128 decode, fit on one prompt, compared on the other:\n" + fit.format_table(rows, 128))
     fit_half, _ = fit.split_halves(real)
-    synth = generate(dataclasses.replace(result.knobs, requests=40), 3,
-                     (np.zeros(40, dtype=np.int64), np.full(40, 256)))
+    synth = generate(
+        dataclasses.replace(result.knobs, requests=40), 3, (np.zeros(40, dtype=np.int64), np.full(40, 256))
+    )
     assert stats.overlap_prev(synth)[0] == pytest.approx(stats.overlap_prev(fit_half)[0], abs=0.03)
     for r in rows:
         if r["figure"].startswith("distinct"):

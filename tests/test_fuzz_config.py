@@ -37,9 +37,13 @@ from traces.io import load_trace, save_trace
 
 MAX_LINE = MAX_FIELD_CHARS + 2 + MAX_PROBLEM_CHARS  # "FIELD: problem"
 EXAMPLES = int(os.environ.get("CONFIG_FUZZ_EXAMPLES", 200))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                       HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
 
 
 def _nested(depth: int) -> list:
@@ -57,17 +61,67 @@ def _aliased(levels: int) -> list:
     return x
 
 
-HUGE = [10**30, -10**30, 2**31, 2**32, 2**63, 10**400, 1e300, -1e300, 5e-324, float("nan"), float("inf"),
-        -float("inf")]
-ODD_TEXT = ["", " ", "x" * 100_000, "\x00", "a\nb\rc", "\x1b[31mred", "é" * 10, "/dev/zero", "/dev/null", "/",
-            "~nosuchuser/x.npz", "../" * 50 + "etc/passwd", "a" * 5000 + ".yaml", "traces/data/mixtral_8x7b.npz",
-            "configs/switch_xxl.yaml", "h200", "switch-xxl-128", "trace", "static", "all", "none", "true"]
-SHAPES = [_nested(40), _nested(120), _aliased(6), [[]], {}, {"": None}, {"base": "h200"}, [list(range(8))] * 2,
-          datetime.date(2020, 1, 1), b"\x00\xff"]  # (deeper ones: test_deep_and_aliased_values_from_code)
+HUGE = [
+    10**30,
+    -(10**30),
+    2**31,
+    2**32,
+    2**63,
+    10**400,
+    1e300,
+    -1e300,
+    5e-324,
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+]
+ODD_TEXT = [
+    "",
+    " ",
+    "x" * 100_000,
+    "\x00",
+    "a\nb\rc",
+    "\x1b[31mred",
+    "é" * 10,
+    "/dev/zero",
+    "/dev/null",
+    "/",
+    "~nosuchuser/x.npz",
+    "../" * 50 + "etc/passwd",
+    "a" * 5000 + ".yaml",
+    "traces/data/mixtral_8x7b.npz",
+    "configs/switch_xxl.yaml",
+    "h200",
+    "switch-xxl-128",
+    "trace",
+    "static",
+    "all",
+    "none",
+    "true",
+]
+SHAPES = [
+    _nested(40),
+    _nested(120),
+    _aliased(6),
+    [[]],
+    {},
+    {"": None},
+    {"base": "h200"},
+    [list(range(8))] * 2,
+    datetime.date(2020, 1, 1),
+    b"\x00\xff",
+]  # (deeper ones: test_deep_and_aliased_values_from_code)
 HOSTILE = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 300), st.integers(), st.sampled_from(HUGE),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12), st.sampled_from(ODD_TEXT),
-    st.sampled_from(SHAPES), st.lists(st.integers(-2, 9), max_size=4),
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 300),
+    st.integers(),
+    st.sampled_from(HUGE),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(ODD_TEXT),
+    st.sampled_from(SHAPES),
+    st.lists(st.integers(-2, 9), max_size=4),
     st.dictionaries(st.text(max_size=6), st.integers(-2, 9) | st.none() | st.text(max_size=4), max_size=3),
     st.lists(st.lists(st.integers(-1, 9), max_size=8), max_size=3),
 )
@@ -83,11 +137,11 @@ def traces(tmp_path_factory) -> dict:
     """The evaluated trace of ``base`` and the trace files of TRACE_TOKENS."""
     d = tmp_path_factory.mktemp("fuzztraces")
     rng = np.random.default_rng(0)
-    out = {"@evaluated": save_trace(random_trace(rng, tokens=60, layers=2, experts=8, k=2, requests=3),
-                                    d / "tiny.npz")}
+    out = {"@evaluated": save_trace(random_trace(rng, tokens=60, layers=2, experts=8, k=2, requests=3), d / "tiny.npz")}
     out["@train"] = save_trace(random_trace(rng, tokens=50, layers=2, experts=8, k=2, requests=2), d / "train.npz")
-    out["@unrouted"] = save_trace(make_trace(np.full((20, 2, 2), -1, dtype=np.int16), [8, 12], num_experts=8),
-                                  d / "unrouted.npz")
+    out["@unrouted"] = save_trace(
+        make_trace(np.full((20, 2, 2), -1, dtype=np.int16), [8, 12], num_experts=8), d / "unrouted.npz"
+    )
     out["@wide"] = save_trace(random_trace(rng, tokens=30, layers=2, experts=16, k=2, requests=2), d / "wide.npz")
     out["@copy"] = d / "copy.npz"
     out["@copy"].write_bytes(out["@evaluated"].read_bytes())
@@ -103,13 +157,29 @@ def with_traces(value, traces: dict):
 def base(traces) -> dict:
     """A small valid config: the tiny model inline (2 MoE layers of 8 experts) and a trace of it made here."""
     path = traces["@evaluated"]
-    cfg = {"model": {**TINY_MODEL, "name": "test-model"}, "hardware": "h200",
-           "workload": {"trace": str(path), "batch_size": 2, "batching": "static", "max_decode_tokens": 4,
-                        "prefill": True, "requests": None},
-           "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 3, "prefetch_reserve": 1, "layers": "all",
-                     "hot_profile": "trace"},
-           "policy": {"name": "diffmoe", "params": {"threshold": 1.0}},
-           "predictor": {"name": "noisy", "params": {"recall": 0.5}}, "seed": 0}
+    cfg = {
+        "model": {**TINY_MODEL, "name": "test-model"},
+        "hardware": "h200",
+        "workload": {
+            "trace": str(path),
+            "batch_size": 2,
+            "batching": "static",
+            "max_decode_tokens": 4,
+            "prefill": True,
+            "requests": None,
+        },
+        "cache": {
+            "hpc_slots": 1,
+            "mpc_slots": 2,
+            "lpc_buffers": 3,
+            "prefetch_reserve": 1,
+            "layers": "all",
+            "hot_profile": "trace",
+        },
+        "policy": {"name": "diffmoe", "params": {"threshold": 1.0}},
+        "predictor": {"name": "noisy", "params": {"recall": 0.5}},
+        "seed": 0,
+    }
     config_from_dict(cfg)  # valid as it is
     return cfg
 
@@ -163,10 +233,24 @@ def schema_paths(schema=SCHEMA, prefix=()) -> list[tuple[str, ...]]:
 
 
 PATHS = schema_paths()
-PARAM_PATHS = sorted({(section, "params", p) for section, reg in (("policy", POLICIES), ("predictor", PREDICTORS))
-                      for n in reg.names() for p in reg.get(n).PARAMS})
-UNKNOWN = [("colour",), ("workload", "speed"), ("cache", "split", "x"), ("policy", "params", "bogus"),
-           ("hardware", "tables", "foo"), ("model", "experts"), ("model", "base"), ("hardware", "base")]
+PARAM_PATHS = sorted(
+    {
+        (section, "params", p)
+        for section, reg in (("policy", POLICIES), ("predictor", PREDICTORS))
+        for n in reg.names()
+        for p in reg.get(n).PARAMS
+    }
+)
+UNKNOWN = [
+    ("colour",),
+    ("workload", "speed"),
+    ("cache", "split", "x"),
+    ("policy", "params", "bogus"),
+    ("hardware", "tables", "foo"),
+    ("model", "experts"),
+    ("model", "base"),
+    ("hardware", "base"),
+]
 
 
 def set_path(d: dict, path: tuple, value) -> None:
@@ -194,13 +278,22 @@ MUTATION = st.one_of(
     st.tuples(st.just("del"), st.sampled_from(PATHS + PARAM_PATHS), st.none()),
     st.tuples(st.just("set"), st.just(("policy", "name")), st.sampled_from(POLICIES.names())),
     st.tuples(st.just("set"), st.just(("predictor", "name")), st.sampled_from(PREDICTORS.names())),
-    st.tuples(st.just("set"), st.just(("policy",)), st.sampled_from(POLICIES.names())),        # its params reset
+    st.tuples(st.just("set"), st.just(("policy",)), st.sampled_from(POLICIES.names())),  # its params reset
     st.tuples(st.just("set"), st.just(("predictor",)), st.sampled_from(PREDICTORS.names())),
-    st.tuples(st.just("set"), st.sampled_from(PARAM_PATHS), st.integers(-2, 10**6) | st.floats(-1, 3)
-              | st.sampled_from(["mix", "own", "expert0", "legacy", "float32", "in_cache", None, True])),
-    st.tuples(st.just("set"), st.sampled_from([p for p in PARAM_PATHS if p[-1] == "train"]
-                                              + [("cache", "hot_profile"), ("workload", "trace")]),
-              st.sampled_from(TRACE_TOKENS)),
+    st.tuples(
+        st.just("set"),
+        st.sampled_from(PARAM_PATHS),
+        st.integers(-2, 10**6)
+        | st.floats(-1, 3)
+        | st.sampled_from(["mix", "own", "expert0", "legacy", "float32", "in_cache", None, True]),
+    ),
+    st.tuples(
+        st.just("set"),
+        st.sampled_from(
+            [p for p in PARAM_PATHS if p[-1] == "train"] + [("cache", "hot_profile"), ("workload", "trace")]
+        ),
+        st.sampled_from(TRACE_TOKENS),
+    ),
 )
 
 
@@ -216,11 +309,24 @@ def test_mutated_mappings_load_or_fail_on_one_line(base, traces, mutations):
     check_loads(d)
 
 
-@pytest.mark.parametrize("section,name", [(s, n) for s, reg in (("policy", POLICIES), ("predictor", PREDICTORS))
-                                          for n in reg.names()
-                                          if any(r.training for r in reg.get(n).PARAM_RULES.values())])
-@pytest.mark.parametrize("token,problem", [("@unrouted", "has no routed tokens"), ("@wide", "is of model"),
-                                           ("@copy", "is the evaluated trace"), ("@evaluated", "is the evaluated")])
+@pytest.mark.parametrize(
+    "section,name",
+    [
+        (s, n)
+        for s, reg in (("policy", POLICIES), ("predictor", PREDICTORS))
+        for n in reg.names()
+        if any(r.training for r in reg.get(n).PARAM_RULES.values())
+    ],
+)
+@pytest.mark.parametrize(
+    "token,problem",
+    [
+        ("@unrouted", "has no routed tokens"),
+        ("@wide", "is of model"),
+        ("@copy", "is the evaluated trace"),
+        ("@evaluated", "is the evaluated"),
+    ],
+)
 def test_bad_training_traces_are_refused_when_the_config_loads(base, traces, section, name, token, problem):
     d = copy.deepcopy(base)
     d[section] = {"name": name, "params": {"train": traces[token]}}
@@ -233,8 +339,9 @@ def test_bad_training_traces_are_refused_when_the_config_loads(base, traces, sec
 
 
 @FUZZ
-@given(section=st.sampled_from(["model", "hardware", "workload", "cache", "policy", "predictor", "seed"]),
-       value=HOSTILE)
+@given(
+    section=st.sampled_from(["model", "hardware", "workload", "cache", "policy", "predictor", "seed"]), value=HOSTILE
+)
 def test_a_hostile_section_fails_on_one_line(base, section, value):
     d = copy.deepcopy(base)
     d[section] = value
@@ -259,7 +366,7 @@ def test_byte_edits_of_the_yaml_text(base, tmp_path, data):
         elif how == "insert":
             raw[at:at] = bytes([byte]) * data.draw(st.integers(1, 3))
         elif how == "delete":
-            del raw[at:at + data.draw(st.integers(1, 8))]
+            del raw[at : at + data.draw(st.integers(1, 8))]
         else:
             del raw[at:]
         if not raw:
@@ -270,23 +377,23 @@ def test_byte_edits_of_the_yaml_text(base, tmp_path, data):
 
 
 SNIPPETS = [
-    "seed: 1\nseed: 2\n",                                       # a key twice
+    "seed: 1\nseed: 2\n",  # a key twice
     "workload: {batch_size: 1, batch_size: 2}\n",
-    "x: " + "[" * 5000 + "]" * 5000 + "\n",                    # deep flow nesting
-    "".join("  " * i + "k:\n" for i in range(200)),            # deep block nesting
+    "x: " + "[" * 5000 + "]" * 5000 + "\n",  # deep flow nesting
+    "".join("  " * i + "k:\n" for i in range(200)),  # deep block nesting
     "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
     "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n",  # an alias bomb
-    "seed: " + "9" * 5000 + "\n",                              # over Python's int-string limit
-    "seed: 2020-13-01\n",                                       # no such date
-    "seed: !!python/object:os.system {}\n",                     # not for a safe loader
+    "seed: " + "9" * 5000 + "\n",  # over Python's int-string limit
+    "seed: 2020-13-01\n",  # no such date
+    "seed: !!python/object:os.system {}\n",  # not for a safe loader
     "seed: !!binary 'not base64!'\n",
     "seed: !!float nope\n",
-    "? [a, b]\n: 1\n",                                          # an unhashable key
-    "base: &x {seed: 1}\nmerged: {<<: *x, seed: 2}\n",         # a merge key may be overridden
+    "? [a, b]\n: 1\n",  # an unhashable key
+    "base: &x {seed: 1}\nmerged: {<<: *x, seed: 2}\n",  # a merge key may be overridden
     "\ufeffseed: 1\n",
     "seed: \x07\n",
-    "%YAML 1.1\n---\nseed: 1\n---\nseed: 2\n",                 # two documents
+    "%YAML 1.1\n---\nseed: 1\n---\nseed: 2\n",  # two documents
     "model: *undefined\n",
 ]
 
@@ -302,8 +409,11 @@ def test_hostile_yaml_text(base, tmp_path, snippet, where):
     elif where == "replace":
         text = snippet
     else:
-        text = text.replace("  params:\n    threshold: 1.0\n",
-                            "  params:\n" + "".join("    " + line + "\n" for line in snippet.splitlines()), 1)
+        text = text.replace(
+            "  params:\n    threshold: 1.0\n",
+            "  params:\n" + "".join("    " + line + "\n" for line in snippet.splitlines()),
+            1,
+        )
     path = tmp_path / "c.yaml"
     path.write_text(text, encoding="utf-8")
     msg = outcome(lambda: load_run_config(path))
@@ -313,14 +423,39 @@ def test_hostile_yaml_text(base, tmp_path, snippet, where):
 
 # --------------------------------------------------------------------------------------------- --set
 SET_VALUES = st.one_of(
-    st.text(max_size=16), st.sampled_from(ODD_TEXT[:12]),
-    st.sampled_from(["null", "~", "[1", "{a: 1, a: 2}", "[" * 3000, "9" * 5000, "1.0e+400", ".nan", "-.inf",
-                     "!!binary zz", "*x", "&a [*a]", "{base: h200}", "[[0, 1], [2, 3]]", "2020-13-01", "0x10",
-                     "0o17", "1_000", "yes", "'quoted'", "\"esc\\x00\""]),
+    st.text(max_size=16),
+    st.sampled_from(ODD_TEXT[:12]),
+    st.sampled_from(
+        [
+            "null",
+            "~",
+            "[1",
+            "{a: 1, a: 2}",
+            "[" * 3000,
+            "9" * 5000,
+            "1.0e+400",
+            ".nan",
+            "-.inf",
+            "!!binary zz",
+            "*x",
+            "&a [*a]",
+            "{base: h200}",
+            "[[0, 1], [2, 3]]",
+            "2020-13-01",
+            "0x10",
+            "0o17",
+            "1_000",
+            "yes",
+            "'quoted'",
+            '"esc\\x00"',
+        ]
+    ),
 )
-SET_KEYS = st.one_of(st.sampled_from([".".join(p) for p in PATHS + PARAM_PATHS + UNKNOWN]),
-                     st.text(alphabet="ab.=_ ", max_size=12),
-                     st.sampled_from(["", "=", "...", "a" * 300, ".".join(["policy", "params"] + ["x"] * 40)]))
+SET_KEYS = st.one_of(
+    st.sampled_from([".".join(p) for p in PATHS + PARAM_PATHS + UNKNOWN]),
+    st.text(alphabet="ab.=_ ", max_size=12),
+    st.sampled_from(["", "=", "...", "a" * 300, ".".join(["policy", "params"] + ["x"] * 40)]),
+)
 
 
 @FUZZ
@@ -332,29 +467,32 @@ def test_set_overrides_load_or_fail_on_one_line(base, tmp_path, sets):
 
 
 # --------------------------------------------------------------------------------------------- named classes
-@pytest.mark.parametrize("sets,field", [
-    (["workload.max_decode_tokens=" + str(10**30)], "workload.max_decode_tokens"),
-    (["workload.requests=" + str(10**30)], "workload.requests"),
-    (["hardware.gpu_memory_gb=1.0e+300"], "hardware.gpu_memory_gb"),
-    (["hardware.pcie_bw_gb_s=" + str(10**400)], "hardware.pcie_bw_gb_s"),
-    (["policy=moe-infinity", "policy.params.capacity=" + str(10**30)], "policy.params.capacity"),
-    (["policy=lru", "policy.params.pin_hot=null"], "policy.params.pin_hot"),
-    (["policy.params.threshold=null"], "policy.params.threshold"),
-    (["policy.params.bogus=1"], "policy.params.bogus"),
-    (["policy.params.max_val=1.0e+300"], "policy.params.max_val"),
-    (["predictor.params.recall=" + str(10**400)], "predictor.params.recall"),
-    (["predictor=transition", "predictor.params.train=null"], "predictor.params.train"),
-    (["predictor=transition", "predictor.params.train=/dev/zero"], "predictor.params.train"),
-    (["policy.params.x=" + "[" * 5000 + "]" * 5000], "policy.params.x"),
-    (["seed=" + "9" * 5000], "seed"),
-    (["seed=" + str(2**40)], "seed"),
-    (["model.name=" + "x" * 5_000_000], "model.name"),
-    (["cache={hpc_slots: 1, hpc_slots: 2}"], "cache"),
-    (["workload.trace=/dev/zero"], "workload.trace"),
-    (["model=/dev/zero"], "model"),
-    (["cache.hot_profile=/dev/null"], "cache.hot_profile"),
-    (["cache.hot_profile=[[99]]"], "cache.hot_profile"),
-])
+@pytest.mark.parametrize(
+    "sets,field",
+    [
+        (["workload.max_decode_tokens=" + str(10**30)], "workload.max_decode_tokens"),
+        (["workload.requests=" + str(10**30)], "workload.requests"),
+        (["hardware.gpu_memory_gb=1.0e+300"], "hardware.gpu_memory_gb"),
+        (["hardware.pcie_bw_gb_s=" + str(10**400)], "hardware.pcie_bw_gb_s"),
+        (["policy=moe-infinity", "policy.params.capacity=" + str(10**30)], "policy.params.capacity"),
+        (["policy=lru", "policy.params.pin_hot=null"], "policy.params.pin_hot"),
+        (["policy.params.threshold=null"], "policy.params.threshold"),
+        (["policy.params.bogus=1"], "policy.params.bogus"),
+        (["policy.params.max_val=1.0e+300"], "policy.params.max_val"),
+        (["predictor.params.recall=" + str(10**400)], "predictor.params.recall"),
+        (["predictor=transition", "predictor.params.train=null"], "predictor.params.train"),
+        (["predictor=transition", "predictor.params.train=/dev/zero"], "predictor.params.train"),
+        (["policy.params.x=" + "[" * 5000 + "]" * 5000], "policy.params.x"),
+        (["seed=" + "9" * 5000], "seed"),
+        (["seed=" + str(2**40)], "seed"),
+        (["model.name=" + "x" * 5_000_000], "model.name"),
+        (["cache={hpc_slots: 1, hpc_slots: 2}"], "cache"),
+        (["workload.trace=/dev/zero"], "workload.trace"),
+        (["model=/dev/zero"], "model"),
+        (["cache.hot_profile=/dev/null"], "cache.hot_profile"),
+        (["cache.hot_profile=[[99]]"], "cache.hot_profile"),
+    ],
+)
 def test_known_failure_classes_name_their_field(base, tmp_path, sets, field):
     path = tmp_path / "c.yaml"
     path.write_text(_text(base))
@@ -408,8 +546,7 @@ def test_files_that_are_not_regular_are_refused(base, tmp_path):
 
 # --------------------------------------------------------------------------------------------- the command line
 def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sim", *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-m", "sim", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
@@ -421,8 +558,11 @@ def test_python_m_sim_run_exits_2_with_one_line(base, tmp_path):
     good = tmp_path / "good.yaml"
     good.write_text(_text(base))
     out = tmp_path / "out"
-    for argv, field in (([str(dup)], str(dup)), ([str(fifo)], str(fifo)),
-                        ([str(good), "--set", "policy.params.bogus=1"], "policy.params.bogus")):
+    for argv, field in (
+        ([str(dup)], str(dup)),
+        ([str(fifo)], str(fifo)),
+        ([str(good), "--set", "policy.params.bogus=1"], "policy.params.bogus"),
+    ):
         done = _cli("run", *argv, "--out", str(out))
         assert done.returncode == 2, done.stderr[-2000:]
         lines = done.stderr.splitlines()

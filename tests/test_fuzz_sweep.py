@@ -21,27 +21,56 @@ from sim.errors import ConfigError
 from traces.errors import InputError
 
 BASE = str(ROOT / "configs" / "switch_xxl.yaml")
-MAX_LINE = 200 + 2 + 500          # "FIELD: problem", each part bounded (sim.errors)
+MAX_LINE = 200 + 2 + 500  # "FIELD: problem", each part bounded (sim.errors)
 EXAMPLES = int(os.environ.get("SWEEP_FUZZ_EXAMPLES", 80))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 
-FIELDS = ["policy.name", "workload.batch_size", "cache.hpc_slots", "cache.mpc_slots", "predictor.name",
-          "workload.requests", "workload.max_decode_tokens", "cache.organization", "policy.params.threshold",
-          "policy", "cache", "workload.batching"]
-GOOD = {"policy.name": ["lru", "lfu", "on-demand", "diffmoe", "belady", "gpu-only"],
-        "workload.batch_size": [1, 2, 4], "cache.hpc_slots": [0, 1, 2], "cache.mpc_slots": [2, 4, 6],
-        "predictor.name": ["none", "oracle"], "workload.requests": [2, 4], "workload.max_decode_tokens": [2, 3],
-        "cache.organization": ["per-layer", "shared"], "policy.params.threshold": [0.5, 1.0],
-        "workload.batching": ["static", "continuous"]}
+FIELDS = [
+    "policy.name",
+    "workload.batch_size",
+    "cache.hpc_slots",
+    "cache.mpc_slots",
+    "predictor.name",
+    "workload.requests",
+    "workload.max_decode_tokens",
+    "cache.organization",
+    "policy.params.threshold",
+    "policy",
+    "cache",
+    "workload.batching",
+]
+GOOD = {
+    "policy.name": ["lru", "lfu", "on-demand", "diffmoe", "belady", "gpu-only"],
+    "workload.batch_size": [1, 2, 4],
+    "cache.hpc_slots": [0, 1, 2],
+    "cache.mpc_slots": [2, 4, 6],
+    "predictor.name": ["none", "oracle"],
+    "workload.requests": [2, 4],
+    "workload.max_decode_tokens": [2, 3],
+    "cache.organization": ["per-layer", "shared"],
+    "policy.params.threshold": [0.5, 1.0],
+    "workload.batching": ["static", "continuous"],
+}
 
-odd_text = st.one_of(st.text(max_size=30), st.text(max_size=2000), st.sampled_from(
-    ["", "..", "../../x", "/etc/passwd", "a/b", "\x00", "x\ny", "é", "-", ".hidden", "1e999", "null", "~"]))
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10), st.integers(), st.floats(allow_nan=True),
-                    odd_text)
-anything = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                        | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=12)
+odd_text = st.one_of(
+    st.text(max_size=30),
+    st.text(max_size=2000),
+    st.sampled_from(
+        ["", "..", "../../x", "/etc/passwd", "a/b", "\x00", "x\ny", "é", "-", ".hidden", "1e999", "null", "~"]
+    ),
+)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10), st.integers(), st.floats(allow_nan=True), odd_text)
+anything = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
 field_name = st.one_of(st.sampled_from(FIELDS), st.sampled_from(FIELDS), st.sampled_from(FIELDS), odd_text)
 
 
@@ -65,6 +94,7 @@ def zip_groups(draw):
         length = draw(st.integers(1, 3))
         fields = draw(st.lists(st.sampled_from(list(GOOD)), min_size=1, max_size=2, unique=True))
         return {f: [draw(st.sampled_from(GOOD[f])) for _ in range(length)] for f in fields}
+
     kind = draw(st.integers(0, 3))
     if kind == 0:
         return group()
@@ -91,23 +121,31 @@ def sweep_specs(draw):
     if _often(draw, 20):
         spec["base"] = _mostly(draw, st.just(BASE), st.one_of(anything, odd_text), 8)
     if draw(st.booleans()):
-        spec["name"] = _mostly(draw, st.from_regex(r"\A[A-Za-z0-9_-][A-Za-z0-9._-]{0,20}\Z"),
-                               st.one_of(odd_text, anything))
+        spec["name"] = _mostly(
+            draw, st.from_regex(r"\A[A-Za-z0-9_-][A-Za-z0-9._-]{0,20}\Z"), st.one_of(odd_text, anything)
+        )
     if draw(st.booleans()):
-        spec["set"] = _mostly(draw, st.just({"workload.requests": 2, "workload.max_decode_tokens": 2}),
-                              st.one_of(st.dictionaries(field_name, anything, max_size=3), anything))
+        spec["set"] = _mostly(
+            draw,
+            st.just({"workload.requests": 2, "workload.max_decode_tokens": 2}),
+            st.one_of(st.dictionaries(field_name, anything, max_size=3), anything),
+        )
     if _often(draw, 5):
         spec["grid"] = _mostly(draw, axes(), anything, 6)
     if draw(st.booleans()):
         spec["zip"] = draw(zip_groups())
     if draw(st.booleans()):
-        spec["checks"] = _mostly(draw, st.lists(st.sampled_from(["gpu_only_ceiling", "belady_bound",
-                                                                  "lru_monotone_in_cache"]), max_size=3), anything)
+        spec["checks"] = _mostly(
+            draw,
+            st.lists(st.sampled_from(["gpu_only_ceiling", "belady_bound", "lru_monotone_in_cache"]), max_size=3),
+            anything,
+        )
     if draw(st.booleans()):
         spec["plots"] = _mostly(draw, st.lists(st.sampled_from(FIELDS + ["cache_slots"]), max_size=2), anything)
     if not _often(draw, 10):
-        spec.update(draw(st.dictionaries(st.one_of(st.text(max_size=12), st.integers()), anything, min_size=1,
-                                         max_size=1)))
+        spec.update(
+            draw(st.dictionaries(st.one_of(st.text(max_size=12), st.integers()), anything, min_size=1, max_size=1))
+        )
     return spec
 
 
@@ -162,14 +200,47 @@ plots: [cache_slots]
 
 
 @FUZZ
-@given(edits=st.lists(st.tuples(st.integers(0, len(VALID)), st.sampled_from(
-    ["", ":", "\n", " ", "[", "]", "{", "}", ",", "-", "/..", "'", '"', "*", "&a ", "!!python/object ", "\x00",
-     "9" * 30, "\t", "#", "?", "é", "x" * 200])), min_size=1, max_size=4))
+@given(
+    edits=st.lists(
+        st.tuples(
+            st.integers(0, len(VALID)),
+            st.sampled_from(
+                [
+                    "",
+                    ":",
+                    "\n",
+                    " ",
+                    "[",
+                    "]",
+                    "{",
+                    "}",
+                    ",",
+                    "-",
+                    "/..",
+                    "'",
+                    '"',
+                    "*",
+                    "&a ",
+                    "!!python/object ",
+                    "\x00",
+                    "9" * 30,
+                    "\t",
+                    "#",
+                    "?",
+                    "é",
+                    "x" * 200,
+                ]
+            ),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_a_sweep_file_with_byte_edits_loads_or_is_one_line(tmp_path_factory, edits):
     text = VALID
     for at, piece in edits:
         at = min(at, len(text))
-        text = text[:at] + piece + text[at + (1 if piece == "" else 0):]
+        text = text[:at] + piece + text[at + (1 if piece == "" else 0) :]
     folder = tmp_path_factory.mktemp("edit")
     path = folder / "edit.yaml"
     path.write_bytes(text.encode("utf-8", "surrogatepass"))

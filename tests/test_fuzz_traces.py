@@ -43,17 +43,32 @@ from traces.errors import InputError
 from traces.io import load_trace, load_trace_header, trace_bytes
 
 MAX_LINE = 500  # the longest error line a bad trace may give (TraceError: path <= 200, problem <= 300)
-FUZZ = settings(max_examples=int(os.environ.get("TRACE_FUZZ_EXAMPLES", 150)), deadline=None, derandomize=True,
-                database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=int(os.environ.get("TRACE_FUZZ_EXAMPLES", 150)),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 def _base_trace():
     """A small valid trace that uses every part of the format: weights, request ids and info, notes."""
-    t = make_trace([[[0, 1], [2, 3]], [[1, 2], [3, 0]], [[2, 3], [0, 1]], [[3, 0], [1, 2]]], lengths=[1, 3],
-                   prefill=[1, 1], num_experts=4, roles=["encoder", "decoder"],
-                   weights=np.full((4, 2, 2), 0.5, np.float16), kind="imported")
-    meta = dataclasses.replace(t.meta, request_ids=("a", "b"), extra={"note": "fuzz", "knobs": {"x": [1.5, 2]}},
-                               request_info={"prompt_len": [3, 7], "dataset": ["gsm8k", None]})
+    t = make_trace(
+        [[[0, 1], [2, 3]], [[1, 2], [3, 0]], [[2, 3], [0, 1]], [[3, 0], [1, 2]]],
+        lengths=[1, 3],
+        prefill=[1, 1],
+        num_experts=4,
+        roles=["encoder", "decoder"],
+        weights=np.full((4, 2, 2), 0.5, np.float16),
+        kind="imported",
+    )
+    meta = dataclasses.replace(
+        t.meta,
+        request_ids=("a", "b"),
+        extra={"note": "fuzz", "knobs": {"x": [1.5, 2]}},
+        request_info={"prompt_len": [3, 7], "dataset": ["gsm8k", None]},
+    )
     return dataclasses.replace(t, meta=meta)
 
 
@@ -110,9 +125,19 @@ def check_reads_or_refuses(path) -> None:
 
 # ------------------------------------------------------------------------------------------- whole-file bytes
 
+
 @FUZZ
-@given(edits=st.lists(st.tuples(st.sampled_from(["flip", "set", "cut", "insert", "delete"]), st.floats(0, 1),
-                                st.binary(min_size=1, max_size=8)), min_size=1, max_size=5))
+@given(
+    edits=st.lists(
+        st.tuples(
+            st.sampled_from(["flip", "set", "cut", "insert", "delete"]),
+            st.floats(0, 1),
+            st.binary(min_size=1, max_size=8),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
 def test_byte_edits_of_the_file(tmp_path, edits):
     data = bytearray(GOOD)
     for kind, where, payload in edits:
@@ -120,36 +145,66 @@ def test_byte_edits_of_the_file(tmp_path, edits):
         if kind == "flip" and data:
             data[i] ^= payload[0] or 1
         elif kind == "set":
-            data[i:i + len(payload)] = payload
+            data[i : i + len(payload)] = payload
         elif kind == "cut":
             del data[i:]
         elif kind == "insert":
             data[i:i] = payload
         else:
-            del data[i:i + payload[0]]
+            del data[i : i + payload[0]]
     check_reads_or_refuses(_write(tmp_path, bytes(data)))
 
 
 # ------------------------------------------------------------------------------------------- entries and npy headers
 
 ARRAY_NAMES = [n for n in MEMBERS if n.endswith(".npy")]
-DESCRS = ["<i2", ">i2", "<i8", "<f2", "<f8", "|b1", "<c8", "|O", "<U3", "|V4", "<M8[s]", [("a", "<i2")],
-          ("<i2", (2,)), "garbage", 5, None]
-SHAPES = st.one_of(st.tuples(*[st.integers(0, 5)] * 3), st.tuples(st.sampled_from([2**45, 2**62, 2**63, -1])),
-                   st.lists(st.integers(-3, 2**40), max_size=6).map(tuple), st.sampled_from([[3, 2, 2], "3", None]),
-                   st.just((1,) * 70))
+DESCRS = [
+    "<i2",
+    ">i2",
+    "<i8",
+    "<f2",
+    "<f8",
+    "|b1",
+    "<c8",
+    "|O",
+    "<U3",
+    "|V4",
+    "<M8[s]",
+    [("a", "<i2")],
+    ("<i2", (2,)),
+    "garbage",
+    5,
+    None,
+]
+SHAPES = st.one_of(
+    st.tuples(*[st.integers(0, 5)] * 3),
+    st.tuples(st.sampled_from([2**45, 2**62, 2**63, -1])),
+    st.lists(st.integers(-3, 2**40), max_size=6).map(tuple),
+    st.sampled_from([[3, 2, 2], "3", None]),
+    st.just((1,) * 70),
+)
 
 
 @st.composite
 def npy_headers(draw) -> bytes:
     """An npy header (magic, version, length, text): a mutated dict, or the real one with characters garbled."""
-    text = draw(st.one_of(
-        st.builds(lambda d, f, s: f"{{'descr': {d!r}, 'fortran_order': {f!r}, 'shape': {s!r}, }}",
-                  st.sampled_from(DESCRS), st.sampled_from([False, True, 1, "no"]), SHAPES),
-        st.builds(lambda s, i, junk: s[:i] + junk + s[i:],
-                  st.just("{'descr': '<i2', 'fortran_order': False, 'shape': (4, 2, 2), }"), st.integers(0, 60),
-                  st.text("(){}[],:'\"\\0123456789-LjeE.<>|#\n\t ", min_size=1, max_size=6)),
-        st.text(max_size=40)))
+    text = draw(
+        st.one_of(
+            st.builds(
+                lambda d, f, s: f"{{'descr': {d!r}, 'fortran_order': {f!r}, 'shape': {s!r}, }}",
+                st.sampled_from(DESCRS),
+                st.sampled_from([False, True, 1, "no"]),
+                SHAPES,
+            ),
+            st.builds(
+                lambda s, i, junk: s[:i] + junk + s[i:],
+                st.just("{'descr': '<i2', 'fortran_order': False, 'shape': (4, 2, 2), }"),
+                st.integers(0, 60),
+                st.text("(){}[],:'\"\\0123456789-LjeE.<>|#\n\t ", min_size=1, max_size=6),
+            ),
+            st.text(max_size=40),
+        )
+    )
     version = draw(st.sampled_from([1, 2, 3, 9]))
     body = text.encode("utf-8", "surrogatepass") + b"\n"
     length = draw(st.one_of(st.just(len(body)), st.integers(0, 2**16 - 1)))
@@ -169,21 +224,27 @@ def test_mutated_npy_headers(tmp_path, name, header, data, keep):
 
 
 @FUZZ
-@given(name=st.sampled_from(list(MEMBERS)), method=st.sampled_from([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED]),
-       flags=st.one_of(st.none(), st.sampled_from([0x1, 0x8, 0x20, 0x40, 0x800, 0xFFFF])),
-       zmethod=st.one_of(st.none(), st.sampled_from([1, 9, 12, 14, 93, 99, 0xFFFF])),
-       sizes=st.one_of(st.none(), st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))),
-       garble=st.one_of(st.none(), st.tuples(st.integers(0, 400), st.binary(min_size=1, max_size=4))),
-       names=st.sampled_from(["same", "duplicate", "extra", "tricky", "dropped"]))
+@given(
+    name=st.sampled_from(list(MEMBERS)),
+    method=st.sampled_from([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED]),
+    flags=st.one_of(st.none(), st.sampled_from([0x1, 0x8, 0x20, 0x40, 0x800, 0xFFFF])),
+    zmethod=st.one_of(st.none(), st.sampled_from([1, 9, 12, 14, 93, 99, 0xFFFF])),
+    sizes=st.one_of(st.none(), st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))),
+    garble=st.one_of(st.none(), st.tuples(st.integers(0, 400), st.binary(min_size=1, max_size=4))),
+    names=st.sampled_from(["same", "duplicate", "extra", "tricky", "dropped"]),
+)
 def test_mutated_zip_entries(tmp_path, name, method, flags, zmethod, sizes, garble, names):
     """Entries with encryption/patch flags, unknown compression methods, lying sizes (zip bombs), garbled bytes,
     duplicate names, path tricks and missing entries."""
     members = list(MEMBERS.items())
     if garble:
         at, junk = garble
-        members = [(n, d[:at] + junk + d[at + len(junk):] if n == name else d) for n, d in members]
-    extra = {"duplicate": [(name, MEMBERS[name])], "extra": [("../experts.npy", b"x"), ("/etc/passwd", b"")],
-             "tricky": [("experts.npy\n" + "x" * 5000, b"")]}.get(names, [])
+        members = [(n, d[:at] + junk + d[at + len(junk) :] if n == name else d) for n, d in members]
+    extra = {
+        "duplicate": [(name, MEMBERS[name])],
+        "extra": [("../experts.npy", b"x"), ("/etc/passwd", b"")],
+        "tricky": [("experts.npy\n" + "x" * 5000, b"")],
+    }.get(names, [])
     if names == "dropped":
         members = [(n, d) for n, d in members if n != name]
     data = _zip(members + extra, method)
@@ -199,6 +260,7 @@ def test_mutated_zip_entries(tmp_path, name, method, flags, zmethod, sizes, garb
 
 # ------------------------------------------------------------------------------------------- meta.json
 
+
 def _paths(value, prefix=()):
     """Every (path to a value) in parsed JSON."""
     yield prefix
@@ -208,15 +270,26 @@ def _paths(value, prefix=()):
 
 
 # values json.dumps cannot write, or that must stay raw text: spliced into the dumped text
-RAW = {"<deep>": "[" * 100_000 + "]" * 100_000, "<deep-object>": '{"a":' * 70 + "1" + "}" * 70,
-       "<bigint>": "9" * 5000, "<nan>": "NaN", "<inf>": "-Infinity"}
+RAW = {
+    "<deep>": "[" * 100_000 + "]" * 100_000,
+    "<deep-object>": '{"a":' * 70 + "1" + "}" * 70,
+    "<bigint>": "9" * 5000,
+    "<nan>": "NaN",
+    "<inf>": "-Infinity",
+}
 HOSTILE = st.one_of(
-    st.booleans(), st.none(), st.integers(), st.sampled_from([-1, 0, 2**15, 2**31, 2**63, -2**63 - 1, 10**30, 10**400]),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+    st.booleans(),
+    st.none(),
+    st.integers(),
+    st.sampled_from([-1, 0, 2**15, 2**31, 2**63, -(2**63) - 1, 10**30, 10**400]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
     st.builds(lambda n, c: c * n, st.integers(1000, 5_000_000), st.sampled_from(["x", "\n", "é", "\ud800", "\x1b"])),
-    st.sampled_from(sorted(RAW)), st.lists(st.integers(-2, 5), max_size=4),
+    st.sampled_from(sorted(RAW)),
+    st.lists(st.integers(-2, 5), max_size=4),
     st.dictionaries(st.text(max_size=6), st.integers(), max_size=3),
-    st.integers(1, 200).map(lambda d: json.loads("[" * d + "]" * d)))
+    st.integers(1, 200).map(lambda d: json.loads("[" * d + "]" * d)),
+)
 
 
 @st.composite
@@ -262,6 +335,7 @@ def test_the_unmutated_trace_loads(tmp_path):
 
 # ------------------------------------------------------------------------------------------- hostile archives
 
+
 def _with_entry(name, data) -> bytes:
     """The valid trace file with entry ``name`` replaced by ``data``."""
     return _zip([(n, data if n == name else d) for n, d in MEMBERS.items()])
@@ -271,13 +345,16 @@ HOSTILE_ARCHIVES = {
     "encrypted entry": (lambda: patch_central(GOOD, "experts.npy", flags=0x1), "encrypted"),
     "unknown compression method": (lambda: patch_central(GOOD, "meta.json", method=99), "compression method 99"),
     "bzip2 entry": (lambda: _zip(MEMBERS.items(), zipfile.ZIP_BZIP2), "compression method 12"),
-    "size claim beyond deflate": (lambda: patch_central(GOOD, "experts.npy", file_size=2**32 - 1),
-                                  "more than its compression can give"),
-    "duplicate entry": (lambda: _zip([*MEMBERS.items(), ("experts.npy", MEMBERS["experts.npy"])]),
-                        "appears more than once"),
+    "size claim beyond deflate": (
+        lambda: patch_central(GOOD, "experts.npy", file_size=2**32 - 1),
+        "more than its compression can give",
+    ),
+    "duplicate entry": (
+        lambda: _zip([*MEMBERS.items(), ("experts.npy", MEMBERS["experts.npy"])]),
+        "appears more than once",
+    ),
     "path trick entry": (lambda: _zip([*MEMBERS.items(), ("../../etc/passwd", b"")]), "unknown entry"),
-    "multi-line 60k-character entry name": (lambda: _zip([*MEMBERS.items(), ("x\n" * 30_000, b"")]),
-                                            "unknown entry"),
+    "multi-line 60k-character entry name": (lambda: _zip([*MEMBERS.items(), ("x\n" * 30_000, b"")]), "unknown entry"),
     "local and central names differ": (lambda: GOOD.replace(b"meta.json", b"meta.jsoN", 1), "corrupt entry"),
 }
 
@@ -351,12 +428,15 @@ def test_valid_variants_still_load(tmp_path):
 
 # ------------------------------------------------------------------------------------------- the real command lines
 
+
 def _bad_files(tmp_path):
     """Files the reader used to crash on (meta.json 100,000 levels deep) or answer with a 5 MB "line"."""
     deep = json.dumps({**META, "extra": "<deep>"}).replace('"<deep>"', RAW["<deep>"])
     long_name = json.dumps({**META, "model": {**META["model"], "num_experts": "m" * 5_000_000}})
-    return {name: _write(tmp_path, _zip([(n, text.encode() if n == "meta.json" else d) for n, d in MEMBERS.items()]))
-            for name, text in (("deep", deep), ("long", long_name))}
+    return {
+        name: _write(tmp_path, _zip([(n, text.encode() if n == "meta.json" else d) for n, d in MEMBERS.items()]))
+        for name, text in (("deep", deep), ("long", long_name))
+    }
 
 
 def _cli(*argv):
@@ -367,8 +447,12 @@ def _cli(*argv):
 def test_python_m_traces_exits_2_with_one_line(tmp_path):
     files = _bad_files(tmp_path)
     os.mkfifo(tmp_path / "fifo")
-    cases = [("stats", tmp_path / "fifo", "not a regular file"), ("validate", "/dev/zero", "not a regular file"),
-             ("stats", files["long"], "num_experts"), ("validate", files["deep"], "too deeply")]
+    cases = [
+        ("stats", tmp_path / "fifo", "not a regular file"),
+        ("validate", "/dev/zero", "not a regular file"),
+        ("stats", files["long"], "num_experts"),
+        ("validate", files["deep"], "too deeply"),
+    ]
     for command, path, problem in cases:
         done = _cli("-m", "traces", command, str(path))
         assert done.returncode == 2, done.stderr[-2000:]
@@ -378,8 +462,16 @@ def test_python_m_traces_exits_2_with_one_line(tmp_path):
 
 def test_python_m_sim_run_exits_2_with_one_line(tmp_path):
     files = _bad_files(tmp_path)
-    done = _cli("-m", "sim", "run", "configs/switch_xxl.yaml", "--set", f"workload.trace={files['long']}",
-                "--out", str(tmp_path / "out"))
+    done = _cli(
+        "-m",
+        "sim",
+        "run",
+        "configs/switch_xxl.yaml",
+        "--set",
+        f"workload.trace={files['long']}",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     line = _one_line(done.stderr)
     assert line.startswith("error: workload.trace: ") and "num_experts" in line
@@ -390,10 +482,13 @@ def test_python_m_sim_run_exits_2_with_one_line(tmp_path):
 # The same property for the importers: any input either becomes a trace that loads and holds exactly the input's
 # rows, or is refused with one bounded line naming the file; never another exception, a warning or a hang.
 
-IMPORT_FUZZ = settings(max_examples=int(os.environ.get("IMPORT_FUZZ_EXAMPLES", 80)), deadline=None,
-                       derandomize=True, database=None,
-                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                              HealthCheck.data_too_large])
+IMPORT_FUZZ = settings(
+    max_examples=int(os.environ.get("IMPORT_FUZZ_EXAMPLES", 80)),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
 
 
 def _import(*argv) -> tuple[int, str, str]:
@@ -413,18 +508,44 @@ def _refused_with_one_line(code: int, err: str, path, out: Path) -> None:
     assert not out.exists()
 
 
-ID_DTYPES = ["|i1", "<i2", "<i4", ">i4", "<i8", "|u1", "<u2", "<u8", "|b1", "<f2", "<f4", "<c8", "<m8[s]", "<M8[D]",
-             "<U2", "|S2"]
+ID_DTYPES = [
+    "|i1",
+    "<i2",
+    "<i4",
+    ">i4",
+    "<i8",
+    "|u1",
+    "<u2",
+    "<u8",
+    "|b1",
+    "<f2",
+    "<f4",
+    "<c8",
+    "<m8[s]",
+    "<M8[D]",
+    "<U2",
+    "|S2",
+]
 PROB_DTYPES = ["<f2", "<f4", "<f8", ">f8", "<i4", "<c8", "<U1"]
-PROB_VALUES = st.one_of(st.floats(0, 1, width=32), st.floats(0, 1, width=32),
-                        st.sampled_from([0.0, 1.0, float("nan"), float("inf"), 1e5, -7e4, 65504.0, 65520.0, 1e-8,
-                                         3e38]))
+PROB_VALUES = st.one_of(
+    st.floats(0, 1, width=32),
+    st.floats(0, 1, width=32),
+    st.sampled_from([0.0, 1.0, float("nan"), float("inf"), 1e5, -7e4, 65504.0, 65520.0, 1e-8, 3e38]),
+)
 ENTRY_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-2, 10), st.sampled_from([2**63, 2**70, -2**63 - 1, 10**7, 2**21 + 1]),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4), st.sampled_from(["", "\ud800", "a" * 300]),
-    st.lists(st.integers(0, 3), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
-ENTRY_KEYS = st.sampled_from(["dataset", "prompt_len", "n_decode_steps", "has_repetition", "request_id", "note", "",
-                              "source_index", "\udfff"])
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 10),
+    st.sampled_from([2**63, 2**70, -(2**63) - 1, 10**7, 2**21 + 1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),
+    st.sampled_from(["", "\ud800", "a" * 300]),
+    st.lists(st.integers(0, 3), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+ENTRY_KEYS = st.sampled_from(
+    ["dataset", "prompt_len", "n_decode_steps", "has_repetition", "request_id", "note", "", "source_index", "\udfff"]
+)
 
 
 def _cast(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -446,21 +567,23 @@ def expert_array_sources(draw):
     if plain:
         shape = (max(tokens, 1), max(layers, 1), max(k, 1))
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-        values = np.argsort(rng.random((*shape[:2], 16)), axis=2)[:, :, :shape[2]]
+        values = np.argsort(rng.random((*shape[:2], 16)), axis=2)[:, :, : shape[2]]
         values[rng.random(shape) < 0.1] = -1
         dtype = draw(st.sampled_from(["|i1", "<i2", "<i8", ">i4", "|u1", "<u8"]))
     else:
         shape = draw(st.one_of(st.just((tokens, layers, k)), st.lists(st.integers(0, 3), max_size=4).map(tuple)))
-        values = np.array(draw(st.lists(st.integers(-3, 40), min_size=math.prod(shape),
-                                        max_size=math.prod(shape))), dtype=np.int64).reshape(shape)
+        values = np.array(
+            draw(st.lists(st.integers(-3, 40), min_size=math.prod(shape), max_size=math.prod(shape))), dtype=np.int64
+        ).reshape(shape)
         dtype = draw(st.sampled_from(ID_DTYPES))
     ids = _cast(values, dtype)
     members = {"expert_ids.npy": ids}
     probs = None
     if draw(st.booleans()):
         pshape = shape if draw(st.integers(0, 4)) else draw(st.lists(st.integers(0, 3), max_size=3).map(tuple))
-        pvals = np.array(draw(st.lists(PROB_VALUES, min_size=math.prod(pshape), max_size=math.prod(pshape))),
-                         dtype=np.float64).reshape(pshape)
+        pvals = np.array(
+            draw(st.lists(PROB_VALUES, min_size=math.prod(pshape), max_size=math.prod(pshape))), dtype=np.float64
+        ).reshape(pshape)
         pdtype = draw(st.sampled_from(PROB_DTYPES))
         probs = _cast(pvals, pdtype) if pdtype[1] in "fc" else _cast(np.nan_to_num(pvals).astype(np.int64), pdtype)
         members["expert_probs.npy"] = probs
@@ -470,31 +593,40 @@ def expert_array_sources(draw):
         lengths = list(np.diff([0, *cuts, lengths[0]]))
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         if draw(st.integers(0, 5)) == 0:  # garbage offsets
-            offsets = _cast(np.array(draw(st.lists(st.integers(-3, 10), max_size=4)), dtype=np.int64),
-                            draw(st.sampled_from(["<i8", "<u2", "<f8"])))
+            offsets = _cast(
+                np.array(draw(st.lists(st.integers(-3, 10), max_size=4)), dtype=np.int64),
+                draw(st.sampled_from(["<i8", "<u2", "<f8"])),
+            )
         members["request_offsets.npy"] = offsets
     if draw(st.integers(0, 6)) == 0:
         members["extra.npy"] = np.zeros(2)
     rj = None
     if draw(st.booleans()):
         n = draw(st.sampled_from([len(lengths), len(lengths), max(len(lengths) - 1, 0), len(lengths) + 1]))
-        entries = [draw(st.dictionaries(ENTRY_KEYS, ENTRY_VALUES, max_size=4)) if draw(st.integers(0, 3)) == 0 else
-                   {"dataset": "d", "prompt_len": draw(st.integers(0, 100))} for _ in range(n)]
+        entries = [
+            draw(st.dictionaries(ENTRY_KEYS, ENTRY_VALUES, max_size=4))
+            if draw(st.integers(0, 3)) == 0
+            else {"dataset": "d", "prompt_len": draw(st.integers(0, 100))}
+            for _ in range(n)
+        ]
         for e, rows in zip(entries, lengths):
             if draw(st.booleans()):
                 e["n_decode_steps"] = int(rows)
         text = json.dumps(entries)
         if draw(st.integers(0, 8)) == 0:
-            text = draw(st.sampled_from(["[" * 5000 + "]" * 5000, "NaN", "[{\"a\": 1, \"a\": 2}]", "{", "[1]"]))
+            text = draw(st.sampled_from(["[" * 5000 + "]" * 5000, "NaN", '[{"a": 1, "a": 2}]', "{", "[1]"]))
         rj = text.encode("utf-8", "surrogatepass")
     return members, rj, ids, probs, lengths
 
 
 @IMPORT_FUZZ
-@given(src=expert_array_sources(), model=st.sampled_from(["toy", "toy-16", "gpt-oss-20b", "switch-base-8"]),
-       num_experts=st.sampled_from([None, 0, 1, 16, 40, 2**15]), plain_args=st.booleans())
-def test_expert_arrays_import_writes_the_input_or_refuses_with_one_line(tmp_path, src, model, num_experts,
-                                                                       plain_args):
+@given(
+    src=expert_array_sources(),
+    model=st.sampled_from(["toy", "toy-16", "gpt-oss-20b", "switch-base-8"]),
+    num_experts=st.sampled_from([None, 0, 1, 16, 40, 2**15]),
+    plain_args=st.booleans(),
+)
+def test_expert_arrays_import_writes_the_input_or_refuses_with_one_line(tmp_path, src, model, num_experts, plain_args):
     members, rj, ids, probs, lengths = src
     if plain_args:  # half the examples with a model of the user's own and the experts from the data
         model, num_experts = "toy", None
@@ -527,10 +659,31 @@ def test_expert_arrays_import_writes_the_input_or_refuses_with_one_line(tmp_path
 
 
 ALIEN_WORDS = st.one_of(
-    st.sampled_from(["+5", "1_0", "-1", "--2", "5-", "-", "0x5", "1e3", "5.0", "1,2", "12345678901", "\u0663",
-                     "\uff13", "\u00b9", "\u2164", "\u0e53", "5\u200b", "x"]),
+    st.sampled_from(
+        [
+            "+5",
+            "1_0",
+            "-1",
+            "--2",
+            "5-",
+            "-",
+            "0x5",
+            "1e3",
+            "5.0",
+            "1,2",
+            "12345678901",
+            "\u0663",
+            "\uff13",
+            "\u00b9",
+            "\u2164",
+            "\u0e53",
+            "5\u200b",
+            "x",
+        ]
+    ),
     st.text(st.characters(whitelist_categories=["Nd", "No", "Nl"]), min_size=1, max_size=3),
-    st.from_regex(r"[+\-]?[0-9_]{1,12}", fullmatch=True))
+    st.from_regex(r"[+\-]?[0-9_]{1,12}", fullmatch=True),
+)
 BLANKS = st.sampled_from([" ", "  ", "\t", " \t "])
 
 
@@ -539,8 +692,12 @@ def ft_log_texts(draw):
     """(log text, batch, decode steps): a valid one-encoder, one-decoder-layer log (runs of batch x prompt ids
     then one id per request per step), with some words replaced by alien ones, blank lines or whitespace added,
     a line repeated to great length, or a line dropped."""
-    runs, batch, prompt, steps = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 3)),
-                                  draw(st.integers(0, 2)))
+    runs, batch, prompt, steps = (
+        draw(st.integers(1, 2)),
+        draw(st.integers(1, 3)),
+        draw(st.integers(1, 3)),
+        draw(st.integers(0, 2)),
+    )
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lines = []
     for _ in range(runs):
@@ -557,9 +714,10 @@ def ft_log_texts(draw):
             del lines[i]
         elif op == "blank":
             lines.insert(i, [])
-    text = "".join(("permuted_experts_" + "".join(sep + w for w in words) + end if words else end.strip("\r"))
-                   + "\n" for words, sep, end in ((w, draw(BLANKS), draw(st.sampled_from(["", " ", "\r"])))
-                                                  for w in lines))
+    text = "".join(
+        ("permuted_experts_" + "".join(sep + w for w in words) + end if words else end.strip("\r")) + "\n"
+        for words, sep, end in ((w, draw(BLANKS), draw(st.sampled_from(["", " ", "\r"]))) for w in lines)
+    )
     return text, batch, steps
 
 
@@ -587,8 +745,23 @@ def test_ft_log_import_takes_ascii_ids_only_or_refuses_with_one_line(tmp_path, m
     path = tmp_path / f"log{next(_counter)}.txt"
     path.write_bytes(text.encode("utf-8"))
     out = tmp_path / f"out{next(_counter)}.npz"
-    code, _, err = _import("import", "ft-log", path, "--model", "toy-8", "--batch", batch, "--encoder-layers", 1,
-                           "--decoder-layers", 1, "--decode-steps", steps, "--out", out)
+    code, _, err = _import(
+        "import",
+        "ft-log",
+        path,
+        "--model",
+        "toy-8",
+        "--batch",
+        batch,
+        "--encoder-layers",
+        1,
+        "--decoder-layers",
+        1,
+        "--decode-steps",
+        steps,
+        "--out",
+        out,
+    )
     expected = _reference_ids(text)
     event(f"exit {code}")
     too_long = any(len(line.encode()) > 2000 for line in text.split("\n"))

@@ -33,8 +33,8 @@ def test_pinned_bytes_is_the_next_power_of_two(n):
 
 
 def test_an_explicit_host_pool_beyond_the_host_is_refused_counting_the_pinned_rounding():
-    mem = {"MemTotal": 64 * GIB, "MemAvailable": 64 * GIB}   # can spare min(48, 56) = 48 GiB
-    expert = 300 << 20                                      # pinned as 512 MiB
+    mem = {"MemTotal": 64 * GIB, "MemAvailable": 64 * GIB}  # can spare min(48, 56) = 48 GiB
+    expert = 300 << 20  # pinned as 512 MiB
     assert host_pool_size(40, 8, expert, pinned=False, mem=mem, log=lambda m: None) == 40 * GIB
     with pytest.raises(ConfigError) as exc:
         host_pool_size(40, 8, expert, pinned=True, mem=mem, log=lambda m: None)  # 136 x 512 MiB = 68 GiB
@@ -80,7 +80,8 @@ def test_the_copy_gap_delays_only_queued_copies_and_changes_no_decision(tiny):
     assert [(r.misses, r.copies) for r in r0.engine.iterations] == [(r.misses, r.copies) for r in r1.engine.iterations]
     one = tiny_config(tiny, "on-demand", batch=1, lpc=1)  # one buffer: never a copy queued behind another
     assert simulate(_with_hardware(one, copy_gap_us=40), trace=tiny[2]).summary["sim_time_s"] == pytest.approx(
-        simulate(one, trace=tiny[2]).summary["sim_time_s"])
+        simulate(one, trace=tiny[2]).summary["sim_time_s"]
+    )
 
 
 def test_the_executor_warms_every_gemm_shape_it_will_time(tiny, monkeypatch):
@@ -132,8 +133,10 @@ def test_a_background_load_runs_on_the_compute_stream_and_is_running_before_the_
 
 
 def test_progress_lines_reach_a_pipe_at_once():
-    code = ("import sys; from validate.cli import main; main(['compare', '/no/such']); "
-            "print(sys.stdout.line_buffering, sys.stderr.line_buffering)")
+    code = (
+        "import sys; from validate.cli import main; main(['compare', '/no/such']); "
+        "print(sys.stdout.line_buffering, sys.stderr.line_buffering)"
+    )
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.stdout.strip() == "True True", res.stderr
 
@@ -141,7 +144,20 @@ def test_progress_lines_reach_a_pipe_at_once():
 def test_the_validator_refuses_an_expert_width_it_cannot_run_naming_the_field(tmp_path):
     # int4 and int8 run (test_validate_quantized)
     (tmp_path / "m.yaml").write_text("base: gpt-oss-20b\nexpert_bits: 6\n")
-    res = subprocess.run([sys.executable, "-m", "validate", "microbench", "--model", str(tmp_path / "m.yaml"),
-                          "--out", str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "validate",
+            "microbench",
+            "--model",
+            str(tmp_path / "m.yaml"),
+            "--out",
+            str(tmp_path / "c.yaml"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2 and "--model.expert_bits" in res.stderr, res.stderr
     assert not (tmp_path / "c.yaml").exists()

@@ -24,22 +24,40 @@ from sim.specs import available, load_hardware
 ROOT = Path(__file__).resolve().parent.parent
 HARDWARE = ROOT / "configs" / "hardware"
 FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\s*([^#\s][^#]*?)\s*(?:#\s*(.*))?$")
-REACH = 3   # field lines a comment block covers below it
+REACH = 3  # field lines a comment block covers below it
 SOURCE_OR_ASSUMPTION = re.compile(
     r"assum|datasheet|whitepaper|DESIGN \d|paper|spec|measured|SOSP|guide|study|teardown|brief|product page|"
-    r"announcement|tutorial|\.md\b|\.yaml\b|#\d+|Intel|AMD|NVIDIA|kTransformers", re.I)
+    r"announcement|tutorial|\.md\b|\.yaml\b|#\d+|Intel|AMD|NVIDIA|kTransformers",
+    re.I,
+)
 #: Figures of the older profiles whose comments explain them but name no source and say no "assumption" (file, key).
 KNOWN_GAPS = {
-    ("a100-pcie.yaml", "launch_overhead_us"), ("a100-pcie.yaml", "reserved_gb"),
-    ("gh200.yaml", "pcie_latency_us"), ("gh200.yaml", "launch_overhead_us"), ("gh200.yaml", "reserved_gb"),
-    ("h100-pcie.yaml", "launch_overhead_us"), ("h100-pcie.yaml", "reserved_gb"),
-    ("h200.yaml", "pcie_latency_us"), ("h200.yaml", "launch_overhead_us"), ("h200.yaml", "reserved_gb"),
+    ("a100-pcie.yaml", "launch_overhead_us"),
+    ("a100-pcie.yaml", "reserved_gb"),
+    ("gh200.yaml", "pcie_latency_us"),
+    ("gh200.yaml", "launch_overhead_us"),
+    ("gh200.yaml", "reserved_gb"),
+    ("h100-pcie.yaml", "launch_overhead_us"),
+    ("h100-pcie.yaml", "reserved_gb"),
+    ("h200.yaml", "pcie_latency_us"),
+    ("h200.yaml", "launch_overhead_us"),
+    ("h200.yaml", "reserved_gb"),
     ("rtx4090.yaml", "launch_overhead_us"),
 }
 #: The profiles of the machines in the published results (issue item 3).
-RESULT_MACHINES = ("a100-sxm4-80gb", "rtx3080-mobile-16gb", "rtx3060-12gb", "t4-16gb", "quadro-rtx6000-24gb",
-                   "l4-24gb", "rtx4090d-1x6454s", "rtx4090d-2x6454s", "rtx4090-1x6454s", "rtx4090-2x6454s",
-                   "l40s-2x9654")
+RESULT_MACHINES = (
+    "a100-sxm4-80gb",
+    "rtx3080-mobile-16gb",
+    "rtx3060-12gb",
+    "t4-16gb",
+    "quadro-rtx6000-24gb",
+    "l4-24gb",
+    "rtx4090d-1x6454s",
+    "rtx4090d-2x6454s",
+    "rtx4090-1x6454s",
+    "rtx4090-2x6454s",
+    "l40s-2x9654",
+)
 FILES = sorted(HARDWARE.glob("*.yaml"))
 
 
@@ -89,8 +107,9 @@ def test_every_figure_is_sourced_or_an_assumption(path):
     fields = numeric_fields(lines)
     data = yaml.safe_load(path.read_text())
     # the line parser sees every numeric figure the YAML holds (none hides in a form it does not read)
-    assert {k for _, k in fields} == {k for k, v in data.items() if isinstance(v, (int, float))
-                                     and not isinstance(v, bool)}
+    assert {k for _, k in fields} == {
+        k for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
     uncovered = [lines[i] for i, _ in fields if covering_comment(lines, i) is None]
     assert not uncovered, f"{path.name}: figures without a comment beside or just above them: {uncovered}"
     unsourced = {(path.name, k) for i, k in fields if not SOURCE_OR_ASSUMPTION.search(covering_comment(lines, i))}
@@ -108,12 +127,24 @@ def test_the_result_machines_comment_every_figure_on_its_own(name):
 
 
 def test_the_rule_catches_a_bare_figure():
-    lines = ["# Datasheet capacity.", "gpu_memory_gb: 24", "hbm_bw_gb_s: 300", "flops_tflops: 97",
-             "flops_fp32_tflops: 27", "pcie_bw_gb_s: 12  # a figure", "name: x"]
-    assert [k for _, k in numeric_fields(lines)] == ["gpu_memory_gb", "hbm_bw_gb_s", "flops_tflops",
-                                                     "flops_fp32_tflops", "pcie_bw_gb_s"]
+    lines = [
+        "# Datasheet capacity.",
+        "gpu_memory_gb: 24",
+        "hbm_bw_gb_s: 300",
+        "flops_tflops: 97",
+        "flops_fp32_tflops: 27",
+        "pcie_bw_gb_s: 12  # a figure",
+        "name: x",
+    ]
+    assert [k for _, k in numeric_fields(lines)] == [
+        "gpu_memory_gb",
+        "hbm_bw_gb_s",
+        "flops_tflops",
+        "flops_fp32_tflops",
+        "pcie_bw_gb_s",
+    ]
     assert covering_comment(lines, 1) == covering_comment(lines, 3) == "Datasheet capacity."
-    assert covering_comment(lines, 4) is None                       # four lines below the comment: out of reach
+    assert covering_comment(lines, 4) is None  # four lines below the comment: out of reach
     assert covering_comment(lines, 5) == "a figure" and not SOURCE_OR_ASSUMPTION.search("a figure")
 
 
@@ -123,11 +154,12 @@ def test_the_result_machines_have_profiles():
     for name in RESULT_MACHINES:
         assert load_hardware(name).pcie_bw == (12e9 if name in gen3 else 25e9)
     d, r = load_hardware("rtx4090d-1x6454s"), load_hardware("rtx4090-1x6454s")
-    assert d.flops < r.flops and d.flops_fp32 < r.flops_fp32          # fewer SMs (114 of 128)
+    assert d.flops < r.flops and d.flops_fp32 < r.flops_fp32  # fewer SMs (114 of 128)
     assert (d.hbm_bw, d.gpu_memory_bytes) == (r.hbm_bw, r.gpu_memory_bytes)
     for gpu in ("rtx4090", "rtx4090d"):
         one, two = load_hardware(f"{gpu}-1x6454s"), load_hardware(f"{gpu}-2x6454s")
         assert two.cpu_cores == 2 * one.cpu_cores == 64
-        assert two.cpu_bf16_flops == 2 * one.cpu_bf16_flops and two.cpu_mem_bw == pytest.approx(2 * one.cpu_mem_bw,
-                                                                                                  rel=0.01)
+        assert two.cpu_bf16_flops == 2 * one.cpu_bf16_flops and two.cpu_mem_bw == pytest.approx(
+            2 * one.cpu_mem_bw, rel=0.01
+        )
         assert (two.flops, two.hbm_bw) == (one.flops, one.hbm_bw)

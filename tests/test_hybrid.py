@@ -41,8 +41,9 @@ def skewed(tmp_path_factory):
 
 
 def run(path, trace, policy, batch=2, hpc=1, mpc=1, buffers=3, predictor="none", **kw):
-    cfg = config_for(path, trace, policy=policy, predictor=predictor, batch=batch, hpc=hpc, mpc=mpc, buffers=buffers,
-                     **kw)
+    cfg = config_for(
+        path, trace, policy=policy, predictor=predictor, batch=batch, hpc=hpc, mpc=mpc, buffers=buffers, **kw
+    )
     return cfg, simulate(cfg, trace=trace, check_invariants=True, record_decisions=True, timeline=True)
 
 
@@ -65,6 +66,7 @@ def test_accesses_capacity_and_host_experts_never_in_a_buffer(skewed, policy, ba
     from sim.decisions import build_decisions
     from sim.protocol import DecisionProtocol
     from sim.workload import build_iterations
+
     w = cfg.workload
     its, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
     p2, pr2 = build_decisions(cfg, trace, its)
@@ -103,6 +105,7 @@ def fiddler_restated(trace, its, costs, hot, slots):
     """Fiddler's rule, plainly: the ``slots`` hottest experts per layer on the GPU; any other active expert on the
     host when host compute + activations both ways beat a copy + GPU compute."""
     from sim.workload import active_sets, phase_layers
+
     layers_of = phase_layers(trace)
     out = []
     for it in its:
@@ -113,8 +116,9 @@ def fiddler_restated(trace, its, costs, hot, slots):
                 n = counts[e]
                 if e in hot[layer][:slots]:
                     row.append((e, HPC))
-                elif (costs.cpu_expert_s(n) + costs.activation_copy_s(n, "d2h") + costs.activation_copy_s(n, "h2d")
-                      < costs.copy_s(costs.expert_bytes) + costs.expert_s(n)):
+                elif costs.cpu_expert_s(n) + costs.activation_copy_s(n, "d2h") + costs.activation_copy_s(
+                    n, "h2d"
+                ) < costs.copy_s(costs.expert_bytes) + costs.expert_s(n):
                     row.append((e, CPU))
                 else:
                     row.append((e, MISS))
@@ -127,6 +131,7 @@ def with_hardware(cfg, **hw):
     from sim.config import config_from_dict
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
+
     d = dict(cfg.resolved)
     d["hardware"] = {**d["hardware"], **hw}
     return config_from_dict(d, "test", POLICIES.names(), PREDICTORS.names())
@@ -141,11 +146,14 @@ def test_fiddler_is_its_rule(tmp_path, overhead_us, batch):
     e[:, :, 1] = np.where(e[:, :, 1] == e[:, :, 0], (e[:, :, 0] + 1) % 6, e[:, :, 1])
     trace = make_trace(e.astype(np.int16), [10, 10, 10, 10], num_experts=6)
     path = save_trace(trace, tmp_path / "t.npz")
-    cfg = with_hardware(config_for(path, trace, policy="fiddler", batch=batch, hpc=1, mpc=1, buffers=3),
-                        cpu_expert_overhead_us=overhead_us)
+    cfg = with_hardware(
+        config_for(path, trace, policy="fiddler", batch=batch, hpc=1, mpc=1, buffers=3),
+        cpu_expert_overhead_us=overhead_us,
+    )
     out = simulate(cfg, trace=trace, record_decisions=True, check_invariants=True)
     from sim.decisions import hot_ranking
     from sim.workload import build_iterations
+
     w = cfg.workload
     its, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
     want = fiddler_restated(trace, its, CostModel(cfg.model, cfg.hardware), hot_ranking(cfg, trace), 2)
@@ -154,7 +162,7 @@ def test_fiddler_is_its_rule(tmp_path, overhead_us, batch):
     s = out.summary
     assert s["promotions"] == 0 and s["prefetch"]["issued"] == 0
     assert s["hits"][HPC] + s["misses"] + s["cpu_experts"] == s["accesses"]
-    if (overhead_us, batch) == (5.0, 4):   # both choices occur
+    if (overhead_us, batch) == (5.0, 4):  # both choices occur
         assert s["misses"] > 0 and s["cpu_experts"] > 0
     if overhead_us == 30.0:
         assert s["cpu_experts"] == 0
@@ -165,18 +173,20 @@ def test_fiddler_is_its_rule(tmp_path, overhead_us, batch):
 def test_fiddler_copies_when_the_host_is_slower(tmp_path):
     """With a slow host (a hardware file with 1 GB/s of host memory) fiddler copies its misses, on the GPU."""
     import yaml
+
     trace = skewed_trace(1)
     path = save_trace(trace, tmp_path / "t.npz")
     hw = yaml.safe_load((ROOT / "configs/hardware/h200.yaml").read_text())
-    hw.update(name="slow-host", cpu_mem_bw_gb_s=0.5, cpu_bf16_tflops=0.001, cpu_int8_tops=0.001,
-              cpu_int4_tops=0.001)
+    hw.update(name="slow-host", cpu_mem_bw_gb_s=0.5, cpu_bf16_tflops=0.001, cpu_int8_tops=0.001, cpu_int4_tops=0.001)
     (tmp_path / "slow.yaml").write_text(yaml.safe_dump(hw))
     cfg = config_for(path, trace, policy="fiddler", batch=2, hpc=1, mpc=1, buffers=3)
     from sim.config import config_from_dict
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
-    cfg = config_from_dict({**cfg.resolved, "hardware": str(tmp_path / "slow.yaml")}, "test", POLICIES.names(),
-                           PREDICTORS.names())
+
+    cfg = config_from_dict(
+        {**cfg.resolved, "hardware": str(tmp_path / "slow.yaml")}, "test", POLICIES.names(), PREDICTORS.names()
+    )
     s = simulate(cfg, trace=trace).summary
     assert s["cpu_experts"] == 0 and s["misses"] > 0 and s["copies"] == s["misses"]
 
@@ -184,7 +194,7 @@ def test_fiddler_copies_when_the_host_is_slower(tmp_path):
 def test_host_stream_time_one_layer(tmp_path):
     """One layer, one decode step of 3 tokens: expert 0 on the GPU (pinned), experts 1, 2 on the host (ktransformers).
     The layer's expert part ends at max(GPU work, d2h + cpu(1) + cpu(2) + h2d)."""
-    e = np.array([[[0, 1]], [[0, 2]], [[1, 2]]], dtype=np.int16)   # 3 tokens, 1 layer, top-2
+    e = np.array([[[0, 1]], [[0, 2]], [[1, 2]]], dtype=np.int16)  # 3 tokens, 1 layer, top-2
     trace = make_trace(e, [1, 1, 1], num_experts=4)
     path = save_trace(trace, tmp_path / "t.npz")
     cfg = config_for(path, trace, policy="ktransformers", batch=3, hpc=1, mpc=0, buffers=2)
@@ -197,12 +207,15 @@ def test_host_stream_time_one_layer(tmp_path):
     # and every token routes to one of them
     assert out.policy.cache.hpc[0] == frozenset({0})
     gpu_e, host, counts, n_host_tokens = 0, [1, 2], {0: 2, 1: 2, 2: 2}, 3
-    dense = out.engine.timeline[0][3]   # the layer's dense work, as the engine timed it
+    dense = out.engine.timeline[0][3]  # the layer's dense work, as the engine timed it
     hw = costs.hw
     start = dense + hw.layer_roundtrip_s
-    host_done = (start + costs.activation_copy_s(n_host_tokens, "d2h")
-                 + sum(costs.cpu_expert_s(counts[x]) for x in host)
-                 + costs.activation_copy_s(n_host_tokens, "h2d"))
+    host_done = (
+        start
+        + costs.activation_copy_s(n_host_tokens, "d2h")
+        + sum(costs.cpu_expert_s(counts[x]) for x in host)
+        + costs.activation_copy_s(n_host_tokens, "h2d")
+    )
     gpu_done = start + costs.expert_s(counts[gpu_e])
     lm = costs.lm_head_s(3)
     assert r.cpu_experts == 2
@@ -212,8 +225,12 @@ def test_host_stream_time_one_layer(tmp_path):
     lanes = {x[0] for x in out.engine.timeline}
     assert "cpu" in lanes
     cpu_items = [x for x in out.engine.timeline if x[0] == "cpu"]
-    assert [x[1] for x in cpu_items] == ["L0 activations d2h", f"L0 E{host[0]} cpu", f"L0 E{host[1]} cpu",
-                                         "L0 activations h2d"]
+    assert [x[1] for x in cpu_items] == [
+        "L0 activations d2h",
+        f"L0 E{host[0]} cpu",
+        f"L0 E{host[1]} cpu",
+        "L0 activations h2d",
+    ]
 
 
 def test_cpu_tokens_counts_tokens_routed_to_any_host_expert():
@@ -222,6 +239,7 @@ def test_cpu_tokens_counts_tokens_routed_to_any_host_expert():
 
     class It:
         rows = np.arange(4)
+
     assert cpu_tokens(trace, It, 0, [1]) == 2
     assert cpu_tokens(trace, It, 0, [1, 2]) == 3
     assert cpu_tokens(trace, It, 0, [3, 1]) == 3
@@ -271,16 +289,36 @@ def test_gpu_only_policies_report_no_host(skewed):
 # Exact summaries of git HEAD before the host stream (4d6af8e): runs without host experts are unchanged, bit for bit.
 # (computed with the tree of 4d6af8e on this module's skewed trace, hpc 1, mpc 1, 3 buffers)
 BEFORE = {
-    ("lru", "none", 2): {"sim_time_s": 0.015118771657435878, "events": 1665, "copies": 410, "misses": 410,
-                         "hits": {"hpc": 0, "mpc": 227, "lpc": 0}, "stall_ms": 5.735038244102443,
-                         "compute_busy_frac": 0.6206677120305687, "link_busy_frac": 0.5446083463215436},
-    ("diffmoe", "oracle", 3): {"sim_time_s": 0.014038379726410243, "events": 1747, "copies": 510, "misses": 168,
-                               "hits": {"hpc": 156, "mpc": 139, "lpc": 342}, "stall_ms": 2.66212033641018,
-                               "compute_busy_frac": 0.8103684051655883, "link_busy_frac": 0.7295753202449033},
-    ("next-use-odds", "noisy", 1): {"sim_time_s": 0.017131886217435926, "events": 1903, "copies": 507,
-                                    "misses": 178, "hits": {"hpc": 0, "mpc": 254, "lpc": 288},
-                                    "stall_ms": 3.319241657435798, "compute_busy_frac": 0.806253577959339,
-                                    "link_busy_frac": 0.5943191468104325},
+    ("lru", "none", 2): {
+        "sim_time_s": 0.015118771657435878,
+        "events": 1665,
+        "copies": 410,
+        "misses": 410,
+        "hits": {"hpc": 0, "mpc": 227, "lpc": 0},
+        "stall_ms": 5.735038244102443,
+        "compute_busy_frac": 0.6206677120305687,
+        "link_busy_frac": 0.5446083463215436,
+    },
+    ("diffmoe", "oracle", 3): {
+        "sim_time_s": 0.014038379726410243,
+        "events": 1747,
+        "copies": 510,
+        "misses": 168,
+        "hits": {"hpc": 156, "mpc": 139, "lpc": 342},
+        "stall_ms": 2.66212033641018,
+        "compute_busy_frac": 0.8103684051655883,
+        "link_busy_frac": 0.7295753202449033,
+    },
+    ("next-use-odds", "noisy", 1): {
+        "sim_time_s": 0.017131886217435926,
+        "events": 1903,
+        "copies": 507,
+        "misses": 178,
+        "hits": {"hpc": 0, "mpc": 254, "lpc": 288},
+        "stall_ms": 3.319241657435798,
+        "compute_busy_frac": 0.806253577959339,
+        "link_busy_frac": 0.5943191468104325,
+    },
 }
 
 
@@ -301,13 +339,14 @@ def test_hybrid_cache_keeps_a_hot_working_set_the_profile_missed(tmp_path):
     (cache hits after), while fiddler, its slots pinned, copies them again at every use; ktransformers computes
     them on the host."""
     layer_rows = [[0, 1]] * 60 + [[4, 5]] * 60
-    e = np.array([[row] for row in layer_rows], dtype=np.int16)          # [120 tokens, 1 layer, top-2]
+    e = np.array([[row] for row in layer_rows], dtype=np.int16)  # [120 tokens, 1 layer, top-2]
     trace = make_trace(e, [60, 60], num_experts=8)
     path = save_trace(trace, tmp_path / "t.npz")
     out = {}
     for policy in ("fiddler", "hybrid-cache", "ktransformers"):
-        cfg = with_hardware(config_for(path, trace, policy=policy, batch=1, hpc=1, mpc=1, buffers=3),
-                            cpu_expert_overhead_us=200.0)
+        cfg = with_hardware(
+            config_for(path, trace, policy=policy, batch=1, hpc=1, mpc=1, buffers=3), cpu_expert_overhead_us=200.0
+        )
         out[policy] = simulate(cfg, trace=trace, check_invariants=True).summary
     hy, fi, kt = out["hybrid-cache"], out["fiddler"], out["ktransformers"]
     assert hy["accesses"] == fi["accesses"] == kt["accesses"] == 240
@@ -321,9 +360,14 @@ def test_sim_run_prints_the_host_line(skewed, tmp_path):
     path, trace = skewed
     cfg = config_for(path, trace, policy="ktransformers", batch=2, hpc=1, mpc=1, buffers=3)
     import yaml
+
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg.resolved))
-    p = subprocess.run([sys.executable, "-m", "sim", "run", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "o"),
-                        "--timeline"], cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "sim", "run", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "o"), "--timeline"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     assert "host CPU" in p.stdout
     s = json.loads((tmp_path / "o" / "summary.json").read_text())

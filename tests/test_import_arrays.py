@@ -25,12 +25,23 @@ SHARED_GPT_OSS = ROOT.parent / "shared" / "traces" / "gpt-oss-20b"
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True)
+    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
-def make_source(folder, lengths, layers=3, k=2, experts=16, seed=0, datasets=None, repetitive=None,
-                with_probs=True, with_offsets=True, requests_json=True, ids_dtype=np.int8):
+def make_source(
+    folder,
+    lengths,
+    layers=3,
+    k=2,
+    experts=16,
+    seed=0,
+    datasets=None,
+    repetitive=None,
+    with_probs=True,
+    with_offsets=True,
+    requests_json=True,
+    ids_dtype=np.int8,
+):
     """Write routing.npz (and requests.json) in ``folder``; returns (npz path, ids, probs, entries)."""
     rng = np.random.default_rng(seed)
     t = int(sum(lengths))
@@ -48,9 +59,18 @@ def make_source(folder, lengths, layers=3, k=2, experts=16, seed=0, datasets=Non
     if requests_json:
         datasets = datasets or ["alpha"] * len(lengths)
         repetitive = repetitive or [False] * len(lengths)
-        entries = [{"dataset": d, "category": f"c{i % 2}", "prompt_len": 10 + i, "n_decode_steps": int(n),
-                    "has_repetition": rep, "finished": True, "decode_tokens": ["x"] * int(n)}
-                   for i, (n, d, rep) in enumerate(zip(lengths, datasets, repetitive))]
+        entries = [
+            {
+                "dataset": d,
+                "category": f"c{i % 2}",
+                "prompt_len": 10 + i,
+                "n_decode_steps": int(n),
+                "has_repetition": rep,
+                "finished": True,
+                "decode_tokens": ["x"] * int(n),
+            }
+            for i, (n, d, rep) in enumerate(zip(lengths, datasets, repetitive))
+        ]
         (folder / "requests.json").write_text(json.dumps(entries))
     return path, ids, probs, entries
 
@@ -84,35 +104,53 @@ def test_filters_keep_the_chosen_requests_rows(tmp_path):
     starts = np.concatenate([[0], np.cumsum(lengths)])
 
     def expected(keep):
-        return np.concatenate([ids[starts[r]:starts[r + 1]] for r in keep]).astype(np.int16)
+        return np.concatenate([ids[starts[r] : starts[r + 1]] for r in keep]).astype(np.int16)
 
-    for ds, excl, keep in ((["a"], False, [0, 2]), (["a", "b"], True, [0, 3]), (None, True, [0, 3, 4]),
-                           (["c", "a"], False, [0, 2, 4])):
+    for ds, excl, keep in (
+        (["a"], False, [0, 2]),
+        (["a", "b"], True, [0, 3]),
+        (None, True, [0, 3, 4]),
+        (["c", "a"], False, [0, 2, 4]),
+    ):
         trace, report = import_expert_arrays(path, "toy", 16, datasets=ds, exclude_repetitive=excl)
         assert np.array_equal(trace.experts, expected(keep)), (ds, excl)
         assert trace.request_lengths.tolist() == [lengths[r] for r in keep]
         assert trace.meta.request_info["source_index"] == keep
         assert trace.meta.request_info["dataset"] == [datasets[r] for r in keep]
         assert report.requests_kept == len(keep) and trace.meta.extra["requests_kept"] == len(keep)
-        kept_probs = np.concatenate([probs[starts[r]:starts[r + 1]] for r in keep])
+        kept_probs = np.concatenate([probs[starts[r] : starts[r + 1]] for r in keep])
         assert np.array_equal(trace.weights, kept_probs)
     out = tmp_path / "f.npz"
-    res = _cli("import", "expert-arrays", path, "--model", "toy", "--num-experts", 16, "--datasets", "b",
-               "--exclude-repetitive", "--out", out)
+    res = _cli(
+        "import",
+        "expert-arrays",
+        path,
+        "--model",
+        "toy",
+        "--num-experts",
+        16,
+        "--datasets",
+        "b",
+        "--exclude-repetitive",
+        "--out",
+        out,
+    )
     assert res.returncode == 0, res.stderr
     assert "in 1 requests (of 5)" in res.stdout
     assert load_trace(out).meta.request_info["source_index"] == [3]
 
 
 def test_without_offsets_or_requests_json_one_request_and_experts_from_the_data(tmp_path):
-    path, ids, _, _ = make_source(tmp_path, [9], experts=12, with_probs=False, with_offsets=False,
-                                  requests_json=False, ids_dtype=np.int64)
+    path, ids, _, _ = make_source(
+        tmp_path, [9], experts=12, with_probs=False, with_offsets=False, requests_json=False, ids_dtype=np.int64
+    )
     trace, report = import_expert_arrays(path, "mystery-moe")
     assert trace.num_requests == 1 and trace.weights is None and trace.meta.request_info is None
     assert trace.num_experts == int(ids.max()) + 1 and "data" in report.num_experts_from
     assert import_expert_arrays(path, "mystery-moe-64")[0].num_experts == 64  # the name's suffix
-    gpt, *_ = make_source(tmp_path / "gpt", [3], layers=24, k=4, experts=32, with_probs=False, with_offsets=False,
-                          requests_json=False)
+    gpt, *_ = make_source(
+        tmp_path / "gpt", [3], layers=24, k=4, experts=32, with_probs=False, with_offsets=False, requests_json=False
+    )
     assert import_expert_arrays(gpt, "gpt-oss-20b")[0].num_experts == 32  # the model profile
     with pytest.raises(InputError, match="does not match model"):
         import_expert_arrays(path, "switch-base-128")  # 3 decoder layers, top-2: not that profile's shape
@@ -182,9 +220,23 @@ def _bad_npz(tmp_path, case):
     raise AssertionError(case)
 
 
-BAD = ["no_expert_ids", "float_ids", "flat_ids", "probs_shape", "probs_nan", "offsets_end", "duplicate", "id_range",
-       "not_zip", "requests_count", "requests_steps", "requests_not_json", "unknown_dataset",
-       "filter_without_metadata", "single_npy"]
+BAD = [
+    "no_expert_ids",
+    "float_ids",
+    "flat_ids",
+    "probs_shape",
+    "probs_nan",
+    "offsets_end",
+    "duplicate",
+    "id_range",
+    "not_zip",
+    "requests_count",
+    "requests_steps",
+    "requests_not_json",
+    "unknown_dataset",
+    "filter_without_metadata",
+    "single_npy",
+]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -203,12 +255,20 @@ def test_request_info_is_checked_on_save_and_load(tmp_path):
     good = make_trace([[1], [2], [0]], lengths=[1, 2])
     assert "request_info" not in good.meta.to_dict()  # traces without it are written as before
     bad = make_trace([[1], [2], [0]], lengths=[1, 2])
-    bad = type(bad)(bad.experts, bad.request_offsets, bad.prefill_lengths,
-                    TraceMeta(**{**bad.meta.__dict__, "request_info": {"dataset": ["a"]}}))
+    bad = type(bad)(
+        bad.experts,
+        bad.request_offsets,
+        bad.prefill_lengths,
+        TraceMeta(**{**bad.meta.__dict__, "request_info": {"dataset": ["a"]}}),
+    )
     with pytest.raises(TraceError, match="request_info.dataset has 1 values for 2 requests"):
         save_trace(bad, tmp_path / "bad.npz")
-    ok = type(bad)(bad.experts, bad.request_offsets, bad.prefill_lengths,
-                   TraceMeta(**{**bad.meta.__dict__, "request_info": {"dataset": ["a", "b"], "n": [1, None]}}))
+    ok = type(bad)(
+        bad.experts,
+        bad.request_offsets,
+        bad.prefill_lengths,
+        TraceMeta(**{**bad.meta.__dict__, "request_info": {"dataset": ["a", "b"], "n": [1, None]}}),
+    )
     path = save_trace(ok, tmp_path / "ok.npz")
     assert load_trace(path).meta.request_info == {"dataset": ["a", "b"], "n": [1, None]}
     # a file whose request_info holds a list per request, or lists of different lengths, does not load
@@ -247,7 +307,7 @@ def test_random_sources_keep_every_kept_row(tmp_path_factory, lengths, data):
     starts = np.concatenate([[0], np.cumsum(lengths)])
     keep = [r for r, d in enumerate(names) if d in chosen]
     assert trace.num_tokens == sum(lengths[r] for r in keep)
-    assert np.array_equal(trace.experts, np.concatenate([ids[starts[r]:starts[r + 1]] for r in keep]))
+    assert np.array_equal(trace.experts, np.concatenate([ids[starts[r] : starts[r + 1]] for r in keep]))
 
 
 # ------------------------------------------------------------------------------------------- the real data

@@ -27,8 +27,7 @@ PREFIX = "permuted_experts_"
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True)
+    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
 def random_log(rng, runs, batch, prompt, steps, enc=6, dec=6, experts=128, encoder_only=False) -> list[str]:
@@ -72,9 +71,18 @@ def replay_sets(trace, batch):
 
 def on_demand_copies(path, batch, model="switch-base-128"):
     """Copies per iteration kind of the simulator's on-demand policy replaying ``path`` at ``batch``."""
-    cfg = config_from_dict({"model": model, "hardware": "h200", "workload": {"trace": str(path), "batch_size": batch},
-                            "cache": {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 4}, "policy": "on-demand"},
-                           "test", POLICIES.names(), PREDICTORS.names())
+    cfg = config_from_dict(
+        {
+            "model": model,
+            "hardware": "h200",
+            "workload": {"trace": str(path), "batch_size": batch},
+            "cache": {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 4},
+            "policy": "on-demand",
+        },
+        "test",
+        POLICIES.names(),
+        PREDICTORS.names(),
+    )
     its = simulate(cfg).engine.iterations
     return {kind: sum(i.copies for i in its if i.kind == kind) for kind in ("prefill", "decode")}
 
@@ -107,8 +115,9 @@ def test_replay_active_sets_and_on_demand_copies_equal_the_log(tmp_path):
     lines = random_log(rng, runs=3, batch=batch, prompt=5, steps=steps)
     path = write_log(tmp_path / "log.txt", lines)
     out = tmp_path / "trace.npz"
-    res = _cli("import", "ft-log", path, "--model", "switch-base-128", "--batch", batch, "--decode-steps", steps,
-               "--out", out)
+    res = _cli(
+        "import", "ft-log", path, "--model", "switch-base-128", "--batch", batch, "--decode-steps", steps, "--out", out
+    )
     assert res.returncode == 0, res.stderr
     assert "3 runs x batch 4" in res.stdout
     trace = load_trace(out)
@@ -166,9 +175,23 @@ def _good_lines(rng):
     return random_log(rng, runs=2, batch=2, prompt=3, steps=2, experts=16)
 
 
-@pytest.mark.parametrize("case", ["prefix", "not_int", "empty_line", "encoder_not_multiple", "encoder_unequal",
-                                  "decoder_count", "id_too_big", "negative", "line_count", "runs_range",
-                                  "runs_syntax", "batch_zero"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "prefix",
+        "not_int",
+        "empty_line",
+        "encoder_not_multiple",
+        "encoder_unequal",
+        "decoder_count",
+        "id_too_big",
+        "negative",
+        "line_count",
+        "runs_range",
+        "runs_syntax",
+        "batch_zero",
+    ],
+)
 def test_bad_logs_exit_2_with_one_line_naming_file_and_line(tmp_path, case):
     rng = np.random.default_rng(5)
     lines = _good_lines(rng)
@@ -221,8 +244,17 @@ def test_bad_logs_exit_2_with_one_line_naming_file_and_line(tmp_path, case):
 
 
 def test_missing_file_exits_2(tmp_path):
-    res = _cli("import", "ft-log", tmp_path / "nope.txt", "--model", "switch-base-128", "--batch", 1,
-               "--out", tmp_path / "o.npz")
+    res = _cli(
+        "import",
+        "ft-log",
+        tmp_path / "nope.txt",
+        "--model",
+        "switch-base-128",
+        "--batch",
+        1,
+        "--out",
+        tmp_path / "o.npz",
+    )
     assert res.returncode == 2 and "no such file" in res.stderr
 
 
@@ -232,7 +264,7 @@ def logs(draw):
     runs, batch = draw(st.integers(1, 3)), draw(st.integers(1, 5))
     prompt, steps = draw(st.integers(1, 4)), draw(st.integers(0, 4))
     experts = draw(st.integers(1, 12))
-    seed = draw(st.integers(0, 2 ** 32 - 1))
+    seed = draw(st.integers(0, 2**32 - 1))
     return enc, dec, runs, batch, prompt, steps, experts, seed
 
 
@@ -263,9 +295,14 @@ def _real(name):
     return path
 
 
-@pytest.mark.parametrize("name, model, batch", [("experts_e128_Pre-gated_b8.txt", "switch-base-128", 8),
-                                                ("experts_e128_Pre-gated_b1.txt", "switch-base-128", 1),
-                                                ("experts_e64_Pre-gated_b1.txt", "switch-base-64", 1)])
+@pytest.mark.parametrize(
+    "name, model, batch",
+    [
+        ("experts_e128_Pre-gated_b8.txt", "switch-base-128", 8),
+        ("experts_e128_Pre-gated_b1.txt", "switch-base-128", 1),
+        ("experts_e64_Pre-gated_b1.txt", "switch-base-64", 1),
+    ],
+)
 def test_real_log_replays_to_its_lines(tmp_path, name, model, batch):
     path = _real(name)
     lines = [t for t in path.read_text().splitlines() if t.strip()]
@@ -274,7 +311,7 @@ def test_real_log_replays_to_its_lines(tmp_path, name, model, batch):
     runs = len(lines) // per_run
     trace, summary = import_ft_log(path, model, batch, runs="1")  # one run (not the warm-up), to keep it quick
     assert summary["runs_in_file"] == runs
-    run = lines[per_run:2 * per_run]
+    run = lines[per_run : 2 * per_run]
     assert trace.prefill_lengths.tolist() == [len(line_ids(run[0])) // batch] * batch
     assert [set(a) for a, _ in replay_sets(trace, batch)] == [set(line_ids(t)) for t in run]
     if model == "switch-base-128":
@@ -313,7 +350,7 @@ def test_prompt_rows_keep_each_requests_ids_but_not_their_sorted_order(tmp_path)
     path = write_log(tmp_path / "x.txt", random_log(rng, runs=1, batch=2, prompt=40, steps=1))
     trace, _ = import_ft_log(path, "switch-base-128", 2, shape=LogShape(decode_steps=1))
     first = line_ids(path.read_text().splitlines()[0])
-    rows = trace.experts[: 40, 0, 0].tolist()     # request 0's prompt rows in encoder layer 0
+    rows = trace.experts[:40, 0, 0].tolist()  # request 0's prompt rows in encoder layer 0
     assert sorted(rows) == first[:40] and rows != first[:40]
     again, _ = import_ft_log(path, "switch-base-128", 2, shape=LogShape(decode_steps=1))
     assert np.array_equal(again.experts, trace.experts)  # seeded: the same file gives the same trace

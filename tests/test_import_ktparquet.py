@@ -29,10 +29,19 @@ from traces.import_ktparquet import import_kt_parquet
 from traces.io import load_trace
 
 SHARED_KT = ROOT.parent / "shared" / "traces" / "qwen3.5-35b-a3b-ktransformers"
-SCHEMA = pa.schema([("token_id", pa.int64()), ("context_id", pa.string()), ("layer_id", pa.int32()),
-                    ("token_position", pa.int32()), ("expert_ids", pa.list_(pa.int32())),
-                    ("expert_weights", pa.list_(pa.float32())), ("token_text", pa.null()),
-                    ("timestamp", pa.int64()), ("token_category", pa.string())])
+SCHEMA = pa.schema(
+    [
+        ("token_id", pa.int64()),
+        ("context_id", pa.string()),
+        ("layer_id", pa.int32()),
+        ("token_position", pa.int32()),
+        ("expert_ids", pa.list_(pa.int32())),
+        ("expert_weights", pa.list_(pa.float32())),
+        ("token_text", pa.null()),
+        ("timestamp", pa.int64()),
+        ("token_category", pa.string()),
+    ]
+)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -52,8 +61,16 @@ def request_rows(ctx, prompt, decode, layers=3, k=4, experts=16, seed=0, categor
     rows = []
 
     def add(t, layer, pos):
-        rows.append({"context_id": ctx, "layer_id": layer, "token_position": pos, "expert_ids": ids[t, layer].tolist(),
-                     "expert_weights": w[t, layer].tolist(), "token_category": category})
+        rows.append(
+            {
+                "context_id": ctx,
+                "layer_id": layer,
+                "token_position": pos,
+                "expert_ids": ids[t, layer].tolist(),
+                "expert_weights": w[t, layer].tolist(),
+                "token_category": category,
+            }
+        )
 
     for t in (0, 1):
         for layer in range(layers):
@@ -83,15 +100,16 @@ def write_output(folder, name, ctx, prompt, completion, trace_file=None):
     path = folder / f"output_{name}.json"
     usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     trace_file = trace_file or f"{name}_session.parquet"
-    path.write_text(json.dumps({"prompt_id": name, "context_id": ctx, "trace_file": trace_file,
-                                "raw_response": {"usage": usage}}))
+    path.write_text(
+        json.dumps({"prompt_id": name, "context_id": ctx, "trace_file": trace_file, "raw_response": {"usage": usage}})
+    )
     return path
 
 
 def raw_active_sets(paths):
     """Independently of the importer: per request (in file order, then row order), per step (0 = the prefill pass,
     then one per decode pass), per layer, the set of experts the raw rows route to, warm-up passes skipped."""
-    out = []   # (request, step, layer, frozenset)
+    out = []  # (request, step, layer, frozenset)
     for path in paths:
         df = pq.read_table(path).to_pandas()
         contexts = df["context_id"].tolist() if "context_id" in df else [None] * len(df)
@@ -128,13 +146,22 @@ def replay_sets(trace):
     layers = phase_layers(trace)
     workload = [frozenset(a) for it in its for a, _ in active_sets(trace, it.rows, layers[it.kind])]
     ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(trace.num_layers, trace.num_experts, ("decoder",) * trace.num_layers,
-                        frozenset(range(trace.num_layers)), 0, 4, tuple(tuple(r) for r in ranking), 0,
-                        {"trace": trace})
+    ctx = PolicyContext(
+        trace.num_layers,
+        trace.num_experts,
+        ("decoder",) * trace.num_layers,
+        frozenset(range(trace.num_layers)),
+        0,
+        4,
+        tuple(tuple(r) for r in ranking),
+        0,
+        {"trace": trace},
+    )
     policy = POLICIES.get("lru")(None, ctx)
     decisions = replay(trace, its, policy, PREDICTORS.get("none")(None, PredictorContext(trace.num_layers, 8, 0)))
-    assert [(d.iteration, d.layer) for d in decisions] == [(i, layer) for i in range(len(its))
-                                                           for layer in range(trace.num_layers)]
+    assert [(d.iteration, d.layer) for d in decisions] == [
+        (i, layer) for i in range(len(its)) for layer in range(trace.num_layers)
+    ]
     return workload, [frozenset(d.active) for d in decisions]
 
 
@@ -187,12 +214,12 @@ def test_prompt_rows_undo_the_layer_major_order_read_plainly(tmp_path):
     path = write_log(tmp_path / "x_session.parquet", rows)
     trace, _ = import_kt_parquet([path], "tiny-kt", 16)
     df = pq.read_table(path).to_pandas()
-    prefill = df.iloc[2 * 4: 2 * 4 + 7 * 4]
+    prefill = df.iloc[2 * 4 : 2 * 4 + 7 * 4]
     for _, row in prefill.iterrows():
         j, layer = int(row["token_position"]), int(row["layer_id"])
         assert trace.experts[j, layer].tolist() == list(row["expert_ids"])
         assert np.allclose(trace.weights[j, layer], np.asarray(row["expert_weights"], np.float16))
-    decode = df.iloc[2 * 4 + 7 * 4:]
+    decode = df.iloc[2 * 4 + 7 * 4 :]
     for i, (_, row) in enumerate(decode.iterrows()):
         assert trace.experts[7 + i // 4, int(row["layer_id"])].tolist() == list(row["expert_ids"])
 
@@ -202,8 +229,7 @@ def test_replay_gives_the_logged_active_sets_counted_independently(tmp_path):
     for f in range(3):
         rows = []
         for r in range(2 if f == 1 else 1):
-            rq, _, _ = request_rows(f"ctx_{f}_{r}", prompt=2 + 3 * f + r, decode=5 + f, layers=4, k=4,
-                                    seed=10 * f + r)
+            rq, _, _ = request_rows(f"ctx_{f}_{r}", prompt=2 + 3 * f + r, decode=5 + f, layers=4, k=4, seed=10 * f + r)
             rows += rq
         files.append(write_log(tmp_path / f"f{f}_session.parquet", rows))
     out = tmp_path / "t.npz"
@@ -212,8 +238,10 @@ def test_replay_gives_the_logged_active_sets_counted_independently(tmp_path):
     trace = load_trace(out)
     expected = raw_sets_in_step_order(files)
     workload, decided = replay_sets(trace)
-    assert len(expected) == (sum(1 + (trace.request_lengths[r] - trace.prefill_lengths[r])
-                                 for r in range(trace.num_requests)) * trace.num_layers)
+    assert len(expected) == (
+        sum(1 + (trace.request_lengths[r] - trace.prefill_lengths[r]) for r in range(trace.num_requests))
+        * trace.num_layers
+    )
     assert workload == expected and decided == expected
 
 
@@ -235,11 +263,16 @@ def test_outputs_check_counts_and_are_matched_by_context_or_file(tmp_path):
     assert trace.meta.request_info["context_id"] == ["ctx_a", None]
     # a prompt count that disagrees, a completion count that disagrees, a request without output JSON
     write_output(outs, "a", "ctx_a", 5, 4)
-    refused(kt_import(f1, out=out, extra=("--outputs", outs)), str(f1), "prefill pass holds 4 tokens",
-            "prompt_tokens 5")
+    refused(
+        kt_import(f1, out=out, extra=("--outputs", outs)), str(f1), "prefill pass holds 4 tokens", "prompt_tokens 5"
+    )
     write_output(outs, "a", "ctx_a", 4, 9)
-    refused(kt_import(f1, out=out, extra=("--outputs", outs / "output_a.json")), str(f1), "3 decode passes",
-            "completion_tokens 9")
+    refused(
+        kt_import(f1, out=out, extra=("--outputs", outs / "output_a.json")),
+        str(f1),
+        "3 decode passes",
+        "completion_tokens 9",
+    )
     refused(kt_import(f1, out=out, extra=("--outputs", outs / "output_b.json")), str(f1), "no output JSON")
 
 
@@ -278,17 +311,25 @@ def test_bad_files_exit_2_naming_the_file(tmp_path):
     refused(kt_import(p, out=out), str(p), "pass 2", out=out)
     # a warm-up pass of two tokens
     bad = [dict(r) for r in rows]
-    bad[0:6] = [dict(bad[0], token_position=0), dict(bad[0], token_position=1), dict(bad[1], token_position=0),
-                dict(bad[1], token_position=1), dict(bad[2], token_position=0), dict(bad[2], token_position=1)]
+    bad[0:6] = [
+        dict(bad[0], token_position=0),
+        dict(bad[0], token_position=1),
+        dict(bad[1], token_position=0),
+        dict(bad[1], token_position=1),
+        dict(bad[2], token_position=0),
+        dict(bad[2], token_position=1),
+    ]
     p = write_log(tmp_path / "warm.parquet", bad)
     refused(kt_import(p, out=out), str(p), "pass 0", "warm-up", out=out)
     # ids out of range, repeated, weights not finite, nulls
-    cases = (("expert_ids", [0, 1, 2, 99], ("decode step 1", "expert 99", "outside 0..15")),
-             ("expert_ids", [0, 1, 1, 2], ("row 20", "repeats")),
-             ("expert_weights", [0.1, float("nan"), 0.2, 0.3], ("row 20", "not finite")),
-             ("expert_weights", [0.1, 1e6, 0.2, 0.3], ("row 20", "float16")),
-             ("expert_ids", [0, 1, -3, 2], ("row 20", "0..32767")),
-             ("expert_ids", None, ("row 20", "null")))
+    cases = (
+        ("expert_ids", [0, 1, 2, 99], ("decode step 1", "expert 99", "outside 0..15")),
+        ("expert_ids", [0, 1, 1, 2], ("row 20", "repeats")),
+        ("expert_weights", [0.1, float("nan"), 0.2, 0.3], ("row 20", "not finite")),
+        ("expert_weights", [0.1, 1e6, 0.2, 0.3], ("row 20", "float16")),
+        ("expert_ids", [0, 1, -3, 2], ("row 20", "0..32767")),
+        ("expert_ids", None, ("row 20", "null")),
+    )
     for i, (field, value, words) in enumerate(cases):
         bad = [dict(r) for r in rows]
         bad[20][field] = value
@@ -352,11 +393,17 @@ def test_model_names_and_expert_counts(tmp_path):
     assert trace.meta.model.name == "tiny-kt-moe" and trace.num_experts == int(trace.experts.max()) + 1
     # the profiled model's name: 3 layers of top-4 are not its shape (40 layers, top-8)
     refused(run("import", "kt-parquet", p, "--model", "qwen3.5-35b-a3b", "--out", out), "does not match model")
-    refused(run("import", "kt-parquet", p, "--model", "tiny-kt", "--num-experts", 8, "--out", out), str(p),
-            "routes to expert 15", "outside 0..7")
+    refused(
+        run("import", "kt-parquet", p, "--model", "tiny-kt", "--num-experts", 8, "--out", out),
+        str(p),
+        "routes to expert 15",
+        "outside 0..7",
+    )
     # a model with a profile must fit it (mixtral-8x7b: 32 layers, top-2)
-    refused(run("import", "kt-parquet", p, "--model", "mixtral-8x7b", "--num-experts", 16, "--out", out),
-            "does not match model")
+    refused(
+        run("import", "kt-parquet", p, "--model", "mixtral-8x7b", "--num-experts", 16, "--out", out),
+        "does not match model",
+    )
     refused(run("import", "kt-parquet", p, "--model", "bad name", "--out", out), "--model")
 
 
@@ -364,14 +411,46 @@ def test_command_line_process(tmp_path):
     rows, _, _ = request_rows("ctx", prompt=2, decode=2)
     p = write_log(tmp_path / "m.parquet", rows)
     out = tmp_path / "t.npz"
-    done = subprocess.run([sys.executable, "-m", "traces", "import", "kt-parquet", str(p), "--model", "tiny-kt",
-                           "--num-experts", "16", "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "traces",
+            "import",
+            "kt-parquet",
+            str(p),
+            "--model",
+            "tiny-kt",
+            "--num-experts",
+            "16",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert "4 tokens (2 prompt, 2 decode) in 1 requests" in done.stdout
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1" + b"\0" * 40 + b"PAR1")
-    done = subprocess.run([sys.executable, "-m", "traces", "import", "kt-parquet", str(bad), "--model", "tiny-kt",
-                           "--out", str(tmp_path / "u.npz")], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "traces",
+            "import",
+            "kt-parquet",
+            str(bad),
+            "--model",
+            "tiny-kt",
+            "--out",
+            str(tmp_path / "u.npz"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and str(bad) in done.stderr
 
 
@@ -410,8 +489,18 @@ def real_kt(tmp_path_factory):
     if len(files) != 12 or not (SHARED_KT / "outputs").is_dir():
         pytest.skip(f"the kTransformers Qwen3.5-35B-A3B logs are not at {SHARED_KT} (12 Parquet files and outputs/)")
     out = tmp_path_factory.mktemp("kt") / "qwen35.npz"
-    code, stdout, err, _ = run("import", "kt-parquet", *files, "--model", "qwen3.5-35b-a3b", "--outputs",
-                               SHARED_KT / "outputs", "--out", out, timeout=300)
+    code, stdout, err, _ = run(
+        "import",
+        "kt-parquet",
+        *files,
+        "--model",
+        "qwen3.5-35b-a3b",
+        "--outputs",
+        SHARED_KT / "outputs",
+        "--out",
+        out,
+        timeout=300,
+    )
     assert code == 0, err
     print(stdout.strip())
     return files, load_trace(out)
@@ -440,10 +529,16 @@ def test_real_logs_replay_to_the_logged_active_sets(real_kt):
     assert workload == expected and decided == expected
     decode = trace.decode_mask()
     lengths = [int(trace.request_lengths[r] - trace.prefill_lengths[r]) for r in range(trace.num_requests)]
-    dec = Trace(trace.experts[decode], np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-                np.zeros(trace.num_requests, np.int64), trace.meta)
+    dec = Trace(
+        trace.experts[decode],
+        np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        np.zeros(trace.num_requests, np.int64),
+        trace.meta,
+    )
     lru, _ = stats.step_lru_hit_rates(dec, [32])
     overlap, _ = stats.overlap_prev(dec)
-    print(f"real kt-parquet: {trace.num_tokens} tokens ({int((~decode).sum())} prompt, {int(decode.sum())} decode) "
-          f"in {trace.num_requests} requests; decode-only LRU 32/256 slots per layer: {lru[32]:.3f}; consecutive "
-          f"decode tokens' top-8 overlap: {overlap:.3f}")
+    print(
+        f"real kt-parquet: {trace.num_tokens} tokens ({int((~decode).sum())} prompt, {int(decode.sum())} decode) "
+        f"in {trace.num_requests} requests; decode-only LRU 32/256 slots per layer: {lru[32]:.3f}; consecutive "
+        f"decode tokens' top-8 overlap: {overlap:.3f}"
+    )

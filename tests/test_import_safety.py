@@ -29,8 +29,13 @@ from traces.import_common import bundled_profiles
 from traces.io import load_trace
 
 MAX_LINE = 600  # the longest error line an import may print ("error: " + a bounded message)
-HYP = settings(max_examples=40, deadline=None, derandomize=True, database=None,
-               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+HYP = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -108,13 +113,19 @@ def arrays_cmd(path, out, *extra, model="toy-8"):
 # ------------------------------------------------------------------------------------------------ expert-arrays
 HOSTILE_MEMBERS = {
     # name: (members of the archive, words the error line must hold)
-    "npy header claiming 9.6 GB": (lambda: [("expert_ids.npy", npy_header((100_000_000, 24, 4)) + bytes(64))],
-                                   "claims"),
+    "npy header claiming 9.6 GB": (
+        lambda: [("expert_ids.npy", npy_header((100_000_000, 24, 4)) + bytes(64))],
+        "claims",
+    ),
     "negative shape": (lambda: [("expert_ids.npy", npy_header((-3, 2, 2)))], "shape"),
-    "garbled npy header": (lambda: [("expert_ids.npy", b"\x93NUMPY\x01\x00\x10\x00{'descr': (((\n" + bytes(8))],
-                           "bad npy header"),
-    "npy version 3": (lambda: [("expert_ids.npy", b"\x93NUMPY\x03\x00" + npy_bytes(np.zeros((1, 1, 1), np.int8))[8:])],
-                      "npy"),
+    "garbled npy header": (
+        lambda: [("expert_ids.npy", b"\x93NUMPY\x01\x00\x10\x00{'descr': (((\n" + bytes(8))],
+        "bad npy header",
+    ),
+    "npy version 3": (
+        lambda: [("expert_ids.npy", b"\x93NUMPY\x03\x00" + npy_bytes(np.zeros((1, 1, 1), np.int8))[8:])],
+        "npy",
+    ),
     "timedelta ids": (lambda: [("expert_ids.npy", npy_bytes(np.zeros((2, 2, 2), "m8[s]")))], "dtype"),
     "datetime ids": (lambda: [("expert_ids.npy", npy_bytes(np.zeros((2, 2, 2), "M8[s]")))], "dtype"),
     "object ids": (lambda: [("expert_ids.npy", npy_bytes(np.array([[[None]]], dtype=object)))], "dtype"),
@@ -125,17 +136,41 @@ HOSTILE_MEMBERS = {
     "structured ids": (lambda: [("expert_ids.npy", npy_bytes(np.zeros(3, [("a", "<i2")])))], "dtype"),
     "bool ids": (lambda: [("expert_ids.npy", npy_bytes(np.zeros((2, 2, 2), bool)))], "integer array"),
     "4-D ids": (lambda: [("expert_ids.npy", npy_bytes(np.zeros((2, 2, 2, 1), np.int8)))], "dimensions"),
-    "complex probs": (lambda: [("expert_ids.npy", npy_bytes(np.zeros((2, 2, 1), np.int8))),
-                               ("expert_probs.npy", npy_bytes(np.zeros((2, 2, 1), np.complex128)))], "expert_probs"),
-    "probs of strings": (lambda: [("expert_ids.npy", npy_bytes(np.zeros((2, 2, 1), np.int8))),
-                                  ("expert_probs.npy", npy_bytes(np.zeros((2, 2, 1), "U2")))], "expert_probs"),
-    "offsets of floats": (lambda: [("expert_ids.npy", npy_bytes(np.zeros((2, 2, 1), np.int8))),
-                                   ("request_offsets.npy", npy_bytes(np.array([0.0, 2.0])))], "request_offsets"),
-    "uint64 offsets beyond int64": (lambda: [("expert_ids.npy", npy_bytes(np.zeros((2, 2, 1), np.int8))),
-                                             ("request_offsets.npy",
-                                              npy_bytes(np.array([0, 2**64 - 1, 2], np.uint64)))], "request_offsets"),
-    "one array twice": (lambda: [("expert_ids.npy", npy_bytes(np.zeros((2, 2, 1), np.int8))),
-                                 ("expert_ids", npy_bytes(np.zeros((2, 2, 1), np.int8)))], "both hold"),
+    "complex probs": (
+        lambda: [
+            ("expert_ids.npy", npy_bytes(np.zeros((2, 2, 1), np.int8))),
+            ("expert_probs.npy", npy_bytes(np.zeros((2, 2, 1), np.complex128))),
+        ],
+        "expert_probs",
+    ),
+    "probs of strings": (
+        lambda: [
+            ("expert_ids.npy", npy_bytes(np.zeros((2, 2, 1), np.int8))),
+            ("expert_probs.npy", npy_bytes(np.zeros((2, 2, 1), "U2"))),
+        ],
+        "expert_probs",
+    ),
+    "offsets of floats": (
+        lambda: [
+            ("expert_ids.npy", npy_bytes(np.zeros((2, 2, 1), np.int8))),
+            ("request_offsets.npy", npy_bytes(np.array([0.0, 2.0]))),
+        ],
+        "request_offsets",
+    ),
+    "uint64 offsets beyond int64": (
+        lambda: [
+            ("expert_ids.npy", npy_bytes(np.zeros((2, 2, 1), np.int8))),
+            ("request_offsets.npy", npy_bytes(np.array([0, 2**64 - 1, 2], np.uint64))),
+        ],
+        "request_offsets",
+    ),
+    "one array twice": (
+        lambda: [
+            ("expert_ids.npy", npy_bytes(np.zeros((2, 2, 1), np.int8))),
+            ("expert_ids", npy_bytes(np.zeros((2, 2, 1), np.int8))),
+        ],
+        "both hold",
+    ),
     "no expert_ids": (lambda: [(f"a{i}.npy", b"") for i in range(40)], "(40 in all)"),
 }
 
@@ -151,21 +186,31 @@ def test_hostile_npz_members_exit_2_naming_the_file(tmp_path, case):
 
 def _good_npz() -> bytes:
     ids, probs, offsets = routing([3, 2])
-    return zip_of([("expert_ids.npy", npy_bytes(ids)), ("expert_probs.npy", npy_bytes(probs)),
-                   ("request_offsets.npy", npy_bytes(offsets))])
+    return zip_of(
+        [
+            ("expert_ids.npy", npy_bytes(ids)),
+            ("expert_probs.npy", npy_bytes(probs)),
+            ("request_offsets.npy", npy_bytes(offsets)),
+        ]
+    )
 
 
 HOSTILE_ZIPS = {
     "encrypted member": (lambda: patch_central(_good_npz(), "expert_ids.npy", flags=0x1), "encrypted"),
-    "compression method 99": (lambda: patch_central(_good_npz(), "expert_ids.npy", method=99),
-                              "compression method 99"),
-    "bzip2 member": (lambda: zip_of([("expert_ids.npy", npy_bytes(np.zeros((2, 2, 1), np.int8)))],
-                                    zipfile.ZIP_BZIP2), "compression method 12"),
-    "size claim beyond deflate": (lambda: patch_central(_good_npz(), "expert_ids.npy", file_size=2**32 - 1),
-                                  "expert_ids.npy"),
-    "size claim below the data (CRC)": (lambda: patch_central(_good_npz(), "expert_ids.npy", file_size=100),
-                                        "expert_ids.npy"),
-    "truncated zip": (lambda: _good_npz()[:len(_good_npz()) // 2], "not a readable .npz archive"),
+    "compression method 99": (lambda: patch_central(_good_npz(), "expert_ids.npy", method=99), "compression method 99"),
+    "bzip2 member": (
+        lambda: zip_of([("expert_ids.npy", npy_bytes(np.zeros((2, 2, 1), np.int8)))], zipfile.ZIP_BZIP2),
+        "compression method 12",
+    ),
+    "size claim beyond deflate": (
+        lambda: patch_central(_good_npz(), "expert_ids.npy", file_size=2**32 - 1),
+        "expert_ids.npy",
+    ),
+    "size claim below the data (CRC)": (
+        lambda: patch_central(_good_npz(), "expert_ids.npy", file_size=100),
+        "expert_ids.npy",
+    ),
+    "truncated zip": (lambda: _good_npz()[: len(_good_npz()) // 2], "not a readable .npz archive"),
     "truncated end": (lambda: _good_npz()[:-10], "routing.npz"),
     "not a zip": (lambda: b"hello", "not a readable .npz archive"),
     "a single .npy": (lambda: npy_bytes(np.zeros((2, 2, 1), np.int8)), "a single array"),
@@ -233,8 +278,10 @@ def test_bad_requests_json_is_named_not_the_output(tmp_path, case):
 def test_fields_the_trace_cannot_hold_are_left_out_and_the_trace_loads(tmp_path):
     """request_info takes plain values only: a field with a list, NaN, an integer beyond 64 bits or an empty name
     is left out (and named), never written into a trace the reader refuses."""
-    entries = [{"": 1, "big": 2**70, "nan": float("nan"), "list": [1], "ok": "a", "prompt_len": 7},
-               {"": 2, "big": 1, "nan": 1.0, "list": [], "ok": "b", "prompt_len": 0}]
+    entries = [
+        {"": 1, "big": 2**70, "nan": float("nan"), "list": [1], "ok": "a", "prompt_len": 7},
+        {"": 2, "big": 1, "nan": 1.0, "list": [], "ok": "b", "prompt_len": 0},
+    ]
     path = source(tmp_path / "src", entries=json.dumps(entries))
     out = tmp_path / "out.npz"
     code, _, err, caught = run(*arrays_cmd(path, out))
@@ -254,8 +301,13 @@ def test_float16_overflow_in_probs_is_refused_without_a_runtime_warning(tmp_path
         out = tmp_path / "out.npz"
         refused(run(*arrays_cmd(path, out)), str(path), "float16", "row 1", out=out)
     # the real process prints no RuntimeWarning either
-    done = subprocess.run([sys.executable, "-W", "default", "-m", "traces", *map(str, arrays_cmd(path, out))],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-m", "traces", *map(str, arrays_cmd(path, out))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Warning" not in done.stderr, done.stderr
 
 
@@ -271,18 +323,31 @@ def test_a_huge_weight_where_no_expert_was_chosen_is_ignored(tmp_path):
     assert load_trace(tmp_path / "out.npz").weights[0, 0, 1] == 0
 
 
-BAD_MODELS = ["", " ", "x" * 300, "a b", "../gpt-oss-20b", "x/y/z", "ｇｐｔ-oss-20b", "gpt\n", "/abs", "-dash",
-              "a\x00b"]
+BAD_MODELS = [
+    "",
+    " ",
+    "x" * 300,
+    "a b",
+    "../gpt-oss-20b",
+    "x/y/z",
+    "ｇｐｔ-oss-20b",
+    "gpt\n",
+    "/abs",
+    "-dash",
+    "a\x00b",
+]
 
 
 @pytest.mark.parametrize("model", BAD_MODELS, ids=repr)
 def test_bad_model_names_are_refused_before_reading(tmp_path, model):
     out = tmp_path / "out.npz"
-    for argv in (arrays_cmd(tmp_path / "missing.npz", out, model=model),
-                 ("import", "ft-log", tmp_path / "missing.txt", "--model", model, "--batch", 1, "--out", out),
-                 ("import", "vllm", tmp_path / "missing.npy", "--model", model, "--num-experts", 8, "--out", out),
-                 ("import", "mixtral-jsonl", tmp_path / "missing.jsonl", "--model", model, "--out", out),
-                 ("synth", "--model", model, "--requests", 1, "--out", out)):
+    for argv in (
+        arrays_cmd(tmp_path / "missing.npz", out, model=model),
+        ("import", "ft-log", tmp_path / "missing.txt", "--model", model, "--batch", 1, "--out", out),
+        ("import", "vllm", tmp_path / "missing.npy", "--model", model, "--num-experts", 8, "--out", out),
+        ("import", "mixtral-jsonl", tmp_path / "missing.jsonl", "--model", model, "--out", out),
+        ("synth", "--model", model, "--requests", 1, "--out", out),
+    ):
         refused(run(*argv), "--model", out=out)
 
 
@@ -299,14 +364,23 @@ def test_good_model_names_are_accepted(tmp_path):
 def test_bad_out_is_refused_before_any_input_is_read(tmp_path, kind):
     path = source(tmp_path / "src")
     before = path.read_bytes()
-    out = {"folder": tmp_path, "empty": "", "fifo": tmp_path / "fifo", "input itself": path,
-           "under a file": path / "x.npz", "link to fifo": tmp_path / "link"}[kind]
+    out = {
+        "folder": tmp_path,
+        "empty": "",
+        "fifo": tmp_path / "fifo",
+        "input itself": path,
+        "under a file": path / "x.npz",
+        "link to fifo": tmp_path / "link",
+    }[kind]
     if kind in ("fifo", "link to fifo"):
         os.mkfifo(tmp_path / "fifo")
     if kind == "link to fifo":
         os.symlink(tmp_path / "fifo", out)
-    commands = [arrays_cmd(path, out), ("import", "vllm", path, "--model", "toy", "--num-experts", 8, "--out", out),
-                ("import", "ft-log", path, "--model", "toy-8", "--batch", 1, "--out", out)]
+    commands = [
+        arrays_cmd(path, out),
+        ("import", "vllm", path, "--model", "toy", "--num-experts", 8, "--out", out),
+        ("import", "ft-log", path, "--model", "toy-8", "--batch", 1, "--out", out),
+    ]
     if kind != "input itself":  # synth has no input (without --fit): replacing a file is what it is asked
         commands.append(("synth", "--requests", 1, "--out", out))
     for argv in commands:
@@ -336,8 +410,13 @@ def test_expert_arrays_refuse_a_shape_their_model_profile_would_refuse(tmp_path,
 
     spec = load_model(stem)
     out = tmp_path / "out.npz"
-    for i, (layers, k, extra) in enumerate(((None, spec.top_k - 1 or 2, ()), (spec.decoder_moe_layers - 1, None, ()),
-                                            (None, None, ("--num-experts", spec.num_experts + 1)))):
+    for i, (layers, k, extra) in enumerate(
+        (
+            (None, spec.top_k - 1 or 2, ()),
+            (spec.decoder_moe_layers - 1, None, ()),
+            (None, None, ("--num-experts", spec.num_experts + 1)),
+        )
+    ):
         path = _profile_source(tmp_path / f"bad{i}", spec, layers, k)
         refused(run(*arrays_cmd(path, out, *extra, model=stem)), str(path), f"configs/models/{stem}.yaml", out=out)
     path = _profile_source(tmp_path / "good", spec)
@@ -384,15 +463,61 @@ def _ftlog(path: Path, enc: int, dec: int, steps: int, batch=1, prompt=2, expert
 def test_ft_log_and_synth_refuse_a_shape_their_model_profile_would_refuse(tmp_path):
     out = tmp_path / "out.npz"
     bad = _ftlog(tmp_path / "bad.txt", 3, 3, 1)
-    refused(run("import", "ft-log", bad, "--model", "switch-base-128", "--batch", 1, "--encoder-layers", 3,
-                "--decoder-layers", 3, "--decode-steps", 1, "--out", out), "switch-base-128.yaml", out=out)
-    refused(run("import", "ft-log", _ftlog(tmp_path / "ok.txt", 6, 6, 1), "--model", "switch-base-128", "--batch",
-                1, "--decode-steps", 1, "--num-experts", 64, "--out", out), "--num-experts", out=out)
-    code, _, err, _ = run("import", "ft-log", tmp_path / "ok.txt", "--model", "switch-base-128", "--batch", 1,
-                          "--decode-steps", 1, "--out", out)
+    refused(
+        run(
+            "import",
+            "ft-log",
+            bad,
+            "--model",
+            "switch-base-128",
+            "--batch",
+            1,
+            "--encoder-layers",
+            3,
+            "--decoder-layers",
+            3,
+            "--decode-steps",
+            1,
+            "--out",
+            out,
+        ),
+        "switch-base-128.yaml",
+        out=out,
+    )
+    refused(
+        run(
+            "import",
+            "ft-log",
+            _ftlog(tmp_path / "ok.txt", 6, 6, 1),
+            "--model",
+            "switch-base-128",
+            "--batch",
+            1,
+            "--decode-steps",
+            1,
+            "--num-experts",
+            64,
+            "--out",
+            out,
+        ),
+        "--num-experts",
+        out=out,
+    )
+    code, _, err, _ = run(
+        "import",
+        "ft-log",
+        tmp_path / "ok.txt",
+        "--model",
+        "switch-base-128",
+        "--batch",
+        1,
+        "--decode-steps",
+        1,
+        "--out",
+        out,
+    )
     assert code == 0, err
-    refused(run("synth", "--model", "mixtral-8x7b", "--layers", 31, "--requests", 1, "--out", out),
-            "mixtral-8x7b.yaml")
+    refused(run("synth", "--model", "mixtral-8x7b", "--layers", 31, "--requests", 1, "--out", out), "mixtral-8x7b.yaml")
     code, _, err, _ = run("synth", "--model", "mixtral-8x7b", "--requests", 1, "--out", out)
     assert code == 0, err  # the defaults (8 experts, top-2, 32 layers) are Mixtral's
 
@@ -401,8 +526,11 @@ def test_vllm_and_mixtral_jsonl_refuse_a_shape_their_model_profile_would_refuse(
     out = tmp_path / "out.npz"
     ids, _, _ = routing([3], layers=2, k=2, experts=8)
     np.save(tmp_path / "r.npy", ids)
-    refused(run("import", "vllm", tmp_path / "r.npy", "--model", "mixtral-8x7b", "--num-experts", 8, "--out", out),
-            "mixtral-8x7b.yaml", out=out)
+    refused(
+        run("import", "vllm", tmp_path / "r.npy", "--model", "mixtral-8x7b", "--num-experts", 8, "--out", out),
+        "mixtral-8x7b.yaml",
+        out=out,
+    )
     recs = [{"problem_id": 0, "layer": layer, "token_idx": 0, "experts": [1, 2]} for layer in range(3)]
     (tmp_path / "m.jsonl").write_text("\n".join(map(json.dumps, recs)) + "\n")
     refused(run("import", "mixtral-jsonl", tmp_path / "m.jsonl", "--out", out), "32 decoder", out=out)
@@ -413,8 +541,12 @@ def test_datasets_that_keep_only_empty_requests_are_refused(tmp_path):
     entries = [{"dataset": "full"}, {"dataset": "empty"}, {"dataset": "empty"}]
     path = source(tmp_path / "src", lengths=(4, 0, 0), entries=entries)
     out = tmp_path / "out.npz"
-    refused(run(*arrays_cmd(path, out, "--datasets", "empty")), "no tokens left after --datasets empty",
-            "requests.json", out=out)
+    refused(
+        run(*arrays_cmd(path, out, "--datasets", "empty")),
+        "no tokens left after --datasets empty",
+        "requests.json",
+        out=out,
+    )
 
 
 def test_a_source_whose_requests_are_all_empty_is_refused(tmp_path):
@@ -443,15 +575,19 @@ def test_millions_of_empty_requests_are_refused_quickly(tmp_path):
 def test_the_trace_reader_refuses_absurd_request_counts_and_prompt_lengths(tmp_path):
     from traces.errors import TraceError
 
-    code, _, err, _ = run(*arrays_cmd(source(tmp_path / "src", entries=[{"prompt_len": 5}, {}]),
-                                      tmp_path / "ok.npz"))
+    code, _, err, _ = run(*arrays_cmd(source(tmp_path / "src", entries=[{"prompt_len": 5}, {}]), tmp_path / "ok.npz"))
     assert code == 0, err
     with zipfile.ZipFile(tmp_path / "ok.npz") as z:
         members = {n: z.read(n) for n in z.namelist()}
     meta = json.loads(members["meta.json"])
-    cases = {"many requests": {"request_offsets.npy": npy_header((MAX_REQUESTS + 2,), "<i8") + bytes(64)},
-             "prompt_len": {"meta.json": json.dumps({**meta, "request_info": {
-                 **meta["request_info"], "prompt_len": [10_000_000, None]}}).encode()}}
+    cases = {
+        "many requests": {"request_offsets.npy": npy_header((MAX_REQUESTS + 2,), "<i8") + bytes(64)},
+        "prompt_len": {
+            "meta.json": json.dumps(
+                {**meta, "request_info": {**meta["request_info"], "prompt_len": [10_000_000, None]}}
+            ).encode()
+        },
+    }
     for name, change in cases.items():
         bad = tmp_path / f"{name}.npz"
         bad.write_bytes(zip_of({**members, **change}.items()))
@@ -462,8 +598,26 @@ def test_the_trace_reader_refuses_absurd_request_counts_and_prompt_lengths(tmp_p
 
 
 # ------------------------------------------------------------------------------------------------ ft-log
-BAD_WORDS = ["+5", "1_0", "\u0663", "\uff13", "5.0", "0x5", "1e3", "--5", "5-", "-", "12345678901", "\u00b9",
-             "\u2164", "\u0e53", "5\u200b", "\x0b5", "٣٣", "1,2"]
+BAD_WORDS = [
+    "+5",
+    "1_0",
+    "\u0663",
+    "\uff13",
+    "5.0",
+    "0x5",
+    "1e3",
+    "--5",
+    "5-",
+    "-",
+    "12345678901",
+    "\u00b9",
+    "\u2164",
+    "\u0e53",
+    "5\u200b",
+    "\x0b5",
+    "٣٣",
+    "1,2",
+]
 
 
 @pytest.mark.parametrize("word", BAD_WORDS, ids=ascii)
@@ -471,8 +625,27 @@ def test_ft_log_ids_are_ascii_digits_only(tmp_path, word):
     path = tmp_path / "log.txt"
     path.write_text("permuted_experts_ 1 2\n\npermuted_experts_ 3 " + word + " 4\n", encoding="utf-8")
     out = tmp_path / "out.npz"
-    line = refused(run("import", "ft-log", path, "--model", "toy-8", "--batch", 1, "--encoder-layers", 1,
-                       "--decoder-layers", 1, "--decode-steps", 0, "--out", out), f"{path}:3:", out=out)
+    line = refused(
+        run(
+            "import",
+            "ft-log",
+            path,
+            "--model",
+            "toy-8",
+            "--batch",
+            1,
+            "--encoder-layers",
+            1,
+            "--decoder-layers",
+            1,
+            "--decode-steps",
+            0,
+            "--out",
+            out,
+        ),
+        f"{path}:3:",
+        out=out,
+    )
     assert "not an expert id" in line or "outside" in line, line
 
 
@@ -483,18 +656,55 @@ def test_ft_log_lines_longer_than_the_limit_are_refused_with_bounded_memory(tmp_
     path = tmp_path / "log.txt"
     path.write_text("permuted_experts_ 1\npermuted_experts_ " + "1 " * 5000 + "\n")
     out = tmp_path / "out.npz"
-    refused(run("import", "ft-log", path, "--model", "toy-8", "--batch", 1, "--encoder-layers", 1,
-                "--decoder-layers", 1, "--decode-steps", 0, "--out", out), f"{path}:2:", "longer than 4096",
-            out=out)
+    refused(
+        run(
+            "import",
+            "ft-log",
+            path,
+            "--model",
+            "toy-8",
+            "--batch",
+            1,
+            "--encoder-layers",
+            1,
+            "--decoder-layers",
+            1,
+            "--decode-steps",
+            0,
+            "--out",
+            out,
+        ),
+        f"{path}:2:",
+        "longer than 4096",
+        out=out,
+    )
 
 
 def test_ft_log_of_too_many_layers_is_refused_before_it_is_built(tmp_path):
     path = tmp_path / "log.txt"
     path.write_text("permuted_experts_ " + "1 " * 1_000_000 + "\n")
     out = tmp_path / "out.npz"
-    refused(run("import", "ft-log", path, "--model", "toy-8", "--batch", 1, "--encoder-layers", 1,
-                "--decoder-layers", 4096, "--decode-steps", 0, "--out", out), "more than a trace file may hold",
-            out=out)
+    refused(
+        run(
+            "import",
+            "ft-log",
+            path,
+            "--model",
+            "toy-8",
+            "--batch",
+            1,
+            "--encoder-layers",
+            1,
+            "--decoder-layers",
+            4096,
+            "--decode-steps",
+            0,
+            "--out",
+            out,
+        ),
+        "more than a trace file may hold",
+        out=out,
+    )
     for flag, value in (("--decoder-layers", 10**6), ("--batch", 10**9), ("--decode-steps", 10**9)):
         refused(run("import", "ft-log", path, "--model", "toy-8", "--batch", 1, flag, value, "--out", out), flag)
 
@@ -504,17 +714,41 @@ def test_ft_log_memory_is_a_small_multiple_of_the_longest_line(tmp_path):
     the line), then refused for its context. The peak memory above a one-id log's stays under 8x the line."""
     if not Path("/proc/self/status").is_file():
         pytest.skip("needs /proc/self/status (Linux) to read the peak memory")
-    code = ("import re, sys; from traces.cli import main; rc = main(sys.argv[1:]); "
-            "print(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1)); sys.exit(rc)")
+    code = (
+        "import re, sys; from traces.cli import main; rc = main(sys.argv[1:]); "
+        "print(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1)); sys.exit(rc)"
+    )
     line = b"permuted_experts_ " + b"1 " * 6_000_000 + b"\n"
     peaks = {}
     for name, text in (("small", b"permuted_experts_ 1\n"), ("big", line)):
         path = tmp_path / f"{name}.txt"
         path.write_bytes(text)
-        done = subprocess.run([sys.executable, "-c", code, "import", "ft-log", str(path), "--model", "toy-8",
-                               "--batch", "1", "--encoder-layers", "1", "--decoder-layers", "1", "--decode-steps",
-                               "0", "--out", str(tmp_path / "o.npz")], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                code,
+                "import",
+                "ft-log",
+                str(path),
+                "--model",
+                "toy-8",
+                "--batch",
+                "1",
+                "--encoder-layers",
+                "1",
+                "--decoder-layers",
+                "1",
+                "--decode-steps",
+                "0",
+                "--out",
+                str(tmp_path / "o.npz"),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == (2 if name == "big" else 0), done.stderr
         peaks[name] = int(done.stdout.strip().splitlines()[-1]) * 1024
     assert "context" in done.stderr, done.stderr
@@ -532,11 +766,17 @@ def test_long_lists_in_messages_are_cut(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
-@pytest.mark.parametrize("kind, words", [("folder", "is a folder"), ("fifo", "FIFO"), ("/dev/zero", "character device"),
-                                         ("missing", "no such file")])
+@pytest.mark.parametrize(
+    "kind, words",
+    [("folder", "is a folder"), ("fifo", "FIFO"), ("/dev/zero", "character device"), ("missing", "no such file")],
+)
 def test_special_inputs_say_what_they_are_and_never_hang(tmp_path, kind, words):
-    target = {"folder": tmp_path / "dir", "fifo": tmp_path / "fifo", "/dev/zero": Path("/dev/zero"),
-              "missing": tmp_path / "nothing"}[kind]
+    target = {
+        "folder": tmp_path / "dir",
+        "fifo": tmp_path / "fifo",
+        "/dev/zero": Path("/dev/zero"),
+        "missing": tmp_path / "nothing",
+    }[kind]
     if kind == "folder":
         target.mkdir()
     if kind == "fifo":
@@ -545,11 +785,13 @@ def test_special_inputs_say_what_they_are_and_never_hang(tmp_path, kind, words):
         pytest.skip(f"no {target} here")
     out = tmp_path / "out.npz"
     good = source(tmp_path / "src")
-    for argv in (arrays_cmd(target, out),
-                 arrays_cmd(good, out, "--requests-json", target),
-                 ("import", "ft-log", target, "--model", "toy-8", "--batch", 1, "--out", out),
-                 ("import", "vllm", target, "--model", "toy", "--num-experts", 8, "--out", out),
-                 ("import", "mixtral-jsonl", target, "--out", out)):
+    for argv in (
+        arrays_cmd(target, out),
+        arrays_cmd(good, out, "--requests-json", target),
+        ("import", "ft-log", target, "--model", "toy-8", "--batch", 1, "--out", out),
+        ("import", "vllm", target, "--model", "toy", "--num-experts", 8, "--out", out),
+        ("import", "mixtral-jsonl", target, "--out", out),
+    ):
         refused(run(*argv, timeout=20), str(target), words, out=out)
 
 
@@ -561,7 +803,12 @@ def test_python_m_traces_import_exits_2_with_one_line(tmp_path):
     out = tmp_path / "out.npz"
     for argv, word in (((tmp_path / "fifo",), "FIFO"), ((top3,), "top-4"), ((top3, "--model", "x" * 300), "--model")):
         model = () if "--model" in argv else ("--model", "gpt-oss-20b")
-        done = subprocess.run([sys.executable, "-m", "traces", "import", "expert-arrays", *map(str, argv), *model,
-                               "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "traces", "import", "expert-arrays", *map(str, argv), *model, "--out", str(out)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and word in done.stderr, done.stderr
         assert not out.exists()

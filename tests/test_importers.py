@@ -17,8 +17,7 @@ from traces.io import load_trace
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True)
+    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
 def test_real_mixtral_import_aligns_layers_by_token_idx(mixtral_real_paths):
@@ -52,12 +51,15 @@ def test_mixtral_cli_reports_dropped_tokens_and_writes_a_valid_trace(mixtral_rea
     assert load_trace(out).num_requests == 2
 
 
-@pytest.mark.parametrize("line, problem", [
-    ("{not json", "not valid JSON"),
-    ('{"problem_id": 0, "layer": 0, "token_idx": 0}', "'experts'"),
-    ('{"problem_id": 0, "layer": 0, "token_idx": 0, "experts": [9, 1]}', "outside 0..7"),
-    ('{"problem_id": 0, "layer": -1, "token_idx": 0, "experts": [1, 2]}', "'layer'"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"problem_id": 0, "layer": 0, "token_idx": 0}', "'experts'"),
+        ('{"problem_id": 0, "layer": 0, "token_idx": 0, "experts": [9, 1]}', "outside 0..7"),
+        ('{"problem_id": 0, "layer": -1, "token_idx": 0, "experts": [1, 2]}', "'layer'"),
+    ],
+)
 def test_mixtral_bad_lines_name_file_and_line(tmp_path, line, problem):
     f = tmp_path / "bad.jsonl"
     f.write_text('{"problem_id": 0, "layer": 0, "token_idx": 0, "experts": [1, 2]}\n' + line + "\n")

@@ -31,6 +31,7 @@ def plain_lookahead(steps, cap, horizon):
     most recent (ascending), then each newcomer (ascending) evicts, among held experts not active now, the one with
     the furthest next use seen within ``horizon`` steps (unseen: furthest; ties: least recent), unless its own seen
     next use is further still. Returns the hits and the cache (least recent first) after each step."""
+
     def next_use(e, t):
         for u in range(t + 1, min(t + horizon, len(steps) - 1) + 1):
             if e in steps[u]:
@@ -68,8 +69,13 @@ def lookahead_for(trace, its, cap, horizon, **params):
 
 
 @settings(max_examples=40, **BOUNDED)
-@given(seed=st.integers(0, 10**6), cap=st.integers(1, 5), k=st.integers(1, 3), batch=st.integers(1, 3),
-       pin_hot=st.booleans())
+@given(
+    seed=st.integers(0, 10**6),
+    cap=st.integers(1, 5),
+    k=st.integers(1, 3),
+    batch=st.integers(1, 3),
+    pin_hot=st.booleans(),
+)
 def test_horizon_zero_makes_the_decisions_of_lru(seed, cap, k, batch, pin_hot):
     trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=8, k=k, requests=3)
     its, _ = build_iterations(trace, batch, "static", None, True, None)
@@ -87,8 +93,13 @@ def test_the_hand_made_trace_matches_the_plain_rule(horizon, cap):
 
 
 @settings(max_examples=40, **BOUNDED)
-@given(seed=st.integers(0, 10**6), cap=st.integers(1, 5), k=st.integers(1, 3), batch=st.integers(1, 3),
-       horizon=st.integers(1, 12))
+@given(
+    seed=st.integers(0, 10**6),
+    cap=st.integers(1, 5),
+    k=st.integers(1, 3),
+    batch=st.integers(1, 3),
+    horizon=st.integers(1, 12),
+)
 def test_random_traces_match_the_plain_rule(seed, cap, k, batch, horizon):
     trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=8, k=k, requests=3)
     its, _ = build_iterations(trace, batch, "static", None, True, None)
@@ -102,14 +113,19 @@ def _check_plain(trace, its, cap, horizon):
     for layer, steps in steps_of(trace, its).items():
         hits, after = plain_lookahead(steps, cap, horizon)
         want_hits += hits
-        got = [s[layer] for s in snaps[layer::trace.num_layers]]  # every layer runs in every iteration
+        got = [s[layer] for s in snaps[layer :: trace.num_layers]]  # every layer runs in every iteration
         assert got == after, (layer, horizon, cap)
     assert cache_hits(pol) == want_hits
 
 
 @settings(max_examples=40, **BOUNDED)
-@given(seed=st.integers(0, 10**6), total=st.integers(1, 5), batch=st.integers(1, 4), k=st.integers(1, 3),
-       horizon=st.integers(0, 20))
+@given(
+    seed=st.integers(0, 10**6),
+    total=st.integers(1, 5),
+    batch=st.integers(1, 4),
+    k=st.integers(1, 3),
+    horizon=st.integers(0, 20),
+)
 def test_belady_bounds_lookahead_at_equal_slots(seed, total, batch, k, horizon):
     trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=10, k=k, requests=4)
     its, _ = build_iterations(trace, batch, "static", None, True, None)
@@ -121,20 +137,39 @@ def test_belady_bounds_lookahead_at_equal_slots(seed, total, batch, k, horizon):
 
 
 @settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture], **BOUNDED)
-@given(seed=st.integers(0, 10**6), batch=st.integers(1, 4), hpc=st.integers(0, 2), mpc=st.integers(0, 3),
-       k=st.integers(1, 3), buffers=st.integers(1, 5), predictor=st.sampled_from(["none", "oracle"]),
-       batching=st.sampled_from(["static", "continuous"]), horizon=st.integers(0, 6))
+@given(
+    seed=st.integers(0, 10**6),
+    batch=st.integers(1, 4),
+    hpc=st.integers(0, 2),
+    mpc=st.integers(0, 3),
+    k=st.integers(1, 3),
+    buffers=st.integers(1, 5),
+    predictor=st.sampled_from(["none", "oracle"]),
+    batching=st.sampled_from(["static", "continuous"]),
+    horizon=st.integers(0, 6),
+)
 def test_engine_invariants(tmp_path, seed, batch, hpc, mpc, k, buffers, predictor, batching, horizon):
     trace = random_trace(np.random.default_rng(seed), tokens=48, layers=3, experts=8, k=k, requests=4)
     path = save_trace(trace, tmp_path / f"t{seed}.npz")
-    cfg = config_for(path, trace, "lookahead", predictor, batch, hpc, mpc, buffers, batching, seed=seed,
-                     policy_params={"horizon": horizon})
+    cfg = config_for(
+        path,
+        trace,
+        "lookahead",
+        predictor,
+        batch,
+        hpc,
+        mpc,
+        buffers,
+        batching,
+        seed=seed,
+        policy_params={"horizon": horizon},
+    )
     out = simulate(cfg, trace=trace, check_invariants=True, record_decisions=True)
     s = out.summary
     assert s["hits"]["hpc"] + s["hits"]["mpc"] + s["hits"]["lpc"] + s["misses"] == s["accesses"]
     assert s["max_buffers_in_use"] <= buffers
     assert max(len(m) for m in out.policy.cache.mpc) <= hpc + mpc
-    for d in out.engine.decisions:   # never evicts an expert in use; admits only what it copies now
+    for d in out.engine.decisions:  # never evicts an expert in use; admits only what it copies now
         sources = dict(d.sources)
         for e, victim in d.promote:
             assert victim is None or victim not in d.active
@@ -145,9 +180,17 @@ def test_one_token_of_foresight_beats_lru_on_real_routing():
     """On the bundled real gpt-oss-20b routing, knowing the next token's experts keeps more of them than lru."""
     hits = {}
     for policy, params in (("lru", []), ("lookahead", ["policy.params.horizon=1"])):
-        cfg = load_run_config(ROOT / "configs/gpt_oss_20b.yaml",
-                              [f"policy.name={policy}", "policy.params={}", *params, "predictor.name=none",
-                               "workload.requests=6", "workload.max_decode_tokens=48"])
+        cfg = load_run_config(
+            ROOT / "configs/gpt_oss_20b.yaml",
+            [
+                f"policy.name={policy}",
+                "policy.params={}",
+                *params,
+                "predictor.name=none",
+                "workload.requests=6",
+                "workload.max_decode_tokens=48",
+            ],
+        )
         s = simulate(cfg).summary
         hits[policy] = (s["hits"]["hpc"] + s["hits"]["mpc"]) / s["accesses"]
     assert hits["lookahead"] > hits["lru"] + 0.01, hits
@@ -170,11 +213,19 @@ def test_the_foresight_study_runs_and_its_table_is_consistent(tmp_path):
     import sys
 
     doc = tmp_path / "foresight.md"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "foresight_study.py"), "--quick", "--jobs", "2",
-                        "--doc", str(doc)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "foresight_study.py"), "--quick", "--jobs", "2", "--doc", str(doc)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = [line.split("|")[1:-1] for line in doc.read_text().splitlines()
-            if line.startswith("| ") and line.split("|")[2].strip() in ("1", "16")]
+    rows = [
+        line.split("|")[1:-1]
+        for line in doc.read_text().splitlines()
+        if line.startswith("| ") and line.split("|")[2].strip() in ("1", "16")
+    ]
     assert len(rows) == 6
     for row in rows:
         best, bel, target = float(row[2].split()[0]), float(row[3]), float(row[4])

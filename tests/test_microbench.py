@@ -23,8 +23,24 @@ def calibration(tmp_path_factory):
     model_path = d / "tiny-moe.yaml"
     model_path.write_text(yaml.safe_dump(TINY))
     out = d / "cal.yaml"
-    res = subprocess.run([sys.executable, "-m", "validate", "microbench", "--model", str(model_path), "--out",
-                          str(out), "--quick", "--repeat", "3"], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "validate",
+            "microbench",
+            "--model",
+            str(model_path),
+            "--out",
+            str(out),
+            "--quick",
+            "--repeat",
+            "3",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     return model_path, out
 
@@ -57,22 +73,41 @@ def test_the_simulator_runs_on_the_calibration(calibration, tmp_path):
 
     model_path, out = calibration
     trace = random_trace(np.random.default_rng(0), tokens=60, layers=2, experts=8, k=2)
-    trace = type(trace)(trace.experts, trace.request_offsets, trace.prefill_lengths,
-                        type(trace.meta)(**{**trace.meta.__dict__, "model": type(trace.meta.model)(
-                            "tiny-moe", 8, 2, trace.meta.model.layers)}))
+    trace = type(trace)(
+        trace.experts,
+        trace.request_offsets,
+        trace.prefill_lengths,
+        type(trace.meta)(
+            **{**trace.meta.__dict__, "model": type(trace.meta.model)("tiny-moe", 8, 2, trace.meta.model.layers)}
+        ),
+    )
     path = save_trace(trace, tmp_path / "t.npz")
-    cfg = config_from_dict({"model": str(model_path), "hardware": str(out),
-                            "workload": {"trace": str(path), "batch_size": 2},
-                            "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 4}, "policy": "lru"},
-                           "test", POLICIES.names(), PREDICTORS.names())
+    cfg = config_from_dict(
+        {
+            "model": str(model_path),
+            "hardware": str(out),
+            "workload": {"trace": str(path), "batch_size": 2},
+            "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 4},
+            "policy": "lru",
+        },
+        "test",
+        POLICIES.names(),
+        PREDICTORS.names(),
+    )
     s = simulate(cfg, trace=trace).summary
     assert s["throughput_tok_s"] > 0 and s["copies"] > 0
 
 
 def test_bad_device_and_model_exit_2(tmp_path):
-    for args, word in ((["--model", "no-such-model"], "--model"),
-                       (["--model", "switch-base-128", "--device", "cuda"], "--device")):
-        res = subprocess.run([sys.executable, "-m", "validate", "microbench", *args, "--out",
-                              str(tmp_path / "c.yaml")], cwd=ROOT, capture_output=True, text=True)
+    for args, word in (
+        (["--model", "no-such-model"], "--model"),
+        (["--model", "switch-base-128", "--device", "cuda"], "--device"),
+    ):
+        res = subprocess.run(
+            [sys.executable, "-m", "validate", "microbench", *args, "--out", str(tmp_path / "c.yaml")],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 2 and word in res.stderr, res.stderr
         assert not (tmp_path / "c.yaml").exists()

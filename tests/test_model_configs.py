@@ -32,7 +32,7 @@ CONFIGS = {
     "mixtral_rtx4090": ("mixtral-8x7b", "rtx4090"),
 }
 SYNTH = ["synth_deepseek_v3", "synth_kimi_k2", "synth_qwen3_30b_a3b", "synth_qwen3_235b_a22b", "synth_gpt_oss_120b"]
-MAX_TRACE_BYTES = 2_000_000   # the repository is cloned by CI
+MAX_TRACE_BYTES = 2_000_000  # the repository is cloned by CI
 
 
 def _load(name, sets=()):
@@ -50,7 +50,7 @@ def test_config_loads_with_its_model_hardware_and_a_bundled_trace(name):
     assert trace.is_file() and trace.resolve().is_relative_to((ROOT / "traces" / "data").resolve())
     text = (ROOT / "configs" / f"{name}.yaml").read_text()
     assert "../shared" not in text
-    assert cfg.cache.hpc_slots + cfg.cache.mpc_slots < cfg.model.num_experts   # an offloading setting
+    assert cfg.cache.hpc_slots + cfg.cache.mpc_slots < cfg.model.num_experts  # an offloading setting
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -58,8 +58,19 @@ def test_sim_run_serves_a_small_slice(name, tmp_path):
     from sim.cli import main
 
     out = tmp_path / "run"
-    rc = main(["run", str(ROOT / "configs" / f"{name}.yaml"), "--set", "workload.requests=2",
-               "--set", "workload.max_decode_tokens=4", "--out", str(out), "--json"])
+    rc = main(
+        [
+            "run",
+            str(ROOT / "configs" / f"{name}.yaml"),
+            "--set",
+            "workload.requests=2",
+            "--set",
+            "workload.max_decode_tokens=4",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["throughput_tok_s"] > 0
@@ -105,13 +116,22 @@ def test_synthetic_trace_is_small_and_regenerated_by_its_readme_command(name, tm
         flag = lambda f: argv[argv.index(f) + 1]  # noqa: E731
         knobs = meta.extra["knobs"]
         assert (meta.model.name, meta.model.num_experts, meta.model.top_k, len(meta.model.layers), meta.seed) == (
-            flag("--model"), int(flag("--experts")), int(flag("--top-k")), int(flag("--layers")), int(flag("--seed")))
+            flag("--model"),
+            int(flag("--experts")),
+            int(flag("--top-k")),
+            int(flag("--layers")),
+            int(flag("--seed")),
+        )
         assert (knobs["requests"], knobs["prompt_len"], knobs["decode_len"]) == (
-            int(flag("--requests")), [int(x) for x in flag("--prompt-len").split(",")],
-            [int(x) for x in flag("--decode-len").split(",")])
+            int(flag("--requests")),
+            [int(x) for x in flag("--prompt-len").split(",")],
+            [int(x) for x in flag("--decode-len").split(",")],
+        )
         if not fitted.is_file() or hashlib.sha256(fitted.read_bytes()).hexdigest() != meta.extra["from_fit"]["sha256"]:
-            pytest.skip(f"{fitted} (the README's first step, synth --fit, ~11 min) is not at hand: arguments checked, "
-                        "bytes not regenerated")
+            pytest.skip(
+                f"{fitted} (the README's first step, synth --fit, ~11 min) is not at hand: arguments checked, "
+                "bytes not regenerated"
+            )
     assert main(argv) == 0
     assert hashlib.sha256(out.read_bytes()).hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -136,7 +156,7 @@ def test_crossover_is_read_from_the_ratios():
     assert "every batch" in study.crossover(bs, {1: 3.0, 2: 1.5, 4: 1.2, 8: 1.1})
     assert "never" in study.crossover(bs, {1: 0.9, 2: 0.5, 4: 0.4, 8: 0.3})
     text = study.crossover(bs, {1: 4.0, 2: 2.0, 4: 0.5, 8: 0.5})
-    assert "crossing near batch 3" in text   # log-log: x2 at 2, x0.5 at 4 -> 1.0 at 2 * 2 ** 0.5 = 2.8
+    assert "crossing near batch 3" in text  # log-log: x2 at 2, x0.5 at 4 -> 1.0 at 2 * 2 ** 0.5 = 2.8
 
 
 def test_break_even_follows_the_cost_model():
@@ -159,10 +179,27 @@ def test_break_even_follows_the_cost_model():
 
 def test_hybrid_study_quick_runs_end_to_end(tmp_path):
     doc = tmp_path / "docs" / "hybrid_study.md"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hybrid_study.py"), "--quick", "--jobs", "2",
-                        "--setups", "mixtral_rtx4090,deepseek_v3_h200", "--batches", "1,2",
-                        "--out", str(tmp_path / "runs"), "--doc", str(doc)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "hybrid_study.py"),
+            "--quick",
+            "--jobs",
+            "2",
+            "--setups",
+            "mixtral_rtx4090,deepseek_v3_h200",
+            "--batches",
+            "1,2",
+            "--out",
+            str(tmp_path / "runs"),
+            "--doc",
+            str(doc),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     text = doc.read_text()
     assert "## Mixtral-8x7B on RTX 4090" in text and "## DeepSeek-V3 on H200" in text
@@ -171,5 +208,5 @@ def test_hybrid_study_quick_runs_end_to_end(tmp_path):
         assert (doc.parent / "hybrid_study" / f"{key}.png").stat().st_size > 0
     rows = (tmp_path / "runs" / "hybrid_study.csv").read_text().splitlines()
     assert rows[0].startswith("setup,batch,policy")
-    assert len(rows) > 1 + 2 * 2   # at least the GPU-cache policies in every cell
+    assert len(rows) > 1 + 2 * 2  # at least the GPU-cache policies in every cell
     assert not list(doc.parent.glob("*.tmp")) and not list(doc.parent.glob(".*.tmp"))

@@ -36,12 +36,14 @@ def policy_for(trace, its, hpc, mpc, params=None, extra=None):
 
 
 def drive(trace, its, policy, predictor="none", seed=0, predictor_params=None):
-    pred = PREDICTORS.get(predictor)(predictor_params,
-                                     PredictorContext(trace.num_layers, trace.num_experts, seed, {"trace": trace}))
+    pred = PREDICTORS.get(predictor)(
+        predictor_params, PredictorContext(trace.num_layers, trace.num_experts, seed, {"trace": trace})
+    )
     return replay_snapshots(trace, its, policy, pred)
 
 
 # ------------------------------------------------------------------------------------- the plain restatement
+
 
 def plain_next_use_odds(steps, cap, weights):
     """The rule with plain lists and floats, cold start: per step, ({expert: MPC | MISS}, sorted cache after)."""
@@ -58,8 +60,11 @@ def plain_next_use_odds(steps, cap, weights):
 
         def score(v, t=t):
             age = min(t - last[v], 1024)
-            x = [1.0, math.log2(1 + age), float(age == 0), float(age == 1)] + [math.sqrt(u) for u in ema[v]] \
+            x = (
+                [1.0, math.log2(1 + age), float(age == 0), float(age == 1)]
+                + [math.sqrt(u) for u in ema[v]]
                 + [math.sqrt(uses[v] / t)]
+            )
             return sum(a * b for a, b in zip(x, weights))
 
         for e in sorted((e for e in act if src[e] == MISS), key=lambda x: (-score(x), x)):
@@ -70,7 +75,7 @@ def plain_next_use_odds(steps, cap, weights):
             if not free:
                 continue
             victim = min(free, key=lambda v: (score(v), last[v], -v))
-            if score(e) > score(victim):   # strictly better, else bypass
+            if score(e) > score(victim):  # strictly better, else bypass
                 cache.remove(victim)
                 cache.append(e)
         out.append((src, sorted(cache)))
@@ -89,9 +94,23 @@ def check_against_plain(trace, its, cap, weights, params=None):
     return pol
 
 
-HAND_MADE = [[[0, 1], [2, 3]], [[0, 2], [2, 4]], [[1, 0], [3, 2]], [[5, 6], [2, 5]], [[0, 1], [1, 4]],
-             [[7, 0], [2, 3]], [[1, 5], [6, 7]], [[0, 1], [2, 3]], [[2, 6], [4, 2]], [[0, 5], [3, 1]],
-             [[1, 0], [2, 0]], [[6, 5], [5, 2]], [[0, 3], [2, 3]], [[1, 0], [7, 6]], [[4, 5], [2, 3]]]
+HAND_MADE = [
+    [[0, 1], [2, 3]],
+    [[0, 2], [2, 4]],
+    [[1, 0], [3, 2]],
+    [[5, 6], [2, 5]],
+    [[0, 1], [1, 4]],
+    [[7, 0], [2, 3]],
+    [[1, 5], [6, 7]],
+    [[0, 1], [2, 3]],
+    [[2, 6], [4, 2]],
+    [[0, 5], [3, 1]],
+    [[1, 0], [2, 0]],
+    [[6, 5], [5, 2]],
+    [[0, 3], [2, 3]],
+    [[1, 0], [7, 6]],
+    [[4, 5], [2, 3]],
+]
 
 
 @pytest.mark.parametrize("weights", [SIMPLE, nuo.DEFAULT_WEIGHTS])
@@ -125,35 +144,59 @@ def test_bypass_keeps_a_frequent_set_through_a_one_time_scan():
     pol = policy_for(trace, its, 0, 2)
     drive(trace, its, pol)
     assert sorted(pol.cache.mpc[0]) == [0, 1]
-    assert cache_hits(pol) == 2 * 9 + 30   # from the second step on, 0 and 1 always hit
+    assert cache_hits(pol) == 2 * 9 + 30  # from the second step on, 0 and 1 always hit
 
 
 # ---------------------------------------------------------------------------------------- through the engine
 
+
 @settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture], **BOUNDED)
-@given(seed=st.integers(0, 10**6), batch=st.integers(1, 4), hpc=st.integers(0, 2), mpc=st.integers(0, 3),
-       k=st.integers(1, 3), buffers=st.integers(1, 5),
-       predictor=st.sampled_from(["none", "oracle", "noisy", "cross-layer"]),
-       batching=st.sampled_from(["static", "continuous"]), trained=st.booleans())
+@given(
+    seed=st.integers(0, 10**6),
+    batch=st.integers(1, 4),
+    hpc=st.integers(0, 2),
+    mpc=st.integers(0, 3),
+    k=st.integers(1, 3),
+    buffers=st.integers(1, 5),
+    predictor=st.sampled_from(["none", "oracle", "noisy", "cross-layer"]),
+    batching=st.sampled_from(["static", "continuous"]),
+    trained=st.booleans(),
+)
 def test_engine_invariants(tmp_path, seed, batch, hpc, mpc, k, buffers, predictor, batching, trained):
     rng = np.random.default_rng(seed)
     trace = random_trace(rng, tokens=48, layers=3, experts=8, k=k, requests=4)
     path = save_trace(trace, tmp_path / f"t{seed}.npz")
-    train = str(save_trace(random_trace(rng, tokens=60, layers=3, experts=8, k=k, requests=3),
-                           tmp_path / f"train{seed}.npz"))
-    pred_params = {"recall": 0.7, "precision": 0.5} if predictor == "noisy" else \
-        ({"train": train} if predictor == "cross-layer" and trained else None)
-    cfg = config_for(path, trace, NAME, predictor, batch, hpc, mpc, buffers, batching, seed=seed,
-                     policy_params={"train": train} if trained else None, predictor_params=pred_params)
+    train = str(
+        save_trace(random_trace(rng, tokens=60, layers=3, experts=8, k=k, requests=3), tmp_path / f"train{seed}.npz")
+    )
+    pred_params = (
+        {"recall": 0.7, "precision": 0.5}
+        if predictor == "noisy"
+        else ({"train": train} if predictor == "cross-layer" and trained else None)
+    )
+    cfg = config_for(
+        path,
+        trace,
+        NAME,
+        predictor,
+        batch,
+        hpc,
+        mpc,
+        buffers,
+        batching,
+        seed=seed,
+        policy_params={"train": train} if trained else None,
+        predictor_params=pred_params,
+    )
     out = simulate(cfg, trace=trace, check_invariants=True, record_decisions=True)
     s, decisions = out.summary, out.engine.decisions
     hits = s["hits"]
-    assert hits["hpc"] + hits["mpc"] + hits["lpc"] + s["misses"] == s["accesses"]   # hits + misses = accesses
+    assert hits["hpc"] + hits["mpc"] + hits["lpc"] + s["misses"] == s["accesses"]  # hits + misses = accesses
     assert s["accesses"] == sum(len(d.active) for d in decisions)
     assert s["max_buffers_in_use"] <= buffers
     room = hpc + mpc
     assert out.policy.cache.mpc_slots == room and out.policy.cache.hpc_slots == 0
-    assert max(len(m) for m in out.policy.cache.mpc) <= room                          # capacity never exceeded
+    assert max(len(m) for m in out.policy.cache.mpc) <= room  # capacity never exceeded
     for d in decisions:  # never evicts an expert the layer uses now; only newcomers are admitted
         sources = dict(d.sources)
         for e, victim in d.promote:
@@ -170,38 +213,67 @@ def test_same_seed_same_results(tmp_path):
     train = str(save_trace(random_trace(rng, tokens=80, layers=3, experts=8, k=2, requests=4), tmp_path / "tr.npz"))
     runs = []
     for _ in range(2):
-        cfg = config_for(path, trace, NAME, "cross-layer", 2, 1, 2, 4, seed=3, policy_params={"train": train},
-                         predictor_params={"train": train})
+        cfg = config_for(
+            path,
+            trace,
+            NAME,
+            "cross-layer",
+            2,
+            1,
+            2,
+            4,
+            seed=3,
+            policy_params={"train": train},
+            predictor_params={"train": train},
+        )
         runs.append(comparable(simulate(cfg, trace=trace).summary))
     assert runs[0] == runs[1]
 
 
 # --------------------------------------------------------------------------------------------- Belady bound
 
+
 @settings(max_examples=40, **BOUNDED)
-@given(seed=st.integers(0, 10**6), total=st.integers(1, 5), batch=st.integers(1, 4), k=st.integers(1, 3),
-       predictor=st.sampled_from(["none", "oracle", "noisy"]), warm=st.booleans())
+@given(
+    seed=st.integers(0, 10**6),
+    total=st.integers(1, 5),
+    batch=st.integers(1, 4),
+    k=st.integers(1, 3),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+    warm=st.booleans(),
+)
 def test_belady_bounds_it_at_equal_slots(tmp_path_factory, seed, total, batch, k, predictor, warm):
     rng = np.random.default_rng(seed)
     trace = random_trace(rng, tokens=60, layers=2, experts=10, k=k, requests=4)
     its, _ = build_iterations(trace, batch, "static", None, True, None)
     ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(trace.num_layers, trace.num_experts, ("decoder",) * 2, frozenset(range(2)), 0, total,
-                        ranking, 0, {"trace": trace, "iterations": its})
+    ctx = PolicyContext(
+        trace.num_layers,
+        trace.num_experts,
+        ("decoder",) * 2,
+        frozenset(range(2)),
+        0,
+        total,
+        ranking,
+        0,
+        {"trace": trace, "iterations": its},
+    )
     bel = POLICIES.get("belady")(None, ctx)
     drive(trace, its, bel)
     params = None
     if warm:  # trained (and so warm-started) on another trace of the same model
-        train = save_trace(random_trace(rng, tokens=60, layers=2, experts=10, k=k, requests=3),
-                           tmp_path_factory.mktemp("tr") / "train.npz")
+        train = save_trace(
+            random_trace(rng, tokens=60, layers=2, experts=10, k=k, requests=3),
+            tmp_path_factory.mktemp("tr") / "train.npz",
+        )
         params = {"train": str(train)}
     pol = policy_for(trace, its, 1 if total > 1 else 0, total - (1 if total > 1 else 0), params)
-    drive(trace, its, pol, predictor, seed,
-          {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None)
+    drive(trace, its, pol, predictor, seed, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None)
     assert cache_hits(bel) >= cache_hits(pol)
 
 
 # ---------------------------------------------------------------------------------------- train / evaluate
+
 
 def test_training_reads_only_the_training_trace(tmp_path, monkeypatch):
     rng = np.random.default_rng(7)
@@ -219,7 +291,7 @@ def test_training_reads_only_the_training_trace(tmp_path, monkeypatch):
     its, _ = build_iterations(evaluated, 1, "static", None, True, None)
     pol = policy_for(evaluated, its, 0, 3, {"train": str(path)})
     assert len(seen) == 1 and seen[0] is not evaluated
-    assert np.array_equal(seen[0].experts, train.experts)                 # the training routing, nothing else
+    assert np.array_equal(seen[0].experts, train.experts)  # the training routing, nothing else
     assert pol.weights_source == str(path) and pol.weights != nuo.DEFAULT_WEIGHTS
     # the weights and the warm start depend on the training trace only
     other = random_trace(rng, tokens=40, layers=2, experts=8, k=2, requests=2)
@@ -251,14 +323,15 @@ def test_refuses_the_evaluated_trace_and_another_model(tmp_path):
     same = save_trace(trace, tmp_path / "copy.npz")
     with pytest.raises(ConfigError, match=r"^policy\.params\.train:.*is the evaluated trace"):
         policy_for(trace, its, 0, 3, {"train": str(same)})
-    wider = save_trace(random_trace(np.random.default_rng(2), tokens=50, layers=2, experts=10, k=2, requests=2),
-                       tmp_path / "wider.npz")
+    wider = save_trace(
+        random_trace(np.random.default_rng(2), tokens=50, layers=2, experts=10, k=2, requests=2), tmp_path / "wider.npz"
+    )
     with pytest.raises(ConfigError, match=r"^policy\.params\.train:"):
         policy_for(trace, its, 0, 3, {"train": str(wider)})
     pred = PREDICTORS.get("cross-layer")
     with pytest.raises(ConfigError, match=r"^predictor\.params\.train:.*is the evaluated trace"):
         pred({"train": str(same)}, PredictorContext(2, 8, 0, {"trace": trace}))
-    pol = policy_for(trace, its, 0, 3)   # no training: the documented default weights, a cold cache
+    pol = policy_for(trace, its, 0, 3)  # no training: the documented default weights, a cold cache
     assert pol.weights == nuo.DEFAULT_WEIGHTS and pol.weights_source == "default" and not pol.warm_fill
 
 
@@ -272,7 +345,7 @@ def test_cross_layer_predicts_from_the_current_layer_only(tmp_path):
     got = []
     for it in its:
         pred.start_iteration(it)
-        got.append(pred.predict(it.index, 1, frozenset({5}), frozenset()))   # truth is ignored
+        got.append(pred.predict(it.index, 1, frozenset({5}), frozenset()))  # truth is ignored
     assert got == [frozenset({6}), frozenset({5})]
     blank = PREDICTORS.get("cross-layer")(None, PredictorContext(2, 8, 0, {"trace": evaluated}))
     blank.start_iteration(its[0])

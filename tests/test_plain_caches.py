@@ -21,14 +21,25 @@ from sim.workload import build_iterations
 
 def policy_for(name, trace, its, hpc, mpc, params=None):
     ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(trace.num_layers, trace.num_experts, tuple(x.role for x in trace.meta.model.layers),
-                        frozenset(range(trace.num_layers)), hpc, mpc, ranking, 0, {"trace": trace, "iterations": its})
+    ctx = PolicyContext(
+        trace.num_layers,
+        trace.num_experts,
+        tuple(x.role for x in trace.meta.model.layers),
+        frozenset(range(trace.num_layers)),
+        hpc,
+        mpc,
+        ranking,
+        0,
+        {"trace": trace, "iterations": its},
+    )
     return POLICIES.get(name)(params, ctx)
 
 
 def run(trace, its, policy, predictor="none"):
-    pred = PREDICTORS.get(predictor)({"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None,
-                                     PredictorContext(trace.num_layers, trace.num_experts, 0))
+    pred = PREDICTORS.get(predictor)(
+        {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None,
+        PredictorContext(trace.num_layers, trace.num_experts, 0),
+    )
     return replay(trace, its, policy, pred, after_step=lambda p: p.cache.check())
 
 
@@ -49,25 +60,41 @@ def cache_hits(policy):
 
 # ------------------------------------------------------------------------------------------------ capacity
 
+
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10**6), hpc=st.integers(0, 3), mpc=st.integers(0, 4), k=st.integers(1, 3),
-       batch=st.integers(1, 3), pin_hot=st.booleans())
+@given(
+    seed=st.integers(0, 10**6),
+    hpc=st.integers(0, 3),
+    mpc=st.integers(0, 4),
+    k=st.integers(1, 3),
+    batch=st.integers(1, 3),
+    pin_hot=st.booleans(),
+)
 def test_lru_capacity_is_hpc_plus_mpc_unless_pinned(seed, hpc, mpc, k, batch, pin_hot):
     trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=10, k=k, requests=3)
     its, _ = build_iterations(trace, batch, "static", None, True, None)
     pol = policy_for("lru", trace, its, hpc, mpc, None if not pin_hot else {"pin_hot": True})
     decisions = run(trace, its, pol)
     c = pol.cache.counters
-    assert c.accesses == sum(len(d.active) for d in decisions) == int(
-        sum(len(s) for steps in steps_of(trace, its).values() for _, s in steps))
+    assert (
+        c.accesses
+        == sum(len(d.active) for d in decisions)
+        == int(sum(len(s) for steps in steps_of(trace, its).values() for _, s in steps))
+    )
     steps = steps_of(trace, its)
     if pin_hot:
         assert (pol.cache.hpc_slots, pol.cache.mpc_slots) == (hpc, mpc)
         hot = [set(pol.ctx.hot_ranking[layer][:hpc]) for layer in range(trace.num_layers)]
         assert list(pol.cache.hpc) == [frozenset(h) for h in hot]
         # the pinned experts never reach the LRU part: LRU runs on the other experts only
-        want_mpc = sum(plain_lru([(t, [e for e in s if e not in hot[layer]]) for t, s in st_], mpc)
-                       for layer, st_ in steps.items()) if mpc else 0
+        want_mpc = (
+            sum(
+                plain_lru([(t, [e for e in s if e not in hot[layer]]) for t, s in st_], mpc)
+                for layer, st_ in steps.items()
+            )
+            if mpc
+            else 0
+        )
         want_hpc = sum(len([e for e in s if e in hot[layer]]) for layer, st_ in steps.items() for _, s in st_)
         assert (c.hits[HPC], c.hits[MPC]) == (want_hpc, want_mpc)
     else:
@@ -79,8 +106,13 @@ def test_lru_capacity_is_hpc_plus_mpc_unless_pinned(seed, hpc, mpc, k, batch, pi
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 10**6), hpc=st.integers(0, 3), mpc=st.integers(0, 3), k=st.integers(1, 3),
-       batch=st.integers(1, 3))
+@given(
+    seed=st.integers(0, 10**6),
+    hpc=st.integers(0, 3),
+    mpc=st.integers(0, 3),
+    k=st.integers(1, 3),
+    batch=st.integers(1, 3),
+)
 def test_an_unpinned_cache_is_the_same_for_any_split_of_its_slots(seed, hpc, mpc, k, batch):
     """Without pin_hot only hpc_slots + mpc_slots matters (equal-slot comparisons stay fair)."""
     trace = random_trace(np.random.default_rng(seed), tokens=50, layers=2, experts=8, k=k, requests=3)
@@ -92,9 +124,16 @@ def test_an_unpinned_cache_is_the_same_for_any_split_of_its_slots(seed, hpc, mpc
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 10**6), total=st.integers(1, 5), hpc=st.integers(0, 3), batch=st.integers(1, 4),
-       k=st.integers(1, 3), pin_hot=st.booleans(), counts=st.sampled_from(["perfect", "in_cache"]),
-       predictor=st.sampled_from(["none", "oracle", "noisy"]))
+@given(
+    seed=st.integers(0, 10**6),
+    total=st.integers(1, 5),
+    hpc=st.integers(0, 3),
+    batch=st.integers(1, 4),
+    k=st.integers(1, 3),
+    pin_hot=st.booleans(),
+    counts=st.sampled_from(["perfect", "in_cache"]),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+)
 def test_belady_bounds_lru_and_lfu_at_equal_slots(seed, total, hpc, batch, k, pin_hot, counts, predictor):
     hpc = min(hpc, total)
     trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=10, k=k, requests=4)
@@ -109,6 +148,7 @@ def test_belady_bounds_lru_and_lfu_at_equal_slots(seed, total, hpc, batch, k, pi
 
 
 # ---------------------------------------------------------------------------------------------------- LFU
+
 
 def plain_lfu(steps, cap, in_cache):
     """LFU on one layer's steps, no pinned experts. perfect: a count per expert since the start; in-cache: a
@@ -147,8 +187,13 @@ def test_lfu_matches_a_plain_restatement_of_each_kind(counts, seed, cap, batch, 
     its, _ = build_iterations(trace, batch, "static", None, True, None)
     pol = policy_for("lfu", trace, its, 0, cap, {"counts": counts})
     snaps = []
-    decisions = replay(trace, its, pol, PREDICTORS.get("none")(None, PredictorContext(2, 10, 0)),
-                       after_step=lambda p: snaps.append([sorted(m) for m in p.cache.mpc]))
+    decisions = replay(
+        trace,
+        its,
+        pol,
+        PREDICTORS.get("none")(None, PredictorContext(2, 10, 0)),
+        after_step=lambda p: snaps.append([sorted(m) for m in p.cache.mpc]),
+    )
     want = {layer: iter(plain_lfu(s, cap, counts == "in_cache")) for layer, s in steps_of(trace, its).items()}
     for d, snap in zip(decisions, snaps):
         src, after = next(want[d.layer])
@@ -169,12 +214,16 @@ def test_perfect_and_in_cache_lfu_differ():
 
 # ------------------------------------------------------------------------------------------------- params
 
-@pytest.mark.parametrize("name, params, field", [
-    ("lfu", {"counts": "ever"}, "policy.params.counts"),
-    ("lfu", {"pin_hot": 1}, "policy.params.pin_hot"),
-    ("lru", {"pin_hot": "yes"}, "policy.params.pin_hot"),
-    ("lru", {"counts": "perfect"}, "policy.params.counts"),  # lru has no counts
-])
+
+@pytest.mark.parametrize(
+    "name, params, field",
+    [
+        ("lfu", {"counts": "ever"}, "policy.params.counts"),
+        ("lfu", {"pin_hot": 1}, "policy.params.pin_hot"),
+        ("lru", {"pin_hot": "yes"}, "policy.params.pin_hot"),
+        ("lru", {"counts": "perfect"}, "policy.params.counts"),  # lru has no counts
+    ],
+)
 def test_bad_params_name_the_field(name, params, field):
     trace = random_trace(np.random.default_rng(0), tokens=10, layers=2, experts=8, k=2)
     its, _ = build_iterations(trace, 1, "static", None, True, None)

@@ -20,9 +20,17 @@ from traces import stats
 
 def make_policy(name, trace, hpc=0, mpc=2, params=None, ranking=None, cached=None):
     ranking = ranking or hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(trace.num_layers, trace.num_experts, tuple(x.role for x in trace.meta.model.layers),
-                        frozenset(range(trace.num_layers)) if cached is None else frozenset(cached), hpc, mpc,
-                        tuple(tuple(r) for r in ranking), 0, {"trace": trace})
+    ctx = PolicyContext(
+        trace.num_layers,
+        trace.num_experts,
+        tuple(x.role for x in trace.meta.model.layers),
+        frozenset(range(trace.num_layers)) if cached is None else frozenset(cached),
+        hpc,
+        mpc,
+        tuple(tuple(r) for r in ranking),
+        0,
+        {"trace": trace},
+    )
     return POLICIES.get(name)(params, ctx)
 
 
@@ -38,11 +46,16 @@ def run_decisions(trace, policy, predictor="none", batch=1, check=True, pred_par
 
 # ------------------------------------------------------------------------------------------------------ LRU
 
+
 def plain_lru_hits(trace, capacity):
     """Per layer, one token at a time, through the plain LRU re-statement."""
-    return sum(plain_lru([(t, sorted({int(x) for x in trace.experts[t, layer] if x >= 0}))
-                          for t in range(trace.num_tokens)], capacity)
-               for layer in range(trace.num_layers))
+    return sum(
+        plain_lru(
+            [(t, sorted({int(x) for x in trace.experts[t, layer] if x >= 0})) for t in range(trace.num_tokens)],
+            capacity,
+        )
+        for layer in range(trace.num_layers)
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -84,9 +97,9 @@ def plain_diffmoe(trace, hpc, mpc, ranking, max_val=2.0, dec_in=0.4, dec_out=0.2
     for layer in range(trace.num_layers):
         hot = list(ranking[layer])
         score = {e: 0.0 for e in range(trace.num_experts)}
-        for e in hot[:hpc + mpc]:
+        for e in hot[: hpc + mpc]:
             score[e] = max_val
-        state[layer] = (set(hot[:hpc]), list(hot[hpc:hpc + mpc]), score)
+        state[layer] = (set(hot[:hpc]), list(hot[hpc : hpc + mpc]), score)
     for t in range(trace.num_tokens):
         for layer in range(trace.num_layers):
             hpc_set, mpc_list, score = state[layer]
@@ -107,14 +120,28 @@ def plain_diffmoe(trace, hpc, mpc, ranking, max_val=2.0, dec_in=0.4, dec_out=0.2
                 if c in hpc_set or c in mpc_list:
                     continue
                 mpc_list.remove(slots[i])  # ``mpc_list`` is in order of entry: ties among victims go to the
-                mpc_list.append(c)         # longest held
+                mpc_list.append(c)  # longest held
                 i += 1
             steps.append((src, sorted(mpc_list)))
     return steps
 
 
-HAND_MADE = [[[0, 1]], [[2, 3]], [[2, 4]], [[2, 4]], [[5, 1]], [[3, 4]], [[3, 4]], [[0, 5]], [[5, 3]], [[1, 2]],
-             [[4, 5]], [[4, 5]], [[4, 0]], [[3, 2]]]
+HAND_MADE = [
+    [[0, 1]],
+    [[2, 3]],
+    [[2, 4]],
+    [[2, 4]],
+    [[5, 1]],
+    [[3, 4]],
+    [[3, 4]],
+    [[0, 5]],
+    [[5, 3]],
+    [[1, 2]],
+    [[4, 5]],
+    [[4, 5]],
+    [[4, 0]],
+    [[3, 2]],
+]
 
 
 def legacy_vs_plain(trace, hpc, mpc):
@@ -122,8 +149,13 @@ def legacy_vs_plain(trace, hpc, mpc):
     policy = make_policy("diffmoe", trace, hpc=hpc, mpc=mpc, ranking=ranking, params=LEGACY)
     snapshots = []  # MPC of every layer after each (token, layer) step
     its, _ = build_iterations(trace, 1, "static", None, True, None)
-    decisions = replay(trace, its, policy, make_predictor("none", trace),
-                       after_step=lambda p: snapshots.append([sorted(m) for m in p.cache.mpc]))
+    decisions = replay(
+        trace,
+        its,
+        policy,
+        make_predictor("none", trace),
+        after_step=lambda p: snapshots.append([sorted(m) for m in p.cache.mpc]),
+    )
     mpc_after = [snap[d.layer] for snap, d in zip(snapshots, decisions)]
     want = plain_diffmoe(trace, hpc, mpc, ranking)
     assert [dict(d.sources) for d in decisions] == [w[0] for w in want]
@@ -188,10 +220,16 @@ def test_uncached_layers_fetch_on_demand():
 
 # --------------------------------------------------------------------------------------- every policy, invariants
 
+
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10**6), policy=st.sampled_from(["lru", "diffmoe", "on-demand", "gpu-only"]),
-       hpc=st.integers(0, 3), mpc=st.integers(0, 4), batch=st.integers(1, 4),
-       predictor=st.sampled_from(["none", "oracle", "noisy"]))
+@given(
+    seed=st.integers(0, 10**6),
+    policy=st.sampled_from(["lru", "diffmoe", "on-demand", "gpu-only"]),
+    hpc=st.integers(0, 3),
+    mpc=st.integers(0, 4),
+    batch=st.integers(1, 4),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+)
 def test_tier_invariants_hold_for_every_policy(seed, policy, hpc, mpc, batch, predictor):
     rng = np.random.default_rng(seed)
     trace = random_trace(rng, tokens=50, layers=3, experts=8, k=2, requests=4)
@@ -208,8 +246,13 @@ def test_tier_invariants_hold_for_every_policy(seed, policy, hpc, mpc, batch, pr
             assert len(p.cache.mpc[layer]) <= p.cache.mpc_slots
 
     its, _ = build_iterations(trace, batch, "static", None, True, None)
-    decisions = replay(trace, its, pol, make_predictor(predictor, trace, {"recall": 0.7, "precision": 0.6}
-                                                       if predictor == "noisy" else None, seed), after_step=check)
+    decisions = replay(
+        trace,
+        its,
+        pol,
+        make_predictor(predictor, trace, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None, seed),
+        after_step=check,
+    )
     c = pol.cache.counters
     assert c.accesses == sum(len(d.active) for d in decisions)  # hits + misses = accesses
     assert c.misses == sum(1 for d in decisions for _, s in d.sources if s == MISS)
@@ -220,6 +263,7 @@ def test_tier_invariants_hold_for_every_policy(seed, policy, hpc, mpc, batch, pr
 
 
 # ------------------------------------------------------------------------------------------------ predictors
+
 
 def test_noisy_with_perfect_recall_and_precision_is_the_oracle():
     trace = random_trace(np.random.default_rng(4), tokens=40, layers=3, experts=16, k=2)
@@ -246,11 +290,14 @@ def test_noisy_predictor_reaches_its_recall_and_precision_on_average():
     assert tp / n_pred == pytest.approx(0.75, abs=0.02)
 
 
-@pytest.mark.parametrize("name, params, field", [
-    ("noisy", {"recall": 1.5}, "predictor.params.recall"),
-    ("noisy", {"precision": 0}, "predictor.params.precision"),
-    ("noisy", {"colour": 1}, "predictor.params.colour"),
-])
+@pytest.mark.parametrize(
+    "name, params, field",
+    [
+        ("noisy", {"recall": 1.5}, "predictor.params.recall"),
+        ("noisy", {"precision": 0}, "predictor.params.precision"),
+        ("noisy", {"colour": 1}, "predictor.params.colour"),
+    ],
+)
 def test_bad_predictor_params_name_the_field(name, params, field):
     from sim.errors import ConfigError
 

@@ -71,6 +71,7 @@ def mapped_trace(rng, maps, tokens, requests, experts, k):
 
 # -------------------------------------------------------------------------------------------------- transition
 
+
 def test_transition_learns_a_deterministic_layer_map_perfectly(tmp_path):
     rng = np.random.default_rng(1)
     experts, k = 16, 2
@@ -84,8 +85,12 @@ def test_transition_learns_a_deterministic_layer_map_perfectly(tmp_path):
         assert s.precision() == 1.0 and s.recall() == 1.0
     # through a run config and the engine, too
     path = save_trace(held_out, tmp_path / "eval.npz")
-    out = simulate(config_for(path, held_out, "pregated", "transition", batch=2, mpc=0,
-                              predictor_params={"train": str(train_path)}), trace=held_out)
+    out = simulate(
+        config_for(
+            path, held_out, "pregated", "transition", batch=2, mpc=0, predictor_params={"train": str(train_path)}
+        ),
+        trace=held_out,
+    )
     assert out.summary["prefetch"]["precision"] == 1.0 and out.summary["prefetch"]["recall"] == 1.0
 
 
@@ -126,11 +131,11 @@ def test_transition_refuses_the_evaluated_trace_a_missing_train_and_another_shap
             predictor("transition", trace, {"train": str(good), "top": top})
     # and through a run config: the run's own trace as training trace is a config error
     with pytest.raises(ConfigError, match=r"predictor\.params\.train"):
-        simulate(config_for(path, trace, "pregated", "transition", predictor_params={"train": str(path)}),
-                 trace=trace)
+        simulate(config_for(path, trace, "pregated", "transition", predictor_params={"train": str(path)}), trace=trace)
 
 
 # ----------------------------------------------------------------------------------------------------- history
+
 
 def test_history_is_the_layers_set_in_the_previous_iteration_of_its_phase():
     rng = np.random.default_rng(4)
@@ -156,12 +161,16 @@ def test_history_is_the_layers_set_in_the_previous_iteration_of_its_phase():
 
 # -------------------------------------------------------------------------------------- realistic = no peeking
 
+
 @pytest.mark.parametrize("name", REALISTIC)
 def test_realistic_predictors_never_read_truth(tmp_path, name):
     rng = np.random.default_rng(5)
     trace = random_trace(rng, tokens=80, layers=4, experts=8, k=2, requests=4)
-    params = {"train": str(save_trace(random_trace(rng, tokens=80, layers=4, experts=8, k=2), tmp_path / "t.npz"))} \
-        if name == "transition" else None
+    params = (
+        {"train": str(save_trace(random_trace(rng, tokens=80, layers=4, experts=8, k=2), tmp_path / "t.npz"))}
+        if name == "transition"
+        else None
+    )
     its, _ = build_iterations(trace, 2, "static", None, True, None)
     right = drive(trace, its, predictor(name, trace, params))
     wrong = drive(trace, its, predictor(name, trace, params), wrong_truth=True)
@@ -174,8 +183,11 @@ def test_realistic_predictors_never_read_the_routing_of_layers_ahead(tmp_path, n
     was predicted up to then."""
     rng = np.random.default_rng(6)
     trace = random_trace(rng, tokens=90, layers=5, experts=8, k=2, requests=6)
-    params = {"train": str(save_trace(random_trace(rng, tokens=80, layers=5, experts=8, k=2), tmp_path / "t.npz"))} \
-        if name == "transition" else None
+    params = (
+        {"train": str(save_trace(random_trace(rng, tokens=80, layers=5, experts=8, k=2), tmp_path / "t.npz"))}
+        if name == "transition"
+        else None
+    )
     its, _ = build_iterations(trace, 3, "static", None, True, None)  # 6 requests: no request served twice
     for i, layer in ((1, 1), (len(its) // 2, 2), (len(its) - 1, 4)):
         e = trace.experts.copy()
@@ -189,6 +201,7 @@ def test_realistic_predictors_never_read_the_routing_of_layers_ahead(tmp_path, n
 
 # -------------------------------------------------------------------------------------------------- EAMs
 
+
 def test_eam_matching_takes_the_most_similar_stored_matrix_over_the_rows_seen():
     c = EAMCollection(num_layers=3, num_experts=4, capacity=8)
     a = np.array([[5, 0, 0, 0], [0, 5, 0, 0], [0, 0, 5, 0]], float)
@@ -198,8 +211,8 @@ def test_eam_matching_takes_the_most_similar_stored_matrix_over_the_rows_seen():
     c.add(np.zeros((3, 4)))  # an empty matrix is not stored
     assert c.size == 2
     partial = np.zeros((2, 3, 4))
-    partial[0, 0] = [2, 0, 0, 0]   # seen layer 0 only: like a
-    partial[1, 0] = [0, 0, 0, 1]   # like b
+    partial[0, 0] = [2, 0, 0, 0]  # seen layer 0 only: like a
+    partial[1, 0] = [0, 0, 0, 1]  # like b
     assert EAMCollection.best(c.similarity(partial / 1.0)).tolist() == [0, 1]
     nothing = np.zeros((1, 3, 4))
     assert EAMCollection.best(c.similarity(nothing)).tolist() == [-1]
@@ -258,8 +271,9 @@ def test_moe_infinity_beats_a_random_guess_of_the_same_size_when_requests_repeat
         decisions = drive(trace, its, predictor("moe-infinity", trace))
         s = score(decisions, trace.num_layers)
         guess_rng = np.random.default_rng(0)
-        random_tp = sum(len(frozenset(guess_rng.choice(16, size=len(g), replace=False).tolist()) & t)
-                        for _, _, g, t in decisions)
+        random_tp = sum(
+            len(frozenset(guess_rng.choice(16, size=len(g), replace=False).tolist()) & t) for _, _, g, t in decisions
+        )
         assert s.tp.sum() > 1.5 * random_tp
         assert s.precision() > 0.5 and s.recall() > 0.7
     # the matched EAMs do the work: the collection holds the earlier requests
@@ -286,15 +300,28 @@ def test_moe_infinity_predictor_params(tmp_path):
 
 # ------------------------------------------------------------------------------------------ moe-infinity policy
 
+
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 10**6), hpc=st.integers(0, 2), mpc=st.integers(0, 4), batch=st.integers(1, 4),
-       pin_hot=st.booleans(), pred=st.sampled_from(["none", "oracle", "moe-infinity"]),
-       activation=st.sampled_from(["mix", "eam", "own"]), capacity=st.integers(1, 3))
+@given(
+    seed=st.integers(0, 10**6),
+    hpc=st.integers(0, 2),
+    mpc=st.integers(0, 4),
+    batch=st.integers(1, 4),
+    pin_hot=st.booleans(),
+    pred=st.sampled_from(["none", "oracle", "moe-infinity"]),
+    activation=st.sampled_from(["mix", "eam", "own"]),
+    capacity=st.integers(1, 3),
+)
 def test_moe_infinity_policy_keeps_the_tier_invariants(seed, hpc, mpc, batch, pin_hot, pred, activation, capacity):
     rng = np.random.default_rng(seed)
     trace = random_trace(rng, tokens=50, layers=3, experts=8, k=2, requests=5)
-    policy = make_policy("moe-infinity", trace, hpc=hpc, mpc=mpc,
-                         params={"pin_hot": pin_hot, "activation": activation, "capacity": capacity})
+    policy = make_policy(
+        "moe-infinity",
+        trace,
+        hpc=hpc,
+        mpc=mpc,
+        params={"pin_hot": pin_hot, "activation": activation, "capacity": capacity},
+    )
     hpc_sets = [frozenset(s) for s in policy.cache.hpc]
 
     def check(p):
@@ -336,8 +363,11 @@ def test_moe_infinity_end_to_end_through_the_engine(tmp_path):
     trace = patterned_trace(np.random.default_rng(11), requests=8)
     path = save_trace(trace, tmp_path / "t.npz")
     on_demand = simulate(config_for(path, trace, "on-demand", batch=2), trace=trace).summary
-    out = simulate(config_for(path, trace, "moe-infinity", "moe-infinity", batch=2, hpc=1, mpc=2, buffers=6),
-                   trace=trace, check_invariants=True)
+    out = simulate(
+        config_for(path, trace, "moe-infinity", "moe-infinity", batch=2, hpc=1, mpc=2, buffers=6),
+        trace=trace,
+        check_invariants=True,
+    )
     s = out.summary
     assert s["prefetch"]["precision"] is not None and s["prefetch"]["recall"] > 0.5
     assert s["hit_rate"]["overall"] > 0.5 and s["throughput_tok_s"] > on_demand["throughput_tok_s"]
@@ -354,8 +384,18 @@ def throughput_by_recall(tmp_path, policy, batch, buffers, seed):
     path = save_trace(trace, tmp_path / f"t{seed}.npz")
     out = []
     for recall in RECALLS:
-        cfg = config_for(path, trace, policy, "noisy", batch=batch, hpc=1, mpc=2, buffers=buffers, seed=seed,
-                         predictor_params={"recall": recall, "precision": 1.0})
+        cfg = config_for(
+            path,
+            trace,
+            policy,
+            "noisy",
+            batch=batch,
+            hpc=1,
+            mpc=2,
+            buffers=buffers,
+            seed=seed,
+            predictor_params={"recall": recall, "precision": 1.0},
+        )
         out.append(simulate(cfg, trace=trace).summary["throughput_tok_s"])
     return out
 
@@ -366,10 +406,17 @@ def throughput_by_recall(tmp_path, policy, batch, buffers, seed):
 # prefetch while this layer waits (before that fix, the 2-buffer case below lost throughput as recall rose).
 
 
-@pytest.mark.parametrize("policy, batch, buffers, seed", [
-    ("pregated", 1, 4, 0), ("pregated", 4, 4, 1), ("diffmoe", 1, 4, 0), ("diffmoe", 4, 4, 1), ("diffmoe", 2, 8, 2),
-    ("diffmoe", 1, 2, 0),
-])
+@pytest.mark.parametrize(
+    "policy, batch, buffers, seed",
+    [
+        ("pregated", 1, 4, 0),
+        ("pregated", 4, 4, 1),
+        ("diffmoe", 1, 4, 0),
+        ("diffmoe", 4, 4, 1),
+        ("diffmoe", 2, 8, 2),
+        ("diffmoe", 1, 2, 0),
+    ],
+)
 def test_throughput_never_falls_as_recall_rises_with_everything_else_fixed(tmp_path, policy, batch, buffers, seed):
     th = throughput_by_recall(tmp_path, policy, batch, buffers, seed)
     assert all(b >= a * (1 - 1e-12) for a, b in zip(th, th[1:])), [round(x, 1) for x in th]

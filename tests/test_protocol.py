@@ -20,11 +20,23 @@ from sim.workload import build_iterations
 from traces.io import save_trace
 
 
-@settings(max_examples=20, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 10**6), batch=st.integers(1, 4), mpc=st.integers(0, 3), buffers=st.integers(1, 5),
-       case=st.sampled_from([("lru", "none"), ("diffmoe", "oracle"), ("moe-infinity", "moe-infinity"),
-                             ("pregated", "oracle"), ("diffmoe-arc", "noisy"), ("belady", "none")]))
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 10**6),
+    batch=st.integers(1, 4),
+    mpc=st.integers(0, 3),
+    buffers=st.integers(1, 5),
+    case=st.sampled_from(
+        [
+            ("lru", "none"),
+            ("diffmoe", "oracle"),
+            ("moe-infinity", "moe-infinity"),
+            ("pregated", "oracle"),
+            ("diffmoe-arc", "noisy"),
+            ("belady", "none"),
+        ]
+    ),
+)
 def test_the_engine_makes_exactly_the_decisions_replay_records(tmp_path, seed, batch, mpc, buffers, case):
     policy, predictor = case
     trace = random_trace(np.random.default_rng(seed), tokens=40, layers=3, experts=8, k=2, requests=4)
@@ -39,9 +51,16 @@ def test_the_engine_makes_exactly_the_decisions_replay_records(tmp_path, seed, b
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(buffers=st.integers(1, 5), reserve=st.integers(0, 4),
-       ops=st.lists(st.tuples(st.sampled_from(["demand", "prefetch", "upgrade", "drop", "start", "land", "take"]),
-                              st.integers(0, 9)), max_size=60))
+@given(
+    buffers=st.integers(1, 5),
+    reserve=st.integers(0, 4),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["demand", "prefetch", "upgrade", "drop", "start", "land", "take"]), st.integers(0, 9)
+        ),
+        max_size=60,
+    ),
+)
 def test_copy_queue_keeps_its_rules(buffers, reserve, ops):
     """Demand copies start before prefetches, prefetches leave the reserve free, buffers never overfill, a landed
     copy is taken once, and at the end every buffer comes back."""
@@ -61,9 +80,9 @@ def test_copy_queue_keeps_its_rules(buffers, reserve, ops):
             free = len(q.free)
             job = q.start_next()
             if first_demand is not None and free:
-                assert job is first_demand                       # demand first
+                assert job is first_demand  # demand first
             elif first_prefetch is not None and free > max(1, reserve):
-                assert job is first_prefetch                     # then prefetches, leaving the reserve free
+                assert job is first_prefetch  # then prefetches, leaving the reserve free
             else:
                 assert job is None
             if job is not None:
@@ -78,7 +97,7 @@ def test_copy_queue_keeps_its_rules(buffers, reserve, ops):
                 q.release(job.buffer)
         assert 0 <= q.in_use <= q.capacity
         assert len({b for b, _ in q.free}) == len(q.free)  # no buffer free twice
-    while flight:                                          # drain: land, take and release everything
+    while flight:  # drain: land, take and release everything
         q.land(flight.popleft())
     for _job in list(q.ready.get(0, ())):
         q.release(q.take(0).buffer)

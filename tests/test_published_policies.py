@@ -32,9 +32,17 @@ BOUNDED = dict(deadline=None, derandomize=True, database=None)
 
 def policy_for(name, trace, its, hpc, mpc, params=None, extra=None):
     ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(trace.num_layers, trace.num_experts, tuple(x.role for x in trace.meta.model.layers),
-                        frozenset(range(trace.num_layers)), hpc, mpc, ranking, 0,
-                        {"trace": trace, "iterations": its, **(extra or {})})
+    ctx = PolicyContext(
+        trace.num_layers,
+        trace.num_experts,
+        tuple(x.role for x in trace.meta.model.layers),
+        frozenset(range(trace.num_layers)),
+        hpc,
+        mpc,
+        ranking,
+        0,
+        {"trace": trace, "iterations": its, **(extra or {})},
+    )
     return POLICIES.get(name)(params, ctx)
 
 
@@ -57,8 +65,10 @@ def replay_snapshots(trace, its, policy, pred, snapshot=layer_mpcs):
 
 def drive(trace, its, policy, predictor="none", seed=0, snapshot=layer_mpcs):
     """Replay; returns the decisions and, per decision, every layer's sorted MPC after the step (``snapshot``)."""
-    pred = PREDICTORS.get(predictor)({"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None,
-                                     PredictorContext(trace.num_layers, trace.num_experts, seed))
+    pred = PREDICTORS.get(predictor)(
+        {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None,
+        PredictorContext(trace.num_layers, trace.num_experts, seed),
+    )
     return replay_snapshots(trace, its, policy, pred, snapshot)
 
 
@@ -79,6 +89,7 @@ def cache_hits(policy):
 
 
 # --------------------------------------------------------------------------------- plain restatements (lists)
+
 
 def plain_scored(steps, cap, remember, victim_key):
     """A per-layer cache of ``cap`` slots over one layer's steps: ``remember(t, act)`` records the step's uses;
@@ -123,7 +134,7 @@ def plain_reuse_distance(steps, cap, window=8):
         for e in act:
             if e in last:
                 own[e] = (own[e] + [t - last[e]])[-window:]
-                pool[:] = (pool + [t - last[e]])[-4 * window:]
+                pool[:] = (pool + [t - last[e]])[-4 * window :]
             last[e] = t
 
     def predicted(t, v):
@@ -285,9 +296,23 @@ def check_against_plain(name, trace, its, cap, params=None, plain=None):
 
 
 #: A hand-made decode-only trace: 2 layers, top-2, 8 experts, 3 requests.
-HAND_MADE = [[[0, 1], [2, 3]], [[0, 2], [2, 4]], [[1, 0], [3, 2]], [[5, 6], [2, 5]], [[0, 1], [1, 4]],
-             [[7, 0], [2, 3]], [[1, 5], [6, 7]], [[0, 1], [2, 3]], [[2, 6], [4, 2]], [[0, 5], [3, 1]],
-             [[1, 0], [2, 0]], [[6, 5], [5, 2]], [[0, 3], [2, 3]], [[1, 0], [7, 6]], [[4, 5], [2, 3]]]
+HAND_MADE = [
+    [[0, 1], [2, 3]],
+    [[0, 2], [2, 4]],
+    [[1, 0], [3, 2]],
+    [[5, 6], [2, 5]],
+    [[0, 1], [1, 4]],
+    [[7, 0], [2, 3]],
+    [[1, 5], [6, 7]],
+    [[0, 1], [2, 3]],
+    [[2, 6], [4, 2]],
+    [[0, 5], [3, 1]],
+    [[1, 0], [2, 0]],
+    [[6, 5], [5, 2]],
+    [[0, 3], [2, 3]],
+    [[1, 0], [7, 6]],
+    [[4, 5], [2, 3]],
+]
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -313,8 +338,9 @@ def test_each_policy_matches_its_plain_restatement_on_random_traces(name, seed, 
 def test_params_of_reuse_distance_and_s3fifo_reach_their_rules():
     trace = random_trace(np.random.default_rng(5), tokens=80, layers=2, experts=10, k=2, requests=2)
     its, _ = build_iterations(trace, 1, "static", None, True, None)
-    check_against_plain("reuse-distance", trace, its, 4, {"window": 2},
-                        lambda s, c: plain_reuse_distance(s, c, window=2))
+    check_against_plain(
+        "reuse-distance", trace, its, 4, {"window": 2}, lambda s, c: plain_reuse_distance(s, c, window=2)
+    )
     check_against_plain("s3fifo", trace, its, 4, {"move_to_main": 1}, lambda s, c: plain_s3fifo(s, c, threshold=1))
 
 
@@ -364,8 +390,10 @@ def test_interval_predictions_beat_lru_on_a_loop_one_larger_than_the_cache():
     """A loop over 3 experts in 2 slots: LRU (and ARC) always evict the expert needed next and never hit; the
     interval-based rules learn the period and keep one loop member, hitting every other step."""
     trace, its = single([0, 1, 2] * 6, 3)
-    hits = {name: hits_of(drive(trace, its, policy_for(name, trace, its, 0, 2))[0])
-            for name in ("lru", "arc", "reuse-distance", "least-stale")}
+    hits = {
+        name: hits_of(drive(trace, its, policy_for(name, trace, its, 0, 2))[0])
+        for name in ("lru", "arc", "reuse-distance", "least-stale")
+    }
     assert sum(hits["lru"]) == sum(hits["arc"]) == 0
     assert hits["reuse-distance"][4:] == [1, 0] * 7
     assert hits["least-stale"][3:] == [1, 0] * 7 + [1]
@@ -374,9 +402,9 @@ def test_interval_predictions_beat_lru_on_a_loop_one_larger_than_the_cache():
 def test_reuse_distance_prediction_is_the_mean_residual_or_the_age_when_overdue():
     from sim.policies.reuse_distance import predicted_distance
 
-    assert predicted_distance([3, 3, 6], 2) == 2.0   # (1 + 1 + 4) / 3
-    assert predicted_distance([3, 3, 6], 4) == 2.0   # only 6 is longer than 4
-    assert predicted_distance([3, 3, 6], 7) == 7.0   # overdue: as long again
+    assert predicted_distance([3, 3, 6], 2) == 2.0  # (1 + 1 + 4) / 3
+    assert predicted_distance([3, 3, 6], 4) == 2.0  # only 6 is longer than 4
+    assert predicted_distance([3, 3, 6], 7) == 7.0  # overdue: as long again
     assert predicted_distance([3, 3, 6], 20) == 20.0  # and it grows with the absence
 
 
@@ -396,6 +424,7 @@ def test_arc_adapts_p_on_ghost_hits():
 
 
 # ------------------------------------------------------------------------------------------- learned-rf training
+
 
 def plain_fit(trace, batch=1):
     """Least squares over every (step, expert used before but not now) of each layer, by plain enumeration
@@ -430,8 +459,9 @@ def test_learned_rf_fits_its_weights_on_the_training_trace_only(tmp_path):
     its2, _ = build_iterations(other, 1, "static", None, True, None)
     assert policy_for("learned-rf", other, its2, 0, 3, {"train": str(path)}).weights == pol.weights
     # and the policy applies them as the plain rule does
-    check_against_plain("learned-rf", evaluated, its, 3, {"train": str(path)},
-                        lambda s, c: plain_learned_rf(s, c, pol.weights))
+    check_against_plain(
+        "learned-rf", evaluated, its, 3, {"train": str(path)}, lambda s, c: plain_learned_rf(s, c, pol.weights)
+    )
 
 
 def one_layer(rng, tokens, experts, pick):
@@ -467,9 +497,9 @@ def test_learned_rf_learns_recency_where_popularity_drifts_and_frequency_where_i
     for name, pick in (("drifting", drifting), ("steady", steady)):
         path = save_trace(one_layer(rng, 300, 12, pick), tmp_path / f"{name}.npz")
         weights[name] = policy_for("learned-rf", evaluated, its, 0, 3, {"train": str(path)}).weights
-    assert weights["drifting"][1] > 0.2      # long unused -> back later
-    assert weights["steady"][2] < -0.2       # frequent -> back sooner
-    assert abs(weights["steady"][1]) < 0.1   # and recency says nothing there
+    assert weights["drifting"][1] > 0.2  # long unused -> back later
+    assert weights["steady"][2] < -0.2  # frequent -> back sooner
+    assert abs(weights["steady"][1]) < 0.1  # and recency says nothing there
 
 
 def test_learned_rf_refuses_the_evaluated_trace_and_a_different_model(tmp_path):
@@ -478,23 +508,27 @@ def test_learned_rf_refuses_the_evaluated_trace_and_a_different_model(tmp_path):
     same = save_trace(trace, tmp_path / "copy.npz")  # a copy of the evaluated routing
     with pytest.raises(ConfigError, match=r"^policy\.params\.train:.*is the evaluated trace"):
         policy_for("learned-rf", trace, its, 0, 3, {"train": str(same)})
-    wider = save_trace(random_trace(np.random.default_rng(2), tokens=50, layers=2, experts=10, k=2, requests=2),
-                       tmp_path / "wider.npz")
+    wider = save_trace(
+        random_trace(np.random.default_rng(2), tokens=50, layers=2, experts=10, k=2, requests=2), tmp_path / "wider.npz"
+    )
     with pytest.raises(ConfigError, match=r"^policy\.params\.train:.*10 experts"):
         policy_for("learned-rf", trace, its, 0, 3, {"train": str(wider)})
     pol = policy_for("learned-rf", trace, its, 0, 3)
     assert pol.weights == (0.0, 1.0, -1.0) and pol.weights_source == "default"
 
 
-@pytest.mark.parametrize("name, params, field", [
-    ("learned-rf", {"train": "/nonexistent/train.npz"}, "policy.params.train"),
-    ("learned-rf", {"train_batch": 0}, "policy.params.train_batch"),
-    ("reuse-distance", {"window": 0}, "policy.params.window"),
-    ("s3fifo", {"move_to_main": 4}, "policy.params.move_to_main"),
-    ("s3fifo", {"small_ratio": 1.5}, "policy.params.small_ratio"),
-    ("arc", {"window": 3}, "policy.params.window"),
-    ("least-stale", {"pin_hot": "yes"}, "policy.params.pin_hot"),
-])
+@pytest.mark.parametrize(
+    "name, params, field",
+    [
+        ("learned-rf", {"train": "/nonexistent/train.npz"}, "policy.params.train"),
+        ("learned-rf", {"train_batch": 0}, "policy.params.train_batch"),
+        ("reuse-distance", {"window": 0}, "policy.params.window"),
+        ("s3fifo", {"move_to_main": 4}, "policy.params.move_to_main"),
+        ("s3fifo", {"small_ratio": 1.5}, "policy.params.small_ratio"),
+        ("arc", {"window": 3}, "policy.params.window"),
+        ("least-stale", {"pin_hot": "yes"}, "policy.params.pin_hot"),
+    ],
+)
 def test_bad_params_name_the_field(name, params, field):
     with pytest.raises(ConfigError, match="^" + field.replace(".", r"\.") + ":"):
         POLICIES.get(name).check_params(params)
@@ -518,18 +552,40 @@ def test_origin_is_published_and_the_default_cache_is_plain(name):
 
 # ---------------------------------------------------------------------------------------- through the engine
 
+
 @settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture], **BOUNDED)
-@given(seed=st.integers(0, 10**6), batch=st.integers(1, 4), hpc=st.integers(0, 2), mpc=st.integers(0, 3),
-       k=st.integers(1, 3), buffers=st.integers(1, 5), predictor=st.sampled_from(["none", "oracle", "noisy"]),
-       batching=st.sampled_from(["static", "continuous"]), pin_hot=st.booleans())
-def test_engine_invariants_for_every_new_policy(tmp_path, seed, batch, hpc, mpc, k, buffers, predictor, batching,
-                                                pin_hot):
+@given(
+    seed=st.integers(0, 10**6),
+    batch=st.integers(1, 4),
+    hpc=st.integers(0, 2),
+    mpc=st.integers(0, 3),
+    k=st.integers(1, 3),
+    buffers=st.integers(1, 5),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+    batching=st.sampled_from(["static", "continuous"]),
+    pin_hot=st.booleans(),
+)
+def test_engine_invariants_for_every_new_policy(
+    tmp_path, seed, batch, hpc, mpc, k, buffers, predictor, batching, pin_hot
+):
     trace = random_trace(np.random.default_rng(seed), tokens=48, layers=3, experts=8, k=k, requests=4)
     path = save_trace(trace, tmp_path / f"t{seed}.npz")
     pred_params = {"recall": 0.7, "precision": 0.5} if predictor == "noisy" else None
     for name in NEW:
-        cfg = config_for(path, trace, name, predictor, batch, hpc, mpc, buffers, batching, seed=seed,
-                         policy_params={"pin_hot": pin_hot}, predictor_params=pred_params)
+        cfg = config_for(
+            path,
+            trace,
+            name,
+            predictor,
+            batch,
+            hpc,
+            mpc,
+            buffers,
+            batching,
+            seed=seed,
+            policy_params={"pin_hot": pin_hot},
+            predictor_params=pred_params,
+        )
         out = simulate(cfg, trace=trace, check_invariants=True, record_decisions=True)  # tiers after each layer
         s, decisions = out.summary, out.engine.decisions
         hits = s["hits"]
@@ -550,9 +606,17 @@ def test_engine_invariants_for_every_new_policy(tmp_path, seed, batch, hpc, mpc,
 
 # --------------------------------------------------------------------------------------------- Belady bound
 
+
 @settings(max_examples=60, **BOUNDED)
-@given(seed=st.integers(0, 10**6), total=st.integers(1, 5), hpc=st.integers(0, 3), batch=st.integers(1, 4),
-       k=st.integers(1, 3), pin_hot=st.booleans(), predictor=st.sampled_from(["none", "oracle", "noisy"]))
+@given(
+    seed=st.integers(0, 10**6),
+    total=st.integers(1, 5),
+    hpc=st.integers(0, 3),
+    batch=st.integers(1, 4),
+    k=st.integers(1, 3),
+    pin_hot=st.booleans(),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+)
 def test_belady_bounds_every_new_policy_at_equal_slots(seed, total, hpc, batch, k, pin_hot, predictor):
     hpc = min(hpc, total)
     trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=10, k=k, requests=4)

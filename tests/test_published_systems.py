@@ -22,12 +22,37 @@ PUBLISHED = ROOT.parent / "shared" / "published" / "rows.csv"
 SYSTEM_FILES = ("mixtral-offloading", "fiddler", "ktransformers", "llama-cpp", "deepspeed")
 
 
-def row(rid, role="fit", published="2.0", system="mixtral-offloading", variant="none", gpu="a100-sxm4-80gb",
-        slots="0", host="server", model="mixtral-8x7b-instruct", fmt=("hqq-2bit", "hqq-4bit"), **kw):
-    d = {"row": rid, "source": "test", "system": system, "variant": variant, "model": model,
-         "expert_format": fmt[0], "dense_format": fmt[1], "gpu": gpu, "host": host, "pcie": "gen4", "batch": "1",
-         "prompt_tokens": "", "decode_tokens": "", "gpu_experts_per_layer": slots, "published_tok_s": published,
-         "role": role}
+def row(
+    rid,
+    role="fit",
+    published="2.0",
+    system="mixtral-offloading",
+    variant="none",
+    gpu="a100-sxm4-80gb",
+    slots="0",
+    host="server",
+    model="mixtral-8x7b-instruct",
+    fmt=("hqq-2bit", "hqq-4bit"),
+    **kw,
+):
+    d = {
+        "row": rid,
+        "source": "test",
+        "system": system,
+        "variant": variant,
+        "model": model,
+        "expert_format": fmt[0],
+        "dense_format": fmt[1],
+        "gpu": gpu,
+        "host": host,
+        "pcie": "gen4",
+        "batch": "1",
+        "prompt_tokens": "",
+        "decode_tokens": "",
+        "gpu_experts_per_layer": slots,
+        "published_tok_s": published,
+        "role": role,
+    }
     d.update(kw)
     return d
 
@@ -57,7 +82,7 @@ def test_every_system_profile_loads_and_names_its_sources(name):
         if line and not line.startswith("#") and not line.startswith(("base:", "source:")):
             key = line.split(":")[0]
             at = text.index(line)
-            context = text[max(0, at - 600):at + len(line)].lower()
+            context = text[max(0, at - 600) : at + len(line)].lower()
             assert any(w in context for w in ("sourced", "fitted", "assumption", "src/", "doc/")), (name, key)
 
 
@@ -69,17 +94,20 @@ def test_hardware_of_maps_gpus_and_hosts():
     assert hardware_of("no-such-gpu", "") is None
 
 
-@pytest.mark.parametrize("change, problem", [
-    ({"system": "vllm"}, "system must be one of"),
-    ({"model": "gpt-5"}, "model must be one of"),
-    ({"expert_format": "hqq-9bit"}, "expert_format must be a weight format"),
-    ({"gpu": "rtx9090"}, "matches no hardware profile"),
-    ({"batch": "two"}, "batch must be an integer"),
-    ({"published_tok_s": "-3"}, "published_tok_s must be a number > 0"),
-    ({"published_tok_s": ""}, "published_tok_s is blank but the row is a fit row"),
-    ({"role": "train"}, "role must be fit or predict"),
-    ({"gpu_experts_per_layer": "1.5"}, "gpu_experts_per_layer must be an integer"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"system": "vllm"}, "system must be one of"),
+        ({"model": "gpt-5"}, "model must be one of"),
+        ({"expert_format": "hqq-9bit"}, "expert_format must be a weight format"),
+        ({"gpu": "rtx9090"}, "matches no hardware profile"),
+        ({"batch": "two"}, "batch must be an integer"),
+        ({"published_tok_s": "-3"}, "published_tok_s must be a number > 0"),
+        ({"published_tok_s": ""}, "published_tok_s is blank but the row is a fit row"),
+        ({"role": "train"}, "role must be fit or predict"),
+        ({"gpu_experts_per_layer": "1.5"}, "gpu_experts_per_layer must be an integer"),
+    ],
+)
 def test_a_bad_row_names_the_file_the_row_and_the_problem(tmp_path, change, problem):
     path = write_rows(tmp_path / "rows.csv", [row("ok"), row("bad", **change)])
     with pytest.raises(ConfigError) as exc:
@@ -98,14 +126,40 @@ def test_a_file_without_a_column_or_with_a_repeated_row_is_refused(tmp_path):
 
 
 def test_unseen_rows_of_the_same_kinds_are_accepted(tmp_path):
-    rows = [row("mo-3bit-t4", role="predict", published="", gpu="t4-16gb", fmt=("hqq-3bit", "hqq-4bit"),
-                variant="lru", slots="2"),
-            row("kt-6", role="predict", published="", system="ktransformers", variant="v0.3", model="deepseek-v3",
-                gpu="rtx4090-24gb", host="1x Xeon Gold 6454S", fmt=("q4_k_m", "q4_k_m")),
-            row("llama", role="predict", published="", system="llama.cpp", variant="n-cpu-moe=56",
-                model="deepseek-v3", gpu="rtx4090-24gb", host="2x Xeon Gold 6454S", fmt=("q4_k_m", "q4_k_m")),
-            row("ds", role="predict", published="", system="deepspeed", variant="", gpu="l4-24gb",
-                fmt=("bf16", "bf16"))]
+    rows = [
+        row(
+            "mo-3bit-t4",
+            role="predict",
+            published="",
+            gpu="t4-16gb",
+            fmt=("hqq-3bit", "hqq-4bit"),
+            variant="lru",
+            slots="2",
+        ),
+        row(
+            "kt-6",
+            role="predict",
+            published="",
+            system="ktransformers",
+            variant="v0.3",
+            model="deepseek-v3",
+            gpu="rtx4090-24gb",
+            host="1x Xeon Gold 6454S",
+            fmt=("q4_k_m", "q4_k_m"),
+        ),
+        row(
+            "llama",
+            role="predict",
+            published="",
+            system="llama.cpp",
+            variant="n-cpu-moe=56",
+            model="deepseek-v3",
+            gpu="rtx4090-24gb",
+            host="2x Xeon Gold 6454S",
+            fmt=("q4_k_m", "q4_k_m"),
+        ),
+        row("ds", role="predict", published="", system="deepspeed", variant="", gpu="l4-24gb", fmt=("bf16", "bf16")),
+    ]
     parsed = read_rows(write_rows(tmp_path / "rows.csv", rows))
     assert [r.hardware for r in parsed] == ["t4-16gb", "rtx4090-1x6454s", "rtx4090-2x6454s", "l4-24gb"]
     assert run_config(parsed[2], {})["policy"]["params"] == {"cpu_layers": 56}
@@ -120,9 +174,12 @@ def test_unseen_rows_of_the_same_kinds_are_accepted(tmp_path):
 # --------------------------------------------------------------------------------------------- fitting
 def test_fitting_reads_only_the_fit_rows(tmp_path):
     """Predict rows with blank or other published values leave every fitted constant as it was."""
-    base = [row("fit-a100", published="2.0"), row("fit-t4", gpu="t4-16gb", published="1.0"),
-            row("p1", role="predict", published="2.5", variant="lru", slots="4"),
-            row("p2", role="predict", published="9.9", gpu="t4-16gb")]
+    base = [
+        row("fit-a100", published="2.0"),
+        row("fit-t4", gpu="t4-16gb", published="1.0"),
+        row("p1", role="predict", published="2.5", variant="lru", slots="4"),
+        row("p2", role="predict", published="9.9", gpu="t4-16gb"),
+    ]
     seen = []
 
     def spy(r, c):
@@ -136,7 +193,7 @@ def test_fitting_reads_only_the_fit_rows(tmp_path):
     fits2, res2 = fit_and_predict(read_rows(write_rows(tmp_path / "b.csv", changed)), simulate=fake_sim)
     assert fits1 == fits2
     f = fits1["mixtral-offloading"]
-    assert f.per_gpu["a100-sxm4-80gb"] == pytest.approx(5000, rel=1e-3)   # 3 / (1 + x/1e4) = 2
+    assert f.per_gpu["a100-sxm4-80gb"] == pytest.approx(5000, rel=1e-3)  # 3 / (1 + x/1e4) = 2
     assert f.per_gpu["t4-16gb"] == pytest.approx(20000, rel=1e-3)
     assert [r["role"] for r in res1] == ["fit", "fit", "predict", "predict"]
     with pytest.raises(ValueError):
@@ -145,14 +202,34 @@ def test_fitting_reads_only_the_fit_rows(tmp_path):
 
 # --------------------------------------------------------------------------------------------- fit-system CLI
 def test_fit_system_on_two_measured_rows_writes_a_profile_and_predicts(tmp_path):
-    measured = write_rows(tmp_path / "my.csv", [
-        row("mine-none", role="", published="2.0", gpu="anything", host=""),
-        row("mine-lru", role="predict", published="", gpu="anything", host="", variant="lru", slots="4", system=""),
-    ])
+    measured = write_rows(
+        tmp_path / "my.csv",
+        [
+            row("mine-none", role="", published="2.0", gpu="anything", host=""),
+            row("mine-lru", role="predict", published="", gpu="anything", host="", variant="lru", slots="4", system=""),
+        ],
+    )
     out = tmp_path / "my-system.yaml"
-    res = subprocess.run([sys.executable, "-m", "sim", "fit-system", "--measured", str(measured), "--system",
-                          "mixtral-offloading", "--hardware", "a100-sxm4-80gb", "--out", str(out)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "fit-system",
+            "--measured",
+            str(measured),
+            "--system",
+            "mixtral-offloading",
+            "--hardware",
+            "a100-sxm4-80gb",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr
     assert "mine-none" in res.stdout and "mine-lru" in res.stdout and "fitted" in res.stdout
     profile = yaml.safe_load(out.read_text())
@@ -163,27 +240,63 @@ def test_fit_system_on_two_measured_rows_writes_a_profile_and_predicts(tmp_path)
 
 def test_fit_system_and_the_benchmark_exit_2_on_a_bad_file(tmp_path):
     bad = write_rows(tmp_path / "bad.csv", [row("x", batch="0")])
-    res = subprocess.run([sys.executable, "-m", "sim", "fit-system", "--measured", str(bad), "--system",
-                          "mixtral-offloading", "--hardware", "a100-sxm4-80gb", "--out", str(tmp_path / "o.yaml")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "fit-system",
+            "--measured",
+            str(bad),
+            "--system",
+            "mixtral-offloading",
+            "--hardware",
+            "a100-sxm4-80gb",
+            "--out",
+            str(tmp_path / "o.yaml"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and str(bad) in res.stderr and "row 2 (x)" in res.stderr and "batch" in res.stderr
     assert not (tmp_path / "o.yaml").exists()
-    res = subprocess.run([sys.executable, "benchmarks/published_systems.py", "--rows", str(bad)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "benchmarks/published_systems.py", "--rows", str(bad)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "row 2 (x)" in res.stderr
-    res = subprocess.run([sys.executable, "benchmarks/published_systems.py", "--rows", str(tmp_path / "none.csv")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "benchmarks/published_systems.py", "--rows", str(tmp_path / "none.csv")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "none.csv" in res.stderr
 
 
 # --------------------------------------------------------------------------------------------- placement
 def _ctx(hpc, mpc, layers=4, experts=8, organization="per-layer", shared_slots=None, trace=None):
     from sim.policies.base import PolicyContext
+
     ranking = tuple(tuple(range(experts)) for _ in range(layers))
-    return PolicyContext(num_layers=layers, num_experts=experts, layer_roles=("decoder",) * layers,
-                         cached_layers=frozenset(range(layers)), hpc_slots=hpc, mpc_slots=mpc, hot_ranking=ranking,
-                         extra={"trace": trace, "costs": None}, organization=organization,
-                         shared_slots=shared_slots)
+    return PolicyContext(
+        num_layers=layers,
+        num_experts=experts,
+        layer_roles=("decoder",) * layers,
+        cached_layers=frozenset(range(layers)),
+        hpc_slots=hpc,
+        mpc_slots=mpc,
+        hot_ranking=ranking,
+        extra={"trace": trace, "costs": None},
+        organization=organization,
+        shared_slots=shared_slots,
+    )
 
 
 def test_global_placement_puts_the_model_s_most_popular_experts_on_the_gpu():
@@ -195,7 +308,7 @@ def test_global_placement_puts_the_model_s_most_popular_experts_on_the_gpu():
         experts = np.array([[[0, 1], [0, 1], [-1, -1], [-1, -1]]] * 5 + [[[0, 1], [-1, -1], [-1, -1], [-1, -1]]] * 5)
 
     placed = global_placement(_ctx(1, 0, trace=T()), 3)
-    assert placed == {0: [0, 1], 1: [0], 2: [], 3: []}   # not one per layer: the model's three most used
+    assert placed == {0: [0, 1], 1: [0], 2: [], 3: []}  # not one per layer: the model's three most used
 
 
 def test_ktransformers_cpu_layers_keeps_the_first_layers_on_the_host():
@@ -216,8 +329,13 @@ def test_ktransformers_cpu_layers_keeps_the_first_layers_on_the_host():
 @pytest.mark.skipif(not PUBLISHED.is_file(), reason="the published rows file is not beside this checkout")
 def test_the_published_rows_run_end_to_end(tmp_path):
     out = tmp_path / "pub.json"
-    res = subprocess.run([sys.executable, "benchmarks/published_systems.py", "--rows", str(PUBLISHED), "--json",
-                          str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    res = subprocess.run(
+        [sys.executable, "benchmarks/published_systems.py", "--rows", str(PUBLISHED), "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
     rows = {r["row"]: r for r in data["rows"]}

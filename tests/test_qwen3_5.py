@@ -6,6 +6,7 @@ configs (H200 and RTX 4090).
 - Re-importing from the shared traces folder (skipped with a reason when it is absent) gives the bundled file byte
   for byte, with the import date pinned to the bundled one (the importer stamps today's date otherwise).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,16 @@ def test_profile_has_the_published_shapes():
     from sim.model_spec import load_model
 
     m = load_model("qwen3.5-35b-a3b")
-    assert (m.d_model, m.d_ff, m.num_experts, m.top_k, m.decoder_moe_layers, m.shared_expert_d_ff) == \
-        (2048, 512, 256, 8, 40, 512)
+    assert (m.d_model, m.d_ff, m.num_experts, m.top_k, m.decoder_moe_layers, m.shared_expert_d_ff) == (
+        2048,
+        512,
+        256,
+        8,
+        40,
+        512,
+    )
     assert m.expert_bytes == 3 * 2048 * 512 * 2
-    assert m.kv_bytes_per_token == 10 * 2 * 2 * 256 * 2          # the 10 full-attention blocks' K and V
+    assert m.kv_bytes_per_token == 10 * 2 * 2 * 256 * 2  # the 10 full-attention blocks' K and V
     assert 34e9 < m.total_params < 36e9
     q4 = load_model({"base": "qwen3.5-35b-a3b", "expert_bits": 4.85})
     assert q4.expert_bytes == 1_907_098
@@ -62,8 +69,8 @@ def test_run_config_loads_and_serves_one_request(name, tmp_path):
     cfg = load_run_config(path, [])
     assert cfg.model.name == "qwen3.5-35b-a3b" and cfg.hardware.name == CONFIGS[name]
     assert Path(cfg.workload.trace).resolve() == TRACE.resolve()
-    assert cfg.cache.hpc_slots + cfg.cache.mpc_slots < cfg.model.num_experts      # an offloading setting
-    assert cfg.predictor.name == "transition"    # no pre-gate: a causal predictor learned on other requests
+    assert cfg.cache.hpc_slots + cfg.cache.mpc_slots < cfg.model.num_experts  # an offloading setting
+    assert cfg.predictor.name == "transition"  # no pre-gate: a causal predictor learned on other requests
     out = tmp_path / "run"
     rc = main(["run", str(path), "--set", "workload.requests=1", "--out", str(out), "--json"])
     assert rc == 0
@@ -81,7 +88,17 @@ def test_reimport_gives_the_bundled_file(tmp_path, monkeypatch):
     monkeypatch.setattr(importer, "today", lambda: load_trace(TRACE).meta.provenance.date)
     out = tmp_path / "q.npz"
     files = sorted((SOURCE / "parquet").glob("*.parquet"))
-    code, stdout, err, _ = run_traces("import", "kt-parquet", *files, "--model", "qwen3.5-35b-a3b",
-                                      "--outputs", SOURCE / "outputs", "--out", out, timeout=300)
+    code, stdout, err, _ = run_traces(
+        "import",
+        "kt-parquet",
+        *files,
+        "--model",
+        "qwen3.5-35b-a3b",
+        "--outputs",
+        SOURCE / "outputs",
+        "--out",
+        out,
+        timeout=300,
+    )
     assert code == 0, err
     assert out.read_bytes() == TRACE.read_bytes()

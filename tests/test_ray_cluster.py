@@ -32,7 +32,7 @@ from conftest import ROOT, TINY_MODEL, random_trace
 
 MB = 1024 * 1024
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
-MARK = "SIM_TEST_RAY_CLUSTER"        # set in the environment of every process of the test cluster
+MARK = "SIM_TEST_RAY_CLUSTER"  # set in the environment of every process of the test cluster
 TIMING = ["wall_s", "sim_wall_s", "attempts"]
 POLICIES = ["on-demand", "lru", "lfu", "diffmoe"]
 
@@ -40,15 +40,24 @@ POLICIES = ["on-demand", "lru", "lfu", "diffmoe"]
 # --------------------------------------------------------------------------------------------- helpers
 def _env(**extra) -> dict:
     """This process's environment without Ray's auth variables and the sweep's test hooks, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in AUTH_VARS and not k.startswith("SIM_SWEEP_TEST_") and k != "RAY_ADDRESS"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in AUTH_VARS and not k.startswith("SIM_SWEEP_TEST_") and k != "RAY_ADDRESS"
+    }
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
 
 def _sweep(*args, env=None, cwd=ROOT, timeout=120):
-    return subprocess.run([sys.executable, "-m", "sim", "sweep", *map(str, args), "--quiet"], cwd=cwd,
-                          env=env or _env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "sim", "sweep", *map(str, args), "--quiet"],
+        cwd=cwd,
+        env=env or _env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _rows(out: Path) -> pd.DataFrame:
@@ -106,14 +115,20 @@ def sweep_file(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("raysweep")
     from traces.io import save_trace
 
-    trace = save_trace(random_trace(np.random.default_rng(0), tokens=60, layers=2, experts=8, k=2, requests=3),
-                       d / "tiny.npz")
-    base = {"model": {**TINY_MODEL, "name": "test-model"}, "hardware": "h200",
-            "workload": {"trace": str(trace), "batch_size": 1, "max_decode_tokens": 4},
-            "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 3}, "policy": "lru"}
+    trace = save_trace(
+        random_trace(np.random.default_rng(0), tokens=60, layers=2, experts=8, k=2, requests=3), d / "tiny.npz"
+    )
+    base = {
+        "model": {**TINY_MODEL, "name": "test-model"},
+        "hardware": "h200",
+        "workload": {"trace": str(trace), "batch_size": 1, "max_decode_tokens": 4},
+        "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 3},
+        "policy": "lru",
+    }
     path = d / "tiny.yaml"
-    path.write_text(yaml.safe_dump({"name": "tiny", "base": base,
-                                    "grid": {"policy.name": POLICIES, "workload.batch_size": [1, 2]}}))
+    path.write_text(
+        yaml.safe_dump({"name": "tiny", "base": base, "grid": {"policy.name": POLICIES, "workload.batch_size": [1, 2]}})
+    )
     return path
 
 
@@ -137,21 +152,31 @@ def cluster(tmp_path_factory):
     token.write_text(secrets.token_hex(16))
     mark = secrets.token_hex(8)
     saved = {k: os.environ.get(k) for k in (*AUTH_VARS, MARK, "SIM_SWEEP_TRACE_CACHE", "RAY_ADDRESS")}
-    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), MARK: mark,
-                       "SIM_SWEEP_TRACE_CACHE": str(d / "trace-cache")})
+    os.environ.update(
+        {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token),
+            MARK: mark,
+            "SIM_SWEEP_TRACE_CACHE": str(d / "trace-cache"),
+        }
+    )
     os.environ.pop("RAY_AUTH_TOKEN", None)
     os.environ.pop("RAY_ADDRESS", None)
     _refresh_ray_auth()
     c = None
     try:
         try:
-            c = Cluster(initialize_head=True, connect=False,
-                        head_node_args={"num_cpus": 1, "object_store_memory": 80 * MB, "include_dashboard": False})
+            c = Cluster(
+                initialize_head=True,
+                connect=False,
+                head_node_args={"num_cpus": 1, "object_store_memory": 80 * MB, "include_dashboard": False},
+            )
             worker = c.add_node(num_cpus=1, object_store_memory=80 * MB)
         except Exception as exc:  # noqa: BLE001 - no Ray cluster on this machine: skip, do not fail
             pytest.skip(f"cannot start a Ray cluster on this machine: {type(exc).__name__}: {exc}"[:300])
-        yield types.SimpleNamespace(cluster=c, address=c.address, worker=worker, token=token,
-                                    cache=d / "trace-cache", dir=d)
+        yield types.SimpleNamespace(
+            cluster=c, address=c.address, worker=worker, token=token, cache=d / "trace-cache", dir=d
+        )
     finally:
         if c is not None:
             c.shutdown()
@@ -175,8 +200,17 @@ def _on_cluster(cluster, **extra) -> dict:
 def test_a_sweep_on_the_cluster_equals_the_local_pool(cluster, sweep_file, local_rows, tmp_path):
     out = tmp_path / "ray"
     t0 = time.time()
-    res = _sweep(sweep_file, "--executor", "ray", "--address", cluster.address, "--out", out,
-                 env=_on_cluster(cluster), cwd=tmp_path)  # not the checkout: the workers import the shipped code
+    res = _sweep(
+        sweep_file,
+        "--executor",
+        "ray",
+        "--address",
+        cluster.address,
+        "--out",
+        out,
+        env=_on_cluster(cluster),
+        cwd=tmp_path,
+    )  # not the checkout: the workers import the shipped code
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"the Ray cluster at {cluster.address}: 2 node(s), 2 CPU(s), token authentication" in res.stderr
     assert "on 2 worker(s)" in res.stderr and time.time() - t0 < 60
@@ -188,11 +222,19 @@ def test_a_sweep_on_the_cluster_equals_the_local_pool(cluster, sweep_file, local
 
 
 def test_the_workers_run_the_shipped_code(cluster, tmp_path):
-    code = ("import ray; from sim.sweep_ray import start_ray; from sim.sweep_ray_task import node_report; "
-            f"s = start_ray({cluster.address!r}, None); "
-            "print(ray.get([ray.remote(num_cpus=1)(node_report).remote() for _ in range(2)])); s.close()")
-    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_on_cluster(cluster), capture_output=True,
-                         text=True, timeout=120)
+    code = (
+        "import ray; from sim.sweep_ray import start_ray; from sim.sweep_ray_task import node_report; "
+        f"s = start_ray({cluster.address!r}, None); "
+        "print(ray.get([ray.remote(num_cpus=1)(node_report).remote() for _ in range(2)])); s.close()"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=_on_cluster(cluster),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     reports = eval(res.stdout.strip().splitlines()[-1])  # noqa: S307 - our own repr of plain dicts
     assert all("runtime_resources" in r["sim"] and not r["missing"] for r in reports), reports
@@ -203,15 +245,32 @@ def test_resume_works_across_executors(cluster, sweep_file, local_rows, tmp_path
     out = tmp_path / "local-then-ray"
     res = _sweep(sweep_file, "--out", out, "--workers", "2", env=_env(SIM_SWEEP_TEST_FAIL="policy.name=lru"))
     assert res.returncode == 4, res.stderr
-    res = _sweep(sweep_file, "--out", out, "--resume", "--executor", "ray", "--address", cluster.address,
-                 env=_on_cluster(cluster))
+    res = _sweep(
+        sweep_file,
+        "--out",
+        out,
+        "--resume",
+        "--executor",
+        "ray",
+        "--address",
+        cluster.address,
+        env=_on_cluster(cluster),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "6 already done, 2 to run (2 failed before)" in res.stderr
     _same_results(_rows(out), local_rows)
     # the cluster first (the failure hook travels to its workers), then --resume with the local pool
     out = tmp_path / "ray-then-local"
-    res = _sweep(sweep_file, "--out", out, "--executor", "ray", "--address", cluster.address,
-                 env=_on_cluster(cluster, SIM_SWEEP_TEST_FAIL="policy.name=lfu"))
+    res = _sweep(
+        sweep_file,
+        "--out",
+        out,
+        "--executor",
+        "ray",
+        "--address",
+        cluster.address,
+        env=_on_cluster(cluster, SIM_SWEEP_TEST_FAIL="policy.name=lfu"),
+    )
     assert res.returncode == 4, res.stderr[-3000:]
     failed = _rows(out).query("status != 'ok'")
     assert set(failed["policy.name"]) == {"lfu"} and failed["error"].str.contains("failing on purpose").all()
@@ -224,8 +283,11 @@ def test_resume_works_across_executors(cluster, sweep_file, local_rows, tmp_path
 def test_token_problems_exit_2_with_one_line_saying_what_to_set(cluster, sweep_file, tmp_path, case):
     home = tmp_path / "home"  # no ~/.ray/auth_token there
     home.mkdir()
-    env = {"no token": _env(HOME=home), "wrong token": _env(HOME=home, RAY_AUTH_TOKEN=secrets.token_hex(16)),
-           "token mode without a token": _env(HOME=home, RAY_AUTH_MODE="token")}[case]
+    env = {
+        "no token": _env(HOME=home),
+        "wrong token": _env(HOME=home, RAY_AUTH_TOKEN=secrets.token_hex(16)),
+        "token mode without a token": _env(HOME=home, RAY_AUTH_MODE="token"),
+    }[case]
     t0 = time.time()
     res = _sweep(sweep_file, "--executor", "ray", "--address", cluster.address, "--out", tmp_path / "out", env=env)
     assert res.returncode == 2 and time.time() - t0 < 30, res.stderr[-3000:]
@@ -241,9 +303,27 @@ def test_losing_the_worker_node_mid_sweep_loses_no_point(cluster, sweep_file, lo
     started.mkdir()
     out = tmp_path / "out"
     env = _on_cluster(cluster, SIM_SWEEP_TEST_DELAY=1, SIM_SWEEP_TEST_STARTED=started)
-    proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", str(sweep_file), "--executor", "ray", "--address",
-                             cluster.address, "--out", str(out), "--quiet"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "sweep",
+            str(sweep_file),
+            "--executor",
+            "ray",
+            "--address",
+            cluster.address,
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         node = cluster.worker.node_id
         deadline = time.time() + 60
@@ -299,8 +379,15 @@ def test_a_port_that_is_not_a_ray_gcs_exits_2_with_one_line(sweep_file, tmp_path
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     try:
-        res = _sweep(sweep_file, "--executor", "ray", "--address", f"127.0.0.1:{server.getsockname()[1]}",
-                     "--out", tmp_path / "o")
+        res = _sweep(
+            sweep_file,
+            "--executor",
+            "ray",
+            "--address",
+            f"127.0.0.1:{server.getsockname()[1]}",
+            "--out",
+            tmp_path / "o",
+        )
     finally:
         stop.set()
         t.join()
@@ -310,8 +397,10 @@ def test_a_port_that_is_not_a_ray_gcs_exits_2_with_one_line(sweep_file, tmp_path
 
 
 def test_a_ray_init_that_hangs_is_cut_at_the_time_limit_with_one_line():
-    code = ("import time; from sim.sweep_ray_connect import _with_watchdog; "
-            "_with_watchdog(lambda: time.sleep(60), 1, 'ray.init on 10.0.0.1:6379')")
+    code = (
+        "import time; from sim.sweep_ray_connect import _with_watchdog; "
+        "_with_watchdog(lambda: time.sleep(60), 1, 'ray.init on 10.0.0.1:6379')"
+    )
     t0 = time.time()
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and time.time() - t0 < 20 and res.stderr.count("\n") == 1, res.stderr
@@ -354,12 +443,15 @@ def test_token_detection(tmp_path, monkeypatch):
         prepare_auth({"RAY_AUTH_MODE": "token"})
 
 
-@pytest.mark.parametrize("cluster_wants, token, expect", [
-    ("disabled", True, "disabled"),     # a token here, none on the cluster: stay without (else objects get lost)
-    ("token", True, "token"),           # the cluster wants one and it is here: token mode
-    ("token", False, "no token"),       # the cluster wants one and there is none: exit 2, saying what to copy
-    ("token", "wrong", "not the cluster's"),
-])
+@pytest.mark.parametrize(
+    "cluster_wants, token, expect",
+    [
+        ("disabled", True, "disabled"),  # a token here, none on the cluster: stay without (else objects get lost)
+        ("token", True, "token"),  # the cluster wants one and it is here: token mode
+        ("token", False, "no token"),  # the cluster wants one and there is none: exit 2, saying what to copy
+        ("token", "wrong", "not the cluster's"),
+    ],
+)
 def test_the_driver_matches_the_clusters_authentication(tmp_path, monkeypatch, cluster_wants, token, expect):
     import sim.sweep_ray_connect as conn
     from sim.errors import ConfigError
@@ -406,8 +498,11 @@ def test_a_trace_that_cannot_be_fetched_on_a_node_is_one_clear_line(tmp_path, mo
     monkeypatch.setitem(sys.modules, "ray", fake)
     monkeypatch.setenv("SIM_SWEEP_TRACE_CACHE", str(tmp_path))
     config = {"workload": {"trace": "/driver/only/tiny.npz"}}
-    with pytest.raises(ShipError, match=r"^cannot fetch tiny.npz on .* from the sweep's object store: RuntimeError: "
-                                        r"ObjectLostError: all copies of the object are lost$"):
+    with pytest.raises(
+        ShipError,
+        match=r"^cannot fetch tiny.npz on .* from the sweep's object store: RuntimeError: "
+        r"ObjectLostError: all copies of the object are lost$",
+    ):
         with_local_files(config, [(("workload", "trace"), "ab" * 32, "tiny.npz")], {"ab" * 32: object()})
     data = b"trace bytes"
     import hashlib

@@ -63,11 +63,20 @@ def tiny(arch: str):
 @functools.cache
 def recorded(arch: str, batch_size: int, eos: int | None = EOS_ID, max_new: int = MAX_NEW):
     ids = [encode_bytes(p) for p in PROMPTS]
-    return record_routing(tiny(arch), ids, max_new, batch_size=batch_size, eos_token_id=eos,
-                          request_ids=[f"p{i}" for i in range(len(ids))], dataset="unit-test", seed=0)
+    return record_routing(
+        tiny(arch),
+        ids,
+        max_new,
+        batch_size=batch_size,
+        eos_token_id=eos,
+        request_ids=[f"p{i}" for i in range(len(ids))],
+        dataset="unit-test",
+        seed=0,
+    )
 
 
 # --------------------------------------------------------------------------- every architecture
+
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_records_each_architecture(arch, tmp_path):
@@ -116,12 +125,14 @@ def test_router_ids_are_the_ids_the_experts_receive(arch):
     layers = find_moe_layers(model)
     seen, handles = {}, []
     for j, layer in enumerate(layers):
+
         def pre(module, args, j=j):
             idx = args[1]
             if idx.shape[-1] == module.num_experts and not idx.is_floating_point() and arch == "switch":
                 flat = idx.reshape(-1, module.num_experts)
                 idx = torch.where(flat.sum(-1, keepdim=True) > 0, flat.argmax(-1, keepdim=True), -1)
             seen[j] = {tuple(sorted(r)) for r in idx.reshape(idx.shape[0], -1).tolist()}
+
         handles.append(layer.experts.register_forward_pre_hook(pre))
     try:
         prompt = encode_bytes("experts kernels")
@@ -143,6 +154,7 @@ def test_router_ids_are_the_ids_the_experts_receive(arch):
 
 # --------------------------------------------------------------------------- padding, teacher forcing, EOS
 
+
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_batched_padded_prompts_route_like_single_prompts(arch):
     """Prompts of different lengths padded into one batch (left padding; right for Switch's encoder) give the
@@ -152,8 +164,9 @@ def test_batched_padded_prompts_route_like_single_prompts(arch):
     assert batched.generated_ids == single.generated_ids
     np.testing.assert_array_equal(batched.trace.request_offsets, single.trace.request_offsets)
     np.testing.assert_array_equal(batched.trace.experts, single.trace.experts)
-    np.testing.assert_allclose(batched.trace.weights.astype(np.float32), single.trace.weights.astype(np.float32),
-                               atol=2e-3)
+    np.testing.assert_allclose(
+        batched.trace.weights.astype(np.float32), single.trace.weights.astype(np.float32), atol=2e-3
+    )
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -197,9 +210,17 @@ def test_fallback_reads_the_experts_input_when_the_router_returns_no_ids():
     import transformers as tf
 
     try:
-        cfg = tf.DbrxConfig(d_model=32, n_heads=4, n_layers=2, max_seq_len=128, vocab_size=320, pad_token_id=0,
-                            eos_token_id=2, attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
-                            ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 8, "moe_top_k": 2})
+        cfg = tf.DbrxConfig(
+            d_model=32,
+            n_heads=4,
+            n_layers=2,
+            max_seq_len=128,
+            vocab_size=320,
+            pad_token_id=0,
+            eos_token_id=2,
+            attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+            ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 8, "moe_top_k": 2},
+        )
         torch.manual_seed(0)
         model = tf.DbrxForCausalLM(cfg).eval()
     except Exception as exc:  # config layout differs across transformers versions
@@ -217,13 +238,22 @@ def test_api_rejects_bad_input():
         record_routing(tiny("mixtral"), [[5], []], 4)
     import transformers as tf
 
-    dense = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-                                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    dense = tf.LlamaForCausalLM(
+        tf.LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     with pytest.raises(InputError, match="no MoE router modules found in dense-llama"):
         record_routing(dense, [[5, 6]], 2, model_name="dense-llama")
 
 
 # --------------------------------------------------------------------------- prompts files and the CLI
+
 
 def test_read_prompts(tmp_path):
     txt = tmp_path / "p.txt"
@@ -246,8 +276,23 @@ def test_cli_records_a_tiny_model(tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"id": f"q{i}", "prompt": p}) for i, p in enumerate(PROMPTS[:3])))
     out = tmp_path / "out" / "switch.npz"
-    code, io = _record_cli(["--tiny", "switch", "--prompts", str(prompts), "--out", str(out),
-                            "--max-new-tokens", "4", "--batch-size", "2", "--device", "cpu"], capsys)
+    code, io = _record_cli(
+        [
+            "--tiny",
+            "switch",
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            "4",
+            "--batch-size",
+            "2",
+            "--device",
+            "cpu",
+        ],
+        capsys,
+    )
     assert code == 0, io.err
     assert str(out) in io.out
     t = load_trace(out)
@@ -265,8 +310,9 @@ def _save_tiny_checkpoint(model, folder: Path, vocab_size: int) -> Path:
     words = ["<pad>", "<s>", "</s>", "<unk>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     assert len(words) <= vocab_size
     model.save_pretrained(folder)
     fast.save_pretrained(folder)
@@ -278,8 +324,23 @@ def test_cli_records_a_local_checkpoint(tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello world\nabc\n")
     out = tmp_path / "q.npz"
-    code, io = _record_cli(["--model", str(ckpt), "--prompts", str(prompts), "--out", str(out),
-                            "--max-new-tokens", "3", "--batch-size", "2", "--device", "cpu"], capsys)
+    code, io = _record_cli(
+        [
+            "--model",
+            str(ckpt),
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            "3",
+            "--batch-size",
+            "2",
+            "--device",
+            "cpu",
+        ],
+        capsys,
+    )
     assert code == 0, io.err
     t = load_trace(out)
     assert t.meta.provenance.model == str(ckpt) and t.meta.extra["tokenizer"] == "checkpoint tokenizer"
@@ -289,17 +350,31 @@ def test_cli_records_a_local_checkpoint(tmp_path, capsys):
     assert [(x.role, x.index) for x in t.meta.model.layers] == [("decoder", 0), ("decoder", 2)]
 
 
-@pytest.mark.parametrize("case, argv, expect", [
-    ("missing prompts", ["--tiny", "mixtral", "--prompts", "{tmp}/nope.txt"], "nope.txt: no such prompts file"),
-    ("empty prompts", ["--tiny", "mixtral", "--prompts", "{tmp}/empty.txt"], "empty.txt: no prompts"),
-    ("bad jsonl", ["--tiny", "mixtral", "--prompts", "{tmp}/bad.jsonl"], "bad.jsonl:2: expected an object"),
-    ("unknown tiny", ["--tiny", "gpt5", "--prompts", "{tmp}/ok.txt"], "--tiny: unknown architecture 'gpt5'"),
-    ("negative max new", ["--tiny", "olmoe", "--prompts", "{tmp}/ok.txt", "--max-new-tokens", "-1"],
-     "--max-new-tokens must be >= 0"),
-    ("zero batch", ["--tiny", "olmoe", "--prompts", "{tmp}/ok.txt", "--batch-size", "0"], "--batch-size must be >= 1"),
-    ("model not a folder", ["--model", "{tmp}/ok.txt", "--prompts", "{tmp}/ok.txt"], "is not a checkpoint folder"),
-    ("model without MoE", ["--model", "{tmp}/dense", "--prompts", "{tmp}/ok.txt"], "no MoE router modules found in"),
-])
+@pytest.mark.parametrize(
+    "case, argv, expect",
+    [
+        ("missing prompts", ["--tiny", "mixtral", "--prompts", "{tmp}/nope.txt"], "nope.txt: no such prompts file"),
+        ("empty prompts", ["--tiny", "mixtral", "--prompts", "{tmp}/empty.txt"], "empty.txt: no prompts"),
+        ("bad jsonl", ["--tiny", "mixtral", "--prompts", "{tmp}/bad.jsonl"], "bad.jsonl:2: expected an object"),
+        ("unknown tiny", ["--tiny", "gpt5", "--prompts", "{tmp}/ok.txt"], "--tiny: unknown architecture 'gpt5'"),
+        (
+            "negative max new",
+            ["--tiny", "olmoe", "--prompts", "{tmp}/ok.txt", "--max-new-tokens", "-1"],
+            "--max-new-tokens must be >= 0",
+        ),
+        (
+            "zero batch",
+            ["--tiny", "olmoe", "--prompts", "{tmp}/ok.txt", "--batch-size", "0"],
+            "--batch-size must be >= 1",
+        ),
+        ("model not a folder", ["--model", "{tmp}/ok.txt", "--prompts", "{tmp}/ok.txt"], "is not a checkpoint folder"),
+        (
+            "model without MoE",
+            ["--model", "{tmp}/dense", "--prompts", "{tmp}/ok.txt"],
+            "no MoE router modules found in",
+        ),
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line(case, argv, expect, tmp_path, capsys):
     (tmp_path / "empty.txt").write_text("\n  \n")
     (tmp_path / "ok.txt").write_text("hi\n")
@@ -307,9 +382,16 @@ def test_cli_bad_input_exits_2_with_one_line(case, argv, expect, tmp_path, capsy
     if case == "model without MoE":
         import transformers as tf
 
-        tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                           num_attention_heads=2, num_key_value_heads=1)).save_pretrained(
-            tmp_path / "dense")
+        tf.LlamaForCausalLM(
+            tf.LlamaConfig(
+                vocab_size=64,
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+            )
+        ).save_pretrained(tmp_path / "dense")
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--out", str(tmp_path / "x.npz")]
     code, io = _record_cli(argv, capsys)
     assert code == 2
@@ -321,17 +403,58 @@ def test_cli_bad_input_exits_2_with_one_line(case, argv, expect, tmp_path, capsy
 def test_python_m_traces_record(tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("Hello\nMixture of experts\n")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     out = tmp_path / "m.npz"
-    ok = subprocess.run([sys.executable, "-m", "traces", "record", "--tiny", "mixtral", "--prompts", str(prompts),
-                         "--out", str(out), "--max-new-tokens", "3", "--device", "cpu"],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "traces",
+            "record",
+            "--tiny",
+            "mixtral",
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            "3",
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
     t = load_trace(out)
     assert t.num_requests == 2 and t.meta.provenance.dataset == "p.txt"
-    bad = subprocess.run([sys.executable, "-m", "traces", "record", "--tiny", "mixtral", "--prompts",
-                          str(tmp_path / "missing.txt"), "--out", str(tmp_path / "y.npz")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "traces",
+            "record",
+            "--tiny",
+            "mixtral",
+            "--prompts",
+            str(tmp_path / "missing.txt"),
+            "--out",
+            str(tmp_path / "y.npz"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing.txt'}: no such prompts file"]

@@ -25,8 +25,7 @@ from traces.synth import SynthKnobs, generate
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True)
+    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
 def fitted(e=16, k=4, layers=3, seed=0, prefix=2, requests=6) -> SynthKnobs:
@@ -35,24 +34,38 @@ def fitted(e=16, k=4, layers=3, seed=0, prefix=2, requests=6) -> SynthKnobs:
     r = lambda a: tuple(float(x) for x in np.round(a, 6))  # noqa: E731
     pop = np.maximum(rng.dirichlet(np.full(e, 0.5), size=layers), 1e-6)
     return SynthKnobs(
-        model="tiny-fit", num_experts=e, top_k=k, decoder_layers=layers, requests=requests, prompt_len=(3, 5),
-        decode_len=(10, 20), correlation=0.0, layer_popularity=tuple(r(w) for w in pop),
-        layer_stickiness=r(rng.uniform(0.1, 0.5, layers)), request_concentration=r(rng.uniform(1, 50, layers)),
-        prefix_popularity=tuple(tuple(r(w) for w in rng.dirichlet(np.ones(e), size=layers))
-                                for _ in range(prefix)) or None,
+        model="tiny-fit",
+        num_experts=e,
+        top_k=k,
+        decoder_layers=layers,
+        requests=requests,
+        prompt_len=(3, 5),
+        decode_len=(10, 20),
+        correlation=0.0,
+        layer_popularity=tuple(r(w) for w in pop),
+        layer_stickiness=r(rng.uniform(0.1, 0.5, layers)),
+        request_concentration=r(rng.uniform(1, 50, layers)),
+        prefix_popularity=tuple(tuple(r(w) for w in rng.dirichlet(np.ones(e), size=layers)) for _ in range(prefix))
+        or None,
         layer_transition=tuple(tuple(r(row) for row in rng.uniform(0.2, 3, (e, e))) for _ in range(layers - 1)),
-        transition_power=1.5)
+        transition_power=1.5,
+    )
 
 
 @pytest.fixture(scope="module")
 def fit_file(tmp_path_factory):
     """A trace in the form `synth --fit` writes (fitted knobs in extra.knobs, what they came from in fitted_to)."""
-    trace = generate(fitted(), 0, extra={"fitted_to": {"file": "real.npz", "model": "tiny-real"}},
-                     dataset="fitted to tiny-real (test)")
+    trace = generate(
+        fitted(),
+        0,
+        extra={"fitted_to": {"file": "real.npz", "model": "tiny-real"}},
+        dataset="fitted to tiny-real (test)",
+    )
     return save_trace(trace, tmp_path_factory.mktemp("reshape") / "fit.npz")
 
 
 # ------------------------------------------------------------------------------------------------ popularity
+
 
 @settings(max_examples=60, deadline=None)
 @given(old_e=st.integers(1, 64), new_e=st.integers(1, 160), conc=st.floats(0.05, 5.0), seed=st.integers(0, 10**6))
@@ -124,8 +137,15 @@ def test_identity_reshape_returns_the_same_knobs_and_another_top_k_changes_only_
     same = reshape.reshape_experts(knobs, knobs.num_experts, knobs.top_k)
     assert same.knobs is knobs and same.sources is None
     other = reshape.reshape_experts(knobs, knobs.num_experts, 2).knobs
-    for f in ("layer_popularity", "layer_stickiness", "request_concentration", "prefix_popularity",
-              "layer_transition", "transition_power", "num_experts"):
+    for f in (
+        "layer_popularity",
+        "layer_stickiness",
+        "request_concentration",
+        "prefix_popularity",
+        "layer_transition",
+        "transition_power",
+        "num_experts",
+    ):
         assert getattr(other, f) == getattr(knobs, f), f
     assert other.top_k == 2
 
@@ -160,8 +180,20 @@ def test_digest_names_the_stored_values():
 
 # ------------------------------------------------------------------------------------------------ --from-fit
 
-ARGS = ["--experts", "24", "--top-k", "2", "--layers", "5", "--requests", "9", "--prompt-len", "0,0",
-        "--decode-len", "6,8"]
+ARGS = [
+    "--experts",
+    "24",
+    "--top-k",
+    "2",
+    "--layers",
+    "5",
+    "--requests",
+    "9",
+    "--prompt-len",
+    "0,0",
+    "--decode-len",
+    "6,8",
+]
 
 
 def test_from_fit_writes_the_asked_shape_deterministically(fit_file, tmp_path):
@@ -229,10 +261,16 @@ def test_from_fit_on_a_trace_without_fitted_knobs_exits_2_naming_the_file(tmp_pa
     _one_line_exit_2(_cli("synth", "--from-fit", made, "--out", tmp_path / "y.npz"), str(made), "digest")
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--skew", "1"], "--skew"), (["--tokens", "100"], "--tokens"), (["--no-holdout"], "--no-holdout"),
-    (["--fit", "x.npz"], "--fit"), (["--experts", "4", "--top-k", "8"], "--top-k"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--skew", "1"], "--skew"),
+        (["--tokens", "100"], "--tokens"),
+        (["--no-holdout"], "--no-holdout"),
+        (["--fit", "x.npz"], "--fit"),
+        (["--experts", "4", "--top-k", "8"], "--top-k"),
+    ],
+)
 def test_from_fit_bad_arguments_exit_2(fit_file, tmp_path, args, words):
     _one_line_exit_2(_cli("synth", "--from-fit", fit_file, "--out", tmp_path / "x.npz", *args), words)
 

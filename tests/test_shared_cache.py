@@ -41,9 +41,19 @@ BOUNDED = dict(deadline=None, derandomize=True, database=None)
 def context(trace, its, hpc, mpc, organization="shared", shared_slots=None, cached=None):
     ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
     cached = frozenset(range(trace.num_layers)) if cached is None else frozenset(cached)
-    return PolicyContext(trace.num_layers, trace.num_experts, tuple(x.role for x in trace.meta.model.layers),
-                         cached, hpc, mpc, ranking, 0, {"trace": trace, "iterations": its},
-                         organization=organization, shared_slots=shared_slots)
+    return PolicyContext(
+        trace.num_layers,
+        trace.num_experts,
+        tuple(x.role for x in trace.meta.model.layers),
+        cached,
+        hpc,
+        mpc,
+        ranking,
+        0,
+        {"trace": trace, "iterations": its},
+        organization=organization,
+        shared_slots=shared_slots,
+    )
 
 
 def policy_for(name, trace, its, hpc, mpc, params=None, **kw):
@@ -76,6 +86,7 @@ def sequence(trace, its):
 
 # ------------------------------------------------------------------------------------------------ config
 
+
 def tiny_config(tmp_path, **cache):
     trace = random_trace(np.random.default_rng(0), tokens=30, layers=3, experts=8, k=2, requests=3)
     path = save_trace(trace, tmp_path / "t.npz")
@@ -95,16 +106,19 @@ def test_default_is_per_layer_and_leaves_the_resolved_config_as_before(tmp_path)
     assert config_from_dict(shared.resolved) == shared
 
 
-@pytest.mark.parametrize("cache, policy, field", [
-    ({"organization": "global"}, "lru", "cache.organization"),
-    ({"organization": 3}, "lru", "cache.organization"),
-    ({"shared_slots": 4}, "lru", "cache.shared_slots"),                          # per-layer
-    ({"organization": "shared", "shared_slots": -1}, "lru", "cache.shared_slots"),
-    ({"organization": "shared", "shared_slots": 2.5}, "lru", "cache.shared_slots"),
-    ({"organization": "shared", "shared_slots": 25}, "lru", "cache.shared_slots"),  # 3 layers x 8 experts
-    ({"organization": "shared"}, "diffmoe", "cache.organization"),
-    ({"organization": "shared"}, "diffmoe-arc", "cache.organization"),
-])
+@pytest.mark.parametrize(
+    "cache, policy, field",
+    [
+        ({"organization": "global"}, "lru", "cache.organization"),
+        ({"organization": 3}, "lru", "cache.organization"),
+        ({"shared_slots": 4}, "lru", "cache.shared_slots"),  # per-layer
+        ({"organization": "shared", "shared_slots": -1}, "lru", "cache.shared_slots"),
+        ({"organization": "shared", "shared_slots": 2.5}, "lru", "cache.shared_slots"),
+        ({"organization": "shared", "shared_slots": 25}, "lru", "cache.shared_slots"),  # 3 layers x 8 experts
+        ({"organization": "shared"}, "diffmoe", "cache.organization"),
+        ({"organization": "shared"}, "diffmoe-arc", "cache.organization"),
+    ],
+)
 def test_bad_values_raise_one_line_naming_the_field(tmp_path, cache, policy, field):
     d, _ = tiny_config(tmp_path, **cache)
     d["policy"] = {"name": policy, "params": {}}
@@ -126,11 +140,14 @@ def test_memory_check_counts_the_shared_budget():
     eb = base.model.expert_bytes
     per = memory_check(base.model, base.hardware, base.cache, 1, 1000)["tiers"]
     assert per == (2 + 6) * 24 * eb + 16 * eb
-    same = load_run_config("configs/gpt_oss_20b.yaml", ["policy.name=lru", "policy.params={}",
-                                                        "cache.organization=shared"])
+    same = load_run_config(
+        "configs/gpt_oss_20b.yaml", ["policy.name=lru", "policy.params={}", "cache.organization=shared"]
+    )
     assert memory_check(same.model, same.hardware, same.cache, 1, 1000)["tiers"] == per
-    more = load_run_config("configs/gpt_oss_20b.yaml", ["policy.name=lru", "policy.params={}",
-                                                        "cache.organization=shared", "cache.shared_slots=300"])
+    more = load_run_config(
+        "configs/gpt_oss_20b.yaml",
+        ["policy.name=lru", "policy.params={}", "cache.organization=shared", "cache.shared_slots=300"],
+    )
     assert memory_check(more.model, more.hardware, more.cache, 1, 1000)["tiers"] == (300 + 16) * eb
     need = memory_check(more.model, more.hardware, more.cache, 1, 1000)
     hw = dataclasses.replace(more.hardware, gpu_memory_bytes=sum(need.values()) + eb)  # room for 301 slots
@@ -148,14 +165,15 @@ def test_default_shared_budget_is_the_per_layer_total():
         pinned = policy_for(name, trace, its, 1, 2, {"pin_hot": True})
         assert pinned.cache.hpc_slots == 1 and pinned.cache.mpc_slots == 6, name
         assert policy_for(name, trace, its, 1, 2, shared_slots=5).cache.mpc_slots == 5
-    for name in ("on-demand", "pregated", "prefetch-all"):   # keep nothing, whatever the organization
+    for name in ("on-demand", "pregated", "prefetch-all"):  # keep nothing, whatever the organization
         assert policy_for(name, trace, its, 1, 2).cache.mpc_slots == 0
-    for name in ("diffmoe", "diffmoe-arc"):                  # per-layer by design: refused when built, too
+    for name in ("diffmoe", "diffmoe-arc"):  # per-layer by design: refused when built, too
         with pytest.raises(ConfigError, match="^cache.organization"):
             policy_for(name, trace, its, 1, 2)
 
 
 # ------------------------------------------------------------------------------------------- tier cache
+
 
 def test_shared_tier_cache_invariants():
     c = SharedTierCache(3, 4, 1, 3, {0, 1, 2})
@@ -166,12 +184,12 @@ def test_shared_tier_cache_invariants():
     c.check()
     c.add_lpc(1, 2)
     with pytest.raises(CacheInvariantError, match="full"):
-        c.promote(1, 2, None)                      # capacity is global
+        c.promote(1, 2, None)  # capacity is global
     with pytest.raises(CacheInvariantError, match="HPC expert 0 of layer 0"):
-        c.promote(1, 2, 0, victim_layer=0)         # the HPC is never evicted
+        c.promote(1, 2, 0, victim_layer=0)  # the HPC is never evicted
     with pytest.raises(CacheInvariantError, match="not in the MPC"):
         c.promote(1, 2, 3, victim_layer=1)
-    c.promote(1, 2, 3, victim_layer=2)             # a victim of another layer
+    c.promote(1, 2, 3, victim_layer=2)  # a victim of another layer
     assert sorted((layer, e) for layer, m in enumerate(c.mpc) for e in m) == [(0, 1), (1, 1), (1, 2)]
     assert c.mpc_size() == 3 and c.counters.evictions == 1
     with pytest.raises(CacheInvariantError, match="over its 3 slots"):
@@ -180,7 +198,7 @@ def test_shared_tier_cache_invariants():
     c.fill_mpc(2, [0, 1])
     c.check()
     with pytest.raises(CacheInvariantError):
-        c.add_lpc(2, 0)                            # held: no second copy
+        c.add_lpc(2, 0)  # held: no second copy
     per = TierCache(2, 4, 0, 2, {0, 1})
     per.add_lpc(0, 1)
     with pytest.raises(CacheInvariantError, match="per-layer cache"):
@@ -188,6 +206,7 @@ def test_shared_tier_cache_invariants():
 
 
 # ------------------------------------------------------------------------------- plain restatements (lists)
+
 
 def until(layer, now, n):
     return (layer - now - 1) % n + 1
@@ -207,7 +226,7 @@ def plain_scored(seq, n, cap, remember, victim_key, order=None):
         src = {e: (MPC if (layer, e) in cache else MISS) for e in act}
         remember(layer, act)
         new = [e for e in act if src[e] == MISS]
-        for e in (order(layer, new) if order else new):
+        for e in order(layer, new) if order else new:
             if len(cache) >= cap:
                 free = [(lv, v) for lv, v in cache if not (lv == layer and v in act)]
                 if not free:
@@ -248,8 +267,14 @@ def plain_lfu(seq, n, cap):
             freq[(layer, e)] += 1
             last[(layer, e)] = clock[0]
 
-    return plain_scored(seq, n, cap, remember, lambda now, lay, v: (-freq[(lay, v)], -last[(lay, v)], -v),
-                        order=lambda layer, new: sorted(new, key=lambda e: -freq[(layer, e)]))
+    return plain_scored(
+        seq,
+        n,
+        cap,
+        remember,
+        lambda now, lay, v: (-freq[(lay, v)], -last[(lay, v)], -v),
+        order=lambda layer, new: sorted(new, key=lambda e: -freq[(layer, e)]),
+    )
 
 
 def plain_least_stale(seq, n, cap):
@@ -279,7 +304,7 @@ def plain_reuse_distance(seq, n, cap, window=8):
             if (layer, e) in last:
                 gap = step[layer] - last[(layer, e)]
                 own[(layer, e)] = (own[(layer, e)] + [gap])[-window:]
-                pool[layer] = (pool[layer] + [gap])[-4 * window:]
+                pool[layer] = (pool[layer] + [gap])[-4 * window :]
             last[(layer, e)] = step[layer]
 
     def key(now, lay, v):
@@ -304,22 +329,30 @@ def plain_learned_rf(seq, n, cap):
     def key(now, lay, v):
         t = step[lay]
         score = 0.0 + 1.0 * math.log2(1 + t - last[(lay, v)]) + -1.0 * math.log2(uses[(lay, v)] / t)
-        return distance(2.0 ** score, lay, now, n), -last[(lay, v)], -v
+        return distance(2.0**score, lay, now, n), -last[(lay, v)], -v
 
     return plain_scored(seq, n, cap, remember, key)
 
 
 def flat(plain):
     """A per-item restatement (ARC, S3-FIFO over sets of items) run over (layer, expert) pairs."""
+
     def run(seq, n, cap):
         steps = [[(layer, e) for e in act] for layer, act in seq]
         return [({e: s for (_, e), s in src.items()}, after) for src, after in plain(steps, cap)]
+
     return run
 
 
-PLAIN = {"lru": plain_lru, "lfu": plain_lfu, "least-stale": plain_least_stale,
-         "reuse-distance": plain_reuse_distance, "learned-rf": plain_learned_rf,
-         "arc": flat(plain_arc), "s3fifo": flat(plain_s3fifo)}
+PLAIN = {
+    "lru": plain_lru,
+    "lfu": plain_lfu,
+    "least-stale": plain_least_stale,
+    "reuse-distance": plain_reuse_distance,
+    "learned-rf": plain_learned_rf,
+    "arc": flat(plain_arc),
+    "s3fifo": flat(plain_s3fifo),
+}
 
 
 def check_against_plain(name, trace, its, cap):
@@ -334,10 +367,20 @@ def check_against_plain(name, trace, its, cap):
 
 
 #: A hand-made decode-only trace: 3 layers, top-2, 6 experts, 3 requests.
-HAND_MADE = [[[0, 1], [2, 3], [4, 5]], [[0, 2], [2, 4], [4, 0]], [[1, 0], [3, 2], [5, 1]],
-             [[5, 3], [2, 5], [0, 1]], [[0, 1], [1, 4], [4, 5]], [[4, 0], [2, 3], [2, 3]],
-             [[1, 5], [0, 3], [4, 5]], [[0, 1], [2, 3], [1, 2]], [[2, 3], [4, 2], [4, 5]],
-             [[0, 5], [3, 1], [0, 5]], [[1, 0], [2, 0], [4, 1]], [[3, 5], [5, 2], [4, 5]]]
+HAND_MADE = [
+    [[0, 1], [2, 3], [4, 5]],
+    [[0, 2], [2, 4], [4, 0]],
+    [[1, 0], [3, 2], [5, 1]],
+    [[5, 3], [2, 5], [0, 1]],
+    [[0, 1], [1, 4], [4, 5]],
+    [[4, 0], [2, 3], [2, 3]],
+    [[1, 5], [0, 3], [4, 5]],
+    [[0, 1], [2, 3], [1, 2]],
+    [[2, 3], [4, 2], [4, 5]],
+    [[0, 5], [3, 1], [0, 5]],
+    [[1, 0], [2, 0], [4, 1]],
+    [[3, 5], [5, 2], [4, 5]],
+]
 
 
 @pytest.mark.parametrize("name", sorted(PLAIN))
@@ -355,8 +398,13 @@ def test_each_shared_policy_matches_its_plain_restatement_on_a_hand_made_trace(n
 
 @pytest.mark.parametrize("name", sorted(PLAIN))
 @settings(max_examples=25, **BOUNDED)
-@given(seed=st.integers(0, 10**6), cap=st.integers(1, 9), k=st.integers(1, 3), batch=st.integers(1, 3),
-       layers=st.integers(1, 3))
+@given(
+    seed=st.integers(0, 10**6),
+    cap=st.integers(1, 9),
+    k=st.integers(1, 3),
+    batch=st.integers(1, 3),
+    layers=st.integers(1, 3),
+)
 def test_each_shared_policy_matches_its_plain_restatement_on_random_traces(name, seed, cap, k, batch, layers):
     trace = random_trace(np.random.default_rng(seed), tokens=50, layers=layers, experts=7, k=k, requests=3)
     its, _ = build_iterations(trace, batch, "static", None, True, None)
@@ -423,13 +471,24 @@ def test_moe_infinity_shared_victim_is_the_lowest_priority_times_proximity():
 
 # ------------------------------------------------------------------------------------- through the engine
 
+
 @settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture], **BOUNDED)
-@given(seed=st.integers(0, 10**6), batch=st.integers(1, 4), hpc=st.integers(0, 2), mpc=st.integers(0, 3),
-       extra=st.integers(-2, 4), k=st.integers(1, 3), buffers=st.integers(1, 5),
-       predictor=st.sampled_from(["none", "oracle", "noisy"]), batching=st.sampled_from(["static", "continuous"]),
-       pin_hot=st.booleans(), decoder_only=st.booleans())
-def test_engine_invariants_in_a_shared_cache(tmp_path, seed, batch, hpc, mpc, extra, k, buffers, predictor,
-                                             batching, pin_hot, decoder_only):
+@given(
+    seed=st.integers(0, 10**6),
+    batch=st.integers(1, 4),
+    hpc=st.integers(0, 2),
+    mpc=st.integers(0, 3),
+    extra=st.integers(-2, 4),
+    k=st.integers(1, 3),
+    buffers=st.integers(1, 5),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+    batching=st.sampled_from(["static", "continuous"]),
+    pin_hot=st.booleans(),
+    decoder_only=st.booleans(),
+)
+def test_engine_invariants_in_a_shared_cache(
+    tmp_path, seed, batch, hpc, mpc, extra, k, buffers, predictor, batching, pin_hot, decoder_only
+):
     trace = random_trace(np.random.default_rng(seed), tokens=40, layers=3, experts=8, k=k, requests=4)
     path = save_trace(trace, tmp_path / f"t{seed}.npz")
     pred_params = {"recall": 0.7, "precision": 0.5} if predictor == "noisy" else None
@@ -437,8 +496,20 @@ def test_engine_invariants_in_a_shared_cache(tmp_path, seed, batch, hpc, mpc, ex
     if pin_hot and slots is not None and slots < hpc * 3:
         slots = hpc * 3
     for name in SHARED + ("belady",):
-        cfg = config_for(path, trace, name, predictor, batch, hpc, mpc, buffers, batching, seed=seed,
-                         policy_params={"pin_hot": pin_hot}, predictor_params=pred_params)
+        cfg = config_for(
+            path,
+            trace,
+            name,
+            predictor,
+            batch,
+            hpc,
+            mpc,
+            buffers,
+            batching,
+            seed=seed,
+            policy_params={"pin_hot": pin_hot},
+            predictor_params=pred_params,
+        )
         d = dict(cfg.resolved)
         d["cache"] = {**d["cache"], "organization": "shared", "shared_slots": slots}
         cfg = config_from_dict(d)
@@ -450,17 +521,17 @@ def test_engine_invariants_in_a_shared_cache(tmp_path, seed, batch, hpc, mpc, ex
         total = (hpc + mpc) * 3 if slots is None else slots
         assert isinstance(cache, SharedTierCache)
         assert cache.mpc_slots == total - (hpc * 3 if pin_hot else 0)
-        assert cache.mpc_size() <= cache.mpc_slots       # capacity never exceeded (checked after every layer too)
+        assert cache.mpc_size() <= cache.mpc_slots  # capacity never exceeded (checked after every layer too)
         hpc_sets = list(cache.hpc)
         for dec in decisions:
             sources = dict(dec.sources)
             for e, victim in dec.promote:
-                assert sources[e] in (MISS, LPC)            # only newcomers are admitted
+                assert sources[e] in (MISS, LPC)  # only newcomers are admitted
                 if victim is None:
                     continue
                 vl, v = victim
-                assert v not in hpc_sets[vl]                # the HPC is never evicted
-                if name != "belady":                        # belady may evict after the expert computed
+                assert v not in hpc_sets[vl]  # the HPC is never evicted
+                if name != "belady":  # belady may evict after the expert computed
                     assert not (vl == dec.layer and v in dec.active), (name, dec)
         if cache.mpc_slots == 0:
             assert hits["mpc"] == 0
@@ -477,6 +548,7 @@ def test_uncached_layers_keep_nothing_in_a_shared_cache(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- Belady bound
+
 
 def brute_force_optimum(seq, cap, warm):
     """The most cache hits any demand schedule gets on a cache of ``cap`` (layer, expert) pairs: after each step the
@@ -512,10 +584,16 @@ def test_shared_belady_is_the_optimum_of_every_demand_schedule(seed, cap, k, war
 
 
 @settings(max_examples=25, **BOUNDED)
-@given(seed=st.integers(0, 10**6), per_layer=st.integers(1, 4), hpc=st.integers(0, 2), batch=st.integers(1, 4),
-       k=st.integers(1, 3), pin_hot=st.booleans(), predictor=st.sampled_from(["none", "oracle", "noisy"]))
-def test_belady_bounds_every_online_policy_in_both_organizations(seed, per_layer, hpc, batch, k, pin_hot,
-                                                                 predictor):
+@given(
+    seed=st.integers(0, 10**6),
+    per_layer=st.integers(1, 4),
+    hpc=st.integers(0, 2),
+    batch=st.integers(1, 4),
+    k=st.integers(1, 3),
+    pin_hot=st.booleans(),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+)
+def test_belady_bounds_every_online_policy_in_both_organizations(seed, per_layer, hpc, batch, k, pin_hot, predictor):
     """At equal total slots (``c`` per layer, ``c x layers`` shared): per-layer Belady >= every per-layer policy;
     shared Belady >= every shared policy, every per-layer one and per-layer Belady."""
     hpc = min(hpc, per_layer)
@@ -563,38 +641,66 @@ def test_belady_bounds_every_online_policy_on_the_gpt_oss_trace(batch, requests)
 
 # ------------------------------------------------------------------------------------ per-layer unchanged
 
+
 def digest(decisions) -> str:
-    text = repr([(d.iteration, d.layer, tuple(d.active), tuple(d.sources), tuple(d.promote), tuple(d.prefetched),
-                  tuple(d.unused_prefetch)) for d in decisions])
+    text = repr(
+        [
+            (
+                d.iteration,
+                d.layer,
+                tuple(d.active),
+                tuple(d.sources),
+                tuple(d.promote),
+                tuple(d.prefetched),
+                tuple(d.unused_prefetch),
+            )
+            for d in decisions
+        ]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 #: Decisions of per-layer runs before the shared organization existed (commit 7b17e7c, the same digest).
 BEFORE = {
-    ('configs/gpt_oss_20b.yaml', ('workload.requests=2',), 'lru', 'none'):
-        ('20fc3e48f937c081', 0.6157407407407407),
-    ('configs/gpt_oss_20b.yaml', ('workload.requests=4', 'workload.batch_size=4'), 'lfu', 'none'):
-        ('5928e4aac37ff302', 0.5160735939421961),
-    ('configs/gpt_oss_20b.yaml', ('workload.requests=2',), 'arc', 'oracle'):
-        ('3ec0687578ddac12', 0.9718307461873639),
-    ('configs/gpt_oss_20b.yaml', ('workload.requests=2',), 's3fifo', 'none'):
-        ('ebe2f23b0112ddd1', 0.6665475217864923),
-    ('configs/gpt_oss_20b.yaml', ('workload.requests=2',), 'least-stale', 'none'):
-        ('6df5025158dc8f54', 0.6241659858387799),
-    ('configs/gpt_oss_20b.yaml', ('workload.requests=4', 'workload.batch_size=4'), 'reuse-distance', 'none'):
-        ('8383fcdc34a747c4', 0.4922140121609715),
-    ('configs/gpt_oss_20b.yaml', ('workload.requests=2',), 'learned-rf', 'none'):
-        ('d1bdc7f274858729', 0.6686410675381264),
-    ('configs/gpt_oss_20b.yaml', ('workload.requests=2',), 'moe-infinity', 'moe-infinity'):
-        ('f17441681c736e6b', 0.7559061819172114),
-    ('configs/gpt_oss_20b.yaml', ('workload.requests=4', 'workload.batch_size=4'), 'belady', 'none'):
-        ('e89c1dd0c5287ef4', 0.6695513351769622),
-    ('configs/gpt_oss_20b.yaml', ('workload.requests=2',), 'diffmoe', 'oracle'):
-        ('fb87a83d1d21d378', 0.9764433551198257),
-    ('configs/mixtral.yaml', ('workload.requests=16', 'workload.max_decode_tokens=8'), 'lru', 'none'):
-        ('a278503ea320ff6d', 0.3286921929388364),
-    ('configs/switch_base_real.yaml', ('workload.requests=8', 'workload.max_decode_tokens=8'), 'belady', 'none'):
-        ('90668e54fbad621a', 0.2719298245614035),
+    ("configs/gpt_oss_20b.yaml", ("workload.requests=2",), "lru", "none"): ("20fc3e48f937c081", 0.6157407407407407),
+    ("configs/gpt_oss_20b.yaml", ("workload.requests=4", "workload.batch_size=4"), "lfu", "none"): (
+        "5928e4aac37ff302",
+        0.5160735939421961,
+    ),
+    ("configs/gpt_oss_20b.yaml", ("workload.requests=2",), "arc", "oracle"): ("3ec0687578ddac12", 0.9718307461873639),
+    ("configs/gpt_oss_20b.yaml", ("workload.requests=2",), "s3fifo", "none"): ("ebe2f23b0112ddd1", 0.6665475217864923),
+    ("configs/gpt_oss_20b.yaml", ("workload.requests=2",), "least-stale", "none"): (
+        "6df5025158dc8f54",
+        0.6241659858387799,
+    ),
+    ("configs/gpt_oss_20b.yaml", ("workload.requests=4", "workload.batch_size=4"), "reuse-distance", "none"): (
+        "8383fcdc34a747c4",
+        0.4922140121609715,
+    ),
+    ("configs/gpt_oss_20b.yaml", ("workload.requests=2",), "learned-rf", "none"): (
+        "d1bdc7f274858729",
+        0.6686410675381264,
+    ),
+    ("configs/gpt_oss_20b.yaml", ("workload.requests=2",), "moe-infinity", "moe-infinity"): (
+        "f17441681c736e6b",
+        0.7559061819172114,
+    ),
+    ("configs/gpt_oss_20b.yaml", ("workload.requests=4", "workload.batch_size=4"), "belady", "none"): (
+        "e89c1dd0c5287ef4",
+        0.6695513351769622,
+    ),
+    ("configs/gpt_oss_20b.yaml", ("workload.requests=2",), "diffmoe", "oracle"): (
+        "fb87a83d1d21d378",
+        0.9764433551198257,
+    ),
+    ("configs/mixtral.yaml", ("workload.requests=16", "workload.max_decode_tokens=8"), "lru", "none"): (
+        "a278503ea320ff6d",
+        0.3286921929388364,
+    ),
+    ("configs/switch_base_real.yaml", ("workload.requests=8", "workload.max_decode_tokens=8"), "belady", "none"): (
+        "90668e54fbad621a",
+        0.2719298245614035,
+    ),
 }
 
 

@@ -69,8 +69,9 @@ def small_traces(draw):
     experts = draw(st.integers(2, 12))
     k = draw(st.integers(1, min(3, experts)))
     tokens = draw(st.integers(4, 80))
-    trace = random_trace(rng, tokens=tokens, layers=draw(st.integers(1, 3)), experts=experts, k=k,
-                         requests=draw(st.integers(1, 3)))
+    trace = random_trace(
+        rng, tokens=tokens, layers=draw(st.integers(1, 3)), experts=experts, k=k, requests=draw(st.integers(1, 3))
+    )
     trace.experts[rng.random(trace.experts.shape[:2]) < 0.1] = -1
     return trace
 
@@ -156,17 +157,32 @@ def test_distinct_experts_grow_with_batch_and_reuse_is_reported():
 def test_stats_cli_json_has_the_named_top_level_figures(tmp_path):
     from traces.io import save_trace
 
-    path = save_trace(random_trace(np.random.default_rng(2), tokens=300, layers=3, experts=8, k=2),
-                      tmp_path / "t.npz")
-    out = subprocess.run([sys.executable, "-m", "traces", "stats", str(path), "--json", "--capacities", "2,4,6"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    path = save_trace(random_trace(np.random.default_rng(2), tokens=300, layers=3, experts=8, k=2), tmp_path / "t.npz")
+    out = subprocess.run(
+        [sys.executable, "-m", "traces", "stats", str(path), "--json", "--capacities", "2,4,6"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     s = json.loads(out)
-    for key in ("overlap_prev", "lru_hit_rate", "popularity_skew", "reuse_distance", "distinct_experts_vs_batch",
-                "transition_accuracy", "per_layer"):
+    for key in (
+        "overlap_prev",
+        "lru_hit_rate",
+        "popularity_skew",
+        "reuse_distance",
+        "distinct_experts_vs_batch",
+        "transition_accuracy",
+        "per_layer",
+    ):
         assert key in s
     assert set(s["lru_hit_rate"]) == {"2", "4", "6"} and len(s["per_layer"]) == 3
-    bad = subprocess.run([sys.executable, "-m", "traces", "stats", str(path), "--capacities", "two"],
-                         cwd=ROOT, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "traces", "stats", str(path), "--capacities", "two"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "--capacities" in bad.stderr
 
 

@@ -32,8 +32,9 @@ def traces_with_holes(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     experts = draw(st.integers(2, 10))
     k = draw(st.integers(1, min(4, experts)))
-    t = random_trace(rng, tokens=draw(st.integers(2, 70)), layers=draw(st.integers(1, 3)), experts=experts, k=k,
-                     requests=2)
+    t = random_trace(
+        rng, tokens=draw(st.integers(2, 70)), layers=draw(st.integers(1, 3)), experts=experts, k=k, requests=2
+    )
     if draw(st.booleans()):  # popular experts, so that reuse is frequent
         t.experts[:] = np.sort(np.argsort(rng.random(t.experts.shape[:2] + (experts,)) ** 3, axis=2)[:, :, :k], 2)
     t.experts[rng.random(t.experts.shape) < draw(st.sampled_from([0.0, 0.1, 0.3]))] = -1
@@ -94,9 +95,17 @@ def test_step_lru_is_what_the_simulators_lru_policy_hits(seed, capacity, k):
 
     trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=8, k=k, requests=2)
     ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(trace.num_layers, trace.num_experts, ("decoder",) * trace.num_layers,
-                        frozenset(range(trace.num_layers)), 0, capacity, tuple(tuple(r) for r in ranking), 0,
-                        {"trace": trace})
+    ctx = PolicyContext(
+        trace.num_layers,
+        trace.num_experts,
+        ("decoder",) * trace.num_layers,
+        frozenset(range(trace.num_layers)),
+        0,
+        capacity,
+        tuple(tuple(r) for r in ranking),
+        0,
+        {"trace": trace},
+    )
     policy = POLICIES.get("lru")(None, ctx)
     its, _ = build_iterations(trace, 1, "static", None, True, None)
     replay(trace, its, policy, PREDICTORS.get("none")(None, PredictorContext(trace.num_layers, 8, 0)))
@@ -151,13 +160,19 @@ def test_stats_output_names_both_figures(tmp_path):
     from traces.io import save_trace
 
     path = save_trace(random_trace(np.random.default_rng(2), tokens=200, layers=2, experts=8, k=2), tmp_path / "t.npz")
-    out = subprocess.run([sys.executable, "-m", "traces", "stats", str(path), "--json", "--capacities", "2,4"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "traces", "stats", str(path), "--json", "--capacities", "2,4"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     s = json.loads(out)
     assert set(s["lru_hit_rate"]) == set(s["lru_hit_rate_sequential"]) == {"2", "4"}
     assert all("lru_hit_rate_sequential" in p for p in s["per_layer"])
-    text = stats.format_stats(stats.compute_stats(stats_trace := random_trace(np.random.default_rng(3)),
-                                                  capacities=[2, 4], batch_sizes=[1]))
+    text = stats.format_stats(
+        stats.compute_stats(stats_trace := random_trace(np.random.default_rng(3)), capacities=[2, 4], batch_sizes=[1])
+    )
     assert "step-wise" in text and "sequential" in text and stats_trace.num_layers == 3
 
 
@@ -168,8 +183,10 @@ def test_real_gpt_oss_step_wise_lru_at_4_slots_is_the_file_order_overlap():
     overall, per_layer = stats.step_lru_hit_rates(trace, [4, 8, 16])
     seconds = time.perf_counter() - start
     overlap = stats.overlap_prev(trace)[0]
-    print(f"\ngpt-oss-20b: step-wise LRU hit rate at 4/8/16 slots {overall[4]:.4f} / {overall[8]:.4f} / "
-          f"{overall[16]:.4f}, overlap with the previous token {overlap:.4f}, step-wise LRU in {seconds:.1f} s")
+    print(
+        f"\ngpt-oss-20b: step-wise LRU hit rate at 4/8/16 slots {overall[4]:.4f} / {overall[8]:.4f} / "
+        f"{overall[16]:.4f}, overlap with the previous token {overlap:.4f}, step-wise LRU in {seconds:.1f} s"
+    )
     assert overall[4] == pytest.approx(file_order_overlap(trace), abs=1e-12)
     assert overall[4] < overall[8] < overall[16] < 1
     assert seconds < 120  # a few seconds on one core; a loose bound for a shared machine

@@ -39,15 +39,23 @@ def _write_sweep(path, body):
 
 
 def test_a_sweep_killed_midway_resumes_without_recomputing_finished_points(tmp_path):
-    sweep = _write_sweep(tmp_path / "s.yaml", """
+    sweep = _write_sweep(
+        tmp_path / "s.yaml",
+        """
 set: {workload.requests: 16, workload.max_decode_tokens: 64, workload.prefill: false}
 grid:
   policy.name: [on-demand, lru, diffmoe, lfu]
   workload.batch_size: [1, 4]
-""")
+""",
+    )
     out = tmp_path / "out"
-    proc = subprocess.Popen([*SWEEP_CMD, str(sweep), "--out", str(out), "--workers", "1"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [*SWEEP_CMD, str(sweep), "--out", str(out), "--workers", "1"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     rows = out / "rows"
     deadline = time.time() + 120
     while time.time() < deadline and (not rows.exists() or len(list(rows.glob("*.parquet"))) < 2):
@@ -68,15 +76,19 @@ grid:
 
 
 def test_a_failing_point_is_recorded_and_the_others_run(tmp_path):
-    sweep = _write_sweep(tmp_path / "s.yaml", """
+    sweep = _write_sweep(
+        tmp_path / "s.yaml",
+        """
 set: {workload.requests: 8, workload.max_decode_tokens: 8, policy.name: diffmoe}
 grid:
   policy.params.threshold: [1.0, 0.7, 0.5]
-""")
+""",
+    )
     out = tmp_path / "out"
     # the test hook of sim.sweep_worker makes this point raise, as a bug in the simulator would
-    res = _sweep(sweep, "--out", out, "--workers", "2", env={**os.environ,
-                                                             "SIM_SWEEP_TEST_FAIL": "policy.params.threshold=0.7"})
+    res = _sweep(
+        sweep, "--out", out, "--workers", "2", env={**os.environ, "SIM_SWEEP_TEST_FAIL": "policy.params.threshold=0.7"}
+    )
     assert res.returncode == 4, res.stderr  # 4: the sweep finished with failed points
     assert "1 of 3 points failed" in res.stderr and "--resume" in res.stderr
     df = pd.read_parquet(out / "results.parquet").set_index("policy.params.threshold")
@@ -91,8 +103,15 @@ def test_an_axis_of_mixed_types_is_stored_as_text(tmp_path):
     from sim.sweep import Sweep, write_report
 
     sweep = Sweep("mixed", {}, {}, ["policy.params.threshold"], [], [], "inline")
-    df = pd.DataFrame({"point": ["a", "b"], "status": ["ok", "failed"], "error": [None, "ValueError: no"],
-                       "policy.params.threshold": [1.0, "high"], "throughput_tok_s": [5.0, None]})
+    df = pd.DataFrame(
+        {
+            "point": ["a", "b"],
+            "status": ["ok", "failed"],
+            "error": [None, "ValueError: no"],
+            "policy.params.threshold": [1.0, "high"],
+            "throughput_tok_s": [5.0, None],
+        }
+    )
     for col in ("iteration_ms_mean", "hit_rate", "hit_rate_hpc", "hit_rate_mpc", "hit_rate_lpc", "pcie_bytes"):
         df[col] = [0.5, None]
     write_report(tmp_path, sweep, df, {})
@@ -101,13 +120,16 @@ def test_an_axis_of_mixed_types_is_stored_as_text(tmp_path):
     assert "- b: ValueError: no" in (tmp_path / "report.md").read_text()
 
 
-@pytest.mark.parametrize("body, field", [
-    ("grid: {policy.name: [lru]}\ncolour: red\n", "sweep.colour"),
-    ("grid: {policy.name: []}\n", "sweep.grid.policy.name"),
-    ("zip: {cache.hpc_slots: [1, 2], cache.mpc_slots: [3]}\n", "sweep.zip"),
-    ("grid: {workload.batch_size: [0]}\n", "workload.batch_size"),
-    ("grid: {policy.name: [lru]}\nchecks: [everything_fine]\n", "sweep.checks"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ("grid: {policy.name: [lru]}\ncolour: red\n", "sweep.colour"),
+        ("grid: {policy.name: []}\n", "sweep.grid.policy.name"),
+        ("zip: {cache.hpc_slots: [1, 2], cache.mpc_slots: [3]}\n", "sweep.zip"),
+        ("grid: {workload.batch_size: [0]}\n", "workload.batch_size"),
+        ("grid: {policy.name: [lru]}\nchecks: [everything_fine]\n", "sweep.checks"),
+    ],
+)
 def test_bad_sweep_files_exit_2_naming_the_field(tmp_path, body, field):
     sweep = _write_sweep(tmp_path / "s.yaml", body)
     out = tmp_path / "out"
@@ -118,17 +140,28 @@ def test_bad_sweep_files_exit_2_naming_the_field(tmp_path, body, field):
 
 def test_the_ray_executor_gives_the_same_rows_as_the_local_one(tmp_path):
     pytest.importorskip("ray", reason="ray is part of the test extras; install with pip install -e '.[test]'")
-    sweep = _write_sweep(tmp_path / "s.yaml", """
+    sweep = _write_sweep(
+        tmp_path / "s.yaml",
+        """
 set: {workload.requests: 8, workload.max_decode_tokens: 16, workload.prefill: false}
 grid:
   policy.name: [on-demand, lru, diffmoe]
   workload.batch_size: [1, 4]
-""")
+""",
+    )
     rows = {}
     for executor in ("local", "ray"):
         out = tmp_path / executor
-        res = _sweep(sweep, "--out", out, "--executor", executor, "--workers", "2",
-                     env={**os.environ, "SIM_SWEEP_TRACE_CACHE": str(tmp_path / "trace-cache")})
+        res = _sweep(
+            sweep,
+            "--out",
+            out,
+            "--executor",
+            executor,
+            "--workers",
+            "2",
+            env={**os.environ, "SIM_SWEEP_TRACE_CACHE": str(tmp_path / "trace-cache")},
+        )
         assert res.returncode == 0, res.stderr[-2000:]
         df = pd.read_parquet(out / "results.parquet").sort_values("point").reset_index(drop=True)
         rows[executor] = df.drop(columns=["wall_s", "sim_wall_s"])
@@ -139,12 +172,17 @@ grid:
 def test_zip_groups_are_crossed_with_each_other_and_the_grid(tmp_path):
     from sim.sweep import load_sweep
 
-    sweep = load_sweep(_write_sweep(tmp_path / "s.yaml", """
+    sweep = load_sweep(
+        _write_sweep(
+            tmp_path / "s.yaml",
+            """
 grid: {workload.batch_size: [1, 2]}
 zip:
   - {policy.name: [lru, pregated], predictor.name: [none, oracle]}
   - {cache.hpc_slots: [1, 2, 4], cache.mpc_slots: [2, 4, 9]}
-"""))
+""",
+        )
+    )
     assert len(sweep.points) == 2 * 2 * 3
     pairs = {(p.fields["policy.name"], p.fields["predictor.name"]) for p in sweep.points}
     assert pairs == {("lru", "none"), ("pregated", "oracle")}  # zipped, not crossed
@@ -166,13 +204,16 @@ def test_shipped_sweeps_load(name):
 
 
 def test_plots_chosen_in_the_sweep_file(tmp_path):
-    sweep = _write_sweep(tmp_path / "s.yaml", """
+    sweep = _write_sweep(
+        tmp_path / "s.yaml",
+        """
 set: {workload.requests: 8, workload.max_decode_tokens: 8, predictor.name: noisy, policy.name: pregated}
 grid:
   predictor.params.recall: [0.0, 1.0]
   workload.batch_size: [1, 2]
 plots: [predictor.params.recall]
-""")
+""",
+    )
     out = tmp_path / "out"
     res = _sweep(sweep, "--out", out, "--workers", "1")
     assert res.returncode == 0, res.stderr
@@ -186,6 +227,18 @@ plots: [predictor.params.recall]
 def test_sim_sweep_still_exports_the_names_other_code_imports():
     import sim.sweep
 
-    for name in ("Sweep", "Point", "load_sweep", "run_point", "read_rows", "run_checks", "Progress", "run_local",
-                 "run_ray", "write_report", "register", "run"):
+    for name in (
+        "Sweep",
+        "Point",
+        "load_sweep",
+        "run_point",
+        "read_rows",
+        "run_checks",
+        "Progress",
+        "run_local",
+        "run_ray",
+        "write_report",
+        "register",
+        "run",
+    ):
         assert name in sim.sweep.__all__ and getattr(sim.sweep, name) is not None

@@ -20,12 +20,12 @@ import pytest
 
 from conftest import ROOT
 
-SWEEP = f"""base: {ROOT / 'configs' / 'switch_xxl.yaml'}
+SWEEP = f"""base: {ROOT / "configs" / "switch_xxl.yaml"}
 set: {{workload.requests: 8, workload.max_decode_tokens: 8, workload.prefill: false, workload.batch_size: 2}}
 grid:
   policy.name: [on-demand, lru, diffmoe, lfu]
 """
-KILLER = "policy.name=lru"   # the one point whose worker dies
+KILLER = "policy.name=lru"  # the one point whose worker dies
 HOOK_VARS = ("SIM_SWEEP_TEST_KILL", "SIM_SWEEP_TEST_KILL_HOW", "SIM_SWEEP_TEST_KILL_ONCE")
 
 
@@ -39,8 +39,14 @@ def sweep_file(tmp_path):
 def _sweep(*args, **hook):
     env = {k: v for k, v in os.environ.items() if k not in HOOK_VARS}
     env.update({f"SIM_SWEEP_TEST_{k.upper()}": str(v) for k, v in hook.items()})
-    return subprocess.run([sys.executable, "-m", "sim", "sweep", *map(str, args), "--quiet"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sim", "sweep", *map(str, args), "--quiet"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _rows(out):
@@ -57,8 +63,7 @@ def test_a_point_that_always_kills_its_worker_fails_after_two_attempts_and_resum
     assert "worker died in 2 attempt(s)" in df.loc["lru", "error"]
     assert (df.drop(index="lru")["status"] == "ok").all()  # the others finished in the replacement pools
     assert "(2 attempts)" in (out / "report.md").read_text()
-    kept = {f.name: f.stat().st_mtime_ns for f in (out / "rows").glob("*.parquet")
-            if f.stem != df.loc["lru", "point"]}
+    kept = {f.name: f.stat().st_mtime_ns for f in (out / "rows").glob("*.parquet") if f.stem != df.loc["lru", "point"]}
 
     res = _sweep(sweep_file, "--out", out, "--resume", "--workers", "2")  # the worker no longer dies
     assert res.returncode == 0, res.stderr
@@ -71,8 +76,9 @@ def test_a_point_that_always_kills_its_worker_fails_after_two_attempts_and_resum
 def test_a_worker_that_dies_once_is_retried_and_the_results_are_those_of_a_clean_run(sweep_file, tmp_path):
     once = tmp_path / "once"
     once.mkdir()
-    res = _sweep(sweep_file, "--out", tmp_path / "faulty", "--workers", "2", kill=KILLER, kill_how="exit",
-                 kill_once=once)
+    res = _sweep(
+        sweep_file, "--out", tmp_path / "faulty", "--workers", "2", kill=KILLER, kill_how="exit", kill_once=once
+    )
     assert res.returncode == 0, res.stderr
     assert "a worker died" in res.stderr and len(list(once.iterdir())) == 1  # it did die, once
     faulty = _rows(tmp_path / "faulty")
@@ -90,8 +96,11 @@ def test_orphan_temporary_files_are_removed_on_resume(sweep_file, tmp_path):
     assert _sweep(sweep_file, "--out", out, "--workers", "1").returncode == 0
     rows = sorted((out / "rows").glob("*.parquet"))
     rows[0].unlink()  # as if killed while writing this row
-    orphans = [out / "rows" / f".{rows[0].name}.k3j2h1.tmp", out / ".results.parquet.a8x9.tmp",
-               out / ".report.md.zz.tmp"]
+    orphans = [
+        out / "rows" / f".{rows[0].name}.k3j2h1.tmp",
+        out / ".results.parquet.a8x9.tmp",
+        out / ".report.md.zz.tmp",
+    ]
     for f in orphans:
         f.write_bytes(b"half a file")
     mine = [out / "notes.tmp", out / "rows" / "notes.txt"]  # not ours: kept
@@ -110,6 +119,7 @@ def test_attempts_must_be_at_least_one(sweep_file, tmp_path):
 
 
 # ------------------------------------------------------------------------- the Ray executor, with a stand-in
+
 
 class _WorkerCrashedError(Exception):
     """What Ray raises from ray.get when the worker running a task died."""
@@ -161,8 +171,18 @@ def _fake_ray(deaths: dict[str, int]) -> types.ModuleType:
 def _run_ray(sweep_file, out, resume=False):
     from sim.sweep import run
 
-    return run(argparse.Namespace(sweep=str(sweep_file), executor="ray", address=None, workers=2, resume=resume,
-                                  attempts=2, out=str(out), quiet=True))
+    return run(
+        argparse.Namespace(
+            sweep=str(sweep_file),
+            executor="ray",
+            address=None,
+            workers=2,
+            resume=resume,
+            attempts=2,
+            out=str(out),
+            quiet=True,
+        )
+    )
 
 
 def test_the_ray_executor_retries_dead_workers_and_resumes_like_the_local_one(sweep_file, tmp_path, monkeypatch):

@@ -23,9 +23,20 @@ def _rows(caches, batches=(1, 8), policies=("lru", "belady")):
     for p in policies:
         for b in batches:
             for i, (h, m) in enumerate(caches):
-                rows.append({"policy.name": p, "workload.batch_size": b, "cache.hpc_slots": h, "cache.mpc_slots": m,
-                             "cache_slots": h + m, "throughput_tok_s": 10.0 * b + i + len(p), "status": "ok",
-                             "hit_rate_hpc": 0.1, "hit_rate_mpc": 0.2, "hit_rate_lpc": 0.3})
+                rows.append(
+                    {
+                        "policy.name": p,
+                        "workload.batch_size": b,
+                        "cache.hpc_slots": h,
+                        "cache.mpc_slots": m,
+                        "cache_slots": h + m,
+                        "throughput_tok_s": 10.0 * b + i + len(p),
+                        "status": "ok",
+                        "hit_rate_hpc": 0.1,
+                        "hit_rate_mpc": 0.2,
+                        "hit_rate_lpc": 0.3,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -65,8 +76,7 @@ def test_an_axis_without_plain_words_is_named_by_its_field():
 
 
 def test_the_tier_plot_says_what_each_bar_averages():
-    assert tier_title(_sweep(), _rows([(0, 2), (2, 6)]), "policy.name") == \
-        "mean over 2 cache sizes and 2 batch sizes"
+    assert tier_title(_sweep(), _rows([(0, 2), (2, 6)]), "policy.name") == "mean over 2 cache sizes and 2 batch sizes"
     single = _rows([(0, 2)], batches=(1,))
     assert tier_title(_sweep(), single, "policy.name") == "one point per policy.name"
 
@@ -80,7 +90,9 @@ def test_the_log_scale_follows_the_spread_of_throughput():
 
 def test_a_small_sweep_report_describes_its_plots_in_human_units(tmp_path):
     sweep = tmp_path / "s.yaml"
-    sweep.write_text(f"base: {ROOT / 'configs' / 'switch_xxl.yaml'}\n" + """
+    sweep.write_text(
+        f"base: {ROOT / 'configs' / 'switch_xxl.yaml'}\n"
+        + """
 set: {workload.requests: 4, workload.max_decode_tokens: 4, workload.prefill: false}
 grid:
   policy.name: [on-demand, lru]
@@ -88,21 +100,39 @@ grid:
 zip:
   cache.hpc_slots: [0, 2]
   cache.mpc_slots: [2, 6]
-""")
+"""
+    )
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "sim", "sweep", str(sweep), "--out", str(out), "--workers", "1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "sim", "sweep", str(sweep), "--out", str(out), "--workers", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     report = (out / "report.md").read_text()
-    assert "- `throughput_vs_workload_batch_size.png`: throughput against workload.batch_size, one line per " \
-           "policy.name; mean over 2 cache sizes;" in report
-    assert "- `throughput_vs_cache_slots.png`: throughput against cache_slots, one line per policy.name; batch 1;" \
+    assert (
+        "- `throughput_vs_workload_batch_size.png`: throughput against workload.batch_size, one line per "
+        "policy.name; mean over 2 cache sizes;" in report
+    )
+    assert (
+        "- `throughput_vs_cache_slots.png`: throughput against cache_slots, one line per policy.name; batch 1;"
         in report
+    )
     df = pd.read_parquet(out / "results.parquet")
     assert df["pcie_bytes"].max() >= 1e10  # the raw figure has 11+ digits; the report shows it in GB
     assert not [line for line in report.splitlines() if LONG_INTEGER.search(line)]
 
 
 def test_table_cells_are_human_numbers():
-    assert [_cell(v) for v in (123456.7, 1260.4, 0.9928, 18_778_521_340_800, None, float("nan"), "lru", True)] == \
-        ["123,457", "1,260", "0.9928", "18,778,521,340,800", "-", "-", "lru", "True"]
+    assert [_cell(v) for v in (123456.7, 1260.4, 0.9928, 18_778_521_340_800, None, float("nan"), "lru", True)] == [
+        "123,457",
+        "1,260",
+        "0.9928",
+        "18,778,521,340,800",
+        "-",
+        "-",
+        "lru",
+        "True",
+    ]

@@ -39,9 +39,14 @@ from sim.errors import ConfigError
 
 BASE = ROOT / "configs" / "switch_xxl.yaml"
 TINY = "set: {workload.requests: 2, workload.max_decode_tokens: 2, workload.prefill: false}\n"
-MAX_LINE = 760    # "error: " + a field of at most 200 characters + ": " + a problem of at most 500 (+ a file name)
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+MAX_LINE = 760  # "error: " + a field of at most 200 characters + ": " + a problem of at most 500 (+ a file name)
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -83,6 +88,7 @@ def workdir(tmp_path, monkeypatch):
 @pytest.fixture
 def no_runs(monkeypatch):
     """Any simulation started is a test failure (bad input must be refused before anything runs)."""
+
     def refuse(*a, **k):
         raise AssertionError("a simulation ran before the input was checked")
 
@@ -94,8 +100,24 @@ def no_runs(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------------- names
-ESCAPING_NAMES = ["x/../../../escaped", "/tmp/escaped-abs", "", "a" * 5000, "a\x01b", "..", ".hidden", "a b",
-                  "nul\x00l", "x\\..\\y", "tab\tname", "é", 7, ["a"], {"a": 1}, True]
+ESCAPING_NAMES = [
+    "x/../../../escaped",
+    "/tmp/escaped-abs",
+    "",
+    "a" * 5000,
+    "a\x01b",
+    "..",
+    ".hidden",
+    "a b",
+    "nul\x00l",
+    "x\\..\\y",
+    "tab\tname",
+    "é",
+    7,
+    ["a"],
+    {"a": 1},
+    True,
+]
 
 
 @pytest.mark.parametrize("name", ESCAPING_NAMES, ids=range(len(ESCAPING_NAMES)))
@@ -171,8 +193,15 @@ def test_shipped_files_land_inside_the_node_cache(tmp_path_factory, name):
 def test_the_node_cache_refuses_paths_that_leave_it():
     from sim.sweep_ray_task import CacheError, cache_path
 
-    for sha, name in (("ab" * 32, "../escape"), ("ab" * 32, "/etc/passwd"), ("../..", "x.npz"), ("ab" * 32, ".."),
-                      ("ab" * 32, ""), ("AB" * 32, "x.npz"), ("ab" * 32, "a/b")):
+    for sha, name in (
+        ("ab" * 32, "../escape"),
+        ("ab" * 32, "/etc/passwd"),
+        ("../..", "x.npz"),
+        ("ab" * 32, ".."),
+        ("ab" * 32, ""),
+        ("AB" * 32, "x.npz"),
+        ("ab" * 32, "a/b"),
+    ):
         with pytest.raises(CacheError):
             cache_path(sha, name)
 
@@ -197,8 +226,11 @@ OUT_KINDS = ["fifo", "file", "device"]
 def test_an_out_that_is_not_a_folder_is_refused_before_any_work(workdir, capsys, no_runs, kind, command):
     out = _special(kind, workdir / "out")
     sweep = _sweep_file(workdir, TINY + "grid: {policy.name: [lru, on-demand]}\n")
-    args = {"run": ["run", BASE], "compare": ["compare", BASE, "--policies", "lru,on-demand"],
-            "sweep": ["sweep", sweep]}[command]
+    args = {
+        "run": ["run", BASE],
+        "compare": ["compare", BASE, "--policies", "lru,on-demand"],
+        "sweep": ["sweep", sweep],
+    }[command]
     before = _tree(workdir)
     rc, _, err = _cli(capsys, *args, "--out", out)
     _refused(rc, err, str(out), "--out")
@@ -209,14 +241,25 @@ def test_an_out_that_is_not_a_folder_is_refused_before_any_work(workdir, capsys,
         assert out.read_text() == "keep me"
 
 
-@pytest.mark.parametrize("command, inner", [("run", "summary.json"), ("run", "iterations.csv"),
-                                            ("compare", "compare.md"), ("sweep", "rows"),
-                                            ("sweep", "report.md"), ("sweep", "results.parquet"),
-                                            ("sweep", "hit_rate_per_tier.png")])
+@pytest.mark.parametrize(
+    "command, inner",
+    [
+        ("run", "summary.json"),
+        ("run", "iterations.csv"),
+        ("compare", "compare.md"),
+        ("sweep", "rows"),
+        ("sweep", "report.md"),
+        ("sweep", "results.parquet"),
+        ("sweep", "hit_rate_per_tier.png"),
+    ],
+)
 def test_a_fifo_or_folder_where_an_output_goes_is_refused_before_any_work(workdir, capsys, no_runs, command, inner):
     sweep = _sweep_file(workdir, TINY + "grid: {policy.name: [lru, on-demand]}\n")
-    args = {"run": ["run", BASE], "compare": ["compare", BASE, "--policies", "lru,on-demand"],
-            "sweep": ["sweep", sweep]}[command]
+    args = {
+        "run": ["run", BASE],
+        "compare": ["compare", BASE, "--policies", "lru,on-demand"],
+        "sweep": ["sweep", sweep],
+    }[command]
     for kind in ("fifo", "folder"):
         out = workdir / f"out-{kind}"
         out.mkdir()
@@ -279,8 +322,10 @@ BAD_SPECS = [  # (body after base:, key the line names)
     ("grid: {policy.name: [lru]}\nchecks: belady_bound\n", "sweep.checks"),
     ("grid: {policy.name: [lru]}\nchecks: [belady_bound, belady_bound]\n", "sweep.checks"),
     ("grid: {policy.name: [lru]}\nchecks: [no_such_check]\n", "sweep.checks"),
-    ("grid: {cache.hpc_slots: [0, 1]}\nzip: {cache.hpc_slots: [1, 2], cache.mpc_slots: [2, 3]}\n",
-     "sweep.zip.cache.hpc_slots"),
+    (
+        "grid: {cache.hpc_slots: [0, 1]}\nzip: {cache.hpc_slots: [1, 2], cache.mpc_slots: [2, 3]}\n",
+        "sweep.zip.cache.hpc_slots",
+    ),
     ("zip: [{cache.hpc_slots: [1, 2]}, {cache.hpc_slots: [3, 4]}]\n", "sweep.zip[1].cache.hpc_slots"),
     ("grid: {policy: [{name: lru}], policy.name: [lfu]}\n", "sweep.grid.policy.name"),
     ("set: {policy.name: lru}\ngrid: {policy.name: [lru, lfu]}\n", "sweep.set.policy.name"),
@@ -306,15 +351,16 @@ BAD_SPECS = [  # (body after base:, key the line names)
     ("grid: {policy.name: [lru]}\nplots: 3\n", "sweep.plots"),
     ("grid: {workload.batch_size: [1, 2]}\nplots: [workload.batch_size, workload.batch_size]\n", "sweep.plots"),
     ("grid: {" + ", ".join(f"a{i}.b: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]" for i in range(12)) + "}\n", "sweep.grid"),
-    ("zip: {workload.max_decode_tokens: [" + ", ".join(map(str, range(1, 20_001))) + "]}\n",
-     "sweep.zip.workload.max_decode_tokens"),
+    (
+        "zip: {workload.max_decode_tokens: [" + ", ".join(map(str, range(1, 20_001))) + "]}\n",
+        "sweep.zip.workload.max_decode_tokens",
+    ),
     ("grid: {" + ", ".join(f"a{i}: [1]" for i in range(40)) + "}\n", "sweep.grid"),
 ]
 
 
 @pytest.mark.parametrize("body, key", BAD_SPECS, ids=range(len(BAD_SPECS)))
-def test_a_bad_sweep_file_is_refused_at_once_with_one_line_naming_the_file_and_key(workdir, capsys, no_runs, body,
-                                                                                    key):
+def test_a_bad_sweep_file_is_refused_at_once_with_one_line_naming_the_file_and_key(workdir, capsys, no_runs, body, key):
     path = _sweep_file(workdir, body)
     out = workdir / "out"
     t0 = time.perf_counter()
@@ -328,8 +374,21 @@ def test_a_bad_base_is_refused_naming_sweep_base(workdir, capsys, no_runs):
     os.mkfifo(workdir / "fifo.yaml")
     (workdir / "list.yaml").write_text("[1, 2]\n")
     (workdir / "bad.yaml").write_text("a: [\n")
-    for base in ("null", "5", "''", "no-such.yaml", "fifo.yaml", f"'{'b' * 5000}.yaml'", "[a]", "list.yaml",
-                 "bad.yaml", "/etc/passwd", "/proc/self/environ", "/dev/zero", str(workdir)):
+    for base in (
+        "null",
+        "5",
+        "''",
+        "no-such.yaml",
+        "fifo.yaml",
+        f"'{'b' * 5000}.yaml'",
+        "[a]",
+        "list.yaml",
+        "bad.yaml",
+        "/etc/passwd",
+        "/proc/self/environ",
+        "/dev/zero",
+        str(workdir),
+    ):
         path = workdir / "s.yaml"
         path.write_text(f"base: {base}\ngrid: {{policy.name: [lru]}}\n")
         rc, _, err = _cli(capsys, "sweep", path, "--out", workdir / "out")
@@ -338,8 +397,11 @@ def test_a_bad_base_is_refused_naming_sweep_base(workdir, capsys, no_runs):
 
 
 @FUZZ
-@given(lengths=st.lists(st.integers(1, 10**6), max_size=30), groups=st.lists(st.integers(1, 10**6), max_size=5),
-       limit=st.integers(1, 10**6))
+@given(
+    lengths=st.lists(st.integers(1, 10**6), max_size=30),
+    groups=st.lists(st.integers(1, 10**6), max_size=5),
+    limit=st.integers(1, 10**6),
+)
 def test_points_are_counted_without_expanding_and_without_big_numbers(lengths, groups, limit):
     import math
 
@@ -359,20 +421,28 @@ def test_points_are_counted_without_expanding_and_without_big_numbers(lengths, g
 
 
 # --------------------------------------------------------------------------------------------- arguments
-@pytest.mark.parametrize("args, field", [
-    (["--workers", "0"], "--workers"), (["--workers", "257"], "--workers"), (["--workers", "10" * 30], "--workers"),
-    (["--workers", "-3"], "--workers"), (["--attempts", "0"], "--attempts"), (["--attempts", "11"], "--attempts"),
-    (["--attempts", "9" * 40], "--attempts"), (["--workers", "x"], "--workers"),
-    (["--executor", "ray", "--address", "a" * 300 + ":6379"], "--address"),
-    (["--executor", "ray", "--address", "b" * 64 + ".example:6379"], "--address"),
-    (["--executor", "ray", "--address", "héllo.example:6379"], "--address"),
-    (["--executor", "ray", "--address", "host:0"], "--address"),
-    (["--executor", "ray", "--address", "host:65536"], "--address"),
-    (["--executor", "ray", "--address", "host:٦٣٧٩"], "--address"),
-    (["--executor", "ray", "--address", "[nothex]:6379"], "--address"),
-    (["--executor", "ray", "--address", "-bad-.example:6379"], "--address"),
-    (["--address", "127.0.0.1:6379"], "--address"),
-])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (["--workers", "0"], "--workers"),
+        (["--workers", "257"], "--workers"),
+        (["--workers", "10" * 30], "--workers"),
+        (["--workers", "-3"], "--workers"),
+        (["--attempts", "0"], "--attempts"),
+        (["--attempts", "11"], "--attempts"),
+        (["--attempts", "9" * 40], "--attempts"),
+        (["--workers", "x"], "--workers"),
+        (["--executor", "ray", "--address", "a" * 300 + ":6379"], "--address"),
+        (["--executor", "ray", "--address", "b" * 64 + ".example:6379"], "--address"),
+        (["--executor", "ray", "--address", "héllo.example:6379"], "--address"),
+        (["--executor", "ray", "--address", "host:0"], "--address"),
+        (["--executor", "ray", "--address", "host:65536"], "--address"),
+        (["--executor", "ray", "--address", "host:٦٣٧٩"], "--address"),
+        (["--executor", "ray", "--address", "[nothex]:6379"], "--address"),
+        (["--executor", "ray", "--address", "-bad-.example:6379"], "--address"),
+        (["--address", "127.0.0.1:6379"], "--address"),
+    ],
+)
 def test_bad_sweep_arguments_exit_2_before_anything(workdir, capsys, no_runs, args, field):
     sweep = _sweep_file(workdir, TINY + "grid: {policy.name: [lru, on-demand]}\n")
     rc, _, err = _cli(capsys, "sweep", sweep, "--out", workdir / "out", *args)
@@ -411,8 +481,16 @@ def test_a_pool_never_has_more_processes_than_points(workdir, monkeypatch):
 
     monkeypatch.setattr(sim.sweep_exec, "ProcessPoolExecutor", Pool)
     sweep = _sweep_file(workdir, TINY + "grid: {policy.name: [lru, on-demand]}\n")
-    args = argparse.Namespace(sweep=str(sweep), executor="local", address=None, workers=64, resume=False,
-                              attempts=2, out=str(workdir / "out"), quiet=True)
+    args = argparse.Namespace(
+        sweep=str(sweep),
+        executor="local",
+        address=None,
+        workers=64,
+        resume=False,
+        attempts=2,
+        out=str(workdir / "out"),
+        quiet=True,
+    )
     assert sim.sweep.run(args) == 0
     assert widths == [2]
 
@@ -437,9 +515,16 @@ class _Boom(Exception):
     """Stands for Ray's own exception classes."""
 
 
-@pytest.mark.parametrize("exc", [TimeoutError("The current node timed out during startup."),
-                                 RuntimeError("Failed to start GCS"), ConnectionError("refused"),
-                                 _Boom("raylet died\nwith a long log\n" + "x" * 5000), Exception("")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        TimeoutError("The current node timed out during startup."),
+        RuntimeError("Failed to start GCS"),
+        ConnectionError("refused"),
+        _Boom("raylet died\nwith a long log\n" + "x" * 5000),
+        Exception(""),
+    ],
+)
 def test_a_local_ray_instance_that_fails_to_start_is_one_line(workdir, monkeypatch, capsys, exc):
     ray = types.ModuleType("ray")
     ray.shutdowns = 0
@@ -465,19 +550,39 @@ def _lru_rows(groups: dict, sizes=((0, 2, 2.0), (2, 6, 8.0), (4, 9, 13.0))) -> p
     rows = []
     for fields, hits in groups.items():
         for (hpc, mpc, slots), h in zip(sizes, hits):
-            rows.append({"policy.name": "lru", **dict(fields), "cache.hpc_slots": hpc, "cache.mpc_slots": mpc,
-                         "cache_slots": slots, "hit_rate_hpc": 0.0, "hit_rate_mpc": h, "throughput_tok_s": 1.0,
-                         "status": "ok"})
+            rows.append(
+                {
+                    "policy.name": "lru",
+                    **dict(fields),
+                    "cache.hpc_slots": hpc,
+                    "cache.mpc_slots": mpc,
+                    "cache_slots": slots,
+                    "hit_rate_hpc": 0.0,
+                    "hit_rate_mpc": h,
+                    "throughput_tok_s": 1.0,
+                    "status": "ok",
+                }
+            )
     return pd.DataFrame(rows)
 
 
 @FUZZ
-@given(others=st.dictionaries(st.sampled_from(["cache.organization", "cache.layers", "workload.batch_size",
-                                               "predictor.name", "cache.lpc_buffers"]),
-                              st.lists(st.one_of(st.sampled_from(["per-layer", "shared", "all", "decoder"]),
-                                                 st.integers(0, 9), st.none()), min_size=1, max_size=3, unique=True),
-                              min_size=1, max_size=3),
-       data=st.data())
+@given(
+    others=st.dictionaries(
+        st.sampled_from(
+            ["cache.organization", "cache.layers", "workload.batch_size", "predictor.name", "cache.lpc_buffers"]
+        ),
+        st.lists(
+            st.one_of(st.sampled_from(["per-layer", "shared", "all", "decoder"]), st.integers(0, 9), st.none()),
+            min_size=1,
+            max_size=3,
+            unique=True,
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    data=st.data(),
+)
 def test_lru_monotone_compares_only_rows_that_differ_in_cache_size(others, data):
     """Hit rates that grow with the cache within every group of other fields pass, however the groups compare
     with each other; one fall within a group fails."""
@@ -501,16 +606,28 @@ def test_lru_monotone_compares_only_rows_that_differ_in_cache_size(others, data)
 def test_lru_monotone_is_not_applicable_without_a_cache_size_axis():
     from sim.sweep_checks import CHECKS
 
-    df = _lru_rows({(("cache.organization", "per-layer"),): [0.5, 0.5, 0.5],
-                    (("cache.organization", "shared"),): [0.1, 0.1, 0.1]})
+    df = _lru_rows(
+        {(("cache.organization", "per-layer"),): [0.5, 0.5, 0.5], (("cache.organization", "shared"),): [0.1, 0.1, 0.1]}
+    )
     assert CHECKS["lru_monotone_in_cache"](df, ["policy.name", "cache.organization"]) is None
 
 
 # --------------------------------------------------------------------------------------------- compare
-BAD_POLICIES = [("lru,lru", "--policies"), ("lru@", "--policies"), ("@oracle", "--policies"),
-                ("nosuch", "--policies"), ("lru@nosuch", "--policies"), ("", "--policies"), (",", "--policies"),
-                ("lru,,lfu", "--policies"), ("all,lru", "--policies"), ("lru,lru@oracle", "--policies"),
-                ("x" * 5000, "--policies"), ("lru@" + "p" * 5000, "--policies"), ("lru@oracle@x", "--policies")]
+BAD_POLICIES = [
+    ("lru,lru", "--policies"),
+    ("lru@", "--policies"),
+    ("@oracle", "--policies"),
+    ("nosuch", "--policies"),
+    ("lru@nosuch", "--policies"),
+    ("", "--policies"),
+    (",", "--policies"),
+    ("lru,,lfu", "--policies"),
+    ("all,lru", "--policies"),
+    ("lru,lru@oracle", "--policies"),
+    ("x" * 5000, "--policies"),
+    ("lru@" + "p" * 5000, "--policies"),
+    ("lru@oracle@x", "--policies"),
+]
 
 
 @pytest.mark.parametrize("policies, field", BAD_POLICIES, ids=range(len(BAD_POLICIES)))
@@ -522,15 +639,22 @@ def test_bad_policies_are_refused_before_any_policy_runs(workdir, capsys, no_run
 
 @pytest.mark.parametrize("baseline", ["diffmoe", "", "b" * 5000, "lru@oracle"])
 def test_a_baseline_not_among_the_policies_is_refused_before_any_policy_runs(workdir, capsys, no_runs, baseline):
-    rc, _, err = _cli(capsys, "compare", BASE, "--policies", "lru,lfu", "--baseline", baseline, "--out",
-                      workdir / "out")
+    rc, _, err = _cli(
+        capsys, "compare", BASE, "--policies", "lru,lfu", "--baseline", baseline, "--out", workdir / "out"
+    )
     _refused(rc, err, "--baseline")
     assert len(err) <= 320 and not (workdir / "out").exists()
 
 
 @FUZZ
-@given(parts=st.lists(st.sampled_from(["lru", "lfu", "diffmoe", "all", "oracle", "none", "nosuch", "@", "", " ",
-                                       "lru@oracle", "x" * 400]), max_size=8))
+@given(
+    parts=st.lists(
+        st.sampled_from(
+            ["lru", "lfu", "diffmoe", "all", "oracle", "none", "nosuch", "@", "", " ", "lru@oracle", "x" * 400]
+        ),
+        max_size=8,
+    )
+)
 def test_any_policies_list_parses_or_is_one_bounded_line(parts):
     from sim.compare import parse_entries
 
@@ -546,7 +670,13 @@ def test_any_policies_list_parses_or_is_one_bounded_line(parts):
 def test_the_command_line_reports_a_bad_sweep_in_one_line_as_a_subprocess(tmp_path):
     path = _sweep_file(tmp_path, "name: x/../../../escaped\ngrid: {policy.name: [lru]}\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-m", "sim", "sweep", str(path)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "sim", "sweep", str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     _refused(res.returncode, res.stderr, str(path), "sweep.name")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]

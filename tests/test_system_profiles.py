@@ -38,18 +38,25 @@ def _iterations(result) -> list:
     return [dataclasses.astuple(x) for x in result.engine.iterations]
 
 
-@pytest.mark.parametrize("path,policy", [("configs/switch_xxl.yaml", None), ("configs/mixtral.yaml", "lru"),
-                                         ("configs/gpt_oss_20b.yaml", None), ("configs/qwen3_30b_a3b.yaml", None),
-                                         ("configs/mixtral.yaml", "fiddler"), ("configs/deepseek_v3.yaml",
-                                                                               "ktransformers")])
+@pytest.mark.parametrize(
+    "path,policy",
+    [
+        ("configs/switch_xxl.yaml", None),
+        ("configs/mixtral.yaml", "lru"),
+        ("configs/gpt_oss_20b.yaml", None),
+        ("configs/qwen3_30b_a3b.yaml", None),
+        ("configs/mixtral.yaml", "fiddler"),
+        ("configs/deepseek_v3.yaml", "ktransformers"),
+    ],
+)
 def test_the_ideal_system_changes_nothing_bit_for_bit(path, policy):
     sets = [] if policy is None else [f"policy.name={policy}"]
     absent = simulate(_cfg(path, *sets))
     ideal = simulate(_cfg(path, *sets, "system=ideal"))
     assert _summary(absent) == _summary(ideal)
     assert _iterations(absent) == _iterations(ideal)
-    assert absent.resolved["system"]["name"] == "ideal"   # config.resolved.yaml shows the system
-    assert "system" not in _cfg(path, *sets).resolved     # ... but a config's id is as before systems existed
+    assert absent.resolved["system"]["name"] == "ideal"  # config.resolved.yaml shows the system
+    assert "system" not in _cfg(path, *sets).resolved  # ... but a config's id is as before systems existed
 
 
 def test_layer_overhead_adds_exactly_its_count_on_the_critical_path():
@@ -69,8 +76,10 @@ def test_expert_call_adds_exactly_its_count_when_every_expert_is_resident():
 
 
 @SLOW
-@given(path=st.sampled_from(["configs/mixtral.yaml", "configs/switch_xxl.yaml"]),
-       policy=st.sampled_from(["lru", "on-demand", "diffmoe"]))
+@given(
+    path=st.sampled_from(["configs/mixtral.yaml", "configs/switch_xxl.yaml"]),
+    policy=st.sampled_from(["lru", "on-demand", "diffmoe"]),
+)
 def test_a_serial_copy_stream_is_never_faster_and_never_overlaps(path, policy):
     # Under the oracle every prefetch is of an expert the layer uses. With a guessing predictor the copy counts need
     # not order: which wrong guesses are copied before they are dropped depends on timing (mixtral, diffmoe,
@@ -79,7 +88,7 @@ def test_a_serial_copy_stream_is_never_faster_and_never_overlaps(path, policy):
     serial = simulate(_cfg(path, f"policy.name={policy}", "predictor.name=oracle", "system.copy_stream=serial"))
     assert serial.summary["sim_time_s"] >= over.summary["sim_time_s"] * (1 - 1e-12)
     assert serial.summary["copies"] <= over.summary["copies"]
-    e = serial.engine   # nothing overlaps: the compute stream's time and the link's add up to at most the total
+    e = serial.engine  # nothing overlaps: the compute stream's time and the link's add up to at most the total
     assert e.compute_busy_s + e.link_busy_s <= e.sim_time_s * (1 + 1e-9)
 
 
@@ -106,7 +115,7 @@ def test_a_lower_bit_expert_format_cuts_pcie_bytes_in_proportion(fmt):
     ratio = r1.summary["pcie_bytes"] / r0.summary["pcie_bytes"]
     assert ratio == pytest.approx(FORMATS[fmt] / 16, rel=1e-6)
     assert cfg.model.expert_bits == FORMATS[fmt]
-    assert "expert_bits" not in cfg.resolved["model"]   # the model as given; the system applies on loading
+    assert "expert_bits" not in cfg.resolved["model"]  # the model as given; the system applies on loading
 
 
 def test_host_bandwidth_half_doubles_a_memory_bound_host_expert():
@@ -126,8 +135,9 @@ def test_host_threads_and_call_cost():
     model, hw = load_model("deepseek-v3"), load_hardware("h200")
     ideal = CostModel(model, hw)
     sixteen = CostModel(model, hw, SystemSpec(host_threads=16, host_call_s=20e-6))
-    assert sixteen.cpu_expert_s(4) == pytest.approx(ideal.cpu_expert_s(4, cores=16) - hw.cpu_expert_overhead_s
-                                                    + 20e-6, rel=1e-12)
+    assert sixteen.cpu_expert_s(4) == pytest.approx(
+        ideal.cpu_expert_s(4, cores=16) - hw.cpu_expert_overhead_s + 20e-6, rel=1e-12
+    )
 
 
 @given(frac=st.floats(0.05, 1.0))
@@ -137,7 +147,7 @@ def test_pageable_copies_run_at_their_fraction_of_the_bandwidth(frac):
     pinned = CostModel(model, hw).copy_s(eb)
     pageable = CostModel(model, hw, SystemSpec(pageable_copies=True, pageable_fraction=frac)).copy_s(eb)
     assert pageable - hw.pcie_latency_s == pytest.approx((pinned - hw.pcie_latency_s) / frac, rel=1e-9)
-    half = CostModel(model, hw, SystemSpec(pageable_copies=True)).copy_s(eb)   # the default fraction: 0.5
+    half = CostModel(model, hw, SystemSpec(pageable_copies=True)).copy_s(eb)  # the default fraction: 0.5
     assert half - hw.pcie_latency_s == pytest.approx(2 * (pinned - hw.pcie_latency_s), rel=1e-12)
 
 
@@ -160,7 +170,7 @@ def test_dequant_roofline_and_table():
     table = load_system({"dequant": "table", "tables": {"dequant": [[0, 1e-4], [1e9, 2e-4]]}})
     assert CostModel(model, hw, table).dequant_s == pytest.approx(1e-4 + 1e-4 * model.expert_bytes / 1e9)
     bf16 = CostModel(load_model("mixtral-8x7b"), hw, SystemSpec(dequant="roofline"))
-    assert bf16.dequant_s == 0.0   # nothing to de-quantize
+    assert bf16.dequant_s == 0.0  # nothing to de-quantize
 
 
 def test_a_lower_bit_dense_format_reads_fewer_dense_bytes():
@@ -176,8 +186,14 @@ def test_system_host_issue_costs_replace_the_hardwares_and_default_to_them():
     hw_set = simulate(_cfg("configs/mixtral.yaml", "policy.name=on-demand", "hardware.layer_roundtrip_us=30"))
     sys_set = simulate(_cfg("configs/mixtral.yaml", "policy.name=on-demand", "system.layer_roundtrip_us=30"))
     assert _summary(hw_set) == _summary(sys_set)
-    both = simulate(_cfg("configs/mixtral.yaml", "policy.name=on-demand", "hardware.layer_roundtrip_us=30",
-                         "system.layer_roundtrip_us=0"))
+    both = simulate(
+        _cfg(
+            "configs/mixtral.yaml",
+            "policy.name=on-demand",
+            "hardware.layer_roundtrip_us=30",
+            "system.layer_roundtrip_us=0",
+        )
+    )
     plain = simulate(_cfg("configs/mixtral.yaml", "policy.name=on-demand"))
     assert _summary(both) == _summary(plain)
 
@@ -197,9 +213,16 @@ def test_profiles_load_by_name_path_and_inline_with_base_and_bad_values_name_the
     cfg = _cfg("configs/mixtral.yaml", f"system={f}")
     assert cfg.resolved["system"]["layer_overhead_us"] == pytest.approx(12)
     from sim.config import config_from_dict
+
     assert config_from_dict(cfg.resolved) == dataclasses.replace(cfg, source="inline")
-    for key, value in [("expert_format", "int9"), ("copy_stream", "parallel"), ("host_bw_fraction", 0),
-                       ("layer_overhead_us", -1), ("pageable_copies", "maybe"), ("dequant", "table")]:
+    for key, value in [
+        ("expert_format", "int9"),
+        ("copy_stream", "parallel"),
+        ("host_bw_fraction", 0),
+        ("layer_overhead_us", -1),
+        ("pageable_copies", "maybe"),
+        ("dequant", "table"),
+    ]:
         with pytest.raises(ConfigError) as exc:
             _cfg("configs/mixtral.yaml", f"system.{key}={value}")
         assert f"system.{key}" in str(exc.value)
@@ -212,7 +235,7 @@ def test_a_policy_that_weighs_host_against_copy_prices_both_with_the_runs_system
     fast = simulate(_cfg("configs/mixtral.yaml", "policy.name=fiddler"))
     slow_host = simulate(_cfg("configs/mixtral.yaml", "policy.name=fiddler", "system.host_call_us=1000000"))
     assert fast.summary["cpu_experts"] > 0
-    assert slow_host.summary["cpu_experts"] == 0   # a host call dearer than any copy: fiddler copies every miss
+    assert slow_host.summary["cpu_experts"] == 0  # a host call dearer than any copy: fiddler copies every miss
 
 
 def test_a_dense_format_shrinks_the_dense_weights_in_gpu_memory():
@@ -224,9 +247,14 @@ def test_a_dense_format_shrinks_the_dense_weights_in_gpu_memory():
     assert dense_bytes_of(m, IDEAL) == m.dense_bytes
 
 
-@given(st.one_of(st.sampled_from(sorted(FORMATS)), st.text(max_size=12),
-                 st.builds(lambda n, fam: f"{fam}{n}", st.integers(0, 12), st.sampled_from(["int", "hqq-", "gptq-"])),
-                 st.builds(lambda x: f"{x:g}bpw", st.floats(0, 40, allow_nan=False))))
+@given(
+    st.one_of(
+        st.sampled_from(sorted(FORMATS)),
+        st.text(max_size=12),
+        st.builds(lambda n, fam: f"{fam}{n}", st.integers(0, 12), st.sampled_from(["int", "hqq-", "gptq-"])),
+        st.builds(lambda x: f"{x:g}bpw", st.floats(0, 40, allow_nan=False)),
+    )
+)
 @settings(max_examples=200, deadline=None)
 def test_a_weight_format_is_a_known_width_or_refused_at_load(name):
     """Every name a system (or a published row) may give: a width of 1 to 32 bits, or one line naming the field."""

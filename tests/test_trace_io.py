@@ -33,8 +33,9 @@ def traces(draw):
     prefill = [int(rng.integers(0, n + 1)) for n in lengths]
     roles = [draw(st.sampled_from(["encoder", "decoder"])) for _ in range(layers)]
     weights = rng.random(e.shape).astype(np.float16) if draw(st.booleans()) else None
-    return make_trace(e, lengths, prefill, experts, roles, weights, kind=draw(st.sampled_from(
-        ["synthetic", "recorded", "imported"])))
+    return make_trace(
+        e, lengths, prefill, experts, roles, weights, kind=draw(st.sampled_from(["synthetic", "recorded", "imported"]))
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -102,8 +103,9 @@ def _npy(arr) -> bytes:
 
 @pytest.fixture
 def good_file(tmp_path):
-    t = make_trace([[[0, 1], [2, 3]], [[1, 2], [3, 0]], [[2, 3], [0, 1]]], lengths=[1, 2], prefill=[1, 0],
-                   num_experts=4)
+    t = make_trace(
+        [[[0, 1], [2, 3]], [[1, 2], [3, 0]], [[2, 3], [0, 1]]], lengths=[1, 2], prefill=[1, 0], num_experts=4
+    )
     return save_trace(t, tmp_path / "good.npz")
 
 
@@ -121,41 +123,57 @@ BAD_CASES = {
     "id below -1": (lambda p: {"replace": {"experts.npy": _npy(np.full((3, 2, 2), -2, np.int16))}}, "outside"),
     "repeated expert": (lambda p: {"replace": {"experts.npy": _npy(np.ones((3, 2, 2), np.int16))}}, "repeats"),
     "offsets wrong end": (lambda p: {"replace": {"request_offsets.npy": _npy(np.array([0, 1, 5]))}}, "token count"),
-    "offsets decreasing": (lambda p: {"replace": {"request_offsets.npy": _npy(np.array([0, 2, 1, 3]))}},
-                           "prefill_lengths|non-decreasing"),
+    "offsets decreasing": (
+        lambda p: {"replace": {"request_offsets.npy": _npy(np.array([0, 2, 1, 3]))}},
+        "prefill_lengths|non-decreasing",
+    ),
     "prefill too long": (lambda p: {"replace": {"prefill_lengths.npy": _npy(np.array([2, 0]))}}, "prefill"),
-    "prefill wrong dtype": (lambda p: {"replace": {"prefill_lengths.npy": _npy(np.array([1, 0], np.int32))}},
-                            "prefill_lengths"),
+    "prefill wrong dtype": (
+        lambda p: {"replace": {"prefill_lengths.npy": _npy(np.array([1, 0], np.int32))}},
+        "prefill_lengths",
+    ),
     "weights wrong shape": (lambda p: {"add": {"weights.npy": _npy(np.zeros((3, 2), np.float16))}}, "weights"),
-    "weights not finite": (lambda p: {"add": {"weights.npy": _npy(np.full((3, 2, 2), np.inf, np.float16))}},
-                           "finite"),
-    "pickled object array": (lambda p: {"replace": {"experts.npy": _npy(np.array([None, 1], dtype=object))}},
-                             "plain numeric"),
+    "weights not finite": (lambda p: {"add": {"weights.npy": _npy(np.full((3, 2, 2), np.inf, np.float16))}}, "finite"),
+    "pickled object array": (
+        lambda p: {"replace": {"experts.npy": _npy(np.array([None, 1], dtype=object))}},
+        "plain numeric",
+    ),
     "missing experts": (lambda p: {"drop": "experts.npy"}, "experts.npy"),
     "missing metadata": (lambda p: {"drop": "meta.json"}, "meta.json"),
     "unknown entry": (lambda p: {"add": {"extra.npy": _npy(np.zeros(1))}}, "unknown entry"),
     "metadata not json": (lambda p: {"replace": {"meta.json": b"{not json"}}, "JSON"),
     "experts big-endian": (lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2), ">i2"))}}, "int16"),
-    "experts complex": (lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2), np.complex64))}},
-                        "plain numeric"),
-    "experts structured": (lambda p: {"replace": {"experts.npy": _npy(np.zeros(3, [("a", "<i2"), ("b", "<i2")]))}},
-                           "plain numeric"),
+    "experts complex": (
+        lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2), np.complex64))}},
+        "plain numeric",
+    ),
+    "experts structured": (
+        lambda p: {"replace": {"experts.npy": _npy(np.zeros(3, [("a", "<i2"), ("b", "<i2")]))}},
+        "plain numeric",
+    ),
     "experts 4-D": (lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2, 1), np.int16))}}, "dimensions"),
     "weights NaN": (lambda p: {"add": {"weights.npy": _npy(np.full((3, 2, 2), np.nan, np.float16))}}, "finite"),
-    "npy header claims 2**45 tokens": (lambda p: {"replace": {"experts.npy": _npy_header((2**45, 2, 2)) + bytes(24)}},
-                                       "claims"),
+    "npy header claims 2**45 tokens": (
+        lambda p: {"replace": {"experts.npy": _npy_header((2**45, 2, 2)) + bytes(24)}},
+        "claims",
+    ),
     "npy header negative shape": (lambda p: {"replace": {"experts.npy": _npy_header((-3, 2, 2))}}, "shape"),
     "npy header garbled": (lambda p: {"replace": {"experts.npy": _garbled_header()}}, "bad npy header"),
-    "npy header truncated": (lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2), np.int16))[:40]}},
-                             "bad npy header|truncated"),
-    "npy data truncated": (lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2), np.int16))[:-2]}},
-                           "claims"),
+    "npy header truncated": (
+        lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2), np.int16))[:40]}},
+        "bad npy header|truncated",
+    ),
+    "npy data truncated": (lambda p: {"replace": {"experts.npy": _npy(np.zeros((3, 2, 2), np.int16))[:-2]}}, "claims"),
     "metadata not UTF-8": (lambda p: {"replace": {"meta.json": b'{"seed": "\xff"}'}}, "UTF-8"),
-    "metadata nested 100000 deep": (lambda p: {"replace": {"meta.json": b"[" * 100_000 + b"]" * 100_000}},
-                                    "too deeply"),
+    "metadata nested 100000 deep": (
+        lambda p: {"replace": {"meta.json": b"[" * 100_000 + b"]" * 100_000}},
+        "too deeply",
+    ),
     "metadata nested 65 deep": (lambda p: {"replace": {"meta.json": b"[" * 65 + b"]" * 65}}, "too deeply"),
-    "metadata integer of 5000 digits": (lambda p: {"replace": {"meta.json": b'{"seed": ' + b"9" * 5000 + b"}"}},
-                                        "JSON"),
+    "metadata integer of 5000 digits": (
+        lambda p: {"replace": {"meta.json": b'{"seed": ' + b"9" * 5000 + b"}"}},
+        "JSON",
+    ),
 }
 
 
@@ -177,6 +195,7 @@ def _meta_edit(fn):
         m = _meta(path)
         fn(m)
         return {"replace": {"meta.json": json.dumps(m).encode()}}
+
     return make
 
 
@@ -189,8 +208,10 @@ BAD_META = {
     "bad role": (_meta_edit(lambda m: m["model"]["layers"][0].update(role="middle")), "role"),
     "top_k above experts": (_meta_edit(lambda m: m["model"].update(top_k=9)), "top_k"),
     "bad provenance kind": (_meta_edit(lambda m: m["provenance"].update(kind="dreamed")), "provenance.kind"),
-    "recorded without date": (_meta_edit(lambda m: m["provenance"].update(kind="recorded", date=None)),
-                              "provenance.date"),
+    "recorded without date": (
+        _meta_edit(lambda m: m["provenance"].update(kind="recorded", date=None)),
+        "provenance.date",
+    ),
     "bad date": (_meta_edit(lambda m: m["provenance"].update(kind="imported", date="yesterday")), "ISO-8601"),
     "request_ids wrong count": (_meta_edit(lambda m: m.update(request_ids=["a"])), "request_ids"),
     "format_version true": (_meta_edit(lambda m: m.update(format_version=True)), "format_version"),
@@ -199,10 +220,11 @@ BAD_META = {
     "num_experts true": (_meta_edit(lambda m: m["model"].update(num_experts=True)), "num_experts"),
     "seed 2**64": (_meta_edit(lambda m: m.update(seed=2**64)), "seed"),
     "negative layer index": (_meta_edit(lambda m: m["model"]["layers"][0].update(index=-1)), "index"),
-    "request_info int beyond 64 bits": (_meta_edit(lambda m: m.update(request_info={"n": [1, 10**30]})),
-                                        "request_info.n"),
-    "5-million-character kind": (_meta_edit(lambda m: m["provenance"].update(kind="k" * 5_000_000)),
-                                 "provenance.kind"),
+    "request_info int beyond 64 bits": (
+        _meta_edit(lambda m: m.update(request_info={"n": [1, 10**30]})),
+        "request_info.n",
+    ),
+    "5-million-character kind": (_meta_edit(lambda m: m["provenance"].update(kind="k" * 5_000_000)), "provenance.kind"),
     "multi-line unknown key": (_meta_edit(lambda m: m.update({"a\nb" * 1000: 1})), "unknown key"),
     "lone surrogate": (_meta_edit(lambda m: m["model"].update(name="\ud800")), "not valid Unicode"),
 }
@@ -220,8 +242,7 @@ def test_each_bad_file_is_rejected_with_its_problem_named(good_file, tmp_path, c
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(cut=st.floats(0.0, 0.999), flips=st.lists(st.tuples(st.floats(0, 0.999), st.integers(1, 255)),
-                                                   max_size=4))
+@given(cut=st.floats(0.0, 0.999), flips=st.lists(st.tuples(st.floats(0, 0.999), st.integers(1, 255)), max_size=4))
 def test_truncated_or_corrupted_files_never_load_silently_wrong(good_file, tmp_path, cut, flips):
     """Any truncation fails with TraceError; byte flips either fail with TraceError or (where the flip lands
     in zip padding or leaves every value valid) load a trace that still passes validation."""
@@ -264,8 +285,9 @@ def test_not_a_trace_and_missing_file(tmp_path):
 
 def test_validate_command_exit_codes(good_file, tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "traces", "validate", *map(str, args)], cwd=ROOT,
-                              capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-m", "traces", "validate", *map(str, args)], cwd=ROOT, capture_output=True, text=True
+        )
 
     ok = run(good_file)
     assert ok.returncode == 0 and "ok" in ok.stdout

@@ -43,6 +43,7 @@ def request_of_rows(trace, rows):
 
 # ------------------------------------------------------------------------------------- never its own request
 
+
 def test_a_token_is_never_predicted_from_its_own_requests_routing():
     trace = private_trace()
     per = 4
@@ -74,6 +75,7 @@ def test_through_the_engine_a_private_routing_trace_gets_no_right_guess(tmp_path
 
 
 # ----------------------------------------------------------------------------------- an independent re-count
+
 
 def test_folds_are_even_and_odd_requests():
     trace = make_trace(np.zeros((7, 1, 1)), [2, 1, 3, 1], num_experts=2)
@@ -145,6 +147,7 @@ def test_guesses_match_a_plain_re_implementation(batch, top):
 
 # ------------------------------------------------------------------------------------------------ the param
 
+
 def test_other_requests_needs_no_file_and_is_checked_when_the_config_loads(tmp_path):
     rng = np.random.default_rng(13)
     trace = random_trace(rng, tokens=30, layers=3, experts=6, k=2, requests=3)
@@ -168,10 +171,16 @@ def test_other_requests_is_the_default_and_null_is_refused(tmp_path):
     cfg = config_for(path, trace, "lru", "transition")
     assert cfg.predictor.params == {"train": OTHER_REQUESTS, "top": None}
     its, _ = build_iterations(trace, 1, "static", None, True, None)
-    assert drive(trace, its, cross_fitted(trace)) == drive(trace, its, PREDICTORS.get("transition")(
-        None, PredictorContext(trace.num_layers, trace.num_experts, 0, {"trace": trace})))
-    with pytest.raises(ConfigError, match=r"predictor\.params\.train: must be a path to a trace file or one of "
-                                          r"other-requests, got null"):
+    assert drive(trace, its, cross_fitted(trace)) == drive(
+        trace,
+        its,
+        PREDICTORS.get("transition")(None, PredictorContext(trace.num_layers, trace.num_experts, 0, {"trace": trace})),
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"predictor\.params\.train: must be a path to a trace file or one of "
+        r"other-requests, got null",
+    ):
         config_for(path, trace, "lru", "transition", predictor_params={"train": None})
 
 

@@ -160,13 +160,17 @@ def test_step2_run_summary(runs):
         assert (runs / "tutorial-diffmoe" / name).is_file() and f"`{name}`" in text
     run(HOT, runs)
     hot = _summary(runs, "tutorial-diffmoe-hot")
-    assert (f"Throughput rises to {hot['throughput_tok_s']:,.1f} tokens/s, with an HPC hit rate of "
-            f"{hot['hit_rate']['hpc']:.3f} instead of {s['hit_rate']['hpc']:.3f}") in words
+    assert (
+        f"Throughput rises to {hot['throughput_tok_s']:,.1f} tokens/s, with an HPC hit rate of "
+        f"{hot['hit_rate']['hpc']:.3f} instead of {s['hit_rate']['hpc']:.3f}"
+    ) in words
 
 
 # ------------------------------------------------------------------------------------------------ step 3
-COMPARE = ("python -m sim compare configs/switch_base_real.yaml --policies on-demand,pregated@oracle,lru,diffmoe,"
-           "moe-infinity@moe-infinity,belady --out runs/tutorial-compare")
+COMPARE = (
+    "python -m sim compare configs/switch_base_real.yaml --policies on-demand,pregated@oracle,lru,diffmoe,"
+    "moe-infinity@moe-infinity,belady --out runs/tutorial-compare"
+)
 
 
 def md_table(lines) -> list[dict]:
@@ -190,8 +194,10 @@ def test_step3_compare(runs):
     by = {r["policy"]: r for r in csv.DictReader((runs / "tutorial-compare" / "compare.csv").open())}
     words = prose(text)
     pre = by["pregated"]
-    assert (f"{round(100 * float(pre['prefetch_hit_rate']))}% of Pre-gated's expert accesses are prefetched, yet "
-            f"it gains only {round(100 * (float(pre['ratio_vs_baseline']) - 1))}%") in words
+    assert (
+        f"{round(100 * float(pre['prefetch_hit_rate']))}% of Pre-gated's expert accesses are prefetched, yet "
+        f"it gains only {round(100 * (float(pre['ratio_vs_baseline']) - 1))}%"
+    ) in words
     from sim.config import load_run_config
 
     cfg = load_run_config(ROOT / "configs/switch_base_real.yaml")
@@ -206,8 +212,9 @@ def test_step3_compare(runs):
 
 
 # ------------------------------------------------------------------------------------------------ step 4
-TIMELINE = ("python -m sim run configs/switch_base_real.yaml --set workload.requests=8 --timeline "
-            "--out runs/tutorial-timeline")
+TIMELINE = (
+    "python -m sim run configs/switch_base_real.yaml --set workload.requests=8 --timeline --out runs/tutorial-timeline"
+)
 
 
 def _events(runs: Path):
@@ -257,8 +264,10 @@ def test_step4_timeline(runs):
     s = _summary(runs, "tutorial-timeline")
     assert f"the link is busy {round(100 * s['link_busy_frac'])}% of the time in step 2" in words
     # step 3's prose quotes the same copy and dense times
-    assert f"takes about {demand['dur'] / 1e3:.2f} ms to copy, and a layer's dense work takes about " \
-           f"{dense['dur'] / 1e3:.1f} ms" in prose(section("3. "))
+    assert (
+        f"takes about {demand['dur'] / 1e3:.2f} ms to copy, and a layer's dense work takes about "
+        f"{dense['dur'] / 1e3:.1f} ms" in prose(section("3. "))
+    )
 
 
 # ------------------------------------------------------------------------------------------------ step 5
@@ -274,8 +283,10 @@ def test_step5_sweep(runs):
     for line in shown:
         assert re.sub(r"on \d+ worker\(s\)", "on N worker(s)", line) in normal, line
     spec = yaml.safe_load((ROOT / "configs/sweeps/ci.yaml").read_text())
-    assert (f"with {spec['set']['workload.requests']} requests and {spec['set']['workload.max_decode_tokens']} "
-            f"decode tokens each") in words
+    assert (
+        f"with {spec['set']['workload.requests']} requests and {spec['set']['workload.max_decode_tokens']} "
+        f"decode tokens each"
+    ) in words
     grid, zipped = spec["grid"], spec["zip"]
     batches = " and ".join(map(str, grid["workload.batch_size"]))
     assert f"It crosses {len(grid['policy.name'])} policies with batch {batches}" in words
@@ -285,8 +296,11 @@ def test_step5_sweep(runs):
     for check in spec["checks"]:
         assert f"`{check}`: passed" in report and f"`{check}`" in words
     described = dict(re.findall(r"^- `([\w.]+\.png)`: (.*)$", report, re.M))
-    assert set(described) == {"throughput_vs_cache_slots.png", "throughput_vs_workload_batch_size.png",
-                              "hit_rate_per_tier.png"}
+    assert set(described) == {
+        "throughput_vs_cache_slots.png",
+        "throughput_vs_workload_batch_size.png",
+        "hit_rate_per_tier.png",
+    }
     bullets = {m.group(1): m.group(2) for m in re.finditer(r"\*\*`([\w.]+\.png)`\*\*: (.*?)(?= - \*\*`|$)", words)}
     for png in ("throughput_vs_cache_slots.png", "throughput_vs_workload_batch_size.png"):
         *_, title, scale = described[png].split("; ")
@@ -318,11 +332,15 @@ def test_step6_text_agrees_with_itself_and_the_committed_measurement():
     text = section("6. ")
     words = prose(text)
     suite = SUITES["cpu"]
-    assert (f"`--quick` measures {len(suite.quick)} configurations of the CPU suite for {suite.quick_decode_tokens} "
-            f"decode steps each, in {build_parser().parse_args(['cpu', '--out', 'x']).rounds} "
-            "interleaved rounds") in words
-    assert (f"measures all {len(suite.points)} configurations of the suite (the host-CPU and quantized ones "
-            f"included) for {suite.decode_tokens} decode steps each") in words
+    assert (
+        f"`--quick` measures {len(suite.quick)} configurations of the CPU suite for {suite.quick_decode_tokens} "
+        f"decode steps each, in {build_parser().parse_args(['cpu', '--out', 'x']).rounds} "
+        "interleaved rounds"
+    ) in words
+    assert (
+        f"measures all {len(suite.points)} configurations of the suite (the host-CPU and quantized ones "
+        f"included) for {suite.decode_tokens} decode steps each"
+    ) in words
     table_block = next(body for lang, body in blocks(text) if body.startswith("| config |"))
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table_block.splitlines()[1:]]
     assert [r[0] for r in rows] == list(suite.quick)
@@ -334,16 +352,21 @@ def test_step6_text_agrees_with_itself_and_the_committed_measurement():
     assert int(med.group(4)) == len(rows)
     for column, quoted in ((3, med.group(1)), (6, med.group(2)), (9, med.group(3))):
         assert statistics.median(abs(float(r[column].rstrip("%"))) for r in rows) == pytest.approx(
-            float(quoted), abs=0.051)
-    committed = {r["config"]: r for r in csv.DictReader((ROOT / "docs/validation/cpu-vm-2026-11-30-f/compare.csv")
-                                                        .open())}["on-demand-b4"]
-    assert (f"`real_copy_ms` / `sim_copy_ms`: {float(committed['real_copy_ms']):.2f} / "
-            f"{float(committed['sim_copy_ms']):.2f} ms for on-demand-b4") in words
-    assert (f"({float(committed['real_host_busy_ms']):.1f} of {float(committed['real_mean_ms']):.1f} ms for "
-            f"on-demand-b4 in that run)") in words
+            float(quoted), abs=0.051
+        )
+    committed = {
+        r["config"]: r for r in csv.DictReader((ROOT / "docs/validation/cpu-vm-2026-11-30-f/compare.csv").open())
+    }["on-demand-b4"]
+    assert (
+        f"`real_copy_ms` / `sim_copy_ms`: {float(committed['real_copy_ms']):.2f} / "
+        f"{float(committed['sim_copy_ms']):.2f} ms for on-demand-b4"
+    ) in words
+    assert (
+        f"({float(committed['real_host_busy_ms']):.1f} of {float(committed['real_mean_ms']):.1f} ms for "
+        f"on-demand-b4 in that run)"
+    ) in words
     readme = (ROOT / "docs/validation/README.md").read_text()
-    full = [float(m) for m in re.findall(r"^\| `cpu-vm-[\w-]+/` \|[^|]*\| 8 \(3 rounds\) \| ([\d.]+)%",
-                                          readme, re.M)]
+    full = [float(m) for m in re.findall(r"^\| `cpu-vm-[\w-]+/` \|[^|]*\| 8 \(3 rounds\) \| ([\d.]+)%", readme, re.M)]
     assert full and f"a median of {min(full)}-{max(full)}%" in words
 
 
@@ -369,8 +392,10 @@ def test_step7_h200_archive(runs):
 
 
 # ------------------------------------------------------------------------------------------------ step 8
-HOST = ("python -m sim compare configs/gpt_oss_20b.yaml --policies lru,fiddler,ktransformers,hybrid-cache "
-        "--set workload.requests=8 --set workload.max_decode_tokens=64 --set predictor=none")
+HOST = (
+    "python -m sim compare configs/gpt_oss_20b.yaml --policies lru,fiddler,ktransformers,hybrid-cache "
+    "--set workload.requests=8 --set workload.max_decode_tokens=64 --set predictor=none"
+)
 
 
 def _host_rows(runs: Path, hardware: str) -> dict:
@@ -405,8 +430,10 @@ def test_step8_host_cpu(runs):
 
 
 # ------------------------------------------------------------------------------------------------ where next
-CALIBRATED = ("python -m sim run configs/switch_base_real.yaml --set hardware=runs/tutorial-val/calibration.yaml "
-              "--out runs/tutorial-calibrated")
+CALIBRATED = (
+    "python -m sim run configs/switch_base_real.yaml --set hardware=runs/tutorial-val/calibration.yaml "
+    "--out runs/tutorial-calibrated"
+)
 
 
 def test_where_next_calibrated_run(runs):
@@ -415,13 +442,16 @@ def test_where_next_calibrated_run(runs):
     words = prose(section("Where next"))
     assert CALIBRATED in TUTORIAL
     line = CALIBRATED.replace("runs/tutorial-val/calibration.yaml", CALIBRATION).replace("runs/", f"{runs}/")
-    res = subprocess.run([sys.executable, *shlex.split(line)[1:]], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(
+        [sys.executable, *shlex.split(line)[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr
     header = res.stdout.splitlines()[0]
     assert f"| hardware {CALIBRATION}, based on h200 |" in header
     assert "`hardware runs/tutorial-val/calibration.yaml, based on h200`" in words
     assert f"`--set hardware={CALIBRATION}`" in words
     s = _summary(runs, "tutorial-calibrated")
-    assert (f"compute busy {100 * s['compute_busy_frac']:.1f}%, link busy {100 * s['link_busy_frac']:.1f}% and "
-            f"{s['throughput_tok_s']:.1f} tokens/s") in words
+    assert (
+        f"compute busy {100 * s['compute_busy_frac']:.1f}%, link busy {100 * s['link_busy_frac']:.1f}% and "
+        f"{s['throughput_tok_s']:.1f} tokens/s"
+    ) in words

@@ -30,8 +30,16 @@ from validate.copier import Copier
 from validate.executor import Executor
 from validate.microbench import combine
 
-TINY = {**TINY_MODEL, "d_model": 64, "d_ff": 128, "num_experts": 16, "decoder_blocks": 3, "decoder_moe_layers": 3,
-        "head_dim": 16, "vocab_size": 300}
+TINY = {
+    **TINY_MODEL,
+    "d_model": 64,
+    "d_ff": 128,
+    "num_experts": 16,
+    "decoder_blocks": 3,
+    "decoder_moe_layers": 3,
+    "head_dim": 16,
+    "vocab_size": 300,
+}
 
 
 def tiny_files(tmp_path_factory, seed: int):
@@ -55,22 +63,46 @@ def tiny(tmp_path_factory):
 
 def tiny_config(tiny, policy, predictor="none", batch=4, hpc=1, mpc=3, lpc=4, **policy_params):
     model, path, _ = tiny
-    return config_from_dict({"model": str(model), "hardware": "h200",
-                             "workload": {"trace": str(path), "batch_size": batch, "max_decode_tokens": 6,
-                                          "requests": batch},
-                             "cache": {"hpc_slots": hpc, "mpc_slots": mpc, "lpc_buffers": lpc, "layers": "all"},
-                             "policy": {"name": policy, "params": policy_params},
-                             "predictor": {"name": predictor, "params": {"recall": 0.7, "precision": 0.6}
-                                           if predictor == "noisy" else {}}},
-                            "test", POLICIES.names(), PREDICTORS.names())
+    return config_from_dict(
+        {
+            "model": str(model),
+            "hardware": "h200",
+            "workload": {"trace": str(path), "batch_size": batch, "max_decode_tokens": 6, "requests": batch},
+            "cache": {"hpc_slots": hpc, "mpc_slots": mpc, "lpc_buffers": lpc, "layers": "all"},
+            "policy": {"name": policy, "params": policy_params},
+            "predictor": {
+                "name": predictor,
+                "params": {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else {},
+            },
+        },
+        "test",
+        POLICIES.names(),
+        PREDICTORS.names(),
+    )
 
 
-CASES = [("arc", "none"), ("s3fifo", "noisy"), ("least-stale", "oracle"), ("learned-rf", "none"),
-         ("reuse-distance", "noisy"), ("on-demand", "none"), ("pregated", "oracle"), ("prefetch-all", "none"),
-         ("lru", "noisy"),
-         ("lfu", "none"), ("diffmoe", "noisy"), ("diffmoe-arc", "oracle"), ("moe-infinity", "moe-infinity"),
-         ("belady", "noisy"), ("gpu-only", "none"), ("next-use-odds", "noisy"), ("fiddler", "none"),
-         ("ktransformers", "none"), ("hybrid-cache", "none"), ("lookahead", "oracle")]
+CASES = [
+    ("arc", "none"),
+    ("s3fifo", "noisy"),
+    ("least-stale", "oracle"),
+    ("learned-rf", "none"),
+    ("reuse-distance", "noisy"),
+    ("on-demand", "none"),
+    ("pregated", "oracle"),
+    ("prefetch-all", "none"),
+    ("lru", "noisy"),
+    ("lfu", "none"),
+    ("diffmoe", "noisy"),
+    ("diffmoe-arc", "oracle"),
+    ("moe-infinity", "moe-infinity"),
+    ("belady", "noisy"),
+    ("gpu-only", "none"),
+    ("next-use-odds", "noisy"),
+    ("fiddler", "none"),
+    ("ktransformers", "none"),
+    ("hybrid-cache", "none"),
+    ("lookahead", "oracle"),
+]
 
 
 def test_every_policy_is_covered():
@@ -81,7 +113,7 @@ def test_every_policy_is_covered():
 def test_the_executor_makes_the_simulators_decisions(tiny, policy, predictor):
     cfg = tiny_config(tiny, policy, predictor)
     trace = tiny[2]
-    ex = Executor(cfg, trace, CpuBackend(__import__("torch")), host_pool_bytes=6 * 2 ** 16, warmup=1)
+    ex = Executor(cfg, trace, CpuBackend(__import__("torch")), host_pool_bytes=6 * 2**16, warmup=1)
     res = ex.run()
     # the protocol replayed without time gives the very decisions the executor made
     policy_obj, predictor_obj = build_decisions(cfg, trace, ex.iterations)
@@ -90,9 +122,25 @@ def test_the_executor_makes_the_simulators_decisions(tiny, policy, predictor):
     sim = simulate(cfg, trace=trace).engine.iterations
     assert len(sim) == len(res.iterations) > 0
     for s, r in zip(sim, res.iterations):
-        assert (s.hits_hpc, s.hits_mpc, s.hits_lpc, s.misses, s.prefetches, s.unused_prefetches, s.promotions,
-                s.evictions) == (r.hits_hpc, r.hits_mpc, r.hits_lpc, r.misses, r.prefetches, r.unused_prefetches,
-                                 r.promotions, r.evictions)
+        assert (
+            s.hits_hpc,
+            s.hits_mpc,
+            s.hits_lpc,
+            s.misses,
+            s.prefetches,
+            s.unused_prefetches,
+            s.promotions,
+            s.evictions,
+        ) == (
+            r.hits_hpc,
+            r.hits_mpc,
+            r.hits_lpc,
+            r.misses,
+            r.prefetches,
+            r.unused_prefetches,
+            r.promotions,
+            r.evictions,
+        )
         assert r.latency_s > 0 and r.copies >= r.misses
     assert 0 < res.max_buffers_in_use <= cfg.cache.lpc_buffers or res.copies == 0
     assert res.copies == sum(r.copies for r in res.iterations)
@@ -132,11 +180,11 @@ def test_demand_copies_overtake_queued_prefetches_but_not_a_copy_in_flight():
     be = FakeBackend(0.02)
     c = Copier(be, lambda layer, e: (layer, e), [None] * 4, reserve=1)
     try:
-        c.submit(1, 0, True)          # starts at once: the link is idle
+        c.submit(1, 0, True)  # starts at once: the link is idle
         time.sleep(0.005)
         for e in (1, 2):
-            c.submit(1, e, True)      # queued prefetches
-        c.submit(0, 9, False)         # demand: goes before the queued prefetches
+            c.submit(1, e, True)  # queued prefetches
+        c.submit(0, 9, False)  # demand: goes before the queued prefetches
         got = [c.take(0).expert]
         assert got == [9]
         for _ in range(3):
@@ -153,12 +201,12 @@ def test_prefetches_leave_the_reserve_free_and_unused_ones_are_dropped():
     try:
         jobs = [c.submit(1, e, True) for e in range(5)]
         time.sleep(0.05)
-        assert c.copies == 2          # 3 buffers, 1 reserved for demand copies
-        c.drop(jobs[0])               # landed and unused: its buffer frees, the next prefetch starts
+        assert c.copies == 2  # 3 buffers, 1 reserved for demand copies
+        c.drop(jobs[0])  # landed and unused: its buffer frees, the next prefetch starts
         time.sleep(0.05)
         assert c.copies == 3
         for j in jobs[3:]:
-            c.drop(j)                 # never started: cancelled
+            c.drop(j)  # never started: cancelled
         time.sleep(0.02)
         assert c.copies == 3 and all(not j.started for j in jobs[3:])
     finally:
@@ -179,8 +227,11 @@ def test_a_failing_copy_surfaces_on_the_compute_thread():
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["demand", "prefetch", "drop", "take"]), st.integers(0, 5)),
-                max_size=30), st.integers(1, 4), st.integers(1, 3))
+@given(
+    st.lists(st.tuples(st.sampled_from(["demand", "prefetch", "drop", "take"]), st.integers(0, 5)), max_size=30),
+    st.integers(1, 4),
+    st.integers(1, 3),
+)
 def test_copier_never_overfills_its_buffers_and_lands_every_kept_copy_once(ops, buffers, reserve):
     in_use, peak, lock = set(), [0], threading.Lock()
 
@@ -223,8 +274,14 @@ def test_copier_never_overfills_its_buffers_and_lands_every_kept_copy_once(ops, 
 # ------------------------------------------------------------------------------------ measuring and comparing
 def test_combined_calibration_is_the_median_of_its_passes():
     def cal(v):
-        return {"base": "h200", "source": "x", "compute_slowdown": v, "copy_slowdown": 1.0,
-                "tables": {"model": "m", "copy": [[1, v], [2, 2 * v]], "dense": [[1, 8, v]]}}
+        return {
+            "base": "h200",
+            "source": "x",
+            "compute_slowdown": v,
+            "copy_slowdown": 1.0,
+            "tables": {"model": "m", "copy": [[1, v], [2, 2 * v]], "dense": [[1, 8, v]]},
+        }
+
     c = combine([cal(1.0), cal(3.0), cal(2.0)])
     assert c["tables"]["copy"] == [[1, 2.0], [2, 4.0]] and c["tables"]["dense"] == [[1, 8, 2.0]]
     assert c["compute_slowdown"] == 2.0 and "median of 3 passes" in c["source"]
@@ -234,8 +291,9 @@ def test_combined_calibration_is_the_median_of_its_passes():
 
 
 def _with_hardware(cfg, **fields):
-    return config_from_dict({**_raw(cfg), "hardware": {"base": "h200", **fields}}, "t", POLICIES.names(),
-                            PREDICTORS.names())
+    return config_from_dict(
+        {**_raw(cfg), "hardware": {"base": "h200", **fields}}, "t", POLICIES.names(), PREDICTORS.names()
+    )
 
 
 def test_interference_slows_the_simulation_but_never_past_its_factors(tiny):
@@ -253,8 +311,9 @@ def test_handoffs_delay_stalled_compute_and_idle_copies_by_at_most_two_per_copy(
     t0, t1 = r0.summary["sim_time_s"], r1.summary["sim_time_s"]
     assert t0 < t1 <= t0 + 2 * 50e-6 * r1.summary["copies"] + 1e-12
     assert r1.summary["stall_ms"] > r0.summary["stall_ms"]
-    assert [(r.hits_hpc, r.misses, r.copies) for r in r0.engine.iterations] == \
-           [(r.hits_hpc, r.misses, r.copies) for r in r1.engine.iterations]  # time moves, decisions do not
+    assert [(r.hits_hpc, r.misses, r.copies) for r in r0.engine.iterations] == [
+        (r.hits_hpc, r.misses, r.copies) for r in r1.engine.iterations
+    ]  # time moves, decisions do not
 
 
 def _raw(cfg):
@@ -267,9 +326,26 @@ def _raw(cfg):
 def measured(tmp_path_factory):
     """`validate cpu` on three configurations of the CPU suite (quick: 4 decode steps, one round)."""
     out = tmp_path_factory.mktemp("v") / "cpu"
-    res = subprocess.run([sys.executable, "-m", "validate", "cpu", "--out", str(out), "--quick", "--rounds", "1",
-                          "--repeat", "3", "--configs", "on-demand-b4,diffmoe-b8-c6,moe-infinity-b8-c6"],
-                         cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "validate",
+            "cpu",
+            "--out",
+            str(out),
+            "--quick",
+            "--rounds",
+            "1",
+            "--repeat",
+            "3",
+            "--configs",
+            "on-demand-b4,diffmoe-b8-c6,moe-infinity-b8-c6",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr + res.stdout
     return out, res.stdout
 
@@ -302,8 +378,12 @@ def test_validate_cpu_writes_a_measurement_folder(measured):
 
 def test_validate_compare_reports_the_error_and_identical_decisions(measured, tmp_path):
     out, _ = measured
-    res = subprocess.run([sys.executable, "-m", "validate", "compare", str(out), "--out", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "validate", "compare", str(out), "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr + res.stdout
     rows = list(csv.DictReader((tmp_path / "compare.csv").open()))
     assert [r["config"] for r in rows] == ["on-demand-b4", "diffmoe-b8-c6", "moe-infinity-b8-c6"]
@@ -325,18 +405,22 @@ def test_compare_fails_when_the_trace_changed(measured, tmp_path):
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["traces"] = {k: "0" * 64 for k in manifest["traces"]}
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    res = subprocess.run([sys.executable, "-m", "validate", "compare", str(copy)], cwd=ROOT, capture_output=True,
-                         text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "validate", "compare", str(copy)], cwd=ROOT, capture_output=True, text=True
+    )
     assert res.returncode == 2 and "checksum" in res.stderr
 
 
-@pytest.mark.parametrize("args,word", [
-    (["compare", "/no/such/folder"], "/no/such/folder"),
-    (["cpu", "--out", "{tmp}/x", "--configs", "no-such-config"], "--configs"),
-    (["gpu", "--out", "{tmp}/x"], "--device"),
-    (["cpu", "--out", "{tmp}/x", "--host-pool-gb", "1e9"], "--host-pool-gb"),
-    (["cpu", "--out", "{tmp}/x", "--host-pool-gb", "0"], "--host-pool-gb"),
-])
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        (["compare", "/no/such/folder"], "/no/such/folder"),
+        (["cpu", "--out", "{tmp}/x", "--configs", "no-such-config"], "--configs"),
+        (["gpu", "--out", "{tmp}/x"], "--device"),
+        (["cpu", "--out", "{tmp}/x", "--host-pool-gb", "1e9"], "--host-pool-gb"),
+        (["cpu", "--out", "{tmp}/x", "--host-pool-gb", "0"], "--host-pool-gb"),
+    ],
+)
 def test_bad_input_exits_2_with_the_field_named(tmp_path, args, word):
     import torch
 
@@ -350,19 +434,31 @@ def test_bad_input_exits_2_with_the_field_named(tmp_path, args, word):
 
 
 def test_measuring_needs_no_simpy():
-    code = ("import sys; sys.modules['simpy'] = None; sys.modules['matplotlib'] = None\n"
-            "import validate.cli, validate.measure, validate.executor, validate.microbench\n"
-            "print('ok')")
+    code = (
+        "import sys; sys.modules['simpy'] = None; sys.modules['matplotlib'] = None\n"
+        "import validate.cli, validate.measure, validate.executor, validate.microbench\n"
+        "print('ok')"
+    )
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
 
 
 def test_the_gpu_check_script_runs_the_same_path_on_the_cpu(tmp_path):
     out = tmp_path / "check"
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "DEVICE": "cpu", "ROUNDS": "1",
-           "EXTRA": "--quick --configs lru-b8-c6 --repeat 3"}
-    res = subprocess.run(["bash", str(ROOT / "validate" / "run_gpu_check.sh"), str(out)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHON": sys.executable,
+        "DEVICE": "cpu",
+        "ROUNDS": "1",
+        "EXTRA": "--quick --configs lru-b8-c6 --repeat 3",
+    }
+    res = subprocess.run(
+        ["bash", str(ROOT / "validate" / "run_gpu_check.sh"), str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr + res.stdout
     assert (out / "runs" / "lru-b8-c6" / "summary.json").exists() and (out / "calibration.yaml").exists()
     assert (out / "env-before.txt").exists() and (out / "env-after.txt").exists() and (out / "run.log").exists()
@@ -371,17 +467,31 @@ def test_the_gpu_check_script_runs_the_same_path_on_the_cpu(tmp_path):
 
 def test_the_packed_gpu_check_leaves_five_flat_files_and_compare_reads_the_archive(tmp_path):
     pack = tmp_path / "out"
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "DEVICE": "cpu", "ROUNDS": "1",
-           "EXTRA": "--quick --configs on-demand-b4 --repeat 3"}
-    res = subprocess.run(["bash", str(ROOT / "validate" / "run_gpu_check.sh"), "--pack", str(pack)], cwd=tmp_path,
-                         env=env, capture_output=True, text=True)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHON": sys.executable,
+        "DEVICE": "cpu",
+        "ROUNDS": "1",
+        "EXTRA": "--quick --configs on-demand-b4 --repeat 3",
+    }
+    res = subprocess.run(
+        ["bash", str(ROOT / "validate" / "run_gpu_check.sh"), "--pack", str(pack)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr + res.stdout
     files = sorted(p.name for p in pack.iterdir())
     assert files == ["calibration.yaml", "env-after.txt", "env-before.txt", "gpu-check.tar.gz", "run.log"]
     assert all(p.is_file() for p in pack.iterdir())  # flat: a runner returning plain files gets all of them
     assert "[1/1] on-demand-b4" in (pack / "run.log").read_text()
-    res = subprocess.run([sys.executable, "-m", "validate", "compare", str(pack / "gpu-check.tar.gz")], cwd=ROOT,
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "validate", "compare", str(pack / "gpu-check.tar.gz")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr + res.stdout
     rows = list(csv.DictReader((pack / "gpu-check" / "compare" / "compare.csv").open()))
     assert [r["config"] for r in rows] == ["on-demand-b4"] and rows[0]["decisions_identical"] == "True"
@@ -402,8 +512,12 @@ def test_compare_refuses_an_archive_that_is_not_a_measurement(tmp_path):
     (tmp_path / "junk").rmdir()
     (tmp_path / "broken.tar.gz").write_bytes(b"\x1f\x8b not really gzip")
     for name in ("junk.tar.gz", "broken.tar.gz"):
-        res = subprocess.run([sys.executable, "-m", "validate", "compare", str(tmp_path / name)], cwd=ROOT,
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [sys.executable, "-m", "validate", "compare", str(tmp_path / name)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 2 and name in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.tar.gz", "junk.tar.gz"]  # nothing left behind
 
@@ -414,7 +528,12 @@ def test_the_gpu_check_script_refuses_a_machine_without_cuda(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable}
-    res = subprocess.run(["bash", str(ROOT / "validate" / "run_gpu_check.sh"), str(tmp_path / "o")], cwd=tmp_path,
-                         env=env, capture_output=True, text=True)
+    res = subprocess.run(
+        ["bash", str(ROOT / "validate" / "run_gpu_check.sh"), str(tmp_path / "o")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode != 0 and "CUDA is not available" in res.stderr
     assert not (tmp_path / "o").exists()

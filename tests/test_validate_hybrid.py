@@ -80,8 +80,10 @@ class _HostMisses(Policy):
 def host_policies():
     """``test-cpu-misses`` and ``test-cpu-odd`` registered for this module only (the registry has no unregister:
     the names are removed from it after)."""
-    names = {"test-cpu-misses": type("HostMisses", (_HostMisses,), {}),
-             "test-cpu-odd": type("HostOdd", (_HostMisses,), {"ODD_ONLY": True})}
+    names = {
+        "test-cpu-misses": type("HostMisses", (_HostMisses,), {}),
+        "test-cpu-odd": type("HostOdd", (_HostMisses,), {"ODD_ONLY": True}),
+    }
     for name, cls in names.items():
         POLICIES.register(name)(cls)
     try:
@@ -98,14 +100,22 @@ def tiny(tmp_path_factory):
 
 def _config(tiny, policy, predictor="none", batch=4, hpc=2, mpc=0, lpc=4):
     model, path, _ = tiny
-    return config_from_dict({"model": str(model), "hardware": "h200",
-                             "workload": {"trace": str(path), "batch_size": batch, "max_decode_tokens": 5,
-                                          "requests": batch},
-                             "cache": {"hpc_slots": hpc, "mpc_slots": mpc, "lpc_buffers": lpc, "layers": "all"},
-                             "policy": {"name": policy, "params": {}},
-                             "predictor": {"name": predictor, "params": {"recall": 0.7, "precision": 0.6}
-                                           if predictor == "noisy" else {}}},
-                            "test", POLICIES.names(), PREDICTORS.names())
+    return config_from_dict(
+        {
+            "model": str(model),
+            "hardware": "h200",
+            "workload": {"trace": str(path), "batch_size": batch, "max_decode_tokens": 5, "requests": batch},
+            "cache": {"hpc_slots": hpc, "mpc_slots": mpc, "lpc_buffers": lpc, "layers": "all"},
+            "policy": {"name": policy, "params": {}},
+            "predictor": {
+                "name": predictor,
+                "params": {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else {},
+            },
+        },
+        "test",
+        POLICIES.names(),
+        PREDICTORS.names(),
+    )
 
 
 def _count_cpu(decisions) -> int:
@@ -168,23 +178,24 @@ def test_default_host_threads_leave_the_compute_and_copy_threads_their_cores(mon
 
 
 # ---------------------------------------------------------------------------------------------- the executor
-@pytest.mark.parametrize("policy,predictor", [("test-cpu-misses", "none"), ("test-cpu-odd", "noisy"),
-                                              ("test-cpu-misses", "oracle")])
+@pytest.mark.parametrize(
+    "policy,predictor", [("test-cpu-misses", "none"), ("test-cpu-odd", "noisy"), ("test-cpu-misses", "oracle")]
+)
 def test_the_executor_computes_host_experts_with_the_simulators_decisions(tiny, host_policies, policy, predictor):
     cfg = _config(tiny, policy, predictor)
     trace = tiny[2]
-    ex = Executor(cfg, trace, CpuBackend(torch), host_pool_bytes=6 * 2 ** 16, warmup=1, host_threads=2)
+    ex = Executor(cfg, trace, CpuBackend(torch), host_pool_bytes=6 * 2**16, warmup=1, host_threads=2)
     res = ex.run()
     policy_obj, predictor_obj = build_decisions(cfg, trace, ex.iterations)
     expected = replay(trace, ex.iterations, policy_obj, predictor_obj)
-    assert res.decisions == expected                      # the very decisions, host sources included
+    assert res.decisions == expected  # the very decisions, host sources included
     assert sum(res.cpu_experts) == _count_cpu(expected) > 0
     assert len(res.cpu_experts) == len(res.iterations) == len(res.cpu_busy_s) == len(res.cpu_stall_s)
     assert res.active_experts == sum(len(d.active) for d in expected)
     for r, n, busy, wait in zip(res.iterations, res.cpu_experts, res.cpu_busy_s, res.cpu_wait_s):
         assert r.latency_s > 0
         assert (busy > 0) == (n > 0) and wait >= 0
-        assert r.copies >= r.misses                        # host experts are not copied
+        assert r.copies >= r.misses  # host experts are not copied
     # no host expert was copied: the copies are the misses and the prefetches
     assert res.copies == sum(r.misses for r in res.iterations) + res.prefetch_copies
     assert set(HOST_PHASES) == set(res.host_phases) and res.host_phases["cpu_issue"] > 0
@@ -234,9 +245,26 @@ def test_microbench_measures_the_host_expert_table(tmp_path):
     model_path = tmp_path / "tiny-moe.yaml"
     model_path.write_text(yaml.safe_dump(TINY_MODEL))
     out = tmp_path / "cal.yaml"
-    res = subprocess.run([sys.executable, "-m", "validate", "microbench", "--model", str(model_path), "--out",
-                          str(out), "--quick", "--repeat", "2", "--host-threads", "1"], cwd=ROOT, capture_output=True,
-                         text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "validate",
+            "microbench",
+            "--model",
+            str(model_path),
+            "--out",
+            str(out),
+            "--quick",
+            "--repeat",
+            "2",
+            "--host-threads",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     raw = yaml.safe_load(out.read_text())
     hw = load_hardware(str(out))
@@ -272,9 +300,22 @@ def test_validate_cpu_measures_hybrid_configurations_and_compare_reports_them(ti
 
     model, trace, _ = tiny
     points = tuple((f"{p}-b4-c4", p, "none", 4, 2, 2) for p in HYBRID_POLICIES)
-    monkeypatch.setattr(measure_mod, "SUITES", {"cpu": Suite("cpu", str(model), str(trace), decode_tokens=3,
-                                                             quick_decode_tokens=3, lpc_buffers=4, points=points,
-                                                             quick=())})
+    monkeypatch.setattr(
+        measure_mod,
+        "SUITES",
+        {
+            "cpu": Suite(
+                "cpu",
+                str(model),
+                str(trace),
+                decode_tokens=3,
+                quick_decode_tokens=3,
+                lpc_buffers=4,
+                points=points,
+                quick=(),
+            )
+        },
+    )
     out = measure_mod.measure("cpu", tmp_path / "m", "cpu", repeat=2, rounds=1, host_threads=1, log=lambda m: None)
     rows, _ = compare(out, log=lambda m: None)
     assert [r["config"] for r in rows] == [p[0] for p in points]
@@ -295,9 +336,16 @@ def test_measure_records_host_experts_and_skips_unregistered_policies(tiny, host
     from validate.suites import Suite
 
     model, trace, _ = tiny
-    suite = Suite("cpu", str(model), str(trace), decode_tokens=3, quick_decode_tokens=3, lpc_buffers=4,
-                  points=(("hyb-b4-c2", "test-cpu-odd", "none", 4, 2, 0),
-                          ("later-b4", "no-such-policy-yet", "none", 4, 0, 0)), quick=())
+    suite = Suite(
+        "cpu",
+        str(model),
+        str(trace),
+        decode_tokens=3,
+        quick_decode_tokens=3,
+        lpc_buffers=4,
+        points=(("hyb-b4-c2", "test-cpu-odd", "none", 4, 2, 0), ("later-b4", "no-such-policy-yet", "none", 4, 0, 0)),
+        quick=(),
+    )
     monkeypatch.setattr(measure_mod, "SUITES", {"cpu": suite})
     said = []
     out = measure_mod.measure("cpu", tmp_path / "m", "cpu", repeat=2, rounds=1, host_threads=1, log=said.append)
@@ -324,14 +372,30 @@ def test_the_report_has_a_section_for_hybrid_configurations():
 
     def row(name, frac, err):
         r = dict.fromkeys(COLUMNS, 0.0)
-        r.update(config=name, real_mean_ms=10.0, sim_mean_ms=10.0 * (1 + err / 100), err_mean_pct=err,
-                 real_p50_ms=10.0, sim_p50_ms=10.0, real_tok_s=1.0, sim_tok_s=1.0, cpu_expert_frac=frac,
-                 real_cpu_experts=int(100 * frac), sim_cpu_experts=int(100 * frac), real_cpu_busy_ms=None,
-                 sim_cpu_busy_ms=2.0, real_cpu_wait_ms=1.5, sim_cpu_wait_ms=1.25, decisions_identical=True)
+        r.update(
+            config=name,
+            real_mean_ms=10.0,
+            sim_mean_ms=10.0 * (1 + err / 100),
+            err_mean_pct=err,
+            real_p50_ms=10.0,
+            sim_p50_ms=10.0,
+            real_tok_s=1.0,
+            sim_tok_s=1.0,
+            cpu_expert_frac=frac,
+            real_cpu_experts=int(100 * frac),
+            sim_cpu_experts=int(100 * frac),
+            real_cpu_busy_ms=None,
+            sim_cpu_busy_ms=2.0,
+            real_cpu_wait_ms=1.5,
+            sim_cpu_wait_ms=1.25,
+            decisions_identical=True,
+        )
         return r
 
-    md = markdown([row("lru-b8-c6", 0.0, 5.0), row("fiddler-b8-c6", 0.4, -10.0), row("ktransformers-b16-c13", 0.2,
-                                                                                        20.0)], {"suite": "cpu"})
+    md = markdown(
+        [row("lru-b8-c6", 0.0, 5.0), row("fiddler-b8-c6", 0.4, -10.0), row("ktransformers-b16-c13", 0.2, 20.0)],
+        {"suite": "cpu"},
+    )
     assert "Median absolute error over 3 configurations" in md
     hybrid = md.split("## Experts on the host CPU", 1)[1]
     assert "fiddler-b8-c6 | 40.0% | 40 / 40 | - / 2.00 | 1.50 / 1.25 |" in hybrid and "lru-b8-c6" not in hybrid
@@ -377,10 +441,22 @@ def test_compare_simulates_a_cost_weighing_policy_on_the_calibration_it_decided_
     from validate.suites import Suite
 
     model, trace, _ = tiny
-    monkeypatch.setattr(measure_mod, "SUITES", {"cpu": Suite("cpu", str(model), str(trace), decode_tokens=3,
-                                                             quick_decode_tokens=3, lpc_buffers=4, points=(
-                                                                 ("fiddler-b4-c4", "fiddler", "none", 4, 2, 2),),
-                                                             quick=())})
+    monkeypatch.setattr(
+        measure_mod,
+        "SUITES",
+        {
+            "cpu": Suite(
+                "cpu",
+                str(model),
+                str(trace),
+                decode_tokens=3,
+                quick_decode_tokens=3,
+                lpc_buffers=4,
+                points=(("fiddler-b4-c4", "fiddler", "none", 4, 2, 2),),
+                quick=(),
+            )
+        },
+    )
     out = measure_mod.measure("cpu", tmp_path / "m", "cpu", repeat=2, rounds=1, host_threads=1, log=lambda m: None)
     s = __import__("json").loads((out / "runs" / "fiddler-b4-c4" / "summary.json").read_text())
     cal = yaml.safe_load((out / "calibration.yaml").read_text())

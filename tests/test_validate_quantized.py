@@ -48,8 +48,9 @@ def _dense(model, seed=0):
 
 
 # ------------------------------------------------------------------------------------------------ the formats
-@pytest.mark.parametrize("bits,fmt", [(None, None), (16, None), (8, "int8"), (8.5, "int8"), (4, "int4"),
-                                      (4.25, "int4"), (4.5, "int4")])
+@pytest.mark.parametrize(
+    "bits,fmt", [(None, None), (16, None), (8, "int8"), (8.5, "int8"), (4, "int4"), (4.25, "int4"), (4.5, "int4")]
+)
 def test_expert_bits_pick_the_format(bits, fmt):
     model = _model(bits)
     assert expert_format(model) == fmt
@@ -76,7 +77,7 @@ def test_round_trip_error_is_within_the_formats_bound(bits):
         back = _dequant_part(torch, layout.format, layout.group, q, s, torch.empty(w.shape, dtype=torch.float32))
         step = s.float()
         if layout.format == "int4":
-            step = step.repeat_interleave(layout.group, dim=0)          # [in, out]
+            step = step.repeat_interleave(layout.group, dim=0)  # [in, out]
             assert q.dtype == torch.uint8 and q.shape == (w.shape[0] // 2, w.shape[1])
         else:
             assert q.dtype == torch.int8 and q.shape == w.shape
@@ -86,19 +87,18 @@ def test_round_trip_error_is_within_the_formats_bound(bits):
         assert float(err.max()) <= float(w.abs().max()) / levels / 2 * 1.01
 
 
-@pytest.mark.parametrize("bits,group,inline", [(4.25, 64, True), (4.5, 32, True), (4, 128, False),
-                                               (4.125, 128, True)])
+@pytest.mark.parametrize("bits,group,inline", [(4.25, 64, True), (4.5, 32, True), (4, 128, False), (4.125, 128, True)])
 def test_packed_int4_bytes_are_two_weights_per_byte_plus_group_scales(bits, group, inline):
     model = _model(bits, d_model=256, d_ff=512)
     layout = QuantLayout(model)
     params = model.expert_params
     assert layout.group == group and layout.q_bytes == params // 2
-    assert layout.s_bytes == params // group * 2                         # one fp16 scale per group
+    assert layout.s_bytes == params // group * 2  # one fp16 scale per group
     assert layout.nbytes == model.expert_bytes == math.ceil(params * bits / 8)
     assert layout.scales_inline is inline
     if inline:
         assert layout.payload_bytes <= model.expert_bytes
-    if bits == 4.25:                                                     # gpt-oss's bytes, filled exactly
+    if bits == 4.25:  # gpt-oss's bytes, filled exactly
         assert layout.payload_bytes == model.expert_bytes and layout.bits_per_weight == 4.25
 
 
@@ -121,7 +121,7 @@ def test_nibbles_pack_even_rows_low_and_odd_rows_high():
     scale = float(s[0, 0])
     lo, hi = int(q[0, 0]) & 15, int(q[0, 0]) >> 4
     assert lo - INT4_ZERO == round(1.0 / scale) and hi - INT4_ZERO == round(-1.0 / scale)
-    assert int(q[0, 1]) == INT4_ZERO | INT4_ZERO << 4                   # zero weights: the zero point
+    assert int(q[0, 1]) == INT4_ZERO | INT4_ZERO << 4  # zero weights: the zero point
 
 
 # ------------------------------------------------------------------------------------------------ the executor
@@ -132,11 +132,19 @@ def tiny(tmp_path_factory):
 
 def _config(tiny, bits, policy="lru", predictor="none", hpc=1, mpc=3):
     _, path, _ = tiny
-    return config_from_dict({"model": {**TINY, "dtype_bytes": 2, "expert_bits": bits}, "hardware": "h200",
-                             "workload": {"trace": str(path), "batch_size": 4, "max_decode_tokens": 4, "requests": 4},
-                             "cache": {"hpc_slots": hpc, "mpc_slots": mpc, "lpc_buffers": 4, "layers": "all"},
-                             "policy": {"name": policy, "params": {}}, "predictor": {"name": predictor, "params": {}}},
-                            "test", POLICIES.names(), PREDICTORS.names())
+    return config_from_dict(
+        {
+            "model": {**TINY, "dtype_bytes": 2, "expert_bits": bits},
+            "hardware": "h200",
+            "workload": {"trace": str(path), "batch_size": 4, "max_decode_tokens": 4, "requests": 4},
+            "cache": {"hpc_slots": hpc, "mpc_slots": mpc, "lpc_buffers": 4, "layers": "all"},
+            "policy": {"name": policy, "params": {}},
+            "predictor": {"name": predictor, "params": {}},
+        },
+        "test",
+        POLICIES.names(),
+        PREDICTORS.names(),
+    )
 
 
 @pytest.mark.parametrize("bits,tol", [(8, 0.03), (4.25, 0.2)])
@@ -186,12 +194,19 @@ def test_the_dequant_tables_cover_both_formats_at_growing_sizes_and_keep_the_pro
     for _fmt, points in tables.items():
         assert len(points) == 3 and all(s > 0 for _, s in points)
         assert [b for b, _ in points] == sorted({b for b, _ in points})
-    assert model.expert_bytes in [b for b, _ in tables["int4"]]           # the model's own width for its format
+    assert model.expert_bytes in [b for b, _ in tables["int4"]]  # the model's own width for its format
     assert _model(8).expert_bytes in [b for b, _ in tables["int8"]]
-    cal = {"base": "h200", "source": "test", "tables": {"model": model.name, "copy": [[1, 1e-6], [2, 2e-6]],
-                                                       **{f"dequant_{f}": p for f, p in tables.items()}}}
+    cal = {
+        "base": "h200",
+        "source": "test",
+        "tables": {
+            "model": model.name,
+            "copy": [[1, 1e-6], [2, 2e-6]],
+            **{f"dequant_{f}": p for f, p in tables.items()},
+        },
+    }
     path = write_calibration(tmp_path / "cal.yaml", cal)
-    hw = load_hardware(str(path))                                         # the simulator reads it as it is
+    hw = load_hardware(str(path))  # the simulator reads it as it is
     written = yaml.safe_load(path.read_text())["tables"]
     for key, bits in (("dequant_int8", 8), ("dequant_int4", 4.25)):
         assert written[key] == cal["tables"][key]
@@ -205,8 +220,11 @@ def test_a_table_system_prices_each_expert_with_the_calibrations_dequant_table_f
     from sim.system_spec import load_system
 
     table = {"int8": [[1, 1e-3], [1e12, 2.0]], "int4": [[1, 5e-3], [1e12, 7.0]]}
-    cal = {"base": "h200", "source": "test", "tables": {"model": _model(8).name,
-                                                       **{f"dequant_{f}": p for f, p in table.items()}}}
+    cal = {
+        "base": "h200",
+        "source": "test",
+        "tables": {"model": _model(8).name, **{f"dequant_{f}": p for f, p in table.items()}},
+    }
     hw = load_hardware(str(write_calibration(tmp_path / "cal.yaml", cal)))
     system = load_system({"base": "ideal", "dequant": "measured"})
     roofline = load_system({"base": "ideal", "dequant": "roofline"})

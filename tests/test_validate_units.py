@@ -12,11 +12,26 @@ LONG_NUMBER = re.compile(r"(?<![\d.,])\d{4,}(?![\d])")  # 4+ digits without a se
 
 def _row(name: str, ms: float, frac: float = 0.0) -> dict:
     r = dict.fromkeys(COLUMNS, 0.0)
-    r.update(config=name, real_mean_ms=ms, sim_mean_ms=ms * 1.01, err_mean_pct=1.0, real_p50_ms=ms,
-             sim_p50_ms=ms * 0.99, err_p50_pct=-1.0, real_tok_s=32e3 / ms * 1000, sim_tok_s=31e3 / ms * 1000,
-             err_tok_s_pct=-3.1, cpu_expert_frac=frac, real_cpu_experts=1_234_567_890_123,
-             sim_cpu_experts=1_234_567_890_000, real_cpu_busy_ms=12_345.6, sim_cpu_busy_ms=12_000.0,
-             real_cpu_wait_ms=1_500.0, sim_cpu_wait_ms=1_250.0, decisions_identical=True)
+    r.update(
+        config=name,
+        real_mean_ms=ms,
+        sim_mean_ms=ms * 1.01,
+        err_mean_pct=1.0,
+        real_p50_ms=ms,
+        sim_p50_ms=ms * 0.99,
+        err_p50_pct=-1.0,
+        real_tok_s=32e3 / ms * 1000,
+        sim_tok_s=31e3 / ms * 1000,
+        err_tok_s_pct=-3.1,
+        cpu_expert_frac=frac,
+        real_cpu_experts=1_234_567_890_123,
+        sim_cpu_experts=1_234_567_890_000,
+        real_cpu_busy_ms=12_345.6,
+        sim_cpu_busy_ms=12_000.0,
+        real_cpu_wait_ms=1_500.0,
+        sim_cpu_wait_ms=1_250.0,
+        decisions_identical=True,
+    )
     return r
 
 

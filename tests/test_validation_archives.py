@@ -62,8 +62,11 @@ def _derived(folder: Path, top: Path) -> bool:
 
 def measurement_folders(top: Path = VALIDATION) -> list[Path]:
     """Every folder under ``top`` that holds a manifest.json or a measurement archive, but none compare wrote."""
-    found = {p.parent for p in top.rglob("*")
-             if p.is_file() and (p.name == "manifest.json" or _archive_stem(p.name) is not None)}
+    found = {
+        p.parent
+        for p in top.rglob("*")
+        if p.is_file() and (p.name == "manifest.json" or _archive_stem(p.name) is not None)
+    }
     return sorted(f for f in found if not _derived(f, top))
 
 
@@ -146,8 +149,14 @@ def run_compare(archive: Path, tmp_path: Path, code: Path = ROOT) -> tuple[subpr
     shutil.copyfile(archive, copy)
     out = tmp_path / "out"
     env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(code)}
-    res = subprocess.run([sys.executable, "-m", "validate", "compare", str(copy), "--out", str(out)], cwd=code,
-                         capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    res = subprocess.run(
+        [sys.executable, "-m", "validate", "compare", str(copy), "--out", str(out)],
+        cwd=code,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+    )
     return res, out
 
 
@@ -185,8 +194,9 @@ def test_archive_compares_with_the_current_code(folder, tmp_path):
     archive = archives(folder)[0]
     manifest = archive_manifest(archive)
     if (folder / "manifest.json").is_file():
-        assert json.loads((folder / "manifest.json").read_text()) == manifest, \
+        assert json.loads((folder / "manifest.json").read_text()) == manifest, (
             f"{folder}/manifest.json is not the archive's"
+        )
     res, out = run_compare(archive, tmp_path)
     assert_clean(res, out, manifest, str(folder.relative_to(VALIDATION)))
 
@@ -200,8 +210,9 @@ def test_named_commit_exists_and_holds_the_measured_traces(folder):
         path = repo_path(recorded)
         blob = _git("show", f"{sha}:{path}")
         assert blob.returncode == 0, f"commit {sha[:12]} has no {path}"
-        assert hashlib.sha256(blob.stdout).hexdigest() == checksum, \
+        assert hashlib.sha256(blob.stdout).hexdigest() == checksum, (
             f"commit {sha[:12]}'s {path} is not the trace {folder.name} measured"
+        )
 
 
 @pytest.mark.parametrize("folder", BY_STATUS["commit"], ids=_ids(BY_STATUS["commit"]))
@@ -222,8 +233,9 @@ def test_archive_compares_at_its_named_commit(folder, tmp_path):
 
 @pytest.mark.parametrize("folder", BY_STATUS["not kept"], ids=_ids(BY_STATUS["not kept"]))
 def test_report_only_folder_holds_no_runs_and_says_how_to_measure(folder):
-    assert not archives(folder) and not (folder / "runs").exists(), \
+    assert not archives(folder) and not (folder / "runs").exists(), (
         f"{folder}: holds raw data, so its README must not say it was not kept"
+    )
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest.get("command", "").startswith("python -m validate "), f"{folder}: no measuring command"
     assert manifest.get("configs"), f"{folder}: no configurations"
@@ -254,9 +266,12 @@ def test_the_checks_can_fail(tmp_path):
     (top / "m" / "compare").mkdir()
     (top / "m" / "compare" / "manifest.json").write_text("{}")
     assert measurement_folders(top) == [top / "m"]
-    for text in ["Compare with commit: c86f2c2\n", "compare with commit: " + "a" * 40 + "\n",
-                 "Compare with commit: " + "a" * 40 + "\nCompare with commit: " + "b" * 40 + "\n",
-                 "Compare with commit: " + "a" * 40 + "\nRaw data: not kept\n"]:
+    for text in [
+        "Compare with commit: c86f2c2\n",
+        "compare with commit: " + "a" * 40 + "\n",
+        "Compare with commit: " + "a" * 40 + "\nCompare with commit: " + "b" * 40 + "\n",
+        "Compare with commit: " + "a" * 40 + "\nRaw data: not kept\n",
+    ]:
         (top / "m" / "README.md").write_text(text)
         with pytest.raises(ValueError):
             declared(top / "m")

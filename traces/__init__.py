@@ -5,6 +5,14 @@ from traces.format import FORMAT_VERSION, LayerInfo, ModelInfo, Provenance, Trac
 from traces.io import load_trace, save_trace
 
 __all__ = [
-    "FORMAT_VERSION", "InputError", "LayerInfo", "ModelInfo", "Provenance", "Trace", "TraceError",
-    "TraceMeta", "load_trace", "save_trace",
+    "FORMAT_VERSION",
+    "InputError",
+    "LayerInfo",
+    "ModelInfo",
+    "Provenance",
+    "Trace",
+    "TraceError",
+    "TraceMeta",
+    "load_trace",
+    "save_trace",
 ]

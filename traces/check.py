@@ -16,8 +16,10 @@ def describe(trace) -> str:
     m, p = trace.meta.model, trace.meta.provenance
     roles = {r: sum(1 for x in m.layers if x.role == r) for r in ("encoder", "decoder")}
     layer_txt = " + ".join(f"{n} {r}" for r, n in roles.items() if n)
-    return (f"{trace.num_tokens} tokens, {trace.num_requests} requests, {layer_txt} MoE layers, "
-            f"{m.num_experts} experts top-{m.top_k}, model {m.name}, {p.kind} by {p.tool}")
+    return (
+        f"{trace.num_tokens} tokens, {trace.num_requests} requests, {layer_txt} MoE layers, "
+        f"{m.num_experts} experts top-{m.top_k}, model {m.name}, {p.kind} by {p.tool}"
+    )
 
 
 def run(args) -> int:

@@ -29,11 +29,11 @@ def one_line(text: object, limit: int = MAX_MESSAGE_CHARS) -> str:
     implementation: ``sim.errors.ConfigError`` and every caller in sim, traces and validate use it."""
     limit = max(limit, 0)
     raw = str(text)
-    line = " ".join(raw[:4 * limit].split())
+    line = " ".join(raw[: 4 * limit].split())
     if not line.isprintable():
         line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in line)
     if len(line) > limit or len(raw) > 4 * limit:
-        line = line[:max(limit - 3, 0)] + "..."
+        line = line[: max(limit - 3, 0)] + "..."
     return line[:limit]
 
 

@@ -57,6 +57,7 @@ FLOOR = 1e-6  # weight of an expert the real trace never selects in a layer (rel
 
 # ------------------------------------------------------------------------------------------------- pieces
 
+
 def subset(trace: Trace, requests) -> Trace:
     """The trace of some of its requests (in the given order), metadata unchanged."""
     requests = np.asarray(requests, dtype=np.int64)
@@ -66,9 +67,13 @@ def subset(trace: Trace, requests) -> Trace:
     meta = trace.meta
     if meta.request_ids is not None:
         meta = dataclasses.replace(meta, request_ids=tuple(meta.request_ids[r] for r in requests))
-    return Trace(trace.experts[rows], np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-                 trace.prefill_lengths[requests].astype(np.int64), meta,
-                 None if trace.weights is None else trace.weights[rows])
+    return Trace(
+        trace.experts[rows],
+        np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        trace.prefill_lengths[requests].astype(np.int64),
+        meta,
+        None if trace.weights is None else trace.weights[rows],
+    )
 
 
 def layer_shares(trace: Trace) -> np.ndarray:
@@ -108,8 +113,14 @@ def prefix_laws(trace: Trace, seed: int = 0) -> np.ndarray:
                 return np.array(laws).reshape(len(laws), n_layers, e)
             law[layer] = _shares_of(trace.experts[rows[at], layer], e)
             tv.append(_tv(law[layer], shares[layer]))
-            noise.append(np.mean([_tv(_shares_of(trace.experts[_one_row_each(rows, req, req[at], rng), layer], e),
-                                      shares[layer]) for _ in range(4)]))
+            noise.append(
+                np.mean(
+                    [
+                        _tv(_shares_of(trace.experts[_one_row_each(rows, req, req[at], rng), layer], e), shares[layer])
+                        for _ in range(4)
+                    ]
+                )
+            )
         if np.mean(tv) <= PREFIX_NOISE_FACTOR * np.mean(noise):
             break
         laws.append(law)
@@ -136,6 +147,7 @@ def _one_row_each(rows: np.ndarray, req: np.ndarray, requests: np.ndarray, rng) 
 
 # ------------------------------------------------------------------------------------------------- targets
 
+
 def lru_capacities(trace: Trace) -> tuple[int, int, int]:
     """The held-out LRU capacities: k, 2k and 4k slots per layer."""
     k = trace.top_k
@@ -159,11 +171,16 @@ class Measure:
         if caps:
             _, per_layer = stats.step_lru_hit_rates(trace, caps)
             lru = np.array([[d[c] for c in caps] for d in per_layer], dtype=float)
-        return cls(layer_shares(trace), np.nan_to_num(np.array(ov, dtype=float), nan=0.0),
-                   np.nan_to_num(lru, nan=0.0), stats.transition_accuracy(trace)[0])
+        return cls(
+            layer_shares(trace),
+            np.nan_to_num(np.array(ov, dtype=float), nan=0.0),
+            np.nan_to_num(lru, nan=0.0),
+            stats.transition_accuracy(trace)[0],
+        )
 
 
 # ----------------------------------------------------------------------------------------------------- fit
+
 
 @dataclass
 class FitResult:
@@ -212,24 +229,34 @@ class _Calibration:
         w = np.maximum(target.shares, FLOOR)
         self.weights = w / w.sum(1, keepdims=True)
         self.stick = np.clip(target.overlap, 0.0, 0.95) * 0.7
-        self.conc = _Bracket(np.full(real.num_layers, math.log(30.0)), math.log(0.05), math.log(1e5),
-                             slope=-0.03, max_step=1.5)
+        self.conc = _Bracket(
+            np.full(real.num_layers, math.log(30.0)), math.log(0.05), math.log(1e5), slope=-0.03, max_step=1.5
+        )
         self.power = 0.0
         self.rounds = 0
         self.residual: dict[str, float] = {}
         self.got: Measure | None = None
 
     def knobs(self, base: SynthKnobs | None = None) -> SynthKnobs:
-        return _knobs(base or self.base, self.weights, self.stick, self.conc.x if self.caps else None,
-                      self.power if self.transition is not None else 0.0, self.prefix, self.transition)
+        return _knobs(
+            base or self.base,
+            self.weights,
+            self.stick,
+            self.conc.x if self.caps else None,
+            self.power if self.transition is not None else 0.0,
+            self.prefix,
+            self.transition,
+        )
 
     def measure(self) -> Measure:
         self.rounds += 1
         self.got = Measure.of(generate(self.knobs(), self.seed, self.lengths), self.caps)
         self.residual = _residuals(self.target, self.got)
         if self.log:
-            self.log(f"fit round {self.rounds} (power {self.power:.2f}): "
-                     + "  ".join(f"{k} {v:.4f}" for k, v in self.residual.items()))
+            self.log(
+                f"fit round {self.rounds} (power {self.power:.2f}): "
+                + "  ".join(f"{k} {v:.4f}" for k, v in self.residual.items())
+            )
         return self.got
 
     def primary_ok(self) -> bool:
@@ -318,17 +345,23 @@ def _knobs(base: SynthKnobs, weights, stick, log_conc, power, prefix, transition
     r = lambda a: tuple(float(x) for x in np.round(a, 6))  # noqa: E731
     table = lambda t: tuple(tuple(r(row) for row in x) for x in t)  # noqa: E731
     return dataclasses.replace(
-        base, correlation=0.0, transition_power=None if transition is None else round(float(power), 6),
-        layer_popularity=tuple(r(w) for w in weights), layer_stickiness=r(stick),
+        base,
+        correlation=0.0,
+        transition_power=None if transition is None else round(float(power), 6),
+        layer_popularity=tuple(r(w) for w in weights),
+        layer_stickiness=r(stick),
         request_concentration=None if log_conc is None else r(np.exp(log_conc)),
         prefix_popularity=table(prefix) if prefix.shape[0] else None,
-        layer_transition=None if transition is None else table(transition))
+        layer_transition=None if transition is None else table(transition),
+    )
 
 
 def _residuals(target: Measure, got: Measure) -> dict[str, float]:
     """Largest absolute misses of the calibration figures (popularity: largest total-variation distance)."""
-    out = {"popularity_tv": float((0.5 * np.abs(target.shares - got.shares).sum(1)).max()),
-           "overlap": float(np.abs(target.overlap - got.overlap).max())}
+    out = {
+        "popularity_tv": float((0.5 * np.abs(target.shares - got.shares).sum(1)).max()),
+        "overlap": float(np.abs(target.overlap - got.overlap).max()),
+    }
     if target.lru.size:
         out["lru"] = float(np.abs(target.lru - got.lru).mean(1).max())
     if target.transition is not None and got.transition is not None:
@@ -379,6 +412,7 @@ class _Bracket:
 
 # ------------------------------------------------------------------------------------------------ held out
 
+
 def figures(trace: Trace, samples: int = 16, seed: int = 0) -> dict[str, float]:
     """The held-out figures of a trace (name -> value; distinct experts as counts)."""
     caps = lru_capacities(trace)
@@ -420,9 +454,17 @@ def held_out_check(real: Trace, seed: int = 0, min_tokens: int = 20000, log=None
         got = float(np.mean(values)) if values else math.nan
         scale = real.num_experts if name.startswith("distinct") else 1
         diff = got - value
-        rows.append({"figure": name, "real": value, "synthetic": got, "diff": diff, "judged": diff / scale,
-                     "within": None if math.isnan(diff) else bool(abs(diff / scale) <= TOLERANCE),
-                     "target": not name.startswith(("popularity", "transition"))})
+        rows.append(
+            {
+                "figure": name,
+                "real": value,
+                "synthetic": got,
+                "diff": diff,
+                "judged": diff / scale,
+                "within": None if math.isnan(diff) else bool(abs(diff / scale) <= TOLERANCE),
+                "target": not name.startswith(("popularity", "transition")),
+            }
+        )
     return rows, result
 
 
@@ -433,11 +475,14 @@ def format_table(rows: list[dict], num_experts: int) -> str:
         mark = "-" if r["within"] is None else ("yes" if r["within"] else "NO")
         note = f"  ({r['judged']:+.3f} of {num_experts} experts)" if r["figure"].startswith("distinct") else ""
         note += "" if r["target"] else "  (extra figure)"
-        lines.append(f"{r['figure']:<28} {_f(r['real']):>8} {_f(r['synthetic']):>10} {_f(r['diff'], '+'):>8}  "
-                     f"{mark}{note}")
-    lines.append(f"(distinct experts per layer and step are counts, judged as a share of the {num_experts} experts; "
-                 "extra figures: popularity skew, and the transition accuracy the cross-layer pull is fitted to as "
-                 "far as the other figures allow)")
+        lines.append(
+            f"{r['figure']:<28} {_f(r['real']):>8} {_f(r['synthetic']):>10} {_f(r['diff'], '+'):>8}  {mark}{note}"
+        )
+    lines.append(
+        f"(distinct experts per layer and step are counts, judged as a share of the {num_experts} experts; "
+        "extra figures: popularity skew, and the transition accuracy the cross-layer pull is fitted to as "
+        "far as the other figures allow)"
+    )
     return "\n".join(lines)
 
 
@@ -453,8 +498,10 @@ def stretch_layers(knobs: SynthKnobs, encoder_layers: int, decoder_layers: int) 
     fitted layer it came from. The opening positions' popularity follows the same map."""
     old_enc, old_dec = knobs.encoder_layers, knobs.decoder_layers
     if (encoder_layers > 0) != (old_enc > 0) or (decoder_layers > 0) != (old_dec > 0):
-        raise InputError(f"--encoder-layers/--decoder-layers: the fitted trace has {old_enc} encoder and {old_dec} "
-                         f"decoder MoE layers; a stretched model must keep the same roles")
+        raise InputError(
+            f"--encoder-layers/--decoder-layers: the fitted trace has {old_enc} encoder and {old_dec} "
+            f"decoder MoE layers; a stretched model must keep the same roles"
+        )
     source = [int(i * old_enc // encoder_layers) for i in range(encoder_layers)]
     source += [old_enc + int(i * old_dec // decoder_layers) for i in range(decoder_layers)]
 
@@ -473,9 +520,14 @@ def stretch_layers(knobs: SynthKnobs, encoder_layers: int, decoder_layers: int) 
     if knobs.prefix_popularity is not None:
         prefix = tuple(tuple(pos[j] for j in source) for pos in knobs.prefix_popularity)
     stretched = dataclasses.replace(
-        knobs, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
-        layer_popularity=per_layer(knobs.layer_popularity), layer_stickiness=per_layer(knobs.layer_stickiness),
-        request_concentration=per_layer(knobs.request_concentration), prefix_popularity=prefix,
-        layer_transition=transition)
+        knobs,
+        encoder_layers=encoder_layers,
+        decoder_layers=decoder_layers,
+        layer_popularity=per_layer(knobs.layer_popularity),
+        layer_stickiness=per_layer(knobs.layer_stickiness),
+        request_concentration=per_layer(knobs.request_concentration),
+        prefix_popularity=prefix,
+        layer_transition=transition,
+    )
     stretched.check()
     return stretched, source

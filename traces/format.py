@@ -117,8 +117,12 @@ class ModelInfo:
         return cls(_str(d["name"], "model.name"), num_experts, top_k, layers)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "num_experts": self.num_experts, "top_k": self.top_k,
-                "layers": [{"index": x.index, "role": x.role} for x in self.layers]}
+        return {
+            "name": self.name,
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+            "layers": [{"index": x.index, "role": x.role} for x in self.layers],
+        }
 
 
 @dataclass(frozen=True)
@@ -147,8 +151,13 @@ class Provenance:
                 _dt.datetime.fromisoformat(date.replace("Z", "+00:00"))
             except ValueError:
                 _fail(f"metadata provenance.date must be an ISO-8601 date, got {brief(date)}")
-        return cls(kind, _str(d["tool"], "provenance.tool"), _str(d["model"], "provenance.model"),
-                   _str(d["dataset"], "provenance.dataset"), date)
+        return cls(
+            kind,
+            _str(d["tool"], "provenance.tool"),
+            _str(d["model"], "provenance.model"),
+            _str(d["dataset"], "provenance.dataset"),
+            date,
+        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -176,8 +185,7 @@ class TraceMeta:
 
     @classmethod
     def from_dict(cls, d: Any) -> TraceMeta:
-        _check_keys(d, "", {"format_version", "model", "provenance", "seed"},
-                    {"request_ids", "extra", "request_info"})
+        _check_keys(d, "", {"format_version", "model", "provenance", "seed"}, {"request_ids", "extra", "request_info"})
         version = d["format_version"]
         if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version != FORMAT_VERSION:
             _fail(f"metadata format_version {brief(version)} is not supported (this version reads {FORMAT_VERSION})")
@@ -193,19 +201,25 @@ class TraceMeta:
         info = d.get("request_info")
         if info is not None:
             info = _request_info(info)
-        return cls(ModelInfo.from_dict(d["model"]), Provenance.from_dict(d["provenance"]), seed, ids, extra,
-                   request_info=info)
+        return cls(
+            ModelInfo.from_dict(d["model"]), Provenance.from_dict(d["provenance"]), seed, ids, extra, request_info=info
+        )
 
     def to_dict(self) -> dict:
-        d = {"format_version": self.format_version, "model": self.model.to_dict(),
-             "provenance": self.provenance.to_dict(), "seed": self.seed}
+        d = {
+            "format_version": self.format_version,
+            "model": self.model.to_dict(),
+            "provenance": self.provenance.to_dict(),
+            "seed": self.seed,
+        }
         if self.request_ids is not None:
             d["request_ids"] = list(self.request_ids)
         if self.extra:
             d["extra"] = self.extra
         if self.request_info is not None:
-            d["request_info"] = {k: [x.item() if isinstance(x, np.generic) else x for x in v]
-                                 for k, v in self.request_info.items()}
+            d["request_info"] = {
+                k: [x.item() if isinstance(x, np.generic) else x for x in v] for k, v in self.request_info.items()
+            }
         return d
 
 
@@ -215,8 +229,10 @@ def _check_prompt_lengths(column: list | tuple) -> None:
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= MAX_CONTEXT:
-            _fail(f"metadata request_info.prompt_len[{i}] must be null or an integer 0..{MAX_CONTEXT} (tokens), "
-                  f"got {brief(v)}")
+            _fail(
+                f"metadata request_info.prompt_len[{i}] must be null or an integer 0..{MAX_CONTEXT} (tokens), "
+                f"got {brief(v)}"
+            )
 
 
 def _request_info(info: Any) -> dict[str, list]:
@@ -232,12 +248,17 @@ def _request_info(info: Any) -> dict[str, list]:
         if not isinstance(column, (list, tuple)):
             _fail(f"metadata request_info.{one_line(name, 40)} must be a list (one value per request)")
         for i, v in enumerate(column):
-            plain = v is None or isinstance(v, (str, bool)) or \
-                (isinstance(v, (int, np.integer)) and -INT_MAX - 1 <= v <= INT_MAX) or \
-                (isinstance(v, (float, np.floating)) and np.isfinite(v))
+            plain = (
+                v is None
+                or isinstance(v, (str, bool))
+                or (isinstance(v, (int, np.integer)) and -INT_MAX - 1 <= v <= INT_MAX)
+                or (isinstance(v, (float, np.floating)) and np.isfinite(v))
+            )
             if not plain:
-                _fail(f"metadata request_info.{one_line(name, 40)}[{i}] must be a string, finite number (integers "
-                      f"within 64 bits), bool or null, got {brief(v)}")
+                _fail(
+                    f"metadata request_info.{one_line(name, 40)}[{i}] must be a string, finite number (integers "
+                    f"within 64 bits), bool or null, got {brief(v)}"
+                )
         lengths.add(len(column))
     if len(lengths) > 1:
         _fail(f"metadata request_info lists have different lengths ({', '.join(map(str, sorted(lengths)))})")
@@ -308,8 +329,10 @@ class Trace:
             lo, hi = int(e.min()), int(e.max())
             if lo < -1 or hi >= meta.model.num_experts:
                 bad = lo if lo < -1 else hi
-                _fail(f"experts holds id {bad}, outside -1..{meta.model.num_experts - 1} "
-                      f"(model.num_experts = {meta.model.num_experts})")
+                _fail(
+                    f"experts holds id {bad}, outside -1..{meta.model.num_experts - 1} "
+                    f"(model.num_experts = {meta.model.num_experts})"
+                )
             if e.shape[2] > 1:
                 s = np.sort(e, axis=2)
                 dup = (s[:, :, 1:] == s[:, :, :-1]) & (s[:, :, 1:] >= 0)
@@ -334,8 +357,10 @@ class Trace:
             _request_info(meta.request_info)
             for name, column in meta.request_info.items():
                 if len(column) != off.shape[0] - 1:
-                    _fail(f"metadata request_info.{one_line(name, 40)} has {len(column)} values for "
-                          f"{off.shape[0] - 1} requests")
+                    _fail(
+                        f"metadata request_info.{one_line(name, 40)} has {len(column)} values for "
+                        f"{off.shape[0] - 1} requests"
+                    )
         w = self.weights
         if w is not None:
             if not isinstance(w, np.ndarray) or w.dtype != np.float16 or w.shape != e.shape:

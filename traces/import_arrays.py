@@ -74,7 +74,7 @@ class RoutingArrays:
     ids: np.ndarray
     probs: np.ndarray | None
     offsets: np.ndarray
-    ignored: tuple[str, ...]   # other arrays in the archive, not used
+    ignored: tuple[str, ...]  # other arrays in the archive, not used
 
 
 @dataclass(frozen=True)
@@ -89,23 +89,33 @@ class ImportReport:
 
 def add_parser(fmt) -> None:
     """Register ``expert-arrays`` under ``traces import``."""
-    a = fmt.add_parser("expert-arrays", help="numpy expert_ids [tokens, layers, top_k] (+ probs, offsets, "
-                                             "requests.json)")
+    a = fmt.add_parser(
+        "expert-arrays", help="numpy expert_ids [tokens, layers, top_k] (+ probs, offsets, requests.json)"
+    )
     a.add_argument("file", metavar="FILE", help=".npz with expert_ids, optional expert_probs and request_offsets")
     a.add_argument("--out", "-o", required=True, help="trace file to write (.npz)")
     a.add_argument("--model", required=True, help="model name in the trace, e.g. gpt-oss-20b")
-    a.add_argument("--num-experts", type=int, default=None,
-                   help="routed experts per MoE layer (default: the model's profile in configs/models/, else a "
-                        "numeric suffix of --model, else the largest id + 1)")
+    a.add_argument(
+        "--num-experts",
+        type=int,
+        default=None,
+        help="routed experts per MoE layer (default: the model's profile in configs/models/, else a "
+        "numeric suffix of --model, else the largest id + 1)",
+    )
     a.add_argument("--source-model", default=None, help="checkpoint that produced the routing (default: --model)")
-    a.add_argument("--requests-json", default=None,
-                   help=f"per-request metadata (default: {REQUESTS_JSON} beside FILE, when there is one)")
+    a.add_argument(
+        "--requests-json",
+        default=None,
+        help=f"per-request metadata (default: {REQUESTS_JSON} beside FILE, when there is one)",
+    )
     a.add_argument("--no-requests-json", action="store_true", help=f"ignore a {REQUESTS_JSON} beside FILE")
     a.add_argument("--datasets", default=None, help="keep only requests of these data sets (comma list)")
-    a.add_argument("--exclude-repetitive", action="store_true",
-                   help="drop requests whose has_repetition is true")
-    a.add_argument("--dataset", default="unknown",
-                   help="data set name for provenance when requests.json does not name one (default: %(default)s)")
+    a.add_argument("--exclude-repetitive", action="store_true", help="drop requests whose has_repetition is true")
+    a.add_argument(
+        "--dataset",
+        default="unknown",
+        help="data set name for provenance when requests.json does not name one (default: %(default)s)",
+    )
     a.set_defaults(func=_run)
 
 
@@ -117,8 +127,9 @@ def load_routing_arrays(path: Path) -> RoutingArrays:
         members = _members(zf, path)
         if "expert_ids" not in members:
             raise InputError(f"{path}: no array 'expert_ids' (has: {show_list(members)})")
-        arrays = {name: read_npy_entry(zf, members[name], path, MAX_SOURCE_ARRAY_BYTES)
-                  for name in ARRAYS if name in members}
+        arrays = {
+            name: read_npy_entry(zf, members[name], path, MAX_SOURCE_ARRAY_BYTES) for name in ARRAYS if name in members
+        }
     ids = _check_ids(arrays["expert_ids"], path)
     probs = arrays.get("expert_probs")
     probs = None if probs is None else _check_probs(probs, ids.shape, path)
@@ -150,32 +161,38 @@ def _members(zf, path: Path) -> dict[str, str]:
 def _check_ids(ids: np.ndarray, path: Path) -> np.ndarray:
     """expert_ids as int16 [T, L, k]: integer, three axes, no empty axis, ids in -1..32767, no repeat in a row."""
     if ids.ndim != 3 or not np.issubdtype(ids.dtype, np.integer):
-        raise InputError(f"{path}: expert_ids must be an integer array [tokens, layers, top_k], "
-                         f"got {ids.dtype} with shape {list(ids.shape)}")
+        raise InputError(
+            f"{path}: expert_ids must be an integer array [tokens, layers, top_k], "
+            f"got {ids.dtype} with shape {list(ids.shape)}"
+        )
     if 0 in ids.shape:
         raise InputError(f"{path}: expert_ids is empty (shape {list(ids.shape)})")
     low, high = int(ids.min()), int(ids.max())
     if low < -1 or high > np.iinfo(np.int16).max:
         bad = low if low < -1 else high
         row = int(np.argwhere((ids == bad).any(axis=(1, 2)))[0][0])
-        raise InputError(f"{path}: expert_ids holds id {bad} (row {row}); ids are 0..{np.iinfo(np.int16).max}, "
-                         f"or -1 for no routing")
+        raise InputError(
+            f"{path}: expert_ids holds id {bad} (row {row}); ids are 0..{np.iinfo(np.int16).max}, or -1 for no routing"
+        )
     ids = ids.astype(np.int16)
     if ids.shape[2] > 1:
         s = np.sort(ids, axis=2)
         dup = ((s[:, :, 1:] == s[:, :, :-1]) & (s[:, :, 1:] >= 0)).any(axis=2)
         if dup.any():
             row, layer = (int(x) for x in np.argwhere(dup)[0])
-            raise InputError(f"{path}: expert_ids repeats an expert within one token's top-k (row {row}, "
-                             f"layer {layer})")
+            raise InputError(
+                f"{path}: expert_ids repeats an expert within one token's top-k (row {row}, layer {layer})"
+            )
     return ids
 
 
 def _check_probs(probs: np.ndarray, shape: tuple, path: Path) -> np.ndarray:
     """expert_probs: floats of the ids' shape, every value finite."""
     if not np.issubdtype(probs.dtype, np.floating) or probs.shape != shape:
-        raise InputError(f"{path}: expert_probs must be a float array shaped like expert_ids {list(shape)}, "
-                         f"got {probs.dtype} with shape {list(probs.shape)}")
+        raise InputError(
+            f"{path}: expert_probs must be a float array shaped like expert_ids {list(shape)}, "
+            f"got {probs.dtype} with shape {list(probs.shape)}"
+        )
     if not np.isfinite(probs).all():
         row = int(np.argwhere(~np.isfinite(probs).all(axis=(1, 2)))[0][0])
         raise InputError(f"{path}: expert_probs holds a value that is not finite (row {row})")
@@ -188,14 +205,20 @@ def _check_offsets(offsets: np.ndarray | None, tokens: int, path: Path) -> np.nd
     if offsets is None:
         return np.array([0, tokens], dtype=np.int64)
     if offsets.ndim != 1 or offsets.shape[0] < 2 or not np.issubdtype(offsets.dtype, np.integer):
-        raise InputError(f"{path}: request_offsets must be an integer array [requests + 1], "
-                         f"got {offsets.dtype} with shape {list(offsets.shape)}")
+        raise InputError(
+            f"{path}: request_offsets must be an integer array [requests + 1], "
+            f"got {offsets.dtype} with shape {list(offsets.shape)}"
+        )
     if offsets.shape[0] - 1 > MAX_REQUESTS:
-        raise InputError(f"{path}: request_offsets holds {offsets.shape[0] - 1} requests, more than the "
-                         f"{MAX_REQUESTS} a trace may hold")
+        raise InputError(
+            f"{path}: request_offsets holds {offsets.shape[0] - 1} requests, more than the "
+            f"{MAX_REQUESTS} a trace may hold"
+        )
     if int(offsets[0]) != 0 or int(offsets[-1]) != tokens:
-        raise InputError(f"{path}: request_offsets must run from 0 to the {tokens} rows of expert_ids, "
-                         f"got {int(offsets[0])}..{int(offsets[-1])}")
+        raise InputError(
+            f"{path}: request_offsets must run from 0 to the {tokens} rows of expert_ids, "
+            f"got {int(offsets[0])}..{int(offsets[-1])}"
+        )
     if int(offsets.min()) < 0 or int(offsets.max()) > tokens or (np.diff(offsets.astype(np.int64)) < 0).any():
         raise InputError(f"{path}: request_offsets must be non-decreasing")
     return offsets.astype(np.int64)
@@ -228,8 +251,10 @@ def load_requests_json(path: Path, lengths: np.ndarray) -> list[dict]:
         raise InputError(f"{path}: has {len(entries)} entries but the routing has {len(lengths)} requests")
     fields = dict.fromkeys(k for e in entries for k in e)
     if len(fields) > MAX_REQUEST_FIELDS:
-        raise InputError(f"{path}: its entries have {len(fields)} different fields, more than the "
-                         f"{MAX_REQUEST_FIELDS} an import keeps")
+        raise InputError(
+            f"{path}: its entries have {len(fields)} different fields, more than the "
+            f"{MAX_REQUEST_FIELDS} an import keeps"
+        )
     for i, e in enumerate(entries):
         _check_entry(e, i, int(lengths[i]), path)
     return entries
@@ -252,8 +277,10 @@ def _check_entry(e: dict, i: int, rows: int, path: Path) -> None:
             bound = f"0..{top}" if top is not None else ">= 0"
             raise InputError(f"{path}: entry {i}: field '{key}' must be an integer {bound} (tokens), got {brief(v)}")
     if "n_decode_steps" in e and e["n_decode_steps"] != rows:
-        raise InputError(f"{path}: entry {i}: n_decode_steps {e['n_decode_steps']} but request {i} has {rows} "
-                         f"rows in the routing (does this requests.json belong to these arrays?)")
+        raise InputError(
+            f"{path}: entry {i}: n_decode_steps {e['n_decode_steps']} but request {i} has {rows} "
+            f"rows in the routing (does this requests.json belong to these arrays?)"
+        )
 
 
 def _unicode(text) -> bool:
@@ -268,23 +295,24 @@ def _unicode(text) -> bool:
 
 
 # --------------------------------------------------------------------------------------------- choosing
-def select_requests(entries: list[dict] | None, n: int, datasets: list[str] | None, exclude_repetitive: bool,
-                    where: str) -> np.ndarray:
+def select_requests(
+    entries: list[dict] | None, n: int, datasets: list[str] | None, exclude_repetitive: bool, where: str
+) -> np.ndarray:
     """int64 indices of the requests to keep, in source order, after the ``--datasets`` and
     ``--exclude-repetitive`` filters. ``where`` names the requests.json (the routing file when there is none) in
     messages."""
     keep = np.ones(n, dtype=bool)
     if (datasets is not None or exclude_repetitive) and entries is None:
         flag = "--datasets" if datasets is not None else "--exclude-repetitive"
-        raise InputError(f"{flag}: needs per-request metadata: put {REQUESTS_JSON} beside {where} or give "
-                         f"--requests-json")
+        raise InputError(
+            f"{flag}: needs per-request metadata: put {REQUESTS_JSON} beside {where} or give --requests-json"
+        )
     if datasets is not None:
         have = [e.get("dataset") for e in entries]
         known = list(dict.fromkeys(d for d in have if d is not None))
         unknown = [d for d in datasets if d not in known]
         if unknown:
-            raise InputError(f"--datasets: unknown data set {brief(unknown[0])} in {where} "
-                             f"(known: {show_list(known)})")
+            raise InputError(f"--datasets: unknown data set {brief(unknown[0])} in {where} (known: {show_list(known)})")
         chosen = set(datasets)
         keep &= np.array([d in chosen for d in have], dtype=bool)
     if exclude_repetitive:
@@ -300,20 +328,24 @@ def select_requests(entries: list[dict] | None, n: int, datasets: list[str] | No
 
 def _filters(datasets: list[str] | None, exclude_repetitive: bool) -> str:
     """The filters given, for a message: ``--datasets a, b --exclude-repetitive``."""
-    parts = ([f"--datasets {show_list(datasets)}"] if datasets is not None else []) + \
-        (["--exclude-repetitive"] if exclude_repetitive else [])
+    parts = ([f"--datasets {show_list(datasets)}"] if datasets is not None else []) + (
+        ["--exclude-repetitive"] if exclude_repetitive else []
+    )
     return " ".join(parts) or "reading it"
 
 
-def drop_empty(kept: np.ndarray, lengths: np.ndarray, where: str, datasets: list[str] | None,
-               exclude_repetitive: bool) -> np.ndarray:
+def drop_empty(
+    kept: np.ndarray, lengths: np.ndarray, where: str, datasets: list[str] | None, exclude_repetitive: bool
+) -> np.ndarray:
     """The kept requests that have rows (an empty request routes nothing but costs every replay); InputError
     when none has: a trace without tokens has nothing to simulate."""
     full = kept[lengths[kept] > 0]
     if full.size == 0:
         if datasets is not None or exclude_repetitive:
-            raise InputError(f"{where}: no tokens left after {_filters(datasets, exclude_repetitive)} (the "
-                             f"{kept.size} requests kept have no rows)")
+            raise InputError(
+                f"{where}: no tokens left after {_filters(datasets, exclude_repetitive)} (the "
+                f"{kept.size} requests kept have no rows)"
+            )
         raise InputError(f"{where}: no tokens: every one of its {kept.size} requests has no rows")
     return full
 
@@ -352,10 +384,17 @@ def _request_ids(entries: list[dict] | None, kept: np.ndarray, stem: str) -> tup
 
 
 # --------------------------------------------------------------------------------------------- building
-def import_expert_arrays(path: str | Path, model: str, num_experts: int | None = None,
-                         requests_json: str | Path | None = None, no_requests_json: bool = False,
-                         datasets: list[str] | None = None, exclude_repetitive: bool = False,
-                         source_model: str | None = None, dataset: str = "unknown") -> tuple[Trace, ImportReport]:
+def import_expert_arrays(
+    path: str | Path,
+    model: str,
+    num_experts: int | None = None,
+    requests_json: str | Path | None = None,
+    no_requests_json: bool = False,
+    datasets: list[str] | None = None,
+    exclude_repetitive: bool = False,
+    source_model: str | None = None,
+    dataset: str = "unknown",
+) -> tuple[Trace, ImportReport]:
     """Read a source ``.npz`` (and its requests.json) into a decode-only trace; returns the trace and a report.
     The trace is checked against the model profile its name matches (top-k, layers, experts) and must hold
     tokens; requests without rows are dropped (``report.empty_requests_dropped``)."""
@@ -377,12 +416,15 @@ def import_expert_arrays(path: str | Path, model: str, num_experts: int | None =
 
     columns, left_out = request_columns(entries, kept) if entries is not None else (None, [])
     used = list(dict.fromkeys(columns["dataset"])) if columns and "dataset" in columns else []
-    extra = {"source_files": [path.name] + ([rj.name] if rj is not None else []),
-             "routing_of": "decode tokens only (the source keeps no prompt rows); prompt lengths, where the source "
-                           "gives them, are in request_info.prompt_len",
-             "requests_in_source": int(len(lengths)), "requests_kept": int(kept.size),
-             "filters": {"datasets": datasets, "exclude_repetitive": bool(exclude_repetitive)},
-             "num_experts_from": source}
+    extra = {
+        "source_files": [path.name] + ([rj.name] if rj is not None else []),
+        "routing_of": "decode tokens only (the source keeps no prompt rows); prompt lengths, where the source "
+        "gives them, are in request_info.prompt_len",
+        "requests_in_source": int(len(lengths)),
+        "requests_kept": int(kept.size),
+        "filters": {"datasets": datasets, "exclude_repetitive": bool(exclude_repetitive)},
+        "num_experts_from": source,
+    }
     dropped = int(chosen.size - kept.size)
     if dropped:
         extra["empty_requests_dropped"] = dropped
@@ -392,8 +434,9 @@ def import_expert_arrays(path: str | Path, model: str, num_experts: int | None =
         extra["arrays_ignored"] = list(arrays.ignored[:20])
     meta = TraceMeta(
         model=ModelInfo.decoder_only(model, num_experts, int(ids.shape[2]), int(ids.shape[1])),
-        provenance=Provenance("imported", TOOL, source_model or model,
-                              "+".join(str(d) for d in used if d) or dataset, today()),
+        provenance=Provenance(
+            "imported", TOOL, source_model or model, "+".join(str(d) for d in used if d) or dataset, today()
+        ),
         seed=None,
         request_ids=_request_ids(entries, kept, path.stem),
         extra=extra,
@@ -418,8 +461,10 @@ def resolve_num_experts(ids: np.ndarray, model: str, given: int | None, path: Pa
     _check_num_experts(num_experts)
     if largest >= num_experts:
         row = int(np.argwhere((ids >= num_experts).any(axis=(1, 2)))[0][0])
-        raise InputError(f"{path}: expert_ids holds id {largest} (first id >= {num_experts} at row {row}), outside "
-                         f"0..{num_experts - 1} (num_experts {num_experts} from {source}; see --num-experts)")
+        raise InputError(
+            f"{path}: expert_ids holds id {largest} (first id >= {num_experts} at row {row}), outside "
+            f"0..{num_experts - 1} (num_experts {num_experts} from {source}; see --num-experts)"
+        )
     if ids.shape[2] > num_experts:
         raise InputError(f"{path}: top_k {ids.shape[2]} exceeds num_experts {num_experts} (see --num-experts)")
     return num_experts, source
@@ -442,8 +487,10 @@ def kept_rows(arrays: RoutingArrays, kept: np.ndarray, path: Path) -> tuple[np.n
             r = int(np.argwhere(big.any(axis=(1, 2)))[0][0])
             value = float(wide[r][big[r]][0])
             row = r if rows is None else int(rows[r])
-            raise InputError(f"{path}: expert_probs holds {value:.6g} (row {row}), beyond the range of the trace's "
-                             f"float16 weights (+-{FLOAT16_MAX:.0f})")
+            raise InputError(
+                f"{path}: expert_probs holds {value:.6g} (row {row}), beyond the range of the trace's "
+                f"float16 weights (+-{FLOAT16_MAX:.0f})"
+            )
         weights = wide.astype(np.float16)
     return ids, weights
 
@@ -466,15 +513,24 @@ def _run(args) -> int:
     t0 = time.perf_counter()
     check_out(args.out, [args.file] + ([args.requests_json] if args.requests_json else []))
     check_model_name(args.model)
-    trace, rep = import_expert_arrays(args.file, args.model, args.num_experts, args.requests_json,
-                                      args.no_requests_json, _split_list(args.datasets), args.exclude_repetitive,
-                                      args.source_model, args.dataset)
+    trace, rep = import_expert_arrays(
+        args.file,
+        args.model,
+        args.num_experts,
+        args.requests_json,
+        args.no_requests_json,
+        _split_list(args.datasets),
+        args.exclude_repetitive,
+        args.source_model,
+        args.dataset,
+    )
     if rep.empty_requests_dropped:
-        print(f"note: dropped {rep.empty_requests_dropped} requests without rows (they route nothing)",
-              file=sys.stderr)
+        print(f"note: dropped {rep.empty_requests_dropped} requests without rows (they route nothing)", file=sys.stderr)
     save_trace(trace, args.out)
-    print(f"wrote {args.out}: {trace.num_tokens} decode tokens in {trace.num_requests} requests "
-          f"(of {rep.requests_in_source}), {trace.num_layers} layers, top-{trace.top_k} of {trace.num_experts} "
-          f"experts (from {rep.num_experts_from}), weights {'kept' if trace.weights is not None else 'absent'}, "
-          f"{time.perf_counter() - t0:.1f} s")
+    print(
+        f"wrote {args.out}: {trace.num_tokens} decode tokens in {trace.num_requests} requests "
+        f"(of {rep.requests_in_source}), {trace.num_layers} layers, top-{trace.top_k} of {trace.num_experts} "
+        f"experts (from {rep.num_experts_from}), weights {'kept' if trace.weights is not None else 'absent'}, "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
     return 0

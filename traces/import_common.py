@@ -43,7 +43,7 @@ def show_list(items: Iterable[Any], shown: int = SHOWN, width: int = 40) -> str:
 
 def _cut(text: str, width: int) -> str:
     text = brief(text, width + 2)[1:-1] if not text.isprintable() else text
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 # --------------------------------------------------------------------------------------------- arguments
@@ -61,8 +61,10 @@ def check_out(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ())
         except (OSError, ValueError):
             same = False
         if same:
-            raise InputError(f"--out {brief(str(path))}: is the input file {brief(str(given))}; the trace would "
-                             f"replace it (write it elsewhere)")
+            raise InputError(
+                f"--out {brief(str(path))}: is the input file {brief(str(given))}; the trace would "
+                f"replace it (write it elsewhere)"
+            )
     return out
 
 
@@ -75,8 +77,10 @@ def check_model_name(name: Any, flag: str = "--model") -> str:
     if len(name) > MAX_MODEL_NAME_CHARS:
         raise InputError(f"{flag}: a model name of {len(name)} characters; the limit is {MAX_MODEL_NAME_CHARS}")
     if not _MODEL_NAME.fullmatch(name) or ".." in name:
-        raise InputError(f"{flag}: {brief(name)} is not a model name (ASCII letters, digits, '.', '_', '+', '-', "
-                         f"and one '/' after an organisation, e.g. mistralai/Mixtral-8x7B-Instruct-v0.1)")
+        raise InputError(
+            f"{flag}: {brief(name)} is not a model name (ASCII letters, digits, '.', '_', '+', '-', "
+            f"and one '/' after an organisation, e.g. mistralai/Mixtral-8x7B-Instruct-v0.1)"
+        )
     return name
 
 
@@ -86,7 +90,7 @@ def plain_model_name(text: str, fallback: str = "model") -> str:
     may not hold become ``-``, and it is cut to MAX_MODEL_NAME_CHARS. ``fallback`` when nothing is left."""
     parts = [p for p in re.split(r"[\\/]+", str(text)) if p not in ("", ".", "..")]
     if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        org_name = parts[-3][len("models--"):].split("--", 1)
+        org_name = parts[-3][len("models--") :].split("--", 1)
         return "/".join(plain_model_name(x, fallback) for x in org_name)
     last = parts[-1] if parts else ""
     name = re.sub(r"[^A-Za-z0-9._+-]+", "-", last, flags=re.ASCII)
@@ -123,10 +127,14 @@ def meta_summary(meta: TraceMeta):
 
 def meta_like(name: str, spec) -> TraceMeta:
     """Metadata of a trace called ``name`` with exactly the shape of the model ``spec``."""
-    layers = tuple([LayerInfo(i, "encoder") for i in range(spec.encoder_moe_layers)]
-                   + [LayerInfo(i, "decoder") for i in range(spec.decoder_moe_layers)])
-    return TraceMeta(ModelInfo(name, spec.num_experts, spec.top_k, layers),
-                     Provenance("imported", "traces import", name, "none", None))
+    layers = tuple(
+        [LayerInfo(i, "encoder") for i in range(spec.encoder_moe_layers)]
+        + [LayerInfo(i, "decoder") for i in range(spec.decoder_moe_layers)]
+    )
+    return TraceMeta(
+        ModelInfo(name, spec.num_experts, spec.top_k, layers),
+        Provenance("imported", "traces import", name, "none", None),
+    )
 
 
 def profiles_for(name: str) -> list[tuple[str, Any]]:
@@ -135,12 +143,16 @@ def profiles_for(name: str) -> list[tuple[str, Any]]:
     name, or it with an organisation prefix or a variant suffix)."""
     from sim.trace_summary import trace_matches_model
 
-    return [(stem, spec) for stem, spec in bundled_profiles()
-            if trace_matches_model(meta_summary(meta_like(name, spec)), spec)]
+    return [
+        (stem, spec)
+        for stem, spec in bundled_profiles()
+        if trace_matches_model(meta_summary(meta_like(name, spec)), spec)
+    ]
 
 
-def check_model_fit(trace: Trace, where: str, num_experts_from: str | None = None,
-                    hint: str = "is --model the model that produced it?") -> None:
+def check_model_fit(
+    trace: Trace, where: str, num_experts_from: str | None = None, hint: str = "is --model the model that produced it?"
+) -> None:
     """Refuse a trace that ``sim run`` would refuse with the model profile its name matches (a different expert
     count, top-k, or number of encoder or decoder MoE layers): :func:`sim.trace_summary.model_mismatch`, the check
     a run config makes, applied when the trace is written rather than at every run, its message leading with what
@@ -154,10 +166,13 @@ def check_model_fit(trace: Trace, where: str, num_experts_from: str | None = Non
     for where_from, spec in [(f"configs/models/{stem}.yaml", spec) for stem, spec in profiles_for(m.name)] + extra:
         problem = model_mismatch(summary, spec)
         if problem:
-            source = "; the trace's experts per layer come from --num-experts" \
-                if num_experts_from == "--num-experts" else ""
-            raise InputError(f"{where}: the routing does not match model {brief(m.name)}: {problem} (the profile: "
-                             f"{where_from}{source}); every run of that model would refuse the trace ({hint})")
+            source = (
+                "; the trace's experts per layer come from --num-experts" if num_experts_from == "--num-experts" else ""
+            )
+            raise InputError(
+                f"{where}: the routing does not match model {brief(m.name)}: {problem} (the profile: "
+                f"{where_from}{source}); every run of that model would refuse the trace ({hint})"
+            )
 
 
 #: Profiles a trace being written must also fit, besides the bundled one its name matches: (where the profile comes
@@ -185,8 +200,10 @@ def check_content(trace: Trace, where: str) -> None:
     context = request_contexts(trace)
     if context.size and int(context.max()) > MAX_CONTEXT:
         r = int(np.argmax(context))
-        raise InputError(f"{where}: request {r} ({brief(_request_name(trace, r), 60)}) spans {int(context[r])} "
-                         f"tokens of context (prompt and generated), more than the {MAX_CONTEXT} a trace may claim")
+        raise InputError(
+            f"{where}: request {r} ({brief(_request_name(trace, r), 60)}) spans {int(context[r])} "
+            f"tokens of context (prompt and generated), more than the {MAX_CONTEXT} a trace may claim"
+        )
     problem = metadata_problem(trace.meta)
     if problem:
         raise InputError(f"{where}: the trace's {problem}")
@@ -198,8 +215,10 @@ def request_contexts(trace: Trace) -> np.ndarray:
     prompt = trace.prefill_lengths.astype(np.int64)
     known = (trace.meta.request_info or {}).get("prompt_len")
     if known is not None:
-        stated = np.array([int(x) if isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x > 0 else 0
-                           for x in known], dtype=np.int64)
+        stated = np.array(
+            [int(x) if isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x > 0 else 0 for x in known],
+            dtype=np.int64,
+        )
         prompt = np.where(prompt > 0, prompt, stated)
     return prompt + (trace.request_lengths - trace.prefill_lengths)
 
@@ -223,8 +242,10 @@ def default_num_experts(model: str, largest_id: int | None = None) -> tuple[int,
         return int(m.group(1)), f"the model name {model!r}"
     if largest_id is not None and largest_id >= 0:
         return int(largest_id) + 1, "the data (largest expert id + 1)"
-    raise InputError(f"--num-experts: not given, and model {brief(model)} has no profile in configs/models/ "
-                     f"and no numeric suffix to take it from")
+    raise InputError(
+        f"--num-experts: not given, and model {brief(model)} has no profile in configs/models/ "
+        f"and no numeric suffix to take it from"
+    )
 
 
 # --------------------------------------------------------------------------------------------- files
@@ -310,7 +331,10 @@ def parse_index_list(spec: str, count: int, what: str, flag: str, where: str) ->
         hi = lo if m.group(2) is None else (count - 1 if m.group(2) == "" else int(m.group(2)))
         if hi < lo or hi >= count:
             missing = lo if lo >= count else hi
-            raise InputError(f"{flag}: {what} {missing} does not exist ({held})" if missing >= count
-                             else f"{flag}: range {part!r} is empty")
+            raise InputError(
+                f"{flag}: {what} {missing} does not exist ({held})"
+                if missing >= count
+                else f"{flag}: range {part!r} is empty"
+            )
         chosen.update(range(lo, hi + 1))
     return sorted(chosen)

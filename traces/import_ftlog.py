@@ -77,14 +77,18 @@ _ID_BYTES = b"0123456789-"
 _BAD_MINUS_OR_LONG = re.compile(rb"[0-9-]-|-(?![0-9])|-0+(?![0-9])|[0-9]{10}")
 _BLANKS = b" \t\r\n\f\v"
 _WORD = re.compile(rb"[^ \t]+")
-EXACT = ("per (iteration, MoE layer) at the log's batch size with static batching: the active set of experts and "
-         "the number of tokens routed to each")
-NOT_EXACT = ("which request (or which prompt token) chose which expert: each line's sorted ids are dealt to the "
-             "batch's requests in order, so per-token paths across layers and steps are made up (exact for B = 1 "
-             "decode rows) and a request's prompt rows come in a seeded random order; per-token figures "
-             "(overlap with the previous "
-             "token, layer transitions, predictors learned from rows) and replays at another batch size or with "
-             "continuous batching are therefore not the log's")
+EXACT = (
+    "per (iteration, MoE layer) at the log's batch size with static batching: the active set of experts and "
+    "the number of tokens routed to each"
+)
+NOT_EXACT = (
+    "which request (or which prompt token) chose which expert: each line's sorted ids are dealt to the "
+    "batch's requests in order, so per-token paths across layers and steps are made up (exact for B = 1 "
+    "decode rows) and a request's prompt rows come in a seeded random order; per-token figures "
+    "(overlap with the previous "
+    "token, layer transitions, predictors learned from rows) and replays at another batch size or with "
+    "continuous batching are therefore not the log's"
+)
 
 
 @dataclass(frozen=True)
@@ -100,8 +104,8 @@ class LogRun:
     """One run of the log: its 0-based index in the file, its encoder lines, and its decode steps' lines."""
 
     index: int
-    encoder: list[LogLine]          # one per encoder MoE layer
-    decoder: list[list[LogLine]]    # [step][decoder MoE layer]; empty for an encoder-only run
+    encoder: list[LogLine]  # one per encoder MoE layer
+    decoder: list[list[LogLine]]  # [step][decoder MoE layer]; empty for an encoder-only run
 
 
 @dataclass(frozen=True)
@@ -120,27 +124,49 @@ class LogShape:
 def add_parser(fmt) -> None:
     """Register ``ft-log`` under ``traces import``."""
     f = fmt.add_parser("ft-log", help="FasterTransformer permuted_experts_ logs (Pre-gated MoE expert_log)")
-    f.add_argument("files", nargs="+", metavar="FILE",
-                   help="log file(s), one 'permuted_experts_ ids...' line per MoE layer call; several files (of the "
-                        "same batch size and shape) are imported one after another into one trace")
+    f.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="log file(s), one 'permuted_experts_ ids...' line per MoE layer call; several files (of the "
+        "same batch size and shape) are imported one after another into one trace",
+    )
     f.add_argument("--out", "-o", required=True, help="trace file to write (.npz)")
     f.add_argument("--model", required=True, help="model name in the trace, e.g. switch-base-128")
     f.add_argument("--batch", type=int, required=True, help="requests per run (the batch size the log ran at)")
-    f.add_argument("--num-experts", type=int, default=None,
-                   help="experts per MoE layer (default: the model's profile in configs/models/, else the numeric "
-                        "suffix of --model: switch-base-128 -> 128)")
-    f.add_argument("--runs", default="all",
-                   help="runs to keep, 0-based: 'all' (default), or e.g. '1-' (skip the warm-up run 0), '1-3', '0,2'")
-    f.add_argument("--encoder-layers", type=int, default=LogShape.encoder_layers,
-                   help="encoder MoE layer lines per run (default: %(default)s)")
-    f.add_argument("--decoder-layers", type=int, default=LogShape.decoder_layers,
-                   help="decoder MoE layer lines per decode step (default: %(default)s)")
-    f.add_argument("--decode-steps", type=int, default=LogShape.decode_steps,
-                   help="decode steps per run (default: %(default)s)")
-    f.add_argument("--source-model", default=None,
-                   help="checkpoint that produced the log (provenance.model; default: --model)")
-    f.add_argument("--dataset", default="unknown",
-                   help="where the prompts came from (provenance.dataset; default: %(default)s)")
+    f.add_argument(
+        "--num-experts",
+        type=int,
+        default=None,
+        help="experts per MoE layer (default: the model's profile in configs/models/, else the numeric "
+        "suffix of --model: switch-base-128 -> 128)",
+    )
+    f.add_argument(
+        "--runs",
+        default="all",
+        help="runs to keep, 0-based: 'all' (default), or e.g. '1-' (skip the warm-up run 0), '1-3', '0,2'",
+    )
+    f.add_argument(
+        "--encoder-layers",
+        type=int,
+        default=LogShape.encoder_layers,
+        help="encoder MoE layer lines per run (default: %(default)s)",
+    )
+    f.add_argument(
+        "--decoder-layers",
+        type=int,
+        default=LogShape.decoder_layers,
+        help="decoder MoE layer lines per decode step (default: %(default)s)",
+    )
+    f.add_argument(
+        "--decode-steps", type=int, default=LogShape.decode_steps, help="decode steps per run (default: %(default)s)"
+    )
+    f.add_argument(
+        "--source-model", default=None, help="checkpoint that produced the log (provenance.model; default: --model)"
+    )
+    f.add_argument(
+        "--dataset", default="unknown", help="where the prompts came from (provenance.dataset; default: %(default)s)"
+    )
     f.set_defaults(func=_run)
 
 
@@ -169,12 +195,12 @@ def parse_line(raw: bytes, path: Path, lineno: int) -> np.ndarray | None:
     text = raw.strip(_BLANKS)
     if not text:
         return None
-    head = text[:len(_PREFIX_BYTES) + 1]
+    head = text[: len(_PREFIX_BYTES) + 1]
     if not (head == _PREFIX_BYTES or (head[:-1] == _PREFIX_BYTES and head[-1:] in (b" ", b"\t"))):
         first = _WORD.match(text[:200])
         word = first.group(0) if first else text[:40]
         raise InputError(f"{path}:{lineno}: expected a line starting with '{PREFIX}', got {_show(word)}")
-    body = text[len(_PREFIX_BYTES):]
+    body = text[len(_PREFIX_BYTES) :]
     if not body.strip(_BLANKS):
         raise InputError(f"{path}:{lineno}: no expert ids after '{PREFIX}'")
     if body.translate(None, _ID_BYTES + b" \t") or _BAD_MINUS_OR_LONG.search(body):
@@ -209,13 +235,15 @@ def split_runs(lines: list[LogLine], shape: LogShape, path: Path) -> list[LogRun
     elif n == enc:
         starts, steps = range(1), 0
     else:
-        raise InputError(f"{path}: {n} lines are neither whole runs of {per_run} lines ({enc} encoder + "
-                         f"{shape.decode_steps} decode steps x {dec} decoder) nor one run's {enc} encoder lines "
-                         f"(see --encoder-layers, --decoder-layers, --decode-steps)")
+        raise InputError(
+            f"{path}: {n} lines are neither whole runs of {per_run} lines ({enc} encoder + "
+            f"{shape.decode_steps} decode steps x {dec} decoder) nor one run's {enc} encoder lines "
+            f"(see --encoder-layers, --decoder-layers, --decode-steps)"
+        )
     runs = []
     for r, s in enumerate(starts):
-        decode = lines[s + enc: s + enc + steps * dec]
-        runs.append(LogRun(r, lines[s:s + enc], [decode[i * dec:(i + 1) * dec] for i in range(steps)]))
+        decode = lines[s + enc : s + enc + steps * dec]
+        runs.append(LogRun(r, lines[s : s + enc], [decode[i * dec : (i + 1) * dec] for i in range(steps)]))
     return runs
 
 
@@ -225,22 +253,30 @@ def prompt_length(run: LogRun, batch: int, path: Path) -> int:
     first = run.encoder[0]
     count = first.ids.size
     if count % batch:
-        raise InputError(f"{path}:{first.lineno}: {count} ids, not a multiple of --batch {batch} (an encoder line "
-                         f"holds batch x prompt tokens)")
+        raise InputError(
+            f"{path}:{first.lineno}: {count} ids, not a multiple of --batch {batch} (an encoder line "
+            f"holds batch x prompt tokens)"
+        )
     for line in run.encoder[1:]:
         if line.ids.size != count:
-            raise InputError(f"{path}:{line.lineno}: {line.ids.size} ids, but this run's first encoder line "
-                             f"(line {first.lineno}) has {count}: every encoder layer sees the same prompt tokens")
+            raise InputError(
+                f"{path}:{line.lineno}: {line.ids.size} ids, but this run's first encoder line "
+                f"(line {first.lineno}) has {count}: every encoder layer sees the same prompt tokens"
+            )
     for step in run.decoder:
         for line in step:
             if line.ids.size != batch:
-                raise InputError(f"{path}:{line.lineno}: {line.ids.size} ids, expected {batch} (a decoder line "
-                                 f"holds one token per request of --batch {batch})")
+                raise InputError(
+                    f"{path}:{line.lineno}: {line.ids.size} ids, expected {batch} (a decoder line "
+                    f"holds one token per request of --batch {batch})"
+                )
     prompt = count // batch
     if prompt + len(run.decoder) > MAX_CONTEXT:
-        raise InputError(f"{path}:{first.lineno}: {prompt} prompt tokens per request (of --batch {batch}) and "
-                         f"{len(run.decoder)} decode steps: more than the {MAX_CONTEXT} tokens of context a trace "
-                         f"may claim")
+        raise InputError(
+            f"{path}:{first.lineno}: {prompt} prompt tokens per request (of --batch {batch}) and "
+            f"{len(run.decoder)} decode steps: more than the {MAX_CONTEXT} tokens of context a trace "
+            f"may claim"
+        )
     return prompt
 
 
@@ -250,8 +286,10 @@ def check_ids(runs: list[LogRun], num_experts: int, source: str, path: Path) -> 
         for line in run.encoder + [x for step in run.decoder for x in step]:
             lo, hi = int(line.ids.min()), int(line.ids.max())
             if lo < 0 or hi >= num_experts:
-                raise InputError(f"{path}:{line.lineno}: expert id {lo if lo < 0 else hi} outside "
-                                 f"0..{num_experts - 1} (num_experts {num_experts} from {source}; see --num-experts)")
+                raise InputError(
+                    f"{path}:{line.lineno}: expert id {lo if lo < 0 else hi} outside "
+                    f"0..{num_experts - 1} (num_experts {num_experts} from {source}; see --num-experts)"
+                )
 
 
 # --------------------------------------------------------------------------------------------- building
@@ -266,20 +304,27 @@ def run_rows(run: LogRun, batch: int, prompt: int, shape: LogShape) -> np.ndarra
     per_request = prompt + steps
     e = np.full((batch * per_request, enc + dec, 1), -1, dtype=np.int16)
     starts = np.arange(batch) * per_request
-    prompt_rows = starts[:, None] + np.arange(prompt)[None, :]                       # [B, P]
+    prompt_rows = starts[:, None] + np.arange(prompt)[None, :]  # [B, P]
     for layer, line in enumerate(run.encoder):
         rng = np.random.default_rng([run.index, layer])
         e[prompt_rows, layer, 0] = rng.permuted(line.ids.reshape(batch, prompt), axis=1)
     if steps:
-        decode_rows = starts[:, None] + prompt + np.arange(steps)[None, :]          # [B, steps]
-        ids = np.array([[line.ids for line in step] for step in run.decoder])      # [steps, dec, B]
-        e[decode_rows, enc:, 0] = ids.transpose(2, 0, 1)                            # [B, steps, dec]
+        decode_rows = starts[:, None] + prompt + np.arange(steps)[None, :]  # [B, steps]
+        ids = np.array([[line.ids for line in step] for step in run.decoder])  # [steps, dec, B]
+        e[decode_rows, enc:, 0] = ids.transpose(2, 0, 1)  # [B, steps, dec]
     return e
 
 
-def import_ft_log(path: str | Path, model: str, batch: int, num_experts: int | None = None, runs: str = "all",
-                  shape: LogShape = LogShape(), source_model: str | None = None,
-                  dataset: str = "unknown") -> tuple[Trace, dict]:
+def import_ft_log(
+    path: str | Path,
+    model: str,
+    batch: int,
+    num_experts: int | None = None,
+    runs: str = "all",
+    shape: LogShape = LogShape(),
+    source_model: str | None = None,
+    dataset: str = "unknown",
+) -> tuple[Trace, dict]:
     """Read a FasterTransformer ``permuted_experts_`` log into a trace of static batches (one per kept run);
     returns the trace and a summary (runs in the file, runs kept, prompt lengths, where num_experts came from).
     The trace is checked against the model profile its name matches (experts, top-1, encoder and decoder
@@ -304,25 +349,43 @@ def import_ft_log(path: str | Path, model: str, batch: int, num_experts: int | N
     parts = [run_rows(run, batch, p, shape) for run, p in zip(kept, prompts)]
     steps = [len(run.decoder) for run in kept]
     lengths = [p + s for p, s in zip(prompts, steps) for _ in range(batch)]
-    layers = tuple([LayerInfo(i, "encoder") for i in range(shape.encoder_layers)]
-                   + [LayerInfo(i, "decoder") for i in range(shape.decoder_layers)])
-    summary = {"runs_in_file": len(all_runs), "runs_kept": [run.index for run in kept], "prompt_len": prompts,
-               "decode_steps": steps, "num_experts_from": source}
+    layers = tuple(
+        [LayerInfo(i, "encoder") for i in range(shape.encoder_layers)]
+        + [LayerInfo(i, "decoder") for i in range(shape.decoder_layers)]
+    )
+    summary = {
+        "runs_in_file": len(all_runs),
+        "runs_kept": [run.index for run in kept],
+        "prompt_len": prompts,
+        "decode_steps": steps,
+        "num_experts_from": source,
+    }
     meta = TraceMeta(
         model=ModelInfo(model, num_experts, 1, layers),
         provenance=Provenance("imported", TOOL, source_model or model, dataset, today()),
         seed=None,
         request_ids=tuple(f"{path.stem}/run{run.index}/{j}" for run in kept for j in range(batch)),
-        extra={"source_files": [path.name], "batch": batch, **summary,
-               "layout": "one static batch of `batch` requests per run; request j gets encoder ids j*P..j*P+P-1 "
-                         "of each encoder line as its P prompt rows and decoder id j of each step's lines as its "
-                         "decode row (lines' ids are sorted)",
-               "exact": EXACT, "not_exact": NOT_EXACT},
-        request_info={"run": [run.index for run in kept for _ in range(batch)],
-                      "slot": [j for _ in kept for j in range(batch)]},
+        extra={
+            "source_files": [path.name],
+            "batch": batch,
+            **summary,
+            "layout": "one static batch of `batch` requests per run; request j gets encoder ids j*P..j*P+P-1 "
+            "of each encoder line as its P prompt rows and decoder id j of each step's lines as its "
+            "decode row (lines' ids are sorted)",
+            "exact": EXACT,
+            "not_exact": NOT_EXACT,
+        },
+        request_info={
+            "run": [run.index for run in kept for _ in range(batch)],
+            "slot": [j for _ in kept for j in range(batch)],
+        },
     )
-    trace = Trace(np.concatenate(parts), offsets_from_lengths(lengths),
-                  np.array([p for p in prompts for _ in range(batch)], dtype=np.int64), meta)
+    trace = Trace(
+        np.concatenate(parts),
+        offsets_from_lengths(lengths),
+        np.array([p for p in prompts for _ in range(batch)], dtype=np.int64),
+        meta,
+    )
     check_model_fit(trace, str(path), source)
     check_content(trace, str(path))
     return trace, summary
@@ -334,14 +397,23 @@ def _check_trace_size(runs: list[LogRun], prompts: list[int], batch: int, shape:
     layers = shape.encoder_layers + shape.decoder_layers
     cells = sum(batch * (p + len(run.decoder)) for run, p in zip(runs, prompts)) * layers
     if cells * 2 > MAX_ARRAY_BYTES:
-        raise InputError(f"{path}: the trace would hold {cells} expert ids ({cells * 2} bytes), more than a trace "
-                         f"file may hold ({MAX_ARRAY_BYTES}); import fewer runs (--runs) or check --batch and the "
-                         f"layer counts")
+        raise InputError(
+            f"{path}: the trace would hold {cells} expert ids ({cells * 2} bytes), more than a trace "
+            f"file may hold ({MAX_ARRAY_BYTES}); import fewer runs (--runs) or check --batch and the "
+            f"layer counts"
+        )
 
 
-def import_ft_logs(paths: list[str | Path], model: str, batch: int, num_experts: int | None = None,
-                   runs: str = "all", shape: LogShape = LogShape(), source_model: str | None = None,
-                   dataset: str = "unknown") -> tuple[Trace, dict]:
+def import_ft_logs(
+    paths: list[str | Path],
+    model: str,
+    batch: int,
+    num_experts: int | None = None,
+    runs: str = "all",
+    shape: LogShape = LogShape(),
+    source_model: str | None = None,
+    dataset: str = "unknown",
+) -> tuple[Trace, dict]:
     """Several logs, each read by :func:`import_ft_log` (``runs`` applies to each), one after another in one trace;
     ``request_info.file`` says which file each request came from."""
     parts = [import_ft_log(p, model, batch, num_experts, runs, shape, source_model, dataset) for p in paths]
@@ -352,28 +424,40 @@ def import_ft_logs(paths: list[str | Path], model: str, batch: int, num_experts:
     lengths = np.concatenate([t.request_lengths for t in traces])
     info = {k: [v for t in traces for v in t.meta.request_info[k]] for k in first.meta.request_info}
     info["file"] = [Path(p).name for p, t in zip(paths, traces) for _ in range(t.num_requests)]
-    summary = {"files": {Path(p).name: s for p, (_, s) in zip(paths, parts)},
-               "num_experts_from": parts[0][1]["num_experts_from"],
-               "runs_kept": [i for _, s in parts for i in s["runs_kept"]],
-               "runs_in_file": sum(s["runs_in_file"] for _, s in parts),
-               "decode_steps": [d for _, s in parts for d in s["decode_steps"]]}
-    extra = {k: v for k, v in first.meta.extra.items() if k not in ("runs_in_file", "runs_kept", "prompt_len",
-                                                                     "decode_steps", "source_files")}
+    summary = {
+        "files": {Path(p).name: s for p, (_, s) in zip(paths, parts)},
+        "num_experts_from": parts[0][1]["num_experts_from"],
+        "runs_kept": [i for _, s in parts for i in s["runs_kept"]],
+        "runs_in_file": sum(s["runs_in_file"] for _, s in parts),
+        "decode_steps": [d for _, s in parts for d in s["decode_steps"]],
+    }
+    extra = {
+        k: v
+        for k, v in first.meta.extra.items()
+        if k not in ("runs_in_file", "runs_kept", "prompt_len", "decode_steps", "source_files")
+    }
     extra.update(source_files=[Path(p).name for p in paths], files=summary["files"])
-    meta = dataclasses.replace(first.meta, request_ids=tuple(i for t in traces for i in t.meta.request_ids),
-                               extra=extra, request_info=info)
-    trace = Trace(np.concatenate([t.experts for t in traces]), offsets_from_lengths(lengths.tolist()),
-                  np.concatenate([t.prefill_lengths for t in traces]), meta)
+    meta = dataclasses.replace(
+        first.meta, request_ids=tuple(i for t in traces for i in t.meta.request_ids), extra=extra, request_info=info
+    )
+    trace = Trace(
+        np.concatenate([t.experts for t in traces]),
+        offsets_from_lengths(lengths.tolist()),
+        np.concatenate([t.prefill_lengths for t in traces]),
+        meta,
+    )
     check_content(trace, str(paths[0]))
     return trace, summary
 
 
 def _check_shape_args(batch: int, shape: LogShape) -> None:
     """The numbers that lay a log out, each within what a trace can hold."""
-    for flag, n, low, high in (("--batch", batch, 1, MAX_REQUESTS),
-                               ("--encoder-layers", shape.encoder_layers, 1, MAX_LAYERS),
-                               ("--decoder-layers", shape.decoder_layers, 1, MAX_LAYERS),
-                               ("--decode-steps", shape.decode_steps, 0, MAX_CONTEXT)):
+    for flag, n, low, high in (
+        ("--batch", batch, 1, MAX_REQUESTS),
+        ("--encoder-layers", shape.encoder_layers, 1, MAX_LAYERS),
+        ("--decoder-layers", shape.decoder_layers, 1, MAX_LAYERS),
+        ("--decode-steps", shape.decode_steps, 0, MAX_CONTEXT),
+    ):
         if n < low:
             raise InputError(f"{flag}: must be >= {low}, got {n}")
         if n > high:
@@ -387,18 +471,24 @@ def _run(args) -> int:
     check_out(args.out, args.files)
     check_model_name(args.model)
     shape = LogShape(args.encoder_layers, args.decoder_layers, args.decode_steps)
-    trace, s = import_ft_logs(args.files, args.model, args.batch, args.num_experts, args.runs, shape,
-                              args.source_model, args.dataset)
+    trace, s = import_ft_logs(
+        args.files, args.model, args.batch, args.num_experts, args.runs, shape, args.source_model, args.dataset
+    )
     save_trace(trace, args.out)
     decode = int(trace.decode_mask().sum())
     kind = "encoder only, " if not any(s["decode_steps"]) else ""
-    where = (f"runs {_ranges(s['runs_kept'])} of {s['runs_in_file']}" if len(args.files) == 1 else
-             f"{len(args.files)} files, runs '{args.runs}' of each")
-    print(f"wrote {args.out}: {trace.num_tokens} tokens ({trace.num_tokens - decode} prompt + {decode} decode) in "
-          f"{trace.num_requests} requests = {len(s['runs_kept'])} runs x batch {args.batch} ({kind}"
-          f"{where}), {shape.encoder_layers} encoder + "
-          f"{shape.decoder_layers} decoder layers, top-1 of {trace.num_experts} experts "
-          f"(from {s['num_experts_from']}), {time.perf_counter() - t0:.1f} s")
+    where = (
+        f"runs {_ranges(s['runs_kept'])} of {s['runs_in_file']}"
+        if len(args.files) == 1
+        else f"{len(args.files)} files, runs '{args.runs}' of each"
+    )
+    print(
+        f"wrote {args.out}: {trace.num_tokens} tokens ({trace.num_tokens - decode} prompt + {decode} decode) in "
+        f"{trace.num_requests} requests = {len(s['runs_kept'])} runs x batch {args.batch} ({kind}"
+        f"{where}), {shape.encoder_layers} encoder + "
+        f"{shape.decoder_layers} decoder layers, top-1 of {trace.num_experts} experts "
+        f"(from {s['num_experts_from']}), {time.perf_counter() - t0:.1f} s"
+    )
     return 0
 
 

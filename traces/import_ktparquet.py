@@ -75,27 +75,38 @@ MAX_OUTPUT_FILES = 4096
 MAX_NAME_CHARS = 200
 INT16_MAX = int(np.iinfo(np.int16).max)
 FLOAT16_MAX = float(np.finfo(np.float16).max)
-ROUTING_OF = ("prompt rows: each request's prefill pass (its layer-major rows put in token order); decode rows: one "
-              "per later forward pass (the first completion token comes out of the prefill, so a request has "
-              "completion_tokens - 1 decode rows); the two single-token warm-up passes of each request dropped")
+ROUTING_OF = (
+    "prompt rows: each request's prefill pass (its layer-major rows put in token order); decode rows: one "
+    "per later forward pass (the first completion token comes out of the prefill, so a request has "
+    "completion_tokens - 1 decode rows); the two single-token warm-up passes of each request dropped"
+)
 
 
 def add_parser(fmt) -> None:
     """Register ``kt-parquet`` under ``traces import``."""
-    p = fmt.add_parser("kt-parquet", help="kTransformers per-token routing logs (Parquet, one row per token and "
-                                          "MoE layer)")
+    p = fmt.add_parser(
+        "kt-parquet", help="kTransformers per-token routing logs (Parquet, one row per token and MoE layer)"
+    )
     p.add_argument("files", nargs="+", metavar="FILE", help="Parquet logs (<prompt>_session.parquet), in request order")
     p.add_argument("--out", "-o", required=True, help="trace file to write (.npz)")
     p.add_argument("--model", required=True, help="model name in the trace, e.g. qwen3.5-35b-a3b")
-    p.add_argument("--outputs", action="append", default=None, metavar="DIR_OR_FILE",
-                   help="the server's output JSONs (a folder of *.json, or files; repeatable): each request's "
-                        "prompt and completion token counts are checked against its rows")
-    p.add_argument("--num-experts", type=int, default=None,
-                   help="routed experts per MoE layer (default: the model's profile in configs/models/, else a "
-                        "numeric suffix of --model, else the largest id + 1)")
+    p.add_argument(
+        "--outputs",
+        action="append",
+        default=None,
+        metavar="DIR_OR_FILE",
+        help="the server's output JSONs (a folder of *.json, or files; repeatable): each request's "
+        "prompt and completion token counts are checked against its rows",
+    )
+    p.add_argument(
+        "--num-experts",
+        type=int,
+        default=None,
+        help="routed experts per MoE layer (default: the model's profile in configs/models/, else a "
+        "numeric suffix of --model, else the largest id + 1)",
+    )
     p.add_argument("--source-model", default=None, help="checkpoint that produced the routing (default: --model)")
-    p.add_argument("--dataset", default=None,
-                   help="data set name for provenance (default: the requests' categories)")
+    p.add_argument("--dataset", default=None, help="data set name for provenance (default: the requests' categories)")
     p.set_defaults(func=_run)
 
 
@@ -136,7 +147,7 @@ def read_log(path: str | os.PathLike) -> LogRows:
     columns = _check_schema(schema, path)
     try:
         table = pf.read(columns=columns, use_threads=False)
-        table.validate(full=True)   # list offsets in bounds, strings valid UTF-8
+        table.validate(full=True)  # list offsets in bounds, strings valid UTF-8
     except (pa.ArrowException, OSError, ValueError, EOFError, MemoryError, IndexError) as exc:
         raise InputError(f"{path}: not a readable Parquet file ({_why(exc)})") from None
     n = table.num_rows
@@ -149,8 +160,9 @@ def read_log(path: str | os.PathLike) -> LogRows:
     ids = _list_column(table, "expert_ids", path)
     weights = _list_column(table, "expert_weights", path)
     if weights.shape != ids.shape:
-        raise InputError(f"{path}: expert_weights lists hold {weights.shape[1]} values, expert_ids lists "
-                         f"{ids.shape[1]} (row 0)")
+        raise InputError(
+            f"{path}: expert_weights lists hold {weights.shape[1]} values, expert_ids lists {ids.shape[1]} (row 0)"
+        )
     _check_ids(ids, path)
     _check_weights(weights, path)
     context_codes, contexts = _string_codes(table, "context_id", path, required=True)
@@ -169,11 +181,13 @@ def _check_footer(md, path: Path) -> None:
     if md.num_rows > MAX_ROWS:
         raise InputError(f"{path}: {md.num_rows} rows, more than the {MAX_ROWS} a Parquet log may have")
     total = 0
-    for g in range(md.num_row_groups):   # row-group totals only: a column chunk's metadata object can abort
-        total += max(int(md.row_group(g).total_byte_size), 0)   # the process on a corrupt footer (pyarrow 26)
+    for g in range(md.num_row_groups):  # row-group totals only: a column chunk's metadata object can abort
+        total += max(int(md.row_group(g).total_byte_size), 0)  # the process on a corrupt footer (pyarrow 26)
     if total > MAX_UNCOMPRESSED_BYTES:
-        raise InputError(f"{path}: its columns hold {total} bytes uncompressed, more than the "
-                         f"{MAX_UNCOMPRESSED_BYTES} a Parquet log may have")
+        raise InputError(
+            f"{path}: its columns hold {total} bytes uncompressed, more than the "
+            f"{MAX_UNCOMPRESSED_BYTES} a Parquet log may have"
+        )
 
 
 def _check_schema(schema, path: Path) -> list[str]:
@@ -184,8 +198,10 @@ def _check_schema(schema, path: Path) -> list[str]:
     names = list(schema.names)
     missing = [c for c in REQUIRED if c not in names]
     if missing:
-        raise InputError(f"{path}: no column {', '.join(repr(c) for c in missing)} (has: {show_list(names)}); a "
-                         f"kTransformers routing log has {', '.join(REQUIRED)}")
+        raise InputError(
+            f"{path}: no column {', '.join(repr(c) for c in missing)} (has: {show_list(names)}); a "
+            f"kTransformers routing log has {', '.join(REQUIRED)}"
+        )
     for name in REQUIRED + OPTIONAL:
         if names.count(name) > 1:
             raise InputError(f"{path}: column {name!r} appears {names.count(name)} times")
@@ -234,8 +250,10 @@ def _list_column(table, name: str, path: Path) -> np.ndarray:
     bad = np.flatnonzero(lengths != k)
     if bad.size:
         row = int(bad[0])
-        raise InputError(f"{path}: {name} at row {row} holds {int(lengths[row])} values, row 0 holds {k} (every "
-                         f"row lists the top-k experts of one token in one layer)")
+        raise InputError(
+            f"{path}: {name} at row {row} holds {int(lengths[row])} values, row 0 holds {k} (every "
+            f"row lists the top-k experts of one token in one layer)"
+        )
     if not 1 <= k <= MAX_TOP_K:
         raise InputError(f"{path}: {name} lists hold {k} values; a top-k of 1..{MAX_TOP_K} is expected")
     values = pc.list_flatten(arr)
@@ -250,8 +268,9 @@ def _check_ids(ids: np.ndarray, path: Path) -> None:
     bad = np.flatnonzero(((ids < 0) | (ids > INT16_MAX)).any(axis=1))
     if bad.size:
         row = int(bad[0])
-        raise InputError(f"{path}: expert_ids at row {row} holds {brief(ids[row].tolist())}, ids must lie in "
-                         f"0..{INT16_MAX}")
+        raise InputError(
+            f"{path}: expert_ids at row {row} holds {brief(ids[row].tolist())}, ids must lie in 0..{INT16_MAX}"
+        )
     if ids.shape[1] > 1:
         s = np.sort(ids, axis=1)
         dup = np.flatnonzero((s[:, 1:] == s[:, :-1]).any(axis=1))
@@ -265,8 +284,10 @@ def _check_weights(w: np.ndarray, path: Path) -> None:
         bad = np.flatnonzero((~np.isfinite(w) | (np.abs(w) > FLOAT16_MAX)).any(axis=1))
     if bad.size:
         row = int(bad[0])
-        raise InputError(f"{path}: expert_weights at row {row} holds a value that is not finite or beyond the range "
-                         f"of the trace's float16 weights (+-{FLOAT16_MAX:.0f})")
+        raise InputError(
+            f"{path}: expert_weights at row {row} holds a value that is not finite or beyond the range "
+            f"of the trace's float16 weights (+-{FLOAT16_MAX:.0f})"
+        )
 
 
 def _string_codes(table, name: str, path: Path, required: bool) -> tuple[np.ndarray | None, list[str]]:
@@ -280,8 +301,9 @@ def _string_codes(table, name: str, path: Path, required: bool) -> tuple[np.ndar
     if arr.null_count:
         if not required:
             return None, []
-        raise InputError(f"{path}: {name} is null at row {_first_null(arr)} but set elsewhere (every row needs its "
-                         f"request)")
+        raise InputError(
+            f"{path}: {name} is null at row {_first_null(arr)} but set elsewhere (every row needs its request)"
+        )
     enc = arr.dictionary_encode()
     values = enc.dictionary.to_pylist()
     for v in values:
@@ -300,8 +322,8 @@ class Request:
     path: Path
     first_row: int
     category: str | None
-    ids: np.ndarray          # int64 [P + D, L, k]
-    weights: np.ndarray      # float64 [P + D, L, k]
+    ids: np.ndarray  # int64 [P + D, L, k]
+    weights: np.ndarray  # float64 [P + D, L, k]
     prompt: int
     decode: int
     output_file: str | None = None
@@ -321,8 +343,10 @@ def file_requests(log: LogRows) -> list[Request]:
         for a, b in zip(starts.tolist(), stops.tolist()):
             name = log.contexts[int(c[a])]
             if name in seen:
-                raise InputError(f"{log.path}: context_id {brief(name)} at row {a} again, after other requests (it "
-                                 f"first starts at row {seen[name]}); a request's rows must be contiguous")
+                raise InputError(
+                    f"{log.path}: context_id {brief(name)} at row {a} again, after other requests (it "
+                    f"first starts at row {seen[name]}); a request's rows must be contiguous"
+                )
             seen[name] = a
             runs.append((a, b, name))
     out = []
@@ -345,60 +369,81 @@ def _request(log: LogRows, a: int, b: int, ctx: str | None, category: str | None
     bounds = np.concatenate([[0], cuts, [b - a]]).astype(np.int64)
     passes = bounds.size - 1
     if passes < WARMUP_PASSES + 1:
-        raise InputError(f"{where}: {passes} forward pass{'es' if passes != 1 else ''} (a pass starts where layer_id "
-                         f"decreases); expected {WARMUP_PASSES} warm-up passes, a prefill pass, then decode passes")
+        raise InputError(
+            f"{where}: {passes} forward pass{'es' if passes != 1 else ''} (a pass starts where layer_id "
+            f"decreases); expected {WARMUP_PASSES} warm-up passes, a prefill pass, then decode passes"
+        )
     for p in range(WARMUP_PASSES + 1):
         t = _check_pass(layer, pos, int(bounds[p]), int(bounds[p + 1]), num_layers, a, f"{where}: pass {p}")
         if p < WARMUP_PASSES and t != 1:
-            raise InputError(f"{where}: pass {p} (rows {a + bounds[p]}..{a + bounds[p + 1] - 1}) holds {t} tokens; "
-                             f"the first {WARMUP_PASSES} passes of a request are single-token warm-up passes")
+            raise InputError(
+                f"{where}: pass {p} (rows {a + bounds[p]}..{a + bounds[p + 1] - 1}) holds {t} tokens; "
+                f"the first {WARMUP_PASSES} passes of a request are single-token warm-up passes"
+            )
     prompt = (int(bounds[WARMUP_PASSES + 1]) - int(bounds[WARMUP_PASSES])) // num_layers
     first_decode = int(bounds[WARMUP_PASSES + 1])
     decode = passes - WARMUP_PASSES - 1
-    lengths = np.diff(bounds[WARMUP_PASSES + 1:])
+    lengths = np.diff(bounds[WARMUP_PASSES + 1 :])
     tail = layer[first_decode:]
-    ok = (lengths == num_layers).all() and (tail.reshape(-1, num_layers) == np.arange(num_layers)).all() \
-        and not pos[first_decode:].any() if decode else True
-    if not ok:   # find the pass at fault and say what is wrong with it
+    ok = (
+        (lengths == num_layers).all()
+        and (tail.reshape(-1, num_layers) == np.arange(num_layers)).all()
+        and not pos[first_decode:].any()
+        if decode
+        else True
+    )
+    if not ok:  # find the pass at fault and say what is wrong with it
         for p in range(WARMUP_PASSES + 1, passes):
             t = _check_pass(layer, pos, int(bounds[p]), int(bounds[p + 1]), num_layers, a, f"{where}: pass {p}")
             if t != 1:
-                raise InputError(f"{where}: pass {p} (rows {a + bounds[p]}..{a + bounds[p + 1] - 1}) holds {t} "
-                                 f"tokens; after the prefill (pass {WARMUP_PASSES}) every pass is one decode token")
+                raise InputError(
+                    f"{where}: pass {p} (rows {a + bounds[p]}..{a + bounds[p + 1] - 1}) holds {t} "
+                    f"tokens; after the prefill (pass {WARMUP_PASSES}) every pass is one decode token"
+                )
         raise AssertionError("a decode pass failed its check but no pass was found at fault")
     k = log.ids.shape[1]
     lo, hi = a + int(bounds[WARMUP_PASSES]), a + first_decode
-    ids = np.concatenate([log.ids[lo:hi].reshape(num_layers, prompt, k).transpose(1, 0, 2),
-                          log.ids[hi:b].reshape(decode, num_layers, k)])
-    weights = np.concatenate([log.weights[lo:hi].reshape(num_layers, prompt, k).transpose(1, 0, 2),
-                              log.weights[hi:b].reshape(decode, num_layers, k)])
+    ids = np.concatenate(
+        [log.ids[lo:hi].reshape(num_layers, prompt, k).transpose(1, 0, 2), log.ids[hi:b].reshape(decode, num_layers, k)]
+    )
+    weights = np.concatenate(
+        [
+            log.weights[lo:hi].reshape(num_layers, prompt, k).transpose(1, 0, 2),
+            log.weights[hi:b].reshape(decode, num_layers, k),
+        ]
+    )
     return Request(name, ctx, path, a, category, ids, weights, prompt, decode)
 
 
-def _check_pass(layer: np.ndarray, pos: np.ndarray, lo: int, hi: int, num_layers: int, base: int,
-                where: str) -> int:
+def _check_pass(layer: np.ndarray, pos: np.ndarray, lo: int, hi: int, num_layers: int, base: int, where: str) -> int:
     """Rows lo..hi of a request as one forward pass: a whole number t of tokens, each passing layers
     0..num_layers-1 once, layer-major, with token_position 0..t-1 in each layer; returns t."""
     rows = f"rows {base + lo}..{base + hi - 1}"
     n = hi - lo
     if n % num_layers:
-        raise InputError(f"{where} ({rows}): {n} rows, not a whole number of tokens x {num_layers} MoE layers (a pass "
-                         f"starts where layer_id decreases; every token of it passes every layer once)")
+        raise InputError(
+            f"{where} ({rows}): {n} rows, not a whole number of tokens x {num_layers} MoE layers (a pass "
+            f"starts where layer_id decreases; every token of it passes every layer once)"
+        )
     t = n // num_layers
     want = np.repeat(np.arange(num_layers), t)
     bad = np.flatnonzero(layer[lo:hi] != want)
     if bad.size:
         i = int(bad[0])
-        raise InputError(f"{where} ({rows}): layer_id {int(layer[lo + i])} at row {base + lo + i}, expected "
-                         f"{int(want[i])} (the {t} token{'s' if t != 1 else ''} of a pass pass layers "
-                         f"0..{num_layers - 1} once each, layer-major)")
+        raise InputError(
+            f"{where} ({rows}): layer_id {int(layer[lo + i])} at row {base + lo + i}, expected "
+            f"{int(want[i])} (the {t} token{'s' if t != 1 else ''} of a pass pass layers "
+            f"0..{num_layers - 1} once each, layer-major)"
+        )
     want = np.tile(np.arange(t), num_layers)
     bad = np.flatnonzero(pos[lo:hi] != want)
     if bad.size:
         i = int(bad[0])
-        raise InputError(f"{where} ({rows}): token_position {int(pos[lo + i])} at row {base + lo + i}, expected "
-                         f"{int(want[i])} (positions restart at 0 in every forward pass, and a multi-token pass is "
-                         f"layer-major: layer 0 of all its tokens in order, then layer 1, ...)")
+        raise InputError(
+            f"{where} ({rows}): token_position {int(pos[lo + i])} at row {base + lo + i}, expected "
+            f"{int(want[i])} (positions restart at 0 in every forward pass, and a multi-token pass is "
+            f"layer-major: layer 0 of all its tokens in order, then layer 1, ...)"
+        )
     return t
 
 
@@ -444,8 +489,10 @@ def _output(path: Path) -> Output:
     if usage is None and isinstance(d.get("raw_response"), dict):
         usage = d["raw_response"].get("usage")
     if not isinstance(usage, dict):
-        raise InputError(f"{path}: no 'usage' object (at the top level or under 'raw_response') with the prompt and "
-                         f"completion token counts")
+        raise InputError(
+            f"{path}: no 'usage' object (at the top level or under 'raw_response') with the prompt and "
+            f"completion token counts"
+        )
     counts = []
     for key in ("prompt_tokens", "completion_tokens"):
         v = usage.get(key)
@@ -478,28 +525,42 @@ def match_outputs(requests: list[Request], outputs: list[Output], files_requests
         if o is None and files_requests[r.path] == 1:
             o = by_file.get(r.path.name)
         if o is None:
-            raise InputError(f"{r.path}: request {r.name}: no output JSON in --outputs has context_id {brief(r.name)}"
-                             f"{'' if files_requests[r.path] != 1 else f' or trace_file {brief(r.path.name)}'} "
-                             f"({len(outputs)} read)")
+            raise InputError(
+                f"{r.path}: request {r.name}: no output JSON in --outputs has context_id {brief(r.name)}"
+                f"{'' if files_requests[r.path] != 1 else f' or trace_file {brief(r.path.name)}'} "
+                f"({len(outputs)} read)"
+            )
         if o.prompt_tokens != r.prompt:
-            raise InputError(f"{r.path}: request {r.name}: its prefill pass holds {r.prompt} tokens but {o.path} says "
-                             f"prompt_tokens {o.prompt_tokens}")
+            raise InputError(
+                f"{r.path}: request {r.name}: its prefill pass holds {r.prompt} tokens but {o.path} says "
+                f"prompt_tokens {o.prompt_tokens}"
+            )
         if o.completion_tokens - 1 != r.decode:
-            raise InputError(f"{r.path}: request {r.name}: {r.decode} decode passes but {o.path} says "
-                             f"completion_tokens {o.completion_tokens} (expected {o.completion_tokens - 1} decode "
-                             f"passes: the first completion token comes out of the prefill)")
+            raise InputError(
+                f"{r.path}: request {r.name}: {r.decode} decode passes but {o.path} says "
+                f"completion_tokens {o.completion_tokens} (expected {o.completion_tokens - 1} decode "
+                f"passes: the first completion token comes out of the prefill)"
+            )
         r.output_file = o.path.name
 
 
 # --------------------------------------------------------------------------------------------- building
-def import_kt_parquet(files: list[str | os.PathLike], model: str, num_experts: int | None = None,
-                      outputs: list[str | os.PathLike] | None = None, source_model: str | None = None,
-                      dataset: str | None = None) -> tuple[Trace, dict]:
+def import_kt_parquet(
+    files: list[str | os.PathLike],
+    model: str,
+    num_experts: int | None = None,
+    outputs: list[str | os.PathLike] | None = None,
+    source_model: str | None = None,
+    dataset: str | None = None,
+) -> tuple[Trace, dict]:
     """Read kTransformers Parquet logs into a trace (prompt rows from each prefill pass, a decode row per later
     pass); returns the trace and a summary (for the terminal)."""
     check_model_name(model)
-    if num_experts is not None and (isinstance(num_experts, bool) or not isinstance(num_experts, (int, np.integer))
-                                    or not 1 <= num_experts <= INT16_MAX):
+    if num_experts is not None and (
+        isinstance(num_experts, bool)
+        or not isinstance(num_experts, (int, np.integer))
+        or not 1 <= num_experts <= INT16_MAX
+    ):
         raise InputError(f"--num-experts: must be between 1 and {INT16_MAX}, got {brief(num_experts)}")
     if dataset is not None and (not isinstance(dataset, str) or not dataset.strip()):
         raise InputError(f"--dataset: give a data set name, got {brief(dataset)}")
@@ -508,7 +569,7 @@ def import_kt_parquet(files: list[str | os.PathLike], model: str, num_experts: i
     out_list = load_outputs(outputs) if outputs else None
     requests: list[Request] = []
     per_file: dict[Path, int] = {}
-    shape = None   # (layers, top-k, file)
+    shape = None  # (layers, top-k, file)
     seen: dict[str, Path] = {}
     largest = -1
     for f in files:
@@ -519,11 +580,15 @@ def import_kt_parquet(files: list[str | os.PathLike], model: str, num_experts: i
             if shape is None:
                 shape = (*here, log.path)
             elif here != shape[:2]:
-                raise InputError(f"{log.path}: request {r.name} has {here[0]} MoE layers and top-{here[1]}, "
-                                 f"{shape[2]} has {shape[0]} and top-{shape[1]}")
+                raise InputError(
+                    f"{log.path}: request {r.name} has {here[0]} MoE layers and top-{here[1]}, "
+                    f"{shape[2]} has {shape[0]} and top-{shape[1]}"
+                )
             if r.name in seen:
-                raise InputError(f"{log.path}: request {brief(r.name)} again (also in {seen[r.name]}); every request "
-                                 f"is imported once")
+                raise InputError(
+                    f"{log.path}: request {brief(r.name)} again (also in {seen[r.name]}); every request "
+                    f"is imported once"
+                )
             seen[r.name] = log.path
         if log.path in per_file:
             raise InputError(f"{log.path}: given twice")
@@ -538,13 +603,15 @@ def import_kt_parquet(files: list[str | os.PathLike], model: str, num_experts: i
         experts, source = int(num_experts), "--num-experts"
     else:
         experts, source = default_num_experts(model, largest)
-    for r in requests if largest >= experts else ():   # name the first request and token with an id beyond
+    for r in requests if largest >= experts else ():  # name the first request and token with an id beyond
         beyond = np.flatnonzero((r.ids >= experts).any(axis=(1, 2)))
         if beyond.size:
             t = int(beyond[0])
             token = f"prompt token {t}" if t < r.prompt else f"decode step {t - r.prompt}"
-            raise InputError(f"{r.path}: request {r.name}: {token} routes to expert {int(r.ids[t].max())}, outside "
-                             f"0..{experts - 1} (num_experts {experts} from {source}; see --num-experts)")
+            raise InputError(
+                f"{r.path}: request {r.name}: {token} routes to expert {int(r.ids[t].max())}, outside "
+                f"0..{experts - 1} (num_experts {experts} from {source}; see --num-experts)"
+            )
     if top_k > experts:
         raise InputError(f"{files[0]}: top-{top_k} exceeds num_experts {experts} (from {source}; see --num-experts)")
 
@@ -561,27 +628,40 @@ def import_kt_parquet(files: list[str | os.PathLike], model: str, num_experts: i
     }
     meta = TraceMeta(
         model=ModelInfo.decoder_only(model, experts, top_k, num_layers),
-        provenance=Provenance("imported", TOOL, source_model or model, dataset or "+".join(known) or "unknown",
-                              today()),
+        provenance=Provenance(
+            "imported", TOOL, source_model or model, dataset or "+".join(known) or "unknown", today()
+        ),
         seed=None,
         request_ids=tuple(r.name for r in requests),
-        extra={"source_files": [Path(f).name for f in files],
-               "routing_of": ROUTING_OF,
-               "warmup_passes_dropped": WARMUP_PASSES * len(requests),
-               "num_experts_from": source,
-               "counts_checked_against": "output JSONs (usage.prompt_tokens, usage.completion_tokens)"
-               if out_list is not None else "nothing (no --outputs given)"},
+        extra={
+            "source_files": [Path(f).name for f in files],
+            "routing_of": ROUTING_OF,
+            "warmup_passes_dropped": WARMUP_PASSES * len(requests),
+            "num_experts_from": source,
+            "counts_checked_against": "output JSONs (usage.prompt_tokens, usage.completion_tokens)"
+            if out_list is not None
+            else "nothing (no --outputs given)",
+        },
         request_info=info,
     )
     weights = np.concatenate([r.weights for r in requests]).astype(np.float16)
-    trace = Trace(np.concatenate([r.ids for r in requests]).astype(np.int16), offsets_from_lengths(lengths),
-                  np.array([r.prompt for r in requests], dtype=np.int64), meta, weights)
+    trace = Trace(
+        np.concatenate([r.ids for r in requests]).astype(np.int16),
+        offsets_from_lengths(lengths),
+        np.array([r.prompt for r in requests], dtype=np.int64),
+        meta,
+        weights,
+    )
     check_model_fit(trace, str(files[0]), source)
     check_content(trace, str(files[0]))
-    summary = {"requests": len(requests), "prompt_tokens": sum(r.prompt for r in requests),
-               "decode_tokens": sum(r.decode for r in requests), "num_experts_from": source,
-               "outputs_checked": out_list is not None,
-               "per_request": [(r.name, r.prompt, r.decode) for r in requests]}
+    summary = {
+        "requests": len(requests),
+        "prompt_tokens": sum(r.prompt for r in requests),
+        "decode_tokens": sum(r.decode for r in requests),
+        "num_experts_from": source,
+        "outputs_checked": out_list is not None,
+        "per_request": [(r.name, r.prompt, r.decode) for r in requests],
+    }
     return trace, summary
 
 
@@ -591,15 +671,20 @@ def _run(args) -> int:
     t0 = time.perf_counter()
     check_out(args.out, list(args.files) + [o for o in (args.outputs or []) if not Path(o).is_dir()])
     check_model_name(args.model)
-    trace, s = import_kt_parquet(args.files, args.model, args.num_experts, args.outputs, args.source_model,
-                                 args.dataset)
+    trace, s = import_kt_parquet(
+        args.files, args.model, args.num_experts, args.outputs, args.source_model, args.dataset
+    )
     save_trace(trace, args.out)
     checked = "checked against the output JSONs" if s["outputs_checked"] else "not checked (no --outputs)"
-    print(f"wrote {args.out}: {trace.num_tokens} tokens ({s['prompt_tokens']} prompt, {s['decode_tokens']} decode) "
-          f"in {trace.num_requests} requests, {trace.num_layers} layers, top-{trace.top_k} of {trace.num_experts} "
-          f"experts (from {s['num_experts_from']}); {WARMUP_PASSES * trace.num_requests} warm-up passes dropped; "
-          f"counts {checked}; {time.perf_counter() - t0:.1f} s")
+    print(
+        f"wrote {args.out}: {trace.num_tokens} tokens ({s['prompt_tokens']} prompt, {s['decode_tokens']} decode) "
+        f"in {trace.num_requests} requests, {trace.num_layers} layers, top-{trace.top_k} of {trace.num_experts} "
+        f"experts (from {s['num_experts_from']}); {WARMUP_PASSES * trace.num_requests} warm-up passes dropped; "
+        f"counts {checked}; {time.perf_counter() - t0:.1f} s"
+    )
     if not s["outputs_checked"]:
-        print("note: give --outputs to check each request's prompt and completion counts against the server's",
-              file=sys.stderr)
+        print(
+            "note: give --outputs to check each request's prompt and completion counts against the server's",
+            file=sys.stderr,
+        )
     return 0

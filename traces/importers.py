@@ -60,12 +60,14 @@ def register(sub) -> None:
     fmt = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
 
     m = fmt.add_parser("mixtral-jsonl", help="per-(request, layer, token) JSON lines with token_idx")
-    m.add_argument("files", nargs="+", metavar="FILE",
-                   help="JSON-lines routing logs, imported together into one trace")
+    m.add_argument("files", nargs="+", metavar="FILE", help="JSON-lines routing logs, imported together into one trace")
     m.add_argument("--out", "-o", required=True, help="trace file to write (.npz)")
     m.add_argument("--model", default="mixtral-8x7b", help="model name in the trace (default: %(default)s)")
-    m.add_argument("--source-model", default="neuralmagic/Mixtral-8x7B-Instruct-v0.1-FP8",
-                   help="the checkpoint that produced the routing (provenance.model)")
+    m.add_argument(
+        "--source-model",
+        default="neuralmagic/Mixtral-8x7B-Instruct-v0.1-FP8",
+        help="the checkpoint that produced the routing (provenance.model)",
+    )
     m.add_argument("--num-experts", type=int, default=8, help="experts per layer (default: %(default)s)")
     m.set_defaults(func=_run_mixtral)
 
@@ -76,8 +78,12 @@ def register(sub) -> None:
     v.add_argument("--num-experts", type=int, required=True, help="routed experts per MoE layer")
     v.add_argument("--source-model", default=None, help="checkpoint served by vLLM (default: --model)")
     v.add_argument("--dataset", default="unknown", help="data set the prompts came from")
-    v.add_argument("--prompt-len", type=int, default=0,
-                   help="leading rows of each request that are prompt tokens, where a record does not say")
+    v.add_argument(
+        "--prompt-len",
+        type=int,
+        default=0,
+        help="leading rows of each request that are prompt tokens, where a record does not say",
+    )
     v.set_defaults(func=_run_vllm)
 
     import_arrays.add_parser(fmt)
@@ -89,9 +95,13 @@ def register(sub) -> None:
 
 # --------------------------------------------------------------------------------------------- mixtral-jsonl
 
-def import_mixtral_jsonl(files: list[str | Path], model: str = "mixtral-8x7b",
-                         source_model: str = "neuralmagic/Mixtral-8x7B-Instruct-v0.1-FP8",
-                         num_experts: int = 8) -> tuple[Trace, dict[str, int]]:
+
+def import_mixtral_jsonl(
+    files: list[str | Path],
+    model: str = "mixtral-8x7b",
+    source_model: str = "neuralmagic/Mixtral-8x7B-Instruct-v0.1-FP8",
+    num_experts: int = 8,
+) -> tuple[Trace, dict[str, int]]:
     """Read per-(request, layer, token) JSON lines; return the trace and the dropped-token count per request."""
     check_model_name(model)
     check_num_experts(num_experts)
@@ -117,15 +127,23 @@ def import_mixtral_jsonl(files: list[str | Path], model: str = "mixtral-8x7b",
                 raise InputError(f"{where}: expert id outside 0..{num_experts - 1} (see --num-experts)")
             if len(set(experts)) != len(experts):
                 raise InputError(f"{where}: field 'experts' repeats an expert ({brief(experts)})")
-            if probs is not None and (not isinstance(probs, list) or len(probs) != top_k
-                                      or not all(_is_weight(x) for x in probs)):
-                raise InputError(f"{where}: field 'gating_probs' must be a list of {top_k} finite numbers within "
-                                 f"+-{FLOAT16_MAX:.0f}")
+            if probs is not None and (
+                not isinstance(probs, list) or len(probs) != top_k or not all(_is_weight(x) for x in probs)
+            ):
+                raise InputError(
+                    f"{where}: field 'gating_probs' must be a list of {top_k} finite numbers within +-{FLOAT16_MAX:.0f}"
+                )
             layer, tok = rec["layer"], rec["token_idx"]
-            if not _is_int(layer) or not 0 <= layer <= MAX_LAYER_INDEX or not _is_int(tok) \
-                    or not 0 <= tok < MAX_CONTEXT:
-                raise InputError(f"{where}: fields 'layer' and 'token_idx' must be integers >= 0 (layer at most "
-                                 f"{MAX_LAYER_INDEX}, token_idx below {MAX_CONTEXT})")
+            if (
+                not _is_int(layer)
+                or not 0 <= layer <= MAX_LAYER_INDEX
+                or not _is_int(tok)
+                or not 0 <= tok < MAX_CONTEXT
+            ):
+                raise InputError(
+                    f"{where}: fields 'layer' and 'token_idx' must be integers >= 0 (layer at most "
+                    f"{MAX_LAYER_INDEX}, token_idx below {MAX_CONTEXT})"
+                )
             pid = rec["problem_id"]
             if not (isinstance(pid, str) or _is_int(pid)):
                 raise InputError(f"{where}: field 'problem_id' must be a string or an integer, got {brief(pid)}")
@@ -163,17 +181,24 @@ def import_mixtral_jsonl(files: list[str | Path], model: str = "mixtral-8x7b",
         lengths.append(len(kept))
     meta = TraceMeta(
         model=ModelInfo.decoder_only(model, num_experts, top_k, num_layers),
-        provenance=Provenance("imported", f"{TOOL} mixtral-jsonl", source_model or model, "+".join(datasets),
-                              today()),
+        provenance=Provenance("imported", f"{TOOL} mixtral-jsonl", source_model or model, "+".join(datasets), today()),
         seed=None,
         request_ids=tuple(f"{k[0]}/{k[1]}" for k in order),
-        extra={"source_files": [Path(f).name for f in files],
-               "alignment": "layers aligned by token_idx; tokens missing in any layer dropped",
-               "dropped_tokens": dropped, "duplicate_records_ignored": duplicates,
-               "routing_of": "decode tokens only (no prefill recorded)"},
+        extra={
+            "source_files": [Path(f).name for f in files],
+            "alignment": "layers aligned by token_idx; tokens missing in any layer dropped",
+            "dropped_tokens": dropped,
+            "duplicate_records_ignored": duplicates,
+            "routing_of": "decode tokens only (no prefill recorded)",
+        },
     )
-    trace = Trace(np.concatenate(experts_parts), _offsets(lengths), np.zeros(len(lengths), np.int64), meta,
-                  np.concatenate(weight_parts))
+    trace = Trace(
+        np.concatenate(experts_parts),
+        _offsets(lengths),
+        np.zeros(len(lengths), np.int64),
+        meta,
+        np.concatenate(weight_parts),
+    )
     check_model_fit(trace, str(files[0]))
     check_content(trace, str(files[0]))
     return trace, dropped
@@ -186,8 +211,7 @@ def _is_int(x) -> bool:
 
 def _is_weight(x) -> bool:
     """A JSON number a float16 weight can hold."""
-    return (isinstance(x, (int, float)) and not isinstance(x, bool)
-            and bool(np.isfinite(x)) and abs(x) <= FLOAT16_MAX)
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x)) and abs(x) <= FLOAT16_MAX
 
 
 def check_num_experts(n) -> int:
@@ -203,15 +227,24 @@ def _run_mixtral(args) -> int:
     save_trace(trace, args.out)
     total = sum(dropped.values())
     detail = show_list(f"{k}: {v}" for k, v in dropped.items())
-    print(f"wrote {args.out}: {trace.num_tokens} tokens in {trace.num_requests} requests, "
-          f"{trace.num_layers} layers, top-{trace.top_k}; dropped {total} tokens missing in some layer ({detail})")
+    print(
+        f"wrote {args.out}: {trace.num_tokens} tokens in {trace.num_requests} requests, "
+        f"{trace.num_layers} layers, top-{trace.top_k}; dropped {total} tokens missing in some layer ({detail})"
+    )
     return 0
 
 
 # ----------------------------------------------------------------------------------------------------- vllm
 
-def import_vllm(files: list[str | Path], model: str, num_experts: int, source_model: str | None = None,
-                dataset: str = "unknown", prompt_len: int = 0) -> Trace:
+
+def import_vllm(
+    files: list[str | Path],
+    model: str,
+    num_experts: int,
+    source_model: str | None = None,
+    dataset: str = "unknown",
+    prompt_len: int = 0,
+) -> Trace:
     """Read vLLM routed-experts arrays (one [tokens, layers, top_k] array per request) into a trace."""
     check_model_name(model)
     check_num_experts(num_experts)
@@ -227,15 +260,19 @@ def import_vllm(files: list[str | Path], model: str, num_experts: int, source_mo
     shape = requests[0][1].shape[1:]
     for rid, arr, weights, plen in requests:
         if arr.shape[1:] != shape:
-            raise InputError(f"{rid}: routed_experts has shape [*, {arr.shape[1]}, {arr.shape[2]}], "
-                             f"earlier requests have [*, {shape[0]}, {shape[1]}]")
+            raise InputError(
+                f"{rid}: routed_experts has shape [*, {arr.shape[1]}, {arr.shape[2]}], "
+                f"earlier requests have [*, {shape[0]}, {shape[1]}]"
+            )
         if weights is not None and weights.shape != arr.shape:
             raise InputError(f"{rid}: routed_weights shape {list(weights.shape)} differs from routed_experts")
         if not 0 <= plen <= arr.shape[0]:
             raise InputError(f"{rid}: prompt_len {plen} outside 0..{arr.shape[0]}")
     if 0 in shape or shape[1] > num_experts:
-        raise InputError(f"{requests[0][0]}: routed_experts has {shape[0]} layers and top-{shape[1]}; a trace needs at "
-                         f"least one layer and a top-k of 1..num_experts ({num_experts})")
+        raise InputError(
+            f"{requests[0][0]}: routed_experts has {shape[0]} layers and top-{shape[1]}; a trace needs at "
+            f"least one layer and a top-k of 1..num_experts ({num_experts})"
+        )
     has_weights = all(r[2] is not None for r in requests)
     meta = TraceMeta(
         model=ModelInfo.decoder_only(model, num_experts, int(shape[1]), int(shape[0])),
@@ -260,15 +297,18 @@ def _vllm_requests(path: Path, prompt_len: int, num_experts: int):
     """(request id, int16 ids, float16 weights or None, prompt length) of each request in a file."""
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        yield path.stem, _routing_array(read_npy_file(path, MAX_SOURCE_ARRAY_BYTES), str(path), num_experts), None, \
-            prompt_len
+        yield (
+            path.stem,
+            _routing_array(read_npy_file(path, MAX_SOURCE_ARRAY_BYTES), str(path), num_experts),
+            None,
+            prompt_len,
+        )
     elif suffix == ".npz":
         with open_zip(path, ".npz archive", MAX_NPZ_ENTRIES, not_zip="not a readable .npz archive") as zf:
             for name in zf.namelist():
                 arr = read_npy_entry(zf, name, path, MAX_SOURCE_ARRAY_BYTES)
                 stem = name[:-4] if name.endswith(".npy") else name
-                yield f"{path.stem}/{stem}", _routing_array(arr, f"{path}:{brief(name)}", num_experts), None, \
-                    prompt_len
+                yield f"{path.stem}/{stem}", _routing_array(arr, f"{path}:{brief(name)}", num_experts), None, prompt_len
     elif suffix in (".jsonl", ".json"):
         for lineno, rec in _json_lines(path, allow_lists=True):
             where = f"{path}:{lineno}"
@@ -284,8 +324,9 @@ def _vllm_requests(path: Path, prompt_len: int, num_experts: int):
                 raise InputError(f"{where}: field 'prompt_len' must be an integer")
             rid = rec.get("request_id", f"{path.stem}/{lineno}")
             if not (isinstance(rid, str) and rid) and not _is_int(rid):
-                raise InputError(f"{where}: field 'request_id' must be a non-empty string or an integer, "
-                                 f"got {brief(rid)}")
+                raise InputError(
+                    f"{where}: field 'request_id' must be a non-empty string or an integer, got {brief(rid)}"
+                )
             yield str(rid), arr, w, plen
     else:
         open_regular_file(path, "routing file").close()  # a missing file, folder or FIFO: say so first
@@ -300,8 +341,10 @@ def _routing_array(a, where: str, num_experts: int) -> np.ndarray:
     except (ValueError, TypeError, OverflowError, RecursionError):
         raise InputError(f"{where}: routed_experts is not a rectangular [tokens, layers, top_k] array") from None
     if arr.ndim != 3 or not (np.issubdtype(arr.dtype, np.integer) or (arr.size == 0 and arr.dtype.kind in "fiu")):
-        raise InputError(f"{where}: routed_experts must be an integer array [tokens, layers, top_k], "
-                         f"got {arr.dtype} with shape {list(arr.shape)}")
+        raise InputError(
+            f"{where}: routed_experts must be an integer array [tokens, layers, top_k], "
+            f"got {arr.dtype} with shape {list(arr.shape)}"
+        )
     if arr.size and (int(arr.min()) < -1 or int(arr.max()) >= num_experts):
         raise InputError(f"{where}: expert id outside -1..{num_experts - 1} (see --num-experts)")
     arr = arr.astype(np.int16)
@@ -310,8 +353,9 @@ def _routing_array(a, where: str, num_experts: int) -> np.ndarray:
         dup = ((s[:, :, 1:] == s[:, :, :-1]) & (s[:, :, 1:] >= 0)).any(axis=2)
         if dup.any():
             row, layer = (int(x) for x in np.argwhere(dup)[0])
-            raise InputError(f"{where}: routed_experts repeats an expert within one token's top-k (row {row}, "
-                             f"layer {layer})")
+            raise InputError(
+                f"{where}: routed_experts repeats an expert within one token's top-k (row {row}, layer {layer})"
+            )
     return arr
 
 
@@ -323,12 +367,14 @@ def _weights(w, where: str) -> np.ndarray:
     except (ValueError, TypeError, OverflowError, RecursionError):
         raise InputError(f"{where}: routed_weights must be a rectangular array of numbers") from None
     if not np.isfinite(arr).all() or (arr.size and float(np.abs(arr).max()) > FLOAT16_MAX):
-        raise InputError(f"{where}: routed_weights holds a value that is not finite or beyond float16's range "
-                         f"(+-{FLOAT16_MAX:.0f})")
+        raise InputError(
+            f"{where}: routed_weights holds a value that is not finite or beyond float16's range (+-{FLOAT16_MAX:.0f})"
+        )
     return arr.astype(np.float16)
 
 
 # ---------------------------------------------------------------------------------------------------- shared
+
 
 def _json_lines(path: Path, allow_lists: bool = False):
     """Yield (line number, parsed object) for each non-blank line; bad lines raise InputError naming the file and
@@ -361,6 +407,8 @@ def _run_vllm(args) -> int:
     check_out(args.out, args.files)
     trace = import_vllm(args.files, args.model, args.num_experts, args.source_model, args.dataset, args.prompt_len)
     save_trace(trace, args.out)
-    print(f"wrote {args.out}: {trace.num_tokens} tokens in {trace.num_requests} requests, "
-          f"{trace.num_layers} layers, top-{trace.top_k}")
+    print(
+        f"wrote {args.out}: {trace.num_tokens} tokens in {trace.num_requests} requests, "
+        f"{trace.num_layers} layers, top-{trace.top_k}"
+    )
     return 0

@@ -59,8 +59,11 @@ def check_output_file(path: str | os.PathLike, what: str = "output file") -> Pat
         elif stat.S_ISDIR(st.st_mode):
             raise TraceError(path, f"is a folder: cannot write the {what} there")
         elif not stat.S_ISREG(st.st_mode):
-            raise TraceError(path, f"is {_KIND_NAMES.get(stat.S_IFMT(st.st_mode), 'a special file')}: refusing to "
-                                   f"replace it with the {what}")
+            raise TraceError(
+                path,
+                f"is {_KIND_NAMES.get(stat.S_IFMT(st.st_mode), 'a special file')}: refusing to "
+                f"replace it with the {what}",
+            )
     parent = p.parent
     kind = file_kind(parent)
     if kind not in ("missing", "folder"):
@@ -86,9 +89,15 @@ def check_output_folder(path: str | os.PathLike, what: str = "output folder") ->
     return p
 
 
-_KIND_NAMES = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
-               stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder",
-               stat.S_IFREG: "a regular file", stat.S_IFLNK: "a symbolic link"}
+_KIND_NAMES = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFREG: "a regular file",
+    stat.S_IFLNK: "a symbolic link",
+}
 
 
 def _article(kind: str) -> str:
@@ -139,8 +148,11 @@ def trace_bytes(trace: Trace) -> bytes:
     trace.validate()
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        arrays = {"experts": trace.experts, "request_offsets": trace.request_offsets,
-                  "prefill_lengths": trace.prefill_lengths}
+        arrays = {
+            "experts": trace.experts,
+            "request_offsets": trace.request_offsets,
+            "prefill_lengths": trace.prefill_lengths,
+        }
         if trace.weights is not None:
             arrays["weights"] = trace.weights
         for name, arr in arrays.items():
@@ -206,8 +218,17 @@ _MAX_EXPANSION = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: 1032}
 #: zip flag bits that mean encrypted (bit 0), patched (bit 5) or strongly encrypted (bit 6) data.
 _UNREADABLE_FLAGS = 0x1 | 0x20 | 0x40
 #: What zipfile and zlib raise on a corrupt, truncated or unsupported archive or entry.
-_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, OverflowError, NotImplementedError,
-               RuntimeError, struct.error)
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    EOFError,
+    OSError,
+    ValueError,
+    OverflowError,
+    NotImplementedError,
+    RuntimeError,
+    struct.error,
+)
 _READ_CHUNK = 16 << 20
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD]")
 
@@ -247,8 +268,9 @@ _open_regular_file = open_regular_file
 
 
 @contextlib.contextmanager
-def open_zip(path: str | os.PathLike, what: str = "trace file", max_entries: int | None = None,
-             not_zip: str | None = None) -> Iterator[zipfile.ZipFile]:
+def open_zip(
+    path: str | os.PathLike, what: str = "trace file", max_entries: int | None = None, not_zip: str | None = None
+) -> Iterator[zipfile.ZipFile]:
     """The zip archive in the regular file ``path``, its entry names checked (each once, at most ``max_entries``);
     a TraceError naming the file otherwise (``what`` names the archive expected, e.g. "trace file"; ``not_zip``
     begins the message for a file that is not a zip archive, "not a trace file" by default)."""
@@ -297,8 +319,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
         for name in ARRAYS_REQUIRED + ARRAYS_OPTIONAL:
             if f"{name}.npy" in names:
                 arrays[name] = _read_array(zf, f"{name}.npy", path, max_items=_MAX_ITEMS.get(name))
-    trace = Trace(arrays["experts"], arrays["request_offsets"], arrays["prefill_lengths"], meta,
-                  arrays.get("weights"))
+    trace = Trace(arrays["experts"], arrays["request_offsets"], arrays["prefill_lengths"], meta, arrays.get("weights"))
     try:
         trace.validate()
     except ValueError as exc:
@@ -329,18 +350,24 @@ def _entry(zf: zipfile.ZipFile, name: str, path: Path, limit: int) -> Iterator[t
     zipfile raises while it is read becomes TraceError ("truncated or corrupt entry")."""
     info = zf.getinfo(name)
     if info.flag_bits & _UNREADABLE_FLAGS:
-        raise TraceError(path, f"entry {name} is encrypted or patched (zip flags {info.flag_bits:#x}); only "
-                               f"plain zip entries are read")
+        raise TraceError(
+            path,
+            f"entry {name} is encrypted or patched (zip flags {info.flag_bits:#x}); only plain zip entries are read",
+        )
     expansion = _MAX_EXPANSION.get(info.compress_type)
     if expansion is None:
-        raise TraceError(path, f"entry {name} uses zip compression method {info.compress_type}; only stored "
-                               f"(0) and deflate (8) are read")
+        raise TraceError(
+            path,
+            f"entry {name} uses zip compression method {info.compress_type}; only stored (0) and deflate (8) are read",
+        )
     if info.file_size > limit:
-        raise TraceError(path, f"entry {name} is {info.file_size} bytes uncompressed, over the limit of "
-                               f"{limit}")
+        raise TraceError(path, f"entry {name} is {info.file_size} bytes uncompressed, over the limit of {limit}")
     if info.file_size > info.compress_size * expansion + 4096:
-        raise TraceError(path, f"entry {name} claims {info.file_size} bytes from {info.compress_size} "
-                               f"compressed bytes, more than its compression can give (corrupt)")
+        raise TraceError(
+            path,
+            f"entry {name} claims {info.file_size} bytes from {info.compress_size} "
+            f"compressed bytes, more than its compression can give (corrupt)",
+        )
     try:
         with zf.open(info) as f:
             yield f, info
@@ -360,8 +387,9 @@ def _read_meta(zf: zipfile.ZipFile, path: Path) -> TraceMeta:
     try:
         d = json.loads(text)
     except RecursionError:
-        raise TraceError(path, f"{META_ENTRY} nests objects or lists too deeply (the limit is {MAX_META_DEPTH})") \
-            from None
+        raise TraceError(
+            path, f"{META_ENTRY} nests objects or lists too deeply (the limit is {MAX_META_DEPTH})"
+        ) from None
     except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
         raise TraceError(path, f"{META_ENTRY} is not valid JSON ({_why(exc)})") from None
     problem = _json_problem(d, text)
@@ -417,15 +445,20 @@ def _npy_header(f: IO[bytes], label: str, size: int, path: Path) -> tuple[tuple[
         # tokenize.TokenError, TypeError, RecursionError, ...): all of it means "not an npy array"
         raise TraceError(path, f"{label} is not a plain numeric array (bad npy header: {_why(exc)})") from None
     if dtype.kind not in "biuf" or dtype.fields is not None or dtype.subdtype is not None:
-        raise TraceError(path, f"{label} is not a plain numeric array (dtype {brief(dtype.str)}; integer, float or "
-                               f"bool arrays are read)")
+        raise TraceError(
+            path,
+            f"{label} is not a plain numeric array (dtype {brief(dtype.str)}; integer, float or bool arrays are read)",
+        )
     if len(shape) > 3 or any(n < 0 for n in shape):
         raise TraceError(path, f"{label} has shape {brief(list(shape))}; trace arrays have 1 to 3 dimensions")
     need = math.prod(shape) * dtype.itemsize
     have = size - f.tell()
     if need > have:
-        raise TraceError(path, f"{label} has {have} bytes of data but its header claims {dtype} "
-                               f"{brief(list(shape))} ({need} bytes): truncated or corrupt")
+        raise TraceError(
+            path,
+            f"{label} has {have} bytes of data but its header claims {dtype} "
+            f"{brief(list(shape))} ({need} bytes): truncated or corrupt",
+        )
     return tuple(shape), fortran, dtype
 
 
@@ -442,7 +475,7 @@ def _read_npy(f: IO[bytes], label: str, size: int, path: Path, max_items: int | 
         raise TraceError(path, f"{label} needs {count * dtype.itemsize} bytes, more memory than there is") from None
     buf, done = memoryview(flat).cast("B"), 0
     while done < len(buf):
-        n = f.readinto(buf[done:done + _READ_CHUNK])
+        n = f.readinto(buf[done : done + _READ_CHUNK])
         if not n:
             raise TraceError(path, f"truncated or corrupt {label} (data ends early)")
         done += n
@@ -451,16 +484,16 @@ def _read_npy(f: IO[bytes], label: str, size: int, path: Path, max_items: int | 
     return flat.reshape(shape, order="F" if fortran else "C")
 
 
-def _read_array(zf: zipfile.ZipFile, member: str, path: Path, limit: int | None = None,
-                max_items: int | None = None) -> np.ndarray:
+def _read_array(
+    zf: zipfile.ZipFile, member: str, path: Path, limit: int | None = None, max_items: int | None = None
+) -> np.ndarray:
     """A plain numeric array entry of at most ``limit`` bytes (default MAX_ARRAY_BYTES) and ``max_items`` values,
     read within bounds."""
     with _entry(zf, member, path, MAX_ARRAY_BYTES if limit is None else limit) as (f, info):
         return _read_npy(f, f"entry {member}", info.file_size, path, max_items)
 
 
-def read_npy_entry(zf: zipfile.ZipFile, member: str, path: str | os.PathLike,
-                   limit: int | None = None) -> np.ndarray:
+def read_npy_entry(zf: zipfile.ZipFile, member: str, path: str | os.PathLike, limit: int | None = None) -> np.ndarray:
     """The array entry ``member`` of an archive opened with :func:`open_zip` (an ``.npz``), read under the same
     rules as a trace's arrays: a plain (stored or deflated, unencrypted) entry of at most ``limit`` bytes holding
     a plain numeric array of at most 3 dimensions, its header checked against its size before anything is
@@ -468,8 +501,7 @@ def read_npy_entry(zf: zipfile.ZipFile, member: str, path: str | os.PathLike,
     return _read_array(zf, member, Path(path), limit)
 
 
-def read_npy_file(path: str | os.PathLike, limit: int | None = None, what: str = "numpy .npy file"
-                  ) -> np.ndarray:
+def read_npy_file(path: str | os.PathLike, limit: int | None = None, what: str = "numpy .npy file") -> np.ndarray:
     """The array in the regular file ``path`` (an ``.npy``), read under the rules of :func:`read_npy_entry`."""
     path = Path(path)
     limit = MAX_ARRAY_BYTES if limit is None else limit

@@ -42,11 +42,29 @@ from typing import Any
 
 from traces.errors import InputError, brief
 
-KNOWN_TYPES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss",
-               "switch_transformers")
+KNOWN_TYPES = (
+    "mixtral",
+    "olmoe",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "gpt_oss",
+    "switch_transformers",
+)
 #: Bytes per weight of a checkpoint dtype.
-DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8, "double": 8, "bfloat16": 2, "float16": 2, "half": 2,
-               "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
+DTYPE_BYTES = {
+    "float32": 4,
+    "float": 4,
+    "float64": 8,
+    "double": 8,
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+}
 #: The largest config.json read (real ones are a few KB).
 MAX_CONFIG_BYTES = 4 << 20
 #: The largest integer a config field may give (far beyond any real model).
@@ -72,10 +90,14 @@ class DerivedProfile:
         import yaml
 
         spec = self.spec()
-        said = [f"Model profile of {self.name}, derived by {made_by} from {self.source}.", *self.notes,
-                f"Bytes per routed expert: {spec.expert_matrices} * {spec.d_model} * {spec.d_ff} weights at "
-                f"{spec.expert_bits_per_weight:g} bits = {spec.expert_bytes} bytes; {spec.total_params} parameters "
-                f"in all.", "Assumptions (not in the config):" if self.assumptions else "Assumptions: none."]
+        said = [
+            f"Model profile of {self.name}, derived by {made_by} from {self.source}.",
+            *self.notes,
+            f"Bytes per routed expert: {spec.expert_matrices} * {spec.d_model} * {spec.d_ff} weights at "
+            f"{spec.expert_bits_per_weight:g} bits = {spec.expert_bytes} bytes; {spec.total_params} parameters "
+            f"in all.",
+            "Assumptions (not in the config):" if self.assumptions else "Assumptions: none.",
+        ]
         lines = comment_lines(said) + comment_lines(self.assumptions, "  - ")
         body = yaml.safe_dump(self.fields, sort_keys=False, default_flow_style=False)
         return "\n".join(lines) + "\n" + body
@@ -99,8 +121,9 @@ def comment_lines(texts: list[str], bullet: str = "", width: int = 116) -> list[
 
     out = []
     for text in texts:
-        out += textwrap.wrap(one_line(text, 2000), width, initial_indent="# " + bullet,
-                             subsequent_indent="# " + " " * len(bullet)) or ["#"]
+        out += textwrap.wrap(
+            one_line(text, 2000), width, initial_indent="# " + bullet, subsequent_indent="# " + " " * len(bullet)
+        ) or ["#"]
     return out
 
 
@@ -123,8 +146,9 @@ class _Reader:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_FIELD:
-                raise InputError(f"{self.where}: field '{key}' ({why}) must be an integer >= {minimum}, "
-                                 f"got {brief(value)}")
+                raise InputError(
+                    f"{self.where}: field '{key}' ({why}) must be an integer >= {minimum}, got {brief(value)}"
+                )
             return int(value)
         if default is not None:
             return default
@@ -148,21 +172,29 @@ def read_config_file(path: str | Path, flag: str = "--hf-config") -> dict:
     except InputError as exc:
         raise InputError(f"{flag}: {exc}") from None
     if not isinstance(value, dict):
-        raise InputError(f"{flag}: {path} must hold a JSON object (a checkpoint's config.json), got "
-                         f"{type(value).__name__}")
+        raise InputError(
+            f"{flag}: {path} must hold a JSON object (a checkpoint's config.json), got {type(value).__name__}"
+        )
     return value
 
 
-def derive_profile(config: Mapping[str, Any], name: str, source: str, default_dtype_bytes: int | None = None,
-                   default_dtype_why: str = "") -> DerivedProfile:
+def derive_profile(
+    config: Mapping[str, Any],
+    name: str,
+    source: str,
+    default_dtype_bytes: int | None = None,
+    default_dtype_why: str = "",
+) -> DerivedProfile:
     """The model profile called ``name`` of the checkpoint whose config is ``config`` (``source`` names it in
     messages and in the file). ``default_dtype_bytes`` is used when the config gives no dtype (with
     ``default_dtype_why`` saying why, as an assumption); without it the profile assumes bf16 (2 bytes)."""
     r = _Reader(config, source)
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in KNOWN_TYPES:
-        r.assumptions.append(f"model_type {brief(model_type, 40)} is none of {', '.join(KNOWN_TYPES)}: read with "
-                             f"their rules (gated experts, every block MoE unless the config says otherwise)")
+        r.assumptions.append(
+            f"model_type {brief(model_type, 40)} is none of {', '.join(KNOWN_TYPES)}: read with "
+            f"their rules (gated experts, every block MoE unless the config says otherwise)"
+        )
     switch = model_type == "switch_transformers"
     fields: dict[str, Any] = {"name": name}
     fields.update(_switch_shape(r) if switch else _decoder_shape(r))
@@ -174,8 +206,10 @@ def derive_profile(config: Mapping[str, Any], name: str, source: str, default_dt
     fields["vocab_size"] = r.int("vocab_size", why="the vocabulary")
     r.notes.append(f"vocab_size {fields['vocab_size']}; embedding and LM head counted apart (as in every profile).")
     if config.get("tie_word_embeddings") is True:
-        r.assumptions.append("the checkpoint ties its embedding and LM head; the profile counts both (dense "
-                             "weights high by vocab_size x d_model)")
+        r.assumptions.append(
+            "the checkpoint ties its embedding and LM head; the profile counts both (dense "
+            "weights high by vocab_size x d_model)"
+        )
     ordered = _ordered(fields)
     profile = DerivedProfile(ordered, source, r.notes, r.assumptions)
     profile.spec()
@@ -199,17 +233,35 @@ def _decoder_shape(r: _Reader) -> dict:
     d_ff = r.int(width_key, why="one routed expert's FFN width")
     moe = _moe_blocks(r, blocks)
     if not moe:
-        raise InputError(f"{r.where}: no block of the {blocks} is an MoE block (see first_k_dense_replace, "
-                         f"mlp_only_layers, decoder_sparse_step): nothing to simulate")
-    dense_d_ff = r.int("intermediate_size", why="the FFN width of the blocks without experts") \
-        if len(moe) < blocks else 0
+        raise InputError(
+            f"{r.where}: no block of the {blocks} is an MoE block (see first_k_dense_replace, "
+            f"mlp_only_layers, decoder_sparse_step): nothing to simulate"
+        )
+    dense_d_ff = (
+        r.int("intermediate_size", why="the FFN width of the blocks without experts") if len(moe) < blocks else 0
+    )
     shared = _shared_width(r, d_ff)
-    r.notes.append(f"{width_key} {d_ff} -> d_ff (gated experts: 3 matrices), {experts} routed experts, top-{top_k}, "
-                   f"{len(moe)} of {blocks} blocks MoE" + (f", dense FFN width {dense_d_ff}" if dense_d_ff else "")
-                   + (f", shared expert width {shared}" if shared else "") + ".")
-    return {"d_model": d_model, "d_ff": d_ff, "expert_matrices": 3, "num_experts": experts, "top_k": top_k,
-            "encoder_blocks": 0, "decoder_blocks": blocks, "encoder_moe_layers": 0, "decoder_moe_layers": len(moe),
-            "dense_d_ff": dense_d_ff, "dense_ffn_matrices": 3, "shared_expert_d_ff": shared}
+    r.notes.append(
+        f"{width_key} {d_ff} -> d_ff (gated experts: 3 matrices), {experts} routed experts, top-{top_k}, "
+        f"{len(moe)} of {blocks} blocks MoE"
+        + (f", dense FFN width {dense_d_ff}" if dense_d_ff else "")
+        + (f", shared expert width {shared}" if shared else "")
+        + "."
+    )
+    return {
+        "d_model": d_model,
+        "d_ff": d_ff,
+        "expert_matrices": 3,
+        "num_experts": experts,
+        "top_k": top_k,
+        "encoder_blocks": 0,
+        "decoder_blocks": blocks,
+        "encoder_moe_layers": 0,
+        "decoder_moe_layers": len(moe),
+        "dense_d_ff": dense_d_ff,
+        "dense_ffn_matrices": 3,
+        "shared_expert_d_ff": shared,
+    }
 
 
 def _moe_blocks(r: _Reader, blocks: int) -> list[int]:
@@ -243,11 +295,24 @@ def _switch_shape(r: _Reader) -> dict:
     dec = r.int("num_decoder_layers", why="the decoder blocks", default=enc)
     enc_moe = _switch_sparse(r, "encoder", enc)
     dec_moe = _switch_sparse(r, "decoder", dec)
-    r.notes.append(f"Switch: d_ff {d_ff} (experts and dense blocks: wi, wo = 2 matrices), {experts} experts, "
-                   f"top-1, {enc_moe} of {enc} encoder and {dec_moe} of {dec} decoder blocks MoE.")
-    return {"d_model": d_model, "d_ff": d_ff, "expert_matrices": 2, "num_experts": experts, "top_k": 1,
-            "encoder_blocks": enc, "decoder_blocks": dec, "encoder_moe_layers": enc_moe,
-            "decoder_moe_layers": dec_moe, "dense_d_ff": d_ff, "dense_ffn_matrices": 2, "shared_expert_d_ff": 0}
+    r.notes.append(
+        f"Switch: d_ff {d_ff} (experts and dense blocks: wi, wo = 2 matrices), {experts} experts, "
+        f"top-1, {enc_moe} of {enc} encoder and {dec_moe} of {dec} decoder blocks MoE."
+    )
+    return {
+        "d_model": d_model,
+        "d_ff": d_ff,
+        "expert_matrices": 2,
+        "num_experts": experts,
+        "top_k": 1,
+        "encoder_blocks": enc,
+        "decoder_blocks": dec,
+        "encoder_moe_layers": enc_moe,
+        "decoder_moe_layers": dec_moe,
+        "dense_d_ff": d_ff,
+        "dense_ffn_matrices": 2,
+        "shared_expert_d_ff": 0,
+    }
 
 
 def _switch_sparse(r: _Reader, role: str, blocks: int) -> int:
@@ -256,8 +321,12 @@ def _switch_sparse(r: _Reader, role: str, blocks: int) -> int:
     sparse = r.int(f"num_sparse_{role}_layers", why=f"the {role}'s MoE blocks", minimum=0)
     if sparse == 0:
         return 0
-    step = r.int(f"{role}_sparse_step", why=f"every how many {role} blocks one is MoE",
-                 default=max(blocks // sparse, 1), minimum=0)
+    step = r.int(
+        f"{role}_sparse_step",
+        why=f"every how many {role} blocks one is MoE",
+        default=max(blocks // sparse, 1),
+        minimum=0,
+    )
     if step == 0:
         return 0
     return sum(1 for i in range(blocks) if step == 1 or i % step == 1)
@@ -279,8 +348,10 @@ def _attention(r: _Reader, d_model: int, switch: bool) -> dict:
     elif d_model % heads == 0:
         head_dim = d_model // heads
     else:
-        raise InputError(f"{r.where}: no field 'head_dim', and hidden size {d_model} is not a multiple of the "
-                         f"{heads} heads: cannot derive a model profile")
+        raise InputError(
+            f"{r.where}: no field 'head_dim', and hidden size {d_model} is not a multiple of the "
+            f"{heads} heads: cannot derive a model profile"
+        )
     r.notes.append(f"attention: {heads} heads, {kv} KV heads, head_dim {head_dim}.")
     return {"n_heads": heads, "n_kv_heads": min(kv, heads), "head_dim": head_dim}
 
@@ -293,11 +364,15 @@ def _latent_attention(r: _Reader, heads: int) -> dict:
     values = rank + rope
     kv = 2 if values % 4 == 0 else 1
     head_dim = math.ceil(values / (2 * kv))
-    r.notes.append(f"attention: multi-head latent attention ({heads} heads, kv_lora_rank {rank} + qk_rope_head_dim "
-                   f"{rope} = {values} cached values per token and block) kept as n_heads {heads}, n_kv_heads {kv}, "
-                   f"head_dim {head_dim}, as the bundled DeepSeek profiles do.")
-    r.assumptions.append("latent attention's weights and FLOPs are those of the equivalent plain shape (the "
-                         "bundled DeepSeek profiles say by how much they differ)")
+    r.notes.append(
+        f"attention: multi-head latent attention ({heads} heads, kv_lora_rank {rank} + qk_rope_head_dim "
+        f"{rope} = {values} cached values per token and block) kept as n_heads {heads}, n_kv_heads {kv}, "
+        f"head_dim {head_dim}, as the bundled DeepSeek profiles do."
+    )
+    r.assumptions.append(
+        "latent attention's weights and FLOPs are those of the equivalent plain shape (the "
+        "bundled DeepSeek profiles say by how much they differ)"
+    )
     if 2 * kv * head_dim != values:
         r.assumptions.append(f"the KV cache rounds {values} values up to {2 * kv * head_dim} per token and block")
     return {"n_heads": heads, "n_kv_heads": kv, "head_dim": head_dim}
@@ -311,8 +386,9 @@ def _dtype_bytes(r: _Reader, default: int | None, why: str) -> int:
             continue
         name = str(value).replace("torch.", "")
         if name not in DTYPE_BYTES:
-            raise InputError(f"{r.where}: field '{key}' names an unknown dtype {brief(value)} (known: "
-                             f"{', '.join(DTYPE_BYTES)})")
+            raise InputError(
+                f"{r.where}: field '{key}' names an unknown dtype {brief(value)} (known: {', '.join(DTYPE_BYTES)})"
+            )
         r.notes.append(f"{key} {name} -> dtype_bytes {DTYPE_BYTES[name]}.")
         return DTYPE_BYTES[name]
     if default is not None:
@@ -337,13 +413,23 @@ def _expert_bits(r: _Reader, dtype_bytes: int) -> float | None:
         return 8.0
     bits = q.get("bits")
     if isinstance(bits, (int, float)) and not isinstance(bits, bool) and 0 < bits <= 64:
-        r.assumptions.append(f"quantization_config {brief(method, 30)}: experts at {bits:g} bits per weight, "
-                             f"scales and zero points left out")
+        r.assumptions.append(
+            f"quantization_config {brief(method, 30)}: experts at {bits:g} bits per weight, "
+            f"scales and zero points left out"
+        )
         return float(bits)
-    r.assumptions.append(f"quantization_config {brief(method, 30)} not modelled: experts at "
-                         f"{8 * dtype_bytes} bits per weight")
+    r.assumptions.append(
+        f"quantization_config {brief(method, 30)} not modelled: experts at {8 * dtype_bytes} bits per weight"
+    )
     return None
 
 
-__all__ = ["DTYPE_BYTES", "DerivedProfile", "KNOWN_TYPES", "MAX_CONFIG_BYTES", "comment_lines", "derive_profile",
-           "read_config_file"]
+__all__ = [
+    "DTYPE_BYTES",
+    "DerivedProfile",
+    "KNOWN_TYPES",
+    "MAX_CONFIG_BYTES",
+    "comment_lines",
+    "derive_profile",
+    "read_config_file",
+]

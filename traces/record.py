@@ -92,16 +92,28 @@ from traces.record_decode import (
 from traces.record_routers import MoELayer, RoutingCapture, find_moe_layers
 
 __all__ = [
-    "DECODE_ROW_CONVENTION", "DTYPES", "MoELayer", "Prompt", "Recording", "RoutingCapture", "find_moe_layers",
-    "is_encoder_decoder", "load_checkpoint", "read_prompts", "record_routing", "record_trace", "register", "run",
+    "DECODE_ROW_CONVENTION",
+    "DTYPES",
+    "MoELayer",
+    "Prompt",
+    "Recording",
+    "RoutingCapture",
+    "find_moe_layers",
+    "is_encoder_decoder",
+    "load_checkpoint",
+    "read_prompts",
+    "record_routing",
+    "record_trace",
+    "register",
+    "run",
     "teacher_forced_routing",
 ]
 
 DECODE_ROW_CONVENTION = {
     "decoder-only": "decode row of generated token g_i = routing of the forward step whose input is g_i "
-                    "(the last generated token is fed through one extra forward pass)",
+    "(the last generated token is fed through one extra forward pass)",
     "encoder-decoder": "decode row of generated token g_i = decoder routing of the step that produces g_i "
-                       "(input: previous token, decoder start token for g_0)",
+    "(input: previous token, decoder start token for g_0)",
 }
 
 
@@ -114,11 +126,22 @@ class Recording:
     generated_ids: list[list[int]]
 
 
-def record_routing(model, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32, *, batch_size: int = 1,
-                   eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
-                   request_ids: Sequence[str] | None = None, model_name: str | None = None,
-                   dataset: str = "prompts", seed: int | None = None, extra: dict | None = None,
-                   tool: str | None = None, source_model: str | None = None) -> Recording:
+def record_routing(
+    model,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int = 32,
+    *,
+    batch_size: int = 1,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    request_ids: Sequence[str] | None = None,
+    model_name: str | None = None,
+    dataset: str = "prompts",
+    seed: int | None = None,
+    extra: dict | None = None,
+    tool: str | None = None,
+    source_model: str | None = None,
+) -> Recording:
     """Greedy-decode ``prompts`` (token id lists) with ``model`` and record its routing: see the module doc for
     the hooks and the row conventions. Returns the trace and the prompt and generated token ids.
 
@@ -154,16 +177,17 @@ def record_routing(model, prompts: Sequence[Sequence[int]], max_new_tokens: int 
     try:
         with RoutingCapture(model, layers) as cap, torch.no_grad():
             for start in range(0, len(prompts), batch_size):
-                reqs += decode(model, cap, prompts[start:start + batch_size], max_new_tokens, eos, pad_id, device)
+                reqs += decode(model, cap, prompts[start : start + batch_size], max_new_tokens, eos, pad_id, device)
     finally:
         model.train(was_training)
     experts, weights, offsets = assemble(reqs, layers)
     num_experts = max([x.num_experts for x in layers if x.num_experts] or [int(experts.max()) + 1])
-    info = ModelInfo(name, num_experts, int(experts.shape[2]),
-                     tuple(LayerInfo(x.block, x.role) for x in layers))
+    info = ModelInfo(name, num_experts, int(experts.shape[2]), tuple(LayerInfo(x.block, x.role) for x in layers))
     notes = {
-        "max_new_tokens": int(max_new_tokens), "batch_size": int(batch_size),
-        "eos_token_ids": sorted(eos), "pad_token_id": pad_id,
+        "max_new_tokens": int(max_new_tokens),
+        "batch_size": int(batch_size),
+        "eos_token_ids": sorted(eos),
+        "pad_token_id": pad_id,
         "padding_side": "right" if enc_dec else "left",
         "architecture": type(model).__name__,
         "decode_rows": DECODE_ROW_CONVENTION["encoder-decoder" if enc_dec else "decoder-only"],
@@ -178,9 +202,13 @@ def record_routing(model, prompts: Sequence[Sequence[int]], max_new_tokens: int 
     ids = tuple(request_ids) if request_ids is not None else tuple(str(i) for i in range(len(prompts)))
     if len(ids) != len(prompts):
         raise ValueError(f"{len(ids)} request ids for {len(prompts)} prompts")
-    meta = TraceMeta(info, Provenance("recorded", tool or f"traces record {_version()}", source_model or name, dataset,
-                                      today()),
-                     seed, ids, notes)
+    meta = TraceMeta(
+        info,
+        Provenance("recorded", tool or f"traces record {_version()}", source_model or name, dataset, today()),
+        seed,
+        ids,
+        notes,
+    )
     trace = Trace(experts, offsets, np.array([len(q.prompt) for q in reqs], dtype=np.int64), meta, weights)
     trace.validate()
     return Recording(trace, [q.prompt for q in reqs], [q.generated for q in reqs])
@@ -191,8 +219,9 @@ def record_trace(model, prompts: Sequence[Sequence[int]], max_new_tokens: int = 
     return record_routing(model, prompts, max_new_tokens, **kwargs).trace
 
 
-def teacher_forced_routing(model, prompt: Sequence[int], generated: Sequence[int],
-                           layers: Sequence[MoELayer] | None = None):
+def teacher_forced_routing(
+    model, prompt: Sequence[int], generated: Sequence[int], layers: Sequence[MoELayer] | None = None
+):
     """Routing of one request from ONE teacher-forced forward pass, in the layout of its trace rows:
     (ids int16 [P + n, L, k], weights float32 [P + n, L, k] | None).
 

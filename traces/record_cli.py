@@ -41,8 +41,14 @@ def read_prompts(path: str | Path) -> list[Prompt]:
     path = Path(path)
     kind = file_kind(path)
     if kind != "file":
-        raise InputError(f"{path}: " + ("no such prompts file" if kind == "missing" else
-                                        f"is {'a folder' if kind == 'folder' else kind}, not a prompts file"))
+        raise InputError(
+            f"{path}: "
+            + (
+                "no such prompts file"
+                if kind == "missing"
+                else f"is {'a folder' if kind == 'folder' else kind}, not a prompts file"
+            )
+        )
     text = read_text(path, str(path), name_file=False, limit=MAX_PROMPTS_BYTES)
     prompts: list[Prompt] = []
     jsonl = path.suffix.lower() == ".jsonl"
@@ -57,12 +63,12 @@ def read_prompts(path: str | Path) -> list[Prompt]:
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
         if not isinstance(obj, dict) or "prompt" not in obj:
-            raise InputError(f"{path}:{lineno}: expected an object with a \"prompt\" field")
+            raise InputError(f'{path}:{lineno}: expected an object with a "prompt" field')
         if not isinstance(obj["prompt"], str) or not obj["prompt"]:
-            raise InputError(f"{path}:{lineno}: \"prompt\" must be a non-empty string")
+            raise InputError(f'{path}:{lineno}: "prompt" must be a non-empty string')
         rid = obj.get("id", len(prompts))
         if isinstance(rid, bool) or not isinstance(rid, (str, int)):
-            raise InputError(f"{path}:{lineno}: \"id\" must be a string or an integer")
+            raise InputError(f'{path}:{lineno}: "id" must be a string or an integer')
         prompts.append(Prompt(str(rid), obj["prompt"]))
     if not prompts:
         raise InputError(f"{path}: no prompts in file")
@@ -139,31 +145,45 @@ def _first_line(exc: Exception) -> str:
 
 # --------------------------------------------------------------------------- the command
 
+
 def register(sub) -> None:
-    p = sub.add_parser("record", help="record expert routing of a Hugging Face MoE model on prompts",
-                       description="Greedy-decode prompts with a local MoE checkpoint or a tiny random model and "
-                                   "record the experts its routers pick, with forward hooks, into a trace file.")
+    p = sub.add_parser(
+        "record",
+        help="record expert routing of a Hugging Face MoE model on prompts",
+        description="Greedy-decode prompts with a local MoE checkpoint or a tiny random model and "
+        "record the experts its routers pick, with forward hooks, into a trace file.",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", metavar="DIR", help="local checkpoint folder (loaded with local_files_only=True)")
-    src.add_argument("--tiny", metavar="ARCH",
-                     help="tiny random model: mixtral, qwen2-moe, olmoe, deepseek-v3 or switch "
-                          "(byte-level token ids, no tokenizer)")
-    p.add_argument("--prompts", metavar="FILE", required=True,
-                   help="one prompt per line, or .jsonl with a \"prompt\" field (and optional \"id\")")
+    src.add_argument(
+        "--tiny",
+        metavar="ARCH",
+        help="tiny random model: mixtral, qwen2-moe, olmoe, deepseek-v3 or switch (byte-level token ids, no tokenizer)",
+    )
+    p.add_argument(
+        "--prompts",
+        metavar="FILE",
+        required=True,
+        help='one prompt per line, or .jsonl with a "prompt" field (and optional "id")',
+    )
     p.add_argument("--out", metavar="FILE", required=True, help="trace file to write (.npz)")
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="generated tokens per request (32)")
     p.add_argument("--batch-size", type=int, default=1, metavar="N", help="prompts per padded batch (1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights and torch (0)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="model dtype (float32; auto = the checkpoint's)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (float32; auto = the checkpoint's)")
     p.add_argument("--device", default="auto", help="torch device (auto: cuda if available, else cpu)")
     p.add_argument("--dataset", metavar="NAME", help="provenance.dataset (default: the prompts file name)")
-    p.add_argument("--name", metavar="NAME",
-                   help="model name stored in the trace (default: the checkpoint folder's name, or tiny-ARCH); a "
-                        "trace is simulated with the profile of this name in configs/models/ when there is one")
-    p.add_argument("--no-run-config", action="store_true",
-                   help="write only the trace: no model profile (OUT.model.yaml) or run config (OUT.run.yaml) "
-                        "beside it")
+    p.add_argument(
+        "--name",
+        metavar="NAME",
+        help="model name stored in the trace (default: the checkpoint folder's name, or tiny-ARCH); a "
+        "trace is simulated with the profile of this name in configs/models/ when there is one",
+    )
+    p.add_argument(
+        "--no-run-config",
+        action="store_true",
+        help="write only the trace: no model profile (OUT.model.yaml) or run config (OUT.run.yaml) beside it",
+    )
     p.set_defaults(func=run)
 
 
@@ -184,8 +204,13 @@ def run(args) -> int:
         raise InputError("--dtype auto needs --model (a tiny model has no checkpoint dtype)")
     out = check_out(args.out, [args.prompts])
     name = check_model_name(args.name, "--name") if args.name is not None else default_name(args)
-    where = f"--name {brief(name)}" if args.name is not None else \
-        f"--model {brief(str(args.model))}" if args.model is not None else f"--tiny {args.tiny}"
+    where = (
+        f"--name {brief(name)}"
+        if args.name is not None
+        else f"--model {brief(str(args.model))}"
+        if args.model is not None
+        else f"--tiny {args.tiny}"
+    )
     files = None if args.no_run_config else check_sim_files(args.out)
     if args.model is not None:
         _check_checkpoint_folder(args.model)
@@ -220,19 +245,29 @@ def run(args) -> int:
     for p, ids in zip(prompts, token_ids):
         if not ids:
             raise InputError(f"{args.prompts}: prompt {p.id} has no tokens")
-    rec = record_routing(model, token_ids, args.max_new_tokens, batch_size=args.batch_size,
-                         request_ids=[p.id for p in prompts], model_name=name, source_model=source,
-                         dataset=args.dataset or Path(args.prompts).name, seed=args.seed,
-                         extra={"tokenizer": tokenizer, "device": str(device), "prompts_file": str(args.prompts)})
+    rec = record_routing(
+        model,
+        token_ids,
+        args.max_new_tokens,
+        batch_size=args.batch_size,
+        request_ids=[p.id for p in prompts],
+        model_name=name,
+        source_model=source,
+        dataset=args.dataset or Path(args.prompts).name,
+        seed=args.seed,
+        extra={"tokenizer": tokenizer, "device": str(device), "prompts_file": str(args.prompts)},
+    )
     # a model named like a profiled one must have its shape; a derived profile must fit what was recorded
     check_model_fit(rec.trace, where, hint="give --name the name of the model recorded")
     if profile is not None and bundled_profile(name) is None:
         check_profile_fits(rec.trace.meta, profile)
     save_trace(rec.trace, out)
     t = rec.trace
-    print(f"{out}: recorded {t.num_tokens} tokens ({int(t.prefill_lengths.sum())} prompt, "
-          f"{int(t.decode_mask().sum())} generated), {t.num_requests} requests, {t.num_layers} MoE layers, "
-          f"model {name}")
+    print(
+        f"{out}: recorded {t.num_tokens} tokens ({int(t.prefill_lengths.sum())} prompt, "
+        f"{int(t.decode_mask().sum())} generated), {t.num_requests} requests, {t.num_layers} MoE layers, "
+        f"model {name}"
+    )
     if files is not None:
         try:
             lines = write_sim_files(out, files, profile, "python -m traces record")
@@ -274,8 +309,13 @@ def _derive(args, name: str):
     if args.tiny is not None:
         from traces.tiny_models import tiny_config
 
-        return derive_profile(tiny_config(args.tiny).to_dict(), name, f"the tiny {args.tiny} config",
-                              DTYPE_BYTES[args.dtype], f"a tiny model, recorded in {args.dtype}")
+        return derive_profile(
+            tiny_config(args.tiny).to_dict(),
+            name,
+            f"the tiny {args.tiny} config",
+            DTYPE_BYTES[args.dtype],
+            f"a tiny model, recorded in {args.dtype}",
+        )
     path = Path(args.model) / "config.json"
     config = read_config_file(path, "--model")
     dtype = "float32" if args.dtype == "auto" else args.dtype  # transformers loads a config without one in fp32

@@ -49,8 +49,8 @@ def decode_decoder_only(model, cap, prompts, max_new, eos, pad_id, device) -> li
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     mask = torch.zeros((b, width), dtype=torch.long)
     for r, p in enumerate(prompts):
-        ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[r, width - len(p):] = 1
+        ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[r, width - len(p) :] = 1
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
     reqs = [RequestRows(list(p)) for p in prompts]
@@ -68,13 +68,13 @@ def decode_decoder_only(model, cap, prompts, max_new, eos, pad_id, device) -> li
     last = pos[:, -1:]
     while any(req.decoded < len(req.generated) for req in reqs):
         active = [req.decoded < len(req.generated) for req in reqs]
-        step = torch.tensor([[req.generated[-1] if a else pad_id] for req, a in zip(reqs, active)],
-                            dtype=torch.long, device=device)
+        step = torch.tensor(
+            [[req.generated[-1] if a else pad_id] for req, a in zip(reqs, active)], dtype=torch.long, device=device
+        )
         mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], dim=1)
         last = last + 1
         cap.begin({"decoder": (b, 1)})
-        out = model(input_ids=step, attention_mask=mask, position_ids=last, use_cache=True,
-                    **{cache_kw: cache}, **keep)
+        out = model(input_ids=step, attention_mask=mask, position_ids=last, use_cache=True, **{cache_kw: cache}, **keep)
         routed = cap.end()
         cache = _cache_of(out)
         nxt = out.logits[:, -1].argmax(-1).tolist()
@@ -106,8 +106,8 @@ def decode_encoder_decoder(model, cap, prompts, max_new, eos, pad_id, device) ->
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     mask = torch.zeros((b, width), dtype=torch.long)
     for r, p in enumerate(prompts):
-        ids[r, :len(p)] = torch.tensor(p, dtype=torch.long)
-        mask[r, :len(p)] = 1
+        ids[r, : len(p)] = torch.tensor(p, dtype=torch.long)
+        mask[r, : len(p)] = 1
     ids, mask = ids.to(device), mask.to(device)
     reqs = [RequestRows(list(p)) for p in prompts]
 
@@ -179,12 +179,12 @@ def assemble(reqs: list[RequestRows], layers: list[MoELayer]):
         offsets[r + 1] = base + len(q.prompt) + len(q.generated)
         for row, j, ids, w in q.segments:
             n, kk = ids.shape
-            experts[base + row: base + row + n, j, :kk] = ids
+            experts[base + row : base + row + n, j, :kk] = ids
             if w is None:
                 no_w[j] = True
             else:
                 have_w[j] = True
-                weights[base + row: base + row + n, j, :kk] = w
+                weights[base + row : base + row + n, j, :kk] = w
     with_weights = any(have_w) and not any(no_w)
     weights[experts < 0] = 0.0
     return experts.astype(np.int16), (weights.astype(np.float16) if with_weights else None), offsets

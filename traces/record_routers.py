@@ -68,7 +68,8 @@ def find_moe_layers(model) -> list[MoELayer]:
         parent = modules.get(parent_name)
         has_experts = parent is not None and "experts" in dict(parent.named_children())
         by_class = _ROUTER_CLASS.search(type(mod).__name__) and (
-            has_experts or _int_attr([mod], ("num_experts", "n_routed_experts")) is not None)
+            has_experts or _int_attr([mod], ("num_experts", "n_routed_experts")) is not None
+        )
         by_place = attr in ("gate", "router") and has_experts and not isinstance(mod, torch.nn.ModuleList)
         if by_class or by_place:
             candidates.append((name, mod, parent if has_experts else None))
@@ -91,6 +92,7 @@ def find_moe_layers(model) -> list[MoELayer]:
 
 # --------------------------------------------------------------------------- reading router outputs
 
+
 def _parse_routing(values, layer: MoELayer, label: str = "output", first: int = 0):
     """(ids [N, k] int64 with -1 for no expert, weights [N, k] float32 or None, description) from the tensors a
     router returned (or an experts module received); None when they hold no integer tensor."""
@@ -103,8 +105,13 @@ def _parse_routing(values, layer: MoELayer, label: str = "output", first: int = 
     pos, raw = ints[0]
     raw = raw.detach()
     E = layer.num_experts
-    one_hot = (E is not None and raw.dim() >= 2 and raw.shape[-1] == E and layer.top_k != E
-               and (raw.numel() == 0 or int(raw.max()) <= 1))
+    one_hot = (
+        E is not None
+        and raw.dim() >= 2
+        and raw.shape[-1] == E
+        and layer.top_k != E
+        and (raw.numel() == 0 or int(raw.max()) <= 1)
+    )
     if one_hot:
         k = layer.top_k or 1
         flat = raw.reshape(-1, E)
@@ -158,8 +165,9 @@ class RoutingCapture:
         for j, layer in enumerate(self.layers):
             self._handles.append(layer.router.register_forward_hook(functools.partial(self._on_router, j)))
             if layer.experts is not None:
-                self._handles.append(layer.experts.register_forward_pre_hook(
-                    functools.partial(self._on_experts, j), with_kwargs=True))
+                self._handles.append(
+                    layer.experts.register_forward_pre_hook(functools.partial(self._on_experts, j), with_kwargs=True)
+                )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -194,14 +202,18 @@ class RoutingCapture:
             b, s = self._shapes[layer.role]
             calls = self._router.get(j, [])
             if len(calls) != 1:
-                raise RuntimeError(f"router {layer.name} ran {len(calls)} times in one forward pass, expected once "
-                                   "(a fused MoE kernel may bypass it, or the model reuses the layer)")
+                raise RuntimeError(
+                    f"router {layer.name} ran {len(calls)} times in one forward pass, expected once "
+                    "(a fused MoE kernel may bypass it, or the model reuses the layer)"
+                )
             got = calls[0]
             if got is None:
                 ex = self._experts.get(j, [])
                 if len(ex) != 1 or ex[0] is None:
-                    raise RuntimeError(f"router {layer.name} ({type(layer.router).__name__}) returns no expert ids "
-                                       "and its MoE block has no experts module receiving them")
+                    raise RuntimeError(
+                        f"router {layer.name} ({type(layer.router).__name__}) returns no expert ids "
+                        "and its MoE block has no experts module receiving them"
+                    )
                 ids, w, what = ex[0]
                 experts_name = layer.name.rpartition(".")[0] + ".experts"
                 what = f"{type(layer.router).__name__} returns no ids; read {experts_name} {what}"
@@ -210,9 +222,7 @@ class RoutingCapture:
                 what = f"{type(layer.router).__name__} {what}"
             self.sources.setdefault(layer.name, what)
             if ids.shape[0] != b * s:
-                raise RuntimeError(f"router {layer.name} routed {ids.shape[0]} tokens in a pass over "
-                                   f"{b} x {s} tokens")
+                raise RuntimeError(f"router {layer.name} routed {ids.shape[0]} tokens in a pass over {b} x {s} tokens")
             k = ids.shape[1]
-            out[j] = (ids.numpy().reshape(b, s, k),
-                      None if w is None else w.numpy().reshape(b, s, k))
+            out[j] = (ids.numpy().reshape(b, s, k), None if w is None else w.numpy().reshape(b, s, k))
         return out

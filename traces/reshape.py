@@ -40,18 +40,20 @@ from traces.synth import SynthKnobs
 RELABEL_SEED = 0x5EED  # the per-layer id permutations: np.random.default_rng([RELABEL_SEED, layer])
 DECIMALS = 6  # knobs are stored (and so used) rounded to this many decimals, as traces.fit stores them
 
-MAPPING = ("popularity: each layer's Lorenz curve (cumulative share against rank fraction) resampled at the new "
-           "expert count by piecewise-linear interpolation; new rank r stands for the fitted expert at rank "
-           "floor((r + 1/2) E / E'); ranks placed on ids by a fixed permutation per layer (seed [0x5EED, layer]); "
-           "cross-layer lifts lift'[l][a][b] = lift[l][src_l(a)][src_l+1(b)], power kept; opening positions "
-           "split over the new experts standing for each fitted one in proportion to their weights")
-ASSUMPTIONS = ("the target model routes like the fitted one at the same rank fraction of its experts (granularity "
-               "transfer: the share held by the top x% of experts, per layer, is the fitted model's)",
-               "per-slot stickiness is kept whatever the top-k (a slot re-uses the previous token's expert as "
-               "often)",
-               "request concentration is kept (a request keeps to its own experts as strongly)",
-               "the cross-layer lift between two experts is that between the fitted experts they stand for, "
-               "with the fitted power")
+MAPPING = (
+    "popularity: each layer's Lorenz curve (cumulative share against rank fraction) resampled at the new "
+    "expert count by piecewise-linear interpolation; new rank r stands for the fitted expert at rank "
+    "floor((r + 1/2) E / E'); ranks placed on ids by a fixed permutation per layer (seed [0x5EED, layer]); "
+    "cross-layer lifts lift'[l][a][b] = lift[l][src_l(a)][src_l+1(b)], power kept; opening positions "
+    "split over the new experts standing for each fitted one in proportion to their weights"
+)
+ASSUMPTIONS = (
+    "the target model routes like the fitted one at the same rank fraction of its experts (granularity "
+    "transfer: the share held by the top x% of experts, per layer, is the fitted model's)",
+    "per-slot stickiness is kept whatever the top-k (a slot re-uses the previous token's expert as often)",
+    "request concentration is kept (a request keeps to its own experts as strongly)",
+    "the cross-layer lift between two experts is that between the fitted experts they stand for, with the fitted power",
+)
 
 
 def lorenz_resample(weights, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -117,14 +119,22 @@ def reshape_experts(knobs: SynthKnobs, num_experts: int, top_k: int) -> Reshaped
     transition = None
     if knobs.layer_transition is not None:
         table = np.asarray(knobs.layer_transition, dtype=float)
-        transition = np.stack([table[t][np.ix_(sources[t], sources[t + 1])] for t in range(n_layers - 1)]) \
-            if n_layers > 1 else np.zeros((0, num_experts, num_experts))
+        transition = (
+            np.stack([table[t][np.ix_(sources[t], sources[t + 1])] for t in range(n_layers - 1)])
+            if n_layers > 1
+            else np.zeros((0, num_experts, num_experts))
+        )
     prefix = None
     if knobs.prefix_popularity is not None and len(knobs.prefix_popularity):
         prefix = _split_prefix(np.asarray(knobs.prefix_popularity, dtype=float), old, weights, sources)
     out = dataclasses.replace(
-        knobs, num_experts=num_experts, top_k=top_k, layer_popularity=tuple(tuple(row) for row in weights.tolist()),
-        prefix_popularity=prefix, layer_transition=transition)
+        knobs,
+        num_experts=num_experts,
+        top_k=top_k,
+        layer_popularity=tuple(tuple(row) for row in weights.tolist()),
+        prefix_popularity=prefix,
+        layer_transition=transition,
+    )
     out.check()
     return Reshaped(out, sources)
 

@@ -65,8 +65,7 @@ def bundled_profile(name: str) -> str | None:
     return matches[0][0] if matches else None
 
 
-def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedProfile | None,
-                    made_by: str) -> list[str]:
+def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedProfile | None, made_by: str) -> list[str]:
     """Write the profile (when no bundled one matches the trace's model) and the run config for the trace saved at
     ``trace_path`` (its header is read, not its routing); returns the lines to print, the last one the command that
     simulates it. InputError when the derived profile does not fit the trace (another expert count, top-k or MoE
@@ -91,13 +90,16 @@ def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedPro
     if stem is None:
         atomic_write_bytes(files.model, profile.yaml_text(made_by).encode("utf-8"))
         said = f"{len(profile.assumptions)} assumption{'' if len(profile.assumptions) == 1 else 's'} listed in it"
-        lines.append(f"{files.model}: model profile {brief(name)} derived from {one_line(profile.source, 200)} "
-                     f"({said})")
+        lines.append(
+            f"{files.model}: model profile {brief(name)} derived from {one_line(profile.source, 200)} ({said})"
+        )
     run["model"] = model_ref
     atomic_write_bytes(files.run, run_config_text(run, trace_path, stem, made_by).encode("utf-8"))
-    lines.append(f"{files.run}: run config ({'bundled profile ' + stem if stem else 'that profile'}, "
-                 f"{DEFAULT_HARDWARE}, {DEFAULT_POLICY} with {run['cache']['mpc_slots']} of {spec.num_experts} "
-                 f"experts per layer cached)")
+    lines.append(
+        f"{files.run}: run config ({'bundled profile ' + stem if stem else 'that profile'}, "
+        f"{DEFAULT_HARDWARE}, {DEFAULT_POLICY} with {run['cache']['mpc_slots']} of {spec.num_experts} "
+        f"experts per layer cached)"
+    )
     lines.append(f"simulate it: python -m sim run {shlex.quote(str(files.run))}")
     return lines
 
@@ -110,8 +112,9 @@ def check_profile_fits(meta, profile: DerivedProfile) -> None:
 
     problem = model_mismatch(meta_summary(meta), profile.spec())
     if problem:
-        raise InputError(f"the model profile derived from {one_line(profile.source, 200)} does not fit the routing: "
-                         f"{problem}")
+        raise InputError(
+            f"the model profile derived from {one_line(profile.source, 200)} does not fit the routing: {problem}"
+        )
 
 
 def check_bundled_fits(profile: DerivedProfile, stem: str, where: str) -> None:
@@ -121,11 +124,16 @@ def check_bundled_fits(profile: DerivedProfile, stem: str, where: str) -> None:
     from sim.trace_summary import model_mismatch
     from traces.import_common import meta_like, meta_summary
 
-    problem = model_mismatch(meta_summary(meta_like(profile.name, profile.spec())), load_model(stem),
-                             f"the model of {one_line(profile.source, 200)},")
+    problem = model_mismatch(
+        meta_summary(meta_like(profile.name, profile.spec())),
+        load_model(stem),
+        f"the model of {one_line(profile.source, 200)},",
+    )
     if problem:
-        raise InputError(f"{where}: {problem} (the profile: configs/models/{stem}.yaml), so every run of it would "
-                         f"refuse the trace (give --name the name of the model recorded)")
+        raise InputError(
+            f"{where}: {problem} (the profile: configs/models/{stem}.yaml), so every run of it would "
+            f"refuse the trace (give --name the name of the model recorded)"
+        )
 
 
 # --------------------------------------------------------------------------------------------- the run config
@@ -136,11 +144,22 @@ def run_config(spec, model_value, trace_path: str | Path, trace) -> dict:
     from sim.config import config_from_dict
     from sim.errors import ConfigError
 
-    d = {"model": model_value, "hardware": DEFAULT_HARDWARE,
-         "workload": {"trace": str(Path(trace_path).resolve()), "batch_size": 1, "batching": "static",
-                      "max_decode_tokens": None, "prefill": True, "requests": None},
-         "cache": _cache(spec, trace), "policy": {"name": DEFAULT_POLICY, "params": {}},
-         "predictor": {"name": "none", "params": {}}, "seed": 0}
+    d = {
+        "model": model_value,
+        "hardware": DEFAULT_HARDWARE,
+        "workload": {
+            "trace": str(Path(trace_path).resolve()),
+            "batch_size": 1,
+            "batching": "static",
+            "max_decode_tokens": None,
+            "prefill": True,
+            "requests": None,
+        },
+        "cache": _cache(spec, trace),
+        "policy": {"name": DEFAULT_POLICY, "params": {}},
+        "predictor": {"name": "none", "params": {}},
+        "seed": 0,
+    }
     try:
         config_from_dict(d)
     except ConfigError as exc:
@@ -158,8 +177,13 @@ def _cache(spec, trace) -> dict:
     hw = load_hardware(DEFAULT_HARDWARE)
     lpc = max(2, spec.top_k)
     longest = trace.max_request_tokens(None)
-    room = (hw.gpu_memory_bytes - hw.reserved_bytes - dense_bytes_of(spec) - longest * spec.kv_bytes_per_token
-            - lpc * spec.expert_bytes)
+    room = (
+        hw.gpu_memory_bytes
+        - hw.reserved_bytes
+        - dense_bytes_of(spec)
+        - longest * spec.kv_bytes_per_token
+        - lpc * spec.expert_bytes
+    )
     fits = max(room, 0) // (spec.expert_bytes * spec.moe_layers)
     mpc = int(min(int(spec.num_experts * CACHED_SHARE), fits))
     return {"hpc_slots": 0, "mpc_slots": mpc, "lpc_buffers": lpc}
@@ -170,12 +194,15 @@ def run_config_text(run: dict, trace_path: str | Path, stem: str | None, made_by
     import yaml
 
     source = f"bundled profile configs/models/{stem}.yaml" if stem else "the model profile beside it"
-    head = comment_lines([
-        f"Run config for the trace {Path(trace_path).name}, written by {made_by}: {source}, one H200, "
-        f"LRU at batch 1 with {run['cache']['mpc_slots']} experts per layer cached and "
-        f"{run['cache']['lpc_buffers']} working buffers, no predictor. Paths are absolute: it loads from any "
-        "folder.",
-        "Run: python -m sim run THIS_FILE [--set key.path=value ...] (e.g. --set policy.name=diffmoe)"])
+    head = comment_lines(
+        [
+            f"Run config for the trace {Path(trace_path).name}, written by {made_by}: {source}, one H200, "
+            f"LRU at batch 1 with {run['cache']['mpc_slots']} experts per layer cached and "
+            f"{run['cache']['lpc_buffers']} working buffers, no predictor. Paths are absolute: it loads from any "
+            "folder.",
+            "Run: python -m sim run THIS_FILE [--set key.path=value ...] (e.g. --set policy.name=diffmoe)",
+        ]
+    )
     return "\n".join(head) + "\n" + yaml.safe_dump(run, sort_keys=False, default_flow_style=False)
 
 
@@ -183,9 +210,13 @@ def run_config_text(run: dict, trace_path: str | Path, stem: str | None, made_by
 def add_hf_config_flag(parser) -> None:
     """Give an import format's parser ``--hf-config`` and wrap its command: a checkpoint's config.json, from which
     a model profile and a run config are written beside ``--out`` when ``--model`` names no bundled profile."""
-    parser.add_argument("--hf-config", metavar="CONFIG_JSON", default=None,
-                        help="the checkpoint's config.json: when --model has no profile in configs/models/, derive "
-                             "one and write OUT.model.yaml and OUT.run.yaml beside the trace")
+    parser.add_argument(
+        "--hf-config",
+        metavar="CONFIG_JSON",
+        default=None,
+        help="the checkpoint's config.json: when --model has no profile in configs/models/, derive "
+        "one and write OUT.model.yaml and OUT.run.yaml beside the trace",
+    )
     parser.set_defaults(func=functools.partial(run_import, parser.get_default("func")))
 
 
@@ -224,12 +255,26 @@ def run_import(command, args) -> int:
     name = read_trace_summary(args.out).meta.model.name
     if bundled_profile(name) is None:
         shown = SimFiles.beside(args.out)
-        print(f"note: no model profile in configs/models/ is of {brief(name)}: give --hf-config CONFIG_JSON (the "
-              f"checkpoint's config.json) to write {shown.model.name} and {shown.run.name} beside the trace, or "
-              f"write configs/models/{name.rsplit('/', 1)[-1]}.yaml by hand (fields: sim/model_spec.py)")
+        print(
+            f"note: no model profile in configs/models/ is of {brief(name)}: give --hf-config CONFIG_JSON (the "
+            f"checkpoint's config.json) to write {shown.model.name} and {shown.run.name} beside the trace, or "
+            f"write configs/models/{name.rsplit('/', 1)[-1]}.yaml by hand (fields: sim/model_spec.py)"
+        )
     return 0
 
 
-__all__ = ["CACHED_SHARE", "DEFAULT_HARDWARE", "DEFAULT_POLICY", "SimFiles", "add_hf_config_flag", "bundled_profile",
-           "check_bundled_fits", "check_profile_fits", "check_sim_files", "run_config", "run_config_text",
-           "run_import", "write_sim_files"]
+__all__ = [
+    "CACHED_SHARE",
+    "DEFAULT_HARDWARE",
+    "DEFAULT_POLICY",
+    "SimFiles",
+    "add_hf_config_flag",
+    "bundled_profile",
+    "check_bundled_fits",
+    "check_profile_fits",
+    "check_sim_files",
+    "run_config",
+    "run_config_text",
+    "run_import",
+    "write_sim_files",
+]

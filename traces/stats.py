@@ -43,6 +43,7 @@ _STACK_CHUNK = 2048  # rows of the [chunk, experts] last-access table: small eno
 
 # ------------------------------------------------------------------------------------------------ per figure
 
+
 def popularity_skew(trace: Trace) -> tuple[float, list[float]]:
     """Share of selections taken by the top 10% of experts: (over all layers, per layer)."""
     e = trace.num_experts
@@ -64,8 +65,8 @@ def overlap_prev(trace: Trace) -> tuple[float, list[float]]:
     req = trace.request_index()
     for s in range(1, trace.num_tokens, _CHUNK):
         t = slice(s, min(s + _CHUNK, trace.num_tokens))
-        cur, prv = trace.experts[t], trace.experts[s - 1:t.stop - 1]
-        same_req = req[t] == req[s - 1:t.stop - 1]
+        cur, prv = trace.experts[t], trace.experts[s - 1 : t.stop - 1]
+        same_req = req[t] == req[s - 1 : t.stop - 1]
         shared = ((cur[..., :, None] == prv[..., None, :]) & (cur[..., None] >= 0)).any(-1).sum(-1)
         n_cur = (cur >= 0).sum(-1)
         valid = same_req[:, None] & (n_cur > 0) & (prv >= 0).any(-1)
@@ -101,16 +102,16 @@ def stack_distances(accesses: np.ndarray, num_experts: int) -> np.ndarray:
     chunk = _STACK_CHUNK
     rows = np.arange(chunk)
     for s in range(0, n, chunk):
-        a = accesses[s:s + chunk]
+        a = accesses[s : s + chunk]
         b = a.shape[0]
         last = np.full((b, num_experts), -1, dtype=dt)
         last[rows[:b], a] = np.arange(s, s + b, dtype=dt)
         last[0] = np.maximum(last[0], carry)
         np.maximum.accumulate(last, axis=0, out=last)
         carry = last[-1].copy()
-        p = prev[s:s + b]
+        p = prev[s : s + b]
         d = np.count_nonzero(last > p[:, None], axis=1) - 1
-        out[s:s + b] = np.where(p >= 0, d, -1)
+        out[s : s + b] = np.where(p >= 0, d, -1)
     return out
 
 
@@ -137,8 +138,9 @@ def lru_hit_rates(hists: list[np.ndarray], capacities) -> tuple[dict[int, float]
     return overall, per_layer
 
 
-def step_lru_hit_rates(trace: Trace, capacities, hists: list[np.ndarray] | None = None
-                       ) -> tuple[dict[int, float], list[dict[int, float]]]:
+def step_lru_hit_rates(
+    trace: Trace, capacities, hists: list[np.ndarray] | None = None
+) -> tuple[dict[int, float], list[dict[int, float]]]:
     """capacity -> step-wise LRU hit rate (the simulator's ``lru`` at batch 1): (over all layers, per layer).
 
     At top-1 a step is one access, so the figure equals the sequential one; it is then read from the stack
@@ -152,13 +154,16 @@ def step_lru_hit_rates(trace: Trace, capacities, hists: list[np.ndarray] | None 
     hits, accesses = step_lru.layer_hits(trace.experts, trace.num_experts, capacities)
     total = int(accesses.sum())
     overall = {c: (int(hits[:, j].sum()) / total if total else float("nan")) for j, c in enumerate(capacities)}
-    per_layer = [{c: (int(hits[i, j]) / int(n) if n else float("nan")) for j, c in enumerate(capacities)}
-                 for i, n in enumerate(accesses)]
+    per_layer = [
+        {c: (int(hits[i, j]) / int(n) if n else float("nan")) for j, c in enumerate(capacities)}
+        for i, n in enumerate(accesses)
+    ]
     return overall, per_layer
 
 
-def distinct_experts_vs_batch(trace: Trace, batch_sizes=DEFAULT_BATCH_SIZES, samples: int = 8,
-                              max_steps: int = 256, seed: int = 0):
+def distinct_experts_vs_batch(
+    trace: Trace, batch_sizes=DEFAULT_BATCH_SIZES, samples: int = 8, max_steps: int = 256, seed: int = 0
+):
     """batch size -> mean distinct experts per layer and decode step: (overall, per layer, sizes that re-used
     requests). Decode tokens are used (a trace with none uses all tokens); a layer counts only in steps where it
     routes something, so encoder layers do not dilute the figure for decode steps."""
@@ -203,8 +208,9 @@ def _sample_batch(rng, pool: np.ndarray, lengths: np.ndarray, b: int):
     evenly, every extra copy starting its decode tokens at a random step (cyclically) so that copies do not
     march in lockstep. Returns (requests, starting step of each)."""
     copies, rest = divmod(b, pool.size)
-    chosen = np.concatenate([rng.permutation(pool) for _ in range(copies)] +
-                            [rng.choice(pool, size=rest, replace=False)])
+    chosen = np.concatenate(
+        [rng.permutation(pool) for _ in range(copies)] + [rng.choice(pool, size=rest, replace=False)]
+    )
     shift = np.zeros(b, dtype=np.int64)
     first = np.zeros(b, dtype=bool)
     first[np.unique(chosen, return_index=True)[1]] = True
@@ -262,8 +268,10 @@ def transition_accuracy(trace: Trace, holdout_every: int = 5):
 
 # -------------------------------------------------------------------------------------------------- together
 
-def compute_stats(trace: Trace, capacities=DEFAULT_CAPACITIES, batch_sizes=DEFAULT_BATCH_SIZES,
-                  samples: int = 8, seed: int = 0) -> dict:
+
+def compute_stats(
+    trace: Trace, capacities=DEFAULT_CAPACITIES, batch_sizes=DEFAULT_BATCH_SIZES, samples: int = 8, seed: int = 0
+) -> dict:
     """Every figure above, for the whole trace at the top level and per layer under ``per_layer``."""
     skew, skew_l = popularity_skew(trace)
     overlap, overlap_l = overlap_prev(trace)
@@ -277,19 +285,30 @@ def compute_stats(trace: Trace, capacities=DEFAULT_CAPACITIES, batch_sizes=DEFAU
     m = trace.meta.model
     per_layer = []
     for i, info in enumerate(m.layers):
-        per_layer.append({
-            "index": info.index, "role": info.role,
-            "popularity_skew": _num(skew_l[i]), "overlap_prev": _num(overlap_l[i]),
-            "lru_hit_rate": {str(c): _num(v) for c, v in lru_l[i].items()},
-            "lru_hit_rate_sequential": {str(c): _num(v) for c, v in seq_l[i].items()},
-            "distinct_experts_vs_batch": {str(b): _num(v) for b, v in distinct_l[i].items()},
-            "transition_accuracy_to_next": _num(trans_l[i]) if i < len(trans_l) else None,
-            "accesses": int(hists[i].sum()),
-        })
+        per_layer.append(
+            {
+                "index": info.index,
+                "role": info.role,
+                "popularity_skew": _num(skew_l[i]),
+                "overlap_prev": _num(overlap_l[i]),
+                "lru_hit_rate": {str(c): _num(v) for c, v in lru_l[i].items()},
+                "lru_hit_rate_sequential": {str(c): _num(v) for c, v in seq_l[i].items()},
+                "distinct_experts_vs_batch": {str(b): _num(v) for b, v in distinct_l[i].items()},
+                "transition_accuracy_to_next": _num(trans_l[i]) if i < len(trans_l) else None,
+                "accesses": int(hists[i].sum()),
+            }
+        )
     return {
-        "trace": {"model": m.name, "tokens": trace.num_tokens, "requests": trace.num_requests,
-                  "layers": trace.num_layers, "experts": m.num_experts, "top_k": m.top_k,
-                  "decode_tokens": int(trace.decode_mask().sum()), "provenance": trace.meta.provenance.kind},
+        "trace": {
+            "model": m.name,
+            "tokens": trace.num_tokens,
+            "requests": trace.num_requests,
+            "layers": trace.num_layers,
+            "experts": m.num_experts,
+            "top_k": m.top_k,
+            "decode_tokens": int(trace.decode_mask().sum()),
+            "provenance": trace.meta.provenance.kind,
+        },
         "accesses": int(total_hist.sum()),
         "popularity_skew": _num(skew),
         "overlap_prev": _num(overlap),
@@ -324,31 +343,42 @@ def format_stats(s: dict) -> str:
         + "  ".join(f"{c}: {f(v)}" for c, v in s["lru_hit_rate"].items()),
         "LRU hit rate, sequential (one access at a time, router order), slots per layer:  "
         + "  ".join(f"{c}: {f(v)}" for c, v in s["lru_hit_rate_sequential"].items()),
-        "distinct experts per layer and step:  " + "  ".join(
-            f"batch {b}: {f(v)}" for b, v in s["distinct_experts_vs_batch"].items()),
+        "distinct experts per layer and step:  "
+        + "  ".join(f"batch {b}: {f(v)}" for b, v in s["distinct_experts_vs_batch"].items()),
     ]
     if s["requests_reused_at_batch"]:
         lines.append(f"(requests re-used to fill batches of {', '.join(map(str, s['requests_reused_at_batch']))})")
     cap = "4" if "4" in s["lru_hit_rate"] else next(iter(s["lru_hit_rate"]), "4")
-    lines.append(f"{'layer':>5} {'role':>7} {'skew':>6} {'overlap':>7} {'lru@' + cap:>7} {'seq@' + cap:>7} "
-                 f"{'next-acc':>8}   (lru: step-wise, seq: sequential)")
+    lines.append(
+        f"{'layer':>5} {'role':>7} {'skew':>6} {'overlap':>7} {'lru@' + cap:>7} {'seq@' + cap:>7} "
+        f"{'next-acc':>8}   (lru: step-wise, seq: sequential)"
+    )
     for p in s["per_layer"]:
-        lines.append(f"{p['index']:>5} {p['role']:>7} {f(p['popularity_skew']):>6} {f(p['overlap_prev']):>7} "
-                     f"{f(p['lru_hit_rate'].get(cap)):>7} {f(p['lru_hit_rate_sequential'].get(cap)):>7} "
-                     f"{f(p['transition_accuracy_to_next']):>8}")
+        lines.append(
+            f"{p['index']:>5} {p['role']:>7} {f(p['popularity_skew']):>6} {f(p['overlap_prev']):>7} "
+            f"{f(p['lru_hit_rate'].get(cap)):>7} {f(p['lru_hit_rate_sequential'].get(cap)):>7} "
+            f"{f(p['transition_accuracy_to_next']):>8}"
+        )
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------------- cli
 
+
 def register(sub) -> None:
     p = sub.add_parser("stats", help="locality figures of a trace (skew, overlap, reuse, LRU hit rates, ...)")
     p.add_argument("file", metavar="FILE", help="trace file (.npz) to describe")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.add_argument("--capacities", default=",".join(map(str, DEFAULT_CAPACITIES)),
-                   help="LRU capacities per layer, comma-separated (default: %(default)s)")
-    p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)),
-                   help="batch sizes for distinct experts per step (default: %(default)s)")
+    p.add_argument(
+        "--capacities",
+        default=",".join(map(str, DEFAULT_CAPACITIES)),
+        help="LRU capacities per layer, comma-separated (default: %(default)s)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+        help="batch sizes for distinct experts per step (default: %(default)s)",
+    )
     p.add_argument("--samples", type=int, default=8, help="sampled batches per batch size (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling batches (default: %(default)s)")
     p.set_defaults(func=run)
@@ -370,8 +400,13 @@ def run(args) -> int:
     from traces.io import load_trace
 
     trace = load_trace(args.file)
-    s = compute_stats(trace, parse_int_list(args.capacities, "--capacities"),
-                      parse_int_list(args.batch_sizes, "--batch-sizes"), args.samples, args.seed)
+    s = compute_stats(
+        trace,
+        parse_int_list(args.capacities, "--capacities"),
+        parse_int_list(args.batch_sizes, "--batch-sizes"),
+        args.samples,
+        args.seed,
+    )
     if args.json:
         json.dump(s, sys.stdout, indent=1)
         print()

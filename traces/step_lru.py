@@ -56,9 +56,9 @@ class StepReuse:
 
     k: int
     valid_bits: np.ndarray  # uint64 [n]: bit i set when slot i of the step holds an expert
-    prev: np.ndarray        # int64 [n * k]: access index of the expert's previous use, -1 if none (or empty slot)
-    dist: np.ndarray        # int32 [n * k]: D, distinct other experts used in the steps strictly between
-    ties: np.ndarray        # uint64 [n * k]: bit i set when slot i of the previous step holds another expert
+    prev: np.ndarray  # int64 [n * k]: access index of the expert's previous use, -1 if none (or empty slot)
+    dist: np.ndarray  # int32 [n * k]: D, distinct other experts used in the steps strictly between
+    ties: np.ndarray  # uint64 [n * k]: bit i set when slot i of the previous step holds another expert
     #                         that is not used again before this access
 
     @property
@@ -98,7 +98,7 @@ def step_reuse(steps: np.ndarray, num_experts: int) -> StepReuse:
     # use is at s or later
     nxt = np.full(n * k, np.iinfo(np.int64).max, dtype=np.int64)
     has = prev >= 0
-    nxt[prev[has]] = (np.flatnonzero(has) // k)
+    nxt[prev[has]] = np.flatnonzero(has) // k
     p0 = np.maximum(pstep, 0)
     now = np.arange(n * k) // k
     own = prev % k
@@ -131,7 +131,7 @@ def _distinct_between(steps: np.ndarray, pstep: np.ndarray, e: int) -> np.ndarra
     carry = np.full(e + 1, -1, dtype=np.int32)
     chunk = max(16, _TABLE_CELLS // ((e + 1) * k))
     for s in range(0, n, chunk):
-        a = steps[s:s + chunk]
+        a = steps[s : s + chunk]
         b = a.shape[0]
         table = np.full((b + 1, e + 1), -1, dtype=np.int32)
         table[0] = carry
@@ -139,7 +139,7 @@ def _distinct_between(steps: np.ndarray, pstep: np.ndarray, e: int) -> np.ndarra
         np.maximum.accumulate(table, axis=0, out=table)
         carry = table[-1]
         before = table[:-1, :e]  # row r: last uses as of step s + r - 1
-        out[s:s + b] = np.count_nonzero(before[:, None, :] > pstep[s:s + b, :, None], axis=2)
+        out[s : s + b] = np.count_nonzero(before[:, None, :] > pstep[s : s + b, :, None], axis=2)
     return out
 
 
@@ -173,7 +173,7 @@ def _resolve(r: StepReuse, c: int, hit: np.ndarray, code: np.ndarray, open_: np.
     by_access = hit.reshape(-1, k)
     prev = r.prev[open_]
     pstep, own = prev // k, prev % k
-    own_bit = _ONE << own.astype(np.uint64)        # its slot in the previous step
+    own_bit = _ONE << own.astype(np.uint64)  # its slot in the previous step
     above_own = _bits_above(k)[own]
     dist, ties = r.dist[open_], r.ties[open_]
     by_step = np.argsort(pstep, kind="stable")
@@ -232,8 +232,9 @@ def chain_applies(r: StepReuse, capacity: int) -> bool:
     """Whether :func:`chain_tables` describes capacity C: C below k, every step using at least C experts (so the
     cache after a step is C of that step's experts), and few enough C-subsets of k slots to enumerate."""
     c = int(capacity)
-    return (c < r.k and math.comb(r.k, c) <= _MAX_CHAIN_STATES
-            and (r.num_steps == 0 or int(r.accesses_per_step.min()) >= c))
+    return (
+        c < r.k and math.comb(r.k, c) <= _MAX_CHAIN_STATES and (r.num_steps == 0 or int(r.accesses_per_step.min()) >= c)
+    )
 
 
 def chain_tables(r: StepReuse, capacity: int) -> tuple[np.ndarray, np.ndarray]:
@@ -244,8 +245,9 @@ def chain_tables(r: StepReuse, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     step s - 1, hits [n, S]: step s's hits from each). A layer's first step ignores the state before it.
     """
     c, k, n = int(capacity), r.k, r.num_steps
-    masks = np.array(sorted(sum(1 << i for i in combo) for combo in itertools.combinations(range(k), c)),
-                     dtype=np.uint64)
+    masks = np.array(
+        sorted(sum(1 << i for i in combo) for combo in itertools.combinations(range(k), c)), dtype=np.uint64
+    )
     prev = r.prev.reshape(n, k)
     linked = (prev >= 0) & (prev // k == np.arange(n)[:, None] - 1)  # the expert was in the step before
     own = (prev % k).astype(np.uint64)

@@ -138,9 +138,11 @@ class SynthKnobs:
         layers = self.encoder_layers + self.decoder_layers
         worst = self.requests * longest * layers * self.top_k * 2  # int16 expert ids
         if worst > MAX_ARRAY_BYTES:
-            raise InputError(f"--requests {self.requests} of up to {longest} tokens x {layers} layers x top-"
-                             f"{self.top_k} could make a {worst / 2**30:.1f} GiB trace, above the "
-                             f"{MAX_ARRAY_BYTES >> 30} GiB a trace may hold: fewer requests or shorter ones")
+            raise InputError(
+                f"--requests {self.requests} of up to {longest} tokens x {layers} layers x top-"
+                f"{self.top_k} could make a {worst / 2**30:.1f} GiB trace, above the "
+                f"{MAX_ARRAY_BYTES >> 30} GiB a trace may hold: fewer requests or shorter ones"
+            )
 
     def _check_fitted(self) -> None:
         n_layers, e = self.encoder_layers + self.decoder_layers, self.num_experts
@@ -149,19 +151,23 @@ class SynthKnobs:
         if self.prefix_popularity is not None:
             w = np.asarray(self.prefix_popularity, dtype=float)
             if w.size and (w.ndim != 3 or w.shape[1:] != (n_layers, e)):
-                raise InputError(f"knobs.prefix_popularity must be [positions][{n_layers} layers][{e} experts], "
-                                 f"got shape {list(w.shape)}")
+                raise InputError(
+                    f"knobs.prefix_popularity must be [positions][{n_layers} layers][{e} experts], "
+                    f"got shape {list(w.shape)}"
+                )
             if w.size:
                 _check_weights(w.reshape(-1, e), (w.shape[0] * n_layers, e), "knobs.prefix_popularity")
         if self.layer_transition is not None:
             w = np.asarray(self.layer_transition, dtype=float)
             if w.shape != (n_layers - 1, e, e):
-                raise InputError(f"knobs.layer_transition must be [{n_layers - 1} layers][{e}][{e}], "
-                                 f"got shape {list(w.shape)}")
+                raise InputError(
+                    f"knobs.layer_transition must be [{n_layers - 1} layers][{e}][{e}], got shape {list(w.shape)}"
+                )
             if w.size and (not np.all(np.isfinite(w)) or w.min() < 0):
                 raise InputError("knobs.layer_transition must hold finite lifts >= 0")
-        if self.transition_power is not None and not (np.isfinite(self.transition_power) and
-                                                      0 <= self.transition_power <= 64):
+        if self.transition_power is not None and not (
+            np.isfinite(self.transition_power) and 0 <= self.transition_power <= 64
+        ):
             raise InputError(f"knobs.transition_power must lie in [0, 64], got {self.transition_power}")
         for name, lo, hi in (("layer_stickiness", 0.0, 1.0), ("request_concentration", 0.0, np.inf)):
             v = getattr(self, name)
@@ -170,8 +176,12 @@ class SynthKnobs:
             a = np.asarray(v, dtype=float)
             if a.shape != (n_layers,):
                 raise InputError(f"knobs.{name} must list one value per layer ({n_layers}), got shape {list(a.shape)}")
-            if not np.all(np.isfinite(a)) or a.min(initial=lo) < lo or a.max(initial=lo) > hi or (
-                    name == "request_concentration" and a.min(initial=1) <= 0):
+            if (
+                not np.all(np.isfinite(a))
+                or a.min(initial=lo) < lo
+                or a.max(initial=lo) > hi
+                or (name == "request_concentration" and a.min(initial=1) <= 0)
+            ):
                 raise InputError(f"knobs.{name} must hold values in {'(0, inf)' if hi == np.inf else '[0, 1]'}")
 
     def layers(self) -> tuple[LayerInfo, ...]:
@@ -180,8 +190,14 @@ class SynthKnobs:
         return tuple(enc + dec)
 
 
-FITTED_KNOBS = ("layer_popularity", "layer_stickiness", "request_concentration", "prefix_popularity",
-                "layer_transition", "transition_power")
+FITTED_KNOBS = (
+    "layer_popularity",
+    "layer_stickiness",
+    "request_concentration",
+    "prefix_popularity",
+    "layer_transition",
+    "transition_power",
+)
 
 
 def _check_weights(w: np.ndarray, shape: tuple[int, int], name: str) -> None:
@@ -191,9 +207,15 @@ def _check_weights(w: np.ndarray, shape: tuple[int, int], name: str) -> None:
         raise InputError(f"{name} must hold finite weights >= 0 with a positive sum in every row")
 
 
-def generate(knobs: SynthKnobs, seed: int = 0, lengths: tuple[np.ndarray, np.ndarray] | None = None,
-             date: str | None = None, extra: dict | None = None, dataset: str = "synthetic",
-             digest: tuple[str, ...] = ()) -> Trace:
+def generate(
+    knobs: SynthKnobs,
+    seed: int = 0,
+    lengths: tuple[np.ndarray, np.ndarray] | None = None,
+    date: str | None = None,
+    extra: dict | None = None,
+    dataset: str = "synthetic",
+    digest: tuple[str, ...] = (),
+) -> Trace:
     """A synthetic trace. ``lengths`` = (prompt lengths, decode lengths) per request overrides the drawn ones.
     Knobs named in ``digest`` are stored in the metadata as their shape and sha256 (``traces.reshape.knobs_sha256``)
     instead of their values (tables too large to bundle)."""
@@ -225,8 +247,9 @@ def generate(knobs: SynthKnobs, seed: int = 0, lengths: tuple[np.ndarray, np.nda
     stickiness = knobs.layer_stickiness or (knobs.stickiness,) * n_layers
     experts = np.full((n_tok, n_layers, k), -1, dtype=np.int16)
     for layer in range(n_layers):
-        rows = np.flatnonzero((in_prompt if is_encoder[layer] else ~in_prompt) if both_roles
-                              else np.ones(n_tok, dtype=bool))
+        rows = np.flatnonzero(
+            (in_prompt if is_encoder[layer] else ~in_prompt) if both_roles else np.ones(n_tok, dtype=bool)
+        )
         if rows.size == 0:
             continue
         n = rows.size
@@ -277,15 +300,21 @@ class _Popularity:
             p = np.asarray(knobs.prefix_popularity, dtype=float)
             self.prefix = p / p.sum(axis=2, keepdims=True)
 
-    def sampler(self, layer: int, request: np.ndarray, position: np.ndarray, src: np.ndarray | None,
-                rng) -> _ZipfSampler | _TableSampler:
+    def sampler(
+        self, layer: int, request: np.ndarray, position: np.ndarray, src: np.ndarray | None, rng
+    ) -> _ZipfSampler | _TableSampler:
         """The draw function of one layer's rows (their requests, positions among the layer's rows, and experts in
         the previous layer, or None for the first layer)."""
         knobs = self.knobs
-        if (knobs.layer_popularity is None and knobs.request_concentration is None and self.prefix is None
-                and knobs.layer_transition is None):  # the original Zipf draw (same random numbers as before)
-            return _ZipfSampler(self.rank_to_expert[layer], self.weights[layer][self.rank_to_expert[layer]], rng,
-                                request.size)
+        if (
+            knobs.layer_popularity is None
+            and knobs.request_concentration is None
+            and self.prefix is None
+            and knobs.layer_transition is None
+        ):  # the original Zipf draw (same random numbers as before)
+            return _ZipfSampler(
+                self.rank_to_expert[layer], self.weights[layer][self.rank_to_expert[layer]], rng, request.size
+            )
         laws = [self.weights[layer][None, :]]
         source = np.zeros(request.size, dtype=np.int64)
         if knobs.request_concentration is not None:
@@ -348,8 +377,9 @@ class _TableSampler:
         self.row_flat = None  # every row's tilted CDF, when small enough to keep
         if follow is not None and source.size * self.e <= self.CACHE_CELLS:
             chunks = [np.arange(s, min(s + self.CHUNK, source.size)) for s in range(0, source.size, self.CHUNK)]
-            self.row_flat = np.concatenate([self._flat_cdf(self._tilted(c), int(c[0])) for c in chunks]
-                                           or [np.zeros(0)])
+            self.row_flat = np.concatenate(
+                [self._flat_cdf(self._tilted(c), int(c[0])) for c in chunks] or [np.zeros(0)]
+            )
 
     @staticmethod
     def _flat_cdf(laws: np.ndarray, first: int = 0) -> np.ndarray:
@@ -367,7 +397,7 @@ class _TableSampler:
         uniq, inverse = np.unique(rows, return_inverse=True)  # one tilted law per row, however many draws
         out = np.empty(rows.size, dtype=np.int64)
         for s in range(0, uniq.size, self.CHUNK):
-            law = self._tilted(uniq[s:s + self.CHUNK])
+            law = self._tilted(uniq[s : s + self.CHUNK])
             mine = np.flatnonzero((inverse >= s) & (inverse < s + law.shape[0]))
             local = inverse[mine] - s
             out[mine] = np.searchsorted(self._flat_cdf(law), u[mine] + local, side="right") - local * self.e
@@ -403,7 +433,7 @@ def _sticky_dedupe(base: np.ndarray, sticky: np.ndarray, draw, by_rank: np.ndarr
     for attempt in range(1000):
         dup = np.zeros(choice.shape, dtype=bool)
         for j in range(1, k):
-            dup[:, j] = (choice[:, j:j + 1] == choice[:, :j]).any(1)
+            dup[:, j] = (choice[:, j : j + 1] == choice[:, :j]).any(1)
         if not dup.any():
             return choice
         rows, cols = np.nonzero(dup)
@@ -411,7 +441,7 @@ def _sticky_dedupe(base: np.ndarray, sticky: np.ndarray, draw, by_rank: np.ndarr
             base[rows, cols] = draw(rows)
         else:  # rare: the most popular expert that no other slot of the token holds
             for i, j in zip(rows, cols):
-                taken = set(choice[i, :j].tolist()) | set(choice[i, j + 1:].tolist())
+                taken = set(choice[i, :j].tolist()) | set(choice[i, j + 1 :].tolist())
                 base[i, j] = next(int(x) for x in by_rank if int(x) not in taken)
         sticky[rows, cols] = False
         choice = _forward_fill(base, sticky)
@@ -438,6 +468,7 @@ def _knobs_dict(knobs: SynthKnobs, digest: tuple[str, ...] = ()) -> dict:
 
 # ------------------------------------------------------------------------------------------------------ fit
 
+
 def locality(trace: Trace, capacity: int) -> dict[str, float]:
     """A few locality figures of a trace: popularity skew, overlap with the previous token, the step-wise LRU hit
     rate (the simulator's ``lru`` at batch 1) at ``capacity`` slots per layer, and the transition accuracy."""
@@ -445,12 +476,17 @@ def locality(trace: Trace, capacity: int) -> dict[str, float]:
 
     lru, _ = stats.step_lru_hit_rates(trace, [capacity])
     trans = stats.transition_accuracy(trace)[0]
-    return {"popularity_skew": stats.popularity_skew(trace)[0], "overlap_prev": stats.overlap_prev(trace)[0],
-            "lru_hit_rate": lru[capacity], "transition_accuracy": trans if trans is not None else 0.0}
+    return {
+        "popularity_skew": stats.popularity_skew(trace)[0],
+        "overlap_prev": stats.overlap_prev(trace)[0],
+        "lru_hit_rate": lru[capacity],
+        "transition_accuracy": trans if trans is not None else 0.0,
+    }
 
 
-def knobs_like(real: Trace, requests: int | None = None, tokens: int | None = None,
-               **overrides) -> tuple[SynthKnobs, tuple[np.ndarray, np.ndarray]]:
+def knobs_like(
+    real: Trace, requests: int | None = None, tokens: int | None = None, **overrides
+) -> tuple[SynthKnobs, tuple[np.ndarray, np.ndarray]]:
     """Knobs with REAL's model shape, and request lengths that cycle through REAL's requests: ``requests`` of them,
     or as many as it takes to reach ``tokens`` tokens, or REAL's count."""
     m = real.meta.model
@@ -463,17 +499,31 @@ def knobs_like(real: Trace, requests: int | None = None, tokens: int | None = No
     pick = np.arange(n) % real.num_requests
     prompt = real.prefill_lengths[pick]
     decode = (lengths - real.prefill_lengths)[pick]
-    knobs = SynthKnobs(model=m.name, num_experts=m.num_experts, top_k=m.top_k, encoder_layers=enc,
-                       decoder_layers=len(m.layers) - enc, requests=n,
-                       prompt_len=(int(prompt.min()), int(prompt.max())),
-                       decode_len=(int(decode.min()), int(decode.max())), **overrides)
+    knobs = SynthKnobs(
+        model=m.name,
+        num_experts=m.num_experts,
+        top_k=m.top_k,
+        encoder_layers=enc,
+        decoder_layers=len(m.layers) - enc,
+        requests=n,
+        prompt_len=(int(prompt.min()), int(prompt.max())),
+        decode_len=(int(decode.min()), int(decode.max())),
+        **overrides,
+    )
     return knobs, (prompt, decode)
 
 
 # ------------------------------------------------------------------------------------------------------ cli
 
-_FLAGS = {"num_experts": "--experts", "top_k": "--top-k", "prompt_len": "--prompt-len", "decode_len": "--decode-len",
-          "skew": "--skew", "stickiness": "--stickiness", "correlation": "--correlation"}
+_FLAGS = {
+    "num_experts": "--experts",
+    "top_k": "--top-k",
+    "prompt_len": "--prompt-len",
+    "decode_len": "--decode-len",
+    "skew": "--skew",
+    "stickiness": "--stickiness",
+    "correlation": "--correlation",
+}
 
 
 def register(sub) -> None:
@@ -486,27 +536,46 @@ def register(sub) -> None:
     p.add_argument("--layers", type=int, default=None, help="MoE layers of a decoder-only model (default 32)")
     p.add_argument("--encoder-layers", type=int, default=None, help="encoder MoE layers (encoder-decoder model)")
     p.add_argument("--decoder-layers", type=int, default=None, help="decoder MoE layers (encoder-decoder model)")
-    p.add_argument("--requests", type=int, default=None,
-                   help="requests (default 64; with --fit: REAL's count, lengths cycling through REAL's)")
-    p.add_argument("--tokens", type=int, default=None,
-                   help="with --fit: at least this many tokens (REAL's request lengths cycled), instead of --requests")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests (default 64; with --fit: REAL's count, lengths cycling through REAL's)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="with --fit: at least this many tokens (REAL's request lengths cycled), instead of --requests",
+    )
     p.add_argument("--prompt-len", default=None, help="MIN,MAX prompt tokens per request (default 16,64)")
     p.add_argument("--decode-len", default=None, help="MIN,MAX generated tokens per request (default 64,256)")
     p.add_argument("--skew", type=float, default=None, help="Zipf exponent of expert popularity (default 0.5)")
     p.add_argument("--stickiness", type=float, default=None, help="P(re-use the previous token's expert)")
     p.add_argument("--correlation", type=float, default=None, help="P(follow the previous layer's expert)")
-    p.add_argument("--fit", metavar="REAL_TRACE", default=None,
-                   help="fit per-layer popularity, stickiness, request concentration, opening positions and "
-                        "cross-layer pull to a real trace (shape and lengths from it; see traces/fit.py), and "
-                        "print the fit checked on held-out requests; --encoder-layers/--decoder-layers (or "
-                        "--layers) stretch the fitted layers over a deeper model of the same family")
-    p.add_argument("--from-fit", metavar="FITTED_TRACE", default=None,
-                   help="generate from the fitted knobs a trace written by --fit holds, for another model shape: "
-                        "--experts/--top-k (traces/reshape.py: popularity's Lorenz curve resampled, lifts mapped), "
-                        "--layers or --encoder-layers/--decoder-layers (stretched), --requests, --prompt-len, "
-                        "--decode-len (default: the fitted trace's)")
-    p.add_argument("--no-holdout", action="store_true",
-                   help="with --fit: skip the held-out check (fit on half, compare on the other half)")
+    p.add_argument(
+        "--fit",
+        metavar="REAL_TRACE",
+        default=None,
+        help="fit per-layer popularity, stickiness, request concentration, opening positions and "
+        "cross-layer pull to a real trace (shape and lengths from it; see traces/fit.py), and "
+        "print the fit checked on held-out requests; --encoder-layers/--decoder-layers (or "
+        "--layers) stretch the fitted layers over a deeper model of the same family",
+    )
+    p.add_argument(
+        "--from-fit",
+        metavar="FITTED_TRACE",
+        default=None,
+        help="generate from the fitted knobs a trace written by --fit holds, for another model shape: "
+        "--experts/--top-k (traces/reshape.py: popularity's Lorenz curve resampled, lifts mapped), "
+        "--layers or --encoder-layers/--decoder-layers (stretched), --requests, --prompt-len, "
+        "--decode-len (default: the fitted trace's)",
+    )
+    p.add_argument(
+        "--no-holdout",
+        action="store_true",
+        help="with --fit: skip the held-out check (fit on half, compare on the other half)",
+    )
     p.add_argument("--date", default=None, help="provenance date to stamp (default: none, for reproducibility)")
     p.set_defaults(func=run)
 
@@ -539,10 +608,17 @@ def run(args) -> int:
     check_out(args.out, [x for x in (args.fit, args.from_fit) if x])
     if args.model is not None:
         check_model_name(args.model)
-    given = {"model": args.model, "num_experts": args.experts, "top_k": args.top_k,
-             "requests": args.requests, "prompt_len": _pair(args.prompt_len, "--prompt-len"),
-             "decode_len": _pair(args.decode_len, "--decode-len"), "skew": args.skew,
-             "stickiness": args.stickiness, "correlation": args.correlation}
+    given = {
+        "model": args.model,
+        "num_experts": args.experts,
+        "top_k": args.top_k,
+        "requests": args.requests,
+        "prompt_len": _pair(args.prompt_len, "--prompt-len"),
+        "decode_len": _pair(args.decode_len, "--decode-len"),
+        "skew": args.skew,
+        "stickiness": args.stickiness,
+        "correlation": args.correlation,
+    }
     if args.layers is not None and (args.encoder_layers is not None or args.decoder_layers is not None):
         raise InputError("give either --layers or --encoder-layers/--decoder-layers, not both")
     if args.layers is not None:
@@ -567,12 +643,17 @@ def run(args) -> int:
     save_trace(trace, args.out)
     k = trace.meta.extra["knobs"]
     pre = k.get("prefix_popularity") or []
-    what = ("fitted: per-layer popularity, stickiness and request concentration, "
-            f"{pre['shape'][0] if isinstance(pre, dict) else len(pre)} opening positions, cross-layer power "
-            f"{k.get('transition_power')}" if "layer_popularity" in k else
-            f"skew {k['skew']}, stickiness {k['stickiness']}, correlation {k['correlation']}")
-    print(f"wrote {args.out}: {trace.num_tokens} tokens in {trace.num_requests} requests, "
-          f"{trace.num_layers} layers, {trace.num_experts} experts top-{trace.top_k}; {what}; seed {args.seed}")
+    what = (
+        "fitted: per-layer popularity, stickiness and request concentration, "
+        f"{pre['shape'][0] if isinstance(pre, dict) else len(pre)} opening positions, cross-layer power "
+        f"{k.get('transition_power')}"
+        if "layer_popularity" in k
+        else f"skew {k['skew']}, stickiness {k['stickiness']}, correlation {k['correlation']}"
+    )
+    print(
+        f"wrote {args.out}: {trace.num_tokens} tokens in {trace.num_requests} requests, "
+        f"{trace.num_layers} layers, {trace.num_experts} experts top-{trace.top_k}; {what}; seed {args.seed}"
+    )
     return 0
 
 
@@ -585,9 +666,11 @@ def _check_fit_size(real: Trace, args) -> None:
         raise InputError(f"--requests must be 1..{MAX_REQUESTS}, got {args.requests}")
     tokens = args.tokens if args.tokens is not None else (args.requests or 0) * longest
     if tokens * per_token > MAX_ARRAY_BYTES:
-        raise InputError(f"{'--tokens' if args.tokens is not None else '--requests'}: a trace of {tokens} tokens of "
-                         f"{real.num_layers} layers x top-{real.top_k} would pass the {MAX_ARRAY_BYTES >> 30} GiB a "
-                         f"trace may hold")
+        raise InputError(
+            f"{'--tokens' if args.tokens is not None else '--requests'}: a trace of {tokens} tokens of "
+            f"{real.num_layers} layers x top-{real.top_k} would pass the {MAX_ARRAY_BYTES >> 30} GiB a "
+            f"trace may hold"
+        )
 
 
 def _run_fit(args, given: dict) -> Trace:
@@ -610,11 +693,18 @@ def _run_fit(args, given: dict) -> Trace:
             raise InputError(f"{args.fit}: the held-out check needs at least 2 requests; use --no-holdout")
         print(f"fitting to half of {args.fit} (held-out check) ...", file=sys.stderr)
         rows, _ = fitting.held_out_check(real, seed=args.seed, log=log)
-        print(f"held-out check: fit on the {(real.num_requests + 1) // 2} even-numbered requests of {args.fit}, "
-              f"compared on the {real.num_requests // 2} odd-numbered ones")
+        print(
+            f"held-out check: fit on the {(real.num_requests + 1) // 2} even-numbered requests of {args.fit}, "
+            f"compared on the {real.num_requests // 2} odd-numbered ones"
+        )
         print(fitting.format_table(rows, real.num_experts))
-        held = [{k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else
-                     (None if isinstance(v, float) else v)) for k, v in r.items()} for r in rows]
+        held = [
+            {
+                k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else (None if isinstance(v, float) else v))
+                for k, v in r.items()
+            }
+            for r in rows
+        ]
     print(f"fitting to all of {args.fit} ...", file=sys.stderr)
     result = fitting.fit_knobs(real, seed=args.seed, log=log)
     knobs, lengths = knobs_like(real, requests=args.requests, tokens=args.tokens)
@@ -626,20 +716,34 @@ def _run_fit(args, given: dict) -> Trace:
         dec = depth.get("decoder_layers", knobs.decoder_layers)
         if (enc, dec) != (knobs.encoder_layers, knobs.decoder_layers):
             knobs, stretched = fitting.stretch_layers(knobs, enc, dec)
-    extra = {"fitted_to": {
-        "file": os.path.basename(str(args.fit)), "model": real.meta.model.name,
-        "provenance": real.meta.provenance.to_dict(), "requests": real.num_requests, "tokens": real.num_tokens,
-        "method": "traces.fit: per-layer empirical popularity, stickiness, request concentration, opening "
-                  "positions and cross-layer pull, calibrated by simulation",
-        "calibration": {"rounds": result.rounds, "residual": {k: round(v, 6) for k, v in result.residual.items()}},
-        "held_out": held}}
+    extra = {
+        "fitted_to": {
+            "file": os.path.basename(str(args.fit)),
+            "model": real.meta.model.name,
+            "provenance": real.meta.provenance.to_dict(),
+            "requests": real.num_requests,
+            "tokens": real.num_tokens,
+            "method": "traces.fit: per-layer empirical popularity, stickiness, request concentration, opening "
+            "positions and cross-layer pull, calibrated by simulation",
+            "calibration": {"rounds": result.rounds, "residual": {k: round(v, 6) for k, v in result.residual.items()}},
+            "held_out": held,
+        }
+    }
     if stretched is not None:
         extra["fitted_to"]["layers_from"] = stretched
-        extra["fitted_to"]["stretched"] = (f"{len(stretched)} MoE layers from the fitted {real.num_layers}: each "
-                                           "takes the fitted layer of its role at the same relative depth; no "
-                                           "cross-layer pull between two layers from the same fitted one")
-    return generate(knobs, args.seed, lengths, args.date, extra,
-                    dataset=f"fitted to {real.meta.model.name} ({real.meta.provenance.dataset})")
+        extra["fitted_to"]["stretched"] = (
+            f"{len(stretched)} MoE layers from the fitted {real.num_layers}: each "
+            "takes the fitted layer of its role at the same relative depth; no "
+            "cross-layer pull between two layers from the same fitted one"
+        )
+    return generate(
+        knobs,
+        args.seed,
+        lengths,
+        args.date,
+        extra,
+        dataset=f"fitted to {real.meta.model.name} ({real.meta.provenance.dataset})",
+    )
 
 
 # ------------------------------------------------------------------------------------------------- from fit
@@ -658,11 +762,15 @@ def fitted_knobs(path: str) -> tuple[SynthKnobs, TraceMeta]:
     d = meta.extra.get("knobs") if isinstance(meta.extra, dict) else None
     digested = [n for n in FITTED_KNOBS if isinstance(d, dict) and isinstance(d.get(n), dict)]
     if digested:
-        raise InputError(f"{path}: its knobs.{digested[0]} is stored as a digest (a --from-fit trace); give the "
-                         "trace `traces synth --fit` wrote")
+        raise InputError(
+            f"{path}: its knobs.{digested[0]} is stored as a digest (a --from-fit trace); give the "
+            "trace `traces synth --fit` wrote"
+        )
     if not isinstance(d, dict) or not isinstance(d.get("layer_popularity"), list):
-        raise InputError(f"{path}: holds no fitted knobs (extra.knobs.layer_popularity); give a trace written by "
-                         "`traces synth --fit`")
+        raise InputError(
+            f"{path}: holds no fitted knobs (extra.knobs.layer_popularity); give a trace written by "
+            "`traces synth --fit`"
+        )
     try:
         knobs = SynthKnobs.from_dict(d)
         knobs.check()
@@ -681,8 +789,12 @@ def _run_from_fit(args, given: dict) -> Trace:
     from traces import fit as fitting
     from traces import reshape
 
-    for flag, value in (("--skew", args.skew), ("--stickiness", args.stickiness),
-                        ("--correlation", args.correlation), ("--tokens", args.tokens)):
+    for flag, value in (
+        ("--skew", args.skew),
+        ("--stickiness", args.stickiness),
+        ("--correlation", args.correlation),
+        ("--tokens", args.tokens),
+    ):
         if value is not None:
             raise InputError(f"--from-fit takes the knobs from {args.from_fit}; drop {flag}")
     if args.no_holdout:
@@ -690,29 +802,45 @@ def _run_from_fit(args, given: dict) -> Trace:
     fitted, meta = fitted_knobs(args.from_fit)
     with open(args.from_fit, "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
-    knobs = dataclasses.replace(fitted, **{k: given[k] for k in ("model", "requests", "prompt_len", "decode_len")
-                                           if k in given})
+    knobs = dataclasses.replace(
+        fitted, **{k: given[k] for k in ("model", "requests", "prompt_len", "decode_len") if k in given}
+    )
     enc = given.get("encoder_layers", fitted.encoder_layers)
     dec = given.get("decoder_layers", fitted.decoder_layers)
     layers_from = None
     if (enc, dec) != (fitted.encoder_layers, fitted.decoder_layers):
         knobs, layers_from = fitting.stretch_layers(knobs, enc, dec)
-    shaped = reshape.reshape_experts(knobs, given.get("num_experts", fitted.num_experts),
-                                     given.get("top_k", fitted.top_k))
+    shaped = reshape.reshape_experts(
+        knobs, given.get("num_experts", fitted.num_experts), given.get("top_k", fitted.top_k)
+    )
     knobs, prefix_note = _prefix_within_prompts(shaped.knobs)
-    note = {"file": os.path.basename(str(args.from_fit)), "sha256": sha, "model": meta.model.name,
-            "shape": f"{fitted.encoder_layers} encoder + {fitted.decoder_layers} decoder MoE layers, "
-                     f"{fitted.num_experts} experts, top-{fitted.top_k}",
-            "layers": ("unchanged" if layers_from is None else
-                       {"from": layers_from, "mapping": "traces.fit.stretch_layers: each layer takes the fitted layer "
-                        "of its role at the same relative depth; no cross-layer pull between two layers from the "
-                        "same fitted one"}),
-            "experts": ("unchanged" if shaped.sources is None else
-                        {"from": fitted.num_experts, "to": knobs.num_experts, "mapping": reshape.MAPPING}),
-            "top_k": {"from": fitted.top_k, "to": knobs.top_k},
-            "assumptions": list(reshape.ASSUMPTIONS), "prefix": prefix_note,
-            "digests": "knobs named by {shape, sha256} are tables too large to bundle; they are rebuilt by the "
-                       "same command from the same fitted trace (traces.reshape.knobs_sha256)"}
+    note = {
+        "file": os.path.basename(str(args.from_fit)),
+        "sha256": sha,
+        "model": meta.model.name,
+        "shape": f"{fitted.encoder_layers} encoder + {fitted.decoder_layers} decoder MoE layers, "
+        f"{fitted.num_experts} experts, top-{fitted.top_k}",
+        "layers": (
+            "unchanged"
+            if layers_from is None
+            else {
+                "from": layers_from,
+                "mapping": "traces.fit.stretch_layers: each layer takes the fitted layer "
+                "of its role at the same relative depth; no cross-layer pull between two layers from the "
+                "same fitted one",
+            }
+        ),
+        "experts": (
+            "unchanged"
+            if shaped.sources is None
+            else {"from": fitted.num_experts, "to": knobs.num_experts, "mapping": reshape.MAPPING}
+        ),
+        "top_k": {"from": fitted.top_k, "to": knobs.top_k},
+        "assumptions": list(reshape.ASSUMPTIONS),
+        "prefix": prefix_note,
+        "digests": "knobs named by {shape, sha256} are tables too large to bundle; they are rebuilt by the "
+        "same command from the same fitted trace (traces.reshape.knobs_sha256)",
+    }
     extra = {"fitted_to": meta.extra.get("fitted_to"), "from_fit": note}
     dataset = f"{meta.provenance.dataset}, via synth --from-fit"
     return generate(knobs, args.seed, date=args.date, extra=extra, dataset=dataset, digest=DIGESTED)
@@ -729,7 +857,9 @@ def _prefix_within_prompts(knobs: SynthKnobs) -> tuple[SynthKnobs, str]:
         return knobs, f"{n} fitted opening positions kept (every prompt holds them)"
     knobs = dataclasses.replace(knobs, prefix_popularity=(knobs.prefix_popularity or ())[:keep] if keep else None)
     if keep == 0:
-        return knobs, (f"the {n} fitted opening positions (prompt tokens of the real requests) dropped: requests "
-                       "without prompt rows (--prompt-len MIN 0) would otherwise route their first decode tokens "
-                       "like a prompt's opening")
+        return knobs, (
+            f"the {n} fitted opening positions (prompt tokens of the real requests) dropped: requests "
+            "without prompt rows (--prompt-len MIN 0) would otherwise route their first decode tokens "
+            "like a prompt's opening"
+        )
     return knobs, f"{keep} of the {n} fitted opening positions kept (the shortest prompt holds {keep})"

@@ -39,41 +39,98 @@ def encode_bytes(text: str) -> list[int]:
 def decode_bytes(ids) -> str:
     """Inverse of :func:`encode_bytes` (special ids are dropped, invalid UTF-8 is replaced)."""
     return bytes(int(i) - BYTE_OFFSET for i in ids if BYTE_OFFSET <= int(i) < BYTE_OFFSET + 256).decode(
-        "utf-8", errors="replace")
+        "utf-8", errors="replace"
+    )
 
 
 def tiny_config(arch: str):
     """The small config of a tiny ``arch`` (one of :data:`TINY_ARCHS`)."""
     import transformers as tf
 
-    common: dict[str, Any] = dict(vocab_size=TINY_VOCAB, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
-                                  eos_token_id=EOS_ID, initializer_range=0.1, tie_word_embeddings=False)
-    decoder: dict[str, Any] = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=512, rms_norm_eps=1e-6, **common)
+    common: dict[str, Any] = dict(
+        vocab_size=TINY_VOCAB,
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+    )
+    decoder: dict[str, Any] = dict(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        **common,
+    )
     if arch == "mixtral":
-        return tf.MixtralConfig(intermediate_size=64, num_hidden_layers=2, num_local_experts=8,
-                                num_experts_per_tok=2, **decoder)
+        return tf.MixtralConfig(
+            intermediate_size=64, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2, **decoder
+        )
     if arch == "qwen2-moe":
-        return tf.Qwen2MoeConfig(intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-                                 num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1,
-                                 mlp_only_layers=[1], norm_topk_prob=True, **decoder)
+        return tf.Qwen2MoeConfig(
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+            norm_topk_prob=True,
+            **decoder,
+        )
     if arch == "olmoe":
-        return tf.OlmoeConfig(intermediate_size=32, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2,
-                              norm_topk_prob=False, **decoder)
+        return tf.OlmoeConfig(
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            **decoder,
+        )
     if arch == "deepseek-v3":
-        return tf.DeepseekV3Config(intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=3,
-                                   n_shared_experts=1, n_routed_experts=16, n_group=4, topk_group=2,
-                                   num_experts_per_tok=4, first_k_dense_replace=1, routed_scaling_factor=2.5,
-                                   kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, v_head_dim=8,
-                                   qk_nope_head_dim=8, **{**decoder, "num_key_value_heads": 4})
+        return tf.DeepseekV3Config(
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            n_shared_experts=1,
+            n_routed_experts=16,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=4,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            v_head_dim=8,
+            qk_nope_head_dim=8,
+            **{**decoder, "num_key_value_heads": 4},
+        )
     if arch == "switch":
         return tf.SwitchTransformersConfig(
-            vocab_size=TINY_VOCAB, d_model=32, d_kv=8, d_ff=64, num_heads=4, num_layers=4, num_decoder_layers=4,
-            num_sparse_encoder_layers=2, num_sparse_decoder_layers=2, num_experts=8, expert_capacity=128,
-            router_dtype="float32", router_jitter_noise=0.0, dropout_rate=0.0, initializer_factor=1.0,
+            vocab_size=TINY_VOCAB,
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_heads=4,
+            num_layers=4,
+            num_decoder_layers=4,
+            num_sparse_encoder_layers=2,
+            num_sparse_decoder_layers=2,
+            num_experts=8,
+            expert_capacity=128,
+            router_dtype="float32",
+            router_jitter_noise=0.0,
+            dropout_rate=0.0,
+            initializer_factor=1.0,
             # decoder_start_token_id is taken at run time but missing from the annotated signature
-            pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID,  # type: ignore[call-arg]
-            tie_word_embeddings=False)
+            pad_token_id=PAD_ID,
+            eos_token_id=EOS_ID,
+            decoder_start_token_id=PAD_ID,  # type: ignore[call-arg]
+            tie_word_embeddings=False,
+        )
     raise InputError(f"--tiny: unknown architecture {arch!r} (choose from {', '.join(TINY_ARCHS)})")
 
 
@@ -83,9 +140,13 @@ def build_tiny_model(arch: str, seed: int = 0, dtype=None):
     import transformers as tf
 
     config = tiny_config(arch)
-    classes = {"mixtral": tf.MixtralForCausalLM, "qwen2-moe": tf.Qwen2MoeForCausalLM,
-               "olmoe": tf.OlmoeForCausalLM, "deepseek-v3": tf.DeepseekV3ForCausalLM,
-               "switch": tf.SwitchTransformersForConditionalGeneration}
+    classes = {
+        "mixtral": tf.MixtralForCausalLM,
+        "qwen2-moe": tf.Qwen2MoeForCausalLM,
+        "olmoe": tf.OlmoeForCausalLM,
+        "deepseek-v3": tf.DeepseekV3ForCausalLM,
+        "switch": tf.SwitchTransformersForConditionalGeneration,
+    }
     config._attn_implementation = "eager"
     gen = torch.random.fork_rng(devices=[])
     with gen:

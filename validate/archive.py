@@ -63,8 +63,11 @@ def plain_name(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(where, f"must be a name (a string), got {show(value)}")
     if not value or len(value) > MAX_PLAIN_NAME_CHARS or not _PLAIN_NAME.fullmatch(value):
-        raise ConfigError(where, f"must be a plain name (letters, digits and ._+=@,- , at most "
-                                 f"{MAX_PLAIN_NAME_CHARS} characters, no '/' or '..'), got {show(value)}")
+        raise ConfigError(
+            where,
+            f"must be a plain name (letters, digits and ._+=@,- , at most "
+            f"{MAX_PLAIN_NAME_CHARS} characters, no '/' or '..'), got {show(value)}",
+        )
     return value
 
 
@@ -80,6 +83,7 @@ def archive_target(archive: Path) -> Path:
 def _member_parts(name: str, archive: Path) -> list[str]:
     """The parts of a member's name, refused unless it is a plain relative path: not absolute, no ``..``, ``.`` or
     empty part, printable, bounded."""
+
     def refuse(why: str):
         raise ConfigError(str(archive), f"member {show(name)}: {why}: refused")
 
@@ -173,14 +177,18 @@ def _copy_stream(archive: Path, dest: Path) -> str:
                 except (gzip.BadGzipFile, zlib.error) as exc:
                     raise ConfigError(str(archive), f"is a damaged gzip stream ({exc}): refused") from None
                 except EOFError:
-                    raise ConfigError(str(archive), "is cut short (the gzip stream ends before its end marker): "
-                                                    "refused") from None
+                    raise ConfigError(
+                        str(archive), "is cut short (the gzip stream ends before its end marker): refused"
+                    ) from None
                 if not block:
                     break
                 written += len(block)
                 if written > limit:
-                    raise ConfigError(str(archive), f"unpacks to more than {limit >> 20} MB: refused (a measurement "
-                                                    f"archive holds at most {MAX_TOTAL_BYTES >> 20} MB)")
+                    raise ConfigError(
+                        str(archive),
+                        f"unpacks to more than {limit >> 20} MB: refused (a measurement "
+                        f"archive holds at most {MAX_TOTAL_BYTES >> 20} MB)",
+                    )
                 out.write(block)
         return src.sha.hexdigest()
 
@@ -198,14 +206,19 @@ def _check_members(tar: tarfile.TarFile, archive: Path) -> tuple[str, list[tuple
             raise ConfigError(str(archive), f"holds more than {MAX_MEMBERS} members: refused")
         kind = _member_kind(m)
         if kind is not None:
-            raise ConfigError(str(archive), f"member {show(m.name)} {kind}: refused (a measurement archive holds "
-                                            "only regular files and folders)")
+            raise ConfigError(
+                str(archive),
+                f"member {show(m.name)} {kind}: refused (a measurement archive holds only regular files and folders)",
+            )
         parts = _member_parts(m.name, archive)
         if top is None:
             top = parts[0]
         elif parts[0] != top:
-            raise ConfigError(str(archive), f"member {show(m.name)} is outside the top folder {show(top)}: refused "
-                                            "(a measurement archive is one folder)")
+            raise ConfigError(
+                str(archive),
+                f"member {show(m.name)} is outside the top folder {show(top)}: refused "
+                "(a measurement archive is one folder)",
+            )
         rel = tuple(parts[1:])
         if not rel:
             if not m.isdir():
@@ -213,8 +226,10 @@ def _check_members(tar: tarfile.TarFile, archive: Path) -> tuple[str, list[tuple
             continue
         if m.isreg():
             if m.size < 0 or m.size > MAX_MEMBER_BYTES:
-                raise ConfigError(str(archive), f"member {show(m.name)} holds {m.size} bytes, more than "
-                                                f"{MAX_MEMBER_BYTES >> 20} MB: refused")
+                raise ConfigError(
+                    str(archive),
+                    f"member {show(m.name)} holds {m.size} bytes, more than {MAX_MEMBER_BYTES >> 20} MB: refused",
+                )
             total += m.size
             if total > MAX_TOTAL_BYTES:
                 raise ConfigError(str(archive), f"unpacks to more than {MAX_TOTAL_BYTES >> 20} MB: refused")
@@ -240,8 +255,7 @@ def _check_end(tar: tarfile.TarFile, stream: Path, archive: Path) -> None:
         f.seek(tar.offset)
         for block in iter(lambda: f.read(_CHUNK), b""):
             if block.strip(b"\0"):
-                raise ConfigError(str(archive), "holds a damaged tar header (or data after the archive's end): "
-                                                "refused")
+                raise ConfigError(str(archive), "holds a damaged tar header (or data after the archive's end): refused")
 
 
 def _write_members(tar: tarfile.TarFile, members: list, root: Path, archive: Path) -> None:
@@ -297,13 +311,15 @@ def unpack(archive: str | os.PathLike, log: Callable[[str], Any] = print) -> Pat
                 os.mkdir(root, 0o755)
                 _write_members(tar, members, root, archive)
         except (tarfile.TarError, EOFError, UnicodeError) as exc:
-            raise ConfigError(str(archive), f"is not a readable tar archive ({exc.__class__.__name__}: "
-                                            f"{exc}): refused") from None
+            raise ConfigError(
+                str(archive), f"is not a readable tar archive ({exc.__class__.__name__}: {exc}): refused"
+            ) from None
         (root / ORIGIN_FILE).write_text(json.dumps(_origin(archive, sha)) + "\n")
         os.rename(root, target)  # the same file system; fails rather than merge into a folder made meanwhile
     except OSError as exc:
-        raise ConfigError(str(archive), f"cannot be unpacked ({exc.__class__.__name__}: "
-                                        f"{exc.strerror or exc})") from None
+        raise ConfigError(
+            str(archive), f"cannot be unpacked ({exc.__class__.__name__}: {exc.strerror or exc})"
+        ) from None
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
@@ -315,8 +331,9 @@ def _reuse(archive: Path, target: Path, log: Callable[[str], Any]) -> Path:
     """``target``, already there: a real folder, from this archive (or of unknown origin)."""
     st = os.lstat(target)
     if stat.S_ISLNK(st.st_mode):
-        raise ConfigError(str(target), f"is a link: refusing to read or write through it (remove it to unpack "
-                                       f"{archive.name})")
+        raise ConfigError(
+            str(target), f"is a link: refusing to read or write through it (remove it to unpack {archive.name})"
+        )
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(str(target), f"is {file_kind(target)}, not a folder: cannot unpack {archive.name} there")
     origin_path = target / ORIGIN_FILE
@@ -327,8 +344,11 @@ def _reuse(archive: Path, target: Path, log: Callable[[str], Any]) -> Path:
             for block in iter(lambda: f.read(_CHUNK), b""):
                 sha.update(block)
         if not isinstance(origin, dict) or origin.get("sha256") != sha.hexdigest():
-            raise ConfigError(str(target), f"was unpacked from another {archive.name} (its checksum differs): "
-                                           "remove the folder to unpack this one")
+            raise ConfigError(
+                str(target),
+                f"was unpacked from another {archive.name} (its checksum differs): "
+                "remove the folder to unpack this one",
+            )
     log(f"using {target}/ (already unpacked from {archive.name})")
     return target
 
@@ -418,6 +438,18 @@ def read_inside(folder: Path, rel: str | os.PathLike, what: str = "") -> Any:
     return read_structured_file(path, str(path), name_file=False)
 
 
-__all__ = ["ARCHIVE_SUFFIXES", "MAX_MEMBERS", "MAX_MEMBER_BYTES", "MAX_TOTAL_BYTES", "ORIGIN_FILE",
-           "archive_target", "find_file", "output_file", "output_folder", "plain_name", "read_inside", "regular_file",
-           "unpack"]
+__all__ = [
+    "ARCHIVE_SUFFIXES",
+    "MAX_MEMBERS",
+    "MAX_MEMBER_BYTES",
+    "MAX_TOTAL_BYTES",
+    "ORIGIN_FILE",
+    "archive_target",
+    "find_file",
+    "output_file",
+    "output_folder",
+    "plain_name",
+    "read_inside",
+    "regular_file",
+    "unpack",
+]

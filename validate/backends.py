@@ -108,8 +108,10 @@ class CpuBackend:
         dst.copy_(src)
 
     def describe(self) -> str:
-        return (f"CPU {platform.processor() or platform.machine()} as the device ({self.threads} compute thread(s) "
-                f"+ 1 copy thread), torch {self.torch.__version__}, host {platform.node()}")
+        return (
+            f"CPU {platform.processor() or platform.machine()} as the device ({self.threads} compute thread(s) "
+            f"+ 1 copy thread), torch {self.torch.__version__}, host {platform.node()}"
+        )
 
 
 class CudaBackend:
@@ -201,8 +203,10 @@ class CudaBackend:
 
     def describe(self) -> str:
         t = self.torch
-        return (f"{t.cuda.get_device_name(self.device)}, torch {t.__version__}, CUDA {t.version.cuda}, "
-                f"host {platform.node()}")
+        return (
+            f"{t.cuda.get_device_name(self.device)}, torch {t.__version__}, CUDA {t.version.cuda}, "
+            f"host {platform.node()}"
+        )
 
 
 def host_cores() -> int:

@@ -31,13 +31,16 @@ def cmd_microbench(args) -> int:
         backend = make_backend(args.device, args.threads)
     except ValueError as exc:
         raise ConfigError("--device", str(exc)) from None
-    cal = calibrate(model, args.hardware, quick=args.quick, repeat=args.repeat, backend=backend,
-                    host_threads=args.host_threads)
+    cal = calibrate(
+        model, args.hardware, quick=args.quick, repeat=args.repeat, backend=backend, host_threads=args.host_threads
+    )
     path = write_calibration(args.out, cal)
     t = cal["tables"]
-    print(f"wrote {path}: {len(t['copy'])} copy, {len(t['d2d'])} d2d, {len(t['expert'])} expert, "
-          f"{len(t['dense'])} dense, {len(t['lm_head'])} lm_head and {len(t['cpu_expert'])} cpu_expert "
-          f"({cal['cpu_cores']} host thread(s)) points for {model.name} on {cal['source'].split(' on ', 1)[1]}")
+    print(
+        f"wrote {path}: {len(t['copy'])} copy, {len(t['d2d'])} d2d, {len(t['expert'])} expert, "
+        f"{len(t['dense'])} dense, {len(t['lm_head'])} lm_head and {len(t['cpu_expert'])} cpu_expert "
+        f"({cal['cpu_cores']} host thread(s)) points for {model.name} on {cal['source'].split(' on ', 1)[1]}"
+    )
     print(f"use it with: python -m sim run CONFIG --set hardware={path}")
     return 0
 
@@ -46,10 +49,20 @@ def cmd_measure(args) -> int:
     from validate.measure import measure
 
     device = args.device or ("cuda" if args.command == "gpu" else "cpu")
-    measure(args.command if not args.suite else args.suite, args.out, device, quick=args.quick,
-            only=args.configs.split(",") if args.configs else None, repeat=args.repeat, threads=args.threads,
-            resume=args.resume, host_pool_gb=args.host_pool_gb, rounds=args.rounds,
-            calibrate_between=args.calibrate_between, host_threads=args.host_threads)
+    measure(
+        args.command if not args.suite else args.suite,
+        args.out,
+        device,
+        quick=args.quick,
+        only=args.configs.split(",") if args.configs else None,
+        repeat=args.repeat,
+        threads=args.threads,
+        resume=args.resume,
+        host_pool_gb=args.host_pool_gb,
+        rounds=args.rounds,
+        calibrate_between=args.calibrate_between,
+        host_threads=args.host_threads,
+    )
     return 0
 
 
@@ -60,12 +73,16 @@ def cmd_compare(args) -> int:
     if args.max_median_error is not None:
         worst = median_abs(rows, "err_mean_pct")
         if worst > args.max_median_error:
-            print(f"FAIL: median |error| of mean latency {worst:.1f}% is above --max-median-error "
-                  f"{args.max_median_error:g}%")
+            print(
+                f"FAIL: median |error| of mean latency {worst:.1f}% is above --max-median-error "
+                f"{args.max_median_error:g}%"
+            )
             return 1
     if not all(r["decisions_identical"] for r in rows):
-        print("FAIL: the simulator and the executor made different decisions for: "
-              + ", ".join(r["config"] for r in rows if not r["decisions_identical"]))
+        print(
+            "FAIL: the simulator and the executor made different decisions for: "
+            + ", ".join(r["config"] for r in rows if not r["decisions_identical"])
+        )
         return 1
     return 0
 
@@ -88,8 +105,10 @@ def _percent(text: str) -> float:
     return v
 
 
-HOST_THREADS_HELP = ("worker threads computing experts on the host CPU (hybrid policies; the cpu_expert table): "
-                     "default the cores left beside the compute and copy threads")
+HOST_THREADS_HELP = (
+    "worker threads computing experts on the host CPU (hybrid policies; the cpu_expert table): "
+    "default the cores left beside the compute and copy threads"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,8 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive_int, default=1, help="torch threads on the CPU (default 1)")
     p.add_argument("--host-threads", type=_positive_int, default=None, help=HOST_THREADS_HELP)
     p.set_defaults(func=cmd_microbench)
-    for name, what in (("gpu", "on a CUDA GPU: Switch-XXL experts over PCIe"),
-                       ("cpu", "with the CPU as the device (a copy thread moves experts)")):
+    for name, what in (
+        ("gpu", "on a CUDA GPU: Switch-XXL experts over PCIe"),
+        ("cpu", "with the CPU as the device (a copy thread moves experts)"),
+    ):
         p = sub.add_parser(name, help=f"calibrate, then run the executor over a set of configurations {what}")
         p.add_argument("--out", required=True, help="measurement folder to write (compare reads it)")
         p.add_argument("--quick", action="store_true", help="6 configurations, 4 decode steps each")
@@ -114,26 +135,49 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--device", help=f"device (default {'cuda' if name == 'gpu' else 'cpu'})")
         p.add_argument("--suite", choices=("cpu", "gpu"), help=f"configuration set (default {name})")
         p.add_argument("--repeat", type=_positive_int, default=5, help="microbenchmark runs per point (default 5)")
-        p.add_argument("--threads", type=_positive_int, default=1,
-                       help="torch compute threads in CPU mode (default 1; the copy thread takes another core)")
-        p.add_argument("--host-pool-gb", type=float, default=None,
-                       help="host memory for expert weights (default 8 on a GPU, 2 on the CPU); experts beyond it "
-                            "share physical buffers. At most what the host can spare (3/4 of its memory, 8 GiB "
-                            "less than is free), counting pinned buffers at their power-of-two size")
-        p.add_argument("--rounds", type=_positive_int, default=1 if name == "gpu" else 2,
-                       help=f"runs of every configuration, interleaved (default {1 if name == 'gpu' else 2})")
-        p.add_argument("--calibrate-between", action=argparse.BooleanOptionalAction, default=name == "cpu",
-                       help="a light calibration pass (tables only) after every configuration run "
-                            f"(default {'on' if name == 'cpu' else 'off'})")
+        p.add_argument(
+            "--threads",
+            type=_positive_int,
+            default=1,
+            help="torch compute threads in CPU mode (default 1; the copy thread takes another core)",
+        )
+        p.add_argument(
+            "--host-pool-gb",
+            type=float,
+            default=None,
+            help="host memory for expert weights (default 8 on a GPU, 2 on the CPU); experts beyond it "
+            "share physical buffers. At most what the host can spare (3/4 of its memory, 8 GiB "
+            "less than is free), counting pinned buffers at their power-of-two size",
+        )
+        p.add_argument(
+            "--rounds",
+            type=_positive_int,
+            default=1 if name == "gpu" else 2,
+            help=f"runs of every configuration, interleaved (default {1 if name == 'gpu' else 2})",
+        )
+        p.add_argument(
+            "--calibrate-between",
+            action=argparse.BooleanOptionalAction,
+            default=name == "cpu",
+            help="a light calibration pass (tables only) after every configuration run "
+            f"(default {'on' if name == 'cpu' else 'off'})",
+        )
         p.add_argument("--host-threads", type=_positive_int, default=None, help=HOST_THREADS_HELP)
         p.add_argument("--resume", action="store_true", help="keep finished rounds in --out")
         p.set_defaults(func=cmd_measure)
     p = sub.add_parser("compare", help="simulate the measured configurations and report the simulator's error")
-    p.add_argument("folder", help="measurement folder from validate gpu|cpu, or the archive run_gpu_check.sh packs "
-                                  "(gpu-check.tar.gz: unpacked beside itself)")
+    p.add_argument(
+        "folder",
+        help="measurement folder from validate gpu|cpu, or the archive run_gpu_check.sh packs "
+        "(gpu-check.tar.gz: unpacked beside itself)",
+    )
     p.add_argument("--out", help="where to write compare.{csv,md,png} (default FOLDER/compare)")
-    p.add_argument("--max-median-error", type=_percent, default=None,
-                   help="exit 1 when the median |error| of mean latency (%%) is above this")
+    p.add_argument(
+        "--max-median-error",
+        type=_percent,
+        default=None,
+        help="exit 1 when the median |error| of mean latency (%%) is above this",
+    )
     p.set_defaults(func=cmd_compare)
     return parser
 

@@ -58,13 +58,45 @@ from validate.archive import (
 )
 from validate.measure import decisions_digest
 
-COLUMNS = ["config", "policy", "predictor", "batch_size", "hpc_slots", "mpc_slots", "iterations",
-           "real_mean_ms", "sim_mean_ms", "err_mean_pct", "real_p50_ms", "sim_p50_ms", "err_p50_pct",
-           "real_tok_s", "sim_tok_s", "err_tok_s_pct", "real_copies", "sim_copies", "real_copy_ms", "sim_copy_ms",
-           "real_stall_ms", "sim_stall_ms", "real_host_busy_ms", "real_decide_ms", "real_gate_sync_ms",
-           "real_copy_gap_us", "real_link_busy", "sim_link_busy",
-           "cpu_expert_frac", "real_cpu_experts", "sim_cpu_experts", "real_cpu_busy_ms", "sim_cpu_busy_ms",
-           "real_cpu_wait_ms", "sim_cpu_wait_ms", "sim_hardware", "decisions_identical"]
+COLUMNS = [
+    "config",
+    "policy",
+    "predictor",
+    "batch_size",
+    "hpc_slots",
+    "mpc_slots",
+    "iterations",
+    "real_mean_ms",
+    "sim_mean_ms",
+    "err_mean_pct",
+    "real_p50_ms",
+    "sim_p50_ms",
+    "err_p50_pct",
+    "real_tok_s",
+    "sim_tok_s",
+    "err_tok_s_pct",
+    "real_copies",
+    "sim_copies",
+    "real_copy_ms",
+    "sim_copy_ms",
+    "real_stall_ms",
+    "sim_stall_ms",
+    "real_host_busy_ms",
+    "real_decide_ms",
+    "real_gate_sync_ms",
+    "real_copy_gap_us",
+    "real_link_busy",
+    "sim_link_busy",
+    "cpu_expert_frac",
+    "real_cpu_experts",
+    "sim_cpu_experts",
+    "real_cpu_busy_ms",
+    "sim_cpu_busy_ms",
+    "real_cpu_wait_ms",
+    "sim_cpu_wait_ms",
+    "sim_hardware",
+    "decisions_identical",
+]
 
 #: A plan's source for an expert computed on the host CPU (``sim.cache.CPU`` where the simulator has it).
 CPU_SOURCE = getattr(sim.cache, "CPU", "cpu")
@@ -87,13 +119,26 @@ MAX_OPTIONAL = 1e12
 #: integer >= 0), "iterations" (an integer >= 1), "sha256" (64 hex digits), "nonneg" (a number between 0 and
 #: MAX_OPTIONAL, or null: an optional figure), "fraction" (a number in [0, 1], or null), "table" (a mapping, or null).
 SUMMARY_FIELDS = (
-    (("iteration_ms",), "mapping"), (("iteration_ms", "mean"), "positive"), (("iteration_ms", "p50"), "positive"),
-    (("throughput_tok_s",), "positive"), (("iterations",), "iterations"), (("copies",), "count"),
-    (("decisions_sha256",), "sha256"), (("cpu_expert_frac",), "fraction"), (("cpu_experts",), "optional_count"),
-    (("mean_copy_ms",), "nonneg"), (("stall_ms",), "nonneg"), (("wait_ms",), "nonneg"),
-    (("mean_copy_gap_us",), "nonneg"), (("host_busy_ms",), "nonneg"), (("host_phase_ms",), "table"),
-    (("host_phase_ms", "decide"), "nonneg"), (("host_phase_ms", "gate_sync"), "nonneg"),
-    (("link_busy_frac",), "nonneg"), (("cpu_busy_ms",), "nonneg"), (("cpu_stall_ms",), "nonneg"),
+    (("iteration_ms",), "mapping"),
+    (("iteration_ms", "mean"), "positive"),
+    (("iteration_ms", "p50"), "positive"),
+    (("throughput_tok_s",), "positive"),
+    (("iterations",), "iterations"),
+    (("copies",), "count"),
+    (("decisions_sha256",), "sha256"),
+    (("cpu_expert_frac",), "fraction"),
+    (("cpu_experts",), "optional_count"),
+    (("mean_copy_ms",), "nonneg"),
+    (("stall_ms",), "nonneg"),
+    (("wait_ms",), "nonneg"),
+    (("mean_copy_gap_us",), "nonneg"),
+    (("host_busy_ms",), "nonneg"),
+    (("host_phase_ms",), "table"),
+    (("host_phase_ms", "decide"), "nonneg"),
+    (("host_phase_ms", "gate_sync"), "nonneg"),
+    (("link_busy_frac",), "nonneg"),
+    (("cpu_busy_ms",), "nonneg"),
+    (("cpu_stall_ms",), "nonneg"),
 )
 
 
@@ -171,8 +216,9 @@ def checked_digests(value: Any, where: str) -> dict:
         raise ConfigError(where, f"must map file paths to SHA-256 checksums, got {show(value)}")
     for key, digest in value.items():
         if not isinstance(key, str) or not key or len(key) > MAX_TRACE_KEY_CHARS or not key.isprintable():
-            raise ConfigError(where, f"a key must be a printable path of 1 to {MAX_TRACE_KEY_CHARS} characters, "
-                                     f"got {show(key)}")
+            raise ConfigError(
+                where, f"a key must be a printable path of 1 to {MAX_TRACE_KEY_CHARS} characters, got {show(key)}"
+            )
         if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
             raise ConfigError(f"{where}[{show(key)}]", f"must be a SHA-256 (64 hex digits), got {show(digest)}")
     return value
@@ -224,8 +270,9 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
     """One configuration's row: simulate it on the folder's calibration and set it beside the real run. Every file
     is read inside ``folder`` (no link on the way, regular files only); ``manifest`` is checked (check_manifest)."""
     rel = Path("runs", plain_name(run_dir.name, "configuration name"))
-    real = check_summary(read_inside(folder, rel / "summary.json", "not a finished validate measurement"),
-                         folder / rel / "summary.json")
+    real = check_summary(
+        read_inside(folder, rel / "summary.json", "not a finished validate measurement"), folder / rel / "summary.json"
+    )
     config_path = regular_file(folder, rel / "config.yaml", "not a finished validate measurement")
     raw = read_inside(folder, rel / "config.yaml")
     if not isinstance(raw, dict):
@@ -266,25 +313,41 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
     rt, st = real["throughput_tok_s"], s["throughput_tok_s"]
     n_sim = max(1, s["iterations"])
     return {
-        "config": run_dir.name, "policy": cfg.policy.name, "predictor": cfg.predictor.name,
-        "batch_size": w.batch_size, "hpc_slots": cfg.cache.hpc_slots, "mpc_slots": cfg.cache.mpc_slots,
+        "config": run_dir.name,
+        "policy": cfg.policy.name,
+        "predictor": cfg.predictor.name,
+        "batch_size": w.batch_size,
+        "hpc_slots": cfg.cache.hpc_slots,
+        "mpc_slots": cfg.cache.mpc_slots,
         "iterations": real["iterations"],
-        "real_mean_ms": rm, "sim_mean_ms": sm, "err_mean_pct": _err(sm, rm),
-        "real_p50_ms": rp, "sim_p50_ms": sp, "err_p50_pct": _err(sp, rp),
-        "real_tok_s": rt, "sim_tok_s": st, "err_tok_s_pct": _err(st, rt),
-        "real_copies": real["copies"], "sim_copies": s["copies"],
+        "real_mean_ms": rm,
+        "sim_mean_ms": sm,
+        "err_mean_pct": _err(sm, rm),
+        "real_p50_ms": rp,
+        "sim_p50_ms": sp,
+        "err_p50_pct": _err(sp, rp),
+        "real_tok_s": rt,
+        "sim_tok_s": st,
+        "err_tok_s_pct": _err(st, rt),
+        "real_copies": real["copies"],
+        "sim_copies": s["copies"],
         "real_copy_ms": real.get("mean_copy_ms"),
         "sim_copy_ms": 1e3 * s["link_busy_frac"] * s["sim_time_s"] / s["copies"] if s["copies"] else None,
-        "real_stall_ms": real.get("stall_ms", real.get("wait_ms")), "real_copy_gap_us": real.get("mean_copy_gap_us"),
+        "real_stall_ms": real.get("stall_ms", real.get("wait_ms")),
+        "real_copy_gap_us": real.get("mean_copy_gap_us"),
         "real_host_busy_ms": real.get("host_busy_ms"),
         "real_decide_ms": (real.get("host_phase_ms") or {}).get("decide"),
         "real_gate_sync_ms": (real.get("host_phase_ms") or {}).get("gate_sync"),
         "sim_stall_ms": s["stall_ms"] / max(1, s["iterations"]),
-        "real_link_busy": real.get("link_busy_frac"), "sim_link_busy": s["link_busy_frac"],
-        "cpu_expert_frac": real_frac, "real_cpu_experts": real.get("cpu_experts", 0), "sim_cpu_experts": sim_cpu,
+        "real_link_busy": real.get("link_busy_frac"),
+        "sim_link_busy": s["link_busy_frac"],
+        "cpu_expert_frac": real_frac,
+        "real_cpu_experts": real.get("cpu_experts", 0),
+        "sim_cpu_experts": sim_cpu,
         "real_cpu_busy_ms": real.get("cpu_busy_ms"),
         "sim_cpu_busy_ms": 1e3 * s.get("cpu_busy_frac", 0.0) * s["sim_time_s"] / n_sim,
-        "real_cpu_wait_ms": real.get("cpu_stall_ms"), "sim_cpu_wait_ms": s.get("cpu_wait_ms", 0.0) / n_sim,
+        "real_cpu_wait_ms": real.get("cpu_stall_ms"),
+        "sim_cpu_wait_ms": s.get("cpu_wait_ms", 0.0) / n_sim,
         "sim_hardware": sim_hardware,
         "decisions_identical": identical,
     }
@@ -320,8 +383,9 @@ def _output(folder: Path, out: str | Path | None) -> tuple[Path, bool]:
 
 def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tuple[list[dict], Path]:
     folder = _measurement_folder(Path(folder), log)
-    manifest = check_manifest(read_inside(folder, "manifest.json", "not a finished validate measurement"),
-                              folder / "manifest.json")
+    manifest = check_manifest(
+        read_inside(folder, "manifest.json", "not a finished validate measurement"), folder / "manifest.json"
+    )
     regular_file(folder, "calibration.yaml", "the microbenchmarks did not finish")
     measured = {n for n in manifest["configs"] if find_file(folder, Path("runs", n, "summary.json")) is not None}
     runs = [folder / "runs" / n for n in manifest["configs"] if n in measured]
@@ -332,8 +396,10 @@ def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tup
     for i, run_dir in enumerate(runs, 1):
         row = compare_run(folder, run_dir, manifest)
         rows.append(row)
-        log(f"[{i}/{len(runs)}] {row['config']}: real {row['real_mean_ms']:,.2f} ms, sim {row['sim_mean_ms']:,.2f} ms "
-            f"({row['err_mean_pct']:+.1f}%), decisions identical: {'yes' if row['decisions_identical'] else 'NO'}")
+        log(
+            f"[{i}/{len(runs)}] {row['config']}: real {row['real_mean_ms']:,.2f} ms, sim {row['sim_mean_ms']:,.2f} ms "
+            f"({row['err_mean_pct']:+.1f}%), decisions identical: {'yes' if row['decisions_identical'] else 'NO'}"
+        )
     if own:
         out_dir = output_folder(folder, "compare")
     else:
@@ -349,11 +415,15 @@ def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tup
         log(f"not measured (skipped): {', '.join(missing)}")
     hybrid = [r for r in rows if (r.get("cpu_expert_frac") or 0) > 0]
     if hybrid:
-        log(f"hybrid configurations (experts on the host CPU): median |error| of mean latency "
-            f"{median_abs(hybrid, 'err_mean_pct'):.1f}% over {len(hybrid)}")
-    log(f"median |error|: mean latency {median_abs(rows, 'err_mean_pct'):.1f}%, p50 "
+        log(
+            f"hybrid configurations (experts on the host CPU): median |error| of mean latency "
+            f"{median_abs(hybrid, 'err_mean_pct'):.1f}% over {len(hybrid)}"
+        )
+    log(
+        f"median |error|: mean latency {median_abs(rows, 'err_mean_pct'):.1f}%, p50 "
         f"{median_abs(rows, 'err_p50_pct'):.1f}%, throughput {median_abs(rows, 'err_tok_s_pct'):.1f}% over "
-        f"{len(rows)} configurations; wrote {out_dir}/compare.{{csv,md,png}}")
+        f"{len(rows)} configurations; wrote {out_dir}/compare.{{csv,md,png}}"
+    )
     return rows, out_dir
 
 
@@ -367,38 +437,58 @@ def _csv(rows: list[dict]) -> bytes:
 
 
 def markdown(rows: list[dict], manifest: dict) -> str:
-    lines = [f"# Simulator against real runs: {label(manifest.get('suite'))} suite", "",
-             f"Measured on {label(manifest.get('device'))} ({label(manifest.get('date'))}). "
-             "The simulator is calibrated "
-             f"from the microbenchmarks only (`calibration.yaml`). Error = (sim - real) / real.", "",
-             "| config | real mean ms | sim mean ms | err mean | real p50 ms | sim p50 ms | err p50 | real tok/s | "
-             "sim tok/s | err tok/s | same decisions |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
+    lines = [
+        f"# Simulator against real runs: {label(manifest.get('suite'))} suite",
+        "",
+        f"Measured on {label(manifest.get('device'))} ({label(manifest.get('date'))}). "
+        "The simulator is calibrated "
+        f"from the microbenchmarks only (`calibration.yaml`). Error = (sim - real) / real.",
+        "",
+        "| config | real mean ms | sim mean ms | err mean | real p50 ms | sim p50 ms | err p50 | real tok/s | "
+        "sim tok/s | err tok/s | same decisions |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |",
+    ]
     for r in rows:
-        lines.append(f"| {r['config']} | {r['real_mean_ms']:,.2f} | {r['sim_mean_ms']:,.2f} "
-                     f"| {r['err_mean_pct']:+,.1f}% "
-                     f"| {r['real_p50_ms']:,.2f} | {r['sim_p50_ms']:,.2f} | {r['err_p50_pct']:+,.1f}% "
-                     f"| {r['real_tok_s']:,.1f} | {r['sim_tok_s']:,.1f} | {r['err_tok_s_pct']:+,.1f}% "
-                     f"| {'yes' if r['decisions_identical'] else 'NO'} |")
-    lines += ["", f"Median absolute error over {len(rows)} configurations: mean latency "
-              f"{median_abs(rows, 'err_mean_pct'):.1f}%, p50 latency {median_abs(rows, 'err_p50_pct'):.1f}%, "
-              f"throughput {median_abs(rows, 'err_tok_s_pct'):.1f}%.", ""]
+        lines.append(
+            f"| {r['config']} | {r['real_mean_ms']:,.2f} | {r['sim_mean_ms']:,.2f} "
+            f"| {r['err_mean_pct']:+,.1f}% "
+            f"| {r['real_p50_ms']:,.2f} | {r['sim_p50_ms']:,.2f} | {r['err_p50_pct']:+,.1f}% "
+            f"| {r['real_tok_s']:,.1f} | {r['sim_tok_s']:,.1f} | {r['err_tok_s_pct']:+,.1f}% "
+            f"| {'yes' if r['decisions_identical'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        f"Median absolute error over {len(rows)} configurations: mean latency "
+        f"{median_abs(rows, 'err_mean_pct'):.1f}%, p50 latency {median_abs(rows, 'err_p50_pct'):.1f}%, "
+        f"throughput {median_abs(rows, 'err_tok_s_pct'):.1f}%.",
+        "",
+    ]
     hybrid = [r for r in rows if (r.get("cpu_expert_frac") or 0) > 0]
     if hybrid:
-        lines += ["## Experts on the host CPU (hybrid configurations)", "",
-                  "Share of the active experts computed on the host CPU; per iteration, the host's busy time on them "
-                  "and the compute stream's idle time waiting for them, real / simulated.", "",
-                  "| config | host expert share | host experts real / sim | host busy ms | device waits ms | "
-                  "real mean ms | sim mean ms | err mean |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "## Experts on the host CPU (hybrid configurations)",
+            "",
+            "Share of the active experts computed on the host CPU; per iteration, the host's busy time on them "
+            "and the compute stream's idle time waiting for them, real / simulated.",
+            "",
+            "| config | host expert share | host experts real / sim | host busy ms | device waits ms | "
+            "real mean ms | sim mean ms | err mean |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for r in hybrid:
-            lines.append(f"| {r['config']} | {100 * r['cpu_expert_frac']:.1f}% | {_count(r['real_cpu_experts'])} / "
-                         f"{_count(r['sim_cpu_experts'])} | {_ms(r.get('real_cpu_busy_ms'))} / "
-                         f"{_ms(r.get('sim_cpu_busy_ms'))} "
-                         f"| {_ms(r.get('real_cpu_wait_ms'))} / {_ms(r.get('sim_cpu_wait_ms'))} | "
-                         f"{r['real_mean_ms']:,.2f} | {r['sim_mean_ms']:,.2f} | {r['err_mean_pct']:+,.1f}% |")
-        lines += ["", f"Median absolute error over {len(hybrid)} hybrid configuration(s): mean latency "
-                  f"{median_abs(hybrid, 'err_mean_pct'):.1f}%.", ""]
+            lines.append(
+                f"| {r['config']} | {100 * r['cpu_expert_frac']:.1f}% | {_count(r['real_cpu_experts'])} / "
+                f"{_count(r['sim_cpu_experts'])} | {_ms(r.get('real_cpu_busy_ms'))} / "
+                f"{_ms(r.get('sim_cpu_busy_ms'))} "
+                f"| {_ms(r.get('real_cpu_wait_ms'))} / {_ms(r.get('sim_cpu_wait_ms'))} | "
+                f"{r['real_mean_ms']:,.2f} | {r['sim_mean_ms']:,.2f} | {r['err_mean_pct']:+,.1f}% |"
+            )
+        lines += [
+            "",
+            f"Median absolute error over {len(hybrid)} hybrid configuration(s): mean latency "
+            f"{median_abs(hybrid, 'err_mean_pct'):.1f}%.",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -427,8 +517,9 @@ def plot(rows: list[dict], manifest: dict, path: Path) -> Path:
     ax.plot(xs, xs, color="0.4", lw=1, label="sim = real")
     ax.scatter(real, sim, zorder=3)
     for r in rows:
-        ax.annotate(r["config"], (r["real_mean_ms"], r["sim_mean_ms"]), fontsize=6, xytext=(3, 3),
-                    textcoords="offset points")
+        ax.annotate(
+            r["config"], (r["real_mean_ms"], r["sim_mean_ms"]), fontsize=6, xytext=(3, 3), textcoords="offset points"
+        )
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("real mean iteration latency (ms)")

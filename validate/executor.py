@@ -82,8 +82,16 @@ ARENA_BUFFERS = 4
 #: and the copied experts (waiting for their copies to land, ``copy_wait``, included; reported apart as well); for
 #: experts on the host CPU: gathering their inputs, the device -> host copy and handing them to the host pool
 #: (``cpu_issue``), and waiting for the pool and issuing the outputs' host -> device copy (``cpu_wait``).
-HOST_PHASES = ("dense_issue", "gate_sync", "decide", "issue_copies_and_hits", "copied_experts", "copy_wait",
-               "cpu_issue", "cpu_wait")
+HOST_PHASES = (
+    "dense_issue",
+    "gate_sync",
+    "decide",
+    "issue_copies_and_hits",
+    "copied_experts",
+    "copy_wait",
+    "cpu_issue",
+    "cpu_wait",
+)
 
 
 def _cpu_tokens(trace: Trace, iteration, layer: int, experts) -> int:
@@ -117,21 +125,21 @@ class ExecResult:
     decisions: list[LayerDecision]
     total_s: float
     copies: int
-    copy_s: float             # device seconds the copies took (events on the copy stream on a GPU)
-    gap_s: float              # device seconds the link idled before copies that were queued when the last landed
+    copy_s: float  # device seconds the copies took (events on the copy stream on a GPU)
+    gap_s: float  # device seconds the link idled before copies that were queued when the last landed
     gaps: int
-    host_wait_s: float        # host seconds the compute thread blocked waiting for copies
+    host_wait_s: float  # host seconds the compute thread blocked waiting for copies
     prefetch_copies: int
     max_buffers_in_use: int
-    host_pool: int            # physical host buffers serving all logical experts
+    host_pool: int  # physical host buffers serving all logical experts
     logical_experts: int
-    device_slots: int         # physical slot buffers on the device
+    device_slots: int  # physical slot buffers on the device
     logical_slots: int
     device: str
     warmup_iterations: int
-    layers: int               # MoE layers run
-    host_busy_s: float        # host seconds the compute thread spent issuing work and deciding (not waiting)
-    host_phases: dict = field(default_factory=dict)   # host seconds per phase (HOST_PHASES), over the run
+    layers: int  # MoE layers run
+    host_busy_s: float  # host seconds the compute thread spent issuing work and deciding (not waiting)
+    host_phases: dict = field(default_factory=dict)  # host seconds per phase (HOST_PHASES), over the run
     notes: list[str] = field(default_factory=list)
     # experts on the host CPU, per iteration: how many, the host pool's busy seconds, the compute thread's wait for
     # it, the compute stream's idle seconds waiting for it (device-timed)
@@ -139,16 +147,25 @@ class ExecResult:
     cpu_busy_s: list[float] = field(default_factory=list)
     cpu_wait_s: list[float] = field(default_factory=list)
     cpu_stall_s: list[float] = field(default_factory=list)
-    active_experts: int = 0   # active experts over the run (every layer of every iteration)
-    host_threads: int = 0     # the host pool's worker threads (0: the pool was not started)
+    active_experts: int = 0  # active experts over the run (every layer of every iteration)
+    host_threads: int = 0  # the host pool's worker threads (0: the pool was not started)
 
 
 class Executor:
     """Runs one config on a backend (``validate.backends``)."""
 
-    def __init__(self, cfg: RunConfig, trace: Trace, backend, host_pool_bytes: int = 2 * GIB,
-                 slot_budget_bytes: int = 4 * GIB, warmup: int = 1, progress=None, host_pool: list | None = None,
-                 host_threads: int | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        trace: Trace,
+        backend,
+        host_pool_bytes: int = 2 * GIB,
+        slot_budget_bytes: int = 4 * GIB,
+        warmup: int = 1,
+        progress=None,
+        host_pool: list | None = None,
+        host_threads: int | None = None,
+    ):
         """``host_pool``: host buffers of one expert each, from an earlier executor of the same model, to reuse
         (pinning gigabytes takes seconds). ``host_threads``: the host pool's workers for experts on the host CPU
         (default ``validate.backends.default_host_threads``)."""
@@ -163,8 +180,9 @@ class Executor:
         self.warmup = warmup
         self.progress = progress
         w = cfg.workload
-        self.iterations, self.info = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens,
-                                                      w.prefill, w.requests)
+        self.iterations, self.info = build_iterations(
+            trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests
+        )
         self.phase_layers = phase_layers(trace)
         self.roles = [x.role for x in trace.meta.model.layers]
 
@@ -187,8 +205,11 @@ class Executor:
                 buf.copy_(seed)
         self.host = self.host[:pool]
         cache = policy.cache
-        self.slot_counts = {layer: cache.hpc_slots + cache.mpc_slots for layer in range(n_layers)
-                            if layer in cache.cached_layers and cache.hpc_slots + cache.mpc_slots > 0}
+        self.slot_counts = {
+            layer: cache.hpc_slots + cache.mpc_slots
+            for layer in range(n_layers)
+            if layer in cache.cached_layers and cache.hpc_slots + cache.mpc_slots > 0
+        }
         self.logical_slots = sum(self.slot_counts.values())
         physical = min(self.logical_slots, max(1, self.slot_budget_bytes // nbytes)) if self.logical_slots else 0
         self.slots = [be.device_buffer(nbytes) for _ in range(physical)]
@@ -271,7 +292,7 @@ class Executor:
         try:
             if self.warmup:
                 self._warm_shapes()
-            warm = self.iterations[:self.warmup]
+            warm = self.iterations[: self.warmup]
             if warm:  # cuBLAS/allocator start-up and first-touch page faults, on these throwaway decision objects
                 self._run(warm, policy, predictor, record=False)
                 policy, predictor = build_decisions(self.cfg, self.trace, self.iterations)
@@ -296,7 +317,7 @@ class Executor:
         promote_d2d = not policy.promotion_is_free
         marks, rows, stalls, host_busy = [], [], [], []
         host = self.host_experts
-        cpu_rows, active_total = [], 0   # per iteration: (cpu experts, busy s, wait s, [(idle from, resumed)])
+        cpu_rows, active_total = [], 0  # per iteration: (cpu experts, busy s, wait s, [(idle from, resumed)])
         phases = dict.fromkeys(HOST_PHASES, 0.0)
         clock = time.perf_counter
         x_all = self.x
@@ -342,8 +363,10 @@ class Executor:
                         host_job = None
                         if cpu:
                             if host is None:
-                                raise RuntimeError(f"iteration {it.index}, layer {layer}: experts {cpu} on the host "
-                                                   "CPU, but the decisions replayed beforehand put none there")
+                                raise RuntimeError(
+                                    f"iteration {it.index}, layer {layer}: experts {cpu} on the host "
+                                    "CPU, but the decisions replayed beforehand put none there"
+                                )
                             tc = clock()
                             n_cpu += len(cpu)
                             for e in cpu:  # prefetched, yet computed on the host: the copy goes unused
@@ -356,10 +379,11 @@ class Executor:
                             work, at = [], 0
                             for e in cpu:
                                 c = counts[e]
-                                work.append((self._host_source(layer, e), self.act_in[:c], self.act_out[at:at + c]))
+                                work.append((self._host_source(layer, e), self.act_in[:c], self.act_out[at : at + c]))
                                 at += c
-                            host_job = host.run(work, None if ready is None else
-                                                (lambda marker=ready: be.wait_host(marker)))
+                            host_job = host.run(
+                                work, None if ready is None else (lambda marker=ready: be.wait_host(marker))
+                            )
                             phases["cpu_issue"] += clock() - tc
                         nxt = step.next_layer
                         for e in step.prefetch:
@@ -371,7 +395,7 @@ class Executor:
                                 a = self.arena_next = (self.arena_next + 1) % ARENA_BUFFERS
                                 be.device_copy(self.arena[a], self.slots[self._slot(layer, e)])
                                 weights = self.arena_views[a]
-                            expert_forward(torch, dequant(weights), x[:counts[e]], gated)
+                            expert_forward(torch, dequant(weights), x[: counts[e]], gated)
                         promote = step.plan.promote
                         t4 = clock()
                         phases["issue_copies_and_hits"] += t4 - t3
@@ -384,7 +408,7 @@ class Executor:
                             e = job.expert
                             be.wait_landed(job.landed)
                             stalled.append((idle_from, be.mark()))
-                            expert_forward(torch, dequant(self.work_views[job.buffer]), x[:counts[e]], gated)
+                            expert_forward(torch, dequant(self.work_views[job.buffer]), x[: counts[e]], gated)
                             if e in promote and promote_d2d:
                                 be.device_copy(self.slots[self._slot(layer, e)], self.work[job.buffer])
                             copier.release(job, be.compute_done())
@@ -399,7 +423,7 @@ class Executor:
                             be.from_host(self.act_dev_out[:total], self.act_out[:total])
                             cpu_busy += host_job.busy_s
                             phases["cpu_wait"] += clock() - t5
-                    self.lm_head(x if it.kind == "decode" else x[:it.requests])
+                    self.lm_head(x if it.kind == "decode" else x[: it.requests])
                     marks.append(be.mark())
                     stalls.append(stalled)
                     host_busy.append(time.perf_counter() - h0 - wait - cpu_wait)
@@ -420,26 +444,49 @@ class Executor:
             host_wait += wait
             # the host experts as the simulator records them: how many, the host's busy time, and the compute
             # stream's wait for them (timed on the device)
-            records.append(iteration_record(it, n_tok, times[i], times[i + 1], stall, counts,
-                                            cpu_rows[i][0], cpu_rows[i][1], cpu_stall_s[i]))
+            records.append(
+                iteration_record(
+                    it, n_tok, times[i], times[i + 1], stall, counts, cpu_rows[i][0], cpu_rows[i][1], cpu_stall_s[i]
+                )
+            )
         notes = []
         if self.store.quantized:
             notes.append(f"{self.store.describe()}, de-quantized on the device before computing")
         if len(self.host) < self.logical_experts:
-            notes.append(f"{len(self.host)} physical host buffers served {self.logical_experts} logical experts "
-                         f"(a copy's time depends on its bytes, not its contents)")
+            notes.append(
+                f"{len(self.host)} physical host buffers served {self.logical_experts} logical experts "
+                f"(a copy's time depends on its bytes, not its contents)"
+            )
         if self.physical_slots < self.logical_slots:
-            notes.append(f"{self.physical_slots} physical device slots served {self.logical_slots} logical cache "
-                         f"slots")
+            notes.append(f"{self.physical_slots} physical device slots served {self.logical_slots} logical cache slots")
         if host is not None:
-            notes.append(f"experts on the host CPU: {host.threads} worker thread(s), {len(host.blocks)} block(s) per "
-                         f"expert, torch intra-op threads {torch.get_num_threads()}")
-        return ExecResult(records, protocol.decisions or [], times[-1], copier.copies, *copier.timings(), host_wait,
-                          copier.prefetch_copies, copier.max_in_use, len(self.host), self.logical_experts,
-                          self.physical_slots, self.logical_slots, be.name, self.warmup, trace.num_layers,
-                          sum(host_busy), phases, notes,
-                          cpu_experts=[r[0] for r in cpu_rows], cpu_busy_s=[r[1] for r in cpu_rows],
-                          cpu_wait_s=[r[2] for r in cpu_rows],
-                          cpu_stall_s=cpu_stall_s,
-                          active_experts=active_total, host_threads=host.threads if host is not None else 0)
-
+            notes.append(
+                f"experts on the host CPU: {host.threads} worker thread(s), {len(host.blocks)} block(s) per "
+                f"expert, torch intra-op threads {torch.get_num_threads()}"
+            )
+        return ExecResult(
+            records,
+            protocol.decisions or [],
+            times[-1],
+            copier.copies,
+            *copier.timings(),
+            host_wait,
+            copier.prefetch_copies,
+            copier.max_in_use,
+            len(self.host),
+            self.logical_experts,
+            self.physical_slots,
+            self.logical_slots,
+            be.name,
+            self.warmup,
+            trace.num_layers,
+            sum(host_busy),
+            phases,
+            notes,
+            cpu_experts=[r[0] for r in cpu_rows],
+            cpu_busy_s=[r[1] for r in cpu_rows],
+            cpu_wait_s=[r[2] for r in cpu_rows],
+            cpu_stall_s=cpu_stall_s,
+            active_experts=active_total,
+            host_threads=host.threads if host is not None else 0,
+        )

@@ -52,8 +52,10 @@ def expert_format(model: ModelSpec) -> str | None:
     for name, (lo, hi) in QUANT_RANGES.items():
         if lo <= bits <= hi:
             return name
-    raise ValueError(f"the validator runs experts in packed int4 (4 to 4.5 bits per weight, scales included), int8 "
-                     f"(8 to 8.5) or unquantized ({8 * model.dtype_bytes} bits), not {bits:g} bits ({model.name})")
+    raise ValueError(
+        f"the validator runs experts in packed int4 (4 to 4.5 bits per weight, scales included), int8 "
+        f"(8 to 8.5) or unquantized ({8 * model.dtype_bytes} bits), not {bits:g} bits ({model.name})"
+    )
 
 
 def check_runnable(model: ModelSpec, where: str) -> None:
@@ -82,7 +84,7 @@ def expert_views(flat, model: ModelSpec, dtype):
     typed = flat.view(dtype)
     out, at = [], 0
     for r, c in expert_shapes(model):
-        out.append(typed[at:at + r * c].view(r, c))
+        out.append(typed[at : at + r * c].view(r, c))
         at += r * c
     return out
 
@@ -194,8 +196,9 @@ class QuantLayout:
             at += n * SCALE_BYTES
         self.s_bytes = at - s_at
         if self.q_bytes > self.nbytes:
-            raise ValueError(f"{model.name}: {self.format} weights ({self.q_bytes} bytes) exceed expert_bytes "
-                             f"({self.nbytes})")
+            raise ValueError(
+                f"{model.name}: {self.format} weights ({self.q_bytes} bytes) exceed expert_bytes ({self.nbytes})"
+            )
         self.scales_inline = at <= self.nbytes
         if not self.scales_inline:  # resident: offsets within the resident scale buffer
             self.s_parts = [(o - s_at, shape, n) for o, shape, n in self.s_parts]
@@ -210,8 +213,10 @@ class QuantLayout:
     def describe(self) -> str:
         where = "in the copied buffer" if self.scales_inline else "resident on the device"
         grp = f", group {self.group}" if self.group else ", per output channel"
-        return (f"{self.format} experts ({self.bits_per_weight:.3f} bits per weight{grp}; fp16 scales {where}) in "
-                f"{self.nbytes} bytes each")
+        return (
+            f"{self.format} experts ({self.bits_per_weight:.3f} bits per weight{grp}; fp16 scales {where}) in "
+            f"{self.nbytes} bytes each"
+        )
 
     def views(self, torch, flat) -> QuantExpert:
         """The parts of the quantized expert held in ``flat`` (uint8, ``nbytes``)."""
@@ -222,10 +227,10 @@ class QuantLayout:
         src = flat if self.scales_inline else self.resident[flat.device.type]
         parts = []
         for (qo, qs), (so, ss, n) in zip(self.q_parts, self.s_parts):
-            q = flat[qo:qo + qs[0] * qs[1]].view(*qs)
+            q = flat[qo : qo + qs[0] * qs[1]].view(*qs)
             if self.format == "int8":
                 q = q.view(torch.int8)
-            s = src[so:so + n * SCALE_BYTES].view(torch.float16).view(*ss)
+            s = src[so : so + n * SCALE_BYTES].view(torch.float16).view(*ss)
             parts.append((q, s))
         return QuantExpert(self, parts)
 
@@ -234,26 +239,27 @@ class QuantLayout:
         kind = torch.device(device).type
         if not self.scales_inline and kind not in self.resident:
             other = next(iter(self.resident.values()), None)
-            self.resident[kind] = (torch.zeros(self.s_bytes, dtype=torch.uint8, device=device) if other is None
-                                   else other.to(device))
+            self.resident[kind] = (
+                torch.zeros(self.s_bytes, dtype=torch.uint8, device=device) if other is None else other.to(device)
+            )
 
     def quantize_into(self, torch, flat, weights) -> None:
         """Quantize dense matrices ``weights`` ([in, out] each, any float dtype) into ``flat`` (and the resident
         scales); the padding is zeroed."""
         self.allocate_resident(torch, flat.device)
-        flat[self.q_bytes:].zero_()
+        flat[self.q_bytes :].zero_()
         qe = self.views(torch, flat)
         for (q, s), w in zip(qe.parts, weights):
             w = w.float()
             if self.format == "int8":
-                scale = (w.abs().amax(0) / 127).clamp_min(2.0 ** -24).half()  # fp16's smallest: never 0
+                scale = (w.abs().amax(0) / 127).clamp_min(2.0**-24).half()  # fp16's smallest: never 0
                 s.copy_(scale)
                 q.copy_(torch.round(w / scale.float()).clamp(-127, 127).to(torch.int8))
             else:
                 r, c = w.shape
                 g = self.group
                 grouped = w.view(r // g, g, c)
-                scale = (grouped.abs().amax(1) / 7).clamp_min(2.0 ** -24).half()  # fp16's smallest: never 0
+                scale = (grouped.abs().amax(1) / 7).clamp_min(2.0**-24).half()  # fp16's smallest: never 0
                 s.copy_(scale)
                 n = (torch.round(grouped / scale.float().unsqueeze(1)).clamp(-8, 7) + INT4_ZERO).to(torch.uint8)
                 n = n.view(r, c)
@@ -291,7 +297,7 @@ class QuantExpert:
                 if fmt == "int8":
                     qq, ss = q[a:b], s
                 else:
-                    qq, ss = q[a // 2:b // 2], s[a // g:b // g]
+                    qq, ss = q[a // 2 : b // 2], s[a // g : b // g]
                 w = torch.empty(b - a, q.shape[1], dtype=dtype)
             out.append(_dequant_part(torch, fmt, g, qq, ss, w))
         return out
@@ -322,8 +328,11 @@ class ExpertStore:
 
     def handle(self, flat):
         """What :meth:`weights` takes for the expert in ``flat``: its matrices, or its :class:`QuantExpert`."""
-        return self.layout.views(self.torch, flat) if self.layout is not None else expert_views(flat, self.model,
-                                                                                               self.dtype)
+        return (
+            self.layout.views(self.torch, flat)
+            if self.layout is not None
+            else expert_views(flat, self.model, self.dtype)
+        )
 
     def weights(self, handle) -> list:
         """The expert's matrices, ready for :func:`expert_forward` (a quantized one de-quantized first)."""
@@ -363,8 +372,10 @@ class DenseLayer:
 
         self.attn = [(rnd(d, h * hd), rnd(d, 2 * kv * hd), rnd(h * hd, d)) for _ in range(self.n_attn)]
         self.kv = [(rnd(kv, self.max_context, hd), rnd(kv, self.max_context, hd)) for _ in range(self.n_attn)]
-        self.ffn = [[rnd(r, c) for r, c in expert_shapes(model, model.dense_d_ff, model.dense_ffn_matrices)]
-                    for _ in range(self.n_ffn)]
+        self.ffn = [
+            [rnd(r, c) for r, c in expert_shapes(model, model.dense_d_ff, model.dense_ffn_matrices)]
+            for _ in range(self.n_ffn)
+        ]
         self.gate = rnd(d, model.num_experts)
 
     def __call__(self, x, context: int):
@@ -375,14 +386,14 @@ class DenseLayer:
         c = min(max(1, int(context)), self.max_context)
         y = x
         for (wq, wkv, wo), (k_cache, v_cache) in zip(self.attn, self.kv):
-            q = (y @ wq).view(t, h, hd).transpose(0, 1)                      # [h, t, hd]
+            q = (y @ wq).view(t, h, hd).transpose(0, 1)  # [h, t, hd]
             new = (y @ wkv).view(t, 2, kv, hd)
-            k_cache[:, c - 1] = new[0, 0]                                     # the cache grows by a token
+            k_cache[:, c - 1] = new[0, 0]  # the cache grows by a token
             v_cache[:, c - 1] = new[0, 1]
             k, v = k_cache[:, :c], v_cache[:, :c]
             if h != kv:
                 k, v = k.repeat_interleave(h // kv, dim=0), v.repeat_interleave(h // kv, dim=0)
-            att = torch.softmax(q @ k.transpose(1, 2) / hd ** 0.5, dim=-1) @ v  # [h, t, hd]
+            att = torch.softmax(q @ k.transpose(1, 2) / hd**0.5, dim=-1) @ v  # [h, t, hd]
             y = att.transpose(0, 1).reshape(t, h * hd) @ wo
         for weights in self.ffn:
             y = expert_forward(torch, weights, y, m.dense_ffn_matrices == 3)

@@ -82,13 +82,17 @@ def real_summary(name: str, res, workload_info, description: str) -> dict:
         "host_wait_ms": 1e3 * res.host_wait_s / len(res.iterations) if res.iterations else None,
         "host_busy_ms": 1e3 * res.host_busy_s / len(res.iterations) if res.iterations else None,
         "host_phase_ms": {k: 1e3 * v / len(res.iterations) for k, v in res.host_phases.items()}
-        if res.iterations else None,
+        if res.iterations
+        else None,
         "total_s": res.total_s,
         "iterations": len(res.iterations),
         "decode_tokens": workload_info.decode_tokens,
         "warmup_iterations": res.warmup_iterations,
-        "hits": {"hpc": sum(r.hits_hpc for r in res.iterations), "mpc": sum(r.hits_mpc for r in res.iterations),
-                 "lpc": sum(r.hits_lpc for r in res.iterations)},
+        "hits": {
+            "hpc": sum(r.hits_hpc for r in res.iterations),
+            "mpc": sum(r.hits_mpc for r in res.iterations),
+            "lpc": sum(r.hits_lpc for r in res.iterations),
+        },
         "misses": sum(r.misses for r in res.iterations),
         "copies": res.copies,
         "mean_copy_ms": 1e3 * res.copy_s / res.copies if res.copies else None,
@@ -125,25 +129,48 @@ def aggregate(run_dir: Path) -> dict:
     total = sum(s["total_s"] for s in summaries)
     tokens = sum(s["decode_tokens"] for s in summaries)
     first.update(
-        rounds=len(summaries), iteration_ms=stats_ms([x / 1e3 for x in lat]), total_s=total,
+        rounds=len(summaries),
+        iteration_ms=stats_ms([x / 1e3 for x in lat]),
+        total_s=total,
         throughput_tok_s=tokens / total if total > 0 else None,
         round_mean_ms=[s["iteration_ms"]["mean"] for s in summaries],
-        mean_copy_ms=_mean_of(summaries, "mean_copy_ms"), stall_ms=_mean_of(summaries, "stall_ms"),
-        host_wait_ms=_mean_of(summaries, "host_wait_ms"), host_busy_ms=_mean_of(summaries, "host_busy_ms"),
-        host_phase_ms={k: _mean_of([s.get("host_phase_ms") or {} for s in summaries], k)
-                       for k in (first.get("host_phase_ms") or {})},
+        mean_copy_ms=_mean_of(summaries, "mean_copy_ms"),
+        stall_ms=_mean_of(summaries, "stall_ms"),
+        host_wait_ms=_mean_of(summaries, "host_wait_ms"),
+        host_busy_ms=_mean_of(summaries, "host_busy_ms"),
+        host_phase_ms={
+            k: _mean_of([s.get("host_phase_ms") or {} for s in summaries], k)
+            for k in (first.get("host_phase_ms") or {})
+        },
         mean_copy_gap_us=_mean_of(summaries, "mean_copy_gap_us"),
-        cpu_busy_ms=_mean_of(summaries, "cpu_busy_ms"), cpu_wait_ms=_mean_of(summaries, "cpu_wait_ms"),
+        cpu_busy_ms=_mean_of(summaries, "cpu_busy_ms"),
+        cpu_wait_ms=_mean_of(summaries, "cpu_wait_ms"),
         cpu_stall_ms=_mean_of(summaries, "cpu_stall_ms"),
         link_busy_frac=_mean_of(summaries, "link_busy_frac"),
-        decisions_same_every_round=len({s["decisions_sha256"] for s in summaries}) == 1)
+        decisions_same_every_round=len({s["decisions_sha256"] for s in summaries}) == 1,
+    )
     first.pop("decode_latencies_ms")
     return first
 
 
-GPU_QUERY = ("name", "driver_version", "pstate", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
-             "power.draw", "power.limit", "temperature.gpu", "pcie.link.gen.current", "pcie.link.gen.max",
-             "pcie.link.width.current", "pcie.link.width.max", "memory.used", "memory.total")
+GPU_QUERY = (
+    "name",
+    "driver_version",
+    "pstate",
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "clocks.max.mem",
+    "power.draw",
+    "power.limit",
+    "temperature.gpu",
+    "pcie.link.gen.current",
+    "pcie.link.gen.max",
+    "pcie.link.width.current",
+    "pcie.link.width.max",
+    "memory.used",
+    "memory.total",
+)
 
 
 def machine_state(backend) -> dict:
@@ -151,16 +178,24 @@ def machine_state(backend) -> dict:
     temperature and PCIe link (``nvidia-smi``; clocks in MHz, power in W, memory in MiB)."""
     torch = backend.torch
     mem = _meminfo()
-    state = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
-             "torch": torch.__version__, "cpus": os.cpu_count(),
-             "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-             "mem_total_gib": round(mem.get("MemTotal", 0) / GIB, 2), "mem_available_gib":
-             round(mem.get("MemAvailable", 0) / GIB, 2)}
+    state = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "mem_total_gib": round(mem.get("MemTotal", 0) / GIB, 2),
+        "mem_available_gib": round(mem.get("MemAvailable", 0) / GIB, 2),
+    }
     if backend.name == "cuda":
         state["cuda"] = torch.version.cuda
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(GPU_QUERY), "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=20)
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=" + ",".join(GPU_QUERY), "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
             values = [v.strip() for v in out.stdout.splitlines()[0].split(",")] if out.returncode == 0 else []
             state["gpu"] = dict(zip(GPU_QUERY, values)) if values else {"error": out.stderr.strip()[:200]}
         except (OSError, subprocess.SubprocessError, IndexError) as exc:
@@ -188,8 +223,9 @@ def pinned_bytes(nbytes: int) -> int:
     return 1 << max(0, int(nbytes) - 1).bit_length()
 
 
-def host_pool_size(requested_gb: float | None, default_gb: float, expert_bytes: int, pinned: bool,
-                   mem: dict | None = None, log=print) -> int:
+def host_pool_size(
+    requested_gb: float | None, default_gb: float, expert_bytes: int, pinned: bool, mem: dict | None = None, log=print
+) -> int:
     """Bytes of host memory for the expert pool. An explicit ``--host-pool-gb`` that would pin more than the host
     can spare (three quarters of its memory, and 8 GiB less than is available now, buffers counted at what the
     allocator rounds them up to) is an error; the default is cut down to fit."""
@@ -206,10 +242,13 @@ def host_pool_size(requested_gb: float | None, default_gb: float, expert_bytes: 
         return want
     fits = int(max(0, cap) // each)
     if requested_gb is not None or fits < 2:
-        raise ConfigError("--host-pool-gb", f"{requested_gb if requested_gb is not None else default_gb:g} GiB "
-                          f"would hold {held / GIB:.1f} GiB of host memory ({max(2, want // expert_bytes)} experts of "
-                          f"{expert_bytes / 2**20:.1f} MiB, {each / 2**20:.0f} MiB each as allocated); this machine "
-                          f"can spare {max(0.0, cap) / GIB:.1f} GiB")
+        raise ConfigError(
+            "--host-pool-gb",
+            f"{requested_gb if requested_gb is not None else default_gb:g} GiB "
+            f"would hold {held / GIB:.1f} GiB of host memory ({max(2, want // expert_bytes)} experts of "
+            f"{expert_bytes / 2**20:.1f} MiB, {each / 2**20:.0f} MiB each as allocated); this machine "
+            f"can spare {max(0.0, cap) / GIB:.1f} GiB",
+        )
     log(f"host pool: {want / GIB:g} GiB does not fit this machine; using {fits} experts ({fits * each / GIB:.1f} GiB)")
     return fits * expert_bytes
 
@@ -251,9 +290,21 @@ def recorded_profiles(raws) -> dict[str, str]:
     return out
 
 
-def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: list[str] | None = None,
-            repeat: int = 5, threads: int = 1, resume: bool = False, host_pool_gb: float | None = None,
-            rounds: int = 1, calibrate_between: bool = False, host_threads: int | None = None, log=print) -> Path:
+def measure(
+    kind: str,
+    out: str | Path,
+    device: str,
+    quick: bool = False,
+    only: list[str] | None = None,
+    repeat: int = 5,
+    threads: int = 1,
+    resume: bool = False,
+    host_pool_gb: float | None = None,
+    rounds: int = 1,
+    calibrate_between: bool = False,
+    host_threads: int | None = None,
+    log=print,
+) -> Path:
     """Calibrate, then run every configuration of suite ``kind`` on ``device``; returns the folder.
     ``host_threads``: the host pool's workers for experts on the host CPU, in the runs and the ``cpu_expert``
     microbenchmark alike (default ``validate.backends.default_host_threads``)."""
@@ -270,11 +321,13 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
     for name, d in skipped:
         log(f"skipped {name}: policy {d['policy']['name']!r} is not registered in this version")
     if not configs:
-        raise ConfigError("--configs", "no configuration left to measure: their policies are not registered in this "
-                                       "version")
+        raise ConfigError(
+            "--configs", "no configuration left to measure: their policies are not registered in this version"
+        )
     out = check_output_folder(out, "measurement folder (--out)")
-    cfgs = [(name, d, config_from_dict(d, f"{kind}:{name}", POLICIES.names(), PREDICTORS.names()))
-            for name, d in configs]
+    cfgs = [
+        (name, d, config_from_dict(d, f"{kind}:{name}", POLICIES.names(), PREDICTORS.names())) for name, d in configs
+    ]
     try:
         backend = make_backend(device, threads)
     except ValueError as exc:
@@ -282,8 +335,9 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
     host_threads = int(host_threads) if host_threads else default_host_threads(backend)
     model = cfgs[0][2].model
     check_runnable(model, "model")
-    pool = host_pool_size(host_pool_gb, 8 if backend.name != "cpu" else 2, model.expert_bytes,
-                          pinned=backend.name != "cpu", log=log)
+    pool = host_pool_size(
+        host_pool_gb, 8 if backend.name != "cpu" else 2, model.expert_bytes, pinned=backend.name != "cpu", log=log
+    )
     out.mkdir(parents=True, exist_ok=True)
     traces = {}
     for _, _, cfg in cfgs:
@@ -303,30 +357,48 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
         if not light:
             log(f"calibration ({when}): microbenchmarks of {model.name} on {backend.describe()} ...")
         t0 = time.perf_counter()
-        cal = calibrate(model, "h200", backend=backend, quick=quick, repeat=repeat, batch_sizes=batch_sizes,
-                        max_context=max_ctx, light=light, host_threads=host_threads)
+        cal = calibrate(
+            model,
+            "h200",
+            backend=backend,
+            quick=quick,
+            repeat=repeat,
+            batch_sizes=batch_sizes,
+            max_context=max_ctx,
+            light=light,
+            host_threads=host_threads,
+        )
         if not light:
             cal["decide_us"] = measure_decisions([c for _, _, c in cfgs], traces)
         passes.append(cal)
         atomic_write_bytes(passes_path, _json(passes))
         write_calibration(cal_path, combine(passes))
-        log(f"calibration ({when}): {'light ' if light else ''}pass {len(passes)} done in "
-            f"{time.perf_counter() - t0:.1f} s")
+        log(
+            f"calibration ({when}): {'light ' if light else ''}pass {len(passes)} done in "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
 
     manifest = {
-        "suite": kind, "quick": quick, "device": backend.describe(), "device_kind": backend.name,
+        "suite": kind,
+        "quick": quick,
+        "device": backend.describe(),
+        "device_kind": backend.name,
         "threads": threads if backend.name == "cpu" else None,
         "host_threads": host_threads,
         "skipped": [name for name, _ in skipped],
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
-        "python": platform.python_version(), "torch": backend.torch.__version__,
-        "command": " ".join(["python -m validate"] + sys.argv[1:]) if sys.argv and sys.argv[0].endswith(
-            ("__main__.py", "validate")) else None,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": backend.torch.__version__,
+        "command": " ".join(["python -m validate"] + sys.argv[1:])
+        if sys.argv and sys.argv[0].endswith(("__main__.py", "validate"))
+        else None,
         "configs": [name for name, _, _ in cfgs],
         "rounds": rounds,
         "calibrate_between": calibrate_between,
-        "traces": {p: file_sha256(cfg.workload.trace) for p, cfg in
-                   {str(c.workload.trace): c for _, _, c in cfgs}.items()},
+        "traces": {
+            p: file_sha256(cfg.workload.trace) for p, cfg in {str(c.workload.trace): c for _, _, c in cfgs}.items()
+        },
         "profiles": recorded_profiles(raw for _, raw, _ in cfgs),
         "machine_before": machine_state(backend),
     }
@@ -358,10 +430,18 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
             hw_path = run_dir / "hardware.yaml"
             if not hw_path.exists():
                 write_calibration(hw_path, combine(passes))
-            cfg = config_from_dict({**raw, "hardware": str(hw_path)}, f"{kind}:{name}", POLICIES.names(),
-                                   PREDICTORS.names())
-            ex = Executor(cfg, traces[str(cfg.workload.trace)], backend, host_pool_bytes=pool,
-                          slot_budget_bytes=slot_budget, host_pool=host_pool, host_threads=host_threads)
+            cfg = config_from_dict(
+                {**raw, "hardware": str(hw_path)}, f"{kind}:{name}", POLICIES.names(), PREDICTORS.names()
+            )
+            ex = Executor(
+                cfg,
+                traces[str(cfg.workload.trace)],
+                backend,
+                host_pool_bytes=pool,
+                slot_budget_bytes=slot_budget,
+                host_pool=host_pool,
+                host_threads=host_threads,
+            )
             res = ex.run()
             host_pool = ex.host
             summary = real_summary(name, res, ex.info, backend.describe())
@@ -372,11 +452,17 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
                 atomic_write_bytes(run_dir / "decisions.json", _json([asdict(d) for d in res.decisions]))
             atomic_write_bytes(run_dir / "summary.json", _json(aggregate(run_dir)))
             it = summary["iteration_ms"]
-            on_host = (f", {summary['cpu_experts']} experts on the host CPU ({summary['cpu_busy_ms']:.2f} ms busy per "
-                       f"iteration)" if summary["cpu_experts"] else "")
-            log(f"{where}: {summary['iterations']} iterations, mean {it['mean']:.2f} ms, p50 {it['p50']:.2f} ms, "
+            on_host = (
+                f", {summary['cpu_experts']} experts on the host CPU ({summary['cpu_busy_ms']:.2f} ms busy per "
+                f"iteration)"
+                if summary["cpu_experts"]
+                else ""
+            )
+            log(
+                f"{where}: {summary['iterations']} iterations, mean {it['mean']:.2f} ms, p50 {it['p50']:.2f} ms, "
                 f"{summary['throughput_tok_s']:.1f} tok/s, {res.copies} copies{on_host} "
-                f"({time.perf_counter() - t0:.1f} s)")
+                f"({time.perf_counter() - t0:.1f} s)"
+            )
             del ex, res
             if calibrate_between:
                 calibration_pass(f"after {name}", light=True)
@@ -384,6 +470,8 @@ def measure(kind: str, out: str | Path, device: str, quick: bool = False, only: 
         calibration_pass("after the last round")
     manifest["machine_after"] = machine_state(backend)
     atomic_write_bytes(out / "manifest.json", _json(manifest))
-    log(f"measured {len(cfgs)} configuration(s) into {out} in {time.perf_counter() - started:.1f} s; "
-        f"next: python -m validate compare {out}")
+    log(
+        f"measured {len(cfgs)} configuration(s) into {out} in {time.perf_counter() - started:.1f} s; "
+        f"next: python -m validate compare {out}"
+    )
     return out

@@ -119,6 +119,7 @@ def _cycle(items):
     def nxt():
         state["i"] = (state["i"] + 1) % len(items)
         return items[state["i"]]
+
     return nxt
 
 
@@ -186,6 +187,7 @@ def _executor_work(backend, views: list, x, gated: bool):
         backend.mark()
         expert_forward(torch, views[job.buffer], x, gated)
         return backend.compute_done()
+
     return work
 
 
@@ -195,8 +197,9 @@ def _expert_buffers(backend, model: ModelSpec, n: int, dtype) -> tuple[list, lis
     their own for quantized ones (the FFN the ``expert`` table times; their de-quantization is timed apart,
     ``dequant_<format>``)."""
     bufs = [backend.device_buffer(model.expert_bytes) for _ in range(n)]
-    dense = bufs if expert_format(model) is None else [backend.device_buffer(dense_expert_bytes(model))
-                                                       for _ in range(n)]
+    dense = (
+        bufs if expert_format(model) is None else [backend.device_buffer(dense_expert_bytes(model)) for _ in range(n)]
+    )
     if dense is not bufs:
         for b in bufs:
             b.fill_(1)
@@ -328,8 +331,10 @@ def measure_dense_issue(backend, model: ModelSpec, srcs: list, dsts: list, sampl
         finally:
             copier.close()
     beside /= samples
-    print(f"  dense work issued by the host: {alone * 1e3:,.2f} ms alone, {beside * 1e3:,.2f} ms while copies "
-          "land", flush=True)
+    print(
+        f"  dense work issued by the host: {alone * 1e3:,.2f} ms alone, {beside * 1e3:,.2f} ms while copies land",
+        flush=True,
+    )
     return alone * 1e6, beside * 1e6
 
 
@@ -400,8 +405,9 @@ def dequant_models(model: ModelSpec, quick: bool = False) -> dict[str, list[Mode
     for fmt in QUANT_RANGES:
         bits = model.expert_bits if own == fmt else DEQUANT_BITS[fmt]
         step = 64 if model.d_ff % 64 == 0 else 2
-        widths = sorted({max(step, round(model.d_ff * f / step) * step)
-                         for f in ((0.5, 1, 2) if quick else (0.25, 0.5, 1, 2))})
+        widths = sorted(
+            {max(step, round(model.d_ff * f / step) * step) for f in ((0.5, 1, 2) if quick else (0.25, 0.5, 1, 2))}
+        )
         out[fmt] = [dataclasses.replace(model, d_ff=w, expert_bits=bits) for w in widths]
     return out
 
@@ -436,8 +442,9 @@ def cpu_expert_tokens(tokens: list[int]) -> list[int]:
     return sorted({t for t in (1, 4, 16) if t < top} | {top})
 
 
-def measure_cpu_expert(backend, model: ModelSpec, tokens: list[int], threads: int, repeat: int = 3,
-                       budget_s: float = 2.0) -> list:
+def measure_cpu_expert(
+    backend, model: ModelSpec, tokens: list[int], threads: int, repeat: int = 3, budget_s: float = 2.0
+) -> list:
     """(tokens, seconds) of one expert FFN on the host CPU by the executor's host pool, its weights rotating over
     host buffers (pinned on a GPU, as the executor's host pool), its input and output on the host: the mean of up
     to ``repeat`` timed runs after a warm-up, fewer where a point has used its share of ``budget_s``."""
@@ -492,14 +499,17 @@ def measure_activation_latency(backend, model: ModelSpec, samples: int = 20) -> 
     return max(0.0, statistics.fmean(backend.elapsed(x, y) for x, y in spans)) * 1e6
 
 
-def measure_dense(backend, timer: Timer, model: ModelSpec, tokens: list[int], contexts: list[int],
-                  role: str = "decoder") -> list:
+def measure_dense(
+    backend, timer: Timer, model: ModelSpec, tokens: list[int], contexts: list[int], role: str = "decoder"
+) -> list:
     """(tokens, context, seconds) of the dense work of one MoE layer, rotating over the role's MoE layers."""
     torch = backend.torch
     dtype = torch_dtype(torch, model)
     role = role if model.moe_layers_of(role) else ("encoder" if role == "decoder" else "decoder")
-    layers = [DenseLayer(torch, model, role, backend.device, max(contexts))
-              for _ in range(max(1, min(model.moe_layers_of(role), 8)))]
+    layers = [
+        DenseLayer(torch, model, role, backend.device, max(contexts))
+        for _ in range(max(1, min(model.moe_layers_of(role), 8)))
+    ]
     layer = _cycle(layers)
     out = []
     with torch.inference_mode():
@@ -557,8 +567,7 @@ class Background:
             raise RuntimeError(f"the background load failed: {self.error!r}") from self.error
 
 
-def measure_interference(backend, timer: Timer, model: ModelSpec, batch: int, context: int,
-                         blocks: int = 5) -> dict:
+def measure_interference(backend, timer: Timer, model: ModelSpec, batch: int, context: int, blocks: int = 5) -> dict:
     """How much copies and compute slow each other down (loaded over alone, at least 1 each, the median over
     ``blocks`` blocks of alone-then-loaded timings, so that a drifting machine cancels out):
 
@@ -622,15 +631,17 @@ def measure_interference(backend, timer: Timer, model: ModelSpec, batch: int, co
     return {key: max(1.0, round(statistics.median(v), 3)) for key, v in ratios.items()}
 
 
-def grids(model: ModelSpec, quick: bool, batch_sizes: list[int] | None = None,
-          max_context: int | None = None) -> dict:
+def grids(model: ModelSpec, quick: bool, batch_sizes: list[int] | None = None, max_context: int | None = None) -> dict:
     """The points measured: copy sizes around one expert; expert tokens at every power of two up to the largest
     batch (and the batch itself); dense and LM-head tokens at 1 and at each batch size of the workload (the curves
     are not linear between small sizes, so the workload's own sizes are measured, not interpolated); contexts
     covering the workload."""
     eb = model.expert_bytes
-    sizes = sorted({max(1, eb // 64), max(1, eb // 8), eb, 2 * eb} if quick else
-                   {max(1, eb // 256), max(1, eb // 64), max(1, eb // 16), max(1, eb // 4), eb, 2 * eb})
+    sizes = sorted(
+        {max(1, eb // 64), max(1, eb // 8), eb, 2 * eb}
+        if quick
+        else {max(1, eb // 256), max(1, eb // 64), max(1, eb // 16), max(1, eb // 4), eb, 2 * eb}
+    )
     contexts = [32, 256] if quick else [32, 128, 512, 2048]
     if batch_sizes:
         top = max(batch_sizes)
@@ -650,9 +661,18 @@ def grids(model: ModelSpec, quick: bool, batch_sizes: list[int] | None = None,
     return {"sizes": sizes, "tokens": tokens, "dense_tokens": dense_tokens, "contexts": contexts}
 
 
-def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = False, repeat: int = 5,
-              backend=None, batch_sizes: list[int] | None = None, max_context: int | None = None,
-              light: bool = False, host_threads: int | None = None) -> dict:
+def calibrate(
+    model: ModelSpec,
+    base: str,
+    device: str = "cpu",
+    quick: bool = False,
+    repeat: int = 5,
+    backend=None,
+    batch_sizes: list[int] | None = None,
+    max_context: int | None = None,
+    light: bool = False,
+    host_threads: int | None = None,
+) -> dict:
     """Run every microbenchmark; returns the calibration mapping. A ``light`` pass measures the tables only (no
     hand-off, no interference): a cheap extra sample of a machine whose speed drifts. ``host_threads``: the host
     pool's workers for the ``cpu_expert`` table (default ``validate.backends.default_host_threads``)."""
@@ -663,14 +683,19 @@ def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = Fa
     timer = Timer(be, repeat)
     g = grids(model, quick, batch_sizes, max_context)
     h2d, d2d = measure_copies(be, timer, g["sizes"])
-    scalars = {} if light else {
-        "handoff_us": round(measure_handoff(be, model.expert_bytes), 1),
-        "copy_gap_us": round(measure_copy_gap(be, model), 1),
-        **measure_host_costs(be, model),
-        "activation_latency_us": round(measure_activation_latency(be, model), 1),
-        **measure_interference(be, Timer(be, max(repeat, 20)), model,
-                               g["dense_tokens"][len(g["dense_tokens"]) // 2], g["contexts"][-1]),
-    }
+    scalars = (
+        {}
+        if light
+        else {
+            "handoff_us": round(measure_handoff(be, model.expert_bytes), 1),
+            "copy_gap_us": round(measure_copy_gap(be, model), 1),
+            **measure_host_costs(be, model),
+            "activation_latency_us": round(measure_activation_latency(be, model), 1),
+            **measure_interference(
+                be, Timer(be, max(repeat, 20)), model, g["dense_tokens"][len(g["dense_tokens"]) // 2], g["contexts"][-1]
+            ),
+        }
+    )
     return {
         "base": base,
         "source": f"calibrated with python -m validate microbench on {be.describe()}",
@@ -683,8 +708,9 @@ def calibrate(model: ModelSpec, base: str, device: str = "cpu", quick: bool = Fa
             "expert": measure_expert(be, timer, model, g["tokens"]),
             "dense": measure_dense(be, timer, model, g["dense_tokens"], g["contexts"]),
             "lm_head": measure_lm_head(be, timer, model, g["dense_tokens"]),
-            "cpu_expert": measure_cpu_expert(be, model, cpu_expert_tokens(g["tokens"]), host_threads,
-                                             repeat=max(2, min(repeat, 3))),
+            "cpu_expert": measure_cpu_expert(
+                be, model, cpu_expert_tokens(g["tokens"]), host_threads, repeat=max(2, min(repeat, 3))
+            ),
             **{f"dequant_{fmt}": points for fmt, points in measure_dequant(be, timer, model, quick).items()},
         },
     }
@@ -698,24 +724,40 @@ def combine(calibrations: list[dict]) -> dict:
     if len(calibrations) == 1:
         return first
     out = {k: v for k, v in first.items() if k != "tables"}
-    for key in ("compute_slowdown", "dense_slowdown", "copy_slowdown", "handoff_us", "copy_gap_us",
-                "layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us",
-                "dense_issue_us", "host_slowdown", "activation_latency_us"):  # full passes only
+    for key in (
+        "compute_slowdown",
+        "dense_slowdown",
+        "copy_slowdown",
+        "handoff_us",
+        "copy_gap_us",
+        "layer_roundtrip_us",
+        "copy_issue_us",
+        "expert_issue_us",
+        "hit_issue_us",
+        "dense_issue_us",
+        "host_slowdown",
+        "activation_latency_us",
+    ):  # full passes only
         values = [c[key] for c in calibrations if key in c]
         if values:
             out[key] = round(statistics.median(values), 3)
     decide = [c["decide_us"] for c in calibrations if c.get("decide_us")]
     if decide:
-        out["decide_us"] = {name: round(statistics.median([d[name] for d in decide if name in d]), 1)
-                            for name in sorted({n for d in decide for n in d})}
+        out["decide_us"] = {
+            name: round(statistics.median([d[name] for d in decide if name in d]), 1)
+            for name in sorted({n for d in decide for n in d})
+        }
     out["source"] = f"{first['source']} (median of {len(calibrations)} passes)"
     tables = {"model": first["tables"]["model"]}
     for name, points in first["tables"].items():
         if name == "model":
             continue
         merged = []
-        same = [c["tables"][name] for c in calibrations  # passes that measured this table at the same points
-                if len(c["tables"].get(name) or ()) == len(points)]
+        same = [
+            c["tables"][name]
+            for c in calibrations  # passes that measured this table at the same points
+            if len(c["tables"].get(name) or ()) == len(points)
+        ]
         for i, p in enumerate(points):
             values = [t[i][-1] for t in same]
             merged.append(list(p[:-1]) + [statistics.median(values)])

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Suite:
     name: str
-    model: object               # a model name or mapping, as in a run config
+    model: object  # a model name or mapping, as in a run config
     trace: str
-    decode_tokens: int          # decode steps per configuration
+    decode_tokens: int  # decode steps per configuration
     quick_decode_tokens: int
     lpc_buffers: int
-    points: tuple               # (name, policy, predictor, batch, hpc_slots, mpc_slots[, model overrides[, system]])
-    quick: tuple                # names of the points a --quick run measures
+    points: tuple  # (name, policy, predictor, batch, hpc_slots, mpc_slots[, model overrides[, system]])
+    quick: tuple  # names of the points a --quick run measures
 
     def configs(self, quick: bool = False, only: list[str] | None = None) -> list[tuple[str, dict]]:
         """(name, run-config mapping) of each point measured."""
@@ -54,19 +54,34 @@ class Suite:
             if over and over[0]:  # the suite's model with some fields changed (quantized experts)
                 model = {**(model if isinstance(model, dict) else {"base": model}), **over[0]}
             system = {"system": copy.deepcopy(over[1])} if len(over) > 1 else {}
-            out.append((name, {
-                "model": model,
-                "hardware": "h200",
-                "workload": {"trace": self.trace, "batch_size": batch, "batching": "static",
-                             "max_decode_tokens": self.quick_decode_tokens if quick else self.decode_tokens,
-                             "prefill": False, "requests": batch},
-                "cache": {"hpc_slots": hpc, "mpc_slots": mpc, "lpc_buffers": self.lpc_buffers,
-                          "prefetch_reserve": 1, "layers": "decoder"},
-                "policy": {"name": policy, "params": {}},
-                "predictor": {"name": predictor, "params": {}},
-                "seed": 0,
-                **system,
-            }))
+            out.append(
+                (
+                    name,
+                    {
+                        "model": model,
+                        "hardware": "h200",
+                        "workload": {
+                            "trace": self.trace,
+                            "batch_size": batch,
+                            "batching": "static",
+                            "max_decode_tokens": self.quick_decode_tokens if quick else self.decode_tokens,
+                            "prefill": False,
+                            "requests": batch,
+                        },
+                        "cache": {
+                            "hpc_slots": hpc,
+                            "mpc_slots": mpc,
+                            "lpc_buffers": self.lpc_buffers,
+                            "prefetch_reserve": 1,
+                            "layers": "decoder",
+                        },
+                        "policy": {"name": policy, "params": {}},
+                        "predictor": {"name": predictor, "params": {}},
+                        "seed": 0,
+                        **system,
+                    },
+                )
+            )
         return out
 
 
@@ -77,9 +92,16 @@ def point_name(policy: str, batch: int, hpc: int, mpc: int) -> str:
 
 def _points(scale: int) -> tuple:
     """(name, policy, predictor, batch, hpc, mpc), batch sizes times ``scale``."""
-    base = (("on-demand", "none", 4, 0, 0), ("on-demand", "none", 16, 0, 0), ("pregated", "oracle", 16, 0, 0),
-            ("lru", "none", 8, 2, 4), ("diffmoe", "oracle", 8, 2, 4), ("diffmoe", "oracle", 16, 4, 9),
-            ("moe-infinity", "moe-infinity", 8, 2, 4), ("diffmoe-arc", "oracle", 16, 4, 9))
+    base = (
+        ("on-demand", "none", 4, 0, 0),
+        ("on-demand", "none", 16, 0, 0),
+        ("pregated", "oracle", 16, 0, 0),
+        ("lru", "none", 8, 2, 4),
+        ("diffmoe", "oracle", 8, 2, 4),
+        ("diffmoe", "oracle", 16, 4, 9),
+        ("moe-infinity", "moe-infinity", 8, 2, 4),
+        ("diffmoe-arc", "oracle", 16, 4, 9),
+    )
     return tuple((point_name(p, b * scale, h, m), p, pr, b * scale, h, m) for p, pr, b, h, m in base)
 
 
@@ -105,8 +127,19 @@ def _quantized(scale: int) -> tuple:
     """(name, policy, predictor, batch, hpc, mpc, model overrides) of the quantized configurations: the suite's
     model with its experts stored int8 and int4 (``expert_bits``), batch sizes times ``scale``."""
     base = (("lru", "none", 8, 2, 4, "int8"), ("diffmoe", "oracle", 16, 4, 9, "int4"))
-    return tuple((f"{point_name(p, b * scale, h, m)}-{fmt}", p, pr, b * scale, h, m,
-                  {"expert_bits": QUANTIZED_BITS[fmt]}, QUANTIZED_SYSTEM) for p, pr, b, h, m, fmt in base)
+    return tuple(
+        (
+            f"{point_name(p, b * scale, h, m)}-{fmt}",
+            p,
+            pr,
+            b * scale,
+            h,
+            m,
+            {"expert_bits": QUANTIZED_BITS[fmt]},
+            QUANTIZED_SYSTEM,
+        )
+        for p, pr, b, h, m, fmt in base
+    )
 
 
 def _quick(points: tuple) -> tuple:
@@ -116,10 +149,24 @@ def _quick(points: tuple) -> tuple:
 
 _CPU, _GPU = _points(1), _points(2)
 SUITES = {
-    "cpu": Suite("cpu", {"base": "switch-base-128", "dtype_bytes": 4}, "traces/data/switch_base_128.npz",
-                 decode_tokens=12, quick_decode_tokens=4, lpc_buffers=8, points=_CPU + _hybrid(1) + _quantized(1),
-                 quick=_quick(_CPU)),
-    "gpu": Suite("gpu", "switch-xxl-128", "traces/data/switch_xxl_128.npz",
-                 decode_tokens=8, quick_decode_tokens=4, lpc_buffers=16, points=_GPU + _hybrid(2) + _quantized(2),
-                 quick=_quick(_GPU)),
+    "cpu": Suite(
+        "cpu",
+        {"base": "switch-base-128", "dtype_bytes": 4},
+        "traces/data/switch_base_128.npz",
+        decode_tokens=12,
+        quick_decode_tokens=4,
+        lpc_buffers=8,
+        points=_CPU + _hybrid(1) + _quantized(1),
+        quick=_quick(_CPU),
+    ),
+    "gpu": Suite(
+        "gpu",
+        "switch-xxl-128",
+        "traces/data/switch_xxl_128.npz",
+        decode_tokens=8,
+        quick_decode_tokens=4,
+        lpc_buffers=16,
+        points=_GPU + _hybrid(2) + _quantized(2),
+        quick=_quick(_GPU),
+    ),
 }

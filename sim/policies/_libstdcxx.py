@@ -104,7 +104,7 @@ def _insertion_sort(a, first: int, last: int, comp) -> None:
     for i in range(first + 1, last):
         if comp(a[i], a[first]):
             val = a[i]
-            a[first + 1:i + 1] = a[first:i]  # move_backward
+            a[first + 1 : i + 1] = a[first:i]  # move_backward
             a[first] = val
         else:
             _unguarded_linear_insert(a, i, comp)

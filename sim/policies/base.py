@@ -50,10 +50,10 @@ POLICIES: Registry = Registry("policy")
 class LayerPlan:
     """A policy's decisions for one MoE layer in one iteration."""
 
-    sources: dict[int, str]                        # active expert -> HPC | MPC | LPC | MISS | CPU
-    promote: dict = field(default_factory=dict)   # expert -> evicted MPC expert (or None); in a shared cache
+    sources: dict[int, str]  # active expert -> HPC | MPC | LPC | MISS | CPU
+    promote: dict = field(default_factory=dict)  # expert -> evicted MPC expert (or None); in a shared cache
     #                                                     expert -> (victim's layer, victim) or None
-    unused_prefetch: list[int] = field(default_factory=list)       # prefetched for this layer, not active
+    unused_prefetch: list[int] = field(default_factory=list)  # prefetched for this layer, not active
     # ``sources`` split as engines act on it (``classify`` fills them; None: the protocol splits ``sources``):
     resident: list[int] | None = field(default=None, compare=False, repr=False)  # HPC/MPC, in active order
     copied: list[tuple[int, str]] | None = field(default=None, compare=False, repr=False)  # (expert, LPC | MISS)
@@ -75,10 +75,10 @@ class PolicyContext:
     mpc_slots: int
     hot_ranking: tuple[tuple[int, ...], ...]
     seed: int = 0
-    extra: dict = field(default_factory=dict)      # "trace" and "iterations" (the whole workload) for offline
+    extra: dict = field(default_factory=dict)  # "trace" and "iterations" (the whole workload) for offline
     #                                                policies such as belady; online policies must not look ahead
-    organization: str = "per-layer"                # per-layer | shared (cache.organization)
-    shared_slots: int | None = None                # shared: the cache's experts (None: (hpc + mpc) x cached layers)
+    organization: str = "per-layer"  # per-layer | shared (cache.organization)
+    shared_slots: int | None = None  # shared: the cache's experts (None: (hpc + mpc) x cached layers)
 
     def shared_total(self) -> int:
         """The experts a shared cache holds, HPC included."""
@@ -125,8 +125,10 @@ class Policy(Parametrised):
                 total = ctx.shared_total()
                 mpc = total - hpc * n
                 if mpc < 0:
-                    raise ConfigError("cache.shared_slots", f"{total} slots cannot hold the pinned HPC ({hpc} per "
-                                                            f"layer x {n} cached layers)")
+                    raise ConfigError(
+                        "cache.shared_slots",
+                        f"{total} slots cannot hold the pinned HPC ({hpc} per layer x {n} cached layers)",
+                    )
             self.cache = SharedTierCache(ctx.num_layers, ctx.num_experts, hpc, mpc, ctx.cached_layers)
         elif ctx.organization == "per-layer":
             self.cache = TierCache(ctx.num_layers, ctx.num_experts, hpc, mpc, ctx.cached_layers)
@@ -404,5 +406,19 @@ def selection_counts(experts: np.ndarray, num_experts: int) -> np.ndarray:
     return out
 
 
-__all__ = ["POLICIES", "KeepNothing", "PerLayerCache", "PinnedOnly", "CPU", "HPC", "LPC", "MISS", "MPC", "LayerPlan",
-           "Policy", "PolicyContext", "hot_ranking_from_counts", "selection_counts"]
+__all__ = [
+    "POLICIES",
+    "KeepNothing",
+    "PerLayerCache",
+    "PinnedOnly",
+    "CPU",
+    "HPC",
+    "LPC",
+    "MISS",
+    "MPC",
+    "LayerPlan",
+    "Policy",
+    "PolicyContext",
+    "hot_ranking_from_counts",
+    "selection_counts",
+]

@@ -74,21 +74,25 @@ class FutureUses:
             raise ConfigError("belady: the workload's iterations must be in run order with increasing indices")
         self.n = n = int(idx[-1]) + 1 if idx.size else 0
         sizes = np.fromiter((it.rows.size for it in iterations), dtype=np.int64, count=len(iterations))
-        rows = np.concatenate([np.asarray(it.rows, dtype=np.int64) for it in iterations]) if iterations \
+        rows = (
+            np.concatenate([np.asarray(it.rows, dtype=np.int64) for it in iterations])
+            if iterations
             else np.zeros(0, np.int64)
+        )
         iter_of_row = np.repeat(idx, sizes)
         phases = phase_layers(trace)
-        kind_code = np.fromiter((1 if it.kind == "decode" else 0 for it in iterations), dtype=np.int64,
-                                count=len(iterations))
+        kind_code = np.fromiter(
+            (1 if it.kind == "decode" else 0 for it in iterations), dtype=np.int64, count=len(iterations)
+        )
         kind_of_row = np.repeat(kind_code, sizes)
         self.offsets, self.experts, self.next_use, self.keys = {}, {}, {}, {}
         for layer in layers:
             runs = np.array([layer in phases["prefill"], layer in phases["decode"]])
-            ids = trace.experts[rows, layer, :].astype(np.int64)          # [rows, k]
+            ids = trace.experts[rows, layer, :].astype(np.int64)  # [rows, k]
             valid = (ids >= 0) & runs[kind_of_row][:, None]
             codes = np.unique((iter_of_row[:, None] * n_exp + ids)[valid])  # sorted by (iteration, expert)
             its, exps = codes // n_exp, codes % n_exp
-            order = np.argsort(exps, kind="stable")                        # by (expert, iteration)
+            order = np.argsort(exps, kind="stable")  # by (expert, iteration)
             s_it, s_ex = its[order], exps[order]
             nxt_sorted = np.full(codes.size, NEVER, dtype=np.int64)
             if codes.size > 1:
@@ -99,7 +103,7 @@ class FutureUses:
             self.offsets[layer] = np.searchsorted(its, np.arange(n + 1)).tolist()
             self.experts[layer] = exps.tolist()
             self.next_use[layer] = nxt.tolist()
-            self.keys[layer] = s_ex * max(n, 1) + s_it                     # sorted: expert-major uses
+            self.keys[layer] = s_ex * max(n, 1) + s_it  # sorted: expert-major uses
 
     def at(self, layer: int, iteration: int) -> tuple[list[int], list[int]]:
         """The layer's active experts in ``iteration`` (ascending) and each one's next use after it."""
@@ -149,14 +153,17 @@ def min_step(held: Sequence[Key], newcomers: Sequence[Key], next_use, slots: int
     return out
 
 
-def record_next_uses(future: FutureUses, next_use: list[int], iteration: int, layer: int, active,
-                     who: str) -> list[int]:
+def record_next_uses(
+    future: FutureUses, next_use: list[int], iteration: int, layer: int, active, who: str
+) -> list[int]:
     """Record in ``next_use`` (one layer's, per expert) the next uses of the step's active experts, checking that the
     active set is the workload's (``who`` names the policy in the error); returns ``next_use``."""
     experts, uses = future.at(layer, iteration)
     if len(experts) != len(active) or list(active) != experts:
-        raise RuntimeError(f"{who}: iteration {iteration}, layer {layer}: active set {list(active)} differs "
-                           f"from the workload's ({experts}); ctx.extra['iterations'] is not this run's")
+        raise RuntimeError(
+            f"{who}: iteration {iteration}, layer {layer}: active set {list(active)} differs "
+            f"from the workload's ({experts}); ctx.extra['iterations'] is not this run's"
+        )
     for e, u in zip(experts, uses):
         next_use[e] = u
     return next_use
@@ -166,14 +173,17 @@ def _future_of(ctx, who: str):
     extra = ctx.extra or {}
     trace, iterations = extra.get("trace"), extra.get("iterations")
     if trace is None or iterations is None:
-        raise ConfigError(f"{who}: needs the workload's future: ctx.extra['trace'] and ctx.extra['iterations'] "
-                          "(sim.run.build_decisions passes them)")
+        raise ConfigError(
+            f"{who}: needs the workload's future: ctx.extra['trace'] and ctx.extra['iterations'] "
+            "(sim.run.build_decisions passes them)"
+        )
     return trace, iterations
 
 
 @POLICIES.register("belady")
 class Belady(Policy):
     """MIN with bypass over the MPC of each cached layer, from the workload's future."""
+
     origin = "bound"
 
     PARAMS = {"pin_hot": False, "warm": True}

@@ -77,8 +77,12 @@ from sim.policies.base import POLICIES, LayerPlan, Policy
 #: Score units per 1.0 with ``arithmetic: exact``.
 EXACT_SCALE = 10**6
 
-CHOICES = {"victim_order": ("artifact", "legacy"), "arithmetic": ("exact", "float32", "float64"),
-           "fill": ("hot", "expert0"), "in_cache_check": ("intended", "artifact")}
+CHOICES = {
+    "victim_order": ("artifact", "legacy"),
+    "arithmetic": ("exact", "float32", "float64"),
+    "fill": ("hot", "expert0"),
+    "in_cache_check": ("intended", "artifact"),
+}
 NUMBERS = ("max_val", "dec_in_cache", "dec_out_cache", "threshold")
 
 
@@ -86,11 +90,23 @@ NUMBERS = ("max_val", "dec_in_cache", "dec_out_cache", "threshold")
 class DiffMoE(Policy):
     origin = "published"
     default_predictor = "oracle"
-    PARAMS = {"max_val": 2.0, "dec_in_cache": 0.4, "dec_out_cache": 0.2, "threshold": 1.0, "hit_d2d": True,
-              "reset_per_batch": True, "floor": False, "victim_order": "artifact", "arithmetic": "exact",
-              "fill": "hot", "in_cache_check": "intended"}
-    PARAM_RULES = {**{name: one_of(*choices) for name, choices in CHOICES.items()},
-                   **{name: between(0.0, 1e6) for name in NUMBERS}}  # scores: finite, exact in int64 units
+    PARAMS = {
+        "max_val": 2.0,
+        "dec_in_cache": 0.4,
+        "dec_out_cache": 0.2,
+        "threshold": 1.0,
+        "hit_d2d": True,
+        "reset_per_batch": True,
+        "floor": False,
+        "victim_order": "artifact",
+        "arithmetic": "exact",
+        "fill": "hot",
+        "in_cache_check": "intended",
+    }
+    PARAM_RULES = {
+        **{name: one_of(*choices) for name, choices in CHOICES.items()},
+        **{name: between(0.0, 1e6) for name in NUMBERS},
+    }  # scores: finite, exact in int64 units
 
     @classmethod
     def validate_params(cls, params: dict, where: str) -> None:
@@ -101,8 +117,11 @@ class DiffMoE(Policy):
             for name in NUMBERS:
                 units = params[name] * EXACT_SCALE
                 if abs(units - round(units)) > 1e-6 * max(1.0, abs(units)):
-                    raise ConfigError(f"{where}.{name}", f"must have at most 6 decimals with arithmetic: exact, got "
-                                                         f"{params[name]!r} (or set arithmetic: float32)")
+                    raise ConfigError(
+                        f"{where}.{name}",
+                        f"must have at most 6 decimals with arithmetic: exact, got "
+                        f"{params[name]!r} (or set arithmetic: float32)",
+                    )
 
     def configure(self) -> None:
         p = self.params
@@ -125,8 +144,11 @@ class DiffMoE(Policy):
             for name in NUMBERS:
                 units = p[name] * EXACT_SCALE
                 if abs(units - round(units)) > 1e-6 * max(1.0, abs(units)):
-                    raise ConfigError(f"{where}.{name}", f"must have at most 6 decimals with arithmetic: exact, got "
-                                                         f"{p[name]!r} (or set arithmetic: float32)")
+                    raise ConfigError(
+                        f"{where}.{name}",
+                        f"must have at most 6 decimals with arithmetic: exact, got "
+                        f"{p[name]!r} (or set arithmetic: float32)",
+                    )
             conv: Callable[[float], Any] = lambda v: int(round(v * EXACT_SCALE))  # noqa: E731
         elif arith == "float32":
             self._dtype = conv = np.float32
@@ -139,7 +161,7 @@ class DiffMoE(Policy):
         self.hit_d2d = bool(p["hit_d2d"])
         n, e = self.ctx.num_layers, self.ctx.num_experts
         self._s: list[list] = [[self._zero] * e for _ in range(n)]
-        self.held: list[list[bool]] = [[False] * e for _ in range(n)]   # in the layer's slot array (HPC or MPC)
+        self.held: list[list[bool]] = [[False] * e for _ in range(n)]  # in the layer's slot array (HPC or MPC)
         self.slots: list[list[int]] = [[] for _ in range(n)]  # the MPC part of the slot array, in array order
         self._first_cached = min(self.ctx.cached_layers) if self.ctx.cached_layers else -1
         if p["fill"] == "expert0":
@@ -216,9 +238,9 @@ class DiffMoE(Policy):
             return
         sc = self._s[layer]
         thr = self._thr
-        candidates = list(active)                 # ascending ids: std::unique over the sorted permuted experts
-        sort_by_key_descending(candidates, sc)    # std::sort(expert_pairs_using, priority >)
-        sort_by_key_descending(slots, sc)         # std::sort(MPC part of expert_in_cache, priority >), in place
+        candidates = list(active)  # ascending ids: std::unique over the sorted permuted experts
+        sort_by_key_descending(candidates, sc)  # std::sort(expert_pairs_using, priority >)
+        sort_by_key_descending(slots, sc)  # std::sort(MPC part of expert_in_cache, priority >), in place
         hpc, cache, held = self.cache.hpc[layer], self.cache, self.held[layer]
         i = j = 0
         while i < m and j < len(candidates):
@@ -228,12 +250,12 @@ class DiffMoE(Policy):
             c = candidates[j]
             if sc[c] < thr:
                 break
-            if c in hpc or c in slots:            # already cached: skipped, the slot stays for the next one
+            if c in hpc or c in slots:  # already cached: skipped, the slot stays for the next one
                 j += 1
                 continue
             old = slots[pos]
             slots[pos] = c
-            still = old in hpc or old in slots    # expert 0 may fill several slots (fill: expert0)
+            still = old in hpc or old in slots  # expert 0 may fill several slots (fill: expert0)
             victim = None if still else old
             cache.promote(layer, c, victim)
             plan.promote[c] = victim

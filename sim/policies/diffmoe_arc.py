@@ -57,8 +57,7 @@ class _ARC:
         else:
             free = [x for x in self.t2 if x not in busy]
             v2 = min(free, key=self.freq.__getitem__) if free else None
-        take_t1 = v1 is not None and (len(self.t1) > self.p or (in_b2 and len(self.t1) == int(self.p))
-                                      or v2 is None)
+        take_t1 = v1 is not None and (len(self.t1) > self.p or (in_b2 and len(self.t1) == int(self.p)) or v2 is None)
         if take_t1:
             del self.t1[v1]
             self.b1[v1] = None

@@ -52,7 +52,7 @@ def global_placement(ctx: PolicyContext, budget: int) -> dict[int, list[int]]:
         weight = {layer: list(range(n, 0, -1)) for layer in layers}
     pairs = sorted((-weight[layer][k], k, layer) for layer in layers for k in range(n))
     out: dict[int, list[int]] = {layer: [] for layer in layers}
-    for _, k, layer in pairs[:max(budget, 0)]:
+    for _, k, layer in pairs[: max(budget, 0)]:
         out[layer].append(ctx.hot_ranking[layer][k])
     return out
 

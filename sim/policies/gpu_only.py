@@ -8,6 +8,7 @@ from sim.policies.base import POLICIES, Policy, PolicyContext
 @POLICIES.register("gpu-only")
 class GpuOnly(Policy):
     """All experts of every layer sit in the HPC; nothing is ever copied."""
+
     origin = "ceiling"
 
     all_resident = True

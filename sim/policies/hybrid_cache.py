@@ -55,14 +55,17 @@ from sim.policies.fiddler import cost_model
 @POLICIES.register("hybrid-cache")
 class HybridCache(Policy):
     origin = "ours"
-    default_predictor = "none"   # it prefetches nothing by default (max_prefetch 0)
+    default_predictor = "none"  # it prefetches nothing by default (max_prefetch 0)
     wants_counts = True
     promotion_is_free = True
     PARAMS = {"half_life": 16.0, "horizon": 16.0, "warm_start": True, "max_prefetch": 0}
     # half_life: iterations, above 0 (0 would divide by zero); horizon: iterations of reuse credit, 0 (none) and up;
     # max_prefetch: experts per layer, 0 (off) up to the most experts a layer can have
-    PARAM_RULES = {"half_life": between(0.0, 1e6, above=True), "horizon": between(0.0, 1e6),
-                   "max_prefetch": between(0, MAX_EXPERTS, kind=int)}
+    PARAM_RULES = {
+        "half_life": between(0.0, 1e6, above=True),
+        "horizon": between(0.0, 1e6),
+        "max_prefetch": between(0, MAX_EXPERTS, kind=int),
+    }
 
     def hpc_capacity(self, ctx: PolicyContext) -> int:
         return 0
@@ -71,7 +74,7 @@ class HybridCache(Policy):
         return ctx.hpc_slots + ctx.mpc_slots
 
     def configure(self) -> None:
-        p = self.params   # in range: checked by PARAM_RULES when the config loads (and when constructed)
+        p = self.params  # in range: checked by PARAM_RULES when the config loads (and when constructed)
         half_life, horizon = float(p["half_life"]), float(p["horizon"])
         self.decay = 0.5 ** (1.0 / half_life)
         self.horizon = horizon
@@ -83,7 +86,7 @@ class HybridCache(Policy):
         self.act_of = Memo(lambda n: c.activation_copy_s(n, "d2h") + c.activation_copy_s(n, "h2d"))
         ctx = self.ctx
         self.p = np.zeros((ctx.num_layers, ctx.num_experts))
-        self.seen = [-1] * ctx.num_layers        # the iteration each layer's estimates were last decayed to
+        self.seen = [-1] * ctx.num_layers  # the iteration each layer's estimates were last decayed to
         self.n_tok = 1
         if p["warm_start"] and self.cache.mpc_slots:
             for layer in sorted(ctx.cached_layers):
@@ -100,8 +103,9 @@ class HybridCache(Policy):
         mpc, lpc, p = cache.mpc[layer], cache.lpc_of[layer], self.p[layer]
         floor = min(p[v] for v in mpc) if len(mpc) >= cache.mpc_slots else -1.0
         gain = 1.0 - self.decay
-        cands = sorted((e for e in predicted if e not in mpc and e not in lpc and p[e] + gain >= floor),
-                       key=lambda e: (-p[e], e))[:cap]
+        cands = sorted(
+            (e for e in predicted if e not in mpc and e not in lpc and p[e] + gain >= floor), key=lambda e: (-p[e], e)
+        )[:cap]
         for e in cands:
             cache.add_lpc(layer, e)
         return cands
@@ -154,7 +158,7 @@ class HybridCache(Policy):
                 c = act_of[t] + host + cpu_of[n]
                 credit = 0.0
                 takes = None
-                if keeps:   # what keeping the copy is worth: its reuse over the horizon, less its victim's
+                if keeps:  # what keeping the copy is worth: its reuse over the horizon, less its victim's
                     pe = float(p[e]) + gain
                     if free > 0:
                         takes, credit = "free", pe

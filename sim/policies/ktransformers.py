@@ -48,9 +48,12 @@ class KTransformers(Placed):
         need = run.model.num_experts * sum(1 for layer in cached if layer >= n)
         room = cache.total_slots(len(cached))
         if need > room:
-            raise ConfigError(f"{where}.cpu_layers", f"{n} leaves {need} experts on the GPU, but its room holds "
-                                                     f"{room} ((hpc_slots + mpc_slots) x cached layers, or "
-                                                     f"cache.shared_slots): give it that room")
+            raise ConfigError(
+                f"{where}.cpu_layers",
+                f"{n} leaves {need} experts on the GPU, but its room holds "
+                f"{room} ((hpc_slots + mpc_slots) x cached layers, or "
+                f"cache.shared_slots): give it that room",
+            )
 
     def is_global(self, ctx: PolicyContext) -> bool:
         return self.params["cpu_layers"] >= 0 or super().is_global(ctx)
@@ -63,9 +66,12 @@ class KTransformers(Placed):
         placed = {layer: (list(ctx.hot_ranking[layer]) if layer >= n else []) for layer in sorted(ctx.cached_layers)}
         need, room = sum(len(v) for v in placed.values()), ctx.shared_total()
         if need > room:
-            raise ConfigError("policy.params.cpu_layers", f"{n} leaves {need} experts on the GPU, but its room holds "
-                                                          f"{room} ((hpc_slots + mpc_slots) x cached layers, or "
-                                                          f"cache.shared_slots): give it that room")
+            raise ConfigError(
+                "policy.params.cpu_layers",
+                f"{n} leaves {need} experts on the GPU, but its room holds "
+                f"{room} ((hpc_slots + mpc_slots) x cached layers, or "
+                f"cache.shared_slots): give it that room",
+            )
         return placed
 
     def configure(self) -> None:

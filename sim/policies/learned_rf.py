@@ -77,12 +77,12 @@ def samples(steps: list[tuple[int, ...]], num_experts: int) -> tuple[np.ndarray,
     used = np.zeros((n_steps, num_experts), dtype=bool)
     for i, active in enumerate(steps):
         used[i, list(active)] = True
-    t = np.arange(1, n_steps + 1, dtype=np.int64)[:, None]                        # the step, 1-based
-    uses = np.cumsum(used, axis=0)                                                 # uses up to and including t
-    last = np.maximum.accumulate(np.where(used, t, 0), axis=0)                     # last use <= t (0: none)
+    t = np.arange(1, n_steps + 1, dtype=np.int64)[:, None]  # the step, 1-based
+    uses = np.cumsum(used, axis=0)  # uses up to and including t
+    last = np.maximum.accumulate(np.where(used, t, 0), axis=0)  # last use <= t (0: none)
     after = np.where(used, t, n_steps + 1)
-    first_from = np.minimum.accumulate(after[::-1], axis=0)[::-1]                  # first use >= t
-    nxt = np.vstack([first_from[1:], np.full((1, num_experts), n_steps + 1)])     # first use > t
+    first_from = np.minimum.accumulate(after[::-1], axis=0)[::-1]  # first use >= t
+    nxt = np.vstack([first_from[1:], np.full((1, num_experts), n_steps + 1)])  # first use > t
     candidate = (uses > 0) & ~used
     age = (t - last)[candidate]
     share = (uses / t)[candidate]
@@ -110,8 +110,7 @@ class LearnedRF(PerLayerCache):
     origin = ORIGIN
     supports_shared = True
     PARAMS = {**PerLayerCache.PARAMS, "train": None, "train_batch": 1}
-    PARAM_RULES = {**PerLayerCache.PARAM_RULES, "train": training_trace(),
-                   "train_batch": between(1, 4096, kind=int)}
+    PARAM_RULES = {**PerLayerCache.PARAM_RULES, "train": training_trace(), "train_batch": between(1, 4096, kind=int)}
 
     def configure(self) -> None:
         super().configure()
@@ -130,8 +129,11 @@ class LearnedRF(PerLayerCache):
         where = "policy.params.train"
         trace = load_training_trace(train, where, self.ctx.extra.get("trace"), self.ctx.extra.get("trace_path"))
         if (trace.num_layers, trace.num_experts) != (n, e):
-            raise ConfigError(where, f"training trace {train} has {trace.num_layers} layers x {trace.num_experts} "
-                                     f"experts, the run {n} x {e}")
+            raise ConfigError(
+                where,
+                f"training trace {train} has {trace.num_layers} layers x {trace.num_experts} "
+                f"experts, the run {n} x {e}",
+            )
         layers = self.ctx.cached_layers or range(n)
         self.weights = fit_weights(trace, layers, self.params["train_batch"])
         self.weights_source = str(train)

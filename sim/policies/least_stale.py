@@ -54,8 +54,8 @@ class LeastStale(PerLayerCache):
     def configure(self) -> None:
         super().configure()
         n, e = self.ctx.num_layers, self.ctx.num_experts
-        self.step = [0] * n                            # the layer's steps so far
-        self.last = [[-1] * e for _ in range(n)]       # step of the last use, -1 never used
+        self.step = [0] * n  # the layer's steps so far
+        self.last = [[-1] * e for _ in range(n)]  # step of the last use, -1 never used
         self.interval = [[0.0] * e for _ in range(n)]  # the interval estimate, 0 before any interval
         if self.shared:
             self.update = self.update_shared

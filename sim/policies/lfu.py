@@ -46,12 +46,13 @@ class LFU(PerLayerCache):
 
     def configure(self) -> None:
         if self.params["counts"] not in COUNTS:
-            raise ConfigError("policy.params.counts", f"must be one of {', '.join(COUNTS)}, got "
-                                                      f"{self.params['counts']!r}")
+            raise ConfigError(
+                "policy.params.counts", f"must be one of {', '.join(COUNTS)}, got {self.params['counts']!r}"
+            )
         super().configure()
         n, e = self.ctx.num_layers, self.ctx.num_experts
-        self.freq = [[0] * e for _ in range(n)]       # uses per (layer, expert): see ``counts``
-        self.last = [[-1] * e for _ in range(n)]      # the step of the last access (a counter of layer steps)
+        self.freq = [[0] * e for _ in range(n)]  # uses per (layer, expert): see ``counts``
+        self.last = [[-1] * e for _ in range(n)]  # the step of the last access (a counter of layer steps)
         self.clock = 0
         self.in_cache = self.params["counts"] == "in_cache"
         if self.shared:
@@ -78,6 +79,7 @@ class LFU(PerLayerCache):
             return
         freq = self.freq[layer]
         freqs, lasts = self.freq, self.last
+
         def keys(lay, held):
             f, t = freqs[lay], lasts[lay]
             return [(-f[v], -t[v], -v) for v in held]

@@ -34,7 +34,7 @@ class Lookahead(PerLayerCache):
 
     origin = "bound"
     PARAMS = {"pin_hot": False, "horizon": 1}
-    PARAM_RULES = {"horizon": between(0, INT_MAX, int)}   # iterations ahead
+    PARAM_RULES = {"horizon": between(0, INT_MAX, int)}  # iterations ahead
 
     def configure(self) -> None:
         super().configure()
@@ -54,7 +54,7 @@ class Lookahead(PerLayerCache):
         nxt = record_next_uses(self.future, self.next_use[layer], iteration, layer, active, "lookahead")
         cache = self.cache
         mpc, sources = cache.mpc[layer], plan.sources
-        for e in active:   # hits become most recent, in active order
+        for e in active:  # hits become most recent, in active order
             if sources[e] == MPC:
                 del mpc[e]
                 mpc[e] = None
@@ -72,7 +72,7 @@ class Lookahead(PerLayerCache):
             victim = None
             if len(mpc) >= slots:
                 far = -1
-                for v in mpc:   # least recent first: a later one wins only with a strictly further next use
+                for v in mpc:  # least recent first: a later one wins only with a strictly further next use
                     if v in busy:
                         continue
                     s = seen(nxt[v])
@@ -81,6 +81,6 @@ class Lookahead(PerLayerCache):
                         if s == NEVER:
                             break
                 if victim is None or seen(nxt[e]) > far:
-                    continue   # every slot holds an expert in use now, or the newcomer is needed later than all
+                    continue  # every slot holds an expert in use now, or the newcomer is needed later than all
             cache.promote(layer, e, victim)
             plan.promote[e] = victim

@@ -53,7 +53,7 @@ class LRU(PerLayerCache):
         for e in newcomers:
             victim = None
             if cache.used >= slots:
-                for victim in order:   # the least recently used pair the running layer does not need now
+                for victim in order:  # the least recently used pair the running layer does not need now
                     if victim[0] != layer or victim[1] not in active_set:
                         break
                 else:
@@ -71,12 +71,12 @@ class LRU(PerLayerCache):
             return
         mpc, sources = cache.mpc[layer], plan.sources
         resident = plan.resident if plan.resident is not None else active
-        for e in resident:   # hits become most recent, in active order (the tiers are as classify left them)
+        for e in resident:  # hits become most recent, in active order (the tiers are as classify left them)
             if sources[e] == MPC:
                 del mpc[e]
                 mpc[e] = None
         if plan.copied is not None:
-            newcomers = [e for e, _ in plan.copied]   # misses and prefetched experts, in active order
+            newcomers = [e for e, _ in plan.copied]  # misses and prefetched experts, in active order
         else:
             newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
         if not newcomers:
@@ -86,7 +86,7 @@ class LRU(PerLayerCache):
         for e in newcomers:
             victim = None
             if len(mpc) >= slots:
-                for victim in mpc:   # the least recently used expert this layer does not need now
+                for victim in mpc:  # the least recently used expert this layer does not need now
                     if victim not in active_set:
                         break
                 else:

@@ -78,12 +78,14 @@ class MoEInfinity(Policy):
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise ConfigError("policy.params.capacity", f"must be an integer >= 1, got {cap!r}")
         if p["activation"] not in ACTIVATION:
-            raise ConfigError("policy.params.activation", f"must be one of {', '.join(ACTIVATION)}, "
-                                                          f"got {p['activation']!r}")
+            raise ConfigError(
+                "policy.params.activation", f"must be one of {', '.join(ACTIVATION)}, got {p['activation']!r}"
+            )
         trace = self.ctx.extra.get("trace")
         if trace is None:
-            raise ValueError("policy 'moe-infinity' needs the workload's trace in its context "
-                             "(PolicyContext.extra['trace'])")
+            raise ValueError(
+                "policy 'moe-infinity' needs the workload's trace in its context (PolicyContext.extra['trace'])"
+            )
         self.tracker = ActivationTracker(trace, cap)
         if p["pin_hot"]:
             self.pin_hot_experts()
@@ -120,7 +122,7 @@ class MoEInfinity(Policy):
     def priority_all(self) -> np.ndarray:
         """[layers, experts]: :meth:`priority` of every layer at once (the same arithmetic, one numpy pass)."""
         t = self.tracker
-        m = t.matrices                                               # [R, layers, experts]
+        m = t.matrices  # [R, layers, experts]
         s = m.sum(axis=-1, keepdims=True)
         own = np.divide(m, s, out=np.zeros_like(m, dtype=np.float64), where=s > 0)
         how = self.params["activation"]

@@ -63,8 +63,16 @@ ORIGIN = "ours"
 
 DECAYS = (0.5, 0.9, 0.98)
 AGE_CAP = 1024
-FEATURES = ("bias", "log2(1+age)", "age==0", "age==1", "sqrt(ema_0.5)", "sqrt(ema_0.9)", "sqrt(ema_0.98)",
-            "sqrt(share)")
+FEATURES = (
+    "bias",
+    "log2(1+age)",
+    "age==0",
+    "age==1",
+    "sqrt(ema_0.5)",
+    "sqrt(ema_0.9)",
+    "sqrt(ema_0.98)",
+    "sqrt(share)",
+)
 #: ``fit_weights`` on the even-numbered requests of traces/data/gpt_oss_20b.npz at batch 1, all 24 layers, rounded
 #: to 3 decimals (docs/our_policy.md makes that training half).
 DEFAULT_WEIGHTS: tuple[float, ...] = (-3.263, -0.227, 0.346, -0.141, -0.174, 1.661, 2.671, 0.714)
@@ -79,9 +87,18 @@ def feature_rows(age, ema, share) -> np.ndarray:
     shares [n]."""
     age = np.minimum(np.asarray(age, dtype=np.float64), AGE_CAP)
     ema = np.asarray(ema, dtype=np.float64)
-    return np.column_stack([np.ones(age.shape), np.log2(1.0 + age), (age == 0) * 1.0, (age == 1) * 1.0,
-                            np.sqrt(np.maximum(ema[0], 0.0)), np.sqrt(np.maximum(ema[1], 0.0)),
-                            np.sqrt(np.maximum(ema[2], 0.0)), np.sqrt(np.maximum(share, 0.0))])
+    return np.column_stack(
+        [
+            np.ones(age.shape),
+            np.log2(1.0 + age),
+            (age == 0) * 1.0,
+            (age == 1) * 1.0,
+            np.sqrt(np.maximum(ema[0], 0.0)),
+            np.sqrt(np.maximum(ema[1], 0.0)),
+            np.sqrt(np.maximum(ema[2], 0.0)),
+            np.sqrt(np.maximum(share, 0.0)),
+        ]
+    )
 
 
 def layer_samples(steps: list[tuple[int, ...]], num_experts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -93,8 +110,8 @@ def layer_samples(steps: list[tuple[int, ...]], num_experts: int) -> tuple[np.nd
     used = np.zeros((n, num_experts), dtype=bool)
     for i, active in enumerate(steps):
         used[i, list(active)] = True
-    t = np.arange(1, n + 1, dtype=np.int64)[:, None]                           # the step, 1-based
-    last = np.maximum.accumulate(np.where(used, t, 0), axis=0)                   # last use <= t (0: none)
+    t = np.arange(1, n + 1, dtype=np.int64)[:, None]  # the step, 1-based
+    last = np.maximum.accumulate(np.where(used, t, 0), axis=0)  # last use <= t (0: none)
     ema = np.zeros((len(DECAYS), n, num_experts))
     for j, d in enumerate(DECAYS):
         cur = np.zeros(num_experts)
@@ -130,7 +147,7 @@ def fit_logistic(x: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
 def fit_weights(trace, layers, batch: int = 1) -> tuple[float, ...]:
     """The model's weights fitted on ``trace`` (the training trace) in ``layers``."""
     per_layer = training_steps(trace, batch, sorted(layers))
-    bound = sum(len(steps) for steps in per_layer.values()) * trace.num_experts   # samples at most
+    bound = sum(len(steps) for steps in per_layer.values()) * trace.num_experts  # samples at most
     stride = max(1, -(-bound // MAX_SAMPLES))
     xs, ys = [], []
     for steps in per_layer.values():
@@ -163,8 +180,8 @@ class NextUseOdds(Policy):
             raise ConfigError("cache.organization", "next-use-odds manages per-layer slots only")
         n, e = ctx.num_layers, ctx.num_experts
         self.step = [0] * n
-        self.last = np.zeros((n, e), dtype=np.int64)           # last use (1-based step), 0: never
-        self.ema = np.zeros((n, len(DECAYS), e))               # normalised decayed use counts
+        self.last = np.zeros((n, e), dtype=np.int64)  # last use (1-based step), 0: never
+        self.ema = np.zeros((n, len(DECAYS), e))  # normalised decayed use counts
         self.uses = np.zeros((n, e), dtype=np.int64)
         self._decay = np.array(DECAYS)[:, None]
         self._keep = 1.0 - np.array(DECAYS)[:, None]
@@ -178,8 +195,11 @@ class NextUseOdds(Policy):
             where = "policy.params.train"
             trace = load_training_trace(train, where, ctx.extra.get("trace"), ctx.extra.get("trace_path"))
             if (trace.num_layers, trace.num_experts) != (n, e):
-                raise ConfigError(where, f"training trace {train} has {trace.num_layers} layers x "
-                                         f"{trace.num_experts} experts, the run {n} x {e}")
+                raise ConfigError(
+                    where,
+                    f"training trace {train} has {trace.num_layers} layers x "
+                    f"{trace.num_experts} experts, the run {n} x {e}",
+                )
             layers = ctx.cached_layers or range(n)
             self.weights = fit_weights(trace, layers, self.params["train_batch"])
             self.weights_source = str(train)
@@ -205,7 +225,7 @@ class NextUseOdds(Policy):
         idx = np.asarray(list(experts), dtype=np.int64)
         now = self.step[layer]
         last = self.last[layer, idx]
-        age = np.where(last > 0, now - last, now)   # a warm-filled expert never used: as if used at step 0
+        age = np.where(last > 0, now - last, now)  # a warm-filled expert never used: as if used at step 0
         share = self.uses[layer, idx] / max(now, 1)
         return feature_rows(age, self.ema[layer][:, idx], share) @ self._w
 
@@ -237,13 +257,12 @@ class NextUseOdds(Policy):
         score = dict(zip(pool, self.scores(layer, pool).tolist()))
         last = self.last[layer]
         # the weakest held expert first: lowest score, then least recent use, then higher id
-        held.sort(key=lambda v: (score[v], last[v], -v), reverse=True)   # weakest at the end
+        held.sort(key=lambda v: (score[v], last[v], -v), reverse=True)  # weakest at the end
         for e in sorted(newcomers, key=lambda x: (-score[x], x)):
             victim = None
             if len(mpc) >= cache.mpc_slots:
                 if not held or not score[e] > score[held[-1]]:
-                    continue   # bypass: not better than the weakest it could replace (or every slot in use now)
+                    continue  # bypass: not better than the weakest it could replace (or every slot in use now)
                 victim = held.pop()
             cache.promote(layer, e, victim)
             plan.promote[e] = victim
-

@@ -9,6 +9,7 @@ from sim.policies.base import POLICIES, KeepNothing
 @POLICIES.register("on-demand")
 class OnDemand(KeepNothing):
     """Every access is a miss copied into a working buffer and dropped after use."""
+
     origin = "baseline"
 
     def plan_prefetch(self, iteration, layer, predicted):

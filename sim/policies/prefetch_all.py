@@ -14,6 +14,7 @@ from sim.policies.base import POLICIES, KeepNothing
 @POLICIES.register("prefetch-all")
 class PrefetchAll(KeepNothing):
     """Prefetch all of the next layer's uncached experts; cache nothing."""
+
     origin = "baseline"
 
     def plan_prefetch(self, iteration, layer, predicted):

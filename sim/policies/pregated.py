@@ -19,6 +19,6 @@ from sim.policies.base import POLICIES, KeepNothing
 @POLICIES.register("pregated")
 class PreGated(KeepNothing):
     """Prefetch the predicted next-layer experts into working buffers; cache nothing."""
+
     origin = "baseline"
     default_predictor = "oracle"
-

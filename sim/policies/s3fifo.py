@@ -129,14 +129,20 @@ class S3FIFO(PerLayerCache):
     origin = ORIGIN
     supports_shared = True
     PARAMS = {**PerLayerCache.PARAMS, "small_ratio": 0.1, "ghost_ratio": 0.9, "move_to_main": 2}
-    PARAM_RULES = {**PerLayerCache.PARAM_RULES, "small_ratio": between(0.0, 1.0),
-                   "ghost_ratio": between(0.0, 16.0), "move_to_main": between(1, 3, kind=int)}
+    PARAM_RULES = {
+        **PerLayerCache.PARAM_RULES,
+        "small_ratio": between(0.0, 1.0),
+        "ghost_ratio": between(0.0, 16.0),
+        "move_to_main": between(1, 3, kind=int),
+    }
 
     def configure(self) -> None:
         super().configure()
         p = self.params
-        self.s3 = {layer: S3FifoLayer(self.cache.mpc_slots, p["small_ratio"], p["ghost_ratio"], p["move_to_main"])
-                   for layer in self.ctx.cached_layers}
+        self.s3 = {
+            layer: S3FifoLayer(self.cache.mpc_slots, p["small_ratio"], p["ghost_ratio"], p["move_to_main"])
+            for layer in self.ctx.cached_layers
+        }
         if self.shared:  # one S3-FIFO over the (layer, expert) pairs of every cached layer
             self.s3_all = S3FifoLayer(self.cache.mpc_slots, p["small_ratio"], p["ghost_ratio"], p["move_to_main"])
             self.update = self.update_shared

@@ -81,6 +81,12 @@ class PredictionScore:
         return self._ratio(self.tp.sum(), self.actual.sum())
 
     def per_layer(self) -> list[dict]:
-        return [{"layer": i, "precision": self._ratio(self.tp[i], self.predicted[i]),
-                 "recall": self._ratio(self.tp[i], self.actual[i])}
-                for i in range(self.num_layers) if self.actual[i] or self.predicted[i]]
+        return [
+            {
+                "layer": i,
+                "precision": self._ratio(self.tp[i], self.predicted[i]),
+                "recall": self._ratio(self.tp[i], self.actual[i]),
+            }
+            for i in range(self.num_layers)
+            if self.actual[i] or self.predicted[i]
+        ]

@@ -34,8 +34,9 @@ class CrossLayerPredictor(LayerPairPredictor):
         self.threshold = float(self.params["threshold"])
         self.train = None
         if self.params["train"] is not None:
-            self.train = load_training_trace(self.params["train"], "predictor.params.train", self.trace,
-                                             self.ctx.extra.get("trace_path"))
+            self.train = load_training_trace(
+                self.params["train"], "predictor.params.train", self.trace, self.ctx.extra.get("trace_path")
+            )
         self.start_tables()
 
     def probabilities(self, src: int, dst: int) -> np.ndarray:
@@ -65,13 +66,13 @@ class CrossLayerPredictor(LayerPairPredictor):
         if pos == 0:
             return frozenset()
         src = layers[pos - 1]
-        ids = self.trace.experts[self.rows, src, :].astype(np.int64)      # the gate of src has run
+        ids = self.trace.experts[self.rows, src, :].astype(np.int64)  # the gate of src has run
         ids = ids[(ids >= 0).any(axis=1)]
         if ids.size == 0:
             return frozenset()
         probs = self.probabilities(src, layer)
         e = self.ctx.num_experts
-        idx = np.where(ids >= 0, ids, e)                                   # -1: the prior row
-        p_tok = probs[idx].mean(axis=1)                                     # [tokens, experts]
+        idx = np.where(ids >= 0, ids, e)  # -1: the prior row
+        p_tok = probs[idx].mean(axis=1)  # [tokens, experts]
         p_any = 1.0 - np.prod(1.0 - np.minimum(p_tok, 1.0), axis=0)
         return frozenset(int(x) for x in np.flatnonzero(p_any >= self.threshold))

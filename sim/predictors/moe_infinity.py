@@ -52,8 +52,12 @@ def check_capacity(value, where: str) -> int:
 class MoEInfinityPredictor(Predictor):
     PARAMS = {"threshold": 0.1, "budget": None, "capacity": 256, "train": None}
     # capacity: EAMs kept, each a [layers, experts] float array (twice): bounded so that it cannot exhaust memory
-    PARAM_RULES = {"threshold": between(0.0, 1.0), "budget": between(1, MAX_EXPERTS, kind=int),
-                   "capacity": between(1, 1 << 14), "train": training_trace()}
+    PARAM_RULES = {
+        "threshold": between(0.0, 1.0),
+        "budget": between(1, MAX_EXPERTS, kind=int),
+        "capacity": between(1, 1 << 14),
+        "train": training_trace(),
+    }
 
     def configure(self) -> None:
         p = self.params
@@ -61,14 +65,16 @@ class MoEInfinityPredictor(Predictor):
             raise ConfigError("predictor.params.threshold", f"must lie in [0, 1], got {p['threshold']}")
         budget = p["budget"]
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-            raise ConfigError("predictor.params.budget", f"must be an integer >= 1 or null (2 x top_k x requests), "
-                                                         f"got {budget!r}")
+            raise ConfigError(
+                "predictor.params.budget", f"must be an integer >= 1 or null (2 x top_k x requests), got {budget!r}"
+            )
         capacity = check_capacity(p["capacity"], "predictor.params.capacity")
         self.trace = workload_trace(self)
         self.tracker = ActivationTracker(self.trace, capacity)
         if p["train"] is not None:
-            train = load_training_trace(p["train"], "predictor.params.train", self.trace,
-                                        self.ctx.extra.get("trace_path"))
+            train = load_training_trace(
+                p["train"], "predictor.params.train", self.trace, self.ctx.extra.get("trace_path")
+            )
             for m in request_matrices(train)[-capacity:]:
                 self.tracker.collection.add(m)
 

@@ -31,7 +31,7 @@ class NoisyPredictor(Predictor):
         keep = self.rng.random(len(truth_sorted)) < self.params["recall"]
         kept = [e for e, k in zip(truth_sorted, keep) if k]
         p = self.params["precision"]
-        want = len(kept) * (1.0 - p) / p   # infinite for a precision below ~1e-308
+        want = len(kept) * (1.0 - p) / p  # infinite for a precision below ~1e-308
         others = np.setdiff1d(np.arange(self.ctx.num_experts), truth_sorted, assume_unique=True)
         n_fp = 0
         if want > 0:

@@ -51,15 +51,19 @@ def workload_trace(predictor: Predictor) -> Trace:
     """The evaluated trace (``ctx.extra["trace"]``), which a realistic predictor reads up to the current gate."""
     trace = predictor.ctx.extra.get("trace")
     if trace is None:
-        raise ValueError(f"predictor {predictor.name!r} needs the workload's trace in its context "
-                         f"(PredictorContext.extra['trace'])")
+        raise ValueError(
+            f"predictor {predictor.name!r} needs the workload's trace in its context (PredictorContext.extra['trace'])"
+        )
     return trace
 
 
 def same_trace(a: Trace, b: Trace) -> bool:
     """The same routing and request boundaries (the same file, or a copy of it)."""
-    return a is b or (a.experts.shape == b.experts.shape and np.array_equal(a.request_offsets, b.request_offsets)
-                      and np.array_equal(a.experts, b.experts))
+    return a is b or (
+        a.experts.shape == b.experts.shape
+        and np.array_equal(a.request_offsets, b.request_offsets)
+        and np.array_equal(a.experts, b.experts)
+    )
 
 
 def _same_file(a, b) -> bool:
@@ -74,8 +78,9 @@ def load_training_trace(value, where: str, evaluated: Trace | None, evaluated_pa
     be read, has another model shape than ``evaluated``, or is the evaluated trace itself: the same file as
     ``evaluated_path`` when that is known, or any file with the same routing and request boundaries."""
     if value is None or (isinstance(value, str) and not value.strip()):
-        raise ConfigError(where, "missing: give the path of a training trace of the same model (not the "
-                                 "evaluated trace)")
+        raise ConfigError(
+            where, "missing: give the path of a training trace of the same model (not the evaluated trace)"
+        )
     if not isinstance(value, str):
         raise ConfigError(where, f"must be a path to a trace file, got {value!r}")
     path = resolve_path(value, where, "trace file")
@@ -87,11 +92,17 @@ def load_training_trace(value, where: str, evaluated: Trace | None, evaluated_pa
         mine = (train.num_layers, train.num_experts, train.top_k)
         theirs = (evaluated.num_layers, evaluated.num_experts, evaluated.top_k)
         if mine != theirs:
-            raise ConfigError(where, f"training trace {path} has {mine[0]} layers x {mine[1]} experts, top-{mine[2]}; "
-                                     f"the evaluated trace {theirs[0]} x {theirs[1]}, top-{theirs[2]}")
+            raise ConfigError(
+                where,
+                f"training trace {path} has {mine[0]} layers x {mine[1]} experts, top-{mine[2]}; "
+                f"the evaluated trace {theirs[0]} x {theirs[1]}, top-{theirs[2]}",
+            )
         if same_trace(train, evaluated) or (evaluated_path is not None and _same_file(path, evaluated_path)):
-            raise ConfigError(where, f"training trace {path} is the evaluated trace: it must differ (a predictor "
-                                     f"learned from the routing it predicts would see the future)")
+            raise ConfigError(
+                where,
+                f"training trace {path} is the evaluated trace: it must differ (a predictor "
+                f"learned from the routing it predicts would see the future)",
+            )
     return train
 
 
@@ -115,8 +126,11 @@ def other_fold_routing(trace: Trace, where: str) -> tuple[np.ndarray, list[np.nd
     for g in range(FOLDS):
         if not routed[folds == g].any():
             which = "even" if g == 0 else "odd"
-            raise ConfigError(where, f"{OTHER_REQUESTS}: the trace's {which}-numbered requests have no routed token "
-                                     f"({trace.num_requests} requests): nothing to learn for the other fold")
+            raise ConfigError(
+                where,
+                f"{OTHER_REQUESTS}: the trace's {which}-numbered requests have no routed token "
+                f"({trace.num_requests} requests): nothing to learn for the other fold",
+            )
     return folds, [trace.experts[folds != g] for g in range(FOLDS)]
 
 
@@ -125,7 +139,7 @@ def transition_table(experts: np.ndarray, src: int, dst: int, num_experts: int) 
     token's top-k counts once); ``experts`` is a trace's [tokens, layers, k] array."""
     a = experts[:, src, :].astype(np.int64)
     b = experts[:, dst, :].astype(np.int64)
-    codes = (a[:, :, None] * num_experts + b[:, None, :])
+    codes = a[:, :, None] * num_experts + b[:, None, :]
     valid = (a[:, :, None] >= 0) & (b[:, None, :] >= 0)
     return np.bincount(codes[valid], minlength=num_experts * num_experts).reshape(num_experts, num_experts)
 
@@ -149,8 +163,10 @@ class LayerPairPredictor(Predictor):
 @PREDICTORS.register("transition")
 class TransitionPredictor(LayerPairPredictor):
     PARAMS = {"train": OTHER_REQUESTS, "top": None}
-    PARAM_RULES = {"train": training_trace(words=(OTHER_REQUESTS,)),
-                   "top": between(1, MAX_EXPERTS, kind=int)}  # at most the model's experts: check_for_run
+    PARAM_RULES = {
+        "train": training_trace(words=(OTHER_REQUESTS,)),
+        "top": between(1, MAX_EXPERTS, kind=int),
+    }  # at most the model's experts: check_for_run
 
     @classmethod
     def check_for_run(cls, params: dict, where: str, run: RunFacts) -> None:
@@ -158,13 +174,19 @@ class TransitionPredictor(LayerPairPredictor):
         beside the training trace's checks."""
         super().check_for_run(params, where, run)
         if params.get("train") == OTHER_REQUESTS and run.trace.num_requests < FOLDS:
-            raise ConfigError(f"{where}.train", f"{OTHER_REQUESTS} needs a trace of at least {FOLDS} requests (one "
-                                                f"to learn from, another to predict), the workload's has "
-                                                f"{run.trace.num_requests}")
+            raise ConfigError(
+                f"{where}.train",
+                f"{OTHER_REQUESTS} needs a trace of at least {FOLDS} requests (one "
+                f"to learn from, another to predict), the workload's has "
+                f"{run.trace.num_requests}",
+            )
         top = params.get("top")
         if top is not None and top > run.model.num_experts:
-            raise ConfigError(f"{where}.top", f"must be at most the {run.model.num_experts} experts of a layer of "
-                                              f"{show(run.model.name)} (or null: the model's top-k), got {top}")
+            raise ConfigError(
+                f"{where}.top",
+                f"must be at most the {run.model.num_experts} experts of a layer of "
+                f"{show(run.model.name)} (or null: the model's top-k), got {top}",
+            )
 
     def configure(self) -> None:
         self.trace = workload_trace(self)
@@ -172,8 +194,10 @@ class TransitionPredictor(LayerPairPredictor):
         if top is None:
             top = self.trace.top_k
         if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= self.ctx.num_experts:
-            raise ConfigError("predictor.params.top", f"must be an integer in 1..{self.ctx.num_experts} or null "
-                                                      f"(the model's top-k), got {top!r}")
+            raise ConfigError(
+                "predictor.params.top",
+                f"must be an integer in 1..{self.ctx.num_experts} or null (the model's top-k), got {top!r}",
+            )
         self.top = top
         where = "predictor.params.train"
         if self.params["train"] == OTHER_REQUESTS:
