@@ -76,7 +76,7 @@ import simpy
 from sim.accounting import IterationTally, iteration_record
 from sim.cache import LPC
 from sim.clock import StreamClock
-from sim.copy_engine import CopyEngine
+from sim.copy_engine import CopyEngine, CopyJob
 from sim.costs import CostModel, Memo
 from sim.policies.base import Policy
 from sim.predictors.base import PredictionScore, Predictor
@@ -187,9 +187,11 @@ class ComputeStream(StreamClock):
         self.copy_issue, self.expert_issue = host_cost(costs, "copy_issue_s"), host_cost(costs, "expert_issue_s")
         self.hit_issue = host_cost(costs, "hit_issue_s")
         self.expert_of = Memo(costs.expert_s)  # tokens -> one expert's compute
-        self.jobs = {}  # (layer, expert) -> the CopyJob of a prefetch not yet used or dropped
+        self.jobs: dict[
+            tuple[int, int], CopyJob
+        ] = {}  # (layer, expert) -> the CopyJob of a prefetch not yet used or dropped
         self.wasted = 0  # bytes of unused prefetches that crossed the link
-        self.dense_of = None
+        self.dense_of: Memo | None = None  # role -> the dense work of a layer of the iteration (start_iteration)
 
     # ------------------------------------------------------------------------------------------------ time
     def stretch(self, t: float, slow: float) -> float:
@@ -252,7 +254,9 @@ class ComputeStream(StreamClock):
     def layer(self, step: LayerStep) -> None:
         """One MoE layer: dense work and gate, the host's round trip, the decisions, then its experts."""
         layer, tl = step.layer, self.timeline
-        dense = self.dense_of[self.roles[layer]]
+        dense_of = self.dense_of
+        assert dense_of is not None, "start_iteration comes first"
+        dense = dense_of[self.roles[layer]]
         if self.slowed:
             dense = self.stretch(dense, self.dense_slow)
         if tl is not None:
@@ -428,12 +432,16 @@ class Simulation:
         self.roles = [x.role for x in trace.meta.model.layers]
         self.phase_layers = phase_layers(trace)
         # built by setup(): the SimPy environment, the copy engine, the decision protocol, the compute stream
-        self.env = self.copy = self.protocol = self.stream = None
-        self.score = None
+        self.env: simpy.Environment | None = None
+        self.copy: CopyEngine | None = None
+        self.protocol: DecisionProtocol | None = None
+        self.stream: ComputeStream | None = None
+        self.score: PredictionScore | None = None
 
     def _check(self, policy: Policy) -> None:
         """The full invariant check after a layer: the tiers, and the working buffers within their number."""
         policy.cache.check()
+        assert self.copy is not None, "setup() comes first"
         if not 0 <= self.copy.queue.in_use <= self.copy.queue.capacity:
             raise AssertionError("working buffers over capacity")
 
@@ -444,7 +452,7 @@ class Simulation:
         costs, system, hw = self.costs, self.costs.system, self.costs.hw
         nbytes = costs.expert_bytes
         writeback = costs.writeback_s(nbytes) if system.writeback_evicted else 0.0
-        self.copy = CopyEngine(
+        copy = self.copy = CopyEngine(
             env,
             costs.copy_s(nbytes),
             nbytes,
@@ -457,22 +465,23 @@ class Simulation:
             writeback,
             system.serial,
         )
-        self.score = PredictionScore(len(self.roles))
-        self.protocol = DecisionProtocol(
+        score = self.score = PredictionScore(len(self.roles))
+        protocol = self.protocol = DecisionProtocol(
             self.trace,
             self.policy,
             self.predictor,
-            self.score,
+            score,
             self.record_decisions,
             self._check if self.check_invariants else None,
         )
-        self.stream = ComputeStream(env, costs, self.policy, self.copy, self.protocol, self.trace, self.timeline)
+        self.stream = ComputeStream(env, costs, self.policy, copy, protocol, self.trace, self.timeline)
         return env
 
     def layer_loop(self, records: list[IterationRecord], totals: RunTotals) -> None:
         """Every iteration's MoE layers of its phase, then its LM head, on the compute stream; one record per
         iteration."""
         stream, protocol, progress = self.stream, self.protocol, self.progress
+        assert stream is not None and protocol is not None and self.copy is not None, "setup() comes first"
         tally = IterationTally(self.policy.cache.counters, self.copy)
         for it in self.iterations:
             t_start = stream.now
@@ -508,10 +517,11 @@ class Simulation:
         records: list[IterationRecord] = []
         totals = RunTotals()
         self.layer_loop(records, totals)
-        copy = self.copy
+        copy, stream, protocol = self.copy, self.stream, self.protocol
+        assert copy is not None and stream is not None and protocol is not None and self.score is not None
         return EngineResult(
             iterations=records,
-            sim_time_s=self.stream.now,
+            sim_time_s=stream.now,
             compute_busy_s=totals.busy,
             link_busy_s=copy.busy_s,
             stall_s=totals.stall,
@@ -521,13 +531,13 @@ class Simulation:
             prefetches_issued=totals.issued,
             prefetches_used=totals.used,
             unused_prefetches=totals.unused,
-            wasted_bytes=self.stream.wasted,
+            wasted_bytes=stream.wasted,
             max_buffers_in_use=copy.max_in_use,
-            events=1 + self.stream.waits + copy.events,
+            events=1 + stream.waits + copy.events,
             wall_s=time.perf_counter() - wall0,
             prediction=self.score,
             timeline=None if self.timeline is None else self.timeline.spans,
-            decisions=self.protocol.decisions,
+            decisions=protocol.decisions,
             cpu_busy_s=totals.cpu_busy,
             cpu_wait_s=totals.cpu_wait,
             cpu_experts=totals.cpu_n,

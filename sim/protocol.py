@@ -79,8 +79,8 @@ class LayerStep:
         self.next_active = next_active  # the next layer's active experts (what a perfect predictor would say)
         # decided (DecisionProtocol.decide):
         self.plan: Any = None  # the policy's LayerPlan (sources, promote, unused_prefetch)
-        self.resident = None  # active experts served from the HPC/MPC, in active order
-        self.copied = None  # (expert, LPC | MISS) of the copied ones, in active order
+        self.resident: Sequence[int] = ()  # active experts served from the HPC/MPC, in active order
+        self.copied: Sequence[tuple[int, str]] = ()  # (expert, LPC | MISS) of the copied ones, in active order
         self.cpu: Sequence[int] = ()  # active experts computed on the host CPU (source CPU), in active order
         self.prefetch: Sequence[int] = ()  # experts of next_layer to copy ahead, in the policy's order
 
@@ -180,6 +180,7 @@ class DecisionProtocol:
             policy.layer_counts = step.counts
         plan = step.plan = policy.plan_layer(index, step.layer, step.active)
         if plan.resident is not None:  # split by the policy's classify already
+            assert plan.copied is not None, "a plan's classify gives resident and copied together"
             step.resident, step.copied = plan.resident, plan.copied
             if plan.cpu:
                 step.cpu = plan.cpu
