@@ -104,7 +104,7 @@ def prefix_laws(trace: Trace, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     e, n_layers = trace.num_experts, trace.num_layers
     per_layer = [layer_positions(trace, layer) for layer in range(n_layers)]
-    laws = []
+    laws: list[np.ndarray] = []
     for t in range(PREFIX_MAX):
         law, tv, noise = np.zeros((n_layers, e)), [], []
         for layer, (rows, req, pos) in enumerate(per_layer):
@@ -264,6 +264,7 @@ class _Calibration:
 
     def correct(self, gain: float) -> None:
         got, target = self.got, self.target
+        assert got is not None, "measure() comes first"
         self.weights = _update_weights(self.weights, target.shares, got.shares, gain)
         self.stick = _update_stickiness(self.stick, target.overlap, got.overlap)
         if self.caps:
@@ -283,9 +284,11 @@ class _Calibration:
     def raise_power(self) -> None:
         """Phase 2: secant steps of the power towards the transition accuracy, each followed by settling."""
         saved = self._save()
-        points = [(0.0, self.got.transition)]
+        points = [(0.0, self._got_transition())]
+        goal = self.target.transition
+        assert goal is not None, "fit_knobs raises the power only towards a measured transition accuracy"
         for _ in range(PHASE2_STEPS):
-            miss = self.target.transition - points[-1][1]
+            miss = goal - points[-1][1]
             if miss <= 0.005:
                 return
             if len(points) > 1 and points[-1][1] - points[-2][1] > 1e-3:
@@ -297,9 +300,16 @@ class _Calibration:
                 self._restore(saved)
                 return
             saved = self._save()
-            points.append((self.power, self.got.transition))
+            points.append((self.power, self._got_transition()))
             if self.power >= MAX_POWER:
                 return
+
+    def _got_transition(self) -> float:
+        """The transition accuracy of the last round measured (phase 2 only: the calibration trace has layer
+        pairs)."""
+        got = self.got
+        assert got is not None and got.transition is not None, "phase 2 measures a transition accuracy"
+        return got.transition
 
     def _save(self):
         return (self.weights.copy(), self.stick.copy(), self.conc.x.copy(), self.power, self.residual, self.got)
@@ -342,7 +352,8 @@ def _calibration_lengths(real: Trace, min_tokens: int, max_tokens: int):
 
 def _knobs(base: SynthKnobs, weights, stick, log_conc, power, prefix, transition) -> SynthKnobs:
     """The knobs of one calibration round (rounded as they are stored)."""
-    r = lambda a: tuple(float(x) for x in np.round(a, 6))  # noqa: E731
+    # numpy's stubs type np.round of an untyped argument as a scalar; here it is always an array
+    r = lambda a: tuple(float(x) for x in np.round(a, 6))  # type: ignore[attr-defined]  # noqa: E731
     table = lambda t: tuple(tuple(r(row) for row in x) for x in t)  # noqa: E731
     return dataclasses.replace(
         base,
