@@ -258,6 +258,7 @@ def generate(
         base = draw(np.arange(n * k) // k).reshape(n, k)
         free = ~draw.in_prefix  # rows outside the prefix: stickiness (and the rank-for-rank map) apply
         if layer > 0 and knobs.correlation > 0 and knobs.layer_transition is None:
+            assert src is not None  # the previous layer's experts, from layer 1 on
             mapped = pop.rank_to_expert[layer, pop.expert_to_rank[layer - 1, np.maximum(src, 0)]]
             use = (rng.random((n, k)) < knobs.correlation) & (src >= 0) & free[:, None]
             base = np.where(use, mapped, base)
@@ -332,8 +333,9 @@ class _Popularity:
             source = np.where(in_prefix, position, source + n_pre)
             laws = [self.prefix[:, layer, :]] + laws
         follow = None
-        if knobs.layer_transition is not None and src is not None and (knobs.transition_power or 0) > 0:
-            follow = (np.asarray(knobs.layer_transition[layer - 1], dtype=float), src, float(knobs.transition_power))
+        power = knobs.transition_power or 0
+        if knobs.layer_transition is not None and src is not None and power > 0:
+            follow = (np.asarray(knobs.layer_transition[layer - 1], dtype=float), src, float(power))
         return _TableSampler(np.vstack(laws), source, in_prefix, rng, follow)
 
 
@@ -374,7 +376,7 @@ class _TableSampler:
         self.laws, self.e = laws, laws.shape[1]
         self.flat = self._flat_cdf(laws)
         self.source, self.in_prefix, self.rng, self.follow = source, in_prefix, rng, follow
-        self.row_flat = None  # every row's tilted CDF, when small enough to keep
+        self.row_flat: np.ndarray | None = None  # every row's tilted CDF, when small enough to keep
         if follow is not None and source.size * self.e <= self.CACHE_CELLS:
             chunks = [np.arange(s, min(s + self.CHUNK, source.size)) for s in range(0, source.size, self.CHUNK)]
             self.row_flat = np.concatenate(
@@ -391,8 +393,9 @@ class _TableSampler:
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
         u = self.rng.random(rows.size)
-        if self.follow is None or self.row_flat is not None:
-            flat, src = (self.flat, self.source[rows]) if self.follow is None else (self.row_flat, rows)
+        row_flat = self.row_flat  # None whenever follow is
+        if self.follow is None or row_flat is not None:
+            flat, src = (self.flat, self.source[rows]) if row_flat is None else (row_flat, rows)
             return np.clip(np.searchsorted(flat, u + src, side="right") - src * self.e, 0, self.e - 1)
         uniq, inverse = np.unique(rows, return_inverse=True)  # one tilted law per row, however many draws
         out = np.empty(rows.size, dtype=np.int64)
@@ -432,8 +435,8 @@ def _sticky_dedupe(base: np.ndarray, sticky: np.ndarray, draw, by_rank: np.ndarr
     choice = _forward_fill(base, sticky)
     for attempt in range(1000):
         dup = np.zeros(choice.shape, dtype=bool)
-        for j in range(1, k):
-            dup[:, j] = (choice[:, j : j + 1] == choice[:, :j]).any(1)
+        for col in range(1, k):
+            dup[:, col] = (choice[:, col : col + 1] == choice[:, :col]).any(1)
         if not dup.any():
             return choice
         rows, cols = np.nonzero(dup)
