@@ -308,6 +308,7 @@ def select_requests(
             f"{flag}: needs per-request metadata: put {REQUESTS_JSON} beside {where} or give --requests-json"
         )
     if datasets is not None:
+        assert entries is not None  # checked above
         have = [e.get("dataset") for e in entries]
         known = list(dict.fromkeys(d for d in have if d is not None))
         unknown = [d for d in datasets if d not in known]
@@ -316,6 +317,7 @@ def select_requests(
         chosen = set(datasets)
         keep &= np.array([d in chosen for d in have], dtype=bool)
     if exclude_repetitive:
+        assert entries is not None  # checked above
         if any("has_repetition" not in e for e in entries):
             i = next(i for i, e in enumerate(entries) if "has_repetition" not in e)
             raise InputError(f"--exclude-repetitive: {where}: entry {i} has no field 'has_repetition'")
