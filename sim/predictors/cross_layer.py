@@ -44,8 +44,10 @@ class CrossLayerPredictor(LayerPairPredictor):
         an id of -1 or an unseen expert)."""
         key = (src, dst)
         if key not in self.tables:
-            e, k = self.ctx.num_experts, self.train.top_k
-            ex = self.train.experts
+            train = self.train
+            assert train is not None, "predict asks only with a training trace"
+            e, k = self.ctx.num_experts, train.top_k
+            ex = train.experts
             both = (ex[:, src, :] >= 0).any(1) & (ex[:, dst, :] >= 0).any(1)
             sub = ex[both]
             table = transition_table(sub, src, dst, e).astype(np.float64)

@@ -115,7 +115,8 @@ FOLDS = 2
 def request_folds(trace: Trace) -> np.ndarray:
     """int8 [tokens]: each trace row's fold, its request's index modulo ``FOLDS`` (even requests 0, odd 1)."""
     counts = np.diff(np.asarray(trace.request_offsets, dtype=np.int64))
-    return np.repeat(np.arange(counts.size) % FOLDS, counts).astype(np.int8)
+    # numpy's stubs type np.diff of an untyped array as timedelta64; here it is int64 counts
+    return np.repeat(np.arange(counts.size) % FOLDS, counts).astype(np.int8)  # type: ignore[arg-type]
 
 
 def other_fold_routing(trace: Trace, where: str) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -124,7 +125,7 @@ def other_fold_routing(trace: Trace, where: str) -> tuple[np.ndarray, list[np.nd
     folds = request_folds(trace)
     routed = (trace.experts >= 0).reshape(trace.experts.shape[0], -1).any(axis=1)
     for g in range(FOLDS):
-        if not routed[folds == g].any():
+        if not routed[folds == g].any():  # type: ignore[index]  # numpy's stubs: .any(axis=1) may be a scalar
             which = "even" if g == 0 else "odd"
             raise ConfigError(
                 where,
@@ -148,12 +149,14 @@ class LayerPairPredictor(Predictor):
     """A predictor from tables per pair of layers (source, destination) learned on a training trace, reading the
     current iteration's tokens (``rows``) and phase (``kind``)."""
 
+    trace: Trace  # the workload's routing (configure)
+
     def start_tables(self) -> None:
         """The workload's layers per phase, no table yet, no iteration yet (the end of ``configure``)."""
         self.phase_layers = phase_layers(self.trace)
         self.tables: dict[tuple[int, ...], Any] = {}  # each predictor keys and fills its own
         self.rows = None
-        self.kind = None
+        self.kind: str | None = None
 
     def start_iteration(self, iteration) -> None:
         self.rows = iteration.rows
@@ -163,6 +166,8 @@ class LayerPairPredictor(Predictor):
 @PREDICTORS.register("transition")
 class TransitionPredictor(LayerPairPredictor):
     PARAMS = {"train": OTHER_REQUESTS, "top": None}
+    train: Trace | None  # the training trace (None: other-requests)
+    group: np.ndarray | None  # each row's fold (other-requests), else None
     PARAM_RULES = {
         "train": training_trace(words=(OTHER_REQUESTS,)),
         "top": between(1, MAX_EXPERTS, kind=int),
@@ -223,6 +228,7 @@ class TransitionPredictor(LayerPairPredictor):
         return self.tables[key]
 
     def predict(self, iteration, layer, truth, current):
+        assert self.kind is not None, "start_iteration comes first"
         layers = self.phase_layers[self.kind]
         pos = layers.index(layer)
         if pos == 0 or self.rows is None or self.rows.size == 0:
