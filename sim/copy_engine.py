@@ -108,6 +108,7 @@ class CopyEngine(QueueCounters):
     def release(self, job: CopyJob) -> None:
         """``job``'s working buffer is free again."""
         q = self.queue
+        assert job.buffer is not None  # a landed copy holds a buffer
         q.release(job.buffer)
         if self.current is None and not self.waking and (self.handoff or q.demand or q.prefetch):
             self._ask()
@@ -183,6 +184,7 @@ class CopyEngine(QueueCounters):
         now = self.due  # SimPy's time now: this event's
         self.pending, self.due = None, NEVER
         job = self.current
+        assert job is not None  # the copy on the link
         self.current = None
         if self.timeline is not None:
             self.timeline.copy(job)

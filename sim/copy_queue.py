@@ -41,8 +41,8 @@ class CopyJob:
     def __init__(self, layer: int, expert: int, prefetch: bool):
         self.layer, self.expert, self.was_prefetch = layer, expert, prefetch
         self.started = self.finished = self.dropped = False
-        self.buffer = None  # index of the working buffer it lands in
-        self.after = None  # the engine's marker of when that buffer was freed (None: free from the start)
+        self.buffer: int | None = None  # index of the working buffer it lands in
+        self.after: object = None  # the engine's marker of when that buffer was freed (None: free from the start)
         self.start = self.end = 0.0  # simulated start and (planned) landing
         self.landed = None  # the executor's device timestamps of the copy
 
@@ -85,6 +85,7 @@ class CopyQueue:
             q = self.ready.get(job.layer)
             if q is not None and job in q:
                 q.remove(job)
+            assert job.buffer is not None  # a started copy holds a buffer
             self.free.append((job.buffer, None))
             return True
         return False
@@ -136,6 +137,7 @@ class CopyQueue:
         if job.was_prefetch:
             self.prefetch_copies += 1
         if job.dropped:
+            assert job.buffer is not None  # a started copy holds a buffer
             self.free.append((job.buffer, None))
             return False
         q = self.ready.get(job.layer)
