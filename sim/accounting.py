@@ -22,7 +22,7 @@ class IterationTally:
         """``copier``: what counts the copies that landed (``copier.copies``): the simulator's copy engine or the
         executor's copy thread."""
         self.counters, self.copier = counters, copier
-        self.before = None
+        self.before: tuple[dict, int, int, int, int] | None = None  # the counters at begin()
 
     def begin(self) -> None:
         """An iteration starts: remember the counters."""
@@ -33,6 +33,7 @@ class IterationTally:
         """The iteration's counts since :meth:`begin`, in :class:`IterationRecord`'s order after ``stall_s``: hits
         per tier (HPC, MPC, LPC), misses, copies, ``prefetches`` (issued), ``unused`` (prefetches), promotions,
         evictions."""
+        assert self.before is not None, "begin() comes first"
         c, (hits0, misses0, copies0, promotions0, evictions0) = self.counters, self.before
         hits = c.hits
         return (

@@ -18,4 +18,5 @@ def replay(
     """Drive ``policy`` and ``predictor`` through ``iterations``; ``after_step(policy)`` runs after each layer."""
     protocol = DecisionProtocol(trace, policy, predictor, record=True, after_step=after_step)
     protocol.run(iterations)
+    assert protocol.decisions is not None  # record=True keeps them
     return protocol.decisions

@@ -122,6 +122,7 @@ class Fiddler(Placed):
 
     def plan_layer(self, iteration: int, layer: int, active) -> LayerPlan:
         cache, counts = self.cache, self.layer_counts
+        assert counts is not None  # wants_counts: the protocol sets them before plan_layer
         hpc = cache.hpc[layer]
         sources, resident, copied, cpu = {}, [], [], []
         for e in active:

@@ -115,6 +115,7 @@ class HybridCache(Policy):
 
     def plan_layer(self, iteration: int, layer: int, active) -> LayerPlan:
         cache, counts = self.cache, self.layer_counts
+        assert counts is not None  # wants_counts: the protocol sets them before plan_layer
         mpc, lpc = cache.mpc[layer], cache.lpc_of[layer]
         p = self.p[layer]
         last = self.seen[layer]
