@@ -154,10 +154,12 @@ def min_step(held: Sequence[Key], newcomers: Sequence[Key], next_use, slots: int
 
 
 def record_next_uses(
-    future: FutureUses, next_use: list[int], iteration: int, layer: int, active, who: str
+    future: FutureUses | None, next_use: list[int], iteration: int, layer: int, active, who: str
 ) -> list[int]:
     """Record in ``next_use`` (one layer's, per expert) the next uses of the step's active experts, checking that the
-    active set is the workload's (``who`` names the policy in the error); returns ``next_use``."""
+    active set is the workload's (``who`` names the policy in the error); returns ``next_use``. ``future`` is None
+    only for a policy without cached layers, which records nothing."""
+    assert future is not None, "a layer with next uses has a future"
     experts, uses = future.at(layer, iteration)
     if len(experts) != len(active) or list(active) != experts:
         raise RuntimeError(
@@ -200,7 +202,7 @@ class Belady(Policy):
         if self.params["pin_hot"]:
             self.pin_hot_experts()
         self.layers = sorted(self.ctx.cached_layers) if self.cache.mpc_slots > 0 else []
-        self.future = None
+        self.future: FutureUses | None = None
         if self.layers:
             trace, iterations = _future_of(self.ctx, "policy belady")
             self.future = FutureUses(trace, iterations, self.layers)
@@ -219,6 +221,7 @@ class Belady(Policy):
             return
         self._fill = False
         for layer in self.layers:
+            assert self.future is not None  # set by configure whenever there are layers
             first = self.future.first_use_from(layer, iteration.index)
             chosen = warm_fill(first, self.cache.hpc[layer], self.cache.mpc_slots)
             self.cache.fill_mpc(layer, chosen)

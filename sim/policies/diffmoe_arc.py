@@ -59,6 +59,7 @@ class _ARC:
             v2 = min(free, key=self.freq.__getitem__) if free else None
         take_t1 = v1 is not None and (len(self.t1) > self.p or (in_b2 and len(self.t1) == int(self.p)) or v2 is None)
         if take_t1:
+            assert v1 is not None  # take_t1 implies it
             del self.t1[v1]
             self.b1[v1] = None
             return v1
