@@ -204,10 +204,10 @@ class ActivationTracker:
         matched, ok = self.matched_rows(layer)
         if not ok.all():
             own = self.own_rows(layer)
-            has_own = own.any(axis=1)
+            has_own = own.any(axis=1)  # numpy's stubs: may be a scalar; here an array, indexed below
             fallback = _distribution(self.global_counts[layer])
             for i in np.flatnonzero(~ok):
-                matched[i] = own[i] if has_own[i] else fallback
+                matched[i] = own[i] if has_own[i] else fallback  # type: ignore[index]  # numpy stub gap (above)
         return matched.sum(axis=0)
 
     def frequency(self, layer: int) -> np.ndarray:

@@ -88,6 +88,7 @@ def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedPro
     run = run_config(spec, model_value, trace_path, trace)
     lines = []
     if stem is None:
+        assert profile is not None  # checked above: no bundled profile needs a derived one
         atomic_write_bytes(files.model, profile.yaml_text(made_by).encode("utf-8"))
         said = f"{len(profile.assumptions)} assumption{'' if len(profile.assumptions) == 1 else 's'} listed in it"
         lines.append(
