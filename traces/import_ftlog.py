@@ -422,7 +422,8 @@ def import_ft_logs(
     traces = [t for t, _ in parts]
     first = traces[0]
     lengths = np.concatenate([t.request_lengths for t in traces])
-    info = {k: [v for t in traces for v in t.meta.request_info[k]] for k in first.meta.request_info}
+    fields = [_request_fields(t) for t in traces]
+    info = {k: [v for t_info, _ in fields for v in t_info[k]] for k in fields[0][0]}
     info["file"] = [Path(p).name for p, t in zip(paths, traces) for _ in range(t.num_requests)]
     summary = {
         "files": {Path(p).name: s for p, (_, s) in zip(paths, parts)},
@@ -438,7 +439,7 @@ def import_ft_logs(
     }
     extra.update(source_files=[Path(p).name for p in paths], files=summary["files"])
     meta = dataclasses.replace(
-        first.meta, request_ids=tuple(i for t in traces for i in t.meta.request_ids), extra=extra, request_info=info
+        first.meta, request_ids=tuple(i for _, ids in fields for i in ids), extra=extra, request_info=info
     )
     trace = Trace(
         np.concatenate([t.experts for t in traces]),
@@ -448,6 +449,13 @@ def import_ft_logs(
     )
     check_content(trace, str(paths[0]))
     return trace, summary
+
+
+def _request_fields(trace: Trace) -> tuple[dict[str, list], tuple[str, ...]]:
+    """A log's request_info and request_ids (import_ft_log sets both)."""
+    info, ids = trace.meta.request_info, trace.meta.request_ids
+    assert info is not None and ids is not None
+    return info, ids
 
 
 def _check_shape_args(batch: int, shape: LogShape) -> None:
