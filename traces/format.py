@@ -22,7 +22,7 @@ import dataclasses
 import datetime as _dt
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -67,7 +67,12 @@ def _int(value: Any, where: str, minimum: int = 0, maximum: int = INT_MAX) -> in
     return int(value)
 
 
+@overload
+def _str(value: Any, where: str, allow_none: Literal[False] = False) -> str: ...
+@overload
+def _str(value: Any, where: str, allow_none: bool) -> str | None: ...
 def _str(value: Any, where: str, allow_none: bool = False) -> str | None:
+    """``value``, a non-empty string (or None when ``allow_none``); ValueError naming ``where`` otherwise."""
     if value is None and allow_none:
         return None
     if not isinstance(value, str) or not value:
