@@ -1,4 +1,4 @@
-# `make run`: set up .venv and run the main job.  `make test`: set up .venv and run the test suite.
+# `make run`: set up .venv and run the main job.  `make test`: set up .venv, run `make lint`, then the test suite.
 # `make lint`: ruff (lint rules and format check) over the tree and mypy over sim/ and traces/ (pyproject.toml's
 # [tool.ruff] and [tool.mypy]).  `make format`: rewrite the tree in ruff's format and import order.
 PYTHON ?= python3
@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(PY) -m sim run configs/switch_xxl.yaml
 
-test: $(STAMP)
+# the lint runs first: CI (.ci/run) runs exactly this target, so a finding fails CI as a failing test does
+test: lint
 	$(PY) -m pytest -q
 
 $(LINT_STAMP): $(STAMP) Makefile

@@ -9,6 +9,10 @@ from __future__ import annotations
 from sim.cache import HPC, LPC, MPC
 from sim.records import IterationRecord
 
+# an iteration's counts in IterationRecord's order after stall_s: hits per tier (HPC, MPC, LPC), misses, copies,
+# prefetches, unused prefetches, promotions, evictions
+Counts = tuple[int, int, int, int, int, int, int, int, int]
+
 __all__ = ["IterationTally", "iteration_record"]
 
 
@@ -29,7 +33,7 @@ class IterationTally:
         c = self.counters
         self.before = (dict(c.hits), c.misses, self.copier.copies, c.promotions, c.evictions)
 
-    def counts(self, prefetches: int, unused: int) -> tuple[int, ...]:
+    def counts(self, prefetches: int, unused: int) -> Counts:
         """The iteration's counts since :meth:`begin`, in :class:`IterationRecord`'s order after ``stall_s``: hits
         per tier (HPC, MPC, LPC), misses, copies, ``prefetches`` (issued), ``unused`` (prefetches), promotions,
         evictions."""
@@ -55,7 +59,7 @@ def iteration_record(
     start_s: float,
     end_s: float,
     stall_s: float,
-    counts: tuple[int, ...],
+    counts: Counts,
     cpu_experts: int = 0,
     cpu_s: float = 0.0,
     cpu_wait_s: float = 0.0,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, overload
 
 from sim.errors import ConfigError
 
@@ -164,6 +164,18 @@ def _at(where: str, top: Any) -> str:
 
 
 # --------------------------------------------------------------------------------------------- scalars
+@overload
+def check_int(
+    value: Any,
+    where: str,
+    minimum: int | None = None,
+    maximum: int | None = INT_MAX,
+    allow_none: Literal[False] = False,
+) -> int: ...
+@overload
+def check_int(
+    value: Any, where: str, minimum: int | None = None, maximum: int | None = INT_MAX, *, allow_none: bool
+) -> int | None: ...
 def check_int(
     value: Any, where: str, minimum: int | None = None, maximum: int | None = INT_MAX, allow_none: bool = False
 ) -> int | None:
@@ -208,6 +220,10 @@ def check_number(
     raise ConfigError(where, f"must be {want}, got {show(value)}")
 
 
+@overload
+def check_str(value: Any, where: str, allow_none: Literal[False] = False, max_chars: int = NAME_CHARS) -> str: ...
+@overload
+def check_str(value: Any, where: str, allow_none: bool, max_chars: int = NAME_CHARS) -> str | None: ...
 def check_str(value: Any, where: str, allow_none: bool = False, max_chars: int = NAME_CHARS) -> str | None:
     """A non-empty string of at most ``max_chars`` characters."""
     if value is None and allow_none:
@@ -234,7 +250,7 @@ def check_choice(value: Any, where: str, choices) -> str:
 # --------------------------------------------------------------------------------------------- check makers
 def integer(minimum: int | None = None, maximum: int | None = INT_MAX, allow_none: bool = False) -> Check:
     """A check for an integer field (see :func:`check_int`)."""
-    return lambda value, where: check_int(value, where, minimum, maximum, allow_none)
+    return lambda value, where: check_int(value, where, minimum, maximum, allow_none=allow_none)
 
 
 def number(minimum: float = 0.0, maximum: float | None = NUMBER_MAX, strict: bool = True) -> Check:

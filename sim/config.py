@@ -291,8 +291,8 @@ def _load_cache(d: Any, model: ModelSpec, all_resident: bool) -> tuple[CacheConf
             "cache.mpc_slots" if mpc else "cache.hpc_slots",
             f"hpc_slots + mpc_slots ({hpc} + {mpc}) exceed the {model.num_experts} experts of a layer of {model.name}",
         )
-    reserve = d.get("prefetch_reserve")
-    reserve = min(1, lpc - 1) if reserve is None else check_int(reserve, "cache.prefetch_reserve", 0, lpc - 1)
+    given = d.get("prefetch_reserve")
+    reserve = min(1, lpc - 1) if given is None else check_int(given, "cache.prefetch_reserve", 0, lpc - 1)
     _check_hot_lists(values["hot_profile"], model)
     _check_hot_trace(values["hot_profile"], model)
     shared = values["shared_slots"]

@@ -216,7 +216,7 @@ def check_param(value: Any, default: Any, rule: Rule | None, where: str) -> Any:
         ok = 0 < len(value) <= MAX_TEXT and (rule.choices is None or rule.file is not None or value in rule.choices)
     if not ok:
         raise ConfigError(where, f"must be {_want(kind, rule)}, got {show(value)}")
-    if names_file(rule, value):
+    if rule.file is not None and names_file(rule, value):
         try:
             resolve_path(value, where, rule.file)
         except ConfigError as exc:
@@ -244,7 +244,7 @@ def _want(kind: type | None, rule: Rule) -> str:
         if kind is int:
             return f"an integer in [{int(lo)}, {int(hi)}]"
         return f"a number in {'(' if rule.above else '['}{lo:g}, {hi:g}]"
-    names = {bool: "true or false", str: "a non-empty string"}
+    names: dict[type | None, str] = {bool: "true or false", str: "a non-empty string"}
     return names.get(kind, f"a {getattr(kind, '__name__', 'value')}")
 
 

@@ -185,6 +185,7 @@ def run(args) -> int:
         session = start_ray(address, local_cpus)  # bad address, refused token, unfit node: exit 2 before anything
         print(describe(session), file=sys.stderr)
         workers = workers or max(1, session.cluster.cpus)
+    assert workers is not None, "only --address leaves workers open, and it needs the ray executor"
     try:
         return _sweep(args, sweep, out, workers, attempts, session)
     finally:

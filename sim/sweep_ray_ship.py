@@ -50,11 +50,11 @@ def file_fields(resolved: dict) -> dict[tuple, Path]:
         out[("cache", "hot_profile")] = Path(hot)
     for section, registry in (("policy", POLICIES), ("predictor", PREDICTORS)):
         part = resolved.get(section) or {}
-        rules = getattr(registry.get(part.get("name")), "PARAM_RULES", None) or {}
+        rules = getattr(registry.get(str(part.get("name"))), "PARAM_RULES", None) or {}
         params = part.get("params") or {}
         for key, rule in rules.items():
             value = params.get(key)
-            if names_file(rule, value) and value.strip():  # a path, not one of the rule's words
+            if isinstance(value, str) and names_file(rule, value) and value.strip():  # a path, not a rule's word
                 out[(section, "params", key)] = resolve_path(value, f"{section}.params.{key}", rule.file).resolve()
     return out
 

@@ -112,7 +112,7 @@ def _cell(v) -> str:
     up), "-" for none."""
     if v is None or (isinstance(v, float) and v != v):
         return "-"
-    if isinstance(v, bool) or not isinstance(v, numbers.Number):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
         return str(v)
     if isinstance(v, numbers.Integral):
         return f"{int(v):,}"

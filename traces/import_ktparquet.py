@@ -37,6 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -521,15 +522,16 @@ def match_outputs(requests: list[Request], outputs: list[Output], files_requests
                 raise InputError(f"{o.path}: names {brief(key)} like {table[key].path}; which one belongs to it?")
             table[key] = o
     for r in requests:
-        o = by_ctx.get(r.context_id) if r.context_id is not None else None
-        if o is None and files_requests[r.path] == 1:
-            o = by_file.get(r.path.name)
-        if o is None:
+        found = by_ctx.get(r.context_id) if r.context_id is not None else None
+        if found is None and files_requests[r.path] == 1:
+            found = by_file.get(r.path.name)
+        if found is None:
             raise InputError(
                 f"{r.path}: request {r.name}: no output JSON in --outputs has context_id {brief(r.name)}"
                 f"{'' if files_requests[r.path] != 1 else f' or trace_file {brief(r.path.name)}'} "
                 f"({len(outputs)} read)"
             )
+        o = found
         if o.prompt_tokens != r.prompt:
             raise InputError(
                 f"{r.path}: request {r.name}: its prefill pass holds {r.prompt} tokens but {o.path} says "
@@ -569,7 +571,7 @@ def import_kt_parquet(
     out_list = load_outputs(outputs) if outputs else None
     requests: list[Request] = []
     per_file: dict[Path, int] = {}
-    shape = None  # (layers, top-k, file)
+    shape: tuple[int, int, Path] | None = None  # (layers, top-k, file)
     seen: dict[str, Path] = {}
     largest = -1
     for f in files:
@@ -597,6 +599,8 @@ def import_kt_parquet(
         requests.extend(reqs)
     if out_list is not None:
         match_outputs(requests, out_list, per_file)
+    if shape is None:
+        raise InputError(f"{files[0]}: no requests found")
     num_layers, top_k = shape[0], shape[1]
 
     if num_experts is not None:
@@ -618,7 +622,7 @@ def import_kt_parquet(
     lengths = [r.prompt + r.decode for r in requests]
     categories = [r.category for r in requests]
     known = [c for c in dict.fromkeys(categories) if c]
-    info = {
+    info: dict[str, list[Any]] = {
         "context_id": [r.context_id for r in requests],
         "source_file": [r.path.name for r in requests],
         "category": categories,

@@ -159,7 +159,7 @@ def import_mixtral_jsonl(
                 duplicates += 1
                 continue
             rows[key][layer][tok] = (experts, probs if probs is not None else [0.0] * top_k)
-    if not order:
+    if not order or top_k is None:
         raise InputError(f"{files[0]}: no routing records found")
     num_layers = 1 + max(max(layers) for layers in rows.values())
 

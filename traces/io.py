@@ -25,7 +25,7 @@ import zipfile
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 
@@ -473,9 +473,10 @@ def _read_npy(f: IO[bytes], label: str, size: int, path: Path, max_items: int | 
         flat = np.empty(count, dtype=dtype)
     except MemoryError:
         raise TraceError(path, f"{label} needs {count * dtype.itemsize} bytes, more memory than there is") from None
-    buf, done = memoryview(flat).cast("B"), 0
+    buf, done = flat.data.cast("B"), 0
+    reader = cast(io.BufferedIOBase, f)  # a zip entry or a file opened "rb": buffered, though typed IO[bytes]
     while done < len(buf):
-        n = f.readinto(buf[done : done + _READ_CHUNK])
+        n = reader.readinto(buf[done : done + _READ_CHUNK])
         if not n:
             raise TraceError(path, f"truncated or corrupt {label} (data ends early)")
         done += n

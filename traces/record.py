@@ -241,9 +241,8 @@ def teacher_forced_routing(
             kw = {}
             if generated:
                 start = decoder_start_id(model, resolve_pad_id(model, None, eos_token_ids(model, None)))
-                dec = torch.tensor([[start] + generated[:-1]], dtype=torch.long, device=device)
                 shapes["decoder"] = (1, len(generated))
-                kw["decoder_input_ids"] = dec
+                kw["decoder_input_ids"] = torch.tensor([[start] + generated[:-1]], dtype=torch.long, device=device)
             cap.begin(shapes)
             if generated:
                 model(input_ids=enc_in, use_cache=False, **kw)

@@ -107,7 +107,7 @@ def load_checkpoint(path: str | Path, dtype: str = "float32", device: str = "cpu
     try:
         kwargs: dict[str, Any] = {"local_files_only": True}
         kwargs["dtype" if _accepts_dtype(tf) else "torch_dtype"] = "auto" if dtype == "auto" else _torch_dtype(dtype)
-        model = auto.from_pretrained(path, **kwargs)
+        model: Any = auto.from_pretrained(path, **kwargs)  # its .to() is typed too narrowly for a device name
     except Exception as exc:
         raise InputError(f"--model {path}: cannot load the model ({_first_line(exc)})") from None
     if not find_moe_layers(model):

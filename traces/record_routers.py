@@ -112,7 +112,7 @@ def _parse_routing(values, layer: MoELayer, label: str = "output", first: int = 
         and layer.top_k != E
         and (raw.numel() == 0 or int(raw.max()) <= 1)
     )
-    if one_hot:
+    if one_hot and E is not None:  # (one_hot implies E; said again for the type checker)
         k = layer.top_k or 1
         flat = raw.reshape(-1, E)
         vals, order = torch.sort(flat, dim=-1, descending=True, stable=True)

@@ -129,7 +129,7 @@ class Policy(Parametrised):
                         "cache.shared_slots",
                         f"{total} slots cannot hold the pinned HPC ({hpc} per layer x {n} cached layers)",
                     )
-            self.cache = SharedTierCache(ctx.num_layers, ctx.num_experts, hpc, mpc, ctx.cached_layers)
+            self.cache: TierCache = SharedTierCache(ctx.num_layers, ctx.num_experts, hpc, mpc, ctx.cached_layers)
         elif ctx.organization == "per-layer":
             self.cache = TierCache(ctx.num_layers, ctx.num_experts, hpc, mpc, ctx.cached_layers)
         else:
@@ -251,7 +251,7 @@ class Policy(Parametrised):
         cands: list[tuple[Any, int, int]] | None = None
         admitted = 0
         for i, e in enumerate(newcomers):
-            if cache.used < cache.mpc_slots:
+            if cache.mpc_size() < cache.mpc_slots:
                 cache.promote(layer, e, None)
                 promote[e] = None
                 admitted += 1

@@ -52,7 +52,7 @@ class LRU(PerLayerCache):
         slots, promote = cache.mpc_slots, plan.promote
         for e in newcomers:
             victim = None
-            if cache.used >= slots:
+            if cache.mpc_size() >= slots:
                 for victim in order:  # the least recently used pair the running layer does not need now
                     if victim[0] != layer or victim[1] not in active_set:
                         break
