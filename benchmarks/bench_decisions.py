@@ -19,11 +19,11 @@ import argparse
 import time
 from collections import OrderedDict
 
-from sim.config import load_run_config
-from sim.decisions import build_decisions
-from sim.replay import replay
+from sim.config.run_config import load_run_config
+from sim.core.decisions import build_decisions
+from sim.core.replay import replay
+from sim.core.workload import build_iterations, phase_layers
 from sim.run import simulate
-from sim.workload import build_iterations, phase_layers
 from traces.io import load_trace
 
 CONFIG = "configs/gpt_oss_20b.yaml"

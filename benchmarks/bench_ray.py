@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sim.sweep import Progress, load_sweep, run_local  # noqa: E402
-from sim.sweep_ray import run_ray, start_ray  # noqa: E402
+from sim.sweep.cli import Progress, load_sweep, run_local  # noqa: E402
+from sim.sweep.ray.executor import run_ray, start_ray  # noqa: E402
 
 MB = 1024 * 1024
 

@@ -12,7 +12,7 @@ import time
 
 import simpy
 
-from sim.config import load_run_config
+from sim.config.run_config import load_run_config
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate

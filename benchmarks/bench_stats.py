@@ -11,9 +11,9 @@ import os
 import tempfile
 import time
 
+from traces.analysis.stats import compute_stats
 from traces.io import load_trace, save_trace
-from traces.stats import compute_stats
-from traces.synth import SynthKnobs, generate
+from traces.synthetic.generator import SynthKnobs, generate
 
 
 def main() -> None:

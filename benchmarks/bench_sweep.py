@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sim.sweep import Progress, load_sweep, run_local, run_ray
+from sim.sweep.cli import Progress, load_sweep, run_local, run_ray
 
 SWEEP = """
 base: {root}/configs/switch_xxl.yaml

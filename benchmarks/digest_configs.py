@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from sim.config import load_run_config  # noqa: E402
+from sim.config.run_config import load_run_config  # noqa: E402
 from sim.policies import POLICIES  # noqa: E402
 from sim.predictors import PREDICTORS  # noqa: E402
 from sim.results import iterations_csv  # noqa: E402

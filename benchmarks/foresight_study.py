@@ -87,7 +87,7 @@ def runs() -> list[tuple[str, str, dict]]:
 
 def run_one(config: str, sets: list[str], policy: str, predictor: str, params: dict | None) -> dict:
     """One simulation; its cache hits (HPC + MPC over accesses) and throughput."""
-    from sim.config import load_run_config
+    from sim.config.run_config import load_run_config
     from sim.run import simulate
 
     over = [*sets, f"policy.name={policy}", f"predictor.name={predictor}"]

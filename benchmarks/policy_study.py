@@ -145,7 +145,7 @@ def run_cell(config: str, sets: list[str]) -> list[dict]:
     """``sim compare CONFIG --policies all --set ...`` in this process: its rows (on a shared cache, the policies
     that manage one)."""
     from sim.compare import compare, parse_entries
-    from sim.config import load_run_config
+    from sim.config.run_config import load_run_config
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 

@@ -1,7 +1,7 @@
 """`python -m sim run CONFIG [--set key.path=value ...] [--out DIR] [--timeline] [--json]` and
 `python -m sim compare CONFIG --policies a,b,c [--baseline NAME]` (see ``sim/compare.py``) and
 `python -m sim fit-system --measured CSV --system NAME --hardware HW --out FILE.yaml` (see ``sim/fit_system.py``),
-`python -m sim sweep SWEEP.yaml` (see ``sim/sweep.py``; the sweep file: docs/sweeps.md) and
+`python -m sim sweep SWEEP.yaml` (see ``sim/sweep/cli.py``; the sweep file: docs/sweeps.md) and
 `python -m sim policies [--json]`, the registered policies and predictors (see ``sim/listing.py``).
 
 Exit status 0 on success, 2 on bad input (config, trace, arguments) with one line naming the field or file,
@@ -43,7 +43,7 @@ def _progress_printer():
 
 
 def cmd_run(args) -> int:
-    from sim.config import load_run_config
+    from sim.config.run_config import load_run_config
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
     from sim.results import format_summary, write_outputs
@@ -67,7 +67,7 @@ def cmd_run(args) -> int:
 def default_out(config: str) -> Path:
     """``runs/CONFIG-TIMESTAMP``, CONFIG the config file's name made plain, so the folder stays inside ``runs/``
     whatever the file is called."""
-    from sim.sweep_spec import safe_name
+    from sim.sweep.spec import safe_name
 
     return Path("runs") / f"{safe_name(Path(str(config)).stem, 'run')[:80]}-{dt.datetime.now():%Y%m%d-%H%M%S}"
 
@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", action="store_true", help="also write timeline.json (Chrome trace, opens in Perfetto)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.set_defaults(func=cmd_run)
-    from sim import compare, fit_system, listing, sweep
+    from sim import compare, fit_system, listing
+    from sim.sweep import cli as sweep
 
     compare.register(sub)
     _point_to_policies(sub.choices["compare"])

@@ -31,7 +31,7 @@ import json
 import sys
 from pathlib import Path
 
-from sim.config import RunConfig, config_from_dict, load_run_config
+from sim.config.run_config import RunConfig, config_from_dict, load_run_config
 from sim.errors import ConfigError
 from sim.policies import POLICIES, is_ceiling
 from sim.predictors import PREDICTORS
@@ -197,7 +197,8 @@ def variant(base: RunConfig, policy: str, predictor: str | None) -> RunConfig:
 
 
 def describe_predictor(part) -> str:
-    """A predictor as a config names it (a :class:`sim.config.NamedConfig`): its name and its params that hold a
+    """A predictor as a config names it (a :class:`sim.config.run_config.NamedConfig`): its name and its params that
+    hold a
     value (defaults included, nulls left out), ``transition (train: other-requests)``."""
     given = [f"{k}: {v}" for k, v in part.params.items() if v is not None]
     return part.name + (f" ({', '.join(given)})" if given else "")
@@ -224,7 +225,7 @@ def belady_cache_hit_rate(cfg: RunConfig, trace) -> float | None:
         from sim.policies.belady import belady_bound, belady_bound_shared
     except ImportError:
         return None
-    from sim.workload import build_iterations
+    from sim.core.workload import build_iterations
 
     w = cfg.workload
     iterations, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
@@ -414,7 +415,7 @@ OUTPUT_FILES = ("compare.csv", "compare.md")
 
 def default_out(config: str) -> Path:
     """``runs/compare-CONFIG-TIMESTAMP``, CONFIG the config file's name made plain (inside ``runs/``)."""
-    from sim.sweep_spec import safe_name
+    from sim.sweep.spec import safe_name
 
     stem = safe_name(Path(str(config)).stem, "config")[:80]
     return Path("runs") / f"compare-{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"

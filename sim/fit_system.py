@@ -7,7 +7,7 @@ A *rows file* (CSV) lists measurements, one per line, with the columns :data:`CO
   mode (mixtral-offloading ``full`` | ``lru`` | ``none`` | ``naive`` (accelerate's offloading), another by its
   slots; llama.cpp ``n-cpu-moe=N``; others free text);
 - ``model``: a profile of ``configs/models/`` (``mixtral-8x7b-instruct`` is ``mixtral-8x7b``) with a trace in
-  :data:`TRACES`; ``expert_format``/``dense_format``: weight formats ``sim.system_spec.format_bits`` reads (blank: the
+  :data:`TRACES`; ``expert_format``/``dense_format``: weight formats ``sim.config.system.format_bits`` reads (blank: the
   system profile's);
 - ``gpu``, ``host``, ``pcie``: the machine, mapped to a profile of ``configs/hardware/`` by :func:`hardware_of`;
 - ``batch``, ``prompt_tokens``, ``decode_tokens``: the workload (decode-only traces: the prompt is not simulated);
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.config.files import PROJECT_ROOT
 from sim.errors import ConfigError
-from sim.files import PROJECT_ROOT
 
 COLUMNS = (
     "row",
@@ -86,7 +86,7 @@ TRACES = {
 class Fitted:
     """The constant a system fits: a system-profile key, its search range and how tokens/s moves with it."""
 
-    key: str  # a key of sim/system_spec.py (file units)
+    key: str  # a key of sim/config/system.py (file units)
     low: float
     high: float
     per_gpu: bool  # one value per GPU (the software's cost depends on it), else one for the system
@@ -225,7 +225,7 @@ def check_row(
 ) -> Row:
     """One CSV record checked into a :class:`Row` (``hardware``: the profile every row runs on, else the row's GPU
     and host decide; ``default_role``/``default_system``: the role/system of a row that leaves it blank)."""
-    from sim.system_spec import format_bits
+    from sim.config.system import format_bits
 
     v = {c: (raw.get(c) or "").strip() for c in COLUMNS}
     rid = v["row"]
@@ -341,10 +341,10 @@ def _fits_on_gpu(cfg_dict: dict) -> int:
     is allocated being the dense weights, the KV cache and the working buffer (sourced: efeslab/fiddler
     src/fiddler/mixtral.py, ``calc_n_expert_on_gpu``), and never more than the config's memory check admits (the
     hardware profile's reserved memory aside)."""
-    from sim.config import config_from_dict, dense_bytes_of, with_formats
-    from sim.hardware_spec import load_hardware
-    from sim.model_spec import load_model
-    from sim.system_spec import load_system
+    from sim.config.hardware import load_hardware
+    from sim.config.model import load_model
+    from sim.config.run_config import config_from_dict, dense_bytes_of, with_formats
+    from sim.config.system import load_system
 
     system = load_system(cfg_dict["system"])
     model = with_formats(load_model(cfg_dict["model"]), system)
@@ -358,13 +358,14 @@ def _fits_on_gpu(cfg_dict: dict) -> int:
 
 
 def _request_tokens(cfg) -> int:
-    from sim.config import read_trace_summary
+    from sim.config.run_config import read_trace_summary
 
     return read_trace_summary(cfg.workload.trace).max_request_tokens(cfg.workload.max_decode_tokens)
 
 
 def run_config(row: Row, constants: dict[str, float], system_profile: str | None = None) -> dict:
-    """The run config (a mapping for ``sim.config.config_from_dict``) that simulates ``row`` with the system's
+    """The run config (a mapping for ``sim.config.run_config.config_from_dict``) that simulates ``row`` with the
+    system's
     fitted ``constants`` (file keys) set on its profile."""
     profile, _ = SYSTEMS[row.system]
     if row.system == "mixtral-offloading" and re.search(r"naive|accelerate", row.variant):
@@ -420,7 +421,7 @@ def run_config(row: Row, constants: dict[str, float], system_profile: str | None
         n_cpu = _n_cpu_moe(row.variant) if row.system == "llama.cpp" else None
         params: dict[str, Any] = {}
         if n_cpu is not None:
-            from sim.model_spec import load_model
+            from sim.config.model import load_model
 
             m = load_model(row.model)
             layers = m.encoder_moe_layers + m.decoder_moe_layers
@@ -440,7 +441,7 @@ def run_config(row: Row, constants: dict[str, float], system_profile: str | None
 
 def simulate_row(row: Row, constants: dict[str, float], system_profile: str | None = None) -> float:
     """Simulated decode tokens/s of ``row`` with the system's ``constants``."""
-    from sim.config import config_from_dict
+    from sim.config.run_config import config_from_dict
     from sim.run import simulate
 
     try:
@@ -619,8 +620,8 @@ def fit_system(measured: str, system: str, hardware: str, out: str) -> tuple[Sys
     the profile ``{base: PROFILE, KEY: value}`` to ``out`` and return the fit, each row's result and the profile."""
     import yaml
 
-    from sim.hardware_spec import load_hardware
-    from sim.system_spec import load_system
+    from sim.config.hardware import load_hardware
+    from sim.config.system import load_system
     from traces.io import atomic_write_bytes, check_output_file
 
     name = system_of(system)

@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.cache import HPC, LPC, MPC
-from sim.records import IterationRecord
-from sim.workload import WorkloadInfo
+from sim.core.cache import HPC, LPC, MPC
+from sim.core.records import IterationRecord
+from sim.core.workload import WorkloadInfo
 from traces.io import atomic_write_bytes
 
 if TYPE_CHECKING:  # the engine needs SimPy; results are read where it may be absent
-    from sim.engine import EngineResult
+    from sim.timing.engine import EngineResult
 
 
 def stats_ms(values) -> dict:
@@ -223,7 +223,7 @@ def write_outputs(
     return written
 
 
-INLINE = " (modified inline)"  # how sim.profiles marks a file's profile changed by inline settings
+INLINE = " (modified inline)"  # how sim.config.profiles marks a file's profile changed by inline settings
 
 
 def hardware_words(s: dict) -> str:

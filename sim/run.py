@@ -7,13 +7,13 @@ import platform
 from dataclasses import dataclass
 from importlib import metadata
 
-from sim.config import RunConfig
-from sim.costs import CostModel
-from sim.decisions import build_decisions, cached_layers, hot_ranking  # noqa: F401 (re-exported)
-from sim.engine import EngineResult, Simulation
+from sim.config.run_config import RunConfig
+from sim.core.decisions import build_decisions, cached_layers, hot_ranking  # noqa: F401 (re-exported)
+from sim.core.workload import WorkloadInfo, build_iterations
 from sim.policies import Policy
 from sim.results import summarize
-from sim.workload import WorkloadInfo, build_iterations
+from sim.timing.costs import CostModel
+from sim.timing.engine import EngineResult, Simulation
 from traces.format import Trace
 from traces.io import file_sha256, load_trace
 

@@ -91,7 +91,7 @@ def mixtral_real_paths():
 @pytest.fixture(scope="session")
 def mixtral_real(mixtral_real_paths, tmp_path_factory):
     """The two real Mixtral routing files imported (each alone, and both together), as trace paths."""
-    from traces.importers import import_mixtral_jsonl
+    from traces.importers.cli import import_mixtral_jsonl
     from traces.io import save_trace
 
     d = tmp_path_factory.mktemp("mixtral")

@@ -831,7 +831,7 @@ def test_a_profile_the_manifest_recorded_is_reachable_only_while_its_checksum_ho
 
 def test_file_content_of_the_wrong_shape_is_described_not_shown(tmp_path):
     """Every profile or config read from a file that does not hold a mapping says what it holds, not the text."""
-    from sim.config import load_run_config
+    from sim.config.run_config import load_run_config
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 

@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import make_trace, plain_lru, random_trace
-from sim.cache import HPC, LPC, MISS, MPC
+from sim.core.cache import HPC, LPC, MISS, MPC
+from sim.core.replay import replay
+from sim.core.workload import build_iterations
 from sim.policies import POLICIES, PolicyContext
 from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.policies.belady import belady_bound
 from sim.predictors import PREDICTORS, PredictorContext
-from sim.replay import replay
-from sim.workload import build_iterations
 
 NEVER = float("inf")
 

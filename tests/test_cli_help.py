@@ -5,7 +5,7 @@
 - ``python -m sim policies`` lists every registered policy and predictor from the registries (a newly registered
   one with no other edit), and the help of ``sim``, ``sim run`` and ``sim compare`` points to it.
 - The sweep file's keys (``SWEEP_KEYS``, the list the loader accepts) are each documented in ``docs/sweeps.md`` and
-  in ``sim sweep --help``; the limits table of the page holds the values of ``sim/sweep_spec.py``; the page's
+  in ``sim sweep --help``; the limits table of the page holds the values of ``sim/sweep/spec.py``; the page's
   example loads with the loader.
 """
 
@@ -26,9 +26,11 @@ import yaml
 import sim.cli
 import traces.cli
 import validate.cli
-from sim import listing, sweep, sweep_spec
+from sim import listing
 from sim.policies import POLICIES, Policy
 from sim.predictors import PREDICTORS, Predictor
+from sim.sweep import cli as sweep
+from sim.sweep import spec as sweep_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "sweeps.md"
@@ -221,8 +223,8 @@ def test_the_help_that_takes_policy_names_points_to_the_listing(path):
 
 # ------------------------------------------------------------------------------------------------ the sweep schema
 def _keys_the_loader_reads() -> set[str]:
-    """The top-level keys ``sim/sweep_spec.py`` reads from a sweep file's mapping ``d``."""
-    source = (ROOT / "sim" / "sweep_spec.py").read_text()
+    """The top-level keys ``sim/sweep/spec.py`` reads from a sweep file's mapping ``d``."""
+    source = Path(sweep_spec.__file__).read_text()
     return set(re.findall(r'\bd(?:\.get\(|\[)"(\w+)"', source)) | set(
         re.findall(r'_optional_mapping\(d, "(\w+)"', source)
     )
@@ -270,7 +272,7 @@ def test_every_check_and_plot_is_explained():
     for name in sweep.CHECKS:
         assert re.search(rf"^\| `{name}` \|", doc, re.M), f"docs/sweeps.md: no row for the check {name}"
         assert name in epilog
-    from sim.sweep_report import TIER_PLOT, plot_file
+    from sim.sweep.report import TIER_PLOT, plot_file
 
     for text in (TIER_PLOT, plot_file("workload.batch_size"), *sweep_spec.EXTRA_PLOT_AXES):
         assert f"`{text}`" in doc

@@ -15,7 +15,7 @@ from test_engine import tiny_model
 from test_policies import make_policy, run_decisions
 
 from conftest import ROOT, make_trace, random_trace
-from sim.cache import MPC
+from sim.core.cache import MPC
 from traces.io import save_trace
 
 
@@ -124,7 +124,7 @@ def test_compare_says_under_the_table_which_rows_ran_with_the_configs_predictor(
 
 def test_an_oracle_config_predictor_is_named_as_the_oracle(transition_config):
     from sim.compare import config_predictor_note
-    from sim.config import load_run_config
+    from sim.config.run_config import load_run_config
 
     base = load_run_config(transition_config, ["predictor=oracle"])
     note = config_predictor_note(base, [("lru", None), ("lfu", "none")])
@@ -137,7 +137,7 @@ def test_an_oracle_config_predictor_is_named_as_the_oracle(transition_config):
 
 def test_variant_keeps_the_configs_predictor_params_when_the_entry_names_the_same_predictor(transition_config):
     from sim.compare import compare, variant
-    from sim.config import load_run_config
+    from sim.config.run_config import load_run_config
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 
@@ -188,9 +188,9 @@ def _arc_consistent(policy):
 def test_diffmoe_arc_keeps_its_lists_and_the_tiers_consistent(seed, hpc, mpc, k, batch):
     trace = random_trace(np.random.default_rng(seed), tokens=80, layers=2, experts=10, k=k, requests=3)
     policy = make_policy("diffmoe-arc", trace, hpc=hpc, mpc=mpc)
+    from sim.core.replay import replay
+    from sim.core.workload import build_iterations
     from sim.predictors import PREDICTORS, PredictorContext
-    from sim.replay import replay
-    from sim.workload import build_iterations
 
     its, _ = build_iterations(trace, batch, "static", None, True, None)
     none = PREDICTORS.get("none")(None, PredictorContext(trace.num_layers, trace.num_experts))

@@ -135,9 +135,9 @@ def test_compare_all_runs_every_policy_and_writes_the_origin_column(tiny_config,
 def test_compare_all_on_a_shared_cache_runs_the_shared_policies_against_the_shared_bound(tiny_config, tmp_path):
     """The config's own policy may manage per-layer slots only: ``all`` leaves out those that do, and the bound is
     the shared MIN cache of the same total size."""
-    from sim.config import load_run_config
+    from sim.config.run_config import load_run_config
+    from sim.core.workload import build_iterations
     from sim.policies.belady import belady_bound_shared
-    from sim.workload import build_iterations
     from traces.io import load_trace
 
     cfg = yaml.safe_load(tiny_config.read_text())

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.config import apply_override, config_from_dict, load_run_config, read_trace_summary
+from sim.config.hardware import load_hardware
+from sim.config.model import load_model
+from sim.config.profiles import available
+from sim.config.run_config import apply_override, config_from_dict, load_run_config, read_trace_summary
 from sim.errors import ConfigError
 from sim.policies import POLICIES as POLICY_CLASSES
-from sim.specs import available, load_hardware, load_model
 from traces.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -566,8 +568,9 @@ def test_profile_file_errors_name_the_file(tmp_path):
 def test_keys_schema_and_resolved_come_from_the_dataclasses():
     import dataclasses
 
-    from sim.config import SCHEMA, CacheConfig, MemorySizing, NamedConfig, RunConfig, WorkloadConfig
-    from sim.specs import HardwareSpec, ModelSpec
+    from sim.config.hardware import HardwareSpec
+    from sim.config.model import ModelSpec
+    from sim.config.run_config import SCHEMA, CacheConfig, MemorySizing, NamedConfig, RunConfig, WorkloadConfig
 
     def names(cls):
         return [f.name for f in dataclasses.fields(cls)]
@@ -612,7 +615,6 @@ def test_the_ceiling_policy_is_known_by_its_flag():
 
 
 def test_decimal_and_binary_gigabytes():
-    import sim.specs
-    import sim.units
+    import sim.config.units
 
-    assert sim.units.GB == 1e9 and sim.units.GIB == 2**30 and sim.specs.GB is sim.units.GB
+    assert sim.config.units.GB == 1e9 and sim.config.units.GIB == 2**30 and sim.config.units.GB is sim.config.units.GB

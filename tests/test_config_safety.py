@@ -31,16 +31,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, TINY_MODEL, make_trace, random_trace
-from sim.config import config_from_dict, load_run_config
+from sim.config.hardware import load_hardware
+from sim.config.model import load_model
+from sim.config.params import Parametrised, Rule, between, one_of
+from sim.config.run_config import config_from_dict, load_run_config
+from sim.core.registry import Registry
+from sim.core.workload import build_iterations, prompt_context
 from sim.errors import ConfigError
-from sim.hardware_spec import load_hardware
-from sim.model_spec import load_model
-from sim.params import Parametrised, Rule, between, one_of
 from sim.policies import POLICIES, Policy
 from sim.predictors import PREDICTORS, Predictor
-from sim.registry import Registry
 from sim.run import simulate
-from sim.workload import build_iterations, prompt_context
 from traces.errors import InputError
 from traces.format import MAX_CONTEXT, MAX_REQUESTS
 from traces.io import load_trace, save_trace
@@ -668,7 +668,7 @@ def test_a_long_list_of_known_names_shows_the_closest():
         load_hardware(d["hardware"], "hardware")
     msg = one_line(exc.value)
     assert msg.startswith("hardware.pcie_bw_gbs: unknown key (closest: pcie_bw_gb_s")
-    assert " in all: see sim/hardware_spec.py)" in msg
+    assert " in all: see sim/config/hardware.py)" in msg
     with pytest.raises(ConfigError) as exc:
         load_model("switch-xxxl")
     assert "switch-xxl-128" in one_line(exc.value)

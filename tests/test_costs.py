@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.costs import CostModel
+from sim.config.hardware import CalibrationTables, hardware_from_dict, load_hardware
+from sim.config.model import load_model
 from sim.errors import ConfigError
-from sim.specs import CalibrationTables, hardware_from_dict, load_hardware, load_model
+from sim.timing.costs import CostModel
 
 H200 = load_hardware("h200")
 XXL = load_model("switch-xxl-128")

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from test_policies import plain_diffmoe, plain_lru_hits
 
 from conftest import ROOT, make_trace, random_trace
-from sim.cache import HPC, MPC
-from sim.config import config_from_dict
+from sim.config.run_config import config_from_dict
+from sim.core.cache import HPC, MPC
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
@@ -326,10 +326,10 @@ def test_missing_config_and_bad_yaml_exit_2(tmp_path):
 
 def engine_for(cfg, trace, **kw):
     """The engine of one run, built as ``sim.run.simulate`` builds it (so that a test can hand it an environment)."""
-    from sim.costs import CostModel
-    from sim.decisions import build_decisions
-    from sim.engine import Simulation
-    from sim.workload import build_iterations
+    from sim.core.decisions import build_decisions
+    from sim.core.workload import build_iterations
+    from sim.timing.costs import CostModel
+    from sim.timing.engine import Simulation
 
     w = cfg.workload
     iterations, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
@@ -420,7 +420,7 @@ def test_a_stream_clock_keeps_a_process_times_and_runs_every_event_due_by_each_w
     stream goes on (also one due at that very end): the log is in order of time, the other process first at a tie."""
     import simpy
 
-    from sim.clock import StreamClock
+    from sim.timing.clock import StreamClock
 
     def other(env, log):  # another process: its own waits, each logged at SimPy's time
         for i, d in enumerate(others):
@@ -460,7 +460,7 @@ def test_a_copy_event_due_at_the_end_of_a_wait_runs_before_the_stream_goes_on():
     first) runs before the stream goes on, as in the engine's model: every event due by a wait's end has run."""
     import simpy
 
-    from sim.clock import StreamClock
+    from sim.timing.clock import StreamClock
 
     env = simpy.Environment()
     clock = StreamClock(env)
@@ -475,7 +475,7 @@ def test_the_engine_uses_only_simpys_public_api():
     """No private attribute of SimPy's (``_now``, ``_eid``, ``_queue``), and nothing pushed on its heap by hand."""
     import re
 
-    for name in ("sim/engine.py", "sim/copy_engine.py", "sim/clock.py"):
+    for name in ("sim/timing/engine.py", "sim/timing/copy_engine.py", "sim/timing/clock.py"):
         text = (ROOT / name).read_text()
         assert not re.search(r"\b(env|environment)\._\w+|\._(now|eid|queue)\b|heappush|heappop", text), name
 
@@ -485,7 +485,7 @@ def test_the_copy_engine_alone_lands_one_copy_at_a_time_on_simpys_clock():
     landing ``copy_s`` after the last, in a working buffer that stays taken until released."""
     import simpy
 
-    from sim.copy_engine import CopyEngine
+    from sim.timing.copy_engine import CopyEngine
 
     env = simpy.Environment()
     copy = CopyEngine(env, copy_s=0.5, nbytes=10, buffers=2, reserve=1, handoff=0.0)

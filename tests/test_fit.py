@@ -1,4 +1,4 @@
-"""`traces synth --fit` (traces/fit.py): recovery of known knobs on held-out halves, determinism, the fitted
+"""`traces synth --fit` (traces/synthetic/fit.py): recovery of known knobs on held-out halves, determinism, the fitted
 model's knobs in the generator and in the trace's metadata, the CLI, and the real gpt-oss and Switch traces."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import pytest
 
 from conftest import ROOT
 from real_traces import gpt_oss, switch_decode
-from traces import fit, stats
+from traces.analysis import stats
 from traces.errors import InputError
 from traces.io import load_trace, save_trace, trace_bytes
-from traces.synth import SynthKnobs, _balance, generate
+from traces.synthetic import fit
+from traces.synthetic.generator import SynthKnobs, _balance, generate
 
 
 def _cli(*args):

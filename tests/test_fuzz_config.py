@@ -26,12 +26,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, TINY_MODEL, make_trace, random_trace
-from sim.config import SCHEMA, apply_override, config_from_dict, load_run_config
-from sim.decisions import build_decisions
+from sim.config.run_config import SCHEMA, apply_override, config_from_dict, load_run_config
+from sim.core.decisions import build_decisions
+from sim.core.workload import build_iterations
 from sim.errors import MAX_FIELD_CHARS, MAX_PROBLEM_CHARS, ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
-from sim.workload import build_iterations
 from traces.errors import InputError
 from traces.io import load_trace, save_trace
 

@@ -151,10 +151,10 @@ def sweep_specs(draw):
 
 def _check_outcome(path: Path) -> None:
     """Load ``path``: a refusal is one bounded line naming the file; an accepted sweep is bounded and safe."""
-    from sim.sweep import default_out
-    from sim.sweep_checks import CHECKS
-    from sim.sweep_report import report_files
-    from sim.sweep_spec import MAX_POINTS, is_safe_name, load_sweep
+    from sim.sweep.checks import CHECKS
+    from sim.sweep.cli import default_out
+    from sim.sweep.report import report_files
+    from sim.sweep.spec import MAX_POINTS, is_safe_name, load_sweep
 
     try:
         sweep = load_sweep(path)

@@ -738,9 +738,9 @@ def _reference_ids(text: str) -> list[int] | None:
 @IMPORT_FUZZ
 @given(log=ft_log_texts())
 def test_ft_log_import_takes_ascii_ids_only_or_refuses_with_one_line(tmp_path, monkeypatch, log):
-    import traces.import_ftlog
+    import traces.importers.ftlog
 
-    monkeypatch.setattr(traces.import_ftlog, "MAX_LINE_BYTES", 2000)
+    monkeypatch.setattr(traces.importers.ftlog, "MAX_LINE_BYTES", 2000)
     text, batch, steps = log
     path = tmp_path / f"log{next(_counter)}.txt"
     path.write_bytes(text.encode("utf-8"))

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.specs import available, load_hardware
+from sim.config.hardware import load_hardware
+from sim.config.profiles import available
 
 ROOT = Path(__file__).resolve().parent.parent
 HARDWARE = ROOT / "configs" / "hardware"

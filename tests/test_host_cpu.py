@@ -10,10 +10,11 @@ import json
 
 import pytest
 
-from sim.costs import CostModel
+from sim.config.hardware import CPU_FIELDS, CalibrationTables, cpu_format_rate, load_hardware
+from sim.config.model import load_model
+from sim.config.profiles import available
 from sim.errors import ConfigError
-from sim.hardware_spec import CPU_FIELDS, cpu_format_rate
-from sim.specs import CalibrationTables, available, load_hardware, load_model
+from sim.timing.costs import CostModel
 
 NEW_PROFILES = {"rtx4090", "rtx4090-spr", "h200-granite-rapids", "h200-epyc-genoa", "h200-epyc-turin"}
 MODELS = (
@@ -263,7 +264,7 @@ def test_activation_copies_cross_the_link_both_ways():
 # ------------------------------------------------------------------------------------------------ no effect before
 def test_host_figures_do_not_move_an_existing_run():
     from conftest import ROOT
-    from sim.config import load_run_config
+    from sim.config.run_config import load_run_config
     from sim.run import simulate
 
     sets = ["workload.requests=16", "workload.max_decode_tokens=8"]

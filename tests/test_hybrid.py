@@ -14,12 +14,12 @@ import pytest
 from test_engine import comparable, config_for
 
 from conftest import ROOT, make_trace, random_trace
-from sim.cache import CPU, HPC, MISS
 from sim.compare import COLUMNS, compare, table_csv, table_markdown
-from sim.costs import CostModel
-from sim.protocol import cpu_tokens
+from sim.core.cache import CPU, HPC, MISS
+from sim.core.protocol import cpu_tokens
 from sim.results import ITERATION_COLUMNS, iterations_csv
 from sim.run import simulate
+from sim.timing.costs import CostModel
 from traces.io import save_trace
 
 HYBRID = ("fiddler", "ktransformers", "hybrid-cache")
@@ -63,9 +63,9 @@ def test_accesses_capacity_and_host_experts_never_in_a_buffer(skewed, policy, ba
             if src == CPU:
                 assert e not in promoted
     # a host expert never enters a working buffer: replay the steps and look at the LPC at each plan
-    from sim.decisions import build_decisions
-    from sim.protocol import DecisionProtocol
-    from sim.workload import build_iterations
+    from sim.core.decisions import build_decisions
+    from sim.core.protocol import DecisionProtocol
+    from sim.core.workload import build_iterations
 
     w = cfg.workload
     its, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
@@ -104,7 +104,7 @@ def test_ktransformers_never_copies(skewed):
 def fiddler_restated(trace, its, costs, hot, slots):
     """Fiddler's rule, plainly: the ``slots`` hottest experts per layer on the GPU; any other active expert on the
     host when host compute + activations both ways beat a copy + GPU compute."""
-    from sim.workload import active_sets, phase_layers
+    from sim.core.workload import active_sets, phase_layers
 
     layers_of = phase_layers(trace)
     out = []
@@ -128,7 +128,7 @@ def fiddler_restated(trace, its, costs, hot, slots):
 
 def with_hardware(cfg, **hw):
     """The config with hardware fields changed."""
-    from sim.config import config_from_dict
+    from sim.config.run_config import config_from_dict
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 
@@ -151,8 +151,8 @@ def test_fiddler_is_its_rule(tmp_path, overhead_us, batch):
         cpu_expert_overhead_us=overhead_us,
     )
     out = simulate(cfg, trace=trace, record_decisions=True, check_invariants=True)
-    from sim.decisions import hot_ranking
-    from sim.workload import build_iterations
+    from sim.core.decisions import hot_ranking
+    from sim.core.workload import build_iterations
 
     w = cfg.workload
     its, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
@@ -180,7 +180,7 @@ def test_fiddler_copies_when_the_host_is_slower(tmp_path):
     hw.update(name="slow-host", cpu_mem_bw_gb_s=0.5, cpu_bf16_tflops=0.001, cpu_int8_tops=0.001, cpu_int4_tops=0.001)
     (tmp_path / "slow.yaml").write_text(yaml.safe_dump(hw))
     cfg = config_for(path, trace, policy="fiddler", batch=2, hpc=1, mpc=1, buffers=3)
-    from sim.config import config_from_dict
+    from sim.config.run_config import config_from_dict
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from conftest import ROOT, make_trace
 from traces.errors import InputError, TraceError
 from traces.format import TraceMeta
-from traces.import_arrays import import_expert_arrays
-from traces.import_common import rows_of_requests
+from traces.importers.arrays import import_expert_arrays
+from traces.importers.common import rows_of_requests
 from traces.io import load_trace, save_trace
 
 SHARED_GPT_OSS = ROOT.parent / "shared" / "traces" / "gpt-oss-20b"
@@ -347,7 +347,7 @@ def test_decode_steps_of_a_decode_only_import_attend_over_the_recorded_prompt():
     import dataclasses
 
     from conftest import random_trace
-    from sim.workload import build_iterations
+    from sim.core.workload import build_iterations
 
     t = random_trace(np.random.default_rng(0), tokens=40, layers=2, experts=8, k=2, requests=2)
     t = dataclasses.replace(t, prefill_lengths=np.zeros(2, dtype=np.int64))

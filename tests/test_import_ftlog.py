@@ -13,13 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT
-from sim.config import config_from_dict
+from sim.config.run_config import config_from_dict
+from sim.core.workload import active_sets, build_iterations, phase_layers
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
-from sim.workload import active_sets, build_iterations, phase_layers
 from traces.errors import InputError
-from traces.import_ftlog import LogShape, import_ft_log
+from traces.importers.ftlog import LogShape, import_ft_log
 from traces.io import load_trace, save_trace
 
 SHARED_LOGS = ROOT.parent / "shared" / "traces" / "switch-base-pregated-logs"
@@ -331,7 +331,7 @@ def test_real_prefill_only_log_gives_an_encoder_only_trace():
 
 
 def test_several_logs_become_one_trace_in_file_order_with_each_lines_sets(tmp_path):
-    from traces.import_ftlog import import_ft_logs
+    from traces.importers.ftlog import import_ft_logs
 
     rng = np.random.default_rng(11)
     a = write_log(tmp_path / "a.txt", random_log(rng, runs=2, batch=2, prompt=5, steps=3))

@@ -19,13 +19,13 @@ import pytest
 
 from conftest import ROOT
 from conftest import run_traces as run
+from sim.core.replay import replay
+from sim.core.workload import active_sets, build_iterations, phase_layers
 from sim.policies import POLICIES, PolicyContext
 from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.predictors import PREDICTORS, PredictorContext
-from sim.replay import replay
-from sim.workload import active_sets, build_iterations, phase_layers
 from traces.errors import InputError
-from traces.import_ktparquet import import_kt_parquet
+from traces.importers.ktparquet import import_kt_parquet
 from traces.io import load_trace
 
 SHARED_KT = ROOT.parent / "shared" / "traces" / "qwen3.5-35b-a3b-ktransformers"
@@ -141,7 +141,7 @@ def raw_sets_in_step_order(paths):
 
 def replay_sets(trace):
     """Active sets of every (iteration, layer) of a batch-1 static replay: the workload's, and the decisions'
-    of the simulator's LRU policy driven by sim.replay."""
+    of the simulator's LRU policy driven by sim.core.replay."""
     its, _ = build_iterations(trace, 1, "static", None, True, None)
     layers = phase_layers(trace)
     workload = [frozenset(a) for it in its for a, _ in active_sets(trace, it.rows, layers[it.kind])]
@@ -520,7 +520,7 @@ def test_real_logs_import_with_the_output_counts(real_kt):
 
 
 def test_real_logs_replay_to_the_logged_active_sets(real_kt):
-    from traces import stats
+    from traces.analysis import stats
     from traces.format import Trace
 
     files, trace = real_kt

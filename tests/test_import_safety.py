@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from conftest import ROOT, patch_central
 from conftest import run_traces as run
 from traces.format import MAX_CONTEXT, MAX_REQUESTS
-from traces.import_common import bundled_profiles
+from traces.importers.common import bundled_profiles
 from traces.io import load_trace
 
 MAX_LINE = 600  # the longest error line an import may print ("error: " + a bounded message)
@@ -229,9 +229,9 @@ def test_hostile_zip_archives_exit_2_naming_the_file(tmp_path, case):
 
 
 def test_a_zip_bomb_is_refused_from_its_header_before_it_is_inflated(tmp_path, monkeypatch):
-    import traces.import_arrays
+    import traces.importers.arrays
 
-    monkeypatch.setattr(traces.import_arrays, "MAX_SOURCE_ARRAY_BYTES", 1 << 20)
+    monkeypatch.setattr(traces.importers.arrays, "MAX_SOURCE_ARRAY_BYTES", 1 << 20)
     n = 64 << 20  # 64 MiB of zeros: 64 KiB deflated
     path = tmp_path / "routing.npz"
     path.write_bytes(zip_of([("expert_ids.npy", npy_header((n // 8, 2, 4)) + bytes(n))]))
@@ -405,8 +405,8 @@ def _profile_source(folder, spec, layers=None, k=None, experts=None):
 def test_expert_arrays_refuse_a_shape_their_model_profile_would_refuse(tmp_path, stem):
     """Wrong top-k, layer count or expert count for a profiled model: refused at import, naming the profile;
     the right shape: written, and the simulator's own check accepts it."""
-    from sim.model_spec import load_model
-    from sim.trace_summary import read_trace_summary, trace_matches_model
+    from sim.config.model import load_model
+    from sim.config.trace_summary import read_trace_summary, trace_matches_model
 
     spec = load_model(stem)
     out = tmp_path / "out.npz"
@@ -430,7 +430,7 @@ def test_expert_arrays_refuse_a_shape_their_model_profile_would_refuse(tmp_path,
 def test_import_and_run_agree_on_every_shape(tmp_path_factory, data):
     """The class: for any profiled model name (with an organisation prefix or a variant suffix) and any routing
     shape, the import writes the trace exactly when the simulator's check would take it for that model."""
-    from sim.trace_summary import read_trace_summary, trace_matches_model
+    from sim.config.trace_summary import read_trace_summary, trace_matches_model
 
     stem, spec = data.draw(st.sampled_from(DECODER_ONLY))
     name = data.draw(st.sampled_from([stem, f"org/{stem}", f"{stem}-instruct", stem.upper()]))
@@ -650,9 +650,9 @@ def test_ft_log_ids_are_ascii_digits_only(tmp_path, word):
 
 
 def test_ft_log_lines_longer_than_the_limit_are_refused_with_bounded_memory(tmp_path, monkeypatch):
-    import traces.import_ftlog
+    import traces.importers.ftlog
 
-    monkeypatch.setattr(traces.import_ftlog, "MAX_LINE_BYTES", 4096)
+    monkeypatch.setattr(traces.importers.ftlog, "MAX_LINE_BYTES", 4096)
     path = tmp_path / "log.txt"
     path.write_text("permuted_experts_ 1\npermuted_experts_ " + "1 " * 5000 + "\n")
     out = tmp_path / "out.npz"

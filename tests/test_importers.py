@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT
 from traces.errors import InputError
-from traces.importers import import_mixtral_jsonl, import_vllm
+from traces.importers.cli import import_mixtral_jsonl, import_vllm
 from traces.io import load_trace
 
 

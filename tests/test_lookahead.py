@@ -14,12 +14,12 @@ from test_engine import config_for
 from test_published_policies import BOUNDED, HAND_MADE, cache_hits, drive, policy_for, steps_of
 
 from conftest import make_trace, random_trace
-from sim.cache import LPC, MISS
-from sim.config import load_run_config
+from sim.config.run_config import load_run_config
+from sim.core.cache import LPC, MISS
+from sim.core.workload import build_iterations
 from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.run import simulate
-from sim.workload import build_iterations
 from traces.io import save_trace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from conftest import ROOT, TINY_MODEL, random_trace
-from sim.costs import CostModel
-from sim.specs import load_hardware, load_model
+from sim.config.hardware import load_hardware
+from sim.config.model import load_model
+from sim.timing.costs import CostModel
 from traces.io import save_trace
 
 TINY = TINY_MODEL
@@ -66,7 +67,7 @@ def test_the_calibration_file_is_a_hardware_profile_with_measured_tables(calibra
 
 
 def test_the_simulator_runs_on_the_calibration(calibration, tmp_path):
-    from sim.config import config_from_dict
+    from sim.config.run_config import config_from_dict
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
     from sim.run import simulate

@@ -36,7 +36,7 @@ MAX_TRACE_BYTES = 2_000_000  # the repository is cloned by CI
 
 
 def _load(name, sets=()):
-    from sim.config import load_run_config
+    from sim.config.run_config import load_run_config
 
     return load_run_config(ROOT / "configs" / f"{name}.yaml", list(sets))
 
@@ -161,8 +161,8 @@ def test_crossover_is_read_from_the_ratios():
 
 def test_break_even_follows_the_cost_model():
     """Fiddler's rule, from the cost model alone: the host CPU is faster below n tokens per expert, not at n."""
-    from sim.config import load_run_config
-    from sim.costs import CostModel
+    from sim.config.run_config import load_run_config
+    from sim.timing.costs import CostModel
 
     study = _study()
     n, batch = study.break_even("configs/mixtral_rtx4090.yaml")

@@ -13,12 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import make_trace
-from sim.config import config_from_dict
+from sim.config.model import load_model, model_from_dict
+from sim.config.profiles import available
+from sim.config.run_config import config_from_dict
 from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
-from sim.specs import available, load_model, model_from_dict
 from traces.io import save_trace
 
 #: Bytes per expert of the profiles that existed before ``expert_bits`` (DESIGN 2.4): they must not move.

@@ -15,14 +15,14 @@ from test_engine import comparable, config_for
 from test_published_policies import cache_hits, replay_snapshots, steps_of
 
 from conftest import make_trace, random_trace
-from sim.cache import LPC, MISS, MPC
+from sim.core.cache import LPC, MISS, MPC
+from sim.core.workload import build_iterations
 from sim.errors import ConfigError
 from sim.policies import POLICIES, PolicyContext
 from sim.policies import next_use_odds as nuo
 from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.predictors import PREDICTORS, PredictorContext
 from sim.run import simulate
-from sim.workload import build_iterations
 from traces.io import save_trace
 
 NAME = "next-use-odds"
@@ -364,8 +364,8 @@ def test_default_weights_are_the_fit_on_the_gpt_oss_training_half():
     import dataclasses
     from pathlib import Path
 
-    from traces.fit import subset
     from traces.io import load_trace
+    from traces.synthetic.fit import subset
 
     path = Path(__file__).resolve().parents[1] / "traces" / "data" / "gpt_oss_20b.npz"
     if not path.is_file():

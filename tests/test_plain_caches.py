@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import plain_lru, random_trace
-from sim.cache import HPC, LPC, MISS, MPC
+from sim.core.cache import HPC, LPC, MISS, MPC
+from sim.core.replay import replay
+from sim.core.workload import build_iterations
 from sim.errors import ConfigError
 from sim.policies import POLICIES, PolicyContext
 from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.predictors import PREDICTORS, PredictorContext
-from sim.replay import replay
-from sim.workload import build_iterations
 
 
 def policy_for(name, trace, its, hpc, mpc, params=None):

@@ -1,4 +1,4 @@
-"""Realistic predictors (transition, history, moe-infinity), the EAM machinery of sim/moe_infinity.py, the
+"""Realistic predictors (transition, history, moe-infinity), the EAM machinery of sim/core/expert_activation.py, the
 moe-infinity policy, and how prediction quality moves throughput through the engine."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from test_engine import config_for
 from test_policies import make_policy
 
 from conftest import make_trace, random_trace
-from sim.cache import LPC, MISS
+from sim.core.cache import LPC, MISS
+from sim.core.expert_activation import ActivationTracker, EAMCollection
+from sim.core.replay import replay
+from sim.core.workload import active_sets, build_iterations, phase_layers
 from sim.errors import ConfigError
-from sim.moe_infinity import ActivationTracker, EAMCollection
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS, PredictionScore, PredictorContext
-from sim.replay import replay
 from sim.run import simulate
-from sim.workload import active_sets, build_iterations, phase_layers
 from traces.io import save_trace
 
 REALISTIC = ("history", "transition", "moe-infinity")

@@ -1,4 +1,5 @@
-"""The one decision protocol (``sim/protocol.py``) and the one set of copy-queue rules (``sim/copy_queue.py``):
+"""The one decision protocol (``sim/core/protocol.py``) and the one set of copy-queue rules
+(``sim/core/copy_queue.py``):
 the SimPy engine makes exactly the decisions ``replay`` records, and the copy queue keeps its rules under any
 sequence of requests."""
 
@@ -12,11 +13,11 @@ from hypothesis import strategies as st
 from test_engine import config_for
 
 from conftest import random_trace
-from sim.copy_queue import CopyQueue
-from sim.decisions import build_decisions
-from sim.replay import replay
+from sim.core.copy_queue import CopyQueue
+from sim.core.decisions import build_decisions
+from sim.core.replay import replay
+from sim.core.workload import build_iterations
 from sim.run import simulate
-from sim.workload import build_iterations
 from traces.io import save_trace
 
 

@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 from test_engine import config_for
 
 from conftest import make_trace, plain_lru, random_trace
-from sim.cache import HPC, LPC, MISS, MPC
+from sim.core.cache import HPC, LPC, MISS, MPC
+from sim.core.replay import replay
+from sim.core.workload import build_iterations
 from sim.errors import ConfigError
 from sim.policies import POLICIES, PolicyContext
 from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.predictors import PREDICTORS, PredictorContext
-from sim.replay import replay
 from sim.run import simulate
-from sim.workload import build_iterations
 from traces.io import save_trace
 
 NEW = ("least-stale", "arc", "s3fifo", "learned-rf", "reuse-distance")

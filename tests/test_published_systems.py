@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sim.config.system import load_system
 from sim.errors import ConfigError
 from sim.fit_system import COLUMNS, fit_and_predict, fit_rows, hardware_of, read_rows, run_config
-from sim.system_spec import load_system
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT.parent / "shared" / "published" / "rows.csv"

@@ -24,7 +24,7 @@ CONFIGS = {"qwen3_5_35b_a3b": "h200", "qwen3_5_35b_a3b_rtx4090": "rtx4090"}
 
 
 def test_profile_has_the_published_shapes():
-    from sim.model_spec import load_model
+    from sim.config.model import load_model
 
     m = load_model("qwen3.5-35b-a3b")
     assert (m.d_model, m.d_ff, m.num_experts, m.top_k, m.decoder_moe_layers, m.shared_expert_d_ff) == (
@@ -43,7 +43,7 @@ def test_profile_has_the_published_shapes():
 
 
 def test_bundled_trace_holds_the_12_requests():
-    from sim.model_spec import load_model
+    from sim.config.model import load_model
     from traces.io import load_trace
 
     trace = load_trace(TRACE)
@@ -63,7 +63,7 @@ def test_bundled_trace_holds_the_12_requests():
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_run_config_loads_and_serves_one_request(name, tmp_path):
     from sim.cli import main
-    from sim.config import load_run_config
+    from sim.config.run_config import load_run_config
 
     path = ROOT / "configs" / f"{name}.yaml"
     cfg = load_run_config(path, [])
@@ -81,7 +81,7 @@ def test_run_config_loads_and_serves_one_request(name, tmp_path):
 def test_reimport_gives_the_bundled_file(tmp_path, monkeypatch):
     if not (SOURCE / "parquet").is_dir():
         pytest.skip("the shared traces folder's qwen3.5-35b-a3b-ktransformers/ is absent (a fresh clone has none)")
-    import traces.import_ktparquet as importer
+    import traces.importers.ktparquet as importer
     from conftest import run_traces
     from traces.io import load_trace
 

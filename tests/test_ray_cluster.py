@@ -223,7 +223,7 @@ def test_a_sweep_on_the_cluster_equals_the_local_pool(cluster, sweep_file, local
 
 def test_the_workers_run_the_shipped_code(cluster, tmp_path):
     code = (
-        "import ray; from sim.sweep_ray import start_ray; from sim.sweep_ray_task import node_report; "
+        "import ray; from sim.sweep.ray.executor import start_ray; from sim.sweep.ray.task import node_report; "
         f"s = start_ray({cluster.address!r}, None); "
         "print(ray.get([ray.remote(num_cpus=1)(node_report).remote() for _ in range(2)])); s.close()"
     )
@@ -398,7 +398,7 @@ def test_a_port_that_is_not_a_ray_gcs_exits_2_with_one_line(sweep_file, tmp_path
 
 def test_a_ray_init_that_hangs_is_cut_at_the_time_limit_with_one_line():
     code = (
-        "import time; from sim.sweep_ray_connect import _with_watchdog; "
+        "import time; from sim.sweep.ray.connect import _with_watchdog; "
         "_with_watchdog(lambda: time.sleep(60), 1, 'ray.init on 10.0.0.1:6379')"
     )
     t0 = time.time()
@@ -411,7 +411,7 @@ def test_address_without_the_ray_executor_and_bad_addresses_exit_2(sweep_file, t
     res = _sweep(sweep_file, "--address", "127.0.0.1:6379", "--out", tmp_path / "o")
     assert res.returncode == 2 and "--address: needs --executor ray" in res.stderr
     from sim.errors import ConfigError
-    from sim.sweep_ray_connect import parse_address
+    from sim.sweep.ray.connect import parse_address
 
     assert str(parse_address("10.0.0.1:6379")) == "10.0.0.1:6379"
     assert parse_address("ray://head.example:10001").client
@@ -423,7 +423,7 @@ def test_address_without_the_ray_executor_and_bad_addresses_exit_2(sweep_file, t
 
 def test_token_detection(tmp_path, monkeypatch):
     from sim.errors import ConfigError
-    from sim.sweep_ray_connect import prepare_auth, token_source
+    from sim.sweep.ray.connect import prepare_auth, token_source
 
     monkeypatch.setenv("HOME", str(tmp_path))
     assert token_source({}) is None
@@ -453,7 +453,7 @@ def test_token_detection(tmp_path, monkeypatch):
     ],
 )
 def test_the_driver_matches_the_clusters_authentication(tmp_path, monkeypatch, cluster_wants, token, expect):
-    import sim.sweep_ray_connect as conn
+    import sim.sweep.ray.connect as conn
     from sim.errors import ConfigError
 
     monkeypatch.setattr(conn, "_have_gcs_client", lambda: True)
@@ -477,7 +477,7 @@ def test_the_driver_matches_the_clusters_authentication(tmp_path, monkeypatch, c
 
 
 def test_a_node_without_the_simulators_packages_fails_its_points_with_one_line(monkeypatch):
-    import sim.sweep_ray_task as task
+    import sim.sweep.ray.task as task
 
     monkeypatch.setattr(task, "REQUIRED", ("numpy", "no_such_package_for_the_sweep"))
     assert task.missing_packages() == ["no_such_package_for_the_sweep"]
@@ -487,7 +487,7 @@ def test_a_node_without_the_simulators_packages_fails_its_points_with_one_line(m
 
 
 def test_a_trace_that_cannot_be_fetched_on_a_node_is_one_clear_line(tmp_path, monkeypatch):
-    from sim.sweep_ray_task import ShipError, with_local_files
+    from sim.sweep.ray.task import ShipError, with_local_files
 
     fake = types.ModuleType("ray")
 

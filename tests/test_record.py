@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 from traces.cli import run_main  # noqa: E402
 from traces.errors import InputError  # noqa: E402
 from traces.io import load_trace, save_trace  # noqa: E402
-from traces.record import (  # noqa: E402
+from traces.record.recording import (  # noqa: E402
     RoutingCapture,
     find_moe_layers,
     read_prompts,
@@ -30,7 +30,7 @@ from traces.record import (  # noqa: E402
     register,
     teacher_forced_routing,
 )
-from traces.tiny_models import EOS_ID, TINY_ARCHS, build_tiny_model, encode_bytes  # noqa: E402
+from traces.record.tiny_models import EOS_ID, TINY_ARCHS, build_tiny_model, encode_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["Hello world", "The quick brown fox jumps", "a", "Routing experts, one token at a time!"]

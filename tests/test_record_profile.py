@@ -24,15 +24,15 @@ tf = pytest.importorskip("transformers")
 
 from conftest import make_trace, run_traces  # noqa: E402
 from sim.cli import main as sim_main  # noqa: E402
-from sim.config import config_from_dict, load_run_config  # noqa: E402
+from sim.config.model import load_model  # noqa: E402
+from sim.config.run_config import config_from_dict, load_run_config  # noqa: E402
 from sim.errors import ConfigError  # noqa: E402
-from sim.model_spec import load_model  # noqa: E402
 from traces.errors import InputError  # noqa: E402
-from traces.import_common import check_model_fit, plain_model_name  # noqa: E402
+from traces.importers.common import check_model_fit, plain_model_name  # noqa: E402
 from traces.io import load_trace, save_trace  # noqa: E402
 from traces.profile_from_config import derive_profile  # noqa: E402
-from traces.record_routers import find_moe_layers  # noqa: E402
-from traces.tiny_models import TINY_ARCHS, build_tiny_model, tiny_config  # noqa: E402
+from traces.record.routers import find_moe_layers  # noqa: E402
+from traces.record.tiny_models import TINY_ARCHS, build_tiny_model, tiny_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -512,7 +512,7 @@ def test_import_with_a_config_of_another_shape_says_what_differs(tmp_path):
 
 # --------------------------------------------------------------------------------------------- the run config
 def test_the_run_config_caches_what_fits_beside_the_dense_weights(tmp_path):
-    from sim.trace_summary import read_trace_summary
+    from sim.config.trace_summary import read_trace_summary
     from traces.run_setup import run_config
 
     spec = load_model("deepseek-v3")  # half its experts (128 x 58 layers x 44 MB) would need 327 GB
@@ -530,7 +530,7 @@ def test_the_run_config_caches_what_fits_beside_the_dense_weights(tmp_path):
 
 
 def test_no_run_config_when_the_dense_weights_alone_exceed_the_gpu(tmp_path):
-    from sim.trace_summary import read_trace_summary
+    from sim.config.trace_summary import read_trace_summary
     from traces.run_setup import run_config
 
     # embedding and LM head of 2e9 x 32 at 2 bytes: 256 GB, beyond the H200's 141

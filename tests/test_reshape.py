@@ -1,4 +1,4 @@
-"""Fitted knobs moved to another expert count and top-k (traces/reshape.py) and `traces synth --from-fit`:
+"""Fitted knobs moved to another expert count and top-k (traces/synthetic/reshape.py) and `traces synth --from-fit`:
 the resampled popularity keeps each top-x% share, lifts follow the rank-fraction map, the identity reshape
 changes nothing, and --from-fit traces have the asked shape, are deterministic in the seed, name their source
 and drop the opening positions when requests have no prompt rows."""
@@ -17,11 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT
-from traces import reshape, stats
+from traces.analysis import stats
 from traces.errors import InputError
-from traces.fit import stretch_layers
 from traces.io import load_trace, save_trace
-from traces.synth import SynthKnobs, generate
+from traces.synthetic import reshape
+from traces.synthetic.fit import stretch_layers
+from traces.synthetic.generator import SynthKnobs, generate
 
 
 def _cli(*args):

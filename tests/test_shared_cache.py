@@ -20,17 +20,17 @@ from test_engine import config_for
 from test_published_policies import cache_hits, plain_arc, plain_s3fifo
 
 from conftest import make_trace, random_trace
-from sim.cache import LPC, MISS, MPC, CacheInvariantError, SharedTierCache, TierCache
-from sim.config import config_from_dict, load_run_config, memory_check
+from sim.config.files import PROJECT_ROOT
+from sim.config.run_config import config_from_dict, load_run_config, memory_check
+from sim.core.cache import LPC, MISS, MPC, CacheInvariantError, SharedTierCache, TierCache
+from sim.core.replay import replay
+from sim.core.workload import build_iterations
 from sim.errors import ConfigError
-from sim.files import PROJECT_ROOT
 from sim.policies import POLICIES, PolicyContext
 from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.policies.belady import belady_bound, belady_bound_shared
 from sim.predictors import PREDICTORS, PredictorContext
-from sim.replay import replay
 from sim.run import build_decisions, simulate
-from sim.workload import build_iterations
 from traces.io import load_trace, save_trace
 
 #: Online policies that manage a shared cache (belady is the offline bound).

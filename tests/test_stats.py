@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, make_trace, random_trace
-from traces import stats
+from traces.analysis import stats
 
 
 def naive_lru_hit_rate(trace, capacity):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from conftest import make_trace, plain_lru, random_trace
 from real_traces import gpt_oss
-from traces import stats, step_lru
+from traces.analysis import stats, step_lru
 
 
 def replay_step_lru(trace, capacity):
@@ -86,12 +86,12 @@ def test_long_traces_cross_table_chunks_and_chain_blocks(monkeypatch):
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10**6), capacity=st.integers(1, 7), k=st.integers(1, 3))
 def test_step_lru_is_what_the_simulators_lru_policy_hits(seed, capacity, k):
-    from sim.cache import MPC
+    from sim.core.cache import MPC
+    from sim.core.replay import replay
+    from sim.core.workload import build_iterations
     from sim.policies import POLICIES, PolicyContext
     from sim.policies.base import hot_ranking_from_counts, selection_counts
     from sim.predictors import PREDICTORS, PredictorContext
-    from sim.replay import replay
-    from sim.workload import build_iterations
 
     trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=8, k=k, requests=2)
     ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))

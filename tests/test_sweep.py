@@ -85,7 +85,7 @@ grid:
 """,
     )
     out = tmp_path / "out"
-    # the test hook of sim.sweep_worker makes this point raise, as a bug in the simulator would
+    # the test hook of sim.sweep.worker makes this point raise, as a bug in the simulator would
     res = _sweep(
         sweep, "--out", out, "--workers", "2", env={**os.environ, "SIM_SWEEP_TEST_FAIL": "policy.params.threshold=0.7"}
     )
@@ -100,7 +100,7 @@ grid:
 
 
 def test_an_axis_of_mixed_types_is_stored_as_text(tmp_path):
-    from sim.sweep import Sweep, write_report
+    from sim.sweep.cli import Sweep, write_report
 
     sweep = Sweep("mixed", {}, {}, ["policy.params.threshold"], [], [], "inline")
     df = pd.DataFrame(
@@ -170,7 +170,7 @@ grid:
 
 
 def test_zip_groups_are_crossed_with_each_other_and_the_grid(tmp_path):
-    from sim.sweep import load_sweep
+    from sim.sweep.cli import load_sweep
 
     sweep = load_sweep(
         _write_sweep(
@@ -193,7 +193,7 @@ zip:
 @pytest.mark.parametrize("name", ["ci", "cache_size", "predictor_accuracy", "diffmoe_paper", "diffmoe_paper_mixtral"])
 def test_shipped_sweeps_load(name):
     from sim.errors import ConfigError
-    from sim.sweep import load_sweep
+    from sim.sweep.cli import load_sweep
 
     try:
         sweep = load_sweep(ROOT / "configs" / "sweeps" / f"{name}.yaml")
@@ -225,7 +225,7 @@ plots: [predictor.params.recall]
 
 
 def test_sim_sweep_still_exports_the_names_other_code_imports():
-    import sim.sweep
+    import sim.sweep.cli
 
     for name in (
         "Sweep",
@@ -241,4 +241,4 @@ def test_sim_sweep_still_exports_the_names_other_code_imports():
         "register",
         "run",
     ):
-        assert name in sim.sweep.__all__ and getattr(sim.sweep, name) is not None
+        assert name in sim.sweep.cli.__all__ and getattr(sim.sweep.cli, name) is not None

@@ -3,7 +3,7 @@
 runs it again; orphan temporary files of interrupted writes are cleaned; the Ray executor shares the retry,
 store and resume logic (with a stand-in for Ray: no cluster is started here).
 
-Worker deaths are real: the test hook of ``sim.sweep_worker`` (``SIM_SWEEP_TEST_KILL``) makes a pool worker
+Worker deaths are real: the test hook of ``sim.sweep.worker`` (``SIM_SWEEP_TEST_KILL``) makes a pool worker
 SIGKILL itself, or ``os._exit``, when it starts the chosen point.
 """
 
@@ -169,7 +169,7 @@ def _fake_ray(deaths: dict[str, int]) -> types.ModuleType:
 
 
 def _run_ray(sweep_file, out, resume=False):
-    from sim.sweep import run
+    from sim.sweep.cli import run
 
     return run(
         argparse.Namespace(

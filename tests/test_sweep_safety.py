@@ -93,10 +93,10 @@ def no_runs(monkeypatch):
         raise AssertionError("a simulation ran before the input was checked")
 
     import sim.compare
-    import sim.sweep_worker
+    import sim.sweep.worker
 
     monkeypatch.setattr(sim.compare, "simulate", refuse)
-    monkeypatch.setattr(sim.sweep_worker, "run_point", refuse)
+    monkeypatch.setattr(sim.sweep.worker, "run_point", refuse)
 
 
 # --------------------------------------------------------------------------------------------- names
@@ -133,8 +133,8 @@ def test_a_sweep_name_that_is_not_a_plain_name_is_refused_and_nothing_is_written
 @FUZZ
 @given(name=st.text(max_size=300) | st.text(alphabet="./-_aZ09", max_size=120))
 def test_every_accepted_sweep_name_keeps_the_default_folder_inside_runs(tmp_path_factory, name):
-    from sim.sweep import default_out
-    from sim.sweep_spec import is_safe_name, load_sweep
+    from sim.sweep.cli import default_out
+    from sim.sweep.spec import is_safe_name, load_sweep
 
     folder = tmp_path_factory.mktemp("n")
     path = folder / "s.yaml"
@@ -152,15 +152,15 @@ def test_every_accepted_sweep_name_keeps_the_default_folder_inside_runs(tmp_path
 @FUZZ
 @given(stem=st.text(min_size=1, max_size=200).filter(lambda s: "/" not in s and "\0" not in s))
 def test_a_name_made_from_any_text_is_plain(stem):
-    from sim.sweep_report import plot_file
-    from sim.sweep_spec import is_safe_name, safe_name
+    from sim.sweep.report import plot_file
+    from sim.sweep.spec import is_safe_name, safe_name
 
     assert is_safe_name(safe_name(stem))
     assert is_safe_name(plot_file(stem)) and "/" not in plot_file(stem)
 
 
 def test_a_sweep_files_own_name_gives_a_plain_default_name(workdir):
-    from sim.sweep_spec import is_safe_name, load_sweep
+    from sim.sweep.spec import is_safe_name, load_sweep
 
     for stem in ("..x", "a b c", "é" * 120, "-", "b" * 240):
         sweep = load_sweep(_sweep_file(workdir, "grid: {policy.name: [lru]}\n", f"{stem}.yaml"))
@@ -168,8 +168,8 @@ def test_a_sweep_files_own_name_gives_a_plain_default_name(workdir):
 
 
 def test_row_files_are_named_by_plain_point_ids_only(tmp_path):
-    from sim.sweep_spec import load_sweep
-    from sim.sweep_store import row_file
+    from sim.sweep.spec import load_sweep
+    from sim.sweep.store import row_file
 
     sweep = load_sweep(_sweep_file(tmp_path, "grid: {policy.name: [lru, lfu], workload.batch_size: [1, 2]}\n"))
     for p in sweep.points:
@@ -182,8 +182,8 @@ def test_row_files_are_named_by_plain_point_ids_only(tmp_path):
 @FUZZ
 @given(name=st.text(min_size=1, max_size=300).filter(lambda s: "\0" not in s))
 def test_shipped_files_land_inside_the_node_cache(tmp_path_factory, name):
-    from sim.sweep_ray_ship import ship_name
-    from sim.sweep_ray_task import cache_dir, cache_path
+    from sim.sweep.ray.ship import ship_name
+    from sim.sweep.ray.task import cache_dir, cache_path
 
     shipped = ship_name(Path("/data") / name)
     path = cache_path("ab" * 32, shipped)
@@ -191,7 +191,7 @@ def test_shipped_files_land_inside_the_node_cache(tmp_path_factory, name):
 
 
 def test_the_node_cache_refuses_paths_that_leave_it():
-    from sim.sweep_ray_task import CacheError, cache_path
+    from sim.sweep.ray.task import CacheError, cache_path
 
     for sha, name in (
         ("ab" * 32, "../escape"),
@@ -290,7 +290,7 @@ def test_a_row_that_is_not_a_regular_file_is_refused_before_resuming(workdir, ca
 
 
 def test_the_node_cache_never_replaces_a_fifo_or_a_folder(tmp_path, monkeypatch):
-    from sim.sweep_ray_task import CACHE_ENV, CacheError, _write, cache_path
+    from sim.sweep.ray.task import CACHE_ENV, CacheError, _write, cache_path
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     for i, make in enumerate((os.mkfifo, os.makedirs)):
@@ -405,7 +405,7 @@ def test_a_bad_base_is_refused_naming_sweep_base(workdir, capsys, no_runs):
 def test_points_are_counted_without_expanding_and_without_big_numbers(lengths, groups, limit):
     import math
 
-    from sim.sweep_spec import count_points
+    from sim.sweep.spec import count_points
 
     class Axis:  # a list's length, without the list
         def __init__(self, n):
@@ -453,7 +453,7 @@ def test_bad_sweep_arguments_exit_2_before_anything(workdir, capsys, no_runs, ar
 @FUZZ
 @given(text=st.text(max_size=400) | st.from_regex(r"\A(ray://)?[a-z0-9.\-\[\]:]{0,300}:[0-9]{1,6}\Z"))
 def test_any_address_parses_or_is_one_bounded_line(text):
-    from sim.sweep_ray_connect import Address, parse_address
+    from sim.sweep.ray.connect import Address, parse_address
 
     if text.strip() == "auto":
         return
@@ -469,8 +469,8 @@ def test_any_address_parses_or_is_one_bounded_line(text):
 def test_a_pool_never_has_more_processes_than_points(workdir, monkeypatch):
     import concurrent.futures
 
-    import sim.sweep
-    import sim.sweep_exec
+    import sim.sweep.cli
+    import sim.sweep.local
 
     widths = []
 
@@ -479,7 +479,7 @@ def test_a_pool_never_has_more_processes_than_points(workdir, monkeypatch):
             widths.append(max_workers)
             super().__init__(max_workers=max_workers, **kw)
 
-    monkeypatch.setattr(sim.sweep_exec, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(sim.sweep.local, "ProcessPoolExecutor", Pool)
     sweep = _sweep_file(workdir, TINY + "grid: {policy.name: [lru, on-demand]}\n")
     args = argparse.Namespace(
         sweep=str(sweep),
@@ -491,12 +491,12 @@ def test_a_pool_never_has_more_processes_than_points(workdir, monkeypatch):
         out=str(workdir / "out"),
         quiet=True,
     )
-    assert sim.sweep.run(args) == 0
+    assert sim.sweep.cli.run(args) == 0
     assert widths == [2]
 
 
 def test_a_local_ray_instance_gets_no_more_cpus_than_points(workdir, monkeypatch, capsys):
-    import sim.sweep
+    import sim.sweep.cli
 
     asked = []
 
@@ -504,7 +504,7 @@ def test_a_local_ray_instance_gets_no_more_cpus_than_points(workdir, monkeypatch
         asked.append((address, workers))
         raise ConfigError("--executor", "stop here")
 
-    monkeypatch.setattr(sim.sweep, "start_ray", start_ray)
+    monkeypatch.setattr(sim.sweep.cli, "start_ray", start_ray)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     sweep = _sweep_file(workdir, TINY + "grid: {policy.name: [lru, on-demand]}\n")
     rc, _, err = _cli(capsys, "sweep", sweep, "--executor", "ray", "--workers", "64", "--out", workdir / "out")
@@ -588,7 +588,7 @@ def test_lru_monotone_compares_only_rows_that_differ_in_cache_size(others, data)
     with each other; one fall within a group fails."""
     import itertools
 
-    from sim.sweep_checks import CHECKS
+    from sim.sweep.checks import CHECKS
 
     keys = list(others)
     combos = [tuple(zip(keys, vals)) for vals in itertools.product(*others.values())]
@@ -604,7 +604,7 @@ def test_lru_monotone_compares_only_rows_that_differ_in_cache_size(others, data)
 
 
 def test_lru_monotone_is_not_applicable_without_a_cache_size_axis():
-    from sim.sweep_checks import CHECKS
+    from sim.sweep.checks import CHECKS
 
     df = _lru_rows(
         {(("cache.organization", "per-layer"),): [0.5, 0.5, 0.5], (("cache.organization", "shared"),): [0.1, 0.1, 0.1]}

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT
-from traces import stats
+from traces.analysis import stats
 from traces.io import load_trace, trace_bytes
-from traces.synth import SynthKnobs, generate, locality
+from traces.synthetic.generator import SynthKnobs, generate, locality
 
 
 def _cli(*args):

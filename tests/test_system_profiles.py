@@ -1,4 +1,4 @@
-"""Serving-system profiles (sim/system_spec.py): ``ideal`` (the default) changes no result, and each software knob
+"""Serving-system profiles (sim/config/system.py): ``ideal`` (the default) changes no result, and each software knob
 moves time or bytes as it says it does."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.config import load_run_config
-from sim.costs import CostModel
+from sim.config.hardware import load_hardware
+from sim.config.model import load_model
+from sim.config.run_config import load_run_config
+from sim.config.system import FORMATS, IDEAL, SystemSpec, load_system
 from sim.errors import ConfigError
-from sim.hardware_spec import load_hardware
-from sim.model_spec import load_model
 from sim.run import simulate
-from sim.system_spec import FORMATS, IDEAL, SystemSpec, load_system
+from sim.timing.costs import CostModel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -212,7 +212,7 @@ def test_profiles_load_by_name_path_and_inline_with_base_and_bad_values_name_the
     assert s.layer_overhead_s == pytest.approx(12e-6) and s.source == str(f)
     cfg = _cfg("configs/mixtral.yaml", f"system={f}")
     assert cfg.resolved["system"]["layer_overhead_us"] == pytest.approx(12)
-    from sim.config import config_from_dict
+    from sim.config.run_config import config_from_dict
 
     assert config_from_dict(cfg.resolved) == dataclasses.replace(cfg, source="inline")
     for key, value in [
@@ -239,7 +239,7 @@ def test_a_policy_that_weighs_host_against_copy_prices_both_with_the_runs_system
 
 
 def test_a_dense_format_shrinks_the_dense_weights_in_gpu_memory():
-    from sim.config import dense_bytes_of
+    from sim.config.run_config import dense_bytes_of
 
     cfg = _cfg("configs/mixtral.yaml", "system.dense_format=hqq-4bit")
     m = cfg.model
@@ -258,7 +258,7 @@ def test_a_dense_format_shrinks_the_dense_weights_in_gpu_memory():
 @settings(max_examples=200, deadline=None)
 def test_a_weight_format_is_a_known_width_or_refused_at_load(name):
     """Every name a system (or a published row) may give: a width of 1 to 32 bits, or one line naming the field."""
-    from sim.system_spec import format_bits
+    from sim.config.system import format_bits
 
     bits = format_bits(name)
     if bits is None:
@@ -274,7 +274,7 @@ def test_a_systems_own_predictor_applies_when_the_run_config_names_none():
     """mixtral-offloading's speculative loading travels with its profile; a config's own predictor wins."""
     import yaml
 
-    from sim.config import config_from_dict
+    from sim.config.run_config import config_from_dict
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 
@@ -298,12 +298,12 @@ def test_a_systems_own_predictor_applies_when_the_run_config_names_none():
 def test_a_resolved_config_loads_where_the_projects_configs_are_not(tmp_path, monkeypatch, system):
     """What a sweep ships to a Ray node: the resolved config (model, hardware and system expanded), without the
     project's configs/ folder beside it."""
-    import sim.profiles
-    from sim.config import config_from_dict
+    import sim.config.profiles
+    from sim.config.run_config import config_from_dict
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 
     cfg = _cfg("configs/mixtral.yaml", *([] if system is None else [f"system={system}"]))
-    monkeypatch.setattr(sim.profiles, "CONFIG_DIR", tmp_path / "no-configs")
+    monkeypatch.setattr(sim.config.profiles, "CONFIG_DIR", tmp_path / "no-configs")
     again = config_from_dict(copy.deepcopy(cfg.resolved), "node", POLICIES.names(), PREDICTORS.names())
     assert again.resolved == cfg.resolved

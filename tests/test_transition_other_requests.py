@@ -10,12 +10,12 @@ from test_engine import config_for
 from test_predictors import drive
 
 from conftest import make_trace, random_trace
+from sim.core.workload import build_iterations
 from sim.errors import ConfigError
 from sim.predictors import PREDICTORS, PredictorContext
 from sim.predictors.transition import OTHER_REQUESTS, request_folds
 from sim.run import simulate
-from sim.sweep_ray_ship import file_fields
-from sim.workload import build_iterations
+from sim.sweep.ray.ship import file_fields
 from traces.io import save_trace
 
 CROSS = {"train": OTHER_REQUESTS}

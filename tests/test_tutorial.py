@@ -145,7 +145,7 @@ def test_step2_run_summary(runs):
     assert f"simulator         {events} events" in out
     s = _summary(runs, "tutorial-diffmoe")
     words = prose(text)
-    from sim.config import load_run_config
+    from sim.config.run_config import load_run_config
 
     cfg = load_run_config(ROOT / "configs/switch_base_real.yaml")
     assert f"{cfg.model.expert_bytes / 1e6:.1f} MB per expert" in words
@@ -198,7 +198,7 @@ def test_step3_compare(runs):
         f"{round(100 * float(pre['prefetch_hit_rate']))}% of Pre-gated's expert accesses are prefetched, yet "
         f"it gains only {round(100 * (float(pre['ratio_vs_baseline']) - 1))}%"
     ) in words
-    from sim.config import load_run_config
+    from sim.config.run_config import load_run_config
 
     cfg = load_run_config(ROOT / "configs/switch_base_real.yaml")
     assert f"the same {cfg.cache.hpc_slots + cfg.cache.mpc_slots} slots per layer" in words
@@ -412,8 +412,8 @@ def test_step8_host_cpu(runs):
     ratio = tok["fiddler"] / tok["lru"]
     assert tok["ktransformers"] == pytest.approx(tok["fiddler"], rel=0.01)
     assert f"about {ratio:.1f}x faster than LRU ({tok['fiddler']:.0f} against {tok['lru']:.0f} tokens/s" in words
-    from sim.config import load_run_config
-    from sim.costs import CostModel
+    from sim.config.run_config import load_run_config
+    from sim.timing.costs import CostModel
 
     cfg = load_run_config(ROOT / "configs/gpt_oss_20b.yaml")
     assert f"at batch {cfg.workload.batch_size})" in words

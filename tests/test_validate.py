@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, TINY_MODEL, random_trace
-from sim.config import config_from_dict
+from sim.config.run_config import config_from_dict
+from sim.core.replay import replay
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
-from sim.replay import replay
 from sim.run import build_decisions, simulate
 from traces.format import ModelInfo, Trace, TraceMeta
 from traces.io import save_trace

@@ -16,12 +16,12 @@ import yaml
 from test_validate import TINY, tiny_files
 
 from conftest import ROOT, TINY_MODEL
-from sim.cache import HPC, LPC
-from sim.config import config_from_dict
+from sim.config.run_config import config_from_dict
+from sim.core.cache import HPC, LPC
+from sim.core.replay import replay
 from sim.policies import POLICIES
 from sim.policies.base import LayerPlan, Policy
 from sim.predictors import PREDICTORS
-from sim.replay import replay
 from sim.run import build_decisions
 from validate.backends import CpuBackend, default_host_threads
 from validate.executor import CPU, HOST_PHASES, Executor, cpu_experts_of
@@ -125,7 +125,7 @@ def _count_cpu(decisions) -> int:
 # ------------------------------------------------------------------------------------------------ the host pool
 @pytest.mark.parametrize("gated,threads", [(False, 1), (False, 3), (True, 2)])
 def test_the_host_pool_computes_what_expert_forward_computes(gated, threads):
-    from sim.specs import load_model
+    from sim.config.model import load_model
 
     model = load_model({**TINY, "expert_matrices": 3 if gated else 2}, "m")
     dtype = torch_dtype(torch, model)
@@ -149,7 +149,7 @@ def test_the_host_pool_computes_what_expert_forward_computes(gated, threads):
 
 
 def test_the_host_pool_raises_what_a_worker_raised_and_restores_torch_threads():
-    from sim.specs import load_model
+    from sim.config.model import load_model
 
     model = load_model(TINY, "m")
     before = torch.get_num_threads()
@@ -223,12 +223,12 @@ def test_cpu_experts_of_reads_the_steps_list_or_the_plans_sources():
 
 
 def test_the_simulator_agrees_where_it_has_host_experts(tiny, host_policies):
-    """Once the simulator computes experts on the host (``sim.cache.CPU``), its engine makes the executor's
+    """Once the simulator computes experts on the host (``sim.core.cache.CPU``), its engine makes the executor's
     decisions for a hybrid policy too."""
-    import sim.cache
+    import sim.core.cache
 
-    if not hasattr(sim.cache, "CPU"):
-        pytest.skip("the simulator has no host experts yet (sim.cache.CPU)")
+    if not hasattr(sim.core.cache, "CPU"):
+        pytest.skip("the simulator has no host experts yet (sim.core.cache.CPU)")
     from sim.run import simulate
 
     cfg = _config(tiny, "test-cpu-odd", "noisy")
@@ -239,8 +239,9 @@ def test_the_simulator_agrees_where_it_has_host_experts(tiny, host_policies):
 
 # ------------------------------------------------------------------------------- the microbenchmark and suites
 def test_microbench_measures_the_host_expert_table(tmp_path):
-    from sim.costs import CostModel
-    from sim.specs import load_hardware, load_model
+    from sim.config.hardware import load_hardware
+    from sim.config.model import load_model
+    from sim.timing.costs import CostModel
 
     model_path = tmp_path / "tiny-moe.yaml"
     model_path.write_text(yaml.safe_dump(TINY_MODEL))
@@ -358,7 +359,7 @@ def test_measure_records_host_experts_and_skips_unregistered_policies(tiny, host
     assert 0 < s["cpu_expert_frac"] < 1 and s["cpu_busy_ms"] > 0 and s["cpu_stall_ms"] >= 0
     assert s["host_threads"] == 1 and "cpu_wait" in s["host_phase_ms"]
     # its decisions were made with the calibration as it stood then, kept beside it for compare
-    from sim.specs import load_hardware
+    from sim.config.hardware import load_hardware
 
     assert load_hardware(str(out / "runs" / "hyb-b4-c2" / "hardware.yaml")).tables.model == "tiny-moe"
     cal = yaml.safe_load((out / "calibration.yaml").read_text())

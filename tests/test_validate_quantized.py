@@ -12,13 +12,14 @@ import pytest
 import yaml
 from test_validate import TINY, tiny_files
 
-from sim.config import config_from_dict
+from sim.config.hardware import load_hardware
+from sim.config.model import load_model
+from sim.config.run_config import config_from_dict
+from sim.core.replay import replay
 from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
-from sim.replay import replay
 from sim.run import build_decisions
-from sim.specs import load_hardware, load_model
 from validate.backends import CpuBackend
 from validate.executor import Executor
 from validate.kernels import (
@@ -216,8 +217,8 @@ def test_the_dequant_tables_cover_both_formats_at_growing_sizes_and_keep_the_pro
 def test_a_table_system_prices_each_expert_with_the_calibrations_dequant_table_for_its_width(tmp_path):
     """The simulator side of the quantized configurations: ``dequant: measured`` takes the calibration's measured
     table for the experts' width (int4 up to 4.5 bits, int8 up to 8.5); without one, the roofline."""
-    from sim.costs import CostModel
-    from sim.system_spec import load_system
+    from sim.config.system import load_system
+    from sim.timing.costs import CostModel
 
     table = {"int8": [[1, 1e-3], [1e12, 2.0]], "int4": [[1, 5e-3], [1e12, 7.0]]}
     cal = {

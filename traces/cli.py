@@ -11,7 +11,13 @@ import sys
 
 from traces.errors import InputError, one_line
 
-COMMAND_MODULES = ("traces.importers", "traces.record", "traces.synth", "traces.stats", "traces.check")
+COMMAND_MODULES = (
+    "traces.importers.cli",
+    "traces.record.recording",
+    "traces.synthetic.generator",
+    "traces.analysis.stats",
+    "traces.check",
+)
 
 
 class OneLineParser(argparse.ArgumentParser):

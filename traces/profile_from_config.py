@@ -1,4 +1,4 @@
-"""A model profile (the fields of :class:`sim.model_spec.ModelSpec`, as in ``configs/models/*.yaml``) derived from a
+"""A model profile (the fields of :class:`sim.config.model.ModelSpec`, as in ``configs/models/*.yaml``) derived from a
 Hugging Face checkpoint's ``config.json``, for simulating a recorded or imported trace of a model that has no
 bundled profile.
 
@@ -26,7 +26,7 @@ naming it):
   experts 8 (block scales ignored), a ``bits`` field of another quantization method as it is (scales ignored).
 
 Known layouts (``model_type``): mixtral, olmoe, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss and
-switch_transformers: every tiny model of :mod:`traces.tiny_models`. Another ``model_type`` is read by the same
+switch_transformers: every tiny model of :mod:`traces.record.tiny_models`. Another ``model_type`` is read by the same
 rules, which the file then says as an assumption.
 """
 
@@ -103,10 +103,10 @@ class DerivedProfile:
         return "\n".join(lines) + "\n" + body
 
     def spec(self):
-        """The profile checked as the simulator loads it (:func:`sim.model_spec.model_from_dict`); InputError
+        """The profile checked as the simulator loads it (:func:`sim.config.model.model_from_dict`); InputError
         naming the config when a derived figure breaks a profile's rule (e.g. top-k above the experts)."""
+        from sim.config.model import model_from_dict
         from sim.errors import ConfigError
-        from sim.model_spec import model_from_dict
 
         try:
             return model_from_dict(self.fields, "model")
@@ -165,7 +165,7 @@ class _Reader:
 def read_config_file(path: str | Path, flag: str = "--hf-config") -> dict:
     """The mapping of a checkpoint's ``config.json`` (a regular JSON file of at most MAX_CONFIG_BYTES); an
     InputError naming ``flag`` and the file otherwise."""
-    from traces.import_common import read_json_file
+    from traces.importers.common import read_json_file
 
     try:
         value = read_json_file(path, MAX_CONFIG_BYTES, "checkpoint config")
@@ -217,7 +217,7 @@ def derive_profile(
 
 
 def _ordered(fields: dict) -> dict:
-    from sim.model_spec import MODEL_FIELDS
+    from sim.config.model import MODEL_FIELDS
 
     return {k: fields[k] for k in MODEL_FIELDS if k in fields}
 

@@ -6,7 +6,8 @@ layer's experts (fewer when they would not fit beside the dense weights), batch 
 ``python -m sim run t.run.yaml``.
 
 Paths in the run config are absolute, so it loads from any folder (a relative path would be looked up in the
-current folder and then the project root: :func:`sim.files.resolve_path`). Both files are checked as output places
+current folder and then the project root: :func:`sim.config.files.resolve_path`). Both files are checked as output
+places
 before any work (:func:`check_sim_files`) and written atomically; the run config is checked by the simulator's own
 loader before it is written.
 """
@@ -59,7 +60,7 @@ def check_sim_files(trace_path: str | Path, flag: str = "--out") -> SimFiles:
 def bundled_profile(name: str) -> str | None:
     """The name of the bundled profile (``configs/models/NAME.yaml``) a trace of model ``name`` is simulated with,
     by the simulator's own name rule; None when there is none."""
-    from traces.import_common import profiles_for
+    from traces.importers.common import profiles_for
 
     matches = profiles_for(name)
     return matches[0][0] if matches else None
@@ -70,8 +71,8 @@ def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedPro
     ``trace_path`` (its header is read, not its routing); returns the lines to print, the last one the command that
     simulates it. InputError when the derived profile does not fit the trace (another expert count, top-k or MoE
     layers) or the run config does not load (e.g. the dense weights alone exceed the GPU)."""
-    from sim.model_spec import load_model
-    from sim.trace_summary import read_trace_summary
+    from sim.config.model import load_model
+    from sim.config.trace_summary import read_trace_summary
     from traces.io import atomic_write_bytes
 
     trace = read_trace_summary(trace_path)
@@ -108,8 +109,8 @@ def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedPro
 def check_profile_fits(meta, profile: DerivedProfile) -> None:
     """InputError when a trace (its :class:`~traces.format.TraceMeta`) is not of the derived profile's model (what
     differs, whole)."""
-    from sim.trace_summary import model_mismatch
-    from traces.import_common import meta_summary
+    from sim.config.trace_summary import model_mismatch
+    from traces.importers.common import meta_summary
 
     problem = model_mismatch(meta_summary(meta), profile.spec())
     if problem:
@@ -121,9 +122,9 @@ def check_profile_fits(meta, profile: DerivedProfile) -> None:
 def check_bundled_fits(profile: DerivedProfile, stem: str, where: str) -> None:
     """InputError naming ``where`` when the model a config describes (``profile``) is not of the shape of the bundled
     profile ``stem`` its name matches: checked before recording, which the simulator would refuse."""
-    from sim.model_spec import load_model
-    from sim.trace_summary import model_mismatch
-    from traces.import_common import meta_like, meta_summary
+    from sim.config.model import load_model
+    from sim.config.trace_summary import model_mismatch
+    from traces.importers.common import meta_like, meta_summary
 
     problem = model_mismatch(
         meta_summary(meta_like(profile.name, profile.spec())),
@@ -139,10 +140,11 @@ def check_bundled_fits(profile: DerivedProfile, stem: str, where: str) -> None:
 
 # --------------------------------------------------------------------------------------------- the run config
 def run_config(spec, model_value, trace_path: str | Path, trace) -> dict:
-    """A run config mapping for the trace, checked by :func:`sim.config.config_from_dict` (``model_value``: the
+    """A run config mapping for the trace, checked by :func:`sim.config.run_config.config_from_dict` (``model_value``:
+    the
     profile as the check reads it, a bundled name or the fields themselves; ``trace``: the trace's
-    :class:`~sim.trace_summary.TraceSummary`)."""
-    from sim.config import config_from_dict
+    :class:`~sim.config.trace_summary.TraceSummary`)."""
+    from sim.config.run_config import config_from_dict
     from sim.errors import ConfigError
 
     d = {
@@ -172,8 +174,8 @@ def _cache(spec, trace) -> dict:
     """Cache tiers for LRU at batch 1: ``max(2, top_k)`` working buffers (a layer's experts of one token, one
     more to prefetch into) and CACHED_SHARE of each layer's experts, fewer when that would not fit in the GPU's
     memory beside the dense weights, the longest request's KV cache and the reserve."""
-    from sim.config import dense_bytes_of
-    from sim.hardware_spec import load_hardware
+    from sim.config.hardware import load_hardware
+    from sim.config.run_config import dense_bytes_of
 
     hw = load_hardware(DEFAULT_HARDWARE)
     lpc = max(2, spec.top_k)
@@ -224,7 +226,7 @@ def add_hf_config_flag(parser) -> None:
 def run_import(command, args) -> int:
     """An import command, then its sim files: with ``--hf-config``, the profile (derived before the import reads
     anything) and run config; without it and without a bundled profile, one line saying how to get one."""
-    from traces.import_common import check_model_name
+    from traces.importers.common import check_model_name
     from traces.profile_from_config import derive_profile, read_config_file
 
     files, profile = None, None
@@ -235,7 +237,7 @@ def run_import(command, args) -> int:
         if bundled_profile(args.model) is None:
             profile = derive_profile(config, args.model, f"{args.hf_config}")
     if profile is not None:
-        from traces.import_common import also_checked_against
+        from traces.importers.common import also_checked_against
 
         with also_checked_against(f"derived from --hf-config {one_line(str(args.hf_config), 200)}", profile.spec()):
             code = command(args)
@@ -251,7 +253,7 @@ def run_import(command, args) -> int:
         for line in lines:
             print(line)
         return 0
-    from sim.trace_summary import read_trace_summary
+    from sim.config.trace_summary import read_trace_summary
 
     name = read_trace_summary(args.out).meta.model.name
     if bundled_profile(name) is None:
@@ -259,7 +261,7 @@ def run_import(command, args) -> int:
         print(
             f"note: no model profile in configs/models/ is of {brief(name)}: give --hf-config CONFIG_JSON (the "
             f"checkpoint's config.json) to write {shown.model.name} and {shown.run.name} beside the trace, or "
-            f"write configs/models/{name.rsplit('/', 1)[-1]}.yaml by hand (fields: sim/model_spec.py)"
+            f"write configs/models/{name.rsplit('/', 1)[-1]}.yaml by hand (fields: sim/config/model.py)"
         )
     return 0
 

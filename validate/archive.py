@@ -30,9 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from sim.checks import show
+from sim.config.checks import show
+from sim.config.files import read_structured_file
 from sim.errors import ConfigError
-from sim.files import read_structured_file
 from traces.io import file_kind
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")

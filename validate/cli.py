@@ -16,8 +16,9 @@ from traces.cli import OneLineParser, run_main
 
 
 def cmd_microbench(args) -> int:
+    from sim.config.hardware import load_hardware
+    from sim.config.model import load_model
     from sim.errors import ConfigError
-    from sim.specs import load_hardware, load_model
     from traces.io import check_output_file
     from validate.backends import make_backend
     from validate.kernels import check_runnable

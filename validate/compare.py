@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-import sim.cache
-from sim.checks import kind_of, show
-from sim.config import config_from_dict
+import sim.core.cache
+from sim.config.checks import kind_of, show
+from sim.config.files import PROJECT_ROOT, confined_to
+from sim.config.run_config import config_from_dict
 from sim.errors import ConfigError
-from sim.files import PROJECT_ROOT, confined_to
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
@@ -98,8 +98,8 @@ COLUMNS = [
     "decisions_identical",
 ]
 
-#: A plan's source for an expert computed on the host CPU (``sim.cache.CPU`` where the simulator has it).
-CPU_SOURCE = getattr(sim.cache, "CPU", "cpu")
+#: A plan's source for an expert computed on the host CPU (``sim.core.cache.CPU`` where the simulator has it).
+CPU_SOURCE = getattr(sim.core.cache, "CPU", "cpu")
 
 
 #: The longest manifest string (suite, device, date) shown in a title or the report: a manifest is the

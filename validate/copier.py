@@ -1,5 +1,6 @@
 """The executor's copy engine: a thread that copies experts from host memory into the shared working buffers, one
-at a time, by the copy-queue rules the simulator's copy engine follows (``sim/copy_queue.py``): demand copies before
+at a time, by the copy-queue rules the simulator's copy engine follows (``sim/core/copy_queue.py``): demand copies
+before
 queued prefetches, a copy in flight is never preempted, every copy needs a free working buffer, prefetches leave
 ``reserve`` buffers free, a buffer is free again once the expert in it has computed (and been promoted), or at once
 for an unused prefetch. Landed copies wait per layer, in landing order, for the compute thread to take.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import threading
 
-from sim.copy_queue import CopyJob, CopyQueue, QueueCounters
+from sim.core.copy_queue import CopyJob, CopyQueue, QueueCounters
 
 Job = CopyJob  # the executor's name for it
 

@@ -1,5 +1,5 @@
 """The executor: runs a workload for real, with the very policy and predictor objects the simulator uses
-(``sim.run.build_decisions``), asked through the simulator's decision protocol (``sim/protocol.py``), and measures
+(``sim.run.build_decisions``), asked through the simulator's decision protocol (``sim/core/protocol.py``), and measures
 each iteration's latency.
 
 Memory, as an offloading server lays it out:
@@ -34,7 +34,7 @@ work before the wait to the moment it could go on: the copy's landing plus the h
 
 Experts the policy computes on the host CPU (Fiddler / kTransformers style: the plan's source ``"cpu"``,
 ``LayerStep.cpu``) are computed there for real, beside their weights: at the layer's decision point the tokens
-routed to any of them (``sim.protocol.cpu_tokens``) are copied device -> host on the compute stream (one copy for
+routed to any of them (``sim.core.protocol.cpu_tokens``) are copied device -> host on the compute stream (one copy for
 the layer; each host expert reads its tokens' rows from it),
 a host pool (``validate.kernels.HostExperts``: worker threads standing for the host's cores, each computing a block
 of every expert, the experts one after another) computes them from the expert's host buffer, while the compute
@@ -60,22 +60,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-import sim.cache
-import sim.protocol
-from sim.accounting import IterationTally, iteration_record
-from sim.cache import LPC
-from sim.config import RunConfig
-from sim.decisions import build_decisions
-from sim.protocol import DecisionProtocol, LayerDecision
-from sim.records import IterationRecord
-from sim.units import GIB  # binary: 2**30 bytes
-from sim.workload import build_iterations, phase_layers
+import sim.core.cache
+import sim.core.protocol
+from sim.config.run_config import RunConfig
+from sim.config.units import GIB  # binary: 2**30 bytes
+from sim.core.accounting import IterationTally, iteration_record
+from sim.core.cache import LPC
+from sim.core.decisions import build_decisions
+from sim.core.protocol import DecisionProtocol, LayerDecision
+from sim.core.records import IterationRecord
+from sim.core.workload import build_iterations, phase_layers
 from traces.format import Trace
 from validate.copier import Copier
 from validate.kernels import DenseLayer, ExpertStore, HostExperts, LMHead, check_runnable, expert_forward, torch_dtype
 
-#: The plan's source of an expert computed on the host CPU (``sim.cache.CPU`` once the simulator has it).
-CPU = getattr(sim.cache, "CPU", "cpu")
+#: The plan's source of an expert computed on the host CPU (``sim.core.cache.CPU`` once the simulator has it).
+CPU = getattr(sim.core.cache, "CPU", "cpu")
 ARENA_BUFFERS = 4
 #: Where the compute thread's time goes, per MoE layer: issuing the dense work, waiting for the gate's routing on
 #: the host (the device finishing the work queued before it), deciding, issuing the copies and the cached experts,
@@ -96,7 +96,7 @@ HOST_PHASES = (
 
 def _cpu_tokens(trace: Trace, iteration, layer: int, experts) -> int:
     """The tokens of ``iteration`` routed to at least one of ``experts`` at ``layer`` (the simulator's
-    ``sim.protocol.cpu_tokens`` where it has one)."""
+    ``sim.core.protocol.cpu_tokens`` where it has one)."""
     if not experts:
         return 0
     rows = iteration.rows
@@ -106,7 +106,7 @@ def _cpu_tokens(trace: Trace, iteration, layer: int, experts) -> int:
     return int(np.isin(ids, np.fromiter(experts, dtype=ids.dtype)).any(axis=1).sum())
 
 
-cpu_tokens = getattr(sim.protocol, "cpu_tokens", _cpu_tokens)
+cpu_tokens = getattr(sim.core.protocol, "cpu_tokens", _cpu_tokens)
 
 
 def cpu_experts_of(step) -> list[int]:
@@ -254,7 +254,7 @@ class Executor:
     def _uses_cpu(self) -> bool:
         """Whether the policy puts any expert on the host CPU in this workload: its decisions replayed without time
         on throwaway decision objects."""
-        from sim.replay import replay
+        from sim.core.replay import replay
 
         decisions = replay(self.trace, self.iterations, *build_decisions(self.cfg, self.trace, self.iterations))
         return any(src == CPU for d in decisions for _, src in d.sources)

@@ -27,7 +27,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from sim.specs import ModelSpec
+from sim.config.model import ModelSpec
 
 DTYPES = {2: "bfloat16", 4: "float32"}
 

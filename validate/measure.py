@@ -47,14 +47,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from sim.config import config_from_dict
+from sim.config.files import resolve_path
+from sim.config.profiles import is_path
+from sim.config.run_config import config_from_dict
+from sim.config.units import GIB  # binary: 2**30 bytes
 from sim.errors import ConfigError
-from sim.files import resolve_path
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
-from sim.profiles import is_path
 from sim.results import iterations_csv, stats_ms
-from sim.units import GIB  # binary: 2**30 bytes
 from traces.io import atomic_write_bytes, check_output_folder, file_sha256, load_trace
 from validate.kernels import check_runnable
 from validate.suites import SUITES

@@ -66,7 +66,7 @@ from pathlib import Path
 
 import yaml
 
-from sim.specs import ModelSpec
+from sim.config.model import ModelSpec
 from traces.io import atomic_write_bytes
 from validate.copier import Copier
 from validate.kernels import (
@@ -340,11 +340,11 @@ def measure_dense_issue(backend, model: ModelSpec, srcs: list, dsts: list, sampl
 
 def measure_decisions(configs: list, traces: dict, iterations: int = 24) -> dict:
     """Host microseconds per MoE layer that each policy's decisions take on this machine: the decision protocol
-    replayed without time (``sim.replay``) over the first ``iterations`` iterations of each run config (a policy
+    replayed without time (``sim.core.replay``) over the first ``iterations`` iterations of each run config (a policy
     with several configurations: their mean). ``configs``: RunConfigs; ``traces``: path -> Trace."""
-    from sim.decisions import build_decisions
-    from sim.replay import replay
-    from sim.workload import build_iterations
+    from sim.core.decisions import build_decisions
+    from sim.core.replay import replay
+    from sim.core.workload import build_iterations
 
     per: dict[str, list[float]] = {}
     for cfg in configs:

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from sim.cache import CPU, HPC, LPC, MISS, MPC, SharedTierCache, TierCache
+from sim.config.params import Parametrised
+from sim.core.cache import CPU, HPC, LPC, MISS, MPC, SharedTierCache, TierCache
+from sim.core.registry import Registry
 from sim.errors import ConfigError
-from sim.params import Parametrised
-from sim.registry import Registry
 
 #: Every policy, by the name a run config gives (``policy.name``).
 POLICIES: Registry = Registry("policy")
@@ -174,7 +174,7 @@ class Policy(Parametrised):
         """A new static batch begins."""
 
     def start_iteration(self, iteration) -> None:
-        """An iteration (a ``sim.workload.Iteration``: its kind, trace rows, requests) is about to run. A policy
+        """An iteration (a ``sim.core.workload.Iteration``: its kind, trace rows, requests) is about to run. A policy
         may read the routing of a layer's rows only once that layer's gate has run (in ``plan_layer``)."""
 
     # ----------------------------------------------------------------------------------------------- protocol

@@ -1,6 +1,6 @@
 """`belady`: offline optimal replacement for the MPC (Belady's MIN with bypass), reading the workload's future.
 
-It needs the future: ``ctx.extra["iterations"]`` (the run's list of ``sim.workload.Iteration``, in run order)
+It needs the future: ``ctx.extra["iterations"]`` (the run's list of ``sim.core.workload.Iteration``, in run order)
 and ``ctx.extra["trace"]``, which ``sim.run.build_decisions`` passes. From them, once, per cached layer, it
 tabulates every (iteration, active expert) pair and each pair's *next use* (the next iteration in which that
 expert is active in that layer), with numpy.
@@ -51,10 +51,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from sim.cache import LPC, MISS
+from sim.core.cache import LPC, MISS
+from sim.core.workload import phase_layers
 from sim.errors import ConfigError
 from sim.policies.base import POLICIES, LayerPlan, Policy
-from sim.workload import phase_layers
 
 #: What min_step ranks: an expert id (per-layer MIN) or a (layer, expert) pair (the shared cache's MIN).
 Key = TypeVar("Key", int, tuple[int, int])

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sim.cache import LPC, MISS
+from sim.core.cache import LPC, MISS
 from sim.policies.base import POLICIES, LayerPlan, Policy
 
 

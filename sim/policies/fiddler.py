@@ -27,9 +27,9 @@ The rule here:
 
 from __future__ import annotations
 
-from sim.cache import CPU, HPC, MISS
+from sim.config.params import one_of
+from sim.core.cache import CPU, HPC, MISS
 from sim.errors import ConfigError
-from sim.params import one_of
 from sim.policies.base import POLICIES, LayerPlan, PinnedOnly, Policy, PolicyContext, selection_counts
 
 PLACEMENTS = ("per-layer", "global")
@@ -88,7 +88,7 @@ class Placed(PinnedOnly):
 
 
 def cost_model(policy: Policy):
-    """The run's cost model (``PolicyContext.extra["costs"]``, which ``sim.decisions.build_decisions`` passes)."""
+    """The run's cost model (``PolicyContext.extra["costs"]``, which ``sim.core.decisions.build_decisions`` passes)."""
     costs = policy.ctx.extra.get("costs")
     if costs is None:
         raise ConfigError("policy.name", f"{policy.name}: needs the run's cost model (PolicyContext.extra['costs'])")

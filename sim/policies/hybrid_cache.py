@@ -45,11 +45,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.cache import CPU, LPC, MISS, MPC
-from sim.costs import Memo
-from sim.params import MAX_EXPERTS, between
+from sim.config.params import MAX_EXPERTS, between
+from sim.core.cache import CPU, LPC, MISS, MPC
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 from sim.policies.fiddler import cost_model
+from sim.timing.costs import Memo
 
 
 @POLICIES.register("hybrid-cache")

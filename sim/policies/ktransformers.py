@@ -24,9 +24,9 @@ The rule here:
 
 from __future__ import annotations
 
-from sim.cache import CPU, HPC
+from sim.config.params import MAX_EXPERTS, between, one_of
+from sim.core.cache import CPU, HPC
 from sim.errors import ConfigError
-from sim.params import MAX_EXPERTS, between, one_of
 from sim.policies.base import POLICIES, LayerPlan, PolicyContext
 from sim.policies.fiddler import PLACEMENTS, Placed
 

@@ -43,10 +43,10 @@ import math
 
 import numpy as np
 
+from sim.config.params import between, training_trace
+from sim.core.workload import active_sets, build_iterations, phase_layers
 from sim.errors import ConfigError
-from sim.params import between, training_trace
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
-from sim.workload import active_sets, build_iterations, phase_layers
 
 ORIGIN = "published"
 

@@ -21,9 +21,9 @@ With ``horizon: 0`` nothing ahead is seen: every next use is unknown, no newcome
 
 from __future__ import annotations
 
-from sim.cache import LPC, MISS, MPC
-from sim.checks import INT_MAX
-from sim.params import between
+from sim.config.checks import INT_MAX
+from sim.config.params import between
+from sim.core.cache import LPC, MISS, MPC
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 from sim.policies.belady import NEVER, FutureUses, _future_of, record_next_uses
 

@@ -17,7 +17,7 @@ recently used pair anywhere but the experts the running layer uses now.
 
 from __future__ import annotations
 
-from sim.cache import LPC, MISS, MPC
+from sim.core.cache import LPC, MISS, MPC
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
 

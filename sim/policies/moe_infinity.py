@@ -37,7 +37,7 @@ next use is a whole pass away; ``L`` the cached layers). How the artifact counts
 one is **guessed** (here: the distance to their next run, wrapping to the next iteration). Ties: the expert held
 longest (over all layers) goes first.
 
-EAMs come from ``sim/moe_infinity.py``: the current iteration's routing
+EAMs come from ``sim/core/expert_activation.py``: the current iteration's routing
 of a layer is read only once its gate has run; the collection of finished requests' EAMs holds at most
 ``capacity`` (FIFO). Layers that are not cached fetch on demand and keep nothing.
 """
@@ -46,10 +46,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.cache import LPC, MISS
+from sim.config.params import between, one_of
+from sim.core.cache import LPC, MISS
+from sim.core.expert_activation import ActivationTracker
 from sim.errors import ConfigError
-from sim.moe_infinity import ActivationTracker
-from sim.params import between, one_of
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 
 ACTIVATION = ("mix", "eam", "own")

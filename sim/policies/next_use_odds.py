@@ -53,9 +53,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.cache import LPC, MISS
+from sim.config.params import between, training_trace
+from sim.core.cache import LPC, MISS
 from sim.errors import ConfigError
-from sim.params import between, training_trace
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 from sim.policies.learned_rf import layer_steps as training_steps  # the training trace's steps, per layer
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from sim.params import between
+from sim.config.params import between
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
 ORIGIN = "published"

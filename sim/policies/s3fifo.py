@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sim.params import between
+from sim.config.params import between
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
 ORIGIN = "published"

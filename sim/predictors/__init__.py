@@ -1,8 +1,8 @@
 """Next-layer predictors, one module each, registered by name in ``PREDICTORS`` (see ``base.py``).
 Every module here is imported, so a new predictor is one new module."""
 
+from sim.core.registry import import_submodules
 from sim.predictors.base import PREDICTORS, PredictionScore, Predictor, PredictorContext
-from sim.registry import import_submodules
 
 import_submodules(__name__, __path__)
 

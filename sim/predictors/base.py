@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.params import Parametrised
-from sim.registry import Registry
+from sim.config.params import Parametrised
+from sim.core.registry import Registry
 
 #: Every predictor, by the name a run config gives (``predictor.name``).
 PREDICTORS: Registry = Registry("predictor")
@@ -43,7 +43,7 @@ class Predictor(Parametrised):
         """Read params. Called once at construction."""
 
     def start_iteration(self, iteration) -> None:
-        """An iteration (``sim.workload.Iteration``) is about to run; ``ctx.extra["trace"]`` holds the routing of
+        """An iteration (``sim.core.workload.Iteration``) is about to run; ``ctx.extra["trace"]`` holds the routing of
         its rows, of which a realistic predictor may read a layer only once that layer's gate has run."""
 
     def predict(self, iteration: int, layer: int, truth: frozenset[int], current: frozenset[int]) -> frozenset[int]:

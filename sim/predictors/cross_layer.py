@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.params import between, training_trace
+from sim.config.params import between, training_trace
 from sim.predictors.base import PREDICTORS
 from sim.predictors.transition import LayerPairPredictor, load_training_trace, transition_table, workload_trace
 

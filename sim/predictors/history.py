@@ -7,9 +7,9 @@ trace rows of that iteration at ``start_iteration``. ``truth`` is never read.
 
 from __future__ import annotations
 
+from sim.core.workload import active_sets, phase_layers
 from sim.predictors.base import PREDICTORS, Predictor
 from sim.predictors.transition import workload_trace
-from sim.workload import active_sets, phase_layers
 
 
 @PREDICTORS.register("history")

@@ -1,4 +1,5 @@
-"""`moe-infinity`: MoE-Infinity's activation-aware prediction from Expert Activation Matrices (``sim/moe_infinity.py``).
+"""`moe-infinity`: MoE-Infinity's activation-aware prediction from Expert Activation Matrices
+(``sim/core/expert_activation.py``).
 
 At layer ``l``'s gate, every request of the iteration has an EAM of its tokens' routing so far (earlier iterations,
 and this iteration's layers up to ``l``); each is matched with the most similar EAM of an earlier request (mean
@@ -24,9 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.config.params import MAX_EXPERTS, between, training_trace
+from sim.core.expert_activation import ActivationTracker
 from sim.errors import ConfigError
-from sim.moe_infinity import ActivationTracker
-from sim.params import MAX_EXPERTS, between, training_trace
 from sim.predictors.base import PREDICTORS, Predictor
 from sim.predictors.transition import load_training_trace, workload_trace
 

@@ -1,0 +1,236 @@
+"""Model profiles: the shapes of an MoE model's weights (``configs/models/NAME.yaml``, or a path, or an inline
+mapping that may name a ``base`` profile). Files use the :class:`ModelSpec` field names: sizes in elements,
+``dtype_bytes`` per element, ``expert_bits`` (optional) per routed-expert weight."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from sim.config.checks import check_keys, check_mapping, check_number, integer, join, show, text
+from sim.config.fields import keys_of, read_settings, required_keys, setting, to_si
+from sim.config.profiles import load_profile
+from sim.errors import ConfigError
+
+ROLES = ("encoder", "decoder")
+DTYPE_BYTES = (1, 2, 4, 8)
+
+
+def _default_head_dim(values: dict, where: str) -> int:
+    """``d_model / n_heads``, which must be whole when ``head_dim`` is not given."""
+    d_model, n_heads = values["d_model"], values["n_heads"]
+    if d_model % n_heads:
+        raise ConfigError(where, f"missing, and d_model {d_model} is not a multiple of n_heads {n_heads}")
+    return d_model // n_heads
+
+
+def _dtype_bytes(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in DTYPE_BYTES:
+        raise ConfigError(where, f"must be 1, 2, 4 or 8, got {show(value)}")
+    return int(value)
+
+
+def _expert_bits(value: Any, where: str) -> float | None:
+    """``expert_bits``: None (absent: 8 * dtype_bytes), or a number of bits per weight in (0, 64]."""
+    if value is None:
+        return None
+    try:
+        return check_number(value, where, 0.0, strict=True, maximum=64.0)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.problem + " (bits per expert weight, scales included)") from None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shapes of an MoE model's weights. Sizes in elements; ``dtype_bytes`` per element.
+
+    ``expert_bits`` (optional) is the routed experts' storage width in bits per weight, scales included, for
+    checkpoints whose experts are quantized while the dense weights are not (e.g. gpt-oss: MXFP4 experts, 4 bits
+    per weight plus one 8-bit scale per 32 weights = 4.25). It sets :attr:`expert_bytes` (what a copy moves and a
+    slot holds); dense weights, shared experts, KV cache and activations keep ``dtype_bytes``. Default (None):
+    ``8 * dtype_bytes``."""
+
+    name: str = setting(check=text())
+    d_model: int = setting(check=integer(1))
+    d_ff: int = setting(check=integer(1))  # expert FFN width
+    expert_matrices: int = setting(check=integer(2, 3))  # 2 (ReLU/GELU: wi, wo) or 3 (gated: w1, w3, w2)
+    num_experts: int = setting(check=integer(1))  # routed experts per MoE layer
+    top_k: int = setting(check=integer(1))
+    encoder_blocks: int = setting(0, integer(0))  # transformer blocks in the encoder (0: decoder-only)
+    decoder_blocks: int = setting(check=integer(1))  # transformer blocks in the decoder
+    encoder_moe_layers: int = setting(0, integer(0))  # MoE layers among them (the trace's encoder layers)
+    decoder_moe_layers: int = setting(check=integer(0))
+    n_heads: int = setting(check=integer(1))
+    n_kv_heads: int = setting(lambda v, where: v["n_heads"], integer(1))
+    head_dim: int = setting(_default_head_dim, integer(1))
+    dense_d_ff: int = setting(0, integer(0))  # FFN width of non-MoE blocks (0: every block is MoE)
+    dense_ffn_matrices: int = setting(lambda v, where: v["expert_matrices"], integer(2, 3))  # 2 or 3
+    shared_expert_d_ff: int = setting(0, integer(0))  # width of always-on shared experts per MoE layer
+    dtype_bytes: int = setting(check=_dtype_bytes)  # 2 for bf16, 4 for fp32
+    vocab_size: int = setting(check=integer(1))
+    expert_bits: float | None = setting(None, _expert_bits, constructor_default=True)  # None = 8 * dtype_bytes
+
+    # -- per expert
+    @property
+    def expert_params(self) -> int:
+        return self.expert_matrices * self.d_model * self.d_ff
+
+    @property
+    def expert_bits_per_weight(self) -> float:
+        """The routed experts' storage width in bits per weight (``expert_bits``, or ``8 * dtype_bytes``)."""
+        return 8.0 * self.dtype_bytes if self.expert_bits is None else float(self.expert_bits)
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one routed expert's weights: ``ceil(expert_params * expert_bits / 8)``, with ``expert_bits``
+        taken as the decimal it is written as (4.4 is 22/5, not its binary neighbour)."""
+        if self.expert_bits is None:
+            return self.expert_params * self.dtype_bytes
+        return math.ceil(self.expert_params * Fraction(repr(float(self.expert_bits))) / 8)
+
+    @property
+    def expert_flops_per_token(self) -> int:
+        return 2 * self.expert_params
+
+    # -- layers
+    @property
+    def moe_layers(self) -> int:
+        return self.encoder_moe_layers + self.decoder_moe_layers
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.encoder_blocks > 0
+
+    def blocks(self, role: str) -> int:
+        """Transformer blocks of the ``role`` stack."""
+        return self.encoder_blocks if _role(role) == "encoder" else self.decoder_blocks
+
+    def moe_layers_of(self, role: str) -> int:
+        """MoE layers of the ``role`` stack."""
+        return self.encoder_moe_layers if _role(role) == "encoder" else self.decoder_moe_layers
+
+    # -- attention
+    @property
+    def attention_params_per_block(self) -> int:
+        """Self-attention weights of one block: q and o (d_model x n_heads*head_dim), k and v (x n_kv_heads*head_dim).
+        See :meth:`attention_params` for decoder blocks of an encoder-decoder model (with cross-attention)."""
+        return 2 * self.d_model * self.head_dim * (self.n_heads + self.n_kv_heads)
+
+    def attention_params(self, role: str) -> int:
+        """Attention weights of one block of ``role``: doubled for decoder blocks of an encoder-decoder model,
+        which have cross-attention beside self-attention."""
+        double = _role(role) == "decoder" and self.is_encoder_decoder
+        return self.attention_params_per_block * (2 if double else 1)
+
+    @property
+    def kv_bytes_per_block_token(self) -> int:
+        """KV-cache bytes of one token in one decoder block (its K and V)."""
+        return 2 * self.n_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes of one token over all decoder blocks. In an encoder-decoder model a prompt token holds
+        the cross-attention K/V of every decoder block and a generated token the self-attention K/V, so
+        ``(prompt + generated tokens) * kv_bytes_per_token`` is a request's cache either way."""
+        return self.decoder_blocks * self.kv_bytes_per_block_token
+
+    # -- resident (non-expert) weights
+    @property
+    def dense_ffn_params(self) -> int:
+        """Weights of one non-MoE FFN block."""
+        return self.dense_ffn_matrices * self.d_model * self.dense_d_ff
+
+    @property
+    def shared_expert_params(self) -> int:
+        """Weights of the always-on shared experts of one MoE layer (same matrix count as the routed experts)."""
+        return self.expert_matrices * self.d_model * self.shared_expert_d_ff
+
+    @property
+    def gate_params(self) -> int:
+        return self.d_model * self.num_experts
+
+    @property
+    def dense_params(self) -> int:
+        """Every weight that stays on the GPU: embedding and LM head (counted untied), attention of every block,
+        the FFN of every non-MoE block, shared experts and gates of every MoE layer. Norms and biases ignored."""
+        attention = self.encoder_blocks * self.attention_params(
+            "encoder"
+        ) + self.decoder_blocks * self.attention_params("decoder")
+        dense_ffn_blocks = (self.encoder_blocks - self.encoder_moe_layers) + (
+            self.decoder_blocks - self.decoder_moe_layers
+        )
+        return (
+            2 * self.vocab_size * self.d_model
+            + attention
+            + dense_ffn_blocks * self.dense_ffn_params
+            + self.moe_layers * (self.shared_expert_params + self.gate_params)
+        )
+
+    @property
+    def dense_bytes(self) -> int:
+        return self.dense_params * self.dtype_bytes
+
+    @property
+    def total_params(self) -> int:
+        return self.dense_params + self.moe_layers * self.num_experts * self.expert_params
+
+    def to_dict(self) -> dict:
+        """The profile as a plain mapping (the model-file schema; loads back with :func:`load_model`).
+        ``expert_bits`` appears only when set."""
+        return {f: getattr(self, f) for f in MODEL_FIELDS if f != "expert_bits" or self.expert_bits is not None}
+
+
+MODEL_FIELDS = keys_of(ModelSpec)
+MODEL_KEYS = MODEL_FIELDS + ("base",)
+
+
+def _role(role: str) -> str:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    return role
+
+
+def model_from_dict(d: Any, where: str = "model", suffix: str = "") -> ModelSpec:
+    """Validate a model mapping (no ``base``) into a :class:`ModelSpec`. ``suffix`` ends every message
+    (e.g. `` (in configs/models/x.yaml)``)."""
+    d = check_mapping(d, where)
+    check_keys(d, where, required_keys(ModelSpec), MODEL_FIELDS, suffix, see="sim/config/model.py")
+    spec = ModelSpec(**to_si(ModelSpec, read_settings(ModelSpec, d, where, suffix)))
+
+    def fail(key, problem):
+        raise ConfigError(join(where, key), problem + suffix)
+
+    if spec.top_k > spec.num_experts:
+        fail("top_k", f"({spec.top_k}) exceeds num_experts ({spec.num_experts})")
+    if spec.n_kv_heads > spec.n_heads:
+        fail("n_kv_heads", f"({spec.n_kv_heads}) exceeds n_heads ({spec.n_heads})")
+    for role in ROLES:
+        if spec.moe_layers_of(role) > spec.blocks(role):
+            fail(f"{role}_moe_layers", f"({spec.moe_layers_of(role)}) exceeds {role}_blocks ({spec.blocks(role)})")
+        if spec.moe_layers_of(role) == 0 and spec.blocks(role) > 0:
+            fail(
+                f"{role}_moe_layers",
+                f"must be >= 1 when {role}_blocks is {spec.blocks(role)}: every stack "
+                "needs an MoE layer to carry its dense work",
+            )
+        if spec.blocks(role) > spec.moe_layers_of(role) and spec.dense_d_ff == 0:
+            fail(
+                "dense_d_ff",
+                f"must be >= 1: the {role} has {spec.blocks(role) - spec.moe_layers_of(role)} non-MoE blocks",
+            )
+    return spec
+
+
+def load_model(spec_or_name: Any, where: str = "model") -> ModelSpec:
+    """A model profile from a name (``configs/models/NAME.yaml``), a path to a YAML/JSON file, an inline mapping
+    (optionally with ``base``), or a :class:`ModelSpec` (returned as is)."""
+    if isinstance(spec_or_name, ModelSpec):
+        return spec_or_name
+    d, source = load_profile(spec_or_name, where, "models", MODEL_KEYS)
+    suffix = "" if source == "inline" else f" (in {source})"
+    return model_from_dict(d, where, suffix)
+
+
+__all__ = ["MODEL_FIELDS", "MODEL_KEYS", "ROLES", "ModelSpec", "load_model", "model_from_dict"]

@@ -1,0 +1,339 @@
+"""Serving-system profiles: what the software running the model costs, beside the model (``configs/models/``) and the
+silicon (``configs/hardware/``). A profile is ``configs/systems/NAME.yaml``, a path to one, or an inline mapping
+that may name a ``base`` profile; a run config chooses it with ``system: NAME`` (default ``ideal``: every software
+cost zero, every choice the one the simulator made before profiles existed, so results are unchanged).
+
+A profile holds (file keys; times in microseconds, converted to seconds in :class:`SystemSpec`):
+
+- fixed costs: ``layer_overhead_us`` per MoE layer (framework time on the host, serial with the compute stream),
+  ``expert_call_us`` per expert computed on the GPU, ``copy_overhead_us`` per expert copy (on the link);
+- the copy path: ``copy_stream`` (``overlapped``, or ``serial``: copies and compute share one stream and never
+  overlap), ``pageable_copies`` (host memory not pinned: copies run at ``pageable_fraction`` of the link's
+  bandwidth), ``writeback_evicted`` (an evicted expert is written back device->host over the link first);
+- weight formats: ``expert_format`` and ``dense_format`` (names in :data:`FORMATS`, bits per weight with their
+  group scales), overriding the model's ``expert_bits`` and the dense weights' ``dtype_bytes`` for the bytes that
+  are copied and read; ``dequant``: the GPU's de-quantization of a quantized expert before its compute (``none``:
+  fused into the kernel; ``roofline``: the quantized bytes read plus the 16-bit weights written at HBM bandwidth;
+  ``table``: measured, the system's ``tables.dequant`` as [bytes of the quantized expert, seconds] points, else
+  the calibration's ``dequant_int4`` / ``dequant_int8`` for the experts' width, refused at load when neither
+  exists; ``measured``: the calibration's table where one was measured, else the roofline: what the validator's
+  configurations use, written before their calibration exists);
+- host expert kernels (Fiddler, kTransformers): ``host_threads`` (cores used; null = the hardware's ``cpu_cores``),
+  ``host_bw_fraction`` (share of the hardware's ``cpu_mem_bw_gb_s`` the kernels reach), ``host_call_us`` (per host
+  expert call; null = the hardware's ``cpu_expert_overhead_us``);
+- host issue costs a calibration measured (``layer_roundtrip_us``, ``copy_issue_us``, ``expert_issue_us``,
+  ``hit_issue_us``): null (the default) takes the hardware profile's value, so calibration files keep working.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sim.config.checks import check_keys, check_mapping, integer, number, one_of, show, text
+from sim.config.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
+from sim.config.profiles import load_profile
+from sim.errors import ConfigError
+
+COPY_STREAMS = ("overlapped", "serial")
+DEQUANT_MODES = ("none", "roofline", "table", "measured")
+DEFAULT_SYSTEM = "ideal"
+#: Bits of the 16-bit weights a de-quantization kernel writes, per weight.
+DEQUANT_OUT_BITS = 16.0
+
+#: Weight formats -> bits per weight, group scales and zeros included.
+#:
+#: - ``hqq-2bit``: mixtral-offloading's expert config, HQQ ``nbits=2, group_size=16, quant_zero=True,
+#:   quant_scale=True``: 2 bits, then an 8-bit zero and an 8-bit scale per group of 16 (16/16 = 1 bit), themselves
+#:   quantized per 128 groups with a 16-bit scale and zero (32 / (128 x 16) = 0.016): 3.016. The config is recalled
+#:   from the project's demo notebook (assumption: not re-read here).
+#: - ``hqq-3bit``, ``hqq-4bit``: HQQ's default ``group_size=64`` with a 16-bit scale and zero per group: 3 + 32/64 =
+#:   3.5 and 4 + 32/64 = 4.5 (assumption: no meta-quantization).
+#: - ``gptq-4bit``, ``awq-4bit``: group 128, a 16-bit scale and a 4-bit packed zero per group: 4 + 20/128 = 4.156
+#:   (AutoGPTQ / AutoAWQ layouts; the zero is 4-bit packed).
+#: - ``mxfp4``: OCP MX spec, 4-bit E2M1 elements with one 8-bit shared scale per 32: 4 + 8/32 = 4.25.
+#: - ``q4_k_m``: llama.cpp's Q4_K_M mixes Q4_K (4.5 bpw) and Q6_K (6.5625 bpw) tensors; llama.cpp reports about 4.85
+#:   bpw for a whole model (assumption: the mix of a 7B-class model).
+#: - ``q8_0``: llama.cpp, 8-bit values with a 16-bit scale per 32: 8 + 16/32 = 8.5.
+#: - ``q2_k`` ... ``q6_k``, ``q4_0``, ``q5_0``: llama.cpp's block layouts (the k-quants description, ggml PR 1684:
+#:   super-blocks of 256 with 6- or 8-bit sub-block scales: Q2_K 2.5625, Q3_K 3.4375, Q4_K 4.5, Q5_K 5.5, Q6_K
+#:   6.5625 bpw; Q4_0 and Q5_0: a 16-bit scale per 32, 4 + 0.5 and 5 + 0.5).
+#: - ``int8``: per-channel scales (negligible): 8. ``fp8``: 8. ``bf16``/``fp16``: 16. ``fp32``: 32.
+#:
+#: Names of the same families at other widths are read by :func:`format_bits` (``int4``, ``hqq-3bit``,
+#: ``gptq-3bit``, ``4.5bpw``).
+FORMATS: dict[str, float] = {
+    "q2_k": 2.5625,
+    "q3_k": 3.4375,
+    "q4_k": 4.5,
+    "q5_k": 5.5,
+    "q6_k": 6.5625,
+    "q4_0": 4.0 + 16.0 / 32,
+    "q5_0": 5.0 + 16.0 / 32,
+    "hqq-2bit": 2.0 + 16.0 / 16 + 32.0 / (128 * 16),
+    "hqq-3bit": 3.0 + 32.0 / 64,
+    "hqq-4bit": 4.0 + 32.0 / 64,
+    "gptq-4bit": 4.0 + 20.0 / 128,
+    "awq-4bit": 4.0 + 20.0 / 128,
+    "mxfp4": 4.0 + 8.0 / 32,
+    "q4_k_m": 4.85,
+    "q8_0": 8.0 + 16.0 / 32,
+    "int8": 8.0,
+    "fp8": 8.0,
+    "bf16": 16.0,
+    "fp16": 16.0,
+    "fp32": 32.0,
+}
+
+
+def _time() -> Any:
+    """A time in microseconds: 0 to 1e9."""
+    return number(0.0, 1e9, strict=False)
+
+
+def _optional_time(value: Any, where: str) -> float | None:
+    return None if value is None else _time()(value, where)
+
+
+_FAMILIES = (  # (pattern, bits per weight from N, the widths the family has)
+    (re.compile(r"int([1-8])"), lambda n: float(n)),  # per-channel scales: negligible
+    (re.compile(r"hqq-([1-8])bit"), lambda n: n + 32.0 / 64),  # HQQ's default group 64 (assumption)
+    (re.compile(r"(?:gptq|awq)-([2-8])bit"), lambda n: n + 20.0 / 128),  # group 128, 16-bit scale, packed zero
+)
+_BPW = re.compile(r"([0-9]{1,2}(?:\.[0-9]{1,4})?)bpw")
+
+
+def format_bits(name: str) -> float | None:
+    """Bits per weight (scales included) of a weight format: a name of :data:`FORMATS`, a family at another width
+    (``int4``, ``hqq-3bit``, ``gptq-8bit``), or a width given outright (``4.5bpw``, 1 to 32); None if unknown."""
+    if not isinstance(name, str):
+        return None
+    key = name.strip().lower()
+    if key in FORMATS:
+        return FORMATS[key]
+    for pattern, bits in _FAMILIES:
+        m = pattern.fullmatch(key)
+        if m:
+            return bits(int(m.group(1)))
+    m = _BPW.fullmatch(key)
+    if m and 1.0 <= float(m.group(1)) <= 32.0:
+        return float(m.group(1))
+    return None
+
+
+def _format(value: Any, where: str) -> str | None:
+    """A weight format's name (see :func:`format_bits`), or null (the model's own)."""
+    if value is None:
+        return None
+    if format_bits(value) is None:
+        raise ConfigError(
+            where,
+            f"must be a weight format (e.g. {', '.join(list(FORMATS)[:8])}, int4, hqq-3bit, "
+            f"4.5bpw; {len(FORMATS)} named in sim/config/system.py) or null, got {show(value)}",
+        )
+    return value.strip().lower()
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(where, f"must be true or false, got {show(value)}")
+    return value
+
+
+def _fraction(value: Any, where: str) -> float:
+    """A share in (0, 1]."""
+    return number(0.0, 1.0, strict=True)(value, where)
+
+
+def _dequant_table(value: Any, where: str):
+    if value is None:
+        return None
+    from sim.config.hardware import _points  # the same checks as a calibration table's points
+
+    return _points(value, where, 2, "")
+
+
+@dataclass(frozen=True)
+class SystemTables:
+    """Measured tables of a serving system (optional)."""
+
+    dequant: tuple | None = setting(None, _dequant_table, constructor_default=True)  # (quantized bytes, seconds)
+
+    def to_dict(self) -> dict:
+        return {"dequant": None if self.dequant is None else [list(p) for p in self.dequant]}
+
+
+def _tables(value: Any, where: str) -> SystemTables | None:
+    if value is None:
+        return None
+    d = check_mapping(value, where)
+    check_keys(d, where, (), keys_of(SystemTables))
+    t = SystemTables(**read_settings(SystemTables, d, where))
+    return None if t.dequant is None else t
+
+
+def _predictor(value: Any, where: str) -> dict | None:
+    """A predictor as a run config names one: a name, or ``{name, params}`` (the registry checks it when the run
+    config loads); None for none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = {"name": value}
+    d = check_mapping(value, where)
+    check_keys(d, where, ("name",), ("name", "params"))
+    if not isinstance(d["name"], str) or not d["name"].strip():
+        raise ConfigError(f"{where}.name", f"must be a predictor name, got {show(d['name'])}")
+    params = d.get("params")
+    if params is not None:
+        check_mapping(params, f"{where}.params")
+    return {"name": d["name"], "params": dict(params or {})}
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """The software's costs and choices, in SI units (seconds)."""
+
+    name: str = setting("inline", text(), constructor_default=True)
+    # fixed host/framework time per MoE layer, serial with the compute stream (nothing of the layer runs meanwhile)
+    layer_overhead_s: float = setting(0.0, _time(), key="layer_overhead_us", divisor=1e6, constructor_default=True)
+    # fixed time added to each expert computed on the GPU (kernel dispatch of the framework)
+    expert_call_s: float = setting(0.0, _time(), key="expert_call_us", divisor=1e6, constructor_default=True)
+    # fixed time added to each expert copy issued, on the link (the copy path's own bookkeeping)
+    copy_overhead_s: float = setting(0.0, _time(), key="copy_overhead_us", divisor=1e6, constructor_default=True)
+    # overlapped: copies run beside compute; serial: one stream, a copy and compute never overlap
+    copy_stream: str = setting("overlapped", one_of(*COPY_STREAMS), constructor_default=True)
+    # host memory not pinned: expert copies run at pageable_fraction of the link's bandwidth
+    pageable_copies: bool = setting(False, _bool, constructor_default=True)
+    # the share of the pinned bandwidth a pageable copy reaches (assumption: 0.5, a staging copy through a pinned
+    # bounce buffer doubles the bytes the host moves)
+    pageable_fraction: float = setting(0.5, _fraction, constructor_default=True)
+    # an evicted expert is written back device->host over the link before the copy that replaces it
+    writeback_evicted: bool = setting(False, _bool, constructor_default=True)
+    # routed experts' weight format (FORMATS); null: the model's expert_bits
+    expert_format: str | None = setting(None, _format, constructor_default=True)
+    # dense weights' format (FORMATS); null: the model's dtype_bytes
+    dense_format: str | None = setting(None, _format, constructor_default=True)
+    # de-quantization of a quantized expert on the GPU before it computes: none | roofline | table
+    dequant: str = setting("none", one_of(*DEQUANT_MODES), constructor_default=True)
+    # host expert kernels: cores used (null: all the hardware's cpu_cores)
+    host_threads: int | None = setting(None, integer(1, 100_000, allow_none=True), constructor_default=True)
+    # host expert kernels: share of the hardware's cpu_mem_bw_gb_s they reach
+    host_bw_fraction: float = setting(1.0, _fraction, constructor_default=True)
+    # host expert kernels: fixed cost per call (null: the hardware's cpu_expert_overhead_us)
+    host_call_s: float | None = setting(None, _optional_time, key="host_call_us", divisor=1e6, constructor_default=True)
+    # host issue costs (null: the hardware profile's value, as calibrated)
+    layer_roundtrip_s: float | None = setting(
+        None, _optional_time, key="layer_roundtrip_us", divisor=1e6, constructor_default=True
+    )
+    copy_issue_s: float | None = setting(
+        None, _optional_time, key="copy_issue_us", divisor=1e6, constructor_default=True
+    )
+    expert_issue_s: float | None = setting(
+        None, _optional_time, key="expert_issue_us", divisor=1e6, constructor_default=True
+    )
+    hit_issue_s: float | None = setting(None, _optional_time, key="hit_issue_us", divisor=1e6, constructor_default=True)
+    tables: SystemTables | None = setting(None, _tables, nested=SystemTables, constructor_default=True)
+    # the system's own expert predictor ({name, params}, as a run config's ``predictor``): what a run of this
+    # system predicts with when its config names none (null: the simulator's default)
+    predictor: dict | None = setting(None, lambda v, where: _predictor(v, where), constructor_default=True)
+    source: str = setting("inline", text(max_chars=4096), constructor_default=True)
+
+    @property
+    def expert_bits(self) -> float | None:
+        """Bits per expert weight of ``expert_format`` (None: the model's)."""
+        return None if self.expert_format is None else format_bits(self.expert_format)
+
+    @property
+    def dense_bits(self) -> float | None:
+        """Bits per dense weight of ``dense_format`` (None: the model's ``dtype_bytes``)."""
+        return None if self.dense_format is None else format_bits(self.dense_format)
+
+    @property
+    def serial(self) -> bool:
+        return self.copy_stream == "serial"
+
+    def to_dict(self) -> dict:
+        """The profile in the system-file schema (microseconds); loads back with :func:`load_system`."""
+        d = to_plain(self)
+        return {
+            **{k: v for k, v in d.items() if k not in ("tables", "source")},
+            "tables": d["tables"],
+            "source": d["source"],
+        }
+
+
+SYSTEM_FIELDS = keys_of(SystemSpec)
+SYSTEM_KEYS = SYSTEM_FIELDS + ("base",)
+#: The host issue costs a system may set instead of its hardware profile (file keys).
+HOST_ISSUE_FIELDS = ("layer_roundtrip_us", "copy_issue_us", "expert_issue_us", "hit_issue_us")
+
+
+def system_from_dict(d: Any, where: str = "system", suffix: str = "", source: str = "inline") -> SystemSpec:
+    """Validate a system mapping (no ``base``) into a :class:`SystemSpec`."""
+    d = check_mapping(d, where)
+    check_keys(d, where, required_keys(SystemSpec), SYSTEM_FIELDS, suffix, see="sim/config/system.py")
+    values = read_settings(SystemSpec, d, where, suffix, defaults={"source": source})
+    return SystemSpec(**to_si(SystemSpec, values))
+
+
+def load_system(spec_or_name: Any = DEFAULT_SYSTEM, where: str = "system") -> SystemSpec:
+    """A system profile from a name (``configs/systems/NAME.yaml``), a path, an inline mapping (optionally with
+    ``base``), None (the default, ``ideal``) or a :class:`SystemSpec` (returned as is)."""
+    if isinstance(spec_or_name, SystemSpec):
+        return spec_or_name
+    if spec_or_name is None:  # built in, equal to configs/systems/ideal.yaml: a config shipped without the
+        return IDEAL  # project's configs/ (a sweep point on a Ray node) still loads
+    try:
+        d, source = load_profile(spec_or_name, where, "systems", SYSTEM_KEYS)
+    except ConfigError as exc:  # the profile loader names the kind by its folder
+        raise ConfigError(exc.field, exc.problem.replace("systems ", "system ")) from None
+    suffix = "" if source == "inline" else f" (in {source})"
+    d.setdefault("source", source)
+    return system_from_dict(d, where, suffix, source)
+
+
+def is_ideal(system: SystemSpec) -> bool:
+    """Whether ``system`` changes nothing (every cost zero, every choice the default)."""
+    return all(
+        getattr(system, f) == getattr(IDEAL, f)
+        for f in (
+            "layer_overhead_s",
+            "expert_call_s",
+            "copy_overhead_s",
+            "copy_stream",
+            "pageable_copies",
+            "writeback_evicted",
+            "expert_format",
+            "dense_format",
+            "dequant",
+            "host_threads",
+            "host_bw_fraction",
+            "host_call_s",
+            "layer_roundtrip_s",
+            "copy_issue_s",
+            "expert_issue_s",
+            "hit_issue_s",
+        )
+    )
+
+
+IDEAL = SystemSpec(name=DEFAULT_SYSTEM)
+
+__all__ = [
+    "format_bits",
+    "COPY_STREAMS",
+    "DEFAULT_SYSTEM",
+    "DEQUANT_MODES",
+    "DEQUANT_OUT_BITS",
+    "FORMATS",
+    "HOST_ISSUE_FIELDS",
+    "IDEAL",
+    "SYSTEM_FIELDS",
+    "SYSTEM_KEYS",
+    "SystemSpec",
+    "SystemTables",
+    "is_ideal",
+    "load_system",
+    "system_from_dict",
+]

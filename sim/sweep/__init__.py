@@ -1,0 +1,2 @@
+"""Sweeps: a sweep file expanded into points, run in this process, a process pool or on Ray, stored one row per point,
+checked and reported."""

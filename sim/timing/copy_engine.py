@@ -1,0 +1,208 @@
+"""The host-to-device copy engine and the shared working buffers.
+
+One copy at a time crosses the link (a GPU has one host-to-device copy engine), by the copy-queue rules of
+``sim/core/copy_queue.py`` (demand before prefetch, working buffers and their reserve, upgrades and drops), the rules
+the
+validator's copy thread follows too. This module adds simulated time.
+
+Hand-off: the copy engine is driven by a host thread that issues one copy at a time and waits for it to land;
+when the link is idle, a copy asked for by the compute stream (a submission, or a freed buffer) starts ``handoff``
+seconds later, the time that thread takes to wake up; a copy already queued when the last one lands starts
+``gap`` seconds after that landing, the time the thread takes to notice the landing and issue the next one while
+the compute thread keeps the host busy (both 0 unless calibrated: ``handoff_us``, ``copy_gap_us``).
+
+Interference: a copy that starts while the compute stream computes (``computing``, kept by the engine) takes
+``slowdown`` times longer (copies and compute share memory bandwidth; 1 on a machine calibrated without it).
+
+Software (a serving-system profile, ``sim/config/system.py``; both off by default): with ``writeback`` seconds set,
+each eviction the engine reports (``evicted``) is written back device->host over the link before the next copy
+starts, taking that long on the link (one copy and one write-back at a time: mixtral-offloading swaps on one
+stream); with ``serial``, a copy never starts while the compute stream computes: copies queue until the stream waits
+(the engine calls :meth:`CopyEngine.kick` then), as on one stream where a copy and compute never overlap.
+
+Events: a copy's landing and the copy thread's wake-up are SimPy timeouts whose callback lands the copy or starts
+the next one; nothing else of SimPy is used, so other processes may share the environment. At most one of them is
+pending at a time (the copy on the link, or the thread waking up to start one): ``pending``, due at ``due``.
+``events`` counts the ones processed. A request of the compute stream happens at the stream's time (``clock``, a
+:class:`sim.timing.clock.StreamClock` that may run ahead of SimPy's while nothing is due); its timeouts land exactly at
+that
+time plus their delay (``clock.timeout_at``). A callback happens at SimPy's time.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from sim.core.copy_queue import CopyJob, CopyQueue, QueueCounters
+from sim.timing.clock import EnvClock
+
+__all__ = ["CopyEngine", "CopyJob"]
+
+NEVER = float("inf")
+
+
+class CopyEngine(QueueCounters):
+    """Callback-driven: a copy is one SimPy timeout whose callback lands it and starts the next; no process."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        copy_s: float,
+        nbytes: int,
+        buffers: int,
+        reserve: int,
+        timeline=None,
+        slowdown: float = 1.0,
+        handoff: float = 0.0,
+        gap: float = 0.0,
+        writeback: float = 0.0,
+        serial: bool = False,
+        clock=None,
+    ):
+        """``timeline``: a :class:`sim.timing.timeline.Timeline` that records each landed copy, or None; ``clock``: the
+        requesting stream's :class:`sim.timing.clock.StreamClock` (default: SimPy's own clock)."""
+        self.env = env
+        self.clock = clock if clock is not None else EnvClock(env)
+        self.writeback = writeback  # seconds one evicted expert's write-back takes on the link (0: none)
+        self.writebacks = 0  # write-backs done
+        self.owed = 0  # evictions not yet written back
+        self.serial = serial  # copies start only while the compute stream waits
+        self.handoff = handoff
+        self.gap = gap
+        self.waking = False  # the copy thread is waking up to start the next copy
+        self.copy_s = copy_s
+        self.slowdown = slowdown
+        self.computing = True  # the compute stream is busy (not stalled on a copy)
+        self.busy_s = 0.0
+        self.nbytes = nbytes
+        self.queue = q = CopyQueue(buffers, reserve)
+        self.demand, self.prefetch, self.ready = q.demand, q.prefetch, q.ready  # read by the engine
+        self.timeline = timeline
+        self.current: CopyJob | None = None  # the copy on the link
+        self.pending: simpy.Event | None = None  # the landing or wake-up to come (at most one)
+        self.due = NEVER  # its time (SimPy's own sum: now + delay)
+        self.events = 0  # landings and wake-ups processed
+        # the idle copy thread (not already waking) is asked for a copy: it starts now, or after the hand-off
+        self._wake = self._wake_later if handoff else self._start_next
+
+    @property
+    def busy(self) -> bool:
+        """A copy is on the link, or the copy thread is waking up to start one."""
+        return self.current is not None or self.waking
+
+    # ---------------------------------------------------------------------------------------------- requests
+    def submit(self, layer: int, expert: int, prefetch: bool) -> CopyJob:
+        job = self.queue.submit(layer, expert, prefetch)
+        if self.current is None and not self.waking:
+            self._ask()
+        return job
+
+    def upgrade(self, job: CopyJob) -> None:
+        """A prefetched expert is needed now: if its copy has not started, it joins the demand queue."""
+        if self.queue.upgrade(job) and self.current is None and not self.waking:
+            self._ask()
+
+    def drop(self, job: CopyJob) -> None:
+        """A prefetched expert went unused: cancel its copy, or free its buffer once it has landed."""
+        if self.queue.drop(job) and self.current is None and not self.waking:
+            self._ask()
+
+    def release(self, job: CopyJob) -> None:
+        """``job``'s working buffer is free again."""
+        q = self.queue
+        assert job.buffer is not None  # a landed copy holds a buffer
+        q.release(job.buffer)
+        if self.current is None and not self.waking and (self.handoff or q.demand or q.prefetch):
+            self._ask()
+
+    def evicted(self, n: int) -> None:
+        """``n`` experts were evicted: each is written back before the next copy (with ``writeback`` set)."""
+        if self.writeback and n > 0:
+            self.owed += n
+
+    def kick(self) -> None:
+        """The compute stream waits (serial): start the next queued copy if the link is idle."""
+        if self.current is None and not self.waking and self.queue.has_next():
+            self._ask()
+
+    # -------------------------------------------------------------------------------------------- the link
+    def _ask(self) -> None:
+        """The compute stream asks the idle copy thread for a copy, at the stream's time: the thread starts it, or
+        wakes up to."""
+        self._wake(self.clock.now, True)
+
+    def _after(self, now: float, delay: float, callback, asked: bool) -> None:
+        """The one pending event: ``delay`` seconds from ``now``, then ``callback``; ``asked``: ``now`` is the
+        compute stream's time (a request), else SimPy's (a callback)."""
+        ev = self.clock.timeout_at(now, delay) if asked else self.env.timeout(delay)
+        self.pending, self.due = ev, now + delay  # the timeout's time
+        ev.callbacks.append(callback)
+
+    def _wake_later(self, now: float, asked: bool, delay: float | None = None) -> None:
+        """The copy thread wakes up after the hand-off (or ``delay``), then starts the next copy."""
+        self.waking = True
+        self._after(now, self.handoff if delay is None else delay, self._woken, asked)
+
+    def _woken(self, _event) -> None:
+        self.events += 1
+        now = self.due  # SimPy's time now: this event's
+        self.pending, self.due = None, NEVER
+        self.waking = False
+        if self.current is None:
+            self._start_next(now, False)
+
+    def _duration(self) -> float:
+        """The next copy's time on the link, its owed write-backs first (software: write-back, serial)."""
+        duration = self.copy_s * self.slowdown if self.computing else self.copy_s
+        if self.owed:
+            duration += self.owed * self.writeback
+            self.writebacks += self.owed
+            self.owed = 0
+        return duration
+
+    def _start_next(self, now: float, asked: bool) -> None:
+        """Start the next queued copy at ``now`` (``asked``: the compute stream's time, else SimPy's), if the queue
+        has one that may start (and, serial, the stream waits)."""
+        if self.serial and self.computing:
+            return
+        job = self.queue.start_next()
+        if job is None:
+            return
+        job.start = now
+        if self.serial or self.writeback:
+            duration = self._duration()
+        else:
+            duration = self.copy_s * self.slowdown if self.computing else self.copy_s
+        job.end = end = now + duration  # planned (the timeout's time too); the engine reads it to stretch compute
+        self.busy_s += duration
+        self.current = job
+        ev = self.clock.timeout_at(now, duration) if asked else self.env.timeout(duration)
+        self.pending, self.due = ev, end
+        ev.callbacks.append(self._land)
+
+    def _land(self, _event) -> None:
+        """The copy on the link lands: it waits in ``ready`` for its layer (or frees its buffer if dropped)."""
+        self.events += 1
+        now = self.due  # SimPy's time now: this event's
+        self.pending, self.due = None, NEVER
+        job = self.current
+        assert job is not None  # the copy on the link
+        self.current = None
+        if self.timeline is not None:
+            self.timeline.copy(job)
+        q = self.queue
+        q.land(job)
+        if not q.demand and not q.prefetch:
+            return
+        if self.gap and q.has_next():  # the copy thread notices the landing, then issues the next copy
+            self._wake_later(now, False, self.gap)
+            return
+        self._start_next(now, False)
+
+    # ---------------------------------------------------------------------------------------------- counters
+    @property
+    def pcie_bytes(self) -> int:
+        """Bytes over the link: the copies, and the write-backs of evicted experts."""
+        if self.writebacks:
+            return (self.queue.copies + self.writebacks) * self.nbytes
+        return self.queue.copies * self.nbytes

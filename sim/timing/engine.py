@@ -1,0 +1,546 @@
+"""The SimPy engine: replays a workload's iterations through the compute stream and the copy engine, asking the
+policy and the predictor for every decision through the decision protocol (``sim/core/protocol.py``, shared with the
+validator). It owns time and nothing else.
+
+Per iteration, for each MoE layer of the iteration's phase, on the compute stream:
+
+1. the layer's dense work (attention and the rest, ``CostModel.dense_s``);
+2. the gate: the predictor guesses the next layer's experts and the policy picks prefetches, which the copy
+   engine serves behind demand copies;
+3. the policy's plan: active experts served from the HPC/MPC compute at once (after a device-to-device copy
+   into the working arena when the policy says hits are not free); the others compute as their copies land
+   (demand copies are issued now; prefetched ones are moved up to demand if still queued), each followed by its
+   promotion into the MPC when the plan says so (a device-to-device copy unless the policy copies into slots);
+4. the layer finishes: its working buffers are dropped.
+
+After the last layer the LM head runs (``CostModel.lm_head_s``).
+
+Hand-off (a calibrated machine's ``handoff_us``, 0 by default): the host threads that drive copies and compute
+take that long to wake up, when the compute stream waits for a copy that lands, and when the idle link is asked
+for a copy; ``copy_gap_us`` idles the link between a landed copy and the next queued one
+(``sim/timing/copy_engine.py``).
+Interference (a calibrated machine's ``compute_slowdown``, ``dense_slowdown`` and ``copy_slowdown``, 1 by default):
+expert compute (and dense work and the LM head) that overlaps a copy on the link runs slower, and so
+does a copy started while the compute stream computes.
+
+Host costs (a calibrated machine's ``layer_roundtrip_us``, ``copy_issue_us``, ``expert_issue_us`` and
+``hit_issue_us``, 0 by default): after each MoE layer's dense work and gate, the compute stream waits one round trip
+while the gate's choice reaches the host (nothing of the layer is issued before it); then the host issues the
+layer's new copies (the compute stream waits ``copy_issue_us`` per copy); an expert computed from a copy takes at
+least ``expert_issue_us`` (the host's time to issue it: the GPU cannot run ahead of it), and the cached experts of
+a layer at least ``hit_issue_us`` each. The measured ``dense``/``expert`` tables hold the kernels' own launches.
+
+Software (the run's serving-system profile, ``CostModel.system``; the default ``ideal`` changes nothing): each MoE
+layer's ``layer_overhead_us`` is host/framework time the compute stream waits after the layer's dense work and
+gate, beside the round trip (nothing of the layer is issued before it); a system's host issue costs replace the
+hardware's; each eviction is written back over the link with ``writeback_evicted`` (the copy engine's
+``evicted``); with ``copy_stream: serial`` the copy engine starts copies only while the compute stream waits for
+one, and the stream resumes when the link is idle again, so that a copy and compute never overlap. Per-expert and
+per-copy costs, formats, de-quantization and pageable copies are in the durations (``sim/timing/costs.py``).
+
+Host CPU experts (Fiddler, kTransformers): a policy may have an active expert computed on the host CPU
+from its weights in host memory (source ``CPU``, ``LayerStep.cpu``). When the layer's decisions are taken (after
+its gate and round trip), the input activations of the tokens routed to at least one of the layer's host experts
+(:func:`sim.core.protocol.cpu_tokens`) cross the link device->host (``CostModel.activation_copy_s(tokens, "d2h")``);
+the host then computes its experts one after another, each with all its cores (``cpu_expert_s`` of the expert's
+tokens), and the outputs cross back host->device (``activation_copy_s(tokens, "h2d")``). Meanwhile the GPU computes
+the layer's cached and copied experts; the layer ends when both are done, the GPU's wait for the host counted as
+``cpu_wait`` (apart from the copy stall). The host is free when a layer's activations arrive: every layer waits for
+its host experts. Assumptions: the activation copies do not queue behind the weight copies (a GPU has a copy
+engine per direction, so device->host is separate; that the small host->device activation copy is not delayed by
+a weight copy on the same direction is an assumption), they do not slow the weight copies, and the host's compute
+neither slows the GPU nor the weight copies (host memory bandwidth shared with the link's DMA is ignored), nor is
+it slowed by the host thread issuing copies. A run without host experts is timed exactly as before.
+
+Processes and events (SimPy's public API only, so that other processes may share the environment): the copy
+engine's landings and its thread's wake-ups are SimPy timeouts with callbacks (``sim/timing/copy_engine.py``); the
+compute
+stream (:class:`ComputeStream`) is the run's driver: it keeps its own clock (``sim/timing/clock.py``) and runs the
+environment (``env.step``) whenever an event is due before the end of one of its waits, or when it waits for a copy
+(until the callback of the copy event that lands it has run). A wait with nothing due before its end needs no event
+(nothing can happen in between), so most compute costs no SimPy event; the results are those of a process that
+waits on one timeout per compute (every event due at or before a wait's end runs before the stream goes on). The
+host CPU's work on a layer's experts is known when the layer's decisions are taken (nothing else uses the host), so
+its spans are computed then (:class:`HostStream`) and the compute stream waits for its end like for any compute.
+
+Events (``events``): the stream's start, each of its waits, each resumption on a landed copy, and each landing and
+wake-up of the copy engine processed (events of other processes are not counted).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import simpy
+
+from sim.core.accounting import IterationTally, iteration_record
+from sim.core.cache import LPC
+from sim.core.protocol import DecisionProtocol, LayerDecision, LayerStep, cpu_tokens
+from sim.core.records import IterationRecord
+from sim.core.workload import Iteration, phase_layers
+from sim.policies.base import Policy
+from sim.predictors.base import PredictionScore, Predictor
+from sim.timing.clock import StreamClock
+from sim.timing.copy_engine import CopyEngine, CopyJob
+from sim.timing.costs import CostModel, Memo
+from sim.timing.timeline import Timeline
+from traces.format import Trace
+
+
+@dataclass
+class EngineResult:
+    iterations: list[IterationRecord]
+    sim_time_s: float
+    compute_busy_s: float
+    link_busy_s: float
+    stall_s: float
+    copies: int
+    prefetch_copies: int
+    pcie_bytes: int
+    prefetches_issued: int
+    prefetches_used: int
+    unused_prefetches: int
+    wasted_bytes: int
+    max_buffers_in_use: int
+    events: int
+    wall_s: float
+    prediction: PredictionScore
+    timeline: list | None = field(default=None)
+    decisions: list[LayerDecision] | None = field(default=None)  # with record_decisions
+    cpu_busy_s: float = 0.0  # the host CPU computing experts (source CPU)
+    cpu_wait_s: float = 0.0  # the compute stream waiting for the host's experts at the end of a layer
+    cpu_experts: int = 0  # expert computations on the host
+
+
+def host_cost(costs: CostModel, name: str) -> float:
+    """A host issue cost: the serving system's when it sets one, else the hardware's (as calibrated)."""
+    value = getattr(costs.system, name)
+    return getattr(costs.hw, name) if value is None else value
+
+
+class HostStream:
+    """The host CPU computing a layer's host experts: activations to the host, its experts one after another (each
+    with all its cores), outputs back. Nothing else uses the host and it is free when a layer's activations arrive,
+    so the work is known when it starts: :meth:`run` returns when it ends."""
+
+    def __init__(self, costs: CostModel, trace: Trace, timeline: Timeline | None):
+        self.costs, self.trace, self.timeline = costs, trace, timeline
+        self.expert_s = Memo(costs.cpu_expert_s)  # tokens -> one expert's compute on the host CPU
+
+    def run(self, now: float, it: Iteration, layer: int, counts, cpu) -> tuple[float, float]:
+        """The host side of ``layer`` whose decisions are taken at ``now``: (when the outputs are on the GPU, the
+        host's busy seconds)."""
+        costs, tl, expert_s = self.costs, self.timeline, self.expert_s
+        n = cpu_tokens(self.trace, it, layer, cpu)
+        d2h = costs.activation_copy_s(n, "d2h")
+        t = now + d2h
+        if tl is not None:
+            tl.host(layer, "activations d2h", now, d2h)
+        host = 0.0
+        for e in cpu:
+            c = expert_s[counts[e]]
+            if tl is not None:
+                tl.host(layer, f"E{e} cpu", t + host, c)
+            host += c
+        h2d = costs.activation_copy_s(n, "h2d")
+        if tl is not None:
+            tl.host(layer, "activations h2d", t + host, h2d)
+        return t + host + h2d, host
+
+
+class ComputeStream(StreamClock):
+    """The GPU's compute stream: one MoE layer (:meth:`layer`) and the LM head (:meth:`lm_head`), over the copy
+    engine ``copy``, on its own clock (:class:`sim.timing.clock.StreamClock`: ``now``, ``wait``). It keeps the current
+    iteration's figures (:meth:`start_iteration` resets them): ``busy``, ``stall``, the prefetches ``issued``,
+    ``used`` and ``unused``, and the host experts (``cpu_n``, ``cpu_s``, ``cpu_wait``); ``wasted`` bytes and
+    ``waits`` (its waits and resumptions) are over the run."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        costs: CostModel,
+        policy: Policy,
+        copy: CopyEngine,
+        protocol: DecisionProtocol,
+        trace: Trace,
+        timeline: Timeline | None,
+    ):
+        super().__init__(env)
+        self.costs, self.policy, self.copy, self.protocol = costs, policy, copy, protocol
+        copy.clock = self  # the copy engine's requests come at the stream's time
+        self.timeline = timeline
+        self.host = HostStream(costs, trace, timeline)
+        self.roles = [x.role for x in trace.meta.model.layers]
+        hw, system = costs.hw, costs.system
+        expert_bytes = self.expert_bytes = costs.expert_bytes
+        d2d = costs.d2d_s(expert_bytes)
+        self.hit_d2d = d2d if policy.hit_d2d else 0.0
+        self.promote_d2d = 0.0 if policy.promotion_is_free else d2d
+        self.slow, self.dense_slow = hw.compute_slowdown, hw.dense_slowdown
+        self.slowed = self.slow != 1.0 or self.dense_slow != 1.0
+        self.handoff = hw.handoff_s
+        self.serial = system.serial
+        self.writeback = system.writeback_evicted
+        self.roundtrip = host_cost(costs, "layer_roundtrip_s")
+        if system.layer_overhead_s:  # the framework's time per layer, beside the round trip
+            self.roundtrip = self.roundtrip + system.layer_overhead_s
+        self.copy_issue, self.expert_issue = host_cost(costs, "copy_issue_s"), host_cost(costs, "expert_issue_s")
+        self.hit_issue = host_cost(costs, "hit_issue_s")
+        self.expert_of = Memo(costs.expert_s)  # tokens -> one expert's compute
+        self.jobs: dict[
+            tuple[int, int], CopyJob
+        ] = {}  # (layer, expert) -> the CopyJob of a prefetch not yet used or dropped
+        self.wasted = 0  # bytes of unused prefetches that crossed the link
+        self.dense_of: Memo | None = None  # role -> the dense work of a layer of the iteration (start_iteration)
+
+    # ------------------------------------------------------------------------------------------------ time
+    def stretch(self, t: float, slow: float) -> float:
+        """Compute of ``t`` seconds started now, slowed by ``slow`` while it overlaps a copy: the whole of it when
+        more copies are queued, else only until the copy on the link lands."""
+        copy = self.copy
+        job = copy.current
+        if job is None:
+            return t
+        if copy.demand or copy.prefetch:
+            return t * slow
+        left = job.end - self.now
+        return t * slow if left >= t * slow else left + (t - left / slow)
+
+    def wait_copy(self, ready: deque) -> None:
+        """The stream stalls until the layer's next copy has landed in ``ready`` (serial: and the link is idle
+        again, the copies started meanwhile: one stream), waiting on the copy engine's events one by one, so that it
+        goes on right after the callback of the one that lands it; then its host thread wakes up to it (the
+        hand-off)."""
+        copy, step = self.copy, self.step
+        t0 = self.now
+        copy.computing = False
+        idle = self.serial
+        if idle:
+            copy.kick()
+        while not ready or (idle and (copy.current is not None or copy.waking)):
+            ev = copy.pending
+            if ev is None:
+                raise RuntimeError("simulation deadlocked: the compute stream waits on a copy that never comes")
+            while ev.callbacks is not None:  # the environment runs until the copy event's callback has run
+                step()
+        self.now = self.env.now
+        self.waits += 1  # the stream resumes
+        if self.handoff:
+            self.wait(self.handoff)
+        copy.computing = True
+        self.stall += self.now - t0
+
+    def wait_host(self, done: float) -> None:
+        """The stream waits for the layer's host experts (``done``)."""
+        w = done - self.now
+        if w <= 0:
+            return
+        if self.serial:  # one stream: no copy starts while it waits for the host
+            self.wait(w)
+        else:
+            self.copy.computing = False
+            self.wait(w)
+            self.copy.computing = True
+        self.cpu_wait += w
+
+    # ------------------------------------------------------------------------------------------- one layer
+    def start_iteration(self, it: Iteration) -> None:
+        """Reset the iteration's figures; the dense work of its layers, per role."""
+        self.busy = self.stall = self.cpu_wait = self.cpu_s = 0.0
+        self.cpu_n = self.issued = self.unused = self.used = 0
+        n_tok, costs = int(it.rows.size), self.costs
+        self.dense_of = Memo(lambda role: costs.dense_s(role, n_tok, it.context))
+
+    def layer(self, step: LayerStep) -> None:
+        """One MoE layer: dense work and gate, the host's round trip, the decisions, then its experts."""
+        layer, tl = step.layer, self.timeline
+        dense_of = self.dense_of
+        assert dense_of is not None, "start_iteration comes first"
+        dense = dense_of[self.roles[layer]]
+        if self.slowed:
+            dense = self.stretch(dense, self.dense_slow)
+        if tl is not None:
+            tl.dense(layer, self.now, dense)
+        self.wait(dense)
+        self.busy += dense
+        if self.roundtrip:  # the gate's choice reaches the host before anything of the layer is issued
+            self.wait(self.roundtrip)
+        self.decide(step)
+        resident_s = self.resident_time(step)
+        cpu = step.cpu
+        if cpu:  # the host's side starts now, beside the GPU's
+            cpu_done, host_s = self.host.run(self.now, step.iteration, layer, step.counts, cpu)
+            self.cpu_s += host_s
+            self.cpu_n += len(cpu)
+        new_copies = self.issue_copies(step)
+        if self.copy_issue and new_copies:  # the host issues the copies before the layer's experts
+            self.wait(self.copy_issue * new_copies)
+        if resident_s:
+            if self.slowed:
+                resident_s = self.stretch(resident_s, self.slow)
+            if self.hit_issue:
+                resident_s = max(resident_s, self.hit_issue * len(step.resident))
+            self.wait(resident_s)
+            self.busy += resident_s
+        if step.copied:
+            self.copied_experts(step)
+        if cpu:
+            self.wait_host(cpu_done)
+
+    def decide(self, step: LayerStep) -> None:
+        """The layer's decisions (evictions written back, with a system that does), and its unused prefetches
+        dropped."""
+        if self.writeback:
+            counters = self.policy.cache.counters
+            evictions = counters.evictions
+            self.protocol.decide(step)
+            self.copy.evicted(counters.evictions - evictions)
+        else:
+            self.protocol.decide(step)
+        unused = step.plan.unused_prefetch
+        if unused:
+            jobs, drop, layer = self.jobs, self.copy.drop, step.layer
+            for e in unused:
+                job = jobs.pop((layer, e))
+                if job.started:
+                    self.wasted += self.expert_bytes
+                drop(job)
+            self.unused += len(unused)
+
+    def resident_time(self, step: LayerStep) -> float:
+        """The compute of the layer's cached experts, one after another from now (each after its copy into the
+        working arena when hits are not free)."""
+        resident_s, tl = 0.0, self.timeline
+        expert_of, counts, hit_d2d = self.expert_of, step.counts, self.hit_d2d
+        if tl is None:
+            for e in step.resident:
+                resident_s += expert_of[counts[e]] + hit_d2d
+            return resident_s
+        now, sources = self.now, step.plan.sources
+        for e in step.resident:
+            t = expert_of[counts[e]] + hit_d2d
+            tl.expert(step.layer, e, sources[e], now + resident_s, t)
+            resident_s += t
+        return resident_s
+
+    def issue_copies(self, step: LayerStep) -> int:
+        """The layer's demand copies (a queued prefetch it needs moves up), then the next layer's prefetches, so
+        that an idle link starts a copy this layer waits for; returns the copies submitted."""
+        copy, jobs, layer = self.copy, self.jobs, step.layer
+        submit, new_copies = copy.submit, 0
+        for e, src in step.copied:
+            if src == LPC:
+                copy.upgrade(jobs.pop((layer, e)))
+                self.used += 1
+            else:
+                submit(layer, e, False)
+                new_copies += 1
+        if step.prefetch:
+            nxt = step.next_layer
+            for e in step.prefetch:
+                jobs[(nxt, e)] = submit(nxt, e, True)
+            self.issued += len(step.prefetch)
+            new_copies += len(step.prefetch)
+        return new_copies
+
+    def copied_experts(self, step: LayerStep) -> None:
+        """Each copied expert computes as soon as its copy lands, in landing order (then its promotion into the
+        MPC, a device copy unless promotion is free), and frees its working buffer."""
+        copy, tl, layer = self.copy, self.timeline, step.layer
+        ready = copy.ready.get(layer)
+        if ready is None:
+            ready = copy.ready[layer] = deque()
+        promote, counts, expert_of = step.plan.promote, step.counts, self.expert_of
+        serial = self.serial
+        for _ in step.copied:
+            if not ready or (serial and copy.busy):
+                self.wait_copy(ready)
+            job = ready.popleft()
+            e = job.expert
+            t = expert_of[counts[e]]
+            if e in promote:
+                t += self.promote_d2d
+            if self.slowed:
+                t = self.stretch(t, self.slow)
+            if self.expert_issue:
+                t = max(t, self.expert_issue)
+            if tl is not None:
+                tl.expert(layer, e, "copied", self.now, t)
+            self.wait(t)
+            self.busy += t
+            copy.release(job)
+
+    def lm_head(self, it: Iteration) -> None:
+        """The LM head closes the iteration: over every generated token, or each prefilled request's last."""
+        n_tok = int(it.rows.size)
+        lm = self.costs.lm_head_s(n_tok if it.kind == "decode" else it.requests)
+        if lm and self.slowed:
+            lm = self.stretch(lm, self.dense_slow)
+        if lm:
+            if self.timeline is not None:
+                self.timeline.lm_head(self.now, lm)
+            self.wait(lm)
+            self.busy += lm
+
+
+class RunTotals:
+    """The run's sums of the compute stream's per-iteration figures (each added once per iteration)."""
+
+    def __init__(self):
+        self.busy = self.stall = self.cpu_busy = self.cpu_wait = 0.0
+        self.issued = self.used = self.unused = self.cpu_n = 0
+
+    def add(self, s: ComputeStream) -> None:
+        self.cpu_wait += s.cpu_wait
+        self.cpu_busy += s.cpu_s
+        self.cpu_n += s.cpu_n
+        self.busy += s.busy
+        self.stall += s.stall
+        self.issued += s.issued
+        self.unused += s.unused
+        self.used += s.used
+
+
+class Simulation:
+    """One run: a trace, its iterations, a policy, a predictor and a cost model."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        iterations: list[Iteration],
+        policy: Policy,
+        predictor: Predictor,
+        costs: CostModel,
+        lpc_buffers: int,
+        prefetch_reserve: int = 1,
+        timeline: bool = False,
+        progress=None,
+        check_invariants: bool = False,
+        record_decisions: bool = False,
+    ):
+        self.trace = trace
+        self.iterations = iterations
+        self.policy = policy
+        self.predictor = predictor
+        self.costs = costs
+        self.lpc_buffers = lpc_buffers
+        self.prefetch_reserve = prefetch_reserve
+        self.timeline = Timeline() if timeline else None
+        self.progress = progress
+        self.check_invariants = check_invariants  # full tier check after every layer (tests)
+        self.record_decisions = record_decisions  # keep every step's LayerDecision (the validator compares them)
+        self.roles = [x.role for x in trace.meta.model.layers]
+        self.phase_layers = phase_layers(trace)
+        # built by setup(): the SimPy environment, the copy engine, the decision protocol, the compute stream
+        self.env: simpy.Environment | None = None
+        self.copy: CopyEngine | None = None
+        self.protocol: DecisionProtocol | None = None
+        self.stream: ComputeStream | None = None
+        self.score: PredictionScore | None = None
+
+    def _check(self, policy: Policy) -> None:
+        """The full invariant check after a layer: the tiers, and the working buffers within their number."""
+        policy.cache.check()
+        assert self.copy is not None, "setup() comes first"
+        if not 0 <= self.copy.queue.in_use <= self.copy.queue.capacity:
+            raise AssertionError("working buffers over capacity")
+
+    def setup(self, env: simpy.Environment | None = None) -> simpy.Environment:
+        """The run's environment (a new one, or ``env`` with other processes of its own), its copy engine, decision
+        protocol and compute stream."""
+        env = self.env = env if env is not None else simpy.Environment()
+        costs, system, hw = self.costs, self.costs.system, self.costs.hw
+        nbytes = costs.expert_bytes
+        writeback = costs.writeback_s(nbytes) if system.writeback_evicted else 0.0
+        copy = self.copy = CopyEngine(
+            env,
+            costs.copy_s(nbytes),
+            nbytes,
+            self.lpc_buffers,
+            self.prefetch_reserve,
+            self.timeline,
+            hw.copy_slowdown,
+            hw.handoff_s,
+            hw.copy_gap_s,
+            writeback,
+            system.serial,
+        )
+        score = self.score = PredictionScore(len(self.roles))
+        protocol = self.protocol = DecisionProtocol(
+            self.trace,
+            self.policy,
+            self.predictor,
+            score,
+            self.record_decisions,
+            self._check if self.check_invariants else None,
+        )
+        self.stream = ComputeStream(env, costs, self.policy, copy, protocol, self.trace, self.timeline)
+        return env
+
+    def layer_loop(self, records: list[IterationRecord], totals: RunTotals) -> None:
+        """Every iteration's MoE layers of its phase, then its LM head, on the compute stream; one record per
+        iteration."""
+        stream, protocol, progress = self.stream, self.protocol, self.progress
+        assert stream is not None and protocol is not None and self.copy is not None, "setup() comes first"
+        tally = IterationTally(self.policy.cache.counters, self.copy)
+        for it in self.iterations:
+            t_start = stream.now
+            tally.begin()
+            stream.start_iteration(it)
+            for step in protocol.steps(it):
+                stream.layer(step)
+            stream.lm_head(it)
+            records.append(
+                iteration_record(
+                    it,
+                    int(it.rows.size),
+                    t_start,
+                    stream.now,
+                    stream.stall,
+                    tally.counts(stream.issued, stream.unused),
+                    stream.cpu_n,
+                    stream.cpu_s,
+                    stream.cpu_wait,
+                )
+            )
+            totals.add(stream)
+            if progress is not None:
+                progress(it.index + 1, len(self.iterations))
+        stream.wait(0.0)  # the copy events due at the last instant run before the stream ends
+        stream.catch_up()  # SimPy's clock at the run's end
+
+    def run(self, env: simpy.Environment | None = None) -> EngineResult:
+        """Simulate the run (in ``env`` if given: other processes there run beside it, as long as the stream
+        does)."""
+        wall0 = time.perf_counter()
+        env = self.setup(env)
+        records: list[IterationRecord] = []
+        totals = RunTotals()
+        self.layer_loop(records, totals)
+        copy, stream, protocol = self.copy, self.stream, self.protocol
+        assert copy is not None and stream is not None and protocol is not None and self.score is not None
+        return EngineResult(
+            iterations=records,
+            sim_time_s=stream.now,
+            compute_busy_s=totals.busy,
+            link_busy_s=copy.busy_s,
+            stall_s=totals.stall,
+            copies=copy.copies,
+            prefetch_copies=copy.prefetch_copies,
+            pcie_bytes=copy.pcie_bytes,
+            prefetches_issued=totals.issued,
+            prefetches_used=totals.used,
+            unused_prefetches=totals.unused,
+            wasted_bytes=stream.wasted,
+            max_buffers_in_use=copy.max_in_use,
+            events=1 + stream.waits + copy.events,
+            wall_s=time.perf_counter() - wall0,
+            prediction=self.score,
+            timeline=None if self.timeline is None else self.timeline.spans,
+            decisions=protocol.decisions,
+            cpu_busy_s=totals.cpu_busy,
+            cpu_wait_s=totals.cpu_wait,
+            cpu_experts=totals.cpu_n,
+        )

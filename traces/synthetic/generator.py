@@ -1,0 +1,871 @@
+"""`python -m traces synth`: synthetic routing with knobs for skew, temporal stickiness and cross-layer correlation.
+
+The generative model, per request, token (in time order), MoE layer and top-k slot j:
+
+1. with probability ``stickiness`` the slot re-uses the expert the previous token of the same request chose in
+   slot j of this layer (temporal locality);
+2. otherwise, with probability ``correlation``, it takes ``map_l(expert of slot j in the previous MoE layer)``,
+   a fixed per-layer bijection that sends the layer-(l-1) expert of popularity rank r to the layer-l expert of
+   rank r (cross-layer correlation that keeps each layer's popularity);
+3. otherwise it draws from the layer's popularity: a Zipf law with exponent ``skew`` over a random per-layer
+   ordering of the experts (global, per-layer hot experts).
+
+A slot that repeats an expert already in the token's top-k is re-drawn from the popularity. Prompt tokens are
+routed in encoder layers and generated tokens in decoder layers when the model has both; a decoder-only model
+routes every token in every layer.
+
+``--fit REAL`` fits a richer model to a real trace instead (``traces.synthetic.fit``; knobs ``layer_popularity``,
+``layer_stickiness``, ``request_concentration``, ``prefix_popularity``, ``layer_transition`` and
+``transition_power`` of :class:`SynthKnobs`): per-layer empirical popularity in place of the Zipf law, per-layer
+stickiness, each request's own popularity, per-position laws for the opening tokens every request shares, and a
+cross-layer pull in place of the rank-for-rank map. It prints the fit checked on held-out requests and writes
+a trace with REAL's model shape and request lengths; its metadata hold every knob and what it was fitted to.
+
+``--from-fit FITTED`` generates from the fitted knobs a trace written by ``--fit`` holds, for another model shape:
+layers stretched (``traces.synthetic.fit.stretch_layers``), experts and top-k reshaped (``traces.synthetic.reshape``:
+the popularity's
+Lorenz curve resampled, lifts mapped by rank fraction, stickiness and request concentration kept), and the
+fitted opening positions kept only as far as every request's prompt reaches (requests without prompt rows drop
+them). Its metadata name the fitted trace (file, sha256), the mapping and its assumptions; the large tables are
+stored as digests (``DIGESTED``), the same command on the same fitted trace rebuilding them.
+
+The same knobs and seed give a byte-identical file (the trace's date is left empty unless ``--date`` is given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from traces.errors import InputError
+from traces.format import MAX_CONTEXT, MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
+from traces.io import MAX_ARRAY_BYTES
+
+TOOL = "traces synth"
+
+
+@dataclass(frozen=True)
+class SynthKnobs:
+    """Everything a synthetic trace is a function of (with the seed).
+
+    The knobs after ``correlation`` describe a model fitted to a real trace (``traces.synthetic.fit``); each is
+    optional,
+    and a trace made without them is the same as before they existed:
+
+    - ``layer_popularity`` [layers][experts]: each layer's draw weights (replaces the Zipf ``skew``; a layer's
+      popularity ranks, which the cross-layer map follows, are the order of these weights).
+    - ``layer_stickiness`` [layers]: P(a slot re-uses the previous token's expert), per layer (replaces
+      ``stickiness``).
+    - ``request_concentration`` [layers]: each request draws its own popularity per layer from a Dirichlet
+      distribution with mean ``layer_popularity`` and this total concentration (small: a request keeps to few
+      experts; large: every request routes like the layer as a whole).
+    - ``prefix_popularity`` [positions][layers][experts]: draw weights of a request's first routed tokens in a
+      layer, one set per position (the fixed opening a chat template gives every answer); those tokens are drawn
+      from these alone, neither sticky nor correlated.
+    - ``layer_transition`` [layers - 1][experts][experts] and ``transition_power``: for layer l >= 1, entry
+      [a][b] of table l - 1 is the lift of layer l's expert b on tokens whose layer l - 1 chose a (how many times
+      more often b is chosen there than overall). A token's fresh draws in layer l follow its popularity law
+      times (the mean lift of its layer l - 1 experts) to the power ``transition_power`` (0: no cross-layer
+      pull; larger: the next layer follows the previous one more tightly). ``correlation`` (the rank-for-rank
+      map) is not used with these.
+    """
+
+    model: str = "synthetic"
+    num_experts: int = 8
+    top_k: int = 2
+    encoder_layers: int = 0
+    decoder_layers: int = 32
+    requests: int = 64
+    prompt_len: tuple[int, int] = (16, 64)
+    decode_len: tuple[int, int] = (64, 256)
+    skew: float = 0.5
+    stickiness: float = 0.2
+    correlation: float = 0.2
+    layer_popularity: tuple[tuple[float, ...], ...] | None = None
+    layer_stickiness: tuple[float, ...] | None = None
+    request_concentration: tuple[float, ...] | None = None
+    prefix_popularity: tuple[tuple[tuple[float, ...], ...], ...] | None = None
+    layer_transition: tuple[tuple[tuple[float, ...], ...], ...] | np.ndarray | None = None  # ndarray: reshaped
+    transition_power: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SynthKnobs:
+        """Knobs from their form in a trace's metadata (``extra.knobs``); lists become tuples."""
+        d = dict(d)
+        for name in ("prompt_len", "decode_len", "layer_stickiness", "request_concentration"):
+            if d.get(name) is not None:
+                d[name] = tuple(d[name])
+        if d.get("layer_popularity") is not None:
+            d["layer_popularity"] = tuple(tuple(row) for row in d["layer_popularity"])
+        for name in ("prefix_popularity", "layer_transition"):
+            if d.get(name) is not None:
+                d[name] = tuple(tuple(tuple(row) for row in table) for table in d[name])
+        return cls(**d)
+
+    def check(self) -> None:
+        """Raise InputError naming the first impossible knob."""
+        if self.num_experts < 1 or self.num_experts > np.iinfo(np.int16).max:
+            raise InputError(f"--experts must be 1..{np.iinfo(np.int16).max}, got {self.num_experts}")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise InputError(f"--top-k must be 1..{self.num_experts} (the expert count), got {self.top_k}")
+        if self.encoder_layers < 0 or self.decoder_layers < 0 or self.encoder_layers + self.decoder_layers < 1:
+            raise InputError("--encoder-layers and --decoder-layers must be >= 0 with at least one layer in all")
+        if not 1 <= self.requests <= MAX_REQUESTS:
+            raise InputError(f"--requests must be 1..{MAX_REQUESTS}, got {self.requests}")
+        for name, (lo, hi) in (("--prompt-len", self.prompt_len), ("--decode-len", self.decode_len)):
+            if lo < 0 or hi < lo or hi > MAX_CONTEXT:
+                raise InputError(f"{name} must be MIN,MAX with 0 <= MIN <= MAX <= {MAX_CONTEXT}, got {lo},{hi}")
+        self._check_size()
+        if self.encoder_layers and self.prompt_len[0] < 1:
+            raise InputError("--prompt-len must be >= 1 when the model has encoder layers")
+        if self.prompt_len[1] + self.decode_len[1] < 1:
+            raise InputError("--prompt-len and --decode-len leave every request empty")
+        if self.skew < 0:
+            raise InputError(f"--skew must be >= 0, got {self.skew}")
+        for name, v in (("--stickiness", self.stickiness), ("--correlation", self.correlation)):
+            if not 0.0 <= v <= 1.0:
+                raise InputError(f"{name} must lie in [0, 1], got {v}")
+        self._check_fitted()
+
+    def _check_size(self) -> None:
+        """The largest trace these knobs can make must be one a reader accepts (its expert array at most
+        ``MAX_ARRAY_BYTES``): checked before anything is drawn, so a typo costs a line, not the machine's memory."""
+        longest = self.prompt_len[1] + self.decode_len[1]
+        layers = self.encoder_layers + self.decoder_layers
+        worst = self.requests * longest * layers * self.top_k * 2  # int16 expert ids
+        if worst > MAX_ARRAY_BYTES:
+            raise InputError(
+                f"--requests {self.requests} of up to {longest} tokens x {layers} layers x top-"
+                f"{self.top_k} could make a {worst / 2**30:.1f} GiB trace, above the "
+                f"{MAX_ARRAY_BYTES >> 30} GiB a trace may hold: fewer requests or shorter ones"
+            )
+
+    def _check_fitted(self) -> None:
+        n_layers, e = self.encoder_layers + self.decoder_layers, self.num_experts
+        if self.layer_popularity is not None:
+            _check_weights(np.asarray(self.layer_popularity, dtype=float), (n_layers, e), "knobs.layer_popularity")
+        if self.prefix_popularity is not None:
+            w = np.asarray(self.prefix_popularity, dtype=float)
+            if w.size and (w.ndim != 3 or w.shape[1:] != (n_layers, e)):
+                raise InputError(
+                    f"knobs.prefix_popularity must be [positions][{n_layers} layers][{e} experts], "
+                    f"got shape {list(w.shape)}"
+                )
+            if w.size:
+                _check_weights(w.reshape(-1, e), (w.shape[0] * n_layers, e), "knobs.prefix_popularity")
+        if self.layer_transition is not None:
+            w = np.asarray(self.layer_transition, dtype=float)
+            if w.shape != (n_layers - 1, e, e):
+                raise InputError(
+                    f"knobs.layer_transition must be [{n_layers - 1} layers][{e}][{e}], got shape {list(w.shape)}"
+                )
+            if w.size and (not np.all(np.isfinite(w)) or w.min() < 0):
+                raise InputError("knobs.layer_transition must hold finite lifts >= 0")
+        if self.transition_power is not None and not (
+            np.isfinite(self.transition_power) and 0 <= self.transition_power <= 64
+        ):
+            raise InputError(f"knobs.transition_power must lie in [0, 64], got {self.transition_power}")
+        for name, lo, hi in (("layer_stickiness", 0.0, 1.0), ("request_concentration", 0.0, np.inf)):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            a = np.asarray(v, dtype=float)
+            if a.shape != (n_layers,):
+                raise InputError(f"knobs.{name} must list one value per layer ({n_layers}), got shape {list(a.shape)}")
+            if (
+                not np.all(np.isfinite(a))
+                or a.min(initial=lo) < lo
+                or a.max(initial=lo) > hi
+                or (name == "request_concentration" and a.min(initial=1) <= 0)
+            ):
+                raise InputError(f"knobs.{name} must hold values in {'(0, inf)' if hi == np.inf else '[0, 1]'}")
+
+    def layers(self) -> tuple[LayerInfo, ...]:
+        enc = [LayerInfo(i, "encoder") for i in range(self.encoder_layers)]
+        dec = [LayerInfo(i, "decoder") for i in range(self.decoder_layers)]
+        return tuple(enc + dec)
+
+
+FITTED_KNOBS = (
+    "layer_popularity",
+    "layer_stickiness",
+    "request_concentration",
+    "prefix_popularity",
+    "layer_transition",
+    "transition_power",
+)
+
+
+def _check_weights(w: np.ndarray, shape: tuple[int, int], name: str) -> None:
+    if w.shape != shape:
+        raise InputError(f"{name} must be [{shape[0]}][{shape[1]}], got shape {list(w.shape)}")
+    if w.size and (not np.all(np.isfinite(w)) or w.min() < 0 or (w.sum(axis=-1) <= 0).any()):
+        raise InputError(f"{name} must hold finite weights >= 0 with a positive sum in every row")
+
+
+def generate(
+    knobs: SynthKnobs,
+    seed: int = 0,
+    lengths: tuple[np.ndarray, np.ndarray] | None = None,
+    date: str | None = None,
+    extra: dict | None = None,
+    dataset: str = "synthetic",
+    digest: tuple[str, ...] = (),
+) -> Trace:
+    """A synthetic trace. ``lengths`` = (prompt lengths, decode lengths) per request overrides the drawn ones.
+    Knobs named in ``digest`` are stored in the metadata as their shape and sha256
+    (``traces.synthetic.reshape.knobs_sha256``)
+    instead of their values (tables too large to bundle)."""
+    knobs.check()
+    rng = np.random.default_rng(seed)
+    e, k = knobs.num_experts, knobs.top_k
+    layers = knobs.layers()
+    n_layers = len(layers)
+    if lengths is None:
+        prompt = rng.integers(knobs.prompt_len[0], knobs.prompt_len[1] + 1, knobs.requests)
+        decode = rng.integers(knobs.decode_len[0], knobs.decode_len[1] + 1, knobs.requests)
+        empty = prompt + decode == 0
+        decode[empty] = 1
+    else:
+        prompt, decode = (np.asarray(x, dtype=np.int64) for x in lengths)
+    total = prompt + decode
+    offsets = np.concatenate([[0], np.cumsum(total)]).astype(np.int64)
+    pop = _Popularity(knobs, rng)
+
+    is_encoder = np.array([x.role == "encoder" for x in layers])
+    both_roles = bool(is_encoder.any()) and bool((~is_encoder).any())
+    n_tok = int(offsets[-1])
+    request = np.repeat(np.arange(total.size), total)
+    position = np.arange(n_tok) - np.repeat(offsets[:-1], total)
+    in_prompt = position < np.repeat(prompt, total)
+    first_of_request = position == 0
+    if both_roles:  # a request's first generated token starts the decoder layers' sequence
+        first_of_request = first_of_request | (position == np.repeat(prompt, total))
+    stickiness = knobs.layer_stickiness or (knobs.stickiness,) * n_layers
+    experts = np.full((n_tok, n_layers, k), -1, dtype=np.int16)
+    for layer in range(n_layers):
+        rows = np.flatnonzero(
+            (in_prompt if is_encoder[layer] else ~in_prompt) if both_roles else np.ones(n_tok, dtype=bool)
+        )
+        if rows.size == 0:
+            continue
+        n = rows.size
+        src = experts[rows, layer - 1].astype(np.int64) if layer > 0 else None
+        draw = pop.sampler(layer, request[rows], _rank_in_group(request[rows]), src, rng)
+        base = draw(np.arange(n * k) // k).reshape(n, k)
+        free = ~draw.in_prefix  # rows outside the prefix: stickiness (and the rank-for-rank map) apply
+        if layer > 0 and knobs.correlation > 0 and knobs.layer_transition is None:
+            assert src is not None  # the previous layer's experts, from layer 1 on
+            mapped = pop.rank_to_expert[layer, pop.expert_to_rank[layer - 1, np.maximum(src, 0)]]
+            use = (rng.random((n, k)) < knobs.correlation) & (src >= 0) & free[:, None]
+            base = np.where(use, mapped, base)
+        sticky = (rng.random((n, k)) < stickiness[layer]) & ~first_of_request[rows][:, None] & free[:, None]
+        experts[rows, layer] = _sticky_dedupe(base, sticky, draw, pop.rank_to_expert[layer])
+    meta = TraceMeta(
+        model=ModelInfo(knobs.model, e, k, layers),
+        provenance=Provenance("synthetic", TOOL, knobs.model, dataset, date),
+        seed=int(seed),
+        extra={"knobs": _knobs_dict(knobs, digest), **(extra or {})},
+    )
+    return Trace(experts, offsets, prompt.astype(np.int64), meta)
+
+
+def _rank_in_group(group: np.ndarray) -> np.ndarray:
+    """Position of each element within its run of equal, sorted ``group`` values (0 for the first)."""
+    return np.arange(group.size) - np.searchsorted(group, group, side="left")
+
+
+class _Popularity:
+    """Where a slot's fresh expert is drawn from: per layer, a Zipf law over a random ordering of the experts
+    (``skew``) or the fitted ``layer_popularity``; with ``request_concentration`` each request's own draw of it;
+    with ``prefix_popularity`` a per-position law for a request's first routed tokens."""
+
+    def __init__(self, knobs: SynthKnobs, rng: np.random.Generator):
+        e, n_layers = knobs.num_experts, knobs.encoder_layers + knobs.decoder_layers
+        self.knobs, self.e = knobs, e
+        if knobs.layer_popularity is None:  # rank_to_expert[l, r] is layer l's rank-r expert
+            pop = (np.arange(e) + 1.0) ** -knobs.skew
+            self.weights = np.tile(pop / pop.sum(), (n_layers, 1))
+            self.rank_to_expert = np.stack([rng.permutation(e) for _ in range(n_layers)])
+            self.weights = np.take_along_axis(self.weights, np.argsort(self.rank_to_expert, axis=1), axis=1)
+        else:
+            w = np.asarray(knobs.layer_popularity, dtype=float)
+            self.weights = w / w.sum(axis=1, keepdims=True)
+            self.rank_to_expert = np.argsort(-self.weights, axis=1, kind="stable")
+        self.expert_to_rank = np.argsort(self.rank_to_expert, axis=1)
+        self.prefix = None
+        if knobs.prefix_popularity is not None and len(knobs.prefix_popularity):
+            p = np.asarray(knobs.prefix_popularity, dtype=float)
+            self.prefix = p / p.sum(axis=2, keepdims=True)
+
+    def sampler(
+        self, layer: int, request: np.ndarray, position: np.ndarray, src: np.ndarray | None, rng
+    ) -> _ZipfSampler | _TableSampler:
+        """The draw function of one layer's rows (their requests, positions among the layer's rows, and experts in
+        the previous layer, or None for the first layer)."""
+        knobs = self.knobs
+        if (
+            knobs.layer_popularity is None
+            and knobs.request_concentration is None
+            and self.prefix is None
+            and knobs.layer_transition is None
+        ):  # the original Zipf draw (same random numbers as before)
+            return _ZipfSampler(
+                self.rank_to_expert[layer], self.weights[layer][self.rank_to_expert[layer]], rng, request.size
+            )
+        laws = [self.weights[layer][None, :]]
+        source = np.zeros(request.size, dtype=np.int64)
+        if knobs.request_concentration is not None:
+            alpha = knobs.request_concentration[layer] * self.weights[layer]
+            n_req = int(request.max()) + 1 if request.size else 0
+            own = rng.dirichlet(np.maximum(alpha, 1e-3), size=n_req)
+            bad = ~np.isfinite(own).all(axis=1) | (own.sum(axis=1) <= 0)  # all mass underflowed: use the layer's
+            own[bad] = self.weights[layer]
+            laws = [_balance(own, np.bincount(request, minlength=n_req), self.weights[layer])]
+            source = request.astype(np.int64)
+        in_prefix = np.zeros(request.size, dtype=bool)
+        if self.prefix is not None:
+            n_pre = self.prefix.shape[0]
+            in_prefix = position < n_pre
+            source = np.where(in_prefix, position, source + n_pre)
+            laws = [self.prefix[:, layer, :]] + laws
+        follow = None
+        power = knobs.transition_power or 0
+        if knobs.layer_transition is not None and src is not None and power > 0:
+            follow = (np.asarray(knobs.layer_transition[layer - 1], dtype=float), src, float(power))
+        return _TableSampler(np.vstack(laws), source, in_prefix, rng, follow)
+
+
+def _balance(laws: np.ndarray, rows: np.ndarray, target: np.ndarray, sweeps: int = 3) -> np.ndarray:
+    """Requests' own laws [requests, experts] rescaled so that their mix, weighted by each request's ``rows``,
+    is ``target`` (a few sweeps of iterative proportional fitting): the requests differ from one another, but
+    not, by chance, the layer as a whole."""
+    w = rows / max(rows.sum(), 1)
+    for _ in range(sweeps):
+        mix = w @ laws
+        laws = laws * np.where(mix > 0, target / np.maximum(mix, 1e-300), 1.0)
+        laws /= np.maximum(laws.sum(axis=1, keepdims=True), 1e-300)
+    return laws
+
+
+class _ZipfSampler:
+    """The original draw: one law for every row (rank drawn from the Zipf CDF, mapped to the layer's order)."""
+
+    def __init__(self, by_rank: np.ndarray, law_by_rank: np.ndarray, rng, n_rows: int):
+        self.by_rank, self.cdf, self.rng = by_rank, np.cumsum(law_by_rank), rng
+        self.in_prefix = np.zeros(n_rows, dtype=bool)
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        r = np.minimum(np.searchsorted(self.cdf, self.rng.random(rows.size), side="right"), self.cdf.size - 1)
+        return self.by_rank[r]
+
+
+class _TableSampler:
+    """Draws for rows that each follow one of several laws (rows of ``laws`` [m, experts], row i's law
+    ``laws[source[i]]``), tilted for rows outside the prefix by the cross-layer pull ``follow`` = (table, the
+    rows' previous-layer experts [n, k], power) when given."""
+
+    CHUNK = 1 << 15
+    CACHE_CELLS = 1 << 24  # tilted laws of up to this many (row, expert) cells are computed once and kept
+
+    def __init__(self, laws: np.ndarray, source: np.ndarray, in_prefix: np.ndarray, rng, follow=None):
+        laws = laws / laws.sum(axis=1, keepdims=True)
+        self.laws, self.e = laws, laws.shape[1]
+        self.flat = self._flat_cdf(laws)
+        self.source, self.in_prefix, self.rng, self.follow = source, in_prefix, rng, follow
+        self.row_flat: np.ndarray | None = None  # every row's tilted CDF, when small enough to keep
+        if follow is not None and source.size * self.e <= self.CACHE_CELLS:
+            chunks = [np.arange(s, min(s + self.CHUNK, source.size)) for s in range(0, source.size, self.CHUNK)]
+            self.row_flat = np.concatenate(
+                [self._flat_cdf(self._tilted(c), int(c[0])) for c in chunks] or [np.zeros(0)]
+            )
+
+    @staticmethod
+    def _flat_cdf(laws: np.ndarray, first: int = 0) -> np.ndarray:
+        """The laws' CDFs laid end to end, law i's shifted by ``first + i`` (for one searchsorted over all)."""
+        cdf = np.cumsum(laws / laws.sum(axis=1, keepdims=True), axis=1)
+        if cdf.size:
+            cdf[:, -1] = 1.0
+        return (cdf + (first + np.arange(laws.shape[0]))[:, None]).ravel()
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        u = self.rng.random(rows.size)
+        row_flat = self.row_flat  # None whenever follow is
+        if self.follow is None or row_flat is not None:
+            flat, src = (self.flat, self.source[rows]) if row_flat is None else (row_flat, rows)
+            return np.clip(np.searchsorted(flat, u + src, side="right") - src * self.e, 0, self.e - 1)
+        uniq, inverse = np.unique(rows, return_inverse=True)  # one tilted law per row, however many draws
+        out = np.empty(rows.size, dtype=np.int64)
+        for s in range(0, uniq.size, self.CHUNK):
+            law = self._tilted(uniq[s : s + self.CHUNK])
+            mine = np.flatnonzero((inverse >= s) & (inverse < s + law.shape[0]))
+            local = inverse[mine] - s
+            out[mine] = np.searchsorted(self._flat_cdf(law), u[mine] + local, side="right") - local * self.e
+        return np.clip(out, 0, self.e - 1)
+
+    def _tilted(self, rows: np.ndarray) -> np.ndarray:
+        """[len(rows), experts]: each row's law times its cross-layer pull (none in the prefix, or when the
+        previous layer routed nothing)."""
+        table, src, power = self.follow
+        law = self.laws[self.source[rows]]
+        prev = src[rows]
+        valid = prev >= 0
+        score = np.where(valid[:, :, None], table[np.maximum(prev, 0)], 0.0).sum(axis=1)
+        score /= np.maximum(valid.sum(axis=1), 1)[:, None]  # mean lift over the previous layer's experts
+        pull = valid.any(axis=1) & ~self.in_prefix[rows]
+        return law * np.where(pull[:, None], score, 1.0) ** power + 1e-300
+
+
+def _forward_fill(base: np.ndarray, sticky: np.ndarray) -> np.ndarray:
+    """choice[t] = choice[t-1] where sticky[t], else base[t]; per column, vectorised over t."""
+    n = base.shape[0]
+    idx = np.where(sticky, 0, np.arange(n)[:, None])
+    np.maximum.accumulate(idx, axis=0, out=idx)
+    return np.take_along_axis(base, idx, axis=0)
+
+
+def _sticky_dedupe(base: np.ndarray, sticky: np.ndarray, draw, by_rank: np.ndarray) -> np.ndarray:
+    """Resolve stickiness along time, then re-draw any slot that repeats an expert of its own token (such a
+    slot stops being sticky); repeated until no token holds an expert twice. ``draw(rows)`` draws one fresh
+    expert for each of the given rows."""
+    k = base.shape[1]
+    choice = _forward_fill(base, sticky)
+    for attempt in range(1000):
+        dup = np.zeros(choice.shape, dtype=bool)
+        for col in range(1, k):
+            dup[:, col] = (choice[:, col : col + 1] == choice[:, :col]).any(1)
+        if not dup.any():
+            return choice
+        rows, cols = np.nonzero(dup)
+        if attempt < 8:
+            base[rows, cols] = draw(rows)
+        else:  # rare: the most popular expert that no other slot of the token holds
+            for i, j in zip(rows, cols):
+                taken = set(choice[i, :j].tolist()) | set(choice[i, j + 1 :].tolist())
+                base[i, j] = next(int(x) for x in by_rank if int(x) not in taken)
+        sticky[rows, cols] = False
+        choice = _forward_fill(base, sticky)
+    raise RuntimeError("synth: could not make each token's experts distinct")
+
+
+def _knobs_dict(knobs: SynthKnobs, digest: tuple[str, ...] = ()) -> dict:
+    """The knobs as JSON-ready metadata; fitted-model knobs appear only when set (so traces made without them
+    keep their bytes); those named in ``digest`` as {"shape", "sha256"} of their stored (rounded) values."""
+    from traces.synthetic.reshape import knobs_sha256
+
+    d = {f.name: getattr(knobs, f.name) for f in dataclasses.fields(knobs)}
+    d["prompt_len"], d["decode_len"] = list(knobs.prompt_len), list(knobs.decode_len)
+    for name in FITTED_KNOBS:
+        v = d.pop(name)
+        if v is None:
+            continue
+        if name in digest:
+            d[name] = {"shape": list(np.shape(v)), "sha256": knobs_sha256(v)}
+        else:
+            d[name] = round(float(v), 6) if np.ndim(v) == 0 else np.round(np.asarray(v, dtype=float), 6).tolist()
+    return d
+
+
+# ------------------------------------------------------------------------------------------------------ fit
+
+
+def locality(trace: Trace, capacity: int) -> dict[str, float]:
+    """A few locality figures of a trace: popularity skew, overlap with the previous token, the step-wise LRU hit
+    rate (the simulator's ``lru`` at batch 1) at ``capacity`` slots per layer, and the transition accuracy."""
+    from traces.analysis import stats
+
+    lru, _ = stats.step_lru_hit_rates(trace, [capacity])
+    trans = stats.transition_accuracy(trace)[0]
+    return {
+        "popularity_skew": stats.popularity_skew(trace)[0],
+        "overlap_prev": stats.overlap_prev(trace)[0],
+        "lru_hit_rate": lru[capacity],
+        "transition_accuracy": trans if trans is not None else 0.0,
+    }
+
+
+def knobs_like(
+    real: Trace, requests: int | None = None, tokens: int | None = None, **overrides
+) -> tuple[SynthKnobs, tuple[np.ndarray, np.ndarray]]:
+    """Knobs with REAL's model shape, and request lengths that cycle through REAL's requests: ``requests`` of them,
+    or as many as it takes to reach ``tokens`` tokens, or REAL's count."""
+    m = real.meta.model
+    enc = sum(1 for x in m.layers if x.role == "encoder")
+    lengths = real.request_lengths
+    if requests is None and tokens is not None:
+        cycle = np.cumsum(np.tile(lengths, -(-int(tokens) // max(int(lengths.sum()), 1)) + 1))
+        requests = int(np.searchsorted(cycle, tokens, side="left")) + 1
+    n = requests or real.num_requests
+    pick = np.arange(n) % real.num_requests
+    prompt = real.prefill_lengths[pick]
+    decode = (lengths - real.prefill_lengths)[pick]
+    knobs = SynthKnobs(
+        model=m.name,
+        num_experts=m.num_experts,
+        top_k=m.top_k,
+        encoder_layers=enc,
+        decoder_layers=len(m.layers) - enc,
+        requests=n,
+        prompt_len=(int(prompt.min()), int(prompt.max())),
+        decode_len=(int(decode.min()), int(decode.max())),
+        **overrides,
+    )
+    return knobs, (prompt, decode)
+
+
+# ------------------------------------------------------------------------------------------------------ cli
+
+_FLAGS = {
+    "num_experts": "--experts",
+    "top_k": "--top-k",
+    "prompt_len": "--prompt-len",
+    "decode_len": "--decode-len",
+    "skew": "--skew",
+    "stickiness": "--stickiness",
+    "correlation": "--correlation",
+}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("synth", help="write a synthetic trace (knobs, or --fit to a real trace)")
+    p.add_argument("--out", "-o", required=True, help="trace file to write (.npz)")
+    p.add_argument("--seed", type=_seed, default=0, help="random seed, 0..2^63-1 (same seed, same trace)")
+    p.add_argument("--model", default=None, help="model name in the trace")
+    p.add_argument("--experts", type=int, default=None, help="experts per MoE layer (default 8)")
+    p.add_argument("--top-k", type=int, default=None, help="experts per token (default 2)")
+    p.add_argument("--layers", type=int, default=None, help="MoE layers of a decoder-only model (default 32)")
+    p.add_argument("--encoder-layers", type=int, default=None, help="encoder MoE layers (encoder-decoder model)")
+    p.add_argument("--decoder-layers", type=int, default=None, help="decoder MoE layers (encoder-decoder model)")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests (default 64; with --fit: REAL's count, lengths cycling through REAL's)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="with --fit: at least this many tokens (REAL's request lengths cycled), instead of --requests",
+    )
+    p.add_argument("--prompt-len", default=None, help="MIN,MAX prompt tokens per request (default 16,64)")
+    p.add_argument("--decode-len", default=None, help="MIN,MAX generated tokens per request (default 64,256)")
+    p.add_argument("--skew", type=float, default=None, help="Zipf exponent of expert popularity (default 0.5)")
+    p.add_argument("--stickiness", type=float, default=None, help="P(re-use the previous token's expert)")
+    p.add_argument("--correlation", type=float, default=None, help="P(follow the previous layer's expert)")
+    p.add_argument(
+        "--fit",
+        metavar="REAL_TRACE",
+        default=None,
+        help="fit per-layer popularity, stickiness, request concentration, opening positions and "
+        "cross-layer pull to a real trace (shape and lengths from it; see traces/synthetic/fit.py), and "
+        "print the fit checked on held-out requests; --encoder-layers/--decoder-layers (or "
+        "--layers) stretch the fitted layers over a deeper model of the same family",
+    )
+    p.add_argument(
+        "--from-fit",
+        metavar="FITTED_TRACE",
+        default=None,
+        help="generate from the fitted knobs a trace written by --fit holds, for another model shape: "
+        "--experts/--top-k (traces/synthetic/reshape.py: popularity's Lorenz curve resampled, lifts mapped), "
+        "--layers or --encoder-layers/--decoder-layers (stretched), --requests, --prompt-len, "
+        "--decode-len (default: the fitted trace's)",
+    )
+    p.add_argument(
+        "--no-holdout",
+        action="store_true",
+        help="with --fit: skip the held-out check (fit on half, compare on the other half)",
+    )
+    p.add_argument("--date", default=None, help="provenance date to stamp (default: none, for reproducibility)")
+    p.set_defaults(func=run)
+
+
+def _pair(text: str | None, name: str) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        lo, hi = (int(x) for x in text.split(","))
+    except ValueError:
+        raise InputError(f"{name} must be MIN,MAX (two integers), got {text!r}") from None
+    return lo, hi
+
+
+def _seed(text: str) -> int:
+    """A seed as the trace's metadata keeps it: an integer 0..2^63-1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text[:40]!r}") from None
+    if not 0 <= value < 1 << 63:
+        raise argparse.ArgumentTypeError(f"must be 0..2^63-1, got {text[:40]}")
+    return value
+
+
+def run(args) -> int:
+    from traces.importers.common import check_model_fit, check_model_name, check_out
+    from traces.io import save_trace
+
+    check_out(args.out, [x for x in (args.fit, args.from_fit) if x])
+    if args.model is not None:
+        check_model_name(args.model)
+    given = {
+        "model": args.model,
+        "num_experts": args.experts,
+        "top_k": args.top_k,
+        "requests": args.requests,
+        "prompt_len": _pair(args.prompt_len, "--prompt-len"),
+        "decode_len": _pair(args.decode_len, "--decode-len"),
+        "skew": args.skew,
+        "stickiness": args.stickiness,
+        "correlation": args.correlation,
+    }
+    if args.layers is not None and (args.encoder_layers is not None or args.decoder_layers is not None):
+        raise InputError("give either --layers or --encoder-layers/--decoder-layers, not both")
+    if args.layers is not None:
+        given.update(encoder_layers=0, decoder_layers=args.layers)
+    else:
+        given.update(encoder_layers=args.encoder_layers, decoder_layers=args.decoder_layers)
+    given = {k: v for k, v in given.items() if v is not None}
+    for name, value in (("--requests", args.requests), ("--tokens", args.tokens)):
+        if value is not None and value < 1:
+            raise InputError(f"{name} must be >= 1, got {value}")
+    if args.fit and args.from_fit:
+        raise InputError("give either --fit (fit to a real trace) or --from-fit (use a fit), not both")
+    if args.fit:
+        trace = _run_fit(args, given)
+    elif args.from_fit:
+        trace = _run_from_fit(args, given)
+    else:
+        if args.tokens is not None or args.no_holdout:
+            raise InputError(f"{'--tokens' if args.tokens is not None else '--no-holdout'} goes with --fit")
+        trace = generate(SynthKnobs(**given), args.seed, date=args.date)
+    check_model_fit(trace, "synth", hint="give that model's --experts, --top-k and layers, or another --model")
+    save_trace(trace, args.out)
+    k = trace.meta.extra["knobs"]
+    pre = k.get("prefix_popularity") or []
+    what = (
+        "fitted: per-layer popularity, stickiness and request concentration, "
+        f"{pre['shape'][0] if isinstance(pre, dict) else len(pre)} opening positions, cross-layer power "
+        f"{k.get('transition_power')}"
+        if "layer_popularity" in k
+        else f"skew {k['skew']}, stickiness {k['stickiness']}, correlation {k['correlation']}"
+    )
+    print(
+        f"wrote {args.out}: {trace.num_tokens} tokens in {trace.num_requests} requests, "
+        f"{trace.num_layers} layers, {trace.num_experts} experts top-{trace.top_k}; {what}; seed {args.seed}"
+    )
+    return 0
+
+
+def _check_fit_size(real: Trace, args) -> None:
+    """``--requests`` / ``--tokens`` for a fitted trace bounded like generated ones, before the (long) fit runs:
+    the requests cycle through REAL's, so the largest is REAL's longest."""
+    per_token = real.num_layers * real.top_k * 2  # int16 expert ids
+    longest = int(np.diff(real.request_offsets).max()) if real.num_requests else 0
+    if args.requests is not None and not 1 <= args.requests <= MAX_REQUESTS:
+        raise InputError(f"--requests must be 1..{MAX_REQUESTS}, got {args.requests}")
+    tokens = args.tokens if args.tokens is not None else (args.requests or 0) * longest
+    if tokens * per_token > MAX_ARRAY_BYTES:
+        raise InputError(
+            f"{'--tokens' if args.tokens is not None else '--requests'}: a trace of {tokens} tokens of "
+            f"{real.num_layers} layers x top-{real.top_k} would pass the {MAX_ARRAY_BYTES >> 30} GiB a "
+            f"trace may hold"
+        )
+
+
+def _run_fit(args, given: dict) -> Trace:
+    """``--fit``: the held-out check (printed), then the fit on all of REAL, and the synthetic trace."""
+    from traces.io import load_trace
+    from traces.synthetic import fit as fitting
+
+    real = load_trace(args.fit)
+    depth = {k: given.pop(k) for k in ("encoder_layers", "decoder_layers") if k in given}
+    clash = [f for f in _FLAGS if f in given]
+    if clash:
+        raise InputError(f"--fit takes the model shape, lengths and knobs from {args.fit}; drop {_FLAGS[clash[0]]}")
+    if args.requests is not None and args.tokens is not None:
+        raise InputError("give either --requests or --tokens, not both")
+    _check_fit_size(real, args)
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    held = None
+    if not args.no_holdout:
+        if real.num_requests < 2:
+            raise InputError(f"{args.fit}: the held-out check needs at least 2 requests; use --no-holdout")
+        print(f"fitting to half of {args.fit} (held-out check) ...", file=sys.stderr)
+        rows, _ = fitting.held_out_check(real, seed=args.seed, log=log)
+        print(
+            f"held-out check: fit on the {(real.num_requests + 1) // 2} even-numbered requests of {args.fit}, "
+            f"compared on the {real.num_requests // 2} odd-numbered ones"
+        )
+        print(fitting.format_table(rows, real.num_experts))
+        held = [
+            {
+                k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else (None if isinstance(v, float) else v))
+                for k, v in r.items()
+            }
+            for r in rows
+        ]
+    print(f"fitting to all of {args.fit} ...", file=sys.stderr)
+    result = fitting.fit_knobs(real, seed=args.seed, log=log)
+    knobs, lengths = knobs_like(real, requests=args.requests, tokens=args.tokens)
+    fitted = {n: getattr(result.knobs, n) for n in FITTED_KNOBS}
+    knobs = dataclasses.replace(knobs, model=given.get("model", knobs.model), correlation=0.0, **fitted)
+    stretched = None
+    if depth:
+        enc = depth.get("encoder_layers", knobs.encoder_layers)
+        dec = depth.get("decoder_layers", knobs.decoder_layers)
+        if (enc, dec) != (knobs.encoder_layers, knobs.decoder_layers):
+            knobs, stretched = fitting.stretch_layers(knobs, enc, dec)
+    extra = {
+        "fitted_to": {
+            "file": os.path.basename(str(args.fit)),
+            "model": real.meta.model.name,
+            "provenance": real.meta.provenance.to_dict(),
+            "requests": real.num_requests,
+            "tokens": real.num_tokens,
+            "method": "traces.synthetic.fit: per-layer empirical popularity, stickiness, request concentration, "
+            "opening positions and cross-layer pull, calibrated by simulation",
+            "calibration": {"rounds": result.rounds, "residual": {k: round(v, 6) for k, v in result.residual.items()}},
+            "held_out": held,
+        }
+    }
+    if stretched is not None:
+        extra["fitted_to"]["layers_from"] = stretched
+        extra["fitted_to"]["stretched"] = (
+            f"{len(stretched)} MoE layers from the fitted {real.num_layers}: each "
+            "takes the fitted layer of its role at the same relative depth; no "
+            "cross-layer pull between two layers from the same fitted one"
+        )
+    return generate(
+        knobs,
+        args.seed,
+        lengths,
+        args.date,
+        extra,
+        dataset=f"fitted to {real.meta.model.name} ({real.meta.provenance.dataset})",
+    )
+
+
+# ------------------------------------------------------------------------------------------------- from fit
+
+#: knobs a --from-fit trace names by digest instead of storing: 256-384 expert transition tables are tens of MB,
+#: and even the popularity table ([layers][experts]) would take Kimi-K2's bundled trace past 2 MB
+DIGESTED = ("layer_popularity", "prefix_popularity", "layer_transition")
+
+
+def fitted_knobs(path: str) -> tuple[SynthKnobs, TraceMeta]:
+    """The fitted knobs a trace written by ``synth --fit`` holds (``extra.knobs``), and its metadata. Raises
+    InputError naming the file when it holds none (or only their digests)."""
+    from traces.io import load_trace_header
+
+    meta = load_trace_header(path)[0]
+    d = meta.extra.get("knobs") if isinstance(meta.extra, dict) else None
+    digested = [n for n in FITTED_KNOBS if isinstance(d, dict) and isinstance(d.get(n), dict)]
+    if digested:
+        raise InputError(
+            f"{path}: its knobs.{digested[0]} is stored as a digest (a --from-fit trace); give the "
+            "trace `traces synth --fit` wrote"
+        )
+    if not isinstance(d, dict) or not isinstance(d.get("layer_popularity"), list):
+        raise InputError(
+            f"{path}: holds no fitted knobs (extra.knobs.layer_popularity); give a trace written by "
+            "`traces synth --fit`"
+        )
+    try:
+        knobs = SynthKnobs.from_dict(d)
+        knobs.check()
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{path}: extra.knobs are not the generator's knobs ({exc})") from None
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
+    return knobs, meta
+
+
+def _run_from_fit(args, given: dict) -> Trace:
+    """``--from-fit``: the fitted knobs, stretched over the wanted layers and reshaped to the wanted experts and
+    top-k; opening positions kept only as far as every request's prompt reaches."""
+    import hashlib
+
+    from traces.synthetic import fit as fitting
+    from traces.synthetic import reshape
+
+    for flag, value in (
+        ("--skew", args.skew),
+        ("--stickiness", args.stickiness),
+        ("--correlation", args.correlation),
+        ("--tokens", args.tokens),
+    ):
+        if value is not None:
+            raise InputError(f"--from-fit takes the knobs from {args.from_fit}; drop {flag}")
+    if args.no_holdout:
+        raise InputError("--no-holdout goes with --fit")
+    fitted, meta = fitted_knobs(args.from_fit)
+    with open(args.from_fit, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    knobs = dataclasses.replace(
+        fitted, **{k: given[k] for k in ("model", "requests", "prompt_len", "decode_len") if k in given}
+    )
+    enc = given.get("encoder_layers", fitted.encoder_layers)
+    dec = given.get("decoder_layers", fitted.decoder_layers)
+    layers_from = None
+    if (enc, dec) != (fitted.encoder_layers, fitted.decoder_layers):
+        knobs, layers_from = fitting.stretch_layers(knobs, enc, dec)
+    shaped = reshape.reshape_experts(
+        knobs, given.get("num_experts", fitted.num_experts), given.get("top_k", fitted.top_k)
+    )
+    knobs, prefix_note = _prefix_within_prompts(shaped.knobs)
+    note = {
+        "file": os.path.basename(str(args.from_fit)),
+        "sha256": sha,
+        "model": meta.model.name,
+        "shape": f"{fitted.encoder_layers} encoder + {fitted.decoder_layers} decoder MoE layers, "
+        f"{fitted.num_experts} experts, top-{fitted.top_k}",
+        "layers": (
+            "unchanged"
+            if layers_from is None
+            else {
+                "from": layers_from,
+                "mapping": "traces.synthetic.fit.stretch_layers: each layer takes the fitted layer "
+                "of its role at the same relative depth; no cross-layer pull between two layers from the "
+                "same fitted one",
+            }
+        ),
+        "experts": (
+            "unchanged"
+            if shaped.sources is None
+            else {"from": fitted.num_experts, "to": knobs.num_experts, "mapping": reshape.MAPPING}
+        ),
+        "top_k": {"from": fitted.top_k, "to": knobs.top_k},
+        "assumptions": list(reshape.ASSUMPTIONS),
+        "prefix": prefix_note,
+        "digests": "knobs named by {shape, sha256} are tables too large to bundle; they are rebuilt by the "
+        "same command from the same fitted trace (traces.synthetic.reshape.knobs_sha256)",
+    }
+    extra = {"fitted_to": meta.extra.get("fitted_to"), "from_fit": note}
+    dataset = f"{meta.provenance.dataset}, via synth --from-fit"
+    return generate(knobs, args.seed, date=args.date, extra=extra, dataset=dataset, digest=DIGESTED)
+
+
+def _prefix_within_prompts(knobs: SynthKnobs) -> tuple[SynthKnobs, str]:
+    """The fitted opening positions are prompt tokens (a chat template's fixed start): keep as many as the
+    shortest prompt holds, and say what was kept."""
+    n = len(knobs.prefix_popularity or ())
+    if n == 0:
+        return knobs, "the fit found no opening positions"
+    keep = min(n, knobs.prompt_len[0])
+    if keep == n:
+        return knobs, f"{n} fitted opening positions kept (every prompt holds them)"
+    knobs = dataclasses.replace(knobs, prefix_popularity=(knobs.prefix_popularity or ())[:keep] if keep else None)
+    if keep == 0:
+        return knobs, (
+            f"the {n} fitted opening positions (prompt tokens of the real requests) dropped: requests "
+            "without prompt rows (--prompt-len MIN 0) would otherwise route their first decode tokens "
+            "like a prompt's opening"
+        )
+    return knobs, f"{keep} of the {n} fitted opening positions kept (the shortest prompt holds {keep})"
