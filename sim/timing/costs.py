@@ -350,7 +350,8 @@ class CostModel:
         ``cpu_expert_overhead_us`` + the larger of the weight bytes (:attr:`expert_bytes`, at the experts' storage
         width) plus the activations read and written, over ``cpu_mem_bw_gb_s``, and ``tokens * 2 * expert_params``
         FLOPs at the host's rate for that width (:meth:`~sim.config.hardware.HardwareSpec.cpu_rate`). Memory-bound
-        at a few tokens (a decode step), compute-bound at many (a prefill). A ``cpu_expert`` table replaces the roofline.
+        at a few tokens (a decode step), compute-bound at many (a prefill). A ``cpu_expert`` table replaces the
+        roofline.
 
         ``cores`` (default: all ``cpu_cores``) gives the expert fewer cores: bandwidth and throughput both shrink in
         proportion (an approximation: a few cores of a server can draw more than their share of its bandwidth), and
