@@ -264,8 +264,7 @@ def crossover(batches: list[int], ratio: dict[int, float]) -> str:
 
 def break_even(config: str) -> tuple[int | None, float | None]:
     """From the cost model alone (``sim.timing.costs.CostModel``): the fewest tokens n for which computing an expert on
-    the
-    host CPU (``cpu_expert_s(n)`` + its activations both ways) is no faster than copying it and computing it on the
+    the host CPU (``cpu_expert_s(n)`` + its activations both ways) is no faster than copying it and computing it on the
     GPU (``copy_s(expert_bytes) + expert_s(n)``): Fiddler's own rule. And the batch at which an average expert of
     a layer gets n tokens, when every expert is active: n * experts / top_k. (None, None) when the host stays
     faster up to 2^20 tokens."""

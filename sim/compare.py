@@ -198,8 +198,7 @@ def variant(base: RunConfig, policy: str, predictor: str | None) -> RunConfig:
 
 def describe_predictor(part) -> str:
     """A predictor as a config names it (a :class:`sim.config.run_config.NamedConfig`): its name and its params that
-    hold a
-    value (defaults included, nulls left out), ``transition (train: other-requests)``."""
+    hold a value (defaults included, nulls left out), ``transition (train: other-requests)``."""
     given = [f"{k}: {v}" for k, v in part.params.items() if v is not None]
     return part.name + (f" ({', '.join(given)})" if given else "")
 

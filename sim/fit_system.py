@@ -365,8 +365,7 @@ def _request_tokens(cfg) -> int:
 
 def run_config(row: Row, constants: dict[str, float], system_profile: str | None = None) -> dict:
     """The run config (a mapping for ``sim.config.run_config.config_from_dict``) that simulates ``row`` with the
-    system's
-    fitted ``constants`` (file keys) set on its profile."""
+    system's fitted ``constants`` (file keys) set on its profile."""
     profile, _ = SYSTEMS[row.system]
     if row.system == "mixtral-offloading" and re.search(r"naive|accelerate", row.variant):
         # the paper's "naive offloading (accelerate)" baseline: accelerate's on-demand copies (the deepspeed

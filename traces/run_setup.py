@@ -7,9 +7,8 @@ layer's experts (fewer when they would not fit beside the dense weights), batch 
 
 Paths in the run config are absolute, so it loads from any folder (a relative path would be looked up in the
 current folder and then the project root: :func:`sim.config.files.resolve_path`). Both files are checked as output
-places
-before any work (:func:`check_sim_files`) and written atomically; the run config is checked by the simulator's own
-loader before it is written.
+places before any work (:func:`check_sim_files`) and written atomically; the run config is checked by the simulator's
+own loader before it is written.
 """
 
 from __future__ import annotations
@@ -141,8 +140,7 @@ def check_bundled_fits(profile: DerivedProfile, stem: str, where: str) -> None:
 # --------------------------------------------------------------------------------------------- the run config
 def run_config(spec, model_value, trace_path: str | Path, trace) -> dict:
     """A run config mapping for the trace, checked by :func:`sim.config.run_config.config_from_dict` (``model_value``:
-    the
-    profile as the check reads it, a bundled name or the fields themselves; ``trace``: the trace's
+    the profile as the check reads it, a bundled name or the fields themselves; ``trace``: the trace's
     :class:`~sim.config.trace_summary.TraceSummary`)."""
     from sim.config.run_config import config_from_dict
     from sim.errors import ConfigError

@@ -1,7 +1,6 @@
 """The executor's copy engine: a thread that copies experts from host memory into the shared working buffers, one
 at a time, by the copy-queue rules the simulator's copy engine follows (``sim/core/copy_queue.py``): demand copies
-before
-queued prefetches, a copy in flight is never preempted, every copy needs a free working buffer, prefetches leave
+before queued prefetches, a copy in flight is never preempted, every copy needs a free working buffer, prefetches leave
 ``reserve`` buffers free, a buffer is free again once the expert in it has computed (and been promoted), or at once
 for an unused prefetch. Landed copies wait per layer, in landing order, for the compute thread to take.
 

@@ -69,8 +69,7 @@ def file_path(what: str = "file", required: bool = False, hint: str = "") -> Rul
 def training_trace(required: bool = False, hint: str = "", words: tuple[str, ...] = ()) -> Rule:
     """A path to a training trace: a trace file of the run's model, with routed tokens, other than the evaluated
     trace (checked when the config loads, see :func:`sim.config.trace_summary.check_training_trace`); or one of
-    ``words``,
-    which the part itself gives a meaning (no file)."""
+    ``words``, which the part itself gives a meaning (no file)."""
     return Rule(kind=str, file="trace file", required=required, hint=hint, training=True, choices=tuple(words) or None)
 
 

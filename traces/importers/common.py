@@ -155,8 +155,7 @@ def check_model_fit(
 ) -> None:
     """Refuse a trace that ``sim run`` would refuse with the model profile its name matches (a different expert
     count, top-k, or number of encoder or decoder MoE layers): :func:`sim.config.trace_summary.model_mismatch`, the
-    check
-    a run config makes, applied when the trace is written rather than at every run, its message leading with what
+    check a run config makes, applied when the trace is written rather than at every run, its message leading with what
     differs. A name that matches no profile is a model of the user's own (e.g. a small test model) and is not
     checked."""
     from sim.config.trace_summary import model_mismatch

@@ -23,9 +23,8 @@ a trace with REAL's model shape and request lengths; its metadata hold every kno
 
 ``--from-fit FITTED`` generates from the fitted knobs a trace written by ``--fit`` holds, for another model shape:
 layers stretched (``traces.synthetic.fit.stretch_layers``), experts and top-k reshaped (``traces.synthetic.reshape``:
-the popularity's
-Lorenz curve resampled, lifts mapped by rank fraction, stickiness and request concentration kept), and the
-fitted opening positions kept only as far as every request's prompt reaches (requests without prompt rows drop
+the popularity's Lorenz curve resampled, lifts mapped by rank fraction, stickiness and request concentration kept), and
+the fitted opening positions kept only as far as every request's prompt reaches (requests without prompt rows drop
 them). Its metadata name the fitted trace (file, sha256), the mapping and its assumptions; the large tables are
 stored as digests (``DIGESTED``), the same command on the same fitted trace rebuilding them.
 
@@ -55,8 +54,7 @@ class SynthKnobs:
     """Everything a synthetic trace is a function of (with the seed).
 
     The knobs after ``correlation`` describe a model fitted to a real trace (``traces.synthetic.fit``); each is
-    optional,
-    and a trace made without them is the same as before they existed:
+    optional, and a trace made without them is the same as before they existed:
 
     - ``layer_popularity`` [layers][experts]: each layer's draw weights (replaces the Zipf ``skew``; a layer's
       popularity ranks, which the cross-layer map follows, are the order of these weights).
