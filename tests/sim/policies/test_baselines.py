@@ -1,0 +1,455 @@
+"""The baseline policies (pregated, prefetch-all, lfu, belady) against plain re-statements of their rules, the
+optimality of belady (against an exact search and against the online policies), belady_bound, and tier
+invariants under random traces (hypothesis)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.core.cache import HPC, LPC, MISS, MPC
+from sim.core.replay import replay
+from sim.core.workload import build_iterations
+from sim.policies import POLICIES, PolicyContext
+from sim.policies.base import hot_ranking_from_counts, selection_counts
+from sim.policies.belady import belady_bound
+from sim.predictors import PREDICTORS, PredictorContext
+from tests.conftest import make_trace, plain_lru, random_trace
+
+NEVER = float("inf")
+
+
+# ----------------------------------------------------------------------------------------------------- helpers
+
+
+def workload(trace, batch=1, batching="static"):
+    its, _ = build_iterations(trace, batch, batching, None, True, None)
+    return its
+
+
+def policy_for(name, trace, its, hpc=0, mpc=2, params=None, ranking=None, cached=None):
+    """A policy set up as ``sim.run.build_decisions`` does, with the workload in ``ctx.extra``."""
+    ranking = ranking or hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
+    ctx = PolicyContext(
+        trace.num_layers,
+        trace.num_experts,
+        tuple(x.role for x in trace.meta.model.layers),
+        frozenset(range(trace.num_layers)) if cached is None else frozenset(cached),
+        hpc,
+        mpc,
+        tuple(tuple(r) for r in ranking),
+        0,
+        {"trace": trace, "iterations": its},
+    )
+    return POLICIES.get(name)(params, ctx)
+
+
+def predictor_for(name, trace, params=None, seed=0):
+    return PREDICTORS.get(name)(params, PredictorContext(trace.num_layers, trace.num_experts, seed))
+
+
+def run(trace, its, policy, predictor="none", pred_params=None, check=True, after=None):
+    def step(p):
+        if check:
+            p.cache.check()
+        if after is not None:
+            after(p)
+
+    return replay(trace, its, policy, predictor_for(predictor, trace, pred_params), after_step=step)
+
+
+def cache_hits(policy):
+    h = policy.cache.counters.hits
+    return h[HPC] + h[MPC]
+
+
+def layer_steps(trace, its):
+    """Per layer: [(batch began, set of active experts)] for every iteration that runs the layer, read straight off
+    the trace (encoder layers run in prefill iterations, decoder layers in decode ones; all layers in both for a
+    decoder-only model)."""
+    roles = [x.role for x in trace.meta.model.layers]
+    enc_dec = "encoder" in roles and "decoder" in roles
+    out = {layer: [] for layer in range(len(roles))}
+    pending = [False] * len(roles)  # a batch began and the layer has not run since
+    for it in its:
+        for layer, role in enumerate(roles):
+            pending[layer] = pending[layer] or it.new_batch
+            if enc_dec and role != ("encoder" if it.kind == "prefill" else "decoder"):
+                continue
+            act = {int(x) for r in it.rows for x in trace.experts[r, layer] if x >= 0}
+            out[layer].append((pending[layer], act))
+            pending[layer] = False
+    return out
+
+
+def enc_dec_trace(rng, tokens=40, experts=6, k=2, requests=4):
+    """Two encoder layers (prompt rows) and two decoder layers (generated rows)."""
+    t = random_trace(rng, tokens=tokens, layers=4, experts=experts, k=k, requests=requests)
+    e = t.experts.copy()
+    prefill = np.minimum(t.request_lengths, 3)
+    decode = t.position_in_request() >= np.repeat(prefill, t.request_lengths)
+    e[decode, :2] = -1
+    e[~decode, 2:] = -1
+    return make_trace(e, t.request_lengths, prefill, experts, ["encoder", "encoder", "decoder", "decoder"])
+
+
+# ---------------------------------------------------------------------------------- plain re-statements (lists)
+
+
+def next_use(steps, t, e):
+    for s in range(t + 1, len(steps)):
+        if e in steps[s][1]:
+            return s
+    return NEVER
+
+
+def first_use(steps, t, e):
+    return next_use(steps, t - 1, e)
+
+
+def plain_min(steps, cap, warm=True, evict_active=True):
+    """MIN with bypass on one layer's steps, written out with lists: after each step the cache holds the ``cap``
+    experts of (cache + step) used soonest (never-used ones are not admitted). ``warm``: at each batch start the
+    cache is refilled with the ``cap`` experts used soonest. ``evict_active=False`` is the textbook rule that never
+    evicts an expert the step uses (kept for the counterexample below)."""
+    cache, hits = [], 0
+    n_exp = 1 + max((e for _, a in steps for e in a), default=0)
+    for t, (new_batch, act) in enumerate(steps):
+        if warm and new_batch:
+            ranked = sorted(range(n_exp), key=lambda e: (first_use(steps, t, e), e))
+            cache = [e for e in ranked if first_use(steps, t, e) != NEVER][:cap]
+        hits += sum(1 for e in act if e in cache)
+        forced = [e for e in cache if e in act] if not evict_active else []
+        pool = [e for e in cache if e not in forced] + [e for e in act if e not in cache]
+        pool.sort(key=lambda e: (next_use(steps, t, e), e not in cache, e))
+        keep = forced + [e for e in pool if next_use(steps, t, e) != NEVER or e in cache][: cap - len(forced)]
+        cache = keep
+    return hits
+
+
+def exact_optimum(steps, cap, n_exp, warm=True):
+    """The most cache hits any demand policy can get on one layer's steps: an exhaustive search over cache
+    states. After a step the cache may hold any ``cap`` experts of (cache + the step's experts); ``warm``: at each
+    batch start it may hold any ``cap`` experts (the free start-of-batch fill)."""
+    states_all = [frozenset(c) for r in range(cap + 1) for c in itertools.combinations(range(n_exp), r)]
+    states = {frozenset(): 0}
+    for new_batch, act in steps:
+        if warm and new_batch:
+            best = max(states.values())
+            states = {s: best for s in states_all}
+        nxt = {}
+        for c, h in states.items():
+            h += len(act & c)
+            pool = sorted(c | act)
+            for r in range(min(cap, len(pool)) + 1):
+                for keep in itertools.combinations(pool, r):
+                    keep = frozenset(keep)
+                    if nxt.get(keep, -1) < h:
+                        nxt[keep] = h
+        states = nxt
+    return max(states.values())
+
+
+def plain_lfu(steps, hpc_set, cap):
+    """LFU on one layer's steps, with a pinned HPC. Returns per step ({expert: HPC|MPC|MISS}, sorted MPC after)."""
+    freq, last, cache, out = {}, {}, [], []
+    for t, (_, act) in enumerate(steps):
+        out_src = {e: HPC if e in hpc_set else MPC if e in cache else MISS for e in act}
+        for e in act:
+            freq[e] = freq.get(e, 0) + 1
+            last[e] = t
+        if cap:
+            newcomers = sorted((e for e in act if out_src[e] == MISS), key=lambda e: (-freq[e], e))
+            for e in newcomers:
+                if len(cache) >= cap:
+                    victims = [v for v in cache if v not in act]
+                    if not victims:
+                        break
+                    cache.remove(min(victims, key=lambda v: (freq[v], last[v], v)))
+                cache.append(e)
+        out.append((out_src, sorted(cache)))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- LRU and belady exactly
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), cap=st.integers(1, 6), k=st.integers(1, 3), warm=st.booleans())
+def test_lru_and_belady_match_plain_list_implementations_at_batch_1(seed, cap, k, warm):
+    trace = random_trace(np.random.default_rng(seed), tokens=50, layers=2, experts=8, k=k, requests=3)
+    its = workload(trace, 1)
+    steps = layer_steps(trace, its)
+    lru = policy_for("lru", trace, its, hpc=0, mpc=cap)
+    run(trace, its, lru)
+    assert cache_hits(lru) == sum(plain_lru(s, cap) for s in steps.values())
+    bel = policy_for("belady", trace, its, hpc=0, mpc=cap, params={"warm": warm})
+    run(trace, its, bel)
+    assert cache_hits(bel) == sum(plain_min(s, cap, warm) for s in steps.values())
+    assert bel.cache.counters.accesses == int((trace.experts >= 0).sum())
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    seed=st.integers(0, 10**6), cap=st.integers(1, 3), batch=st.integers(1, 3), k=st.integers(1, 3), warm=st.booleans()
+)
+def test_belady_is_the_exact_optimum_for_sets_of_any_batch(seed, cap, batch, k, warm):
+    """belady's hits equal an exhaustive search's over every demand policy (new cache entries come from the step's
+    active experts; any of them may be evicted after the step), for top-k and batch > 1 alike."""
+    trace = random_trace(np.random.default_rng(seed), tokens=14, layers=1, experts=5, k=k, requests=3)
+    its = workload(trace, batch)
+    bel = policy_for("belady", trace, its, hpc=0, mpc=cap, params={"warm": warm})
+    run(trace, its, bel)
+    steps = layer_steps(trace, its)[0]
+    assert cache_hits(bel) == exact_optimum(steps, cap, 5, warm)
+
+
+def test_never_evicting_an_active_expert_is_not_optimal_for_sets():
+    """Why belady may evict an expert the step uses: the textbook rule that never does (lru's victim rule) is
+    forced to keep an active expert it will not need soon, and loses hits to the optimum (6 instead of 8 here)."""
+    sets = [{1, 2}, {1}, {0, 3}, {1, 2, 3}, {0, 1, 3}, {0, 3}, {1, 2, 3}]
+    trace = make_trace([[sorted(s) + [-1] * (3 - len(s))] for s in sets], num_experts=4)
+    its = workload(trace, 1)
+    steps = layer_steps(trace, its)[0]
+    assert plain_min(steps, 2, warm=False, evict_active=False) == 6
+    bel = policy_for("belady", trace, its, hpc=0, mpc=2, params={"warm": False})
+    run(trace, its, bel)
+    assert cache_hits(bel) == exact_optimum(steps, 2, 4, warm=False) == 8
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    total=st.integers(1, 6),
+    hpc=st.integers(0, 3),
+    batch=st.integers(1, 4),
+    k=st.integers(1, 3),
+    batching=st.sampled_from(["static", "continuous"]),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+)
+def test_belady_hits_at_least_every_online_policy_at_equal_capacity(seed, total, hpc, batch, k, batching, predictor):
+    """At equal slots per layer (online: hpc + mpc = total; belady: all of it MIN, warm), belady's HPC+MPC hits
+    are >= lru's, lfu's and diffmoe's, at every batch size and top-k, whatever the online policy prefetches. This
+    holds because belady is the optimum over demand policies with a free fill at batch starts (the exact-search
+    test above), which those policies are: they admit only experts active in the step (missed or prefetched
+    alike, so prefetching does not change what they cache), and their only other entries are the free HPC pin and
+    diffmoe's start-of-batch fill. A policy that cached experts it prefetched but did not use would be outside
+    this bound; none does."""
+    hpc = min(hpc, total)
+    trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=10, k=k, requests=4)
+    its = workload(trace, batch, batching)
+    bel = policy_for("belady", trace, its, hpc=0, mpc=total)
+    run(trace, its, bel, check=False)
+    for name in ("lru", "lfu", "diffmoe"):
+        pol = policy_for(name, trace, its, hpc=hpc, mpc=total - hpc)
+        run(
+            trace, its, pol, predictor, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None, check=False
+        )
+        assert cache_hits(bel) >= cache_hits(pol), name
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    cap=st.integers(0, 5),
+    batch=st.integers(1, 4),
+    warm=st.booleans(),
+    enc_dec=st.booleans(),
+    cached=st.sampled_from(["all", "some"]),
+    pinned_slots=st.integers(0, 2),
+)
+def test_belady_bound_equals_the_belady_policy(seed, cap, batch, warm, enc_dec, cached, pinned_slots):
+    rng = np.random.default_rng(seed)
+    trace = enc_dec_trace(rng) if enc_dec else random_trace(rng, tokens=40, layers=3, experts=6, k=2, requests=4)
+    its = workload(trace, batch)
+    layers = None if cached == "all" else [0, trace.num_layers - 1]
+    bound = belady_bound(trace, its, cap, layers, warm=warm)
+    # without pin_hot the configured HPC slots join the MIN slots, so any split of ``cap`` gives the same cache
+    h = min(pinned_slots, cap)
+    bel = policy_for("belady", trace, its, hpc=h, mpc=cap - h, params={"warm": warm}, cached=layers)
+    run(trace, its, bel)
+    c = bel.cache.counters
+    assert bound["hits"] == cache_hits(bel) == c.hits[MPC]
+    assert bound["accesses"] == c.accesses
+    assert bound["hit_rate"] == pytest.approx(c.hits[MPC] / c.accesses)
+
+
+def test_belady_bound_on_a_hand_made_trace():
+    # one layer, top-1, batch 1: a b a c a b, cold, 1 slot: MIN keeps a (used again soonest) -> hits at a, a
+    trace = make_trace([[[0]], [[1]], [[0]], [[2]], [[0]], [[1]]], num_experts=3)
+    its = workload(trace, 1)
+    assert belady_bound(trace, its, 1, warm=False) == {"hits": 2, "accesses": 6, "hit_rate": pytest.approx(1 / 3)}
+    assert belady_bound(trace, its, 2, warm=False)["hits"] == 3  # a and b kept
+    assert belady_bound(trace, its, 1, warm=True)["hits"] == 3  # a filled before the first step
+    assert belady_bound(trace, its, 0)["hits"] == 0
+
+
+def test_belady_needs_the_workload():
+    from sim.errors import ConfigError
+
+    trace = random_trace(np.random.default_rng(0), tokens=10, layers=2, experts=4, k=1)
+    with pytest.raises(ConfigError, match="iterations"):
+        policy_for("belady", trace, None)
+
+
+# ------------------------------------------------------------------------------------------------------------ LFU
+
+
+@pytest.mark.parametrize(
+    "batch, hpc, mpc, pin_hot",
+    [
+        (1, 0, 1, False),
+        (1, 0, 3, False),
+        (1, 2, 2, True),
+        (3, 1, 3, True),
+        (4, 0, 5, False),
+        (1, 2, 2, False),
+        (3, 1, 3, False),
+    ],
+)
+def test_lfu_matches_a_plain_restatement(batch, hpc, mpc, pin_hot):
+    """With ``pin_hot`` the HPC pins the hottest ``hpc`` experts and LFU runs on ``mpc`` slots; without (the
+    default) LFU runs on all ``hpc + mpc`` slots."""
+    trace = random_trace(np.random.default_rng(batch * 10 + mpc), tokens=120, layers=2, experts=10, k=2, requests=6)
+    its = workload(trace, batch)
+    ranking = [tuple(range(trace.num_experts))[::-1]] * trace.num_layers
+    pol = policy_for("lfu", trace, its, hpc=hpc, mpc=mpc, ranking=ranking, params={"pin_hot": pin_hot})
+    snapshots = []
+    decisions = run(trace, its, pol, after=lambda p: snapshots.append([sorted(m) for m in p.cache.mpc]))
+    steps = layer_steps(trace, its)
+    pinned, cap = (hpc, mpc) if pin_hot else (0, hpc + mpc)
+    want = {layer: iter(plain_lfu(s, set(ranking[layer][:pinned]), cap)) for layer, s in steps.items()}
+    for d, snap in zip(decisions, snapshots):
+        src, mpc_after = next(want[d.layer])
+        assert dict(d.sources) == src
+        assert snap[d.layer] == mpc_after
+    assert pol.cache.counters.hits[MPC] > 0 and pol.cache.counters.evictions > 0
+
+
+# ------------------------------------------------------------------------------------------ pregated, prefetch-all
+
+
+@pytest.mark.parametrize("batch, enc_dec", [(1, False), (3, False), (2, True)])
+def test_pregated_with_an_oracle_misses_only_in_each_iterations_first_layer(batch, enc_dec):
+    rng = np.random.default_rng(batch)
+    trace = (
+        enc_dec_trace(rng, tokens=60, experts=8)
+        if enc_dec
+        else random_trace(rng, tokens=60, layers=3, experts=8, k=2, requests=4)
+    )
+    its = workload(trace, batch)
+    pol = policy_for("pregated", trace, its, hpc=2, mpc=3)  # the configured slots are ignored: nothing kept
+    decisions = run(trace, its, pol, "oracle")
+    first = set()
+    seen = set()
+    for d in decisions:
+        if d.iteration not in seen:
+            seen.add(d.iteration)
+            first.add((d.iteration, d.layer))
+    for d in decisions:
+        want = MISS if (d.iteration, d.layer) in first else LPC
+        assert all(src == want for _, src in d.sources), d
+        assert not d.unused_prefetch and not d.promote
+    c = pol.cache.counters
+    assert c.hits[HPC] == c.hits[MPC] == 0
+    assert c.misses == sum(len(d.active) for d in decisions if (d.iteration, d.layer) in first) > 0
+    assert c.hits[LPC] > 0
+
+
+def test_pregated_with_a_noisy_pregate_misses_what_it_did_not_prefetch():
+    trace = random_trace(np.random.default_rng(3), tokens=60, layers=3, experts=8, k=2, requests=4)
+    its = workload(trace, 2)
+    pol = policy_for("pregated", trace, its)
+    decisions = run(trace, its, pol, "noisy", {"recall": 0.6, "precision": 0.5})
+    fetched = {}
+    for d in decisions:
+        got = fetched.pop((d.iteration, d.layer), ())
+        assert {e for e, s in d.sources if s == LPC} == set(d.active) & set(got)
+        assert set(d.unused_prefetch) == set(got) - set(d.active)
+        nxt = [x for x in decisions if x.iteration == d.iteration and x.layer > d.layer][:1]
+        if nxt:
+            fetched[(d.iteration, nxt[0].layer)] = d.prefetched
+    assert pol.cache.counters.misses > 0 and pol.cache.counters.hits[LPC] > 0
+
+
+@pytest.mark.parametrize("predictor", ["none", "noisy"])
+def test_prefetch_all_copies_every_expert_of_the_next_layer(predictor):
+    trace = random_trace(np.random.default_rng(7), tokens=50, layers=3, experts=6, k=2, requests=3)
+    its = workload(trace, 2)
+    pol = policy_for("prefetch-all", trace, its, hpc=1, mpc=2)
+    decisions = run(trace, its, pol, predictor, {"recall": 0.5, "precision": 0.5} if predictor == "noisy" else None)
+    by_it = {}
+    for d in decisions:
+        by_it.setdefault(d.iteration, []).append(d)
+    for ds in by_it.values():
+        for pos, d in enumerate(ds):
+            assert d.prefetched == (tuple(range(6)) if pos + 1 < len(ds) else ())
+            want = MISS if pos == 0 else LPC
+            assert all(src == want for _, src in d.sources)
+            if pos:
+                assert set(d.unused_prefetch) == set(range(6)) - set(d.active)
+    c = pol.cache.counters
+    assert c.hits[HPC] == c.hits[MPC] == 0 and not any(pol.cache.mpc) and not any(pol.cache.hpc)
+
+
+def test_prefetch_all_skips_experts_already_cached_or_in_flight():
+    from sim.policies.prefetch_all import PrefetchAll
+
+    trace = random_trace(np.random.default_rng(0), tokens=10, layers=2, experts=6, k=1)
+    pol = policy_for("prefetch-all", trace, workload(trace))
+    pol.cache.mpc_slots = 2  # a subclass could keep experts: those are not copied again
+    pol.cache.mpc[1] = {3: None}
+    pol.cache.add_lpc(1, 4)
+    assert PrefetchAll.plan_prefetch(pol, 0, 1, frozenset()) == [0, 1, 2, 5]
+
+
+# ------------------------------------------------------------------------------------------- tier invariants
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10**6),
+    policy=st.sampled_from(["pregated", "prefetch-all", "lfu", "belady"]),
+    hpc=st.integers(0, 3),
+    mpc=st.integers(0, 4),
+    batch=st.integers(1, 4),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+    enc_dec=st.booleans(),
+    pin_hot=st.booleans(),
+    cached=st.sampled_from(["all", "decoder"]),
+)
+def test_tier_invariants_hold_for_the_baselines(seed, policy, hpc, mpc, batch, predictor, enc_dec, pin_hot, cached):
+    rng = np.random.default_rng(seed)
+    trace = (
+        enc_dec_trace(rng, tokens=40, experts=8)
+        if enc_dec
+        else random_trace(rng, tokens=40, layers=3, experts=8, k=2, requests=4)
+    )
+    its = workload(trace, batch)
+    roles = [x.role for x in trace.meta.model.layers]
+    layers = None if cached == "all" else [i for i, r in enumerate(roles) if r == "decoder"]
+    params = {"pin_hot": pin_hot} if policy in ("lfu", "belady") else None
+    pol = policy_for(policy, trace, its, hpc=hpc, mpc=mpc, params=params, cached=layers)
+    hpc_sets = list(pol.cache.hpc)
+
+    def check(p):
+        assert list(p.cache.hpc) == hpc_sets  # high-priority experts are never evicted
+        # working buffers are dropped when their layer finishes: only the next layer's prefetches remain
+        assert len({layer for layer, _ in p.cache.lpc}) <= 1
+
+    decisions = run(
+        trace, its, pol, predictor, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None, after=check
+    )
+    c = pol.cache.counters
+    assert c.accesses == sum(len(d.active) for d in decisions)
+    assert c.misses == sum(1 for d in decisions for _, s in d.sources if s == MISS)
+    uncached = set(range(trace.num_layers)) - set(pol.ctx.cached_layers)
+    assert all(s == MISS or s == LPC for d in decisions if d.layer in uncached for _, s in d.sources)
+    if policy in ("pregated", "prefetch-all"):
+        assert c.hits[HPC] == c.hits[MPC] == 0
+    if predictor == "none" and policy != "prefetch-all":
+        assert c.hits[LPC] == 0 and not any(d.prefetched for d in decisions)

@@ -1,0 +1,234 @@
+"""`lookahead` (LRU that sees ``horizon`` iterations ahead): horizon 0 is lru exactly, a plain restatement of its
+rule agrees on random traces, Belady bounds it at equal slots, the engine's invariants hold, and on real routing
+one token of foresight beats lru."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.config.run_config import load_run_config
+from sim.core.cache import LPC, MISS
+from sim.core.workload import build_iterations
+from sim.errors import ConfigError
+from sim.policies import POLICIES
+from sim.run import simulate
+from tests.conftest import make_trace, random_trace
+from tests.sim.policies.test_published_policies import BOUNDED, HAND_MADE, cache_hits, drive, policy_for, steps_of
+from tests.sim.timing.test_engine import config_for
+from traces.io import save_trace
+
+ROOT = Path(__file__).resolve().parents[3]
+NEVER = float("inf")
+
+
+def plain_lookahead(steps, cap, horizon):
+    """One layer's steps (sorted active experts per iteration) under the rule, restated with lists: hits become
+    most recent (ascending), then each newcomer (ascending) evicts, among held experts not active now, the one with
+    the furthest next use seen within ``horizon`` steps (unseen: furthest; ties: least recent), unless its own seen
+    next use is further still. Returns the hits and the cache (least recent first) after each step."""
+
+    def next_use(e, t):
+        for u in range(t + 1, min(t + horizon, len(steps) - 1) + 1):
+            if e in steps[u]:
+                return u
+        return NEVER
+
+    cache, hits, after = [], 0, []
+    for t, act in enumerate(steps):
+        hits += sum(1 for e in act if e in cache)
+        for e in act:
+            if e in cache:
+                cache.remove(e)
+                cache.append(e)
+        for e in act:
+            if e in cache:
+                continue
+            if len(cache) < cap:
+                cache.append(e)
+                continue
+            held = [v for v in cache if v not in act]
+            if not held:
+                continue
+            far = max(next_use(v, t) for v in held)
+            victim = next(v for v in held if next_use(v, t) == far)  # the least recent of the furthest
+            if next_use(e, t) > far:
+                continue
+            cache.remove(victim)
+            cache.append(e)
+        after.append(list(cache))
+    return hits, after
+
+
+def lookahead_for(trace, its, cap, horizon, **params):
+    return policy_for("lookahead", trace, its, 0, cap, {"horizon": horizon, **params})
+
+
+@settings(max_examples=40, **BOUNDED)
+@given(
+    seed=st.integers(0, 10**6),
+    cap=st.integers(1, 5),
+    k=st.integers(1, 3),
+    batch=st.integers(1, 3),
+    pin_hot=st.booleans(),
+)
+def test_horizon_zero_makes_the_decisions_of_lru(seed, cap, k, batch, pin_hot):
+    trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=8, k=k, requests=3)
+    its, _ = build_iterations(trace, batch, "static", None, True, None)
+    look, look_snaps = drive(trace, its, lookahead_for(trace, its, cap, 0, pin_hot=pin_hot))
+    lru, lru_snaps = drive(trace, its, policy_for("lru", trace, its, 0, cap, {"pin_hot": pin_hot}))
+    assert look == lru and look_snaps == lru_snaps
+
+
+@pytest.mark.parametrize("horizon", [1, 2, 5, 100])
+@pytest.mark.parametrize("cap", [1, 2, 3])
+def test_the_hand_made_trace_matches_the_plain_rule(horizon, cap):
+    trace = make_trace(HAND_MADE, lengths=[5, 6, 4], num_experts=8)
+    its, _ = build_iterations(trace, 1, "static", None, True, None)
+    _check_plain(trace, its, cap, horizon)
+
+
+@settings(max_examples=40, **BOUNDED)
+@given(
+    seed=st.integers(0, 10**6),
+    cap=st.integers(1, 5),
+    k=st.integers(1, 3),
+    batch=st.integers(1, 3),
+    horizon=st.integers(1, 12),
+)
+def test_random_traces_match_the_plain_rule(seed, cap, k, batch, horizon):
+    trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=8, k=k, requests=3)
+    its, _ = build_iterations(trace, batch, "static", None, True, None)
+    _check_plain(trace, its, cap, horizon)
+
+
+def _check_plain(trace, its, cap, horizon):
+    pol = lookahead_for(trace, its, cap, horizon)
+    _, snaps = drive(trace, its, pol, snapshot=lambda c: [list(m) for m in c.mpc])
+    want_hits = 0
+    for layer, steps in steps_of(trace, its).items():
+        hits, after = plain_lookahead(steps, cap, horizon)
+        want_hits += hits
+        got = [s[layer] for s in snaps[layer :: trace.num_layers]]  # every layer runs in every iteration
+        assert got == after, (layer, horizon, cap)
+    assert cache_hits(pol) == want_hits
+
+
+@settings(max_examples=40, **BOUNDED)
+@given(
+    seed=st.integers(0, 10**6),
+    total=st.integers(1, 5),
+    batch=st.integers(1, 4),
+    k=st.integers(1, 3),
+    horizon=st.integers(0, 20),
+)
+def test_belady_bounds_lookahead_at_equal_slots(seed, total, batch, k, horizon):
+    trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=10, k=k, requests=4)
+    its, _ = build_iterations(trace, batch, "static", None, True, None)
+    bel = policy_for("belady", trace, its, 0, total)
+    drive(trace, its, bel)
+    look = lookahead_for(trace, its, total, horizon)
+    drive(trace, its, look)
+    assert cache_hits(bel) >= cache_hits(look)
+
+
+@settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture], **BOUNDED)
+@given(
+    seed=st.integers(0, 10**6),
+    batch=st.integers(1, 4),
+    hpc=st.integers(0, 2),
+    mpc=st.integers(0, 3),
+    k=st.integers(1, 3),
+    buffers=st.integers(1, 5),
+    predictor=st.sampled_from(["none", "oracle"]),
+    batching=st.sampled_from(["static", "continuous"]),
+    horizon=st.integers(0, 6),
+)
+def test_engine_invariants(tmp_path, seed, batch, hpc, mpc, k, buffers, predictor, batching, horizon):
+    trace = random_trace(np.random.default_rng(seed), tokens=48, layers=3, experts=8, k=k, requests=4)
+    path = save_trace(trace, tmp_path / f"t{seed}.npz")
+    cfg = config_for(
+        path,
+        trace,
+        "lookahead",
+        predictor,
+        batch,
+        hpc,
+        mpc,
+        buffers,
+        batching,
+        seed=seed,
+        policy_params={"horizon": horizon},
+    )
+    out = simulate(cfg, trace=trace, check_invariants=True, record_decisions=True)
+    s = out.summary
+    assert s["hits"]["hpc"] + s["hits"]["mpc"] + s["hits"]["lpc"] + s["misses"] == s["accesses"]
+    assert s["max_buffers_in_use"] <= buffers
+    assert max(len(m) for m in out.policy.cache.mpc) <= hpc + mpc
+    for d in out.engine.decisions:  # never evicts an expert in use; admits only what it copies now
+        sources = dict(d.sources)
+        for e, victim in d.promote:
+            assert victim is None or victim not in d.active
+            assert sources[e] in (MISS, LPC)
+
+
+def test_one_token_of_foresight_beats_lru_on_real_routing():
+    """On the bundled real gpt-oss-20b routing, knowing the next token's experts keeps more of them than lru."""
+    hits = {}
+    for policy, params in (("lru", []), ("lookahead", ["policy.params.horizon=1"])):
+        cfg = load_run_config(
+            ROOT / "configs/gpt_oss_20b.yaml",
+            [
+                f"policy.name={policy}",
+                "policy.params={}",
+                *params,
+                "predictor.name=none",
+                "workload.requests=6",
+                "workload.max_decode_tokens=48",
+            ],
+        )
+        s = simulate(cfg).summary
+        hits[policy] = (s["hits"]["hpc"] + s["hits"]["mpc"]) / s["accesses"]
+    assert hits["lookahead"] > hits["lru"] + 0.01, hits
+
+
+@pytest.mark.parametrize("horizon", [-1, 1.5, None, "two"])
+def test_a_bad_horizon_names_the_field(horizon):
+    with pytest.raises(ConfigError, match="horizon"):
+        POLICIES.get("lookahead").check_params({"horizon": horizon}, "policy.params")
+
+
+def test_origin_is_bound():
+    assert POLICIES.get("lookahead").origin == "bound"
+
+
+def test_the_foresight_study_runs_and_its_table_is_consistent(tmp_path):
+    """``benchmarks/foresight_study.py --quick`` end to end: one row per cell, the target between the best published
+    cache and Belady, and Belady's cache hits at least every lookahead horizon's."""
+    import subprocess
+    import sys
+
+    doc = tmp_path / "foresight.md"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "foresight_study.py"), "--quick", "--jobs", "2", "--doc", str(doc)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [
+        line.split("|")[1:-1]
+        for line in doc.read_text().splitlines()
+        if line.startswith("| ") and line.split("|")[2].strip() in ("1", "16")
+    ]
+    assert len(rows) == 6
+    for row in rows:
+        best, bel, target = float(row[2].split()[0]), float(row[3]), float(row[4])
+        looks = [float(x) for x in row[6].split("/")]
+        assert len(looks) == 5 and best <= target <= bel
+        assert all(v <= bel + 1e-9 for v in looks)

@@ -1,0 +1,379 @@
+"""Our policy `next-use-odds` (and its causal `cross-layer` predictor): invariants through the SimPy engine, the
+rule against a plain restatement on hand-made and random traces, the Belady bound at equal slots, determinism, and
+the train/evaluate split (training never reads the evaluated requests)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tests.sim.policies.test_published_policies as published
+from sim.core.cache import LPC, MISS, MPC
+from sim.core.workload import build_iterations
+from sim.errors import ConfigError
+from sim.policies import POLICIES, PolicyContext
+from sim.policies import next_use_odds as nuo
+from sim.policies.base import hot_ranking_from_counts, selection_counts
+from sim.predictors import PREDICTORS, PredictorContext
+from sim.run import simulate
+from tests.conftest import make_trace, random_trace
+from tests.sim.policies.test_published_policies import cache_hits, replay_snapshots, steps_of
+from tests.sim.timing.test_engine import comparable, config_for
+from traces.io import save_trace
+
+NAME = "next-use-odds"
+BOUNDED = dict(deadline=None, derandomize=True, database=None)
+#: Simple weights for the restatement tests (exact in binary, so both sides add the same floats).
+SIMPLE = (-1.0, -0.5, 0.25, 0.0, 0.5, 1.0, 0.75, 0.5)
+
+
+def policy_for(trace, its, hpc, mpc, params=None, extra=None):
+    return published.policy_for(NAME, trace, its, hpc, mpc, params, extra)
+
+
+def drive(trace, its, policy, predictor="none", seed=0, predictor_params=None):
+    pred = PREDICTORS.get(predictor)(
+        predictor_params, PredictorContext(trace.num_layers, trace.num_experts, seed, {"trace": trace})
+    )
+    return replay_snapshots(trace, its, policy, pred)
+
+
+# ------------------------------------------------------------------------------------- the plain restatement
+
+
+def plain_next_use_odds(steps, cap, weights):
+    """The rule with plain lists and floats, cold start: per step, ({expert: MPC | MISS}, sorted cache after)."""
+    decays = (0.5, 0.9, 0.98)
+    last, uses, ema, cache, out = {}, {}, {}, [], []
+    for t, act in enumerate(steps, start=1):
+        src = {e: (MPC if e in cache else MISS) for e in act}
+        for e in list(ema):
+            ema[e] = [v * d for v, d in zip(ema[e], decays)]
+        for e in act:
+            ema[e] = [v + (1 - d) for v, d in zip(ema.get(e, [0.0, 0.0, 0.0]), decays)]
+            last[e] = t
+            uses[e] = uses.get(e, 0) + 1
+
+        def score(v, t=t):
+            age = min(t - last[v], 1024)
+            x = (
+                [1.0, math.log2(1 + age), float(age == 0), float(age == 1)]
+                + [math.sqrt(u) for u in ema[v]]
+                + [math.sqrt(uses[v] / t)]
+            )
+            return sum(a * b for a, b in zip(x, weights))
+
+        for e in sorted((e for e in act if src[e] == MISS), key=lambda x: (-score(x), x)):
+            if len(cache) < cap:
+                cache.append(e)
+                continue
+            free = [v for v in cache if v not in act]
+            if not free:
+                continue
+            victim = min(free, key=lambda v: (score(v), last[v], -v))
+            if score(e) > score(victim):  # strictly better, else bypass
+                cache.remove(victim)
+                cache.append(e)
+        out.append((src, sorted(cache)))
+    return out
+
+
+def check_against_plain(trace, its, cap, weights, params=None):
+    pol = policy_for(trace, its, 0, cap, params)
+    pol._w = np.array(weights, dtype=np.float64)
+    decisions, snaps = drive(trace, its, pol)
+    want = {layer: iter(plain_next_use_odds(s, cap, weights)) for layer, s in steps_of(trace, its).items()}
+    for d, snap in zip(decisions, snaps):
+        src, after = next(want[d.layer])
+        assert dict(d.sources) == src, (d.iteration, d.layer)
+        assert snap[d.layer] == after, (d.iteration, d.layer)
+    return pol
+
+
+HAND_MADE = [
+    [[0, 1], [2, 3]],
+    [[0, 2], [2, 4]],
+    [[1, 0], [3, 2]],
+    [[5, 6], [2, 5]],
+    [[0, 1], [1, 4]],
+    [[7, 0], [2, 3]],
+    [[1, 5], [6, 7]],
+    [[0, 1], [2, 3]],
+    [[2, 6], [4, 2]],
+    [[0, 5], [3, 1]],
+    [[1, 0], [2, 0]],
+    [[6, 5], [5, 2]],
+    [[0, 3], [2, 3]],
+    [[1, 0], [7, 6]],
+    [[4, 5], [2, 3]],
+]
+
+
+@pytest.mark.parametrize("weights", [SIMPLE, nuo.DEFAULT_WEIGHTS])
+@pytest.mark.parametrize("cap", [1, 2, 3, 5])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_matches_its_plain_restatement_on_a_hand_made_trace(weights, cap, batch):
+    trace = make_trace(HAND_MADE, lengths=[5, 6, 4], num_experts=8)
+    its, _ = build_iterations(trace, batch, "static", None, True, None)
+    pol = check_against_plain(trace, its, cap, weights)
+    if cap >= 2:
+        assert cache_hits(pol) > 0
+
+
+@settings(max_examples=30, **BOUNDED)
+@given(seed=st.integers(0, 10**6), cap=st.integers(1, 6), k=st.integers(1, 3), batch=st.integers(1, 3))
+def test_matches_its_plain_restatement_on_random_traces(seed, cap, k, batch):
+    trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=10, k=k, requests=3)
+    its, _ = build_iterations(trace, batch, "static", None, True, None)
+    check_against_plain(trace, its, cap, nuo.DEFAULT_WEIGHTS)
+
+
+def test_bypass_keeps_a_frequent_set_through_a_one_time_scan():
+    """Experts 0 and 1 are used at every step but one; a scan of never-seen experts passes through one per step
+    (top-2 with one of 0/1): LRU (admit everything) would let the scan push the idle one of 0/1 out; the model
+    scores a first-time expert below the frequent one, so the scan is not admitted."""
+    rows = []
+    for t in range(40):
+        rows.append([[t % 2, 2 + t]] if t >= 10 else [[0, 1]])
+    trace = make_trace(rows, num_experts=60)
+    its, _ = build_iterations(trace, 1, "static", None, True, None)
+    pol = policy_for(trace, its, 0, 2)
+    drive(trace, its, pol)
+    assert sorted(pol.cache.mpc[0]) == [0, 1]
+    assert cache_hits(pol) == 2 * 9 + 30  # from the second step on, 0 and 1 always hit
+
+
+# ---------------------------------------------------------------------------------------- through the engine
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture], **BOUNDED)
+@given(
+    seed=st.integers(0, 10**6),
+    batch=st.integers(1, 4),
+    hpc=st.integers(0, 2),
+    mpc=st.integers(0, 3),
+    k=st.integers(1, 3),
+    buffers=st.integers(1, 5),
+    predictor=st.sampled_from(["none", "oracle", "noisy", "cross-layer"]),
+    batching=st.sampled_from(["static", "continuous"]),
+    trained=st.booleans(),
+)
+def test_engine_invariants(tmp_path, seed, batch, hpc, mpc, k, buffers, predictor, batching, trained):
+    rng = np.random.default_rng(seed)
+    trace = random_trace(rng, tokens=48, layers=3, experts=8, k=k, requests=4)
+    path = save_trace(trace, tmp_path / f"t{seed}.npz")
+    train = str(
+        save_trace(random_trace(rng, tokens=60, layers=3, experts=8, k=k, requests=3), tmp_path / f"train{seed}.npz")
+    )
+    pred_params = (
+        {"recall": 0.7, "precision": 0.5}
+        if predictor == "noisy"
+        else ({"train": train} if predictor == "cross-layer" and trained else None)
+    )
+    cfg = config_for(
+        path,
+        trace,
+        NAME,
+        predictor,
+        batch,
+        hpc,
+        mpc,
+        buffers,
+        batching,
+        seed=seed,
+        policy_params={"train": train} if trained else None,
+        predictor_params=pred_params,
+    )
+    out = simulate(cfg, trace=trace, check_invariants=True, record_decisions=True)
+    s, decisions = out.summary, out.engine.decisions
+    hits = s["hits"]
+    assert hits["hpc"] + hits["mpc"] + hits["lpc"] + s["misses"] == s["accesses"]  # hits + misses = accesses
+    assert s["accesses"] == sum(len(d.active) for d in decisions)
+    assert s["max_buffers_in_use"] <= buffers
+    room = hpc + mpc
+    assert out.policy.cache.mpc_slots == room and out.policy.cache.hpc_slots == 0
+    assert max(len(m) for m in out.policy.cache.mpc) <= room  # capacity never exceeded
+    for d in decisions:  # never evicts an expert the layer uses now; only newcomers are admitted
+        sources = dict(d.sources)
+        for e, victim in d.promote:
+            assert victim is None or victim not in d.active, d
+            assert sources[e] in (MISS, LPC)
+    if room == 0:
+        assert hits["mpc"] == 0
+
+
+def test_same_seed_same_results(tmp_path):
+    rng = np.random.default_rng(5)
+    trace = random_trace(rng, tokens=80, layers=3, experts=8, k=2, requests=4)
+    path = save_trace(trace, tmp_path / "t.npz")
+    train = str(save_trace(random_trace(rng, tokens=80, layers=3, experts=8, k=2, requests=4), tmp_path / "tr.npz"))
+    runs = []
+    for _ in range(2):
+        cfg = config_for(
+            path,
+            trace,
+            NAME,
+            "cross-layer",
+            2,
+            1,
+            2,
+            4,
+            seed=3,
+            policy_params={"train": train},
+            predictor_params={"train": train},
+        )
+        runs.append(comparable(simulate(cfg, trace=trace).summary))
+    assert runs[0] == runs[1]
+
+
+# --------------------------------------------------------------------------------------------- Belady bound
+
+
+@settings(max_examples=40, **BOUNDED)
+@given(
+    seed=st.integers(0, 10**6),
+    total=st.integers(1, 5),
+    batch=st.integers(1, 4),
+    k=st.integers(1, 3),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+    warm=st.booleans(),
+)
+def test_belady_bounds_it_at_equal_slots(tmp_path_factory, seed, total, batch, k, predictor, warm):
+    rng = np.random.default_rng(seed)
+    trace = random_trace(rng, tokens=60, layers=2, experts=10, k=k, requests=4)
+    its, _ = build_iterations(trace, batch, "static", None, True, None)
+    ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
+    ctx = PolicyContext(
+        trace.num_layers,
+        trace.num_experts,
+        ("decoder",) * 2,
+        frozenset(range(2)),
+        0,
+        total,
+        ranking,
+        0,
+        {"trace": trace, "iterations": its},
+    )
+    bel = POLICIES.get("belady")(None, ctx)
+    drive(trace, its, bel)
+    params = None
+    if warm:  # trained (and so warm-started) on another trace of the same model
+        train = save_trace(
+            random_trace(rng, tokens=60, layers=2, experts=10, k=k, requests=3),
+            tmp_path_factory.mktemp("tr") / "train.npz",
+        )
+        params = {"train": str(train)}
+    pol = policy_for(trace, its, 1 if total > 1 else 0, total - (1 if total > 1 else 0), params)
+    drive(trace, its, pol, predictor, seed, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None)
+    assert cache_hits(bel) >= cache_hits(pol)
+
+
+# ---------------------------------------------------------------------------------------- train / evaluate
+
+
+def test_training_reads_only_the_training_trace(tmp_path, monkeypatch):
+    rng = np.random.default_rng(7)
+    train = random_trace(rng, tokens=90, layers=2, experts=8, k=2, requests=3)
+    evaluated = random_trace(rng, tokens=70, layers=2, experts=8, k=2, requests=2)
+    path = save_trace(train, tmp_path / "train.npz")
+    seen = []
+    real = nuo.training_steps
+
+    def spy(trace, batch, layers):
+        seen.append(trace)
+        return real(trace, batch, layers)
+
+    monkeypatch.setattr(nuo, "training_steps", spy)
+    its, _ = build_iterations(evaluated, 1, "static", None, True, None)
+    pol = policy_for(evaluated, its, 0, 3, {"train": str(path)})
+    assert len(seen) == 1 and seen[0] is not evaluated
+    assert np.array_equal(seen[0].experts, train.experts)  # the training routing, nothing else
+    assert pol.weights_source == str(path) and pol.weights != nuo.DEFAULT_WEIGHTS
+    # the weights and the warm start depend on the training trace only
+    other = random_trace(rng, tokens=40, layers=2, experts=8, k=2, requests=2)
+    its2, _ = build_iterations(other, 1, "static", None, True, None)
+    pol2 = policy_for(other, its2, 0, 3, {"train": str(path)})
+    assert pol2.weights == pol.weights and pol2.warm_fill == pol.warm_fill
+    counts = selection_counts(train.experts, 8)
+    for layer in range(2):
+        assert pol.warm_fill[layer] == sorted(range(8), key=lambda e: (-counts[layer, e], e))[:3]
+    # and the fit is the logistic regression of the documented samples, recomputed here
+    steps = nuo.training_steps(train, 1, [0, 1])
+    xs, ys = zip(*(nuo.layer_samples(s, 8) for s in steps.values()))
+    assert pol.weights == nuo.fit_logistic(np.concatenate(xs), np.concatenate(ys))
+
+
+def test_label_is_the_next_step_and_features_use_only_the_past():
+    steps = [(0, 1), (1, 2), (0, 2), (3,)]
+    x, y = nuo.layer_samples(steps, 4)
+    # samples: step 1 (experts 0, 1), step 2 (0, 1, 2), step 3 (0, 1, 2) -> labels = used at the next step
+    assert y.tolist() == [0, 1, 1, 0, 1, 0, 0, 0]
+    # expert 0 at step 2: age 1, share 1/2; at step 3: age 0, share 2/3
+    assert x[2, 1] == pytest.approx(math.log2(2)) and x[2, 7] == pytest.approx(math.sqrt(1 / 2))
+    assert x[5, 1] == 0.0 and x[5, 2] == 1.0 and x[5, 7] == pytest.approx(math.sqrt(2 / 3))
+
+
+def test_refuses_the_evaluated_trace_and_another_model(tmp_path):
+    trace = random_trace(np.random.default_rng(1), tokens=50, layers=2, experts=8, k=2, requests=2)
+    its, _ = build_iterations(trace, 1, "static", None, True, None)
+    same = save_trace(trace, tmp_path / "copy.npz")
+    with pytest.raises(ConfigError, match=r"^policy\.params\.train:.*is the evaluated trace"):
+        policy_for(trace, its, 0, 3, {"train": str(same)})
+    wider = save_trace(
+        random_trace(np.random.default_rng(2), tokens=50, layers=2, experts=10, k=2, requests=2), tmp_path / "wider.npz"
+    )
+    with pytest.raises(ConfigError, match=r"^policy\.params\.train:"):
+        policy_for(trace, its, 0, 3, {"train": str(wider)})
+    pred = PREDICTORS.get("cross-layer")
+    with pytest.raises(ConfigError, match=r"^predictor\.params\.train:.*is the evaluated trace"):
+        pred({"train": str(same)}, PredictorContext(2, 8, 0, {"trace": trace}))
+    pol = policy_for(trace, its, 0, 3)  # no training: the documented default weights, a cold cache
+    assert pol.weights == nuo.DEFAULT_WEIGHTS and pol.weights_source == "default" and not pol.warm_fill
+
+
+def test_cross_layer_predicts_from_the_current_layer_only(tmp_path):
+    # training: expert a in layer 0 is always followed by expert a + 4 in layer 1
+    rows = [[[a], [a + 4]] for a in [0, 1, 2, 3] * 10]
+    train = save_trace(make_trace(rows, num_experts=8), tmp_path / "train.npz")
+    evaluated = make_trace([[[2], [0]], [[1], [7]]], num_experts=8)
+    its, _ = build_iterations(evaluated, 1, "static", None, True, None)
+    pred = PREDICTORS.get("cross-layer")({"train": str(train)}, PredictorContext(2, 8, 0, {"trace": evaluated}))
+    got = []
+    for it in its:
+        pred.start_iteration(it)
+        got.append(pred.predict(it.index, 1, frozenset({5}), frozenset()))  # truth is ignored
+    assert got == [frozenset({6}), frozenset({5})]
+    blank = PREDICTORS.get("cross-layer")(None, PredictorContext(2, 8, 0, {"trace": evaluated}))
+    blank.start_iteration(its[0])
+    assert blank.predict(0, 1, frozenset({0}), frozenset()) == frozenset()
+
+
+def test_origin_and_default_predictor():
+    from sim.compare import default_predictor, origin_of
+
+    assert origin_of(NAME) == "ours" and default_predictor(NAME) == "cross-layer"
+
+
+def test_default_weights_are_the_fit_on_the_gpt_oss_training_half():
+    """DEFAULT_WEIGHTS come from the even-numbered requests of the bundled gpt-oss-20b trace only (the odd ones are
+    the evaluation half of docs/our_policy.md)."""
+    import dataclasses
+    from pathlib import Path
+
+    from traces.io import load_trace
+    from traces.synthetic.fit import subset
+
+    path = Path(__file__).resolve().parents[3] / "traces" / "data" / "gpt_oss_20b.npz"
+    if not path.is_file():
+        pytest.skip("bundled gpt-oss-20b trace absent")
+    full = load_trace(path)
+    keep = list(range(0, full.num_requests, 2))
+    train = subset(full, keep)
+    info = {k: [v[r] for r in keep] for k, v in train.meta.request_info.items()}
+    train = dataclasses.replace(train, meta=dataclasses.replace(train.meta, request_info=info))
+    w = nuo.fit_weights(train, range(full.num_layers), 1)
+    assert tuple(round(v, 3) for v in w) == nuo.DEFAULT_WEIGHTS

@@ -1,0 +1,242 @@
+"""`lru` and `lfu` as plain baselines (Mixtral-offloading's per-layer cache): no pinned experts by default, the
+whole ``hpc_slots + mpc_slots`` of a layer as one cache; ``pin_hot`` pins the hottest experts in the HPC and
+caches in the ``mpc_slots`` others. Which LFU (``counts``: perfect or in-cache), against plain restatements."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.core.cache import HPC, LPC, MISS, MPC
+from sim.core.replay import replay
+from sim.core.workload import build_iterations
+from sim.errors import ConfigError
+from sim.policies import POLICIES, PolicyContext
+from sim.policies.base import hot_ranking_from_counts, selection_counts
+from sim.predictors import PREDICTORS, PredictorContext
+from tests.conftest import plain_lru, random_trace
+
+
+def policy_for(name, trace, its, hpc, mpc, params=None):
+    ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
+    ctx = PolicyContext(
+        trace.num_layers,
+        trace.num_experts,
+        tuple(x.role for x in trace.meta.model.layers),
+        frozenset(range(trace.num_layers)),
+        hpc,
+        mpc,
+        ranking,
+        0,
+        {"trace": trace, "iterations": its},
+    )
+    return POLICIES.get(name)(params, ctx)
+
+
+def run(trace, its, policy, predictor="none"):
+    pred = PREDICTORS.get(predictor)(
+        {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None,
+        PredictorContext(trace.num_layers, trace.num_experts, 0),
+    )
+    return replay(trace, its, policy, pred, after_step=lambda p: p.cache.check())
+
+
+def steps_of(trace, its):
+    """Per layer, the (iteration, sorted active experts) steps of a workload."""
+    out = {layer: [] for layer in range(trace.num_layers)}
+    for it in its:
+        for layer in out:
+            ids = trace.experts[it.rows, layer, :].ravel()
+            out[layer].append((it.index, sorted({int(x) for x in ids if x >= 0})))
+    return out
+
+
+def cache_hits(policy):
+    h = policy.cache.counters.hits
+    return h[HPC] + h[MPC]
+
+
+# ------------------------------------------------------------------------------------------------ capacity
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    hpc=st.integers(0, 3),
+    mpc=st.integers(0, 4),
+    k=st.integers(1, 3),
+    batch=st.integers(1, 3),
+    pin_hot=st.booleans(),
+)
+def test_lru_capacity_is_hpc_plus_mpc_unless_pinned(seed, hpc, mpc, k, batch, pin_hot):
+    trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=10, k=k, requests=3)
+    its, _ = build_iterations(trace, batch, "static", None, True, None)
+    pol = policy_for("lru", trace, its, hpc, mpc, None if not pin_hot else {"pin_hot": True})
+    decisions = run(trace, its, pol)
+    c = pol.cache.counters
+    assert (
+        c.accesses
+        == sum(len(d.active) for d in decisions)
+        == int(sum(len(s) for steps in steps_of(trace, its).values() for _, s in steps))
+    )
+    steps = steps_of(trace, its)
+    if pin_hot:
+        assert (pol.cache.hpc_slots, pol.cache.mpc_slots) == (hpc, mpc)
+        hot = [set(pol.ctx.hot_ranking[layer][:hpc]) for layer in range(trace.num_layers)]
+        assert list(pol.cache.hpc) == [frozenset(h) for h in hot]
+        # the pinned experts never reach the LRU part: LRU runs on the other experts only
+        want_mpc = (
+            sum(
+                plain_lru([(t, [e for e in s if e not in hot[layer]]) for t, s in st_], mpc)
+                for layer, st_ in steps.items()
+            )
+            if mpc
+            else 0
+        )
+        want_hpc = sum(len([e for e in s if e in hot[layer]]) for layer, st_ in steps.items() for _, s in st_)
+        assert (c.hits[HPC], c.hits[MPC]) == (want_hpc, want_mpc)
+    else:
+        assert (pol.cache.hpc_slots, pol.cache.mpc_slots) == (0, hpc + mpc)
+        assert not any(pol.cache.hpc)
+        cap = hpc + mpc
+        assert c.hits[HPC] == 0
+        assert c.hits[MPC] == (sum(plain_lru(st_, cap) for st_ in steps.values()) if cap else 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    hpc=st.integers(0, 3),
+    mpc=st.integers(0, 3),
+    k=st.integers(1, 3),
+    batch=st.integers(1, 3),
+)
+def test_an_unpinned_cache_is_the_same_for_any_split_of_its_slots(seed, hpc, mpc, k, batch):
+    """Without pin_hot only hpc_slots + mpc_slots matters (equal-slot comparisons stay fair)."""
+    trace = random_trace(np.random.default_rng(seed), tokens=50, layers=2, experts=8, k=k, requests=3)
+    its, _ = build_iterations(trace, batch, "static", None, True, None)
+    for name in ("lru", "lfu"):
+        a = policy_for(name, trace, its, hpc, mpc)
+        b = policy_for(name, trace, its, 0, hpc + mpc)
+        assert [d.sources for d in run(trace, its, a)] == [d.sources for d in run(trace, its, b)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    total=st.integers(1, 5),
+    hpc=st.integers(0, 3),
+    batch=st.integers(1, 4),
+    k=st.integers(1, 3),
+    pin_hot=st.booleans(),
+    counts=st.sampled_from(["perfect", "in_cache"]),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+)
+def test_belady_bounds_lru_and_lfu_at_equal_slots(seed, total, hpc, batch, k, pin_hot, counts, predictor):
+    hpc = min(hpc, total)
+    trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=10, k=k, requests=4)
+    its, _ = build_iterations(trace, batch, "static", None, True, None)
+    bel = policy_for("belady", trace, its, 0, total)
+    run(trace, its, bel)
+    for name, params in (("lru", {"pin_hot": pin_hot}), ("lfu", {"pin_hot": pin_hot, "counts": counts})):
+        pol = policy_for(name, trace, its, hpc, total - hpc, params)
+        run(trace, its, pol, predictor)
+        assert cache_hits(bel) >= cache_hits(pol), name
+        assert max(len(m) for m in pol.cache.mpc) <= pol.cache.mpc_slots
+
+
+# ---------------------------------------------------------------------------------------------------- LFU
+
+
+def plain_lfu(steps, cap, in_cache):
+    """LFU on one layer's steps, no pinned experts. perfect: a count per expert since the start; in-cache: a
+    cached expert's uses since it entered (1 on entry), forgotten when it leaves or is not admitted. Newcomers
+    enter most frequent first (ties: lower id), each evicting the least frequent (ties: least recent, lower id)
+    cached expert the step does not use. Returns per step ({expert: MPC | MISS}, sorted cache after)."""
+    count, last, cache, out = {}, {}, [], []
+    for t, (_, act) in enumerate(steps):
+        src = {e: MPC if e in cache else MISS for e in act}
+        for e in act:
+            count[e] = 1 if (in_cache and src[e] == MISS) else count.get(e, 0) + 1
+            last[e] = t
+        new = sorted((e for e in act if src[e] == MISS), key=lambda e: (-count[e], e))
+        for n, e in enumerate(new):
+            if len(cache) >= cap:
+                victims = [v for v in cache if v not in act]
+                if not victims:
+                    if in_cache:
+                        for rest in new[n:]:
+                            count[rest] = 0
+                    break
+                v = min(victims, key=lambda v: (count[v], last[v], v))
+                cache.remove(v)
+                if in_cache:
+                    count[v] = 0
+            cache.append(e)
+        out.append((src, sorted(cache)))
+    return out
+
+
+@pytest.mark.parametrize("counts", ["perfect", "in_cache"])
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), cap=st.integers(1, 5), batch=st.integers(1, 3), k=st.integers(1, 3))
+def test_lfu_matches_a_plain_restatement_of_each_kind(counts, seed, cap, batch, k):
+    trace = random_trace(np.random.default_rng(seed), tokens=80, layers=2, experts=10, k=k, requests=4)
+    its, _ = build_iterations(trace, batch, "static", None, True, None)
+    pol = policy_for("lfu", trace, its, 0, cap, {"counts": counts})
+    snaps = []
+    decisions = replay(
+        trace,
+        its,
+        pol,
+        PREDICTORS.get("none")(None, PredictorContext(2, 10, 0)),
+        after_step=lambda p: snaps.append([sorted(m) for m in p.cache.mpc]),
+    )
+    want = {layer: iter(plain_lfu(s, cap, counts == "in_cache")) for layer, s in steps_of(trace, its).items()}
+    for d, snap in zip(decisions, snaps):
+        src, after = next(want[d.layer])
+        assert dict(d.sources) == src
+        assert snap[d.layer] == after
+
+
+def test_perfect_and_in_cache_lfu_differ():
+    """An expert popular long ago keeps its count under perfect LFU (and its slot); in-cache LFU forgets."""
+    trace = random_trace(np.random.default_rng(3), tokens=200, layers=1, experts=8, k=2, requests=1)
+    its, _ = build_iterations(trace, 1, "static", None, True, None)
+    out = {}
+    for counts in ("perfect", "in_cache"):
+        pol = policy_for("lfu", trace, its, 0, 3, {"counts": counts})
+        out[counts] = [d.sources for d in run(trace, its, pol)]
+    assert out["perfect"] != out["in_cache"]
+
+
+# ------------------------------------------------------------------------------------------------- params
+
+
+@pytest.mark.parametrize(
+    "name, params, field",
+    [
+        ("lfu", {"counts": "ever"}, "policy.params.counts"),
+        ("lfu", {"pin_hot": 1}, "policy.params.pin_hot"),
+        ("lru", {"pin_hot": "yes"}, "policy.params.pin_hot"),
+        ("lru", {"counts": "perfect"}, "policy.params.counts"),  # lru has no counts
+    ],
+)
+def test_bad_params_name_the_field(name, params, field):
+    trace = random_trace(np.random.default_rng(0), tokens=10, layers=2, experts=8, k=2)
+    its, _ = build_iterations(trace, 1, "static", None, True, None)
+    with pytest.raises(ConfigError, match="^" + field.replace(".", r"\.") + ":"):
+        policy_for(name, trace, its, 1, 2, params)
+
+
+def test_lru_default_keeps_no_pinned_experts_and_starts_empty():
+    trace = random_trace(np.random.default_rng(0), tokens=10, layers=2, experts=8, k=2)
+    its, _ = build_iterations(trace, 1, "static", None, True, None)
+    for name in ("lru", "lfu"):
+        pol = policy_for(name, trace, its, 2, 3)
+        assert pol.params["pin_hot"] is False
+        assert not any(pol.cache.hpc) and not any(pol.cache.mpc)
+        d = run(trace, its, pol)[0]
+        assert all(s == MISS for _, s in d.sources) and LPC not in dict(d.sources).values()

@@ -1,0 +1,346 @@
+"""Serving-system profiles against published rows: the rows file is read and checked, the constants are fitted on the
+fit rows only, every row is predicted, fit-system writes a profile from two measured rows, and bad files exit 2
+naming the file, the row and the problem. Fiddler's global placement and llama.cpp's --n-cpu-moe placement."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sim.config.system import load_system
+from sim.errors import ConfigError
+from sim.fit_system import COLUMNS, fit_and_predict, fit_rows, hardware_of, read_rows, run_config
+
+ROOT = Path(__file__).resolve().parents[2]
+PUBLISHED = ROOT.parent / "shared" / "published" / "rows.csv"
+SYSTEM_FILES = ("mixtral-offloading", "fiddler", "ktransformers", "llama-cpp", "deepspeed")
+
+
+def row(
+    rid,
+    role="fit",
+    published="2.0",
+    system="mixtral-offloading",
+    variant="none",
+    gpu="a100-sxm4-80gb",
+    slots="0",
+    host="server",
+    model="mixtral-8x7b-instruct",
+    fmt=("hqq-2bit", "hqq-4bit"),
+    **kw,
+):
+    d = {
+        "row": rid,
+        "source": "test",
+        "system": system,
+        "variant": variant,
+        "model": model,
+        "expert_format": fmt[0],
+        "dense_format": fmt[1],
+        "gpu": gpu,
+        "host": host,
+        "pcie": "gen4",
+        "batch": "1",
+        "prompt_tokens": "",
+        "decode_tokens": "",
+        "gpu_experts_per_layer": slots,
+        "published_tok_s": published,
+        "role": role,
+    }
+    d.update(kw)
+    return d
+
+
+def write_rows(path: Path, rows, columns=COLUMNS) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def fake_sim(r, constants):
+    """A stand-in simulation, monotone in each fitted constant: tokens/s = 3 / (1 + overhead/1e4) (or x bw share)."""
+    if "layer_overhead_us" in constants:
+        return 3.0 / (1.0 + constants["layer_overhead_us"] / 1e4)
+    return 10.0 * constants.get("host_bw_fraction", 1.0)
+
+
+# --------------------------------------------------------------------------------------------- profiles
+@pytest.mark.parametrize("name", SYSTEM_FILES)
+def test_every_system_profile_loads_and_names_its_sources(name):
+    s = load_system(name)
+    text = (ROOT / "configs" / "systems" / f"{name}.yaml").read_text()
+    assert s.source.endswith(f"{name}.yaml")
+    for line in text.splitlines():  # every constant set carries a source, a fit or an assumption nearby
+        if line and not line.startswith("#") and not line.startswith(("base:", "source:")):
+            key = line.split(":")[0]
+            at = text.index(line)
+            context = text[max(0, at - 600) : at + len(line)].lower()
+            assert any(w in context for w in ("sourced", "fitted", "assumption", "src/", "doc/")), (name, key)
+
+
+# --------------------------------------------------------------------------------------------- reading rows
+def test_hardware_of_maps_gpus_and_hosts():
+    assert hardware_of("a100-sxm4-80gb", "server (unspecified)") == "a100-sxm4-80gb"
+    assert hardware_of("rtx4090d-24gb", "1x Xeon Gold 6454S, 8 channels DDR5-4800") == "rtx4090d-1x6454s"
+    assert hardware_of("rtx4090-24gb", "2x Xeon Gold 6454S, 8 channels DDR5-4800 each") == "rtx4090-2x6454s"
+    assert hardware_of("no-such-gpu", "") is None
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"system": "vllm"}, "system must be one of"),
+        ({"model": "gpt-5"}, "model must be one of"),
+        ({"expert_format": "hqq-9bit"}, "expert_format must be a weight format"),
+        ({"gpu": "rtx9090"}, "matches no hardware profile"),
+        ({"batch": "two"}, "batch must be an integer"),
+        ({"published_tok_s": "-3"}, "published_tok_s must be a number > 0"),
+        ({"published_tok_s": ""}, "published_tok_s is blank but the row is a fit row"),
+        ({"role": "train"}, "role must be fit or predict"),
+        ({"gpu_experts_per_layer": "1.5"}, "gpu_experts_per_layer must be an integer"),
+    ],
+)
+def test_a_bad_row_names_the_file_the_row_and_the_problem(tmp_path, change, problem):
+    path = write_rows(tmp_path / "rows.csv", [row("ok"), row("bad", **change)])
+    with pytest.raises(ConfigError) as exc:
+        read_rows(path)
+    msg = str(exc.value)
+    assert str(path) in msg and "row 3 (bad)" in msg and problem in msg
+
+
+def test_a_file_without_a_column_or_with_a_repeated_row_is_refused(tmp_path):
+    path = write_rows(tmp_path / "rows.csv", [row("a")], [c for c in COLUMNS if c != "role"])
+    with pytest.raises(ConfigError, match="lacks the columns role"):
+        read_rows(path)
+    path = write_rows(tmp_path / "rows2.csv", [row("a"), row("a")])
+    with pytest.raises(ConfigError, match=r"row 3 \(a\): row id repeats"):
+        read_rows(path)
+
+
+def test_unseen_rows_of_the_same_kinds_are_accepted(tmp_path):
+    rows = [
+        row(
+            "mo-3bit-t4",
+            role="predict",
+            published="",
+            gpu="t4-16gb",
+            fmt=("hqq-3bit", "hqq-4bit"),
+            variant="lru",
+            slots="2",
+        ),
+        row(
+            "kt-6",
+            role="predict",
+            published="",
+            system="ktransformers",
+            variant="v0.3",
+            model="deepseek-v3",
+            gpu="rtx4090-24gb",
+            host="1x Xeon Gold 6454S",
+            fmt=("q4_k_m", "q4_k_m"),
+        ),
+        row(
+            "llama",
+            role="predict",
+            published="",
+            system="llama.cpp",
+            variant="n-cpu-moe=56",
+            model="deepseek-v3",
+            gpu="rtx4090-24gb",
+            host="2x Xeon Gold 6454S",
+            fmt=("q4_k_m", "q4_k_m"),
+        ),
+        row("ds", role="predict", published="", system="deepspeed", variant="", gpu="l4-24gb", fmt=("bf16", "bf16")),
+    ]
+    parsed = read_rows(write_rows(tmp_path / "rows.csv", rows))
+    assert [r.hardware for r in parsed] == ["t4-16gb", "rtx4090-1x6454s", "rtx4090-2x6454s", "l4-24gb"]
+    assert run_config(parsed[2], {})["policy"]["params"] == {"cpu_layers": 56}
+    naive = read_rows(write_rows(tmp_path / "naive.csv", [row("n", variant="naive", role="predict")]))[0]
+    cfg = run_config(naive, {"layer_overhead_us": 5.0})
+    assert cfg["system"]["base"] == "deepspeed" and cfg["system"]["layer_overhead_us"] == 5.0
+    assert cfg["policy"] == "on-demand"
+    fits, results = fit_and_predict(parsed, simulate=fake_sim)
+    assert fits == {} and all(r["predicted_tok_s"] > 0 and r["error"] is None for r in results)
+
+
+# --------------------------------------------------------------------------------------------- fitting
+def test_fitting_reads_only_the_fit_rows(tmp_path):
+    """Predict rows with blank or other published values leave every fitted constant as it was."""
+    base = [
+        row("fit-a100", published="2.0"),
+        row("fit-t4", gpu="t4-16gb", published="1.0"),
+        row("p1", role="predict", published="2.5", variant="lru", slots="4"),
+        row("p2", role="predict", published="9.9", gpu="t4-16gb"),
+    ]
+    seen = []
+
+    def spy(r, c):
+        seen.append((r.row, r.published_tok_s))
+        return fake_sim(r, c)
+
+    fits1, res1 = fit_and_predict(read_rows(write_rows(tmp_path / "a.csv", base)), simulate=spy)
+    assert all(rid.startswith("fit") or pub is None for rid, pub in seen)  # predict rows reach the sim blind
+    changed = [dict(r, published_tok_s="" if r["role"] == "predict" else r["published_tok_s"]) for r in base]
+    changed[2]["published_tok_s"] = "0.001"
+    fits2, res2 = fit_and_predict(read_rows(write_rows(tmp_path / "b.csv", changed)), simulate=fake_sim)
+    assert fits1 == fits2
+    f = fits1["mixtral-offloading"]
+    assert f.per_gpu["a100-sxm4-80gb"] == pytest.approx(5000, rel=1e-3)  # 3 / (1 + x/1e4) = 2
+    assert f.per_gpu["t4-16gb"] == pytest.approx(20000, rel=1e-3)
+    assert [r["role"] for r in res1] == ["fit", "fit", "predict", "predict"]
+    with pytest.raises(ValueError):
+        fit_rows([r for r in read_rows(tmp_path / "a.csv") if r.role == "predict"], simulate=fake_sim)
+
+
+# --------------------------------------------------------------------------------------------- fit-system CLI
+def test_fit_system_on_two_measured_rows_writes_a_profile_and_predicts(tmp_path):
+    measured = write_rows(
+        tmp_path / "my.csv",
+        [
+            row("mine-none", role="", published="2.0", gpu="anything", host=""),
+            row("mine-lru", role="predict", published="", gpu="anything", host="", variant="lru", slots="4", system=""),
+        ],
+    )
+    out = tmp_path / "my-system.yaml"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "fit-system",
+            "--measured",
+            str(measured),
+            "--system",
+            "mixtral-offloading",
+            "--hardware",
+            "a100-sxm4-80gb",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "mine-none" in res.stdout and "mine-lru" in res.stdout and "fitted" in res.stdout
+    profile = yaml.safe_load(out.read_text())
+    assert profile["base"] == "mixtral-offloading" and profile["layer_overhead_us"] > 0
+    s = load_system(str(out))
+    assert s.layer_overhead_s == pytest.approx(profile["layer_overhead_us"] / 1e6)
+
+
+def test_fit_system_and_the_benchmark_exit_2_on_a_bad_file(tmp_path):
+    bad = write_rows(tmp_path / "bad.csv", [row("x", batch="0")])
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "fit-system",
+            "--measured",
+            str(bad),
+            "--system",
+            "mixtral-offloading",
+            "--hardware",
+            "a100-sxm4-80gb",
+            "--out",
+            str(tmp_path / "o.yaml"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and str(bad) in res.stderr and "row 2 (x)" in res.stderr and "batch" in res.stderr
+    assert not (tmp_path / "o.yaml").exists()
+    res = subprocess.run(
+        [sys.executable, "benchmarks/published_systems.py", "--rows", str(bad)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and "row 2 (x)" in res.stderr
+    res = subprocess.run(
+        [sys.executable, "benchmarks/published_systems.py", "--rows", str(tmp_path / "none.csv")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and "none.csv" in res.stderr
+
+
+# --------------------------------------------------------------------------------------------- placement
+def _ctx(hpc, mpc, layers=4, experts=8, organization="per-layer", shared_slots=None, trace=None):
+    from sim.policies.base import PolicyContext
+
+    ranking = tuple(tuple(range(experts)) for _ in range(layers))
+    return PolicyContext(
+        num_layers=layers,
+        num_experts=experts,
+        layer_roles=("decoder",) * layers,
+        cached_layers=frozenset(range(layers)),
+        hpc_slots=hpc,
+        mpc_slots=mpc,
+        hot_ranking=ranking,
+        extra={"trace": trace, "costs": None},
+        organization=organization,
+        shared_slots=shared_slots,
+    )
+
+
+def test_global_placement_puts_the_model_s_most_popular_experts_on_the_gpu():
+    import numpy as np
+
+    from sim.policies.fiddler import global_placement
+
+    class T:  # selection counts: layer 0's experts 0 and 1 ten times each, layer 1's five, layers 2-3 none
+        experts = np.array([[[0, 1], [0, 1], [-1, -1], [-1, -1]]] * 5 + [[[0, 1], [-1, -1], [-1, -1], [-1, -1]]] * 5)
+
+    placed = global_placement(_ctx(1, 0, trace=T()), 3)
+    assert placed == {0: [0, 1], 1: [0], 2: [], 3: []}  # not one per layer: the model's three most used
+
+
+def test_ktransformers_cpu_layers_keeps_the_first_layers_on_the_host():
+    from sim.policies.ktransformers import KTransformers
+
+    pol = KTransformers({"cpu_layers": 2}, _ctx(0, 0, organization="shared", shared_slots=16))
+    assert [len(pol.cache.hpc[layer]) for layer in range(4)] == [0, 0, 8, 8]
+    with pytest.raises(ConfigError, match="cpu_layers"):
+        KTransformers({"cpu_layers": 1}, _ctx(0, 0, organization="shared", shared_slots=16))
+    with pytest.raises(ConfigError, match="cpu_layers"):
+        KTransformers({"cpu_layers": -2}, _ctx(1, 0))
+    default = KTransformers({}, _ctx(1, 1))
+    assert [sorted(default.cache.hpc[layer]) for layer in range(4)] == [[0, 1]] * 4
+
+
+# --------------------------------------------------------------------------------------------- the published rows
+@pytest.mark.slow
+@pytest.mark.skipif(not PUBLISHED.is_file(), reason="the published rows file is not beside this checkout")
+def test_the_published_rows_run_end_to_end(tmp_path):
+    out = tmp_path / "pub.json"
+    res = subprocess.run(
+        [sys.executable, "benchmarks/published_systems.py", "--rows", str(PUBLISHED), "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    rows = {r["row"]: r for r in data["rows"]}
+    assert len(rows) == len(read_rows(PUBLISHED))
+    predicted = [abs(r["error"]) for r in data["rows"] if r["role"] == "predict" and r["error"] is not None]
+    predicted.sort()
+    assert predicted and max(predicted) <= 0.35
+    assert predicted[len(predicted) // 2] <= 0.15 + 1e-9 or data["predicted"]["median_abs_error"] <= 0.15
