@@ -40,9 +40,9 @@ a host pool (``validate.kernels.HostExperts``: worker threads standing for the h
 of every expert, the experts one after another) computes them from the expert's host buffer, while the compute
 thread issues the device's own experts (cached and copied) as above; then it waits for the host, the outputs of
 those tokens go host -> device on the compute stream (one copy), and the next layer's work is ordered after it: the
-layer ends when
-both the device's experts and the host's are done. On the CPU backend the "device" is the CPU too: the pool's
-workers are threads of their own beside the compute thread (see ``HostExperts`` for torch's intra-op threads).
+layer ends when both the device's experts and the host's are done. On the CPU backend the "device" is the CPU too:
+the pool's workers are threads of their own beside the compute thread (see ``HostExperts`` for torch's intra-op
+threads).
 Recorded per iteration: the host experts (``cpu_experts``), the pool's busy time (``cpu_busy_s``: its first worker
 starting to its last finishing, per layer), the compute thread's wait for it (``cpu_wait_s``, also the host phase
 ``cpu_wait``) and the compute stream's idle time waiting for it (``cpu_stall_s``, timed on the device; kept apart
@@ -306,187 +306,245 @@ class Executor:
         return self.host_views[(layer * self.trace.num_experts + expert) % len(self.host_views)]
 
     def _run(self, iterations, policy, predictor, record: bool) -> ExecResult:
-        be, m, trace = self.backend, self.cfg.model, self.trace
-        torch = be.torch
-        gated = m.expert_matrices == 3
-        dequant = self.store.weights  # a quantized expert de-quantized into the working buffer; a dense one as is
-        copier = Copier(be, self._source, self.work, self.cfg.cache.prefetch_reserve)
-        protocol = DecisionProtocol(trace, policy, predictor, record=record)
-        tally = IterationTally(policy.cache.counters, copier)
-        hit_d2d = policy.hit_d2d
-        promote_d2d = not policy.promotion_is_free
-        marks, rows, stalls, host_busy = [], [], [], []
-        host = self.host_experts
-        cpu_rows, active_total = [], 0  # per iteration: (cpu experts, busy s, wait s, [(idle from, resumed)])
-        phases = dict.fromkeys(HOST_PHASES, 0.0)
-        clock = time.perf_counter
-        x_all = self.x
+        run = _Run(self, policy, predictor, record)
         try:
-            with torch.inference_mode():
-                be.synchronize()
-                marks.append(be.mark())
+            with self.backend.torch.inference_mode():
+                self.backend.synchronize()
+                run.marks.append(self.backend.mark())
                 for it in iterations:
-                    h0 = time.perf_counter()
-                    n_tok = int(it.rows.size)
-                    x = x_all[:n_tok]
-                    tally.begin()
-                    issued = unused = 0
-                    wait = 0.0
-                    stalled = []  # (before, after) timestamps around each wait of the compute stream
-                    jobs = {}
-                    n_cpu, cpu_busy, cpu_wait, cpu_stalled = 0, 0.0, 0.0, []
-                    for step in protocol.steps(it):
-                        layer, counts = step.layer, step.counts
-                        dense = self.dense[layer]
-                        t0 = clock()
-                        dense(x, it.context)
-                        t1 = clock()
-                        be.to_host(dense.routing)  # the trace decides; the round trip is paid all the same
-                        t2 = clock()
-                        protocol.decide(step)
-                        t3 = clock()
-                        phases["dense_issue"] += t1 - t0
-                        phases["gate_sync"] += t2 - t1
-                        phases["decide"] += t3 - t2
-                        for e in step.plan.unused_prefetch:
-                            copier.drop(jobs.pop((layer, e)))
-                            unused += 1
-                        cpu = cpu_experts_of(step)
-                        active_total += len(step.active)
-                        copied = [c for c in step.copied if c[1] != CPU] if cpu else step.copied
-                        for e, src in copied:
-                            if src == LPC:
-                                copier.upgrade(jobs.pop((layer, e)))
-                            else:
-                                copier.submit(layer, e, False)
-                        waiting = len(copied)
-                        host_job = None
-                        if cpu:
-                            if host is None:
-                                raise RuntimeError(
-                                    f"iteration {it.index}, layer {layer}: experts {cpu} on the host "
-                                    "CPU, but the decisions replayed beforehand put none there"
-                                )
-                            tc = clock()
-                            n_cpu += len(cpu)
-                            for e in cpu:  # prefetched, yet computed on the host: the copy goes unused
-                                if (layer, e) in jobs:
-                                    copier.drop(jobs.pop((layer, e)))
-                            # the tokens routed to any host expert: one copy to the host (each expert reads its
-                            # tokens' rows), and one copy of their outputs back
-                            total = cpu_tokens(trace, it, layer, cpu)
-                            ready = be.to_host_async(self.act_in[:total], x[:total])
-                            work, at = [], 0
-                            for e in cpu:
-                                c = counts[e]
-                                work.append((self._host_source(layer, e), self.act_in[:c], self.act_out[at : at + c]))
-                                at += c
-                            host_job = host.run(
-                                work, None if ready is None else (lambda marker=ready: be.wait_host(marker))
-                            )
-                            phases["cpu_issue"] += clock() - tc
-                        nxt = step.next_layer
-                        for e in step.prefetch:
-                            jobs[(nxt, e)] = copier.submit(nxt, e, True)
-                            issued += 1
-                        for e in step.resident:
-                            weights = self.slot_views[self._slot(layer, e)]
-                            if hit_d2d:
-                                a = self.arena_next = (self.arena_next + 1) % ARENA_BUFFERS
-                                be.device_copy(self.arena[a], self.slots[self._slot(layer, e)])
-                                weights = self.arena_views[a]
-                            expert_forward(torch, dequant(weights), x[: counts[e]], gated)
-                        promote = step.plan.promote
-                        t4 = clock()
-                        phases["issue_copies_and_hits"] += t4 - t3
-                        while waiting:
-                            idle_from = be.mark()
-                            t0 = time.perf_counter()
-                            job = copier.take(layer)
-                            wait += time.perf_counter() - t0
-                            waiting -= 1
-                            e = job.expert
-                            be.wait_landed(job.landed)
-                            stalled.append((idle_from, be.mark()))
-                            expert_forward(torch, dequant(self.work_views[job.buffer]), x[: counts[e]], gated)
-                            if e in promote and promote_d2d:
-                                be.device_copy(self.slots[self._slot(layer, e)], self.work[job.buffer])
-                            copier.release(job, be.compute_done())
-                        t5 = clock()
-                        phases["copied_experts"] += t5 - t4
-                        if host_job is not None:  # the layer ends when the host's experts are done too
-                            idle_from = be.mark()
-                            host_job.wait()
-                            t6 = clock()
-                            cpu_wait += t6 - t5
-                            cpu_stalled.append((idle_from, be.mark()))
-                            be.from_host(self.act_dev_out[:total], self.act_out[:total])
-                            cpu_busy += host_job.busy_s
-                            phases["cpu_wait"] += clock() - t5
-                    self.lm_head(x if it.kind == "decode" else x[: it.requests])
-                    marks.append(be.mark())
-                    stalls.append(stalled)
-                    host_busy.append(time.perf_counter() - h0 - wait - cpu_wait)
-                    phases["copy_wait"] += wait
-                    cpu_rows.append((n_cpu, cpu_busy, cpu_wait, cpu_stalled))
-                    rows.append((it, n_tok, wait, tally.counts(issued, unused)))
+                    run.iteration(it)
                     if self.progress is not None and record:
                         self.progress(it.index + 1, len(iterations))
-                be.synchronize()
+                self.backend.synchronize()
         finally:
-            copier.close()
-        times = [be.elapsed(marks[0], mk) for mk in marks]
-        cpu_stall_s = [sum(max(0.0, be.elapsed(a, b)) for a, b in r[3]) for r in cpu_rows]
+            run.copier.close()
+        return run.result()
+
+
+@dataclass
+class _IterationTimes:
+    """One iteration's counts and waits as the compute thread sees them: prefetches issued and dropped unused, host
+    seconds blocked on copies (``wait``), the compute stream's idle spans waiting for copies (``stalled``: pairs of
+    backend marks), and for experts on the host CPU: how many, the pool's busy seconds, the thread's wait for the
+    pool, and the stream's idle spans waiting for it."""
+
+    issued: int = 0
+    unused: int = 0
+    wait: float = 0.0
+    stalled: list = field(default_factory=list)
+    n_cpu: int = 0
+    cpu_busy: float = 0.0
+    cpu_wait: float = 0.0
+    cpu_stalled: list = field(default_factory=list)
+
+
+class _Run:
+    """One pass of the executor over a workload: the compute thread's loop (iteration -> MoE layer -> the layer's
+    experts) and what it records, turned into an :class:`ExecResult` at the end."""
+
+    def __init__(self, ex: Executor, policy, predictor, record: bool):
+        self.ex, self.be, self.trace = ex, ex.backend, ex.trace
+        self.torch = self.be.torch
+        self.gated = ex.cfg.model.expert_matrices == 3
+        self.dequant = ex.store.weights  # a quantized expert de-quantized into the working buffer; a dense one as is
+        self.copier = Copier(self.be, ex._source, ex.work, ex.cfg.cache.prefetch_reserve)
+        self.protocol = DecisionProtocol(self.trace, policy, predictor, record=record)
+        self.tally = IterationTally(policy.cache.counters, self.copier)
+        self.hit_d2d = policy.hit_d2d
+        self.promote_d2d = not policy.promotion_is_free
+        self.host = ex.host_experts
+        self.marks: list = []
+        self.rows: list = []  # per iteration: (iteration, tokens, host wait, counts)
+        self.stalls: list = []
+        self.host_busy: list[float] = []
+        self.cpu_rows: list = []  # per iteration: (cpu experts, busy s, wait s, [(idle from, resumed)])
+        self.active_total = 0
+        self.phases = dict.fromkeys(HOST_PHASES, 0.0)
+        self.jobs: dict = {}  # (layer, expert) -> its copy job, for prefetches and demand copies in flight
+
+    def iteration(self, it) -> None:
+        h0 = time.perf_counter()
+        n_tok = int(it.rows.size)
+        x = self.ex.x[:n_tok]
+        self.tally.begin()
+        self.jobs = {}
+        st = _IterationTimes()
+        for step in self.protocol.steps(it):
+            self.layer(it, step, x, st)
+        self.ex.lm_head(x if it.kind == "decode" else x[: it.requests])
+        self.marks.append(self.be.mark())
+        self.stalls.append(st.stalled)
+        self.host_busy.append(time.perf_counter() - h0 - st.wait - st.cpu_wait)
+        self.phases["copy_wait"] += st.wait
+        self.cpu_rows.append((st.n_cpu, st.cpu_busy, st.cpu_wait, st.cpu_stalled))
+        self.rows.append((it, n_tok, st.wait, self.tally.counts(st.issued, st.unused)))
+
+    def layer(self, it, step, x, st: _IterationTimes) -> None:
+        """One MoE layer: dense work, the routing on the host, the decisions, then the experts (cached, copied, on
+        the host CPU) and the next layer's prefetches."""
+        clock, phases, layer, jobs, copier = time.perf_counter, self.phases, step.layer, self.jobs, self.copier
+        dense = self.ex.dense[layer]
+        t0 = clock()
+        dense(x, it.context)
+        t1 = clock()
+        self.be.to_host(dense.routing)  # the trace decides; the round trip is paid all the same
+        t2 = clock()
+        self.protocol.decide(step)
+        t3 = clock()
+        phases["dense_issue"] += t1 - t0
+        phases["gate_sync"] += t2 - t1
+        phases["decide"] += t3 - t2
+        for e in step.plan.unused_prefetch:
+            copier.drop(jobs.pop((layer, e)))
+            st.unused += 1
+        cpu = cpu_experts_of(step)
+        self.active_total += len(step.active)
+        copied = [c for c in step.copied if c[1] != CPU] if cpu else step.copied
+        for e, src in copied:
+            if src == LPC:
+                copier.upgrade(jobs.pop((layer, e)))
+            else:
+                copier.submit(layer, e, False)
+        host_job = self._start_host_experts(it, step, x, cpu, st) if cpu else None  # (job, tokens)
+        nxt = step.next_layer
+        for e in step.prefetch:
+            jobs[(nxt, e)] = copier.submit(nxt, e, True)
+            st.issued += 1
+        self._compute_resident(step, x)
+        t4 = clock()
+        phases["issue_copies_and_hits"] += t4 - t3
+        self._compute_copied(step, x, len(copied), st)
+        t5 = clock()
+        phases["copied_experts"] += t5 - t4
+        if host_job is not None:  # the layer ends when the host's experts are done too
+            self._finish_host_experts(*host_job, t5, st)
+
+    def _start_host_experts(self, it, step, x, cpu: list[int], st: _IterationTimes):
+        """Hands the layer's host experts to the host pool: their tokens' activations device -> host (one copy; each
+        expert reads its tokens' rows from it), each expert's weights from its host buffer. Returns the pool's job
+        and the tokens it computes."""
+        layer, be, ex = step.layer, self.be, self.ex
+        if self.host is None:
+            raise RuntimeError(
+                f"iteration {it.index}, layer {layer}: experts {cpu} on the host "
+                "CPU, but the decisions replayed beforehand put none there"
+            )
+        tc = time.perf_counter()
+        st.n_cpu += len(cpu)
+        for e in cpu:  # prefetched, yet computed on the host: the copy goes unused
+            if (layer, e) in self.jobs:
+                self.copier.drop(self.jobs.pop((layer, e)))
+        total = cpu_tokens(self.trace, it, layer, cpu)
+        ready = be.to_host_async(ex.act_in[:total], x[:total])
+        work, at = [], 0
+        for e in cpu:
+            c = step.counts[e]
+            work.append((ex._host_source(layer, e), ex.act_in[:c], ex.act_out[at : at + c]))
+            at += c
+        job = self.host.run(work, None if ready is None else (lambda marker=ready: be.wait_host(marker)))
+        self.phases["cpu_issue"] += time.perf_counter() - tc
+        return job, total
+
+    def _compute_resident(self, step, x) -> None:
+        """The layer's cached experts, each from its slot (through an arena buffer when hits are not free)."""
+        ex, layer, counts = self.ex, step.layer, step.counts
+        for e in step.resident:
+            weights = ex.slot_views[ex._slot(layer, e)]
+            if self.hit_d2d:
+                a = ex.arena_next = (ex.arena_next + 1) % ARENA_BUFFERS
+                self.be.device_copy(ex.arena[a], ex.slots[ex._slot(layer, e)])
+                weights = ex.arena_views[a]
+            expert_forward(self.torch, self.dequant(weights), x[: counts[e]], self.gated)
+
+    def _compute_copied(self, step, x, waiting: int, st: _IterationTimes) -> None:
+        """The layer's ``waiting`` copied experts in landing order, each promoted into its slot by a device copy
+        when the plan says so; the compute stream's idle span before each is a stall."""
+        be, ex, layer, counts, promote = self.be, self.ex, step.layer, step.counts, step.plan.promote
+        while waiting:
+            idle_from = be.mark()
+            t0 = time.perf_counter()
+            job = self.copier.take(layer)
+            st.wait += time.perf_counter() - t0
+            waiting -= 1
+            e = job.expert
+            be.wait_landed(job.landed)
+            st.stalled.append((idle_from, be.mark()))
+            expert_forward(self.torch, self.dequant(ex.work_views[job.buffer]), x[: counts[e]], self.gated)
+            if e in promote and self.promote_d2d:
+                be.device_copy(ex.slots[ex._slot(layer, e)], ex.work[job.buffer])
+            self.copier.release(job, be.compute_done())
+
+    def _finish_host_experts(self, job, tokens: int, since: float, st: _IterationTimes) -> None:
+        """Waits for the host pool, then brings its outputs host -> device (one copy)."""
+        be, ex = self.be, self.ex
+        idle_from = be.mark()
+        job.wait()
+        t6 = time.perf_counter()
+        st.cpu_wait += t6 - since
+        st.cpu_stalled.append((idle_from, be.mark()))
+        be.from_host(ex.act_dev_out[:tokens], ex.act_out[:tokens])
+        st.cpu_busy += job.busy_s
+        self.phases["cpu_wait"] += time.perf_counter() - since
+
+    def result(self) -> ExecResult:
+        be, copier, host = self.be, self.copier, self.host
+        times = [be.elapsed(self.marks[0], mk) for mk in self.marks]
+        cpu_stall_s = [sum(max(0.0, be.elapsed(a, b)) for a, b in r[3]) for r in self.cpu_rows]
         records = []
         host_wait = 0.0
-        for i, (it, n_tok, wait, counts) in enumerate(rows):
-            stall = sum(max(0.0, be.elapsed(a, b)) for a, b in stalls[i])
+        for i, (it, n_tok, wait, counts) in enumerate(self.rows):
+            stall = sum(max(0.0, be.elapsed(a, b)) for a, b in self.stalls[i])
             host_wait += wait
             # the host experts as the simulator records them: how many, the host's busy time, and the compute
             # stream's wait for them (timed on the device)
+            n_cpu, cpu_busy = self.cpu_rows[i][0], self.cpu_rows[i][1]
             records.append(
-                iteration_record(
-                    it, n_tok, times[i], times[i + 1], stall, counts, cpu_rows[i][0], cpu_rows[i][1], cpu_stall_s[i]
-                )
+                iteration_record(it, n_tok, times[i], times[i + 1], stall, counts, n_cpu, cpu_busy, cpu_stall_s[i])
             )
-        notes = []
-        if self.store.quantized:
-            notes.append(f"{self.store.describe()}, de-quantized on the device before computing")
-        if len(self.host) < self.logical_experts:
-            notes.append(
-                f"{len(self.host)} physical host buffers served {self.logical_experts} logical experts "
-                f"(a copy's time depends on its bytes, not its contents)"
-            )
-        if self.physical_slots < self.logical_slots:
-            notes.append(f"{self.physical_slots} physical device slots served {self.logical_slots} logical cache slots")
-        if host is not None:
-            notes.append(
-                f"experts on the host CPU: {host.threads} worker thread(s), {len(host.blocks)} block(s) per "
-                f"expert, torch intra-op threads {torch.get_num_threads()}"
-            )
+        ex = self.ex
         return ExecResult(
             records,
-            protocol.decisions or [],
+            self.protocol.decisions or [],
             times[-1],
             copier.copies,
             *copier.timings(),
             host_wait,
             copier.prefetch_copies,
             copier.max_in_use,
-            len(self.host),
-            self.logical_experts,
-            self.physical_slots,
-            self.logical_slots,
+            len(ex.host),
+            ex.logical_experts,
+            ex.physical_slots,
+            ex.logical_slots,
             be.name,
-            self.warmup,
-            trace.num_layers,
-            sum(host_busy),
-            phases,
-            notes,
-            cpu_experts=[r[0] for r in cpu_rows],
-            cpu_busy_s=[r[1] for r in cpu_rows],
-            cpu_wait_s=[r[2] for r in cpu_rows],
+            ex.warmup,
+            self.trace.num_layers,
+            sum(self.host_busy),
+            self.phases,
+            self.notes(),
+            cpu_experts=[r[0] for r in self.cpu_rows],
+            cpu_busy_s=[r[1] for r in self.cpu_rows],
+            cpu_wait_s=[r[2] for r in self.cpu_rows],
             cpu_stall_s=cpu_stall_s,
-            active_experts=active_total,
+            active_experts=self.active_total,
             host_threads=host.threads if host is not None else 0,
         )
+
+    def notes(self) -> list[str]:
+        """What a reader of the result should know about how the memory was laid out."""
+        ex, host = self.ex, self.host
+        notes = []
+        if ex.store.quantized:
+            notes.append(f"{ex.store.describe()}, de-quantized on the device before computing")
+        if len(ex.host) < ex.logical_experts:
+            notes.append(
+                f"{len(ex.host)} physical host buffers served {ex.logical_experts} logical experts "
+                f"(a copy's time depends on its bytes, not its contents)"
+            )
+        if ex.physical_slots < ex.logical_slots:
+            notes.append(f"{ex.physical_slots} physical device slots served {ex.logical_slots} logical cache slots")
+        if host is not None:
+            notes.append(
+                f"experts on the host CPU: {host.threads} worker thread(s), {len(host.blocks)} block(s) per "
+                f"expert, torch intra-op threads {self.torch.get_num_threads()}"
+            )
+        return notes
