@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import json
 import os
 import re
 from collections.abc import Iterable
@@ -18,6 +19,15 @@ import numpy as np
 from traces.errors import InputError, TraceError, brief, one_line
 from traces.format import MAX_CONTEXT, MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
 from traces.io import check_output_file, metadata_problem, open_regular_file
+
+#: The tool named in an imported trace's provenance.
+TOOL = "traces import"
+#: The longest JSON line read (a Mixtral record is about 150 bytes; a vLLM line holds one request's routing).
+MAX_JSON_LINE_BYTES = 64 << 20
+#: The largest JSON-lines file read.
+MAX_JSONL_BYTES = 1 << 30
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+INT16_MAX = int(np.iinfo(np.int16).max)
 
 #: The longest model name an import accepts (Hugging Face repository ids are at most 96 characters).
 MAX_MODEL_NAME_CHARS = 128
@@ -338,3 +348,50 @@ def parse_index_list(spec: str, count: int, what: str, flag: str, where: str) ->
             )
         chosen.update(range(lo, hi + 1))
     return sorted(chosen)
+
+
+# ------------------------------------------------------------------------------------- JSON lines and numbers
+
+
+def is_json_int(x) -> bool:
+    """A JSON integer (true and false are not)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_float16(x) -> bool:
+    """A JSON number a float16 weight can hold."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x)) and abs(x) <= FLOAT16_MAX
+
+
+def check_num_experts(n) -> int:
+    """``--num-experts``: 1..32767 (expert ids are int16)."""
+    if not is_json_int(n) or not 1 <= n <= INT16_MAX:
+        raise InputError(f"--num-experts: must be between 1 and {INT16_MAX}, got {brief(n)}")
+    return n
+
+
+def read_json_lines(path: Path, allow_lists: bool = False):
+    """Yield (line number, parsed object) for each non-blank line; bad lines raise InputError naming the file and
+    line. Only a regular file is read (a FIFO or device is refused unread), at most MAX_JSONL_BYTES, a line at most
+    MAX_JSON_LINE_BYTES."""
+    with open_regular_file(path, "JSON-lines file") as f:
+        for lineno, raw in bounded_lines(f, path, MAX_JSONL_BYTES, MAX_JSON_LINE_BYTES, "JSON-lines file"):
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{path}:{lineno}: not UTF-8 text (byte {exc.start})") from None
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            except RecursionError:
+                raise InputError(f"{path}:{lineno}: not valid JSON (nests too deeply)") from None
+            except ValueError as exc:  # an integer of more than 4300 digits
+                raise InputError(f"{path}:{lineno}: not valid JSON ({brief(str(exc), 100)})") from None
+            if not isinstance(rec, dict) and not (allow_lists and isinstance(rec, list)):
+                raise InputError(f"{path}:{lineno}: expected a JSON object per line")
+            yield lineno, rec
+
+
+def offsets_of(lengths: list[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)

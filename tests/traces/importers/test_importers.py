@@ -10,9 +10,10 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from traces.errors import InputError
-from traces.importers.cli import import_mixtral_jsonl, import_vllm
+from traces.importers.mixtral_jsonl import import_mixtral_jsonl
+from traces.importers.vllm import import_vllm
 from traces.io import load_trace
 
 
