@@ -35,6 +35,7 @@ from sim.config.run_config import RunConfig, config_from_dict, load_run_config
 from sim.errors import ConfigError
 from sim.policies import POLICIES, is_ceiling
 from sim.predictors import PREDICTORS
+from sim.results import hardware_words
 from sim.run import cached_layers, simulate
 from traces.io import atomic_write_bytes, check_output_file, check_output_folder, load_trace
 
@@ -391,8 +392,9 @@ def run(args) -> int:
         if shared
         else f"slots HPC {base.cache.hpc_slots} + MPC {base.cache.mpc_slots}"
     )
+    hardware = hardware_words({"hardware": base.hardware.name, "hardware_source": base.hardware.source})
     title = (
-        f"{base.model.name} on {base.hardware.name}, batch {w.batch_size} ({w.batching}), trace "
+        f"{base.model.name} on {hardware}, batch {w.batch_size} ({w.batching}), trace "
         f"{Path(w.trace).name}, {slots}, {base.cache.lpc_buffers} working buffers"
     )
     note = config_predictor_note(base, entries)
