@@ -1,14 +1,20 @@
 """Benchmark: how fast the decision path runs, against the cheapest loop that makes the same kind of decisions.
 
-For each case (policy x batch size, on the bundled real gpt-oss-20b routing, no predictor) it prints, measured in
-one process and interleaved so that both see the same machine state:
+The first case is the target's: the bundled real gpt-oss-20b routing (``configs/gpt_oss_20b.yaml``), policy
+``lru``, batch 1, 8 slots per layer (the config's ``hpc_slots + mpc_slots``: ``lru`` without ``pin_hot`` manages
+them as one cache), no predictor. For each case it prints, measured in one process and interleaved so that all
+see the same machine state:
 
-- ``sim run``'s layer-steps per second (one layer-step: one MoE layer of one iteration; the whole run, workload
-  building and the SimPy engine included);
-- ``replay``'s layer-steps per second (the shared decision protocol alone, without time);
-- a bare Python per-layer LRU loop over the same token rows (an OrderedDict per layer, capacity the HPC + MPC
-  slots): the floor any Python decision path pays;
-- the ratio sim / bare (target >= 0.33).
+- ``sim run``'s layer-steps per second (one layer-step: one MoE layer of one iteration): the whole ``simulate``
+  call, trace loading, workload building and the SimPy engine included (at 40 requests the fixed costs, loading
+  and building, are a few percent of it; ``engine`` is the engine's own rate, ``EngineResult.wall_s``);
+- ``replay``'s layer-steps per second (the shared decision protocol alone, without time, recording every
+  decision);
+- a bare Python per-layer LRU loop over the same token rows: a dict of last use per layer, each missing expert
+  evicting the least recently used expert that is not in the step when the layer's slots are full: the floor any
+  Python decision path pays;
+- the ratio sim run / bare, beside the target (0.33) and the ratio the code had before the decision path was sped
+  up (``BEFORE``, measured with this benchmark on the same machine).
 
 Run: .venv/bin/python benchmarks/bench_decisions.py [--requests 40] [--repeat 3] [--cases lru:1,diffmoe:16]
 """
@@ -16,42 +22,54 @@ Run: .venv/bin/python benchmarks/bench_decisions.py [--requests 40] [--repeat 3]
 from __future__ import annotations
 
 import argparse
+import sys
 import time
-from collections import OrderedDict
+from pathlib import Path
 
-from sim.config.run_config import load_run_config
-from sim.core.decisions import build_decisions
-from sim.core.replay import replay
-from sim.core.workload import build_iterations, phase_layers
-from sim.run import simulate
-from traces.io import load_trace
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sim.config.run_config import load_run_config  # noqa: E402
+from sim.core.decisions import build_decisions  # noqa: E402
+from sim.core.replay import replay  # noqa: E402
+from sim.core.workload import build_iterations, phase_layers  # noqa: E402
+from sim.run import simulate  # noqa: E402
+from traces.io import load_trace  # noqa: E402
 
 CONFIG = "configs/gpt_oss_20b.yaml"
+TARGET = 0.33  # sim run / bare LRU on the first case
+SLOTS = 8  # the target case's slots per layer
+#: sim run / bare LRU on the first case (median of 3, 40 requests) at commit 4423dde, before the speed-up, on the
+#: 2-core machine this benchmark was written on: ``git worktree add /tmp/base 4423dde``, this file copied there,
+#: then ``cd /tmp/base && .venv/bin/python benchmarks/bench_decisions.py --cases lru:1``.
+BEFORE = {"lru:1": 0.22}
 
 
 def bare_lru(trace, iterations, slots: int) -> tuple[int, float]:
-    """(layer-steps, seconds) of a plain per-layer LRU over every iteration's rows: the same accesses the engine's
-    policy sees, counted as hits and misses, nothing else."""
+    """(layer-steps, seconds) of a plain per-layer LRU over every iteration's rows: per layer a dict of each cached
+    expert's last use (the layer-step it was last active in); a missing expert enters, evicting the least recently
+    used cached expert not active in the step when ``slots`` are full."""
     layers_of = phase_layers(trace)
     experts = trace.experts
-    caches = [OrderedDict() for _ in range(trace.num_layers)]
+    last_use: list[dict[int, int]] = [{} for _ in range(trace.num_layers)]
     steps = hits = misses = 0
     t0 = time.perf_counter()
     for it in iterations:
         block = experts[it.rows]
         for layer in layers_of[it.kind]:
-            cache = caches[layer]
+            last = last_use[layer]
             active = set(block[:, layer, :].ravel().tolist())
             active.discard(-1)
             for e in active:
-                if e in cache:
-                    cache.move_to_end(e)
+                if e in last:
                     hits += 1
                 else:
                     misses += 1
-                    cache[e] = True
-                    if len(cache) > slots:
-                        cache.popitem(last=False)
+                    if len(last) >= slots:
+                        idle = [x for x in last if x not in active]
+                        if idle:
+                            del last[min(idle, key=last.__getitem__)]
+                last[e] = steps
             steps += 1
     return steps, time.perf_counter() - t0
 
@@ -76,14 +94,16 @@ def one_case(policy: str, batch: int, requests: int) -> dict:
     t0 = time.perf_counter()
     replay(trace, iterations, pol, pred)
     replay_s = time.perf_counter() - t0
-    bare_steps, bare_s = bare_lru(trace, iterations, cfg.cache.hpc_slots + cfg.cache.mpc_slots)
+    slots = cfg.cache.hpc_slots + cfg.cache.mpc_slots
+    bare_steps, bare_s = bare_lru(trace, iterations, slots)
     assert bare_steps == steps
     return {
         "steps": steps,
+        "slots": slots,
         "sim": steps / sim_s,
+        "engine": steps / out.engine.wall_s,
         "replay": steps / replay_s,
         "bare": steps / bare_s,
-        "events": out.summary["events"],
     }
 
 
@@ -95,9 +115,12 @@ def main() -> None:
     args = ap.parse_args()
     print(
         f"{CONFIG}, first {args.requests} requests, no predictor; rates in layer-steps per second "
-        f"(median of {args.repeat} interleaved runs)"
+        f"(median of {args.repeat} interleaved runs); target sim/bare >= {TARGET} on lru:1 ({SLOTS} slots)"
     )
-    print(f"{'case':<14} {'layer-steps':>11} {'sim run':>10} {'replay':>10} {'bare LRU':>10} {'sim/bare':>9}")
+    print(
+        f"{'case':<12} {'slots':>5} {'layer-steps':>11} {'sim run':>9} {'engine':>9} {'replay':>9} "
+        f"{'bare LRU':>9} {'sim/bare':>8} {'target':>6} {'before':>6}"
+    )
     for case in args.cases.split(","):
         policy, batch = case.split(":")
         runs = sorted(
@@ -105,9 +128,11 @@ def main() -> None:
             key=lambda r: r["sim"] / r["bare"],
         )
         r = runs[len(runs) // 2]
+        target = f"{TARGET:.2f}" if case == "lru:1" else "-"
+        before = f"{BEFORE[case]:.2f}" if case in BEFORE else "-"
         print(
-            f"{case:<14} {r['steps']:>11,} {r['sim']:>10,.0f} {r['replay']:>10,.0f} {r['bare']:>10,.0f} "
-            f"{r['sim'] / r['bare']:>9.2f}"
+            f"{case:<12} {r['slots']:>5} {r['steps']:>11,} {r['sim']:>9,.0f} {r['engine']:>9,.0f} "
+            f"{r['replay']:>9,.0f} {r['bare']:>9,.0f} {r['sim'] / r['bare']:>8.2f} {target:>6} {before:>6}"
         )
 
 

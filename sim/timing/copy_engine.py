@@ -20,13 +20,13 @@ starts, taking that long on the link (one copy and one write-back at a time: mix
 stream); with ``serial``, a copy never starts while the compute stream computes: copies queue until the stream waits
 (the engine calls :meth:`CopyEngine.kick` then), as on one stream where a copy and compute never overlap.
 
-Events: a copy's landing and the copy thread's wake-up are SimPy timeouts whose callback lands the copy or starts
-the next one; nothing else of SimPy is used, so other processes may share the environment. At most one of them is
-pending at a time (the copy on the link, or the thread waking up to start one): ``pending``, due at ``due``.
-``events`` counts the ones processed. A request of the compute stream happens at the stream's time (``clock``, a
-:class:`sim.timing.clock.StreamClock` that may run ahead of SimPy's while nothing is due); its timeouts land exactly at
-that
-time plus their delay (``clock.timeout_at``). A callback happens at SimPy's time.
+Events: a copy's landing and the copy thread's wake-up are events of the requesting stream's clock (``clock``, a
+:class:`sim.timing.clock.StreamClock`: the stream runs them in order of time with the SimPy environment's events,
+and nothing but the stream waits on them), or SimPy timeouts with callbacks when the engine runs on SimPy's own
+clock (:class:`sim.timing.clock.EnvClock`, the default). At most one of them is pending at a time (the copy on the
+link, or the thread waking up to start one), due at ``due``; ``events`` counts the ones processed. A request of the
+compute stream happens at the stream's time (``clock.now``); an event lands at exactly that time plus its delay,
+and its callback happens at its own time.
 """
 
 from __future__ import annotations
@@ -34,15 +34,13 @@ from __future__ import annotations
 import simpy
 
 from sim.core.copy_queue import CopyJob, CopyQueue, QueueCounters
-from sim.timing.clock import EnvClock
+from sim.timing.clock import NEVER, EnvClock
 
 __all__ = ["CopyEngine", "CopyJob"]
 
-NEVER = float("inf")
-
 
 class CopyEngine(QueueCounters):
-    """Callback-driven: a copy is one SimPy timeout whose callback lands it and starts the next; no process."""
+    """Callback-driven: a copy is one event of its clock whose callback lands it and starts the next; no process."""
 
     def __init__(
         self,
@@ -79,8 +77,7 @@ class CopyEngine(QueueCounters):
         self.demand, self.prefetch, self.ready = q.demand, q.prefetch, q.ready  # read by the engine
         self.timeline = timeline
         self.current: CopyJob | None = None  # the copy on the link
-        self.pending: simpy.Event | None = None  # the landing or wake-up to come (at most one)
-        self.due = NEVER  # its time (SimPy's own sum: now + delay)
+        self.due = NEVER  # the time of the landing or wake-up to come (at most one), NEVER when none is
         self.events = 0  # landings and wake-ups processed
         # the idle copy thread (not already waking) is asked for a copy: it starts now, or after the hand-off
         self._wake = self._wake_later if handoff else self._start_next
@@ -129,27 +126,20 @@ class CopyEngine(QueueCounters):
     def _ask(self) -> None:
         """The compute stream asks the idle copy thread for a copy, at the stream's time: the thread starts it, or
         wakes up to."""
-        self._wake(self.clock.now, True)
+        self._wake(self.clock.now)
 
-    def _after(self, now: float, delay: float, callback, asked: bool) -> None:
-        """The one pending event: ``delay`` seconds from ``now``, then ``callback``; ``asked``: ``now`` is the
-        compute stream's time (a request), else SimPy's (a callback)."""
-        ev = self.clock.timeout_at(now, delay) if asked else self.env.timeout(delay)
-        self.pending, self.due = ev, now + delay  # the timeout's time
-        ev.callbacks.append(callback)
-
-    def _wake_later(self, now: float, asked: bool, delay: float | None = None) -> None:
-        """The copy thread wakes up after the hand-off (or ``delay``), then starts the next copy."""
+    def _wake_later(self, now: float, delay: float | None = None) -> None:
+        """The copy thread wakes up after the hand-off (or ``delay``) from ``now``, then starts the next copy."""
         self.waking = True
-        self._after(now, self.handoff if delay is None else delay, self._woken, asked)
+        self.due = self.clock.call_at(now, self.handoff if delay is None else delay, self._woken)
 
-    def _woken(self, _event) -> None:
+    def _woken(self) -> None:
         self.events += 1
-        now = self.due  # SimPy's time now: this event's
-        self.pending, self.due = None, NEVER
+        now = self.due  # this event's time
+        self.due = NEVER
         self.waking = False
         if self.current is None:
-            self._start_next(now, False)
+            self._start_next(now)
 
     def _duration(self) -> float:
         """The next copy's time on the link, its owed write-backs first (software: write-back, serial)."""
@@ -160,9 +150,9 @@ class CopyEngine(QueueCounters):
             self.owed = 0
         return duration
 
-    def _start_next(self, now: float, asked: bool) -> None:
-        """Start the next queued copy at ``now`` (``asked``: the compute stream's time, else SimPy's), if the queue
-        has one that may start (and, serial, the stream waits)."""
+    def _start_next(self, now: float) -> None:
+        """Start the next queued copy at ``now`` (the compute stream's time for a request, else the event's), if the
+        queue has one that may start (and, serial, the stream waits)."""
         if self.serial and self.computing:
             return
         job = self.queue.start_next()
@@ -173,18 +163,16 @@ class CopyEngine(QueueCounters):
             duration = self._duration()
         else:
             duration = self.copy_s * self.slowdown if self.computing else self.copy_s
-        job.end = end = now + duration  # planned (the timeout's time too); the engine reads it to stretch compute
         self.busy_s += duration
         self.current = job
-        ev = self.clock.timeout_at(now, duration) if asked else self.env.timeout(duration)
-        self.pending, self.due = ev, end
-        ev.callbacks.append(self._land)
+        # planned (the event's time too); the engine reads it to stretch compute
+        job.end = self.due = self.clock.call_at(now, duration, self._land)
 
-    def _land(self, _event) -> None:
+    def _land(self) -> None:
         """The copy on the link lands: it waits in ``ready`` for its layer (or frees its buffer if dropped)."""
         self.events += 1
-        now = self.due  # SimPy's time now: this event's
-        self.pending, self.due = None, NEVER
+        now = self.due  # this event's time
+        self.due = NEVER
         job = self.current
         assert job is not None  # the copy on the link
         self.current = None
@@ -195,9 +183,9 @@ class CopyEngine(QueueCounters):
         if not q.demand and not q.prefetch:
             return
         if self.gap and q.has_next():  # the copy thread notices the landing, then issues the next copy
-            self._wake_later(now, False, self.gap)
+            self._wake_later(now, self.gap)
             return
-        self._start_next(now, False)
+        self._start_next(now)
 
     # ---------------------------------------------------------------------------------------------- counters
     @property

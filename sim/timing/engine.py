@@ -52,16 +52,18 @@ a weight copy on the same direction is an assumption), they do not slow the weig
 neither slows the GPU nor the weight copies (host memory bandwidth shared with the link's DMA is ignored), nor is
 it slowed by the host thread issuing copies. A run without host experts is timed exactly as before.
 
-Processes and events (SimPy's public API only, so that other processes may share the environment): the copy
-engine's landings and its thread's wake-ups are SimPy timeouts with callbacks (``sim/timing/copy_engine.py``); the
-compute
-stream (:class:`ComputeStream`) is the run's driver: it keeps its own clock (``sim/timing/clock.py``) and runs the
-environment (``env.step``) whenever an event is due before the end of one of its waits, or when it waits for a copy
-(until the callback of the copy event that lands it has run). A wait with nothing due before its end needs no event
-(nothing can happen in between), so most compute costs no SimPy event; the results are those of a process that
-waits on one timeout per compute (every event due at or before a wait's end runs before the stream goes on). The
-host CPU's work on a layer's experts is known when the layer's decisions are taken (nothing else uses the host), so
-its spans are computed then (:class:`HostStream`) and the compute stream waits for its end like for any compute.
+Processes and events (SimPy's public API only, so that other processes may share the environment): the compute
+stream (:class:`ComputeStream`) is the run's driver and keeps its own clock (``sim/timing/clock.py``). The copy
+engine's landings and its thread's wake-ups are events of that clock (``sim/timing/copy_engine.py``: nothing but
+the stream waits on them), which the stream runs in order of time with the environment's events: during each of
+its waits, every event due by the wait's end; when it waits for a copy, the events up to the one that lands it.
+A wait with nothing due before its end is a float sum (nothing can happen in between), so most compute, and every
+copy, costs no SimPy event; the results are those of a process that waits on one timeout per compute beside a copy
+engine of timeouts with callbacks (every event due at or before a wait's end runs before the stream goes on). The
+environment's other processes run at their own times, the stream's clock never ahead of SimPy's then, and SimPy's
+clock is at the stream's at the run's end. The host CPU's work on a layer's experts is known when the layer's
+decisions are taken (nothing else uses the host), so its spans are computed then (:class:`HostStream`) and the
+compute stream waits for its end like for any compute.
 
 Events (``events``): the stream's start, each of its waits, each resumption on a landed copy, and each landing and
 wake-up of the copy engine processed (events of other processes are not counted).
@@ -211,21 +213,16 @@ class ComputeStream(StreamClock):
     def wait_copy(self, ready: deque) -> None:
         """The stream stalls until the layer's next copy has landed in ``ready`` (serial: and the link is idle
         again, the copies started meanwhile: one stream), waiting on the copy engine's events one by one, so that it
-        goes on right after the callback of the one that lands it; then its host thread wakes up to it (the
-        hand-off)."""
-        copy, step = self.copy, self.step
-        t0 = self.now
+        goes on at the time of the one that lands it; then its host thread wakes up to it (the hand-off)."""
+        copy, run_next = self.copy, self.run_next
+        t = t0 = self.now
         copy.computing = False
         idle = self.serial
         if idle:
             copy.kick()
         while not ready or (idle and (copy.current is not None or copy.waking)):
-            ev = copy.pending
-            if ev is None:
-                raise RuntimeError("simulation deadlocked: the compute stream waits on a copy that never comes")
-            while ev.callbacks is not None:  # the environment runs until the copy event's callback has run
-                step()
-        self.now = self.env.now
+            t = run_next()  # the copy engine's next event (the environment's due by then first)
+        self.now = t
         self.waits += 1  # the stream resumes
         if self.handoff:
             self.wait(self.handoff)
