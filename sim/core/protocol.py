@@ -178,6 +178,8 @@ class DecisionProtocol:
             step.prefetch = policy.plan_prefetch(index, nxt, guess)
         if self._gives_counts:
             policy.layer_counts = step.counts
+        cache = policy.cache
+        had_prefetch = bool(cache.lpc_of[step.layer])  # else no active expert can come from a prefetch (LPC)
         plan = step.plan = policy.plan_layer(index, step.layer, step.active)
         if plan.resident is not None:  # split by the policy's classify already
             assert plan.copied is not None, "a plan's classify gives resident and copied together"
@@ -198,6 +200,18 @@ class DecisionProtocol:
             step.resident, step.copied = resident, copied
             if cpu:
                 step.cpu = cpu
+        # the step's accesses, counted from the plan's sources (policies count nothing): a resident expert is an
+        # HPC hit when it is in the layer's HPC, else an MPC hit; a copied one an LPC hit (a used prefetch) or a miss
+        counters, hits = cache.counters, cache.counters.hits
+        resident, copied = step.resident, step.copied
+        hpc = cache.hpc[step.layer]
+        n_hpc = len(hpc.intersection(resident)) if hpc and resident else 0
+        n_lpc = sum(1 for _, src in copied if src == LPC) if had_prefetch and copied else 0
+        hits[HPC] += n_hpc
+        hits[MPC] += len(resident) - n_hpc
+        hits[LPC] += n_lpc
+        counters.misses += len(copied) - n_lpc
+        counters.cpu += len(step.cpu)
         if self.decisions is not None:
             self.decisions.append(step.decision())
         return step

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from sim.config.params import Parametrised
+from sim.core.admission import AdmissionDriver
 from sim.core.cache import CPU, HPC, LPC, MISS, MPC, SharedTierCache, TierCache
 from sim.core.registry import Registry
 from sim.errors import ConfigError
@@ -112,6 +113,15 @@ class Policy(Parametrised):
     #: which the decision protocol then sets before each ``plan_layer`` (hybrid CPU/GPU policies).
     wants_counts = False
     layer_counts: dict | None = None
+    #: How the admission driver (``sim.core.admission``) runs the policy's MPC after each layer's gate: ``"rank"``
+    #: (newcomers evict by ``victim_key`` / ``shared_victim_keys``, least recent use by default), ``"keeper"`` (a
+    #: replacement structure's hit/admit, ``keeper``), ``"rule"`` (``choose`` gives the promotions) or None (no
+    #: admission: the MPC changes only by the policy's own fills).
+    admits: str | None = None
+    #: ``"rank"``: an MPC hit becomes the most recently used (the recency order a ranking of None evicts by).
+    touch_hits = False
+    #: True when ``observe`` runs on every layer step (uncached layers and an MPC of no slots included).
+    observes_every_layer = False
 
     def __init__(self, params: dict | None, ctx: PolicyContext, where: str = "policy.params"):
         self.params = self.check_params(params, where)
@@ -138,6 +148,7 @@ class Policy(Parametrised):
         self.shared_layers = sorted(ctx.cached_layers)  # ascending: the run order of the cached layers
         self.layer_pos = {layer: i for i, layer in enumerate(self.shared_layers)}
         self.configure()
+        self.driver = AdmissionDriver(self)  # runs every layer step's admission from what the policy declares
 
     # Tier sizes the policy uses (a policy that keeps nothing ignores the configured slots).
     def hpc_capacity(self, ctx: PolicyContext) -> int:
@@ -191,6 +202,7 @@ class Policy(Parametrised):
     def plan_layer(self, iteration: int, layer: int, active: Sequence[int]) -> LayerPlan:
         plan = self.classify(layer, active)
         self.update(iteration, layer, active, plan)
+        self.driver.step(iteration, layer, active, plan)
         return plan
 
     def finish_layer(self, iteration: int, layer: int) -> None:
@@ -204,12 +216,11 @@ class Policy(Parametrised):
         prefetched = len(lpc)
         sources = {}
         resident, copied = [], []
-        n_hpc = n_lpc = 0
+        n_lpc = 0
         for e in active:
             if e in hpc:
                 sources[e] = HPC
                 resident.append(e)
-                n_hpc += 1
             elif e in mpc:
                 sources[e] = MPC
                 resident.append(e)
@@ -221,13 +232,6 @@ class Policy(Parametrised):
                 cache.add_lpc(layer, e)
                 sources[e] = MISS
                 copied.append((e, MISS))
-        n_mpc = len(resident) - n_hpc
-        counters = cache.counters
-        hits = counters.hits
-        hits[HPC] += n_hpc
-        hits[MPC] += n_mpc
-        hits[LPC] += n_lpc
-        counters.misses += len(sources) - n_hpc - n_mpc - n_lpc
         # prefetches this layer did not use: in a buffer before, not active now
         unused = sorted(e for e in lpc if e not in sources) if prefetched > n_lpc else []
         return LayerPlan(sources, {}, unused, resident, copied)
@@ -296,6 +300,45 @@ class Policy(Parametrised):
                     cache.promote(layer, e, victim[1], victim[0])
                 promote[e] = victim
 
+    # ------------------------------------------------------------------------------- what the driver asks
+    # (sim.core.admission.AdmissionDriver runs every layer step from these; see ``admits``)
+    def observe(self, iteration: int, layer: int, active: Sequence[int], plan: LayerPlan) -> None:
+        """The policy's own bookkeeping of a layer step (use counts, last uses, scores), before admission; called
+        on a cached layer with MPC slots (on every layer with ``observes_every_layer``). Base: none."""
+
+    def victim_key(self, layer: int, active: Sequence[int], newcomers: list[int]) -> Callable[[int], Any] | None:
+        """``admits = "rank"``, per-layer cache: the key of a held expert, the largest evicted first (ties: the first
+        in MPC order); None: the least recently used. May reorder ``newcomers`` in place (the order they enter in).
+        Read once per step with newcomers."""
+        return None
+
+    def shared_victim_keys(
+        self, layer: int, active: Sequence[int], newcomers: list[int]
+    ) -> Callable[[int, list[int]], list] | None:
+        """``admits = "rank"``, shared cache: ``keys(held_layer, held)`` gives the keys of a list of one cached
+        layer's held experts, the largest ``(key, layer, expert)`` evicted first; None: the least recently used
+        (layer, expert) of the whole cache. May reorder ``newcomers`` in place. Read once per step with
+        newcomers."""
+        return None
+
+    def keeps_out(self, layer: int, expert: int, victim) -> bool:
+        """Bypass (``admits = "rank"``): True to leave the newcomer ``expert`` out rather than evict ``victim`` (an
+        expert, or a ``(layer, expert)`` pair in a shared cache). Base: never (the driver skips the call)."""
+        return False
+
+    def after_admission(self, layer: int, newcomers: list[int], plan: LayerPlan) -> None:
+        """After a ranked step with newcomers (``plan.promote`` holds the admitted ones and their victims)."""
+
+    def keeper(self, layer: int) -> Any:
+        """``admits = "keeper"``: the replacement structure of ``layer`` (per-layer) or of the whole cache
+        (shared), with ``hit(key)`` and ``admit(key, busy) -> (admitted, victim)``."""
+        raise NotImplementedError(f"policy {self.name!r} admits by a keeper but has none")
+
+    def choose(self, iteration: int, layer: int, active: Sequence[int], plan: LayerPlan) -> list:
+        """``admits = "rule"``: the step's promotions as ``(newcomer, victim)`` pairs, applied in order (a victim
+        is an expert of ``layer``, a ``(layer, expert)`` pair in a shared cache, or None)."""
+        raise NotImplementedError(f"policy {self.name!r} admits by a rule but has none")
+
 
 class PerLayerCache(Policy):
     """A per-layer cache whose copies land straight in their slots (no device-to-device promotion).
@@ -305,21 +348,11 @@ class PerLayerCache(Policy):
     as MPC hits), so that policies compared at equal slots per layer get equal room whatever the HPC/MPC split.
     With ``pin_hot: true`` the HPC pins each layer's ``hpc_slots`` hottest experts (``cache.hot_profile``) and
     the policy manages the ``mpc_slots`` others. With ``cache.organization: shared`` the same room (by default) is one
-    cache for all cached layers (:meth:`Policy.admit_shared`, :meth:`Policy.update_through_shared`), for the
+    cache for all cached layers (``Policy.shared_victim_keys``, run by ``sim.core.admission``), for the
     subclasses that set ``supports_shared``."""
 
     PARAMS = {"pin_hot": False}
     promotion_is_free = True
-
-    def hpc_capacity(self, ctx: PolicyContext) -> int:
-        return ctx.hpc_slots if self.params["pin_hot"] else 0
-
-    def mpc_capacity(self, ctx: PolicyContext) -> int:
-        return ctx.mpc_slots if self.params["pin_hot"] else ctx.hpc_slots + ctx.mpc_slots
-
-    def configure(self) -> None:
-        if self.params["pin_hot"]:
-            self.pin_hot_experts()
 
     def admit_newcomers(self, layer: int, active, plan: LayerPlan, rank) -> None:
         """Each expert the layer copies now (a miss, or a prefetch it uses), in active order, enters the layer's
@@ -358,6 +391,16 @@ class PerLayerCache(Policy):
             if admitted:
                 self.cache.promote(layer, e, victim)
                 plan.promote[e] = victim
+
+    def hpc_capacity(self, ctx: PolicyContext) -> int:
+        return ctx.hpc_slots if self.params["pin_hot"] else 0
+
+    def mpc_capacity(self, ctx: PolicyContext) -> int:
+        return ctx.mpc_slots if self.params["pin_hot"] else ctx.hpc_slots + ctx.mpc_slots
+
+    def configure(self) -> None:
+        if self.params["pin_hot"]:
+            self.pin_hot_experts()
 
 
 class KeepNothing(Policy):

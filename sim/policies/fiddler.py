@@ -136,8 +136,4 @@ class Fiddler(Placed):
                 cache.add_lpc(layer, e)
                 sources[e] = MISS
                 copied.append((e, MISS))
-        counters = cache.counters
-        counters.hits[HPC] += len(resident)
-        counters.misses += len(copied)
-        counters.cpu += len(cpu)
         return LayerPlan(sources, {}, [], resident, copied, cpu)

@@ -58,6 +58,7 @@ class HybridCache(Policy):
     default_predictor = "none"  # it prefetches nothing by default (max_prefetch 0)
     wants_counts = True
     promotion_is_free = True
+    admits = "rank"
     PARAMS = {"half_life": 16.0, "horizon": 16.0, "warm_start": True, "max_prefetch": 0}
     # half_life: iterations, above 0 (0 would divide by zero); horizon: iterations of reuse credit, 0 (none) and up;
     # max_prefetch: experts per layer, 0 (off) up to the most experts a layer can have
@@ -139,7 +140,6 @@ class HybridCache(Policy):
                 q += 1
             else:
                 cands.append(e)
-        n_cpu = 0
         if cands:
             keeps = layer in self.ctx.cached_layers and cache.mpc_slots > 0
             horizon, copy_s, act_of, n_tok = self.horizon, self.copy_s, self.act_of, self.n_tok
@@ -179,7 +179,6 @@ class HybridCache(Policy):
                     sources[e] = CPU
                     host += cpu_of[n]
                     sent, C = t, c
-                    n_cpu += 1
         resident, copied, cpu = [], [], []
         for e in active:
             src = sources[e]
@@ -189,31 +188,21 @@ class HybridCache(Policy):
                 cpu.append(e)
             else:
                 copied.append((e, src))
-        counters = cache.counters
-        counters.hits[MPC] += len(resident)
-        counters.hits[LPC] += q
-        counters.misses += len(copied) - q
-        counters.cpu += n_cpu
         unused = sorted(e for e in lpc if e not in sources) if prefetched > q else []
         plan = LayerPlan(sources, {}, unused, resident, copied, cpu)
         # this use counts in the estimates (an EMA of "active in the iteration")
         idx = list(active)
         p[idx] += 1.0 - self.decay
-        if copied and layer in self.ctx.cached_layers and cache.mpc_slots:
-            self.admit(layer, active, copied, plan, p)
+        self.driver.step(iteration, layer, active, plan)  # admission (expected reuse): victim_key, keeps_out
         return plan
 
-    def admit(self, layer, active, copied, plan, p) -> None:
-        cache = self.cache
-        mpc, slots, busy = cache.mpc[layer], cache.mpc_slots, set(active)
-        for e, _ in copied:
-            victim = None
-            if len(mpc) >= slots:
-                held = [v for v in mpc if v not in busy]
-                if not held:
-                    return
-                victim = min(held, key=lambda v: (p[v], -v))
-                if p[e] < p[victim]:
-                    continue
-            cache.promote(layer, e, victim)
-            plan.promote[e] = victim
+    # ------------------------------------------------------------------------------------------ admission
+    def victim_key(self, layer: int, active, newcomers: list[int]):
+        """The held expert of the lowest reuse estimate goes first (ties: the higher id)."""
+        p = self.p[layer]
+        return lambda v: (-p[v], v)
+
+    def keeps_out(self, layer: int, expert: int, victim) -> bool:
+        """A copy whose reuse estimate (this use counted) is below its victim's is not kept."""
+        p = self.p[layer]
+        return bool(p[expert] < p[victim])

@@ -91,7 +91,4 @@ class KTransformers(Placed):
             else:
                 sources[e] = CPU
                 cpu.append(e)
-        counters = cache.counters
-        counters.hits[HPC] += len(resident)
-        counters.cpu += len(cpu)
         return LayerPlan(sources, {}, [], resident, [], cpu)

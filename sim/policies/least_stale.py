@@ -50,6 +50,7 @@ KEEP = 0.75
 class LeastStale(PerLayerCache):
     origin = ORIGIN
     supports_shared = True
+    admits = "rank"
 
     def configure(self) -> None:
         super().configure()
@@ -57,10 +58,8 @@ class LeastStale(PerLayerCache):
         self.step = [0] * n  # the layer's steps so far
         self.last = [[-1] * e for _ in range(n)]  # step of the last use, -1 never used
         self.interval = [[0.0] * e for _ in range(n)]  # the interval estimate, 0 before any interval
-        if self.shared:
-            self.update = self.update_shared
 
-    def observe(self, layer: int, active) -> None:
+    def observe(self, iteration, layer: int, active, plan: LayerPlan) -> None:
         """Advance ``layer``'s step count and update each active expert's interval estimate and last use."""
         self.step[layer] += 1
         now = self.step[layer]
@@ -72,24 +71,20 @@ class LeastStale(PerLayerCache):
                 est[e] = float(gap) if est[e] == 0.0 else KEEP * est[e] + (1.0 - KEEP) * gap
             last[e] = now
 
-    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return
-        self.observe(layer, active)
+    def predicted_next(self, layer: int, expert: int) -> float:
+        return self.last[layer][expert] + max(self.interval[layer][expert], 1.0)
+
+    def victim_key(self, layer: int, active, newcomers: list[int]):
+        """The furthest predicted next use; ties: the most recent last use, then the higher id."""
+        last, est = self.last[layer], self.interval[layer]
+        return lambda v: (last[v] + max(est[v], 1.0), last[v], v)
+
+    def shared_victim_keys(self, layer: int, active, newcomers: list[int]):
+        """The furthest predicted next use in whole-model layer steps (``Policy.global_distance``)."""
         n, until = len(self.layer_pos), self.layers_until
 
         def keys(lay, held):  # global_distance(k, lay, layer), inlined
             t, i, now, d = self.last[lay], self.interval[lay], self.step[lay], until(lay, layer)
             return [((t[v] + max(i[v], 1.0) - now - 1.0) * n + d, t[v], v) for v in held]
 
-        self.admit_shared(layer, active, plan, keys)
-
-    def predicted_next(self, layer: int, expert: int) -> float:
-        return self.last[layer][expert] + max(self.interval[layer][expert], 1.0)
-
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return
-        self.observe(layer, active)
-        last, est = self.last[layer], self.interval[layer]
-        self.admit_newcomers(layer, active, plan, lambda v: (last[v] + max(est[v], 1.0), last[v], v))
+        return keys

@@ -17,79 +17,14 @@ recently used pair anywhere but the experts the running layer uses now.
 
 from __future__ import annotations
 
-from sim.core.cache import LPC, MISS, MPC
-from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
+from sim.policies.base import POLICIES, PerLayerCache
 
 
 @POLICIES.register("lru")
 class LRU(PerLayerCache):
+    """Least recent use, per layer or over the shared cache: the admission driver's ranking of None."""
+
     origin = "published"
     supports_shared = True
-
-    def configure(self) -> None:
-        super().configure()
-        if self.shared:
-            self.order: dict[tuple[int, int], None] = {}  # (layer, expert) in the shared MPC, least recent first
-            self.update = self.update_shared
-
-    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
-        cache = self.cache
-        if layer not in self.ctx.cached_layers or cache.mpc_slots == 0:
-            return
-        order, sources = self.order, plan.sources
-        newcomers = []
-        for e in active:
-            src = sources[e]
-            if src == MPC:
-                key = (layer, e)
-                del order[key]
-                order[key] = None
-            elif src == MISS or src == LPC:
-                newcomers.append(e)
-        if not newcomers:
-            return
-        active_set = set(active)
-        slots, promote = cache.mpc_slots, plan.promote
-        for e in newcomers:
-            victim = None
-            if cache.mpc_size() >= slots:
-                for victim in order:  # the least recently used pair the running layer does not need now
-                    if victim[0] != layer or victim[1] not in active_set:
-                        break
-                else:
-                    break  # every slot holds an expert this layer uses now
-                del order[victim]
-                cache.promote(layer, e, victim[1], victim[0])
-            else:
-                cache.promote(layer, e, None)
-            order[(layer, e)] = None
-            promote[e] = victim
-
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        cache = self.cache
-        if layer not in self.ctx.cached_layers or cache.mpc_slots == 0:
-            return
-        mpc, sources = cache.mpc[layer], plan.sources
-        resident = plan.resident if plan.resident is not None else active
-        for e in resident:  # hits become most recent, in active order (the tiers are as classify left them)
-            if sources[e] == MPC:
-                del mpc[e]
-                mpc[e] = None
-        if plan.copied is not None:
-            newcomers = [e for e, _ in plan.copied]  # misses and prefetched experts, in active order
-        else:
-            newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
-        if not newcomers:
-            return
-        active_set = set(active)
-        slots, promote = cache.mpc_slots, plan.promote
-        for e in newcomers:
-            victim = None
-            if len(mpc) >= slots:
-                for victim in mpc:  # the least recently used expert this layer does not need now
-                    if victim not in active_set:
-                        break
-                else:
-                    continue  # every slot holds an expert this layer uses now
-            cache.promote(layer, e, victim)
-            promote[e] = victim
+    admits = "rank"
+    touch_hits = True

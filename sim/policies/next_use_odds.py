@@ -54,7 +54,6 @@ from __future__ import annotations
 import numpy as np
 
 from sim.config.params import between, training_trace
-from sim.core.cache import LPC, MISS
 from sim.errors import ConfigError
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 from sim.policies.learned_rf import layer_steps as training_steps  # the training trace's steps, per layer
@@ -164,6 +163,7 @@ class NextUseOdds(Policy):
     origin = ORIGIN
     default_predictor = "cross-layer"
     promotion_is_free = True
+    admits = "rank"
     PARAMS = {"train": None, "train_batch": 1, "warm": True}
     PARAM_RULES = {"train": training_trace(), "train_batch": between(1, 4096, kind=int)}
 
@@ -211,6 +211,7 @@ class NextUseOdds(Policy):
                     self.warm_fill[layer] = [x for x in order[: self.cache.mpc_slots] if counts[x] > 0]
         self._w = np.array(self.weights, dtype=np.float64)
         self._started = False
+        self._score: dict[int, float] = {}  # the step's scores of its newcomers and free held experts
 
     def start_batch(self) -> None:
         if self._started:
@@ -229,7 +230,7 @@ class NextUseOdds(Policy):
         share = self.uses[layer, idx] / max(now, 1)
         return feature_rows(age, self.ema[layer][:, idx], share) @ self._w
 
-    def observe(self, layer: int, active) -> None:
+    def observe(self, iteration, layer: int, active, plan: LayerPlan) -> None:
         """Record the layer's step (its active experts)."""
         self.step[layer] += 1
         idx = list(active)
@@ -240,29 +241,20 @@ class NextUseOdds(Policy):
             self.last[layer, idx] = self.step[layer]
             self.uses[layer, idx] += 1
 
-    # --------------------------------------------------------------------------------------------- protocol
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        cache = self.cache
-        if layer not in self.ctx.cached_layers or cache.mpc_slots == 0:
-            return
-        self.observe(layer, active)
-        sources = plan.sources
-        newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
-        if not newcomers:
-            return
-        mpc = cache.mpc[layer]
+    # -------------------------------------------------------------------------------------------- admission
+    def victim_key(self, layer: int, active, newcomers: list[int]):
+        """Newcomers enter by score, highest first (ties: lower id); the victim is the held expert with the lowest
+        score (ties: the least recent use, then the higher id)."""
         busy = set(active)
-        held = [v for v in mpc if v not in busy]
+        # the model scores the newcomers and the held experts not in use now in one product (its rounding is the
+        # same for the same rows only)
+        held = [v for v in self.cache.mpc[layer] if v not in busy]
         pool = newcomers + held
-        score = dict(zip(pool, self.scores(layer, pool).tolist()))
+        score = self._score = dict(zip(pool, self.scores(layer, pool).tolist()))
         last = self.last[layer]
-        # the weakest held expert first: lowest score, then least recent use, then higher id
-        held.sort(key=lambda v: (score[v], last[v], -v), reverse=True)  # weakest at the end
-        for e in sorted(newcomers, key=lambda x: (-score[x], x)):
-            victim = None
-            if len(mpc) >= cache.mpc_slots:
-                if not held or not score[e] > score[held[-1]]:
-                    continue  # bypass: not better than the weakest it could replace (or every slot in use now)
-                victim = held.pop()
-            cache.promote(layer, e, victim)
-            plan.promote[e] = victim
+        newcomers.sort(key=lambda x: (-score[x], x))
+        return lambda v: (-score[v], -last[v], v)
+
+    def keeps_out(self, layer: int, expert: int, victim) -> bool:
+        """Bypass: a newcomer enters a full cache only with a strictly higher score than its victim's."""
+        return not self._score[expert] > self._score[victim]

@@ -1,0 +1,265 @@
+"""The admission driver: the one piece of code that runs a policy's cache step after a layer's gate, on a per-layer
+cache (:class:`sim.core.cache.TierCache`) or a shared one (:class:`sim.core.cache.SharedTierCache`).
+
+A policy declares how it admits (``Policy.admits``) and the driver does the rest, in this order, per layer step
+(``Policy.plan_layer``, after the sources are classified):
+
+1. ``policy.observe(iteration, layer, active, plan)``: the policy's own bookkeeping of the step (use counts, last
+   uses, scores, next uses). Called on a *live* layer (cached, with MPC slots), or on every layer for a policy with
+   ``observes_every_layer``.
+2. On a live layer only, by ``admits``:
+
+   - ``"rank"``: hits first (with ``touch_hits`` each MPC hit becomes most recent, in active order); then the
+     *newcomers* (the active experts copied now: misses and used prefetches, in active order unless the policy's
+     ranking reorders them) enter the MPC one by one; a full MPC first evicts the held expert with the largest
+     victim key among those **the layer does not use now** (in a per-layer cache ``policy.victim_key(layer,
+     active, newcomers)`` gives ``key(expert)``, ties to the first held in MPC order; in a shared cache
+     ``policy.shared_victim_keys(layer, active, newcomers)`` gives ``keys(layer_of_held, held) -> keys``, ties to
+     the larger ``(layer, expert)``, the keys read once per step). A ranking of None is least recent use: the
+     MPC's insertion order per layer, one recency order over every cached layer in a shared cache. A policy that
+     overrides
+     ``keeps_out(layer, newcomer, victim)`` may refuse a newcomer once its victim is known (bypass). Once every
+     slot holds an expert the layer uses now the remaining newcomers are not admitted.
+   - ``"keeper"``: a replacement structure (``policy.keeper(layer)``: ARC, S3-FIFO) with ``hit(key)`` and
+     ``admit(key, busy) -> (admitted, victim)``, keys being experts (per-layer) or ``(layer, expert)`` pairs
+     (shared): each held active expert is a hit (active order), then each newcomer is offered in active order.
+   - ``"rule"``: a rule that is not a ranking (Belady's MIN, Diff-MoE's slot walk): ``policy.choose(iteration,
+     layer, active, plan)`` returns the ``(newcomer, victim)`` promotions, which the driver applies in order
+     (victims as ``(layer, expert)`` pairs in a shared cache).
+   - None: the policy keeps nothing in an MPC.
+
+3. ``policy.after_admission(layer, newcomers, plan)`` when a ranked step had newcomers (``plan.promote`` then holds
+   what entered and whom it evicted).
+
+Every promotion goes through the cache (which checks its invariants) and into ``plan.promote``: expert -> victim
+(an expert, or ``(victim's layer, victim)`` in a shared cache, or None). Hits and misses are not counted here: the
+decision protocol (``sim.core.protocol``) derives them from the plan.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sim.core.cache import LPC, MISS, MPC
+
+RANK, KEEPER, RULE = "rank", "keeper", "rule"
+MODES = (None, RANK, KEEPER, RULE)
+
+
+def _overrides(policy: Any, name: str) -> bool:
+    """Whether the policy's class overrides the base class's ``name`` (a hook the driver then calls)."""
+    from sim.policies.base import Policy
+
+    return getattr(type(policy), name) is not getattr(Policy, name)
+
+
+class AdmissionDriver:
+    """Runs one policy's layer steps against its cache (see the module doc); built once per policy."""
+
+    __slots__ = (
+        "policy",
+        "cache",
+        "cached",
+        "mode",
+        "shared",
+        "touch",
+        "observe",
+        "observe_all",
+        "bypass",
+        "after",
+        "layers",
+        "order",
+    )
+
+    def __init__(self, policy: Any):
+        mode = policy.admits
+        if mode not in MODES:
+            raise TypeError(f"policy {policy.name!r}: admits must be one of {MODES}, got {mode!r}")
+        self.policy = policy
+        self.cache = policy.cache
+        self.cached = policy.ctx.cached_layers
+        self.mode = mode
+        self.shared = bool(self.cache.shared)
+        self.touch = bool(policy.touch_hits)
+        self.observe = policy.observe if mode is not None and _overrides(policy, "observe") else None
+        self.observe_all = bool(policy.observes_every_layer)
+        self.bypass = policy.keeps_out if _overrides(policy, "keeps_out") else None
+        self.after = policy.after_admission if _overrides(policy, "after_admission") else None
+        self.layers = sorted(self.cached)  # ascending: the run order of the cached layers
+        #: the shared cache's recency order ((layer, expert), least recent first), for a ranking of None
+        self.order: dict[tuple[int, int], None] = {}
+
+    def step(self, iteration: int, layer: int, active: Sequence[int], plan) -> None:
+        """The layer's step after classification: observe, then hits and admissions by the policy's mode."""
+        live = layer in self.cached and self.cache.mpc_slots > 0
+        observe = self.observe
+        if observe is not None and (live or self.observe_all):
+            observe(iteration, layer, active, plan)
+        mode = self.mode
+        if not live or mode is None:
+            return
+        if mode == RULE:
+            self._apply(layer, plan, self.policy.choose(iteration, layer, active, plan))
+            return
+        if mode == KEEPER:
+            self._keeper_step(layer, active, plan)
+            return
+        newcomers = self._hits_and_newcomers(layer, active, plan)
+        if not newcomers:
+            return
+        if self.shared:
+            keys = self.policy.shared_victim_keys(layer, active, newcomers)
+            if keys is None:
+                self._admit_shared_recency(layer, active, plan, newcomers)
+            else:
+                self._admit_shared_ranked(layer, active, plan, keys, newcomers)
+        else:
+            self._admit_ranked(layer, active, plan, self.policy.victim_key(layer, active, newcomers), newcomers)
+        if self.after is not None:
+            self.after(layer, newcomers, plan)
+
+    # ------------------------------------------------------------------------------------------------ ranked
+    def _hits_and_newcomers(self, layer: int, active: Sequence[int], plan) -> list[int]:
+        """Touch the MPC hits (``touch_hits``, in active order); returns the newcomers in active order."""
+        sources = plan.sources
+        if self.touch:
+            resident = plan.resident if plan.resident is not None else active
+            if self.shared:
+                order = self.order
+                for e in resident:
+                    if sources[e] == MPC:
+                        key = (layer, e)
+                        del order[key]
+                        order[key] = None
+            else:
+                mpc = self.cache.mpc[layer]
+                for e in resident:
+                    if sources[e] == MPC:
+                        del mpc[e]
+                        mpc[e] = None
+        if plan.copied is not None:
+            return [e for e, _ in plan.copied]  # misses and used prefetches, in active order
+        return [e for e in active if sources[e] == MISS or sources[e] == LPC]
+
+    def _admit_ranked(self, layer: int, active, plan, key: Callable | None, newcomers: list[int]) -> None:
+        """Per-layer: each newcomer enters; a full MPC first evicts the held expert not in use now with the largest
+        ``key`` (None: the least recent, i.e. the first in MPC order), unless the policy keeps the newcomer out."""
+        cache, bypass, promote = self.cache, self.bypass, plan.promote
+        mpc, slots, busy = cache.mpc[layer], cache.mpc_slots, set(active)
+        for e in newcomers:
+            victim = None
+            if len(mpc) >= slots:
+                if key is None:
+                    victim = next((v for v in mpc if v not in busy), None)
+                else:
+                    free = [v for v in mpc if v not in busy]
+                    victim = max(free, key=key) if free else None
+                if victim is None:
+                    break  # every slot holds an expert this layer uses now
+                if bypass is not None and bypass(layer, e, victim):
+                    continue
+            cache.promote(layer, e, victim)
+            promote[e] = victim
+
+    def _admit_shared_ranked(self, layer: int, active, plan, keys: Callable, newcomers: list[int]) -> None:
+        """Shared: each newcomer enters; a full cache first evicts, among the experts of every cached layer but
+        those the running layer uses now, the one with the largest ``(key, layer, expert)`` (keys read once per
+        step: the held experts' keys do not change within it)."""
+        cache, promote, bypass = self.cache, plan.promote, self.bypass
+        cands: list[tuple[Any, int, int]] | None = None
+        for i, e in enumerate(newcomers):
+            if cache.mpc_size() < cache.mpc_slots:
+                cache.promote(layer, e, None)
+                promote[e] = None
+                continue
+            if cands is None:
+                busy = set(active)
+                mpcs = cache.mpc
+                cands = []
+                for lay in self.layers:
+                    held = [v for v in mpcs[lay] if v not in busy] if lay == layer else list(mpcs[lay])
+                    if held:
+                        cands.extend(zip(keys(lay, held), itertools.repeat(lay), held))
+                cands = heapq.nlargest(len(newcomers) - i, cands)[::-1]  # at most one victim per newcomer
+            if not cands:
+                break  # every slot holds an expert this layer uses now
+            _, vl, v = cands[-1]
+            if bypass is not None and bypass(layer, e, (vl, v)):
+                continue
+            cands.pop()
+            cache.promote(layer, e, v, vl)
+            promote[e] = (vl, v)
+
+    def _admit_shared_recency(self, layer: int, active, plan, newcomers: list[int]) -> None:
+        """Shared, least recent use: the victim is the least recent (layer, expert) of every cached layer but the
+        experts the running layer uses now; each newcomer becomes most recent."""
+        cache, order, promote = self.cache, self.order, plan.promote
+        slots, busy = cache.mpc_slots, set(active)
+        for e in newcomers:
+            victim = None
+            if cache.mpc_size() >= slots:
+                for victim in order:
+                    if victim[0] != layer or victim[1] not in busy:
+                        break
+                else:
+                    break  # every slot holds an expert this layer uses now
+                del order[victim]
+                cache.promote(layer, e, victim[1], victim[0])
+            else:
+                cache.promote(layer, e, None)
+            order[(layer, e)] = None
+            promote[e] = victim
+
+    # ------------------------------------------------------------------------------------------ keeper, rule
+    def _keeper_step(self, layer: int, active: Sequence[int], plan) -> None:
+        """A replacement structure's step: hits in active order, then each newcomer offered in active order."""
+        keeper = self.policy.keeper(layer)
+        sources, cache, promote = plan.sources, self.cache, plan.promote
+        mpc = cache.mpc[layer]
+        newcomers = []
+        if self.shared:
+            for e in active:
+                if e in mpc:
+                    keeper.hit((layer, e))
+                elif sources[e] == MISS or sources[e] == LPC:
+                    newcomers.append(e)
+            busy = {(layer, e) for e in active}
+            for e in newcomers:
+                admitted, victim = keeper.admit((layer, e), busy)
+                if admitted:
+                    if victim is None:
+                        cache.promote(layer, e, None)
+                    else:
+                        cache.promote(layer, e, victim[1], victim[0])
+                    promote[e] = victim
+            return
+        for e in active:
+            if e in mpc:
+                keeper.hit(e)
+            elif sources[e] == MISS or sources[e] == LPC:
+                newcomers.append(e)
+        busy_set = set(active)
+        for e in newcomers:
+            admitted, victim = keeper.admit(e, busy_set)
+            if admitted:
+                cache.promote(layer, e, victim)
+                promote[e] = victim
+
+    def _apply(self, layer: int, plan, pairs) -> None:
+        """A rule's promotions, in order: (newcomer, victim), the victim an expert of ``layer`` (per-layer) or a
+        ``(layer, expert)`` pair (shared), or None."""
+        cache, promote = self.cache, plan.promote
+        for e, victim in pairs:
+            if victim is None:
+                cache.promote(layer, e, None)
+            elif self.shared:
+                cache.promote(layer, e, victim[1], victim[0])
+            else:
+                cache.promote(layer, e, victim)
+            promote[e] = victim
+
+
+__all__ = ["AdmissionDriver", "KEEPER", "MODES", "RANK", "RULE"]
