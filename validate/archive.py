@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
 import re
@@ -153,6 +154,10 @@ class _Hashing:
         data = self.f.read(n)
         self.sha.update(data)
         return data
+
+    def seek(self, n: int) -> int:
+        """Refused: every byte is hashed once, in order (gzip reading forward never seeks its file)."""
+        raise io.UnsupportedOperation("an archive is hashed as it is read: it cannot seek")
 
 
 def stream_limit() -> int:

@@ -39,10 +39,11 @@ import sim.core.cache
 from sim.config.checks import kind_of, show
 from sim.config.files import PROJECT_ROOT, confined_to
 from sim.config.run_config import config_from_dict
+from sim.core.protocol import LayerDecision
 from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
-from sim.run import simulate
+from sim.run import RunOutput, simulate
 from traces.errors import InputError, one_line
 from traces.io import atomic_write_bytes, check_output_folder, file_kind, file_sha256, load_trace
 from validate.archive import (
@@ -266,6 +267,15 @@ def measured_digest(traces: dict, resolved: Path, reference: Any) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
+def _simulate_recorded(cfg, trace) -> tuple[RunOutput, list[LayerDecision]]:
+    """``cfg`` simulated on ``trace`` with every step's decisions kept (what the executor recorded): the run and
+    its decisions."""
+    out = simulate(cfg, trace=trace, record_decisions=True)
+    decisions = out.engine.decisions
+    assert decisions is not None, "simulate(record_decisions=True) keeps every step's decisions"
+    return out, decisions
+
+
 def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
     """One configuration's row: simulate it on the folder's calibration and set it beside the real run. Every file
     is read inside ``folder`` (no link on the way, regular files only); ``manifest`` is checked (check_manifest)."""
@@ -287,9 +297,9 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
     if want is not None and want != have:
         raise ConfigError(str(cfg.workload.trace), "differs from the trace that was measured (checksum mismatch)")
     trace = load_trace(cfg.workload.trace)
-    out = simulate(cfg, trace=trace, record_decisions=True)
+    out, decisions = _simulate_recorded(cfg, trace)
     # the decisions: the simulator's, step by step, must be what the executor recorded
-    identical = decisions_digest(out.engine.decisions) == real["decisions_sha256"]
+    identical = decisions_digest(decisions) == real["decisions_sha256"]
     sim_hardware = "calibration.yaml"
     snapshot = find_file(folder, rel / "hardware.yaml")
     if not identical and snapshot is not None:
@@ -298,13 +308,14 @@ def compare_run(folder: Path, run_dir: Path, manifest: dict) -> dict:
         raw["hardware"] = str(snapshot)
         with confined_to(*reachable(folder, manifest)):
             cfg = config_from_dict(raw, str(config_path), POLICIES.names(), PREDICTORS.names())
-        again = simulate(cfg, trace=trace, record_decisions=True)
-        if decisions_digest(again.engine.decisions) == real["decisions_sha256"]:
-            out, identical, sim_hardware = again, True, f"runs/{run_dir.name}/hardware.yaml"
+        again, again_decisions = _simulate_recorded(cfg, trace)
+        if decisions_digest(again_decisions) == real["decisions_sha256"]:
+            out, decisions, identical = again, again_decisions, True
+            sim_hardware = f"runs/{run_dir.name}/hardware.yaml"
     s = out.summary
     w = cfg.workload
-    sim_cpu = sum(1 for d in out.engine.decisions for _, src in d.sources if src == CPU_SOURCE)
-    sim_active = sum(len(d.active) for d in out.engine.decisions)
+    sim_cpu = sum(1 for d in decisions for _, src in d.sources if src == CPU_SOURCE)
+    sim_active = sum(len(d.active) for d in decisions)
     real_frac = real.get("cpu_expert_frac")
     if real_frac is None:  # measured before host experts: none were
         real_frac = sim_cpu / sim_active if sim_active else 0.0

@@ -69,8 +69,10 @@ class Copier(QueueCounters):
 
     def release(self, job: Job, after) -> None:
         """``job``'s buffer is free once the work marked by ``after`` is done."""
+        buffer = job.buffer
+        assert buffer is not None, "a copy handed over by take holds its working buffer until released"
         with self.cond:
-            self.queue.release(job.buffer, after)
+            self.queue.release(buffer, after)
             self.cond.notify_all()
 
     def close(self) -> None:
@@ -113,7 +115,9 @@ class Copier(QueueCounters):
                         self.cond.wait()
                         job = queue.start_next()
                     back_to_back, last_end = self._queued_at_landing, self._last_end
-                landed = self.backend.copy_in(self.buffers[job.buffer], self.source(job.layer, job.expert), job.after)
+                buffer = job.buffer
+                assert buffer is not None, "start_next hands out a copy with its working buffer taken"
+                landed = self.backend.copy_in(self.buffers[buffer], self.source(job.layer, job.expert), job.after)
                 with self.cond:
                     self._spans.append((landed, last_end, job.after, back_to_back))
                     self._last_end = landed.end

@@ -72,7 +72,16 @@ from sim.core.records import IterationRecord
 from sim.core.workload import build_iterations, phase_layers
 from traces.format import Trace
 from validate.copier import Copier
-from validate.kernels import DenseLayer, ExpertStore, HostExperts, LMHead, check_runnable, expert_forward, torch_dtype
+from validate.kernels import (
+    DenseLayer,
+    ExpertStore,
+    HostExperts,
+    HostJob,
+    LMHead,
+    check_runnable,
+    expert_forward,
+    torch_dtype,
+)
 
 #: The plan's source of an expert computed on the host CPU (``sim.core.cache.CPU`` once the simulator has it).
 CPU = getattr(sim.core.cache, "CPU", "cpu")
@@ -175,7 +184,7 @@ class Executor:
         self.cfg, self.trace, self.backend = cfg, trace, backend
         self.host_threads = int(host_threads) if host_threads else default_host_threads(backend)
         self.host_experts: HostExperts | None = None
-        self.host = host_pool
+        self.host: list = [] if host_pool is None else host_pool  # the host buffers, one expert each (_allocate)
         self.host_pool_bytes, self.slot_budget_bytes = host_pool_bytes, slot_budget_bytes
         self.warmup = warmup
         self.progress = progress
@@ -237,7 +246,7 @@ class Executor:
         self.lm_head = LMHead(torch, m, be.device)
         max_tokens = max((int(it.rows.size) for it in self.iterations), default=1)
         self.x = torch.randn(max_tokens, m.d_model, device=be.device, dtype=self.dtype) * 0.1
-        self.host_views = None  # the host buffers' matrices, for experts on the host CPU (_start_host)
+        self.host_views: list = []  # the host buffers' matrices, for experts on the host CPU (_start_host)
         be.synchronize()
 
     def _start_host(self) -> None:
@@ -419,7 +428,7 @@ class _Run:
         if host_job is not None:  # the layer ends when the host's experts are done too
             self._finish_host_experts(*host_job, t5, st)
 
-    def _start_host_experts(self, it, step, x, cpu: list[int], st: _IterationTimes):
+    def _start_host_experts(self, it, step, x, cpu: list[int], st: _IterationTimes) -> tuple[HostJob, int]:
         """Hands the layer's host experts to the host pool: their tokens' activations device -> host (one copy; each
         expert reads its tokens' rows from it), each expert's weights from its host buffer. Returns the pool's job
         and the tokens it computes."""
@@ -466,12 +475,13 @@ class _Run:
             job = self.copier.take(layer)
             st.wait += time.perf_counter() - t0
             waiting -= 1
-            e = job.expert
+            e, buffer = job.expert, job.buffer
+            assert buffer is not None, "a landed copy holds its working buffer until released"
             be.wait_landed(job.landed)
             st.stalled.append((idle_from, be.mark()))
-            expert_forward(self.torch, self.dequant(ex.work_views[job.buffer]), x[: counts[e]], self.gated)
+            expert_forward(self.torch, self.dequant(ex.work_views[buffer]), x[: counts[e]], self.gated)
             if e in promote and self.promote_d2d:
-                be.device_copy(ex.slots[ex._slot(layer, e)], ex.work[job.buffer])
+                be.device_copy(ex.slots[ex._slot(layer, e)], ex.work[buffer])
             self.copier.release(job, be.compute_done())
 
     def _finish_host_experts(self, job, tokens: int, since: float, st: _IterationTimes) -> None:

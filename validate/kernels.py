@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from sim.config.model import ModelSpec
 
@@ -120,7 +121,7 @@ def dense_expert_bytes(model: ModelSpec) -> int:
     return model.expert_params * model.dtype_bytes
 
 
-def _dequant_part(torch, fmt: str, group: int, q, s, out):
+def _dequant_part(torch, fmt: str, group: int | None, q, s, out):
     """De-quantize one (part of a) matrix into ``out`` [in, out_features] (working dtype): int8 ``q`` [in, out]
     times its per-output-channel scales ``s`` [out]; int4 ``q`` [in/2, out] (two input rows per byte: the low
     nibble the even row, the high one the odd row, each ``q + 8``) less the zero point 8, times its group scales
@@ -129,6 +130,7 @@ def _dequant_part(torch, fmt: str, group: int, q, s, out):
         out.copy_(q)
         out.mul_(s)
         return out
+    assert group is not None, "an int4 layout has its group"
     r, c = out.shape
     pairs = out.view(r // 2, 2, c)
     pairs[:, 0].copy_(torch.bitwise_and(q, 15))
@@ -160,12 +162,15 @@ class QuantLayout:
 
     def __init__(self, model: ModelSpec, fmt: str | None = None):
         self.model = model
-        self.format = fmt or expert_format(model)
-        if self.format not in QUANT_RANGES:
-            raise ValueError(f"{model.name}: not a quantized expert format: {self.format!r}")
+        fmt = fmt or expert_format(model)
+        if fmt is None or fmt not in QUANT_RANGES:
+            raise ValueError(f"{model.name}: not a quantized expert format: {fmt!r}")
+        self.format: str = fmt
         self.nbytes = model.expert_bytes
         self.shapes = expert_shapes(model)
         bits = model.expert_bits if model.expert_bits is not None else QUANT_RANGES[self.format][0]
+        #: weights per int4 scale along a matrix's input dimension; None for int8 (one scale per output channel)
+        self.group: int | None = None
         if self.format == "int4":
             ins = {r for r, _ in self.shapes}
             fits = [g for g in INT4_GROUPS if all(r % g == 0 for r in ins)]
@@ -178,8 +183,6 @@ class QuantLayout:
                 fits = [g]
             within = [g for g in fits if 4 + 8 * SCALE_BYTES / g <= bits + 1e-9]
             self.group = min(within) if within else max(fits)
-        else:
-            self.group = None
         self.q_parts, self.s_parts = [], []  # (offset, shape) in bytes / elements
         at = 0
         for r, c in self.shapes:
@@ -190,9 +193,9 @@ class QuantLayout:
         at += at % 2
         s_at = at
         for r, c in self.shapes:
-            shape = (r // self.group, c) if self.format == "int4" else (c,)
-            n = shape[0] * (shape[1] if len(shape) > 1 else 1)
-            self.s_parts.append((at, shape, n))
+            s_shape = (r // self.group, c) if self.group is not None else (c,)  # int4 by groups; int8 per column
+            n = s_shape[0] * (s_shape[1] if len(s_shape) > 1 else 1)
+            self.s_parts.append((at, s_shape, n))
             at += n * SCALE_BYTES
         self.s_bytes = at - s_at
         if self.q_bytes > self.nbytes:
@@ -203,7 +206,7 @@ class QuantLayout:
         if not self.scales_inline:  # resident: offsets within the resident scale buffer
             self.s_parts = [(o - s_at, shape, n) for o, shape, n in self.s_parts]
         self.payload_bytes = at if self.scales_inline else self.q_bytes
-        self.resident = {}  # device type -> the resident scales' flat buffer, when not inline
+        self.resident: dict[str, Any] = {}  # device type -> the resident scales' flat buffer, when not inline
 
     @property
     def bits_per_weight(self) -> float:
@@ -258,6 +261,7 @@ class QuantLayout:
             else:
                 r, c = w.shape
                 g = self.group
+                assert g is not None, "an int4 layout has its group"
                 grouped = w.view(r // g, g, c)
                 scale = (grouped.abs().amax(1) / 7).clamp_min(2.0**-24).half()  # fp16's smallest: never 0
                 s.copy_(scale)
@@ -297,6 +301,7 @@ class QuantExpert:
                 if fmt == "int8":
                     qq, ss = q[a:b], s
                 else:
+                    assert g is not None, "an int4 layout has its group"
                     qq, ss = q[a // 2 : b // 2], s[a // g : b // g]
                 w = torch.empty(b - a, q.shape[1], dtype=dtype)
             out.append(_dequant_part(torch, fmt, g, qq, ss, w))
@@ -419,11 +424,12 @@ class HostJob:
     def __init__(self, experts: list, parts: int):
         self.experts = experts
         self.parts = parts
-        self.partial = [[None] * parts for _ in experts]
+        self.partial: list[list] = [[None] * parts for _ in experts]  # an expert's blocks; [] once summed
         self.left = [parts] * len(experts)
         self.lock = threading.Lock()
         self.futures: list = []
-        self.start = self.end = None
+        self.start: float | None = None
+        self.end: float | None = None
 
     def add(self, torch, i: int, k: int, y) -> None:
         """Block ``k`` of expert ``i`` is computed; the worker that computes an expert's last block sums them."""
@@ -436,7 +442,7 @@ class HostJob:
             out.copy_(parts[0])
             for p in parts[1:]:
                 out.add_(p)
-            self.partial[i] = None
+            self.partial[i] = []
 
     def span(self, t0: float, t1: float) -> None:
         with self.lock:
@@ -449,7 +455,7 @@ class HostJob:
 
     @property
     def busy_s(self) -> float:
-        return 0.0 if self.start is None else self.end - self.start
+        return 0.0 if self.start is None or self.end is None else self.end - self.start
 
 
 class HostExperts:
@@ -476,7 +482,8 @@ class HostExperts:
         self.threads = max(1, int(threads))
         fmt = expert_format(model)
         # an int4 expert's blocks start at whole groups of its output matrix's input rows
-        align = QuantLayout(model, fmt).group if fmt == "int4" else 1
+        group = QuantLayout(model, fmt).group if fmt == "int4" else None
+        align = 1 if group is None else group
         parts = max(1, min(self.threads, model.d_ff // max(32, align)))
         bounds = [align * round(i * model.d_ff / parts / align) for i in range(parts + 1)]
         self.blocks = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]

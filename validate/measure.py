@@ -55,6 +55,7 @@ from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.results import iterations_csv, stats_ms
+from traces.format import Trace
 from traces.io import atomic_write_bytes, check_output_folder, file_sha256, load_trace
 from validate.kernels import check_runnable
 from validate.suites import SUITES
@@ -339,7 +340,7 @@ def measure(
         host_pool_gb, 8 if backend.name != "cpu" else 2, model.expert_bytes, pinned=backend.name != "cpu", log=log
     )
     out.mkdir(parents=True, exist_ok=True)
-    traces = {}
+    traces: dict[str, Trace] = {}
     for _, _, cfg in cfgs:
         traces.setdefault(str(cfg.workload.trace), load_trace(cfg.workload.trace))
     batch_sizes = sorted({c.workload.batch_size for _, _, c in cfgs})

@@ -63,6 +63,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -82,6 +83,9 @@ from validate.kernels import (
     fill_random,
     torch_dtype,
 )
+
+if TYPE_CHECKING:
+    from validate.backends import Landed
 
 ROTATE_BYTES = 256 << 20
 
@@ -169,7 +173,9 @@ def measure_handoff(backend, nbytes: int, samples: int = 20) -> float:
             resumed = backend.mark()
             copier.release(job, None)
             if i >= 2:
-                pairs += [(asked, job.landed.start), (job.landed.end, resumed)]
+                landed: Landed | None = job.landed  # CopyJob gives it no type; the copy thread sets it
+                assert landed is not None, "take hands over landed copies only"
+                pairs += [(asked, landed.start), (landed.end, resumed)]
         backend.synchronize()
     finally:
         copier.close()
@@ -465,7 +471,7 @@ def measure_cpu_expert(
             x = torch.randn(t, model.d_model, dtype=dtype) * 0.1
             y = torch.empty_like(x)
             host.run([(weights(), x, y)]).wait()  # warm-up
-            times = []
+            times: list[float] = []
             while len(times) < max(1, repeat) and sum(times) < share:
                 t0 = time.perf_counter()
                 host.run([(weights(), x, y)]).wait()
@@ -618,12 +624,12 @@ def measure_interference(backend, timer: Timer, model: ModelSpec, batch: int, co
     def copies():
         backend.copy_in(bg_dst(), bg_src())
 
-    ratios = {"compute_slowdown": [], "dense_slowdown": [], "copy_slowdown": []}
+    ratios: dict[str, list[float]] = {"compute_slowdown": [], "dense_slowdown": [], "copy_slowdown": []}
     with torch.inference_mode():
         for _ in range(blocks):
             alone = (timer(expert), timer(layer_dense), copy_time())
             with Background(copies, backend):
-                loaded = (timer(expert), timer(layer_dense))
+                loaded: tuple[float, ...] = (timer(expert), timer(layer_dense))
             with Background(expert_waited, backend):
                 loaded += (copy_time(),)
             for key, a, b in zip(ratios, alone, loaded):
