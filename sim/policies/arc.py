@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
+from sim.policies.base import POLICIES, PerLayerCache
 
 ORIGIN = "published"
 
@@ -118,21 +118,13 @@ class ArcLayer:
 class ARC(PerLayerCache):
     origin = ORIGIN
     supports_shared = True
+    admits = "keeper"
 
     def configure(self) -> None:
         super().configure()
         self.arc = {layer: ArcLayer(self.cache.mpc_slots) for layer in self.ctx.cached_layers}
-        if self.shared:  # one ARC over the (layer, expert) pairs of every cached layer
-            self.arc_all = ArcLayer(self.cache.mpc_slots)
-            self.update = self.update_shared
+        # shared: one ARC over the (layer, expert) pairs of every cached layer
+        self.arc_all = ArcLayer(self.cache.mpc_slots) if self.shared else None
 
-    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.arc or self.arc_all.c == 0:
-            return
-        self.update_through_shared(self.arc_all, layer, active, plan)
-
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        arc = self.arc.get(layer)
-        if arc is None or arc.c == 0:
-            return
-        self.update_through(arc, layer, active, plan)
+    def keeper(self, layer: int) -> ArcLayer:
+        return self.arc_all if self.arc_all is not None else self.arc[layer]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sim.core.cache import LPC, MISS
 from sim.policies.base import POLICIES, LayerPlan, Policy
 
 
@@ -116,6 +115,7 @@ class _ARC:
 class DiffMoEARC(Policy):
     origin = "ours"
     default_predictor = "oracle"
+    admits = "keeper"
     PARAMS = {"hit_d2d": True, "t2_lfu": True}
 
     def configure(self) -> None:
@@ -125,22 +125,12 @@ class DiffMoEARC(Policy):
         for layer in self.ctx.cached_layers:
             self.arc[layer] = _ARC(self.cache.mpc_slots, [0] * self.ctx.num_experts if self.params["t2_lfu"] else None)
 
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        arc = self.arc.get(layer)
-        if arc is None or arc.c == 0:
-            return
-        mpc = self.cache.mpc[layer]
-        if arc.freq is not None:
+    def observe(self, iteration, layer: int, active, plan: LayerPlan) -> None:
+        """``t2_lfu``: count the layer's uses (T2's eviction order)."""
+        freq = self.arc[layer].freq
+        if freq is not None:
             for e in active:
-                arc.freq[e] += 1
-        for e in active:
-            if e in mpc:
-                arc.hit(e)
-        busy = set(active)
-        for e in active:
-            if plan.sources[e] not in (MISS, LPC):
-                continue
-            admitted, victim = arc.admit(e, busy)
-            if admitted:
-                self.cache.promote(layer, e, victim)
-                plan.promote[e] = victim
+                freq[e] += 1
+
+    def keeper(self, layer: int) -> _ARC:
+        return self.arc[layer]

@@ -109,6 +109,7 @@ def fit_weights(trace, layers, batch: int = 1) -> tuple[float, ...]:
 class LearnedRF(PerLayerCache):
     origin = ORIGIN
     supports_shared = True
+    admits = "rank"
     PARAMS = {**PerLayerCache.PARAMS, "train": None, "train_batch": 1}
     PARAM_RULES = {**PerLayerCache.PARAM_RULES, "train": training_trace(), "train_batch": between(1, 4096, kind=int)}
 
@@ -118,8 +119,6 @@ class LearnedRF(PerLayerCache):
         self.step = [0] * n
         self.uses = [[0] * e for _ in range(n)]
         self.last = [[-1] * e for _ in range(n)]
-        if self.shared:
-            self.update = self.update_shared
         train = self.params["train"]
         if train is None:
             self.weights, self.weights_source = DEFAULT_WEIGHTS, "default"
@@ -145,33 +144,27 @@ class LearnedRF(PerLayerCache):
         age = now - self.last[layer][expert]
         return w0 + w1 * math.log2(1 + age) + w2 * math.log2(self.uses[layer][expert] / now)
 
-    def _count_uses(self, layer: int, active) -> list[int]:
-        """Advance ``layer``'s step count and count and stamp this step's uses of its active experts; returns the
-        layer's last-use list."""
+    def observe(self, iteration, layer: int, active, plan: LayerPlan) -> None:
+        """Advance ``layer``'s step count and count and stamp this step's uses of its active experts."""
         self.step[layer] += 1
         now = self.step[layer]
         uses, last = self.uses[layer], self.last[layer]
         for e in active:
             uses[e] += 1
             last[e] = now
-        return last
 
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return
-        last = self._count_uses(layer, active)
-        self.admit_newcomers(layer, active, plan, lambda v: (self.score(layer, v), -last[v], -v))
+    def victim_key(self, layer: int, active, newcomers: list[int]):
+        """The largest score; ties: the least recent use, then the lower id."""
+        last, score = self.last[layer], self.score
+        return lambda v: (score(layer, v), -last[v], -v)
 
-    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
+    def shared_victim_keys(self, layer: int, active, newcomers: list[int]):
         """Shared cache: the score is ``log2`` of the predicted own-layer steps to the next use, ``2 ** score`` of
         them converted to whole-model layer steps (``Policy.global_distance``)."""
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return
-        self._count_uses(layer, active)
         n, until, score = len(self.layer_pos), self.layers_until, self.score
 
         def keys(lay, held):  # global_distance(2 ** score, lay, layer), inlined
             t, d = self.last[lay], until(lay, layer)
             return [((2.0 ** score(lay, v) - 1.0) * n + d, -t[v], -v) for v in held]
 
-        self.admit_shared(layer, active, plan, keys)
+        return keys

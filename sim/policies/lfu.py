@@ -41,6 +41,7 @@ COUNTS = ("perfect", "in_cache")
 class LFU(PerLayerCache):
     origin = "published"
     supports_shared = True
+    admits = "rank"
     PARAMS = {**PerLayerCache.PARAMS, "counts": "perfect"}
     PARAM_RULES = {**PerLayerCache.PARAM_RULES, "counts": one_of(*COUNTS)}
 
@@ -55,66 +56,49 @@ class LFU(PerLayerCache):
         self.last = [[-1] * e for _ in range(n)]  # the step of the last access (a counter of layer steps)
         self.clock = 0
         self.in_cache = self.params["counts"] == "in_cache"
-        if self.shared:
-            self.update = self.update_shared
 
-    def _count_uses(self, layer: int, active, plan: LayerPlan) -> list[int]:
+    def observe(self, iteration, layer: int, active, plan: LayerPlan) -> None:
         """Count this step's uses of ``layer``'s active experts (a newcomer restarts at 1 with ``in_cache``) and
-        stamp their last use; returns the newcomers (missed or in the LPC), most used first."""
+        stamp their last use."""
         self.clock += 1
         freq, last, clock = self.freq[layer], self.last[layer], self.clock
         sources = plan.sources
         for e in active:
             freq[e] = 1 if self.in_cache and sources[e] in (MISS, LPC) else freq[e] + 1
             last[e] = clock
-        newcomers = [e for e in active if sources[e] in (MISS, LPC)]
-        newcomers.sort(key=lambda e: -freq[e])  # stable: ties keep the id order of ``active``
-        return newcomers
 
-    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return
-        newcomers = self._count_uses(layer, active, plan)
-        if not newcomers:
-            return
+    def victim_key(self, layer: int, active, newcomers: list[int]):
+        """Newcomers enter most used first; the victim is the least frequently used (ties: least recent, lower
+        id)."""
+        freq, last = self.freq[layer], self.last[layer]
+        newcomers.sort(key=lambda e: -freq[e])  # stable: ties keep the id order of ``active``
+        return lambda v: (-freq[v], -last[v], -v)
+
+    def shared_victim_keys(self, layer: int, active, newcomers: list[int]):
+        """As :meth:`victim_key` over the (layer, expert) pairs of every cached layer."""
         freq = self.freq[layer]
+        newcomers.sort(key=lambda e: -freq[e])
         freqs, lasts = self.freq, self.last
 
         def keys(lay, held):
             f, t = freqs[lay], lasts[lay]
             return [(-f[v], -t[v], -v) for v in held]
 
-        admitted = self.admit_shared(layer, active, plan, keys, newcomers)
-        if self.in_cache:
-            for victim in plan.promote.values():
-                if victim is not None:
-                    freqs[victim[0]][victim[1]] = 0
-            for e in newcomers[admitted:]:
-                freq[e] = 0
+        return keys
 
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
+    def after_admission(self, layer: int, newcomers: list[int], plan: LayerPlan) -> None:
+        """``in_cache``: an evicted expert's count, and a newcomer's that was not admitted, are forgotten."""
+        if not self.in_cache:
             return
-        newcomers = self._count_uses(layer, active, plan)
-        if not newcomers:
-            return
-        freq, last = self.freq[layer], self.last[layer]
-        cache = self.cache
-        mpc, slots = cache.mpc[layer], cache.mpc_slots
-        active_set = set(active)
-        admitted = 0
+        freqs, promote = self.freq, plan.promote
+        for victim in promote.values():
+            if victim is None:
+                continue
+            if self.shared:
+                freqs[victim[0]][victim[1]] = 0
+            else:
+                freqs[layer][victim] = 0
+        freq = freqs[layer]
         for e in newcomers:
-            victim = None
-            if len(mpc) >= slots:
-                held = [v for v in mpc if v not in active_set]
-                if not held:
-                    break  # every slot holds an expert this layer uses now
-                victim = min(held, key=lambda v: (freq[v], last[v], v))
-                if self.in_cache:
-                    freq[victim] = 0
-            cache.promote(layer, e, victim)
-            plan.promote[e] = victim
-            admitted += 1
-        if self.in_cache:
-            for e in newcomers[admitted:]:
+            if e not in promote:
                 freq[e] = 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from sim.config.checks import INT_MAX
 from sim.config.params import between
-from sim.core.cache import LPC, MISS, MPC
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 from sim.policies.belady import NEVER, FutureUses, _future_of, record_next_uses
 
@@ -33,6 +32,8 @@ class Lookahead(PerLayerCache):
     """LRU that sees each held expert's next use up to ``horizon`` iterations ahead."""
 
     origin = "bound"
+    admits = "rank"
+    touch_hits = True
     PARAMS = {"pin_hot": False, "horizon": 1}
     PARAM_RULES = {"horizon": between(0, INT_MAX, int)}  # iterations ahead
 
@@ -47,40 +48,24 @@ class Lookahead(PerLayerCache):
         # per layer, each expert's next use as known at its last use (exact for the experts held in the MPC: each
         # entered at a use and has not been used since its last one)
         self.next_use = {layer: [NEVER] * self.ctx.num_experts for layer in self.layers}
+        self._nxt: list[int] = []  # the running layer's next uses (``observe``)
+        self._last_seen = -1  # the last iteration the horizon sees from the running step
 
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.next_use:
-            return
-        nxt = record_next_uses(self.future, self.next_use[layer], iteration, layer, active, "lookahead")
-        cache = self.cache
-        mpc, sources = cache.mpc[layer], plan.sources
-        for e in active:  # hits become most recent, in active order
-            if sources[e] == MPC:
-                del mpc[e]
-                mpc[e] = None
-        newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
-        if not newcomers:
-            return
-        last_seen = iteration + self.horizon
+    def observe(self, iteration, layer: int, active, plan: LayerPlan) -> None:
+        """Record the next uses of the step's active experts (from the workload's future)."""
+        self._nxt = record_next_uses(self.future, self.next_use[layer], iteration, layer, active, "lookahead")
+        self._last_seen = iteration + self.horizon
 
-        def seen(u: int) -> int:
-            """A next use as the horizon sees it (NEVER: unknown)."""
-            return u if u <= last_seen else NEVER
+    def seen(self, expert: int) -> int:
+        """The running layer's expert's next use as the horizon sees it (NEVER: unknown)."""
+        u = self._nxt[expert]
+        return u if u <= self._last_seen else NEVER
 
-        busy, slots = set(active), cache.mpc_slots
-        for e in newcomers:
-            victim = None
-            if len(mpc) >= slots:
-                far = -1
-                for v in mpc:  # least recent first: a later one wins only with a strictly further next use
-                    if v in busy:
-                        continue
-                    s = seen(nxt[v])
-                    if s > far:
-                        victim, far = v, s
-                        if s == NEVER:
-                            break
-                if victim is None or seen(nxt[e]) > far:
-                    continue  # every slot holds an expert in use now, or the newcomer is needed later than all
-            cache.promote(layer, e, victim)
-            plan.promote[e] = victim
+    def victim_key(self, layer: int, active, newcomers: list[int]):
+        """The furthest next use as the horizon sees it; among equals the least recently used (the first in MPC
+        order)."""
+        return self.seen
+
+    def keeps_out(self, layer: int, expert: int, victim) -> bool:
+        """Bypass: the newcomer is needed later than its victim (both as the horizon sees them)."""
+        return self.seen(expert) > self.seen(victim)

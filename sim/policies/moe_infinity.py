@@ -47,7 +47,6 @@ from __future__ import annotations
 import numpy as np
 
 from sim.config.params import between, one_of
-from sim.core.cache import LPC, MISS
 from sim.core.expert_activation import ActivationTracker
 from sim.errors import ConfigError
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
@@ -65,6 +64,8 @@ class MoEInfinity(Policy):
     PARAM_RULES = {"capacity": between(1, 1 << 14), "activation": one_of(*ACTIVATION)}
     promotion_is_free = True  # the copy lands in the slot it will occupy
     supports_shared = True
+    admits = "rank"
+    observes_every_layer = True  # the tracker hears of every gate
 
     def hpc_capacity(self, ctx: PolicyContext) -> int:
         return ctx.hpc_slots if self.params["pin_hot"] else 0
@@ -92,7 +93,6 @@ class MoEInfinity(Policy):
         if self.shared:
             self.since: dict[tuple[int, int], int] = {}  # (layer, expert) -> when it entered the shared MPC
             self.clock = 0
-            self.update = self.update_shared
 
     def start_iteration(self, iteration) -> None:
         self.tracker.start_iteration(iteration)
@@ -142,35 +142,19 @@ class MoEInfinity(Policy):
         freq = (g + 1.0) / (g.sum(axis=1, keepdims=True) + g.shape[1])
         return (rows.sum(axis=0) + FLOOR) * freq
 
-    def _gate_ran(self, layer: int, active, plan: LayerPlan) -> list[int]:
-        """Tell the tracker ``layer``'s gate has run; returns the layer's newcomers (missed or in the LPC), none
-        where the layer is not cached or the MPC has no slots."""
-        self.tracker.observe_through(layer)  # this layer's gate has run
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return []
-        return [e for e in active if plan.sources[e] in (MISS, LPC)]
+    def observe(self, iteration, layer: int, active, plan: LayerPlan) -> None:
+        """Tell the tracker ``layer``'s gate has run (every layer, cached or not)."""
+        self.tracker.observe_through(layer)
 
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        newcomers = self._gate_ran(layer, active, plan)
-        if not newcomers:
-            return
+    def victim_key(self, layer: int, active, newcomers: list[int]):
+        """The highest-priority newcomer first (ties: lower id); the victim is the lowest priority (ties: the
+        expert held longest)."""
         prio = self.priority(layer).tolist()
-        mpc = self.cache.mpc[layer]
-        active_set = set(active)
-        for e in sorted(newcomers, key=lambda x: (-prio[x], x)):
-            victim = None
-            if len(mpc) >= self.cache.mpc_slots:
-                held = [v for v in mpc if v not in active_set]  # longest held first
-                if not held:
-                    break  # every slot holds an expert this layer uses now
-                victim = min(held, key=prio.__getitem__)
-            self.cache.promote(layer, e, victim)
-            plan.promote[e] = victim
+        newcomers.sort(key=lambda x: (-prio[x], x))
+        return lambda v: -prio[v]
 
-    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
-        newcomers = self._gate_ran(layer, active, plan)
-        if not newcomers:
-            return
+    def shared_victim_keys(self, layer: int, active, newcomers: list[int]):
+        """The lowest priority over every cached layer, with the layer-proximity factor (ties: held longest)."""
         prio = self.priority_all()
         own = prio[layer].tolist()
         newcomers.sort(key=lambda x: (-own[x], x))
@@ -182,7 +166,13 @@ class MoEInfinity(Policy):
             proximity = 1.0 - (until(j, layer) - 1) / (n + 1)
             return [(-(row[v] * proximity), -since[(j, v)]) for v in held]
 
-        self.admit_shared(layer, active, plan, keys, newcomers)
+        return keys
+
+    def after_admission(self, layer: int, newcomers: list[int], plan: LayerPlan) -> None:
+        """Shared cache: stamp when each admitted expert entered (the ties' "held longest")."""
+        if not self.shared:
+            return
+        since = self.since
         for e, victim in plan.promote.items():
             if victim is not None:
                 del since[victim]

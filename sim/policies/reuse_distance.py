@@ -51,6 +51,7 @@ def predicted_distance(history, age: int) -> float:
 class ReuseDistance(PerLayerCache):
     origin = ORIGIN
     supports_shared = True
+    admits = "rank"
     PARAMS = {**PerLayerCache.PARAMS, "window": 8}
     PARAM_RULES = {**PerLayerCache.PARAM_RULES, "window": between(1, 1 << 12, kind=int)}
 
@@ -62,12 +63,10 @@ class ReuseDistance(PerLayerCache):
         self.history: list[list[deque[int]]] = [[deque(maxlen=w) for _ in range(e)] for _ in range(n)]
         # the layer's recent intervals, every expert
         self.pooled: list[deque[int]] = [deque(maxlen=4 * w) for _ in range(n)]
-        if self.shared:
-            self.update = self.update_shared
 
-    def _record_gaps(self, layer: int, active) -> list[int]:
+    def observe(self, iteration, layer: int, active, plan: LayerPlan) -> None:
         """Advance ``layer``'s step count and record each active expert's reuse interval (its own history and the
-        layer's pool) and last use; returns the layer's last-use list."""
+        layer's pool) and last use."""
         self.step[layer] += 1
         now = self.step[layer]
         last, hist, pooled = self.last[layer], self.history[layer], self.pooled[layer]
@@ -77,19 +76,6 @@ class ReuseDistance(PerLayerCache):
                 hist[e].append(gap)
                 pooled.append(gap)
             last[e] = now
-        return last
-
-    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return
-        self._record_gaps(layer, active)
-        n, until, pred = len(self.layer_pos), self.layers_until, self.prediction
-
-        def keys(lay, held):  # global_distance(prediction, lay, layer), inlined
-            t, d = self.last[lay], until(lay, layer)
-            return [((pred(lay, v) - 1.0) * n + d, -t[v], -v) for v in held]
-
-        self.admit_shared(layer, active, plan, keys)
 
     def prediction(self, layer: int, expert: int) -> float:
         """The predicted steps until ``expert``'s next use in ``layer`` (it has been used before)."""
@@ -98,8 +84,17 @@ class ReuseDistance(PerLayerCache):
         pool = own if own else self.pooled[layer]
         return predicted_distance(pool, age) if pool else float(age)
 
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.ctx.cached_layers or self.cache.mpc_slots == 0:
-            return
-        last = self._record_gaps(layer, active)
-        self.admit_newcomers(layer, active, plan, lambda v: (self.prediction(layer, v), -last[v], -v))
+    def victim_key(self, layer: int, active, newcomers: list[int]):
+        """The largest predicted distance; ties: the least recent use, then the lower id."""
+        last, pred = self.last[layer], self.prediction
+        return lambda v: (pred(layer, v), -last[v], -v)
+
+    def shared_victim_keys(self, layer: int, active, newcomers: list[int]):
+        """The furthest predicted next use in whole-model layer steps (``Policy.global_distance``)."""
+        n, until, pred = len(self.layer_pos), self.layers_until, self.prediction
+
+        def keys(lay, held):  # global_distance(prediction, lay, layer), inlined
+            t, d = self.last[lay], until(lay, layer)
+            return [((pred(lay, v) - 1.0) * n + d, -t[v], -v) for v in held]
+
+        return keys

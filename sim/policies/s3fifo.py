@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from sim.config.params import between
-from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
+from sim.policies.base import POLICIES, PerLayerCache
 
 ORIGIN = "published"
 
@@ -128,6 +128,7 @@ class S3FifoLayer:
 class S3FIFO(PerLayerCache):
     origin = ORIGIN
     supports_shared = True
+    admits = "keeper"
     PARAMS = {**PerLayerCache.PARAMS, "small_ratio": 0.1, "ghost_ratio": 0.9, "move_to_main": 2}
     PARAM_RULES = {
         **PerLayerCache.PARAM_RULES,
@@ -143,17 +144,12 @@ class S3FIFO(PerLayerCache):
             layer: S3FifoLayer(self.cache.mpc_slots, p["small_ratio"], p["ghost_ratio"], p["move_to_main"])
             for layer in self.ctx.cached_layers
         }
-        if self.shared:  # one S3-FIFO over the (layer, expert) pairs of every cached layer
-            self.s3_all = S3FifoLayer(self.cache.mpc_slots, p["small_ratio"], p["ghost_ratio"], p["move_to_main"])
-            self.update = self.update_shared
+        # shared: one S3-FIFO over the (layer, expert) pairs of every cached layer
+        self.s3_all = (
+            S3FifoLayer(self.cache.mpc_slots, p["small_ratio"], p["ghost_ratio"], p["move_to_main"])
+            if self.shared
+            else None
+        )
 
-    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.s3 or self.s3_all.c == 0:
-            return
-        self.update_through_shared(self.s3_all, layer, active, plan)
-
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        q = self.s3.get(layer)
-        if q is None or q.c == 0:
-            return
-        self.update_through(q, layer, active, plan)
+    def keeper(self, layer: int) -> S3FifoLayer:
+        return self.s3_all if self.s3_all is not None else self.s3[layer]
