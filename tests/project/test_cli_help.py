@@ -31,8 +31,8 @@ from sim.policies import POLICIES, Policy
 from sim.predictors import PREDICTORS, Predictor
 from sim.sweep import cli as sweep
 from sim.sweep import spec as sweep_spec
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "sweeps.md"
 CLIS = {"sim": sim.cli.build_parser, "traces": traces.cli.build_parser, "validate": validate.cli.build_parser}
 

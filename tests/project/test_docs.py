@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 DOCS = ("README.md", "docs/tutorial.md", "docs/architecture.md")
 SHELL_BLOCKS = ("sh", "bash", "shell", "console")
 PYTHONS = ("python", "python3", ".venv/bin/python")

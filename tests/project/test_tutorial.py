@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 TUTORIAL = (ROOT / "docs" / "tutorial.md").read_text()
 CALIBRATION = "docs/validation/cpu-vm-2026-11-30-f/calibration.yaml"  # committed from the VM kind of step 6

@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.core.cache import MPC
-from tests.conftest import ROOT, make_trace, random_trace
-from tests.sim.policies.test_policies import make_policy, run_decisions
-from tests.sim.timing.test_engine import tiny_model
+from tests.support.engine import tiny_model
+from tests.support.paths import ROOT
+from tests.support.policies import policy_for, run_decisions
+from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
 
 
@@ -187,7 +188,7 @@ def _arc_consistent(policy):
 )
 def test_diffmoe_arc_keeps_its_lists_and_the_tiers_consistent(seed, hpc, mpc, k, batch):
     trace = random_trace(np.random.default_rng(seed), tokens=80, layers=2, experts=10, k=k, requests=3)
-    policy = make_policy("diffmoe-arc", trace, hpc=hpc, mpc=mpc)
+    policy = policy_for("diffmoe-arc", trace, hpc=hpc, mpc=mpc)
     from sim.core.replay import replay
     from sim.core.workload import build_iterations
     from sim.predictors import PREDICTORS, PredictorContext
@@ -208,8 +209,8 @@ def test_diffmoe_arc_resists_a_scan_that_flushes_lru():
     seq = [0, 1] * 6 + list(range(2, 9)) + [0, 1] * 3
     trace = make_trace([[e] for e in seq], num_experts=10)
     ranking = [tuple(range(10))]
-    arc = make_policy("diffmoe-arc", trace, hpc=0, mpc=3, ranking=ranking)
-    lru = make_policy("lru", trace, hpc=0, mpc=3, ranking=ranking)
+    arc = policy_for("diffmoe-arc", trace, hpc=0, mpc=3, ranking=ranking)
+    lru = policy_for("lru", trace, hpc=0, mpc=3, ranking=ranking)
     da, dl = run_decisions(trace, arc), run_decisions(trace, lru)
     after_scan = slice(len(seq) - 6, len(seq))
     arc_hits = sum(src == MPC for d in da[after_scan] for _, src in d.sources)

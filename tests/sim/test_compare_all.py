@@ -12,8 +12,9 @@ import yaml
 
 from sim.compare import ORIGINS, all_entries, default_predictor, origin_of, parse_entries
 from sim.policies import POLICIES, Policy
-from tests.conftest import ROOT, random_trace
-from tests.sim.timing.test_engine import tiny_model
+from tests.support.engine import tiny_model
+from tests.support.paths import ROOT
+from tests.support.traces import random_trace
 from traces.io import save_trace
 
 #: What each policy is: the gpu-only ceiling, a baseline, published, ours, or an offline bound (new policies

@@ -16,8 +16,8 @@ import yaml
 from sim.config.system import load_system
 from sim.errors import ConfigError
 from sim.fit_system import COLUMNS, fit_and_predict, fit_rows, hardware_of, read_rows, run_config
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT.parent / "shared" / "published" / "rows.csv"
 SYSTEM_FILES = ("mixtral-offloading", "fiddler", "ktransformers", "llama-cpp", "deepspeed")
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from sim.results import format_summary, hardware_words
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 CALIBRATION = "docs/validation/cpu-vm-2026-11-30-f/calibration.yaml"  # a committed CPU calibration (base: h200)
 LONG_INTEGER = re.compile(r"(?<![\d.,])\d{10,}(?![\d.])")

@@ -37,7 +37,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT, make_trace, patch_central
+from tests.support.paths import ROOT
+from tests.support.traces import make_trace, patch_central
 from traces.cli import main as traces_main
 from traces.errors import InputError
 from traces.io import load_trace, load_trace_header, trace_bytes

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT, make_trace
+from tests.support.paths import ROOT
+from tests.support.traces import make_trace
 from traces.errors import TraceError
 from traces.io import load_trace, save_trace, trace_bytes
 

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 
 import validate.archive as archive_mod
 from sim.errors import ConfigError
+from tests.support.paths import ROOT
 from validate.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
 SOURCE_ARCHIVE = ROOT / "docs" / "validation" / "h200-2026-11-30-s4-base" / "gpu-check.tar.gz"
 CONFIG = "on-demand-b4"  # the quickest configuration of that measurement to simulate
 MAX_LINE = 800  # the longest error line (a path of <= 200 characters and a problem of <= 500)

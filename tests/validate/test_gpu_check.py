@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from sim.errors import ConfigError
 from sim.run import simulate
-from tests.conftest import ROOT
-from tests.validate.test_validate import TINY, FakeBackend, _with_hardware, tiny, tiny_config  # noqa: F401 (fixture)
+from tests.support.paths import ROOT
+from tests.support.validate import FakeBackend, tiny_config, with_hardware
 from validate.backends import CpuBackend
 from validate.copier import Copier
 from validate.measure import host_pool_size, pinned_bytes
@@ -74,12 +74,12 @@ def test_the_copier_times_copies_apart_from_the_link_gaps_between_queued_ones():
 def test_the_copy_gap_delays_only_queued_copies_and_changes_no_decision(tiny):
     base = tiny_config(tiny, "on-demand", batch=8)
     r0 = simulate(base, trace=tiny[2], check_invariants=True)
-    r1 = simulate(_with_hardware(base, copy_gap_us=40), trace=tiny[2], check_invariants=True)
+    r1 = simulate(with_hardware(base, copy_gap_us=40), trace=tiny[2], check_invariants=True)
     t0, t1 = r0.summary["sim_time_s"], r1.summary["sim_time_s"]
     assert t0 < t1 <= t0 + 40e-6 * r1.summary["copies"] + 1e-12
     assert [(r.misses, r.copies) for r in r0.engine.iterations] == [(r.misses, r.copies) for r in r1.engine.iterations]
     one = tiny_config(tiny, "on-demand", batch=1, lpc=1)  # one buffer: never a copy queued behind another
-    assert simulate(_with_hardware(one, copy_gap_us=40), trace=tiny[2]).summary["sim_time_s"] == pytest.approx(
+    assert simulate(with_hardware(one, copy_gap_us=40), trace=tiny[2]).summary["sim_time_s"] == pytest.approx(
         simulate(one, trace=tiny[2]).summary["sim_time_s"]
     )
 

@@ -12,7 +12,8 @@ import yaml
 from sim.config.hardware import load_hardware
 from sim.config.model import load_model
 from sim.timing.costs import CostModel
-from tests.conftest import ROOT, TINY_MODEL, random_trace
+from tests.support.paths import ROOT
+from tests.support.traces import TINY_MODEL, random_trace
 from traces.io import save_trace
 
 TINY = TINY_MODEL

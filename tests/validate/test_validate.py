@@ -11,75 +11,20 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.config.run_config import config_from_dict
 from sim.core.replay import replay
 from sim.policies import POLICIES
-from sim.predictors import PREDICTORS
 from sim.run import build_decisions, simulate
-from tests.conftest import ROOT, TINY_MODEL, random_trace
-from traces.format import ModelInfo, Trace, TraceMeta
-from traces.io import save_trace
+from tests.support.paths import ROOT
+from tests.support.validate import FakeBackend, tiny_config, with_hardware
 from validate.backends import CpuBackend, Landed
 from validate.copier import Copier
 from validate.executor import Executor
 from validate.microbench import combine
-
-TINY = {
-    **TINY_MODEL,
-    "d_model": 64,
-    "d_ff": 128,
-    "num_experts": 16,
-    "decoder_blocks": 3,
-    "decoder_moe_layers": 3,
-    "head_dim": 16,
-    "vocab_size": 300,
-}
-
-
-def tiny_files(tmp_path_factory, seed: int):
-    """A tiny model profile and a skewed random trace of it from ``seed`` (so that caches hit and predictions
-    miss): the profile's path, the trace's path and the trace."""
-    d = tmp_path_factory.mktemp("tiny")
-    (d / "tiny-moe.yaml").write_text(yaml.safe_dump(TINY))
-    rng = np.random.default_rng(seed)
-    t = random_trace(rng, tokens=160, layers=3, experts=16, k=2, requests=4)
-    skewed = np.where(rng.random(t.experts.shape[:2])[:, :, None] < 0.5, t.experts % 4 * 2 + [0, 1], t.experts)
-    meta = TraceMeta(**{**t.meta.__dict__, "model": ModelInfo("tiny-moe", 16, 2, t.meta.model.layers)})
-    trace = Trace(skewed.astype(np.int16), t.request_offsets, t.prefill_lengths, meta)
-    return d / "tiny-moe.yaml", save_trace(trace, d / "tiny.npz"), trace
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny model profile and a skewed random trace of it (so that caches hit and predictions miss)."""
-    return tiny_files(tmp_path_factory, 3)
-
-
-def tiny_config(tiny, policy, predictor="none", batch=4, hpc=1, mpc=3, lpc=4, **policy_params):
-    model, path, _ = tiny
-    return config_from_dict(
-        {
-            "model": str(model),
-            "hardware": "h200",
-            "workload": {"trace": str(path), "batch_size": batch, "max_decode_tokens": 6, "requests": batch},
-            "cache": {"hpc_slots": hpc, "mpc_slots": mpc, "lpc_buffers": lpc, "layers": "all"},
-            "policy": {"name": policy, "params": policy_params},
-            "predictor": {
-                "name": predictor,
-                "params": {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else {},
-            },
-        },
-        "test",
-        POLICIES.names(),
-        PREDICTORS.names(),
-    )
-
 
 CASES = [
     ("arc", "none"),
@@ -157,25 +102,6 @@ def test_promotions_and_d2d_hits_run_on_the_device_buffers(tiny):
 
 
 # ------------------------------------------------------------------------------------------------ the copier
-class FakeBackend:
-    """Copies take ``delay`` seconds; records the order copies start in and the buffers in use."""
-
-    name = "fake"
-
-    def __init__(self, delay=0.002):
-        self.delay = delay
-        self.order = []
-
-    def copy_in(self, dst, src, after=None):
-        self.order.append(src)
-        t0 = time.perf_counter()
-        time.sleep(self.delay)
-        return Landed(t0, time.perf_counter())
-
-    def elapsed(self, a, b):
-        return b - a
-
-
 def test_demand_copies_overtake_queued_prefetches_but_not_a_copy_in_flight():
     be = FakeBackend(0.02)
     c = Copier(be, lambda layer, e: (layer, e), [None] * 4, reserve=1)
@@ -290,15 +216,9 @@ def test_combined_calibration_is_the_median_of_its_passes():
     assert c["compute_slowdown"] == 1.0 and c["tables"]["copy"][0] == [1, 9.0]
 
 
-def _with_hardware(cfg, **fields):
-    return config_from_dict(
-        {**_raw(cfg), "hardware": {"base": "h200", **fields}}, "t", POLICIES.names(), PREDICTORS.names()
-    )
-
-
 def test_interference_slows_the_simulation_but_never_past_its_factors(tiny):
     base = tiny_config(tiny, "lru", "oracle", batch=8)
-    slow = _with_hardware(base, compute_slowdown=1.5, copy_slowdown=1.2)
+    slow = with_hardware(base, compute_slowdown=1.5, copy_slowdown=1.2)
     t0 = simulate(base, trace=tiny[2]).summary["sim_time_s"]
     t1 = simulate(slow, trace=tiny[2]).summary["sim_time_s"]
     assert t0 < t1 <= 1.5 * t0 + 1e-12
@@ -307,19 +227,13 @@ def test_interference_slows_the_simulation_but_never_past_its_factors(tiny):
 def test_handoffs_delay_stalled_compute_and_idle_copies_by_at_most_two_per_copy(tiny):
     base = tiny_config(tiny, "on-demand", batch=8)
     r0 = simulate(base, trace=tiny[2], check_invariants=True)
-    r1 = simulate(_with_hardware(base, handoff_us=50), trace=tiny[2], check_invariants=True)
+    r1 = simulate(with_hardware(base, handoff_us=50), trace=tiny[2], check_invariants=True)
     t0, t1 = r0.summary["sim_time_s"], r1.summary["sim_time_s"]
     assert t0 < t1 <= t0 + 2 * 50e-6 * r1.summary["copies"] + 1e-12
     assert r1.summary["stall_ms"] > r0.summary["stall_ms"]
     assert [(r.hits_hpc, r.misses, r.copies) for r in r0.engine.iterations] == [
         (r.hits_hpc, r.misses, r.copies) for r in r1.engine.iterations
     ]  # time moves, decisions do not
-
-
-def _raw(cfg):
-    r = dict(cfg.resolved)
-    r["cache"] = {k: v for k, v in r["cache"].items() if k != "hot_profile"}
-    return r
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,9 @@ from sim.policies import POLICIES
 from sim.policies.base import LayerPlan, Policy
 from sim.predictors import PREDICTORS
 from sim.run import build_decisions
-from tests.conftest import ROOT, TINY_MODEL
-from tests.validate.test_validate import TINY, tiny_files
+from tests.support.paths import ROOT
+from tests.support.traces import TINY_MODEL
+from tests.support.validate import TINY, tiny_files
 from validate.backends import CpuBackend, default_host_threads
 from validate.executor import CPU, HOST_PHASES, Executor, cpu_experts_of
 from validate.kernels import HostExperts, expert_forward, expert_views, fill_random, torch_dtype
@@ -48,26 +49,20 @@ class _HostMisses(Policy):
         cache = self.cache
         hpc, lpc = cache.hpc[layer], cache.lpc_of[layer]
         prefetched = len(lpc)
-        sources, resident, copied = {}, [], []
-        counters = cache.counters
+        sources, resident, copied = {}, [], []  # the decision protocol counts the accesses from the sources
         for e in active:
             if e in hpc:
                 sources[e] = HPC
                 resident.append(e)
-                counters.hits[HPC] += 1
             elif e in lpc:
                 sources[e] = LPC
                 copied.append((e, LPC))
-                counters.hits[LPC] += 1
             elif self.ODD_ONLY and e % 2 == 0:
                 cache.add_lpc(layer, e)
                 sources[e] = "miss"
                 copied.append((e, "miss"))
-                counters.misses += 1
             else:
                 sources[e] = CPU
-                if hasattr(counters, "cpu"):
-                    counters.cpu += 1
         used = sum(1 for e in active if sources[e] == LPC)
         unused = sorted(e for e in lpc if e not in sources) if prefetched > used else []
         plan = LayerPlan(sources, {}, unused, resident, copied)

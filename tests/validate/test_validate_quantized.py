@@ -19,7 +19,7 @@ from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import build_decisions
-from tests.validate.test_validate import TINY, tiny_files
+from tests.support.validate import TINY, tiny_files
 from validate.backends import CpuBackend
 from validate.executor import Executor
 from validate.kernels import (

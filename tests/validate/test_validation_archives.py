@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 VALIDATION = ROOT / "docs" / "validation"
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 COMMIT_LINE = re.compile(r"^Compare with commit: ([0-9a-f]{40})[ \t]*$", re.M)

@@ -15,9 +15,9 @@ from sim.config.profiles import available
 from sim.config.run_config import apply_override, config_from_dict, load_run_config, read_trace_summary
 from sim.errors import ConfigError
 from sim.policies import POLICIES as POLICY_CLASSES
+from tests.support.paths import ROOT
 from traces.errors import InputError
 
-ROOT = Path(__file__).resolve().parents[3]
 SWITCH = ROOT / "configs" / "switch_xxl.yaml"
 MIXTRAL = ROOT / "configs" / "mixtral.yaml"
 POLICIES = ["diffmoe", "gpu-only", "lru", "on-demand"]

@@ -40,7 +40,8 @@ from sim.errors import ConfigError
 from sim.policies import POLICIES, Policy
 from sim.predictors import PREDICTORS, Predictor
 from sim.run import simulate
-from tests.conftest import ROOT, TINY_MODEL, make_trace, random_trace
+from tests.support.paths import ROOT
+from tests.support.traces import TINY_MODEL, make_trace, random_trace
 from traces.errors import InputError
 from traces.format import MAX_CONTEXT, MAX_REQUESTS
 from traces.io import load_trace, save_trace

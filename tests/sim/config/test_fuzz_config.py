@@ -31,7 +31,8 @@ from sim.core.workload import build_iterations
 from sim.errors import MAX_FIELD_CHARS, MAX_PROBLEM_CHARS, ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
-from tests.conftest import ROOT, TINY_MODEL, make_trace, random_trace
+from tests.support.paths import ROOT
+from tests.support.traces import TINY_MODEL, make_trace, random_trace
 from traces.errors import InputError
 from traces.io import load_trace, save_trace
 

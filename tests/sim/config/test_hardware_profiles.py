@@ -14,15 +14,14 @@ figure's own."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml
 
 from sim.config.hardware import load_hardware
 from sim.config.profiles import available
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 HARDWARE = ROOT / "configs" / "hardware"
 FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\s*([^#\s][^#]*?)\s*(?:#\s*(.*))?$")
 REACH = 3  # field lines a comment block covers below it

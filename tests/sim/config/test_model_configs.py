@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.paths import ROOT
+
 sys.path.insert(0, str(ROOT))
 
 #: config -> (model, hardware)

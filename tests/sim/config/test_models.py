@@ -19,7 +19,7 @@ from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
-from tests.conftest import make_trace
+from tests.support.traces import make_trace
 from traces.io import save_trace
 
 #: Bytes per expert of the profiles that existed before ``expert_bits`` (DESIGN 2.4): they must not move.
@@ -216,7 +216,7 @@ def test_bad_expert_bits_exit_2_from_the_cli(tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.support.paths import ROOT
 
     res = subprocess.run(
         [
@@ -314,7 +314,7 @@ def test_cli_runs_each_current_model_on_a_synthetic_trace(tmp_path, name):
 
     import yaml
 
-    from tests.conftest import ROOT
+    from tests.support.paths import ROOT
 
     m = load_model(name)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

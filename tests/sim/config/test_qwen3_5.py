@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.paths import ROOT
+
 sys.path.insert(0, str(ROOT))
 
 TRACE = ROOT / "traces" / "data" / "qwen3_5_35b_a3b.npz"
@@ -82,7 +83,7 @@ def test_reimport_gives_the_bundled_file(tmp_path, monkeypatch):
     if not (SOURCE / "parquet").is_dir():
         pytest.skip("the shared traces folder's qwen3.5-35b-a3b-ktransformers/ is absent (a fresh clone has none)")
     import traces.importers.ktparquet as importer
-    from tests.conftest import run_traces
+    from tests.support.cli import run_traces
     from traces.io import load_trace
 
     monkeypatch.setattr(importer, "today", lambda: load_trace(TRACE).meta.provenance.date)

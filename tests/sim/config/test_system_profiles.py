@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,8 +17,7 @@ from sim.config.system import FORMATS, IDEAL, SystemSpec, load_system
 from sim.errors import ConfigError
 from sim.run import simulate
 from sim.timing.costs import CostModel
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.paths import ROOT
 
 SMALL = ("workload.requests=2", "workload.max_decode_tokens=8")
 SLOW = settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))

@@ -16,8 +16,8 @@ from sim.core.decisions import build_decisions
 from sim.core.replay import replay
 from sim.core.workload import build_iterations
 from sim.run import simulate
-from tests.conftest import random_trace
-from tests.sim.timing.test_engine import config_for
+from tests.support.engine import config_for
+from tests.support.traces import random_trace
 from traces.io import save_trace
 
 

@@ -16,48 +16,30 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tests.sim.policies.test_published_policies as published
 from sim.config.files import PROJECT_ROOT
 from sim.config.run_config import config_from_dict, load_run_config, memory_check
 from sim.core.cache import LPC, MISS, MPC, CacheInvariantError, SharedTierCache, TierCache
 from sim.core.replay import replay
 from sim.core.workload import build_iterations
 from sim.errors import ConfigError
-from sim.policies import POLICIES, PolicyContext
-from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.policies.belady import belady_bound, belady_bound_shared
 from sim.predictors import PREDICTORS, PredictorContext
 from sim.run import build_decisions, simulate
-from tests.conftest import make_trace, random_trace
-from tests.sim.policies.test_published_policies import cache_hits, plain_arc, plain_s3fifo
-from tests.sim.timing.test_engine import config_for
+from tests.reference.published import plain_arc, plain_s3fifo
+from tests.support.engine import config_for
+from tests.support.policies import BOUNDED, cache_hits
+from tests.support.policies import drive as support_drive
+from tests.support.policies import policy_for as support_policy_for
+from tests.support.traces import make_trace, random_trace
 from traces.io import load_trace, save_trace
 
 #: Online policies that manage a shared cache (belady is the offline bound).
 SHARED = ("lru", "lfu", "arc", "s3fifo", "least-stale", "reuse-distance", "learned-rf", "moe-infinity")
-BOUNDED = dict(deadline=None, derandomize=True, database=None)
 
 
-def context(trace, its, hpc, mpc, organization="shared", shared_slots=None, cached=None):
-    ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    cached = frozenset(range(trace.num_layers)) if cached is None else frozenset(cached)
-    return PolicyContext(
-        trace.num_layers,
-        trace.num_experts,
-        tuple(x.role for x in trace.meta.model.layers),
-        cached,
-        hpc,
-        mpc,
-        ranking,
-        0,
-        {"trace": trace, "iterations": its},
-        organization=organization,
-        shared_slots=shared_slots,
-    )
-
-
-def policy_for(name, trace, its, hpc, mpc, params=None, **kw):
-    return POLICIES.get(name)(params, context(trace, its, hpc, mpc, **kw))
+def policy_for(name, trace, its, hpc, mpc, params=None, organization="shared", **context):
+    """``tests.support.policies.policy_for`` on a shared cache unless ``organization`` says otherwise."""
+    return support_policy_for(name, trace, its, hpc, mpc, params, organization=organization, **context)
 
 
 def shared_snapshot(cache):
@@ -71,7 +53,7 @@ def shared_snapshot(cache):
 
 def drive(trace, its, policy, predictor="none", seed=0):
     """Replay; returns the decisions and, per decision, the sorted (layer, expert) pairs of the MPC after it."""
-    return published.drive(trace, its, policy, predictor, seed, snapshot=shared_snapshot)
+    return support_drive(trace, its, policy, predictor, seed, snapshot=shared_snapshot)
 
 
 def sequence(trace, its):

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from sim.core.cache import HPC, LPC, MISS, MPC
 from sim.core.replay import replay
 from sim.core.workload import build_iterations
-from sim.policies import POLICIES, PolicyContext
-from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.policies.belady import belady_bound
 from sim.predictors import PREDICTORS, PredictorContext
-from tests.conftest import make_trace, plain_lru, random_trace
+from tests.reference.lru import plain_lru
+from tests.support.policies import cache_hits, policy_for
+from tests.support.traces import make_trace, random_trace
 
 NEVER = float("inf")
 
@@ -29,23 +29,6 @@ NEVER = float("inf")
 def workload(trace, batch=1, batching="static"):
     its, _ = build_iterations(trace, batch, batching, None, True, None)
     return its
-
-
-def policy_for(name, trace, its, hpc=0, mpc=2, params=None, ranking=None, cached=None):
-    """A policy set up as ``sim.run.build_decisions`` does, with the workload in ``ctx.extra``."""
-    ranking = ranking or hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(
-        trace.num_layers,
-        trace.num_experts,
-        tuple(x.role for x in trace.meta.model.layers),
-        frozenset(range(trace.num_layers)) if cached is None else frozenset(cached),
-        hpc,
-        mpc,
-        tuple(tuple(r) for r in ranking),
-        0,
-        {"trace": trace, "iterations": its},
-    )
-    return POLICIES.get(name)(params, ctx)
 
 
 def predictor_for(name, trace, params=None, seed=0):
@@ -60,11 +43,6 @@ def run(trace, its, policy, predictor="none", pred_params=None, check=True, afte
             after(p)
 
     return replay(trace, its, policy, predictor_for(predictor, trace, pred_params), after_step=step)
-
-
-def cache_hits(policy):
-    h = policy.cache.counters.hits
-    return h[HPC] + h[MPC]
 
 
 def layer_steps(trace, its):

@@ -4,8 +4,6 @@ one token of foresight beats lru."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,12 +15,12 @@ from sim.core.workload import build_iterations
 from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.run import simulate
-from tests.conftest import make_trace, random_trace
-from tests.sim.policies.test_published_policies import BOUNDED, HAND_MADE, cache_hits, drive, policy_for, steps_of
-from tests.sim.timing.test_engine import config_for
+from tests.support.engine import config_for
+from tests.support.paths import ROOT
+from tests.support.policies import BOUNDED, TWO_LAYER_HAND_MADE, cache_hits, drive, policy_for, steps_of
+from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
 
-ROOT = Path(__file__).resolve().parents[3]
 NEVER = float("inf")
 
 
@@ -87,7 +85,7 @@ def test_horizon_zero_makes_the_decisions_of_lru(seed, cap, k, batch, pin_hot):
 @pytest.mark.parametrize("horizon", [1, 2, 5, 100])
 @pytest.mark.parametrize("cap", [1, 2, 3])
 def test_the_hand_made_trace_matches_the_plain_rule(horizon, cap):
-    trace = make_trace(HAND_MADE, lengths=[5, 6, 4], num_experts=8)
+    trace = make_trace(TWO_LAYER_HAND_MADE, lengths=[5, 6, 4], num_experts=8)
     its, _ = build_iterations(trace, 1, "static", None, True, None)
     _check_plain(trace, its, cap, horizon)
 

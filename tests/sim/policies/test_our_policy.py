@@ -11,35 +11,34 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tests.sim.policies.test_published_policies as published
 from sim.core.cache import LPC, MISS, MPC
 from sim.core.workload import build_iterations
 from sim.errors import ConfigError
-from sim.policies import POLICIES, PolicyContext
 from sim.policies import next_use_odds as nuo
-from sim.policies.base import hot_ranking_from_counts, selection_counts
+from sim.policies.base import selection_counts
 from sim.predictors import PREDICTORS, PredictorContext
 from sim.run import simulate
-from tests.conftest import make_trace, random_trace
-from tests.sim.policies.test_published_policies import cache_hits, replay_snapshots, steps_of
-from tests.sim.timing.test_engine import comparable, config_for
+from tests.support.engine import comparable, config_for
+from tests.support.paths import ROOT
+from tests.support.policies import (
+    BOUNDED,
+    TWO_LAYER_HAND_MADE,
+    cache_hits,
+    drive,
+    policy_for,
+    steps_of,
+)
+from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
 
 NAME = "next-use-odds"
-BOUNDED = dict(deadline=None, derandomize=True, database=None)
 #: Simple weights for the restatement tests (exact in binary, so both sides add the same floats).
 SIMPLE = (-1.0, -0.5, 0.25, 0.0, 0.5, 1.0, 0.75, 0.5)
 
 
-def policy_for(trace, its, hpc, mpc, params=None, extra=None):
-    return published.policy_for(NAME, trace, its, hpc, mpc, params, extra)
-
-
-def drive(trace, its, policy, predictor="none", seed=0, predictor_params=None):
-    pred = PREDICTORS.get(predictor)(
-        predictor_params, PredictorContext(trace.num_layers, trace.num_experts, seed, {"trace": trace})
-    )
-    return replay_snapshots(trace, its, policy, pred)
+def odds_policy(trace, its, hpc, mpc, params=None, extra=None):
+    """`next-use-odds` set up on ``trace`` and its workload ``its``."""
+    return policy_for(NAME, trace, its, hpc, mpc, params, extra=extra)
 
 
 # ------------------------------------------------------------------------------------- the plain restatement
@@ -83,7 +82,7 @@ def plain_next_use_odds(steps, cap, weights):
 
 
 def check_against_plain(trace, its, cap, weights, params=None):
-    pol = policy_for(trace, its, 0, cap, params)
+    pol = odds_policy(trace, its, 0, cap, params)
     pol._w = np.array(weights, dtype=np.float64)
     decisions, snaps = drive(trace, its, pol)
     want = {layer: iter(plain_next_use_odds(s, cap, weights)) for layer, s in steps_of(trace, its).items()}
@@ -94,30 +93,11 @@ def check_against_plain(trace, its, cap, weights, params=None):
     return pol
 
 
-HAND_MADE = [
-    [[0, 1], [2, 3]],
-    [[0, 2], [2, 4]],
-    [[1, 0], [3, 2]],
-    [[5, 6], [2, 5]],
-    [[0, 1], [1, 4]],
-    [[7, 0], [2, 3]],
-    [[1, 5], [6, 7]],
-    [[0, 1], [2, 3]],
-    [[2, 6], [4, 2]],
-    [[0, 5], [3, 1]],
-    [[1, 0], [2, 0]],
-    [[6, 5], [5, 2]],
-    [[0, 3], [2, 3]],
-    [[1, 0], [7, 6]],
-    [[4, 5], [2, 3]],
-]
-
-
 @pytest.mark.parametrize("weights", [SIMPLE, nuo.DEFAULT_WEIGHTS])
 @pytest.mark.parametrize("cap", [1, 2, 3, 5])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_matches_its_plain_restatement_on_a_hand_made_trace(weights, cap, batch):
-    trace = make_trace(HAND_MADE, lengths=[5, 6, 4], num_experts=8)
+    trace = make_trace(TWO_LAYER_HAND_MADE, lengths=[5, 6, 4], num_experts=8)
     its, _ = build_iterations(trace, batch, "static", None, True, None)
     pol = check_against_plain(trace, its, cap, weights)
     if cap >= 2:
@@ -141,7 +121,7 @@ def test_bypass_keeps_a_frequent_set_through_a_one_time_scan():
         rows.append([[t % 2, 2 + t]] if t >= 10 else [[0, 1]])
     trace = make_trace(rows, num_experts=60)
     its, _ = build_iterations(trace, 1, "static", None, True, None)
-    pol = policy_for(trace, its, 0, 2)
+    pol = odds_policy(trace, its, 0, 2)
     drive(trace, its, pol)
     assert sorted(pol.cache.mpc[0]) == [0, 1]
     assert cache_hits(pol) == 2 * 9 + 30  # from the second step on, 0 and 1 always hit
@@ -246,19 +226,7 @@ def test_belady_bounds_it_at_equal_slots(tmp_path_factory, seed, total, batch, k
     rng = np.random.default_rng(seed)
     trace = random_trace(rng, tokens=60, layers=2, experts=10, k=k, requests=4)
     its, _ = build_iterations(trace, batch, "static", None, True, None)
-    ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(
-        trace.num_layers,
-        trace.num_experts,
-        ("decoder",) * 2,
-        frozenset(range(2)),
-        0,
-        total,
-        ranking,
-        0,
-        {"trace": trace, "iterations": its},
-    )
-    bel = POLICIES.get("belady")(None, ctx)
+    bel = policy_for("belady", trace, its, 0, total)
     drive(trace, its, bel)
     params = None
     if warm:  # trained (and so warm-started) on another trace of the same model
@@ -267,8 +235,8 @@ def test_belady_bounds_it_at_equal_slots(tmp_path_factory, seed, total, batch, k
             tmp_path_factory.mktemp("tr") / "train.npz",
         )
         params = {"train": str(train)}
-    pol = policy_for(trace, its, 1 if total > 1 else 0, total - (1 if total > 1 else 0), params)
-    drive(trace, its, pol, predictor, seed, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None)
+    pol = odds_policy(trace, its, 1 if total > 1 else 0, total - (1 if total > 1 else 0), params)
+    drive(trace, its, pol, predictor, seed)
     assert cache_hits(bel) >= cache_hits(pol)
 
 
@@ -289,14 +257,14 @@ def test_training_reads_only_the_training_trace(tmp_path, monkeypatch):
 
     monkeypatch.setattr(nuo, "training_steps", spy)
     its, _ = build_iterations(evaluated, 1, "static", None, True, None)
-    pol = policy_for(evaluated, its, 0, 3, {"train": str(path)})
+    pol = odds_policy(evaluated, its, 0, 3, {"train": str(path)})
     assert len(seen) == 1 and seen[0] is not evaluated
     assert np.array_equal(seen[0].experts, train.experts)  # the training routing, nothing else
     assert pol.weights_source == str(path) and pol.weights != nuo.DEFAULT_WEIGHTS
     # the weights and the warm start depend on the training trace only
     other = random_trace(rng, tokens=40, layers=2, experts=8, k=2, requests=2)
     its2, _ = build_iterations(other, 1, "static", None, True, None)
-    pol2 = policy_for(other, its2, 0, 3, {"train": str(path)})
+    pol2 = odds_policy(other, its2, 0, 3, {"train": str(path)})
     assert pol2.weights == pol.weights and pol2.warm_fill == pol.warm_fill
     counts = selection_counts(train.experts, 8)
     for layer in range(2):
@@ -322,16 +290,16 @@ def test_refuses_the_evaluated_trace_and_another_model(tmp_path):
     its, _ = build_iterations(trace, 1, "static", None, True, None)
     same = save_trace(trace, tmp_path / "copy.npz")
     with pytest.raises(ConfigError, match=r"^policy\.params\.train:.*is the evaluated trace"):
-        policy_for(trace, its, 0, 3, {"train": str(same)})
+        odds_policy(trace, its, 0, 3, {"train": str(same)})
     wider = save_trace(
         random_trace(np.random.default_rng(2), tokens=50, layers=2, experts=10, k=2, requests=2), tmp_path / "wider.npz"
     )
     with pytest.raises(ConfigError, match=r"^policy\.params\.train:"):
-        policy_for(trace, its, 0, 3, {"train": str(wider)})
+        odds_policy(trace, its, 0, 3, {"train": str(wider)})
     pred = PREDICTORS.get("cross-layer")
     with pytest.raises(ConfigError, match=r"^predictor\.params\.train:.*is the evaluated trace"):
         pred({"train": str(same)}, PredictorContext(2, 8, 0, {"trace": trace}))
-    pol = policy_for(trace, its, 0, 3)  # no training: the documented default weights, a cold cache
+    pol = odds_policy(trace, its, 0, 3)  # no training: the documented default weights, a cold cache
     assert pol.weights == nuo.DEFAULT_WEIGHTS and pol.weights_source == "default" and not pol.warm_fill
 
 
@@ -362,12 +330,11 @@ def test_default_weights_are_the_fit_on_the_gpt_oss_training_half():
     """DEFAULT_WEIGHTS come from the even-numbered requests of the bundled gpt-oss-20b trace only (the odd ones are
     the evaluation half of docs/our_policy.md)."""
     import dataclasses
-    from pathlib import Path
 
     from traces.io import load_trace
     from traces.synthetic.fit import subset
 
-    path = Path(__file__).resolve().parents[3] / "traces" / "data" / "gpt_oss_20b.npz"
+    path = ROOT / "traces" / "data" / "gpt_oss_20b.npz"
     if not path.is_file():
         pytest.skip("bundled gpt-oss-20b trace absent")
     full = load_trace(path)

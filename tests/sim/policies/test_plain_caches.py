@@ -13,26 +13,10 @@ from sim.core.cache import HPC, LPC, MISS, MPC
 from sim.core.replay import replay
 from sim.core.workload import build_iterations
 from sim.errors import ConfigError
-from sim.policies import POLICIES, PolicyContext
-from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.predictors import PREDICTORS, PredictorContext
-from tests.conftest import plain_lru, random_trace
-
-
-def policy_for(name, trace, its, hpc, mpc, params=None):
-    ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(
-        trace.num_layers,
-        trace.num_experts,
-        tuple(x.role for x in trace.meta.model.layers),
-        frozenset(range(trace.num_layers)),
-        hpc,
-        mpc,
-        ranking,
-        0,
-        {"trace": trace, "iterations": its},
-    )
-    return POLICIES.get(name)(params, ctx)
+from tests.reference.lru import plain_lru
+from tests.support.policies import cache_hits, indexed_steps_of, policy_for
+from tests.support.traces import random_trace
 
 
 def run(trace, its, policy, predictor="none"):
@@ -41,21 +25,6 @@ def run(trace, its, policy, predictor="none"):
         PredictorContext(trace.num_layers, trace.num_experts, 0),
     )
     return replay(trace, its, policy, pred, after_step=lambda p: p.cache.check())
-
-
-def steps_of(trace, its):
-    """Per layer, the (iteration, sorted active experts) steps of a workload."""
-    out = {layer: [] for layer in range(trace.num_layers)}
-    for it in its:
-        for layer in out:
-            ids = trace.experts[it.rows, layer, :].ravel()
-            out[layer].append((it.index, sorted({int(x) for x in ids if x >= 0})))
-    return out
-
-
-def cache_hits(policy):
-    h = policy.cache.counters.hits
-    return h[HPC] + h[MPC]
 
 
 # ------------------------------------------------------------------------------------------------ capacity
@@ -79,9 +48,9 @@ def test_lru_capacity_is_hpc_plus_mpc_unless_pinned(seed, hpc, mpc, k, batch, pi
     assert (
         c.accesses
         == sum(len(d.active) for d in decisions)
-        == int(sum(len(s) for steps in steps_of(trace, its).values() for _, s in steps))
+        == int(sum(len(s) for steps in indexed_steps_of(trace, its).values() for _, s in steps))
     )
-    steps = steps_of(trace, its)
+    steps = indexed_steps_of(trace, its)
     if pin_hot:
         assert (pol.cache.hpc_slots, pol.cache.mpc_slots) == (hpc, mpc)
         hot = [set(pol.ctx.hot_ranking[layer][:hpc]) for layer in range(trace.num_layers)]
@@ -194,7 +163,7 @@ def test_lfu_matches_a_plain_restatement_of_each_kind(counts, seed, cap, batch, 
         PREDICTORS.get("none")(None, PredictorContext(2, 10, 0)),
         after_step=lambda p: snaps.append([sorted(m) for m in p.cache.mpc]),
     )
-    want = {layer: iter(plain_lfu(s, cap, counts == "in_cache")) for layer, s in steps_of(trace, its).items()}
+    want = {layer: iter(plain_lfu(s, cap, counts == "in_cache")) for layer, s in indexed_steps_of(trace, its).items()}
     for d, snap in zip(decisions, snaps):
         src, after = next(want[d.layer])
         assert dict(d.sources) == src

@@ -16,40 +16,14 @@ from sim.core.replay import replay
 from sim.core.workload import active_sets, build_iterations, phase_layers
 from sim.errors import ConfigError
 from sim.policies import POLICIES
-from sim.predictors import PREDICTORS, PredictionScore, PredictorContext
+from sim.predictors import PREDICTORS, PredictionScore
 from sim.run import simulate
-from tests.conftest import make_trace, random_trace
-from tests.sim.policies.test_policies import make_policy
-from tests.sim.timing.test_engine import config_for
+from tests.support.engine import config_for
+from tests.support.policies import ask_predictor, policy_for, predictor_for
+from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
 
 REALISTIC = ("history", "transition", "moe-infinity")
-
-
-def predictor(name, trace, params=None, seed=0):
-    """A predictor set up as sim.run does: the evaluated trace in its context."""
-    return PREDICTORS.get(name)(params, PredictorContext(trace.num_layers, trace.num_experts, seed, {"trace": trace}))
-
-
-def drive(trace, iterations, pred, wrong_truth=False, stop=None):
-    """Ask ``pred`` what the engine asks, in the engine's order: [(iteration, layer, guess, truth)].
-    ``wrong_truth`` passes the complement of the true set as ``truth``; ``stop`` = (iteration, layer) ends the run
-    after that prediction."""
-    out = []
-    layers_of = phase_layers(trace)
-    everything = frozenset(range(trace.num_experts))
-    for it in iterations:
-        pred.start_iteration(it)
-        layers = layers_of[it.kind]
-        actives = active_sets(trace, it.rows, layers)
-        for pos in range(len(layers) - 1):
-            truth = frozenset(actives[pos + 1][0])
-            given_truth = everything - truth if wrong_truth else truth
-            guess = pred.predict(it.index, layers[pos + 1], given_truth, frozenset(actives[pos][0]))
-            out.append((it.index, layers[pos + 1], guess, truth))
-            if stop == (it.index, layers[pos + 1]):
-                return out
-    return out
 
 
 def score(decisions, num_layers):
@@ -81,7 +55,7 @@ def test_transition_learns_a_deterministic_layer_map_perfectly(tmp_path):
     train_path = save_trace(train, tmp_path / "train.npz")
     for batch in (1, 3):
         its, _ = build_iterations(held_out, batch, "static", None, True, None)
-        s = score(drive(held_out, its, predictor("transition", held_out, {"train": str(train_path)})), 4)
+        s = score(ask_predictor(held_out, its, predictor_for("transition", held_out, {"train": str(train_path)})), 4)
         assert s.precision() == 1.0 and s.recall() == 1.0
     # through a run config and the engine, too
     path = save_trace(held_out, tmp_path / "eval.npz")
@@ -100,8 +74,8 @@ def test_transition_top_widens_the_guess_per_token(tmp_path):
     held_out = random_trace(rng, tokens=60, layers=3, experts=12, k=2, requests=2)
     train_path = str(save_trace(train, tmp_path / "train.npz"))
     its, _ = build_iterations(held_out, 1, "static", None, True, None)
-    narrow = drive(held_out, its, predictor("transition", held_out, {"train": train_path}))
-    wide = drive(held_out, its, predictor("transition", held_out, {"train": train_path, "top": 4}))
+    narrow = ask_predictor(held_out, its, predictor_for("transition", held_out, {"train": train_path}))
+    wide = ask_predictor(held_out, its, predictor_for("transition", held_out, {"train": train_path, "top": 4}))
     assert all(len(g) == 2 for _, _, g, _ in narrow)  # one token: its top-k
     assert all(len(w) == 4 and n <= w for (_, _, n, _), (_, _, w, _) in zip(narrow, wide))
 
@@ -115,20 +89,20 @@ def test_transition_refuses_the_evaluated_trace_a_missing_train_and_another_shap
     for name in ("transition", "moe-infinity"):
         for same in (path, copy):  # the file itself, or the same routing under another name
             with pytest.raises(ConfigError, match=r"predictor\.params\.train: .*must differ"):
-                predictor(name, trace, {"train": str(same)})
-    assert predictor("transition", trace).params["train"] == "other-requests"  # the default: no file needed
+                predictor_for(name, trace, {"train": str(same)})
+    assert predictor_for("transition", trace).params["train"] == "other-requests"  # the default: no file needed
     with pytest.raises(ConfigError, match=r"predictor\.params\.train: must be a path .* or one of other-requests"):
-        predictor("transition", trace, {"train": None})
+        predictor_for("transition", trace, {"train": None})
     with pytest.raises(ConfigError, match=r"predictor\.params\.train: no such trace file"):
-        predictor("transition", trace, {"train": str(tmp_path / "nowhere.npz")})
+        predictor_for("transition", trace, {"train": str(tmp_path / "nowhere.npz")})
     other = save_trace(random_trace(rng, tokens=50, layers=4, experts=8, k=2), tmp_path / "other.npz")
     with pytest.raises(ConfigError, match=r"predictor\.params\.train: .*4 layers"):
-        predictor("transition", trace, {"train": str(other)})
+        predictor_for("transition", trace, {"train": str(other)})
     good = save_trace(random_trace(rng, tokens=50, layers=3, experts=8, k=2), tmp_path / "good.npz")
-    predictor("transition", trace, {"train": str(good)})
+    predictor_for("transition", trace, {"train": str(good)})
     for top in (0, 9, "2"):
         with pytest.raises(ConfigError, match=r"predictor\.params\.top"):
-            predictor("transition", trace, {"train": str(good), "top": top})
+            predictor_for("transition", trace, {"train": str(good), "top": top})
     # and through a run config: the run's own trace as training trace is a config error
     with pytest.raises(ConfigError, match=r"predictor\.params\.train"):
         simulate(config_for(path, trace, "pregated", "transition", predictor_params={"train": str(path)}), trace=trace)
@@ -150,7 +124,7 @@ def test_history_is_the_layers_set_in_the_previous_iteration_of_its_phase():
         its, _ = build_iterations(tr, 2, batching, None, True, None)
         layers_of = phase_layers(tr)
         last = {}  # layer -> its active set the last time it ran
-        got = {(i, layer): g for i, layer, g, _ in drive(tr, its, predictor("history", tr))}
+        got = {(i, layer): g for i, layer, g, _ in ask_predictor(tr, its, predictor_for("history", tr))}
         for it in its:
             layers = layers_of[it.kind]
             for layer in layers[1:]:
@@ -172,8 +146,8 @@ def test_realistic_predictors_never_read_truth(tmp_path, name):
         else None
     )
     its, _ = build_iterations(trace, 2, "static", None, True, None)
-    right = drive(trace, its, predictor(name, trace, params))
-    wrong = drive(trace, its, predictor(name, trace, params), wrong_truth=True)
+    right = ask_predictor(trace, its, predictor_for(name, trace, params))
+    wrong = ask_predictor(trace, its, predictor_for(name, trace, params), wrong_truth=True)
     assert [g for *_, g, _ in right] == [g for *_, g, _ in wrong]
 
 
@@ -194,8 +168,8 @@ def test_realistic_predictors_never_read_the_routing_of_layers_ahead(tmp_path, n
         rows = its[i].rows
         e[np.ix_(rows, np.arange(layer, 5))] = np.argsort(rng.random((rows.size, 5 - layer, 8)), axis=2)[..., :2]
         changed = make_trace(e, trace.request_lengths, num_experts=8)
-        a = drive(trace, its, predictor(name, trace, params), stop=(i, layer))
-        b = drive(changed, its, predictor(name, changed, params), stop=(i, layer))
+        a = ask_predictor(trace, its, predictor_for(name, trace, params), stop=(i, layer))
+        b = ask_predictor(changed, its, predictor_for(name, changed, params), stop=(i, layer))
         assert [g for *_, g, _ in a] == [g for *_, g, _ in b]
 
 
@@ -268,7 +242,7 @@ def test_moe_infinity_beats_a_random_guess_of_the_same_size_when_requests_repeat
     trace = patterned_trace(rng)
     for batch in (1, 4):
         its, _ = build_iterations(trace, batch, "static", None, True, None)
-        decisions = drive(trace, its, predictor("moe-infinity", trace))
+        decisions = ask_predictor(trace, its, predictor_for("moe-infinity", trace))
         s = score(decisions, trace.num_layers)
         guess_rng = np.random.default_rng(0)
         random_tp = sum(
@@ -277,25 +251,25 @@ def test_moe_infinity_beats_a_random_guess_of_the_same_size_when_requests_repeat
         assert s.tp.sum() > 1.5 * random_tp
         assert s.precision() > 0.5 and s.recall() > 0.7
     # the matched EAMs do the work: the collection holds the earlier requests
-    pred = predictor("moe-infinity", trace, {"capacity": 4})
-    drive(trace, build_iterations(trace, 1, "static", None, True, None)[0], pred)
+    pred = predictor_for("moe-infinity", trace, {"capacity": 4})
+    ask_predictor(trace, build_iterations(trace, 1, "static", None, True, None)[0], pred)
     assert pred.tracker.collection.size == 4 and pred.tracker.collection.added >= 14
 
 
 def test_moe_infinity_predictor_params(tmp_path):
     trace = patterned_trace(np.random.default_rng(9), requests=4)
     its, _ = build_iterations(trace, 2, "static", None, True, None)
-    for _, _, g, _ in drive(trace, its, predictor("moe-infinity", trace, {"budget": 1})):
+    for _, _, g, _ in ask_predictor(trace, its, predictor_for("moe-infinity", trace, {"budget": 1})):
         assert len(g) <= 1
-    every = drive(trace, its, predictor("moe-infinity", trace, {"threshold": 0.0, "budget": 16}))
-    some = drive(trace, its, predictor("moe-infinity", trace, {"threshold": 0.9, "budget": 16}))
+    every = ask_predictor(trace, its, predictor_for("moe-infinity", trace, {"threshold": 0.0, "budget": 16}))
+    some = ask_predictor(trace, its, predictor_for("moe-infinity", trace, {"threshold": 0.9, "budget": 16}))
     assert all(s <= e for (*_, s, _), (*_, e, _) in zip(some, every))
     train = save_trace(patterned_trace(np.random.default_rng(10), requests=6), tmp_path / "train.npz")
-    pred = predictor("moe-infinity", trace, {"train": str(train)})
+    pred = predictor_for("moe-infinity", trace, {"train": str(train)})
     assert pred.tracker.collection.size == 6  # the training trace's requests fill the collection
     for params, field in (({"threshold": 2}, "threshold"), ({"budget": 0}, "budget"), ({"capacity": 0}, "capacity")):
         with pytest.raises(ConfigError, match=rf"predictor\.params\.{field}"):
-            predictor("moe-infinity", trace, params)
+            predictor_for("moe-infinity", trace, params)
 
 
 # ------------------------------------------------------------------------------------------ moe-infinity policy
@@ -315,7 +289,7 @@ def test_moe_infinity_predictor_params(tmp_path):
 def test_moe_infinity_policy_keeps_the_tier_invariants(seed, hpc, mpc, batch, pin_hot, pred, activation, capacity):
     rng = np.random.default_rng(seed)
     trace = random_trace(rng, tokens=50, layers=3, experts=8, k=2, requests=5)
-    policy = make_policy(
+    policy = policy_for(
         "moe-infinity",
         trace,
         hpc=hpc,
@@ -330,7 +304,7 @@ def test_moe_infinity_policy_keeps_the_tier_invariants(seed, hpc, mpc, batch, pi
         assert p.tracker.collection.size <= capacity
 
     its, _ = build_iterations(trace, batch, "static", None, True, None)
-    decisions = replay(trace, its, policy, predictor(pred, trace), after_step=check)
+    decisions = replay(trace, its, policy, predictor_for(pred, trace), after_step=check)
     c = policy.cache.counters
     assert c.accesses == sum(len(d.active) for d in decisions)
     assert c.misses == sum(1 for d in decisions for _, s in d.sources if s == MISS)
@@ -350,12 +324,12 @@ def test_moe_infinity_policy_evicts_the_expert_of_lowest_priority_where_lru_woul
     # activation x frequency priority keeps 0 (used 4 times) and evicts 1.
     trace = make_trace([[[0]], [[0]], [[0]], [[0]], [[1]], [[2]]], num_experts=4)
     for activation in ("mix", "own", "eam"):
-        policy = make_policy("moe-infinity", trace, hpc=0, mpc=2, params={"activation": activation})
+        policy = policy_for("moe-infinity", trace, hpc=0, mpc=2, params={"activation": activation})
         its, _ = build_iterations(trace, 1, "static", None, True, None)
-        replay(trace, its, policy, predictor("none", trace), after_step=lambda p: p.cache.check())
+        replay(trace, its, policy, predictor_for("none", trace), after_step=lambda p: p.cache.check())
         assert sorted(policy.cache.mpc[0]) == [0, 2]
-    lru = make_policy("lru", trace, hpc=0, mpc=2, params={"pin_hot": False})
-    replay(trace, build_iterations(trace, 1, "static", None, True, None)[0], lru, predictor("none", trace))
+    lru = policy_for("lru", trace, hpc=0, mpc=2, params={"pin_hot": False})
+    replay(trace, build_iterations(trace, 1, "static", None, True, None)[0], lru, predictor_for("none", trace))
     assert sorted(lru.cache.mpc[0]) == [1, 2]
 
 

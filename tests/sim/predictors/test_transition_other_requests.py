@@ -13,9 +13,9 @@ from sim.predictors import PREDICTORS, PredictorContext
 from sim.predictors.transition import OTHER_REQUESTS, request_folds
 from sim.run import simulate
 from sim.sweep.ray.ship import file_fields
-from tests.conftest import make_trace, random_trace
-from tests.sim.predictors.test_predictors import drive
-from tests.sim.timing.test_engine import config_for
+from tests.support.engine import config_for
+from tests.support.policies import ask_predictor
+from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
 
 CROSS = {"train": OTHER_REQUESTS}
@@ -49,7 +49,7 @@ def test_a_token_is_never_predicted_from_its_own_requests_routing():
     per = 4
     own = [set(range(r * per, (r + 1) * per)) for r in range(trace.num_requests)]
     its, _ = build_iterations(trace, 1, "static", None, True, None)
-    decisions = drive(trace, its, cross_fitted(trace))
+    decisions = ask_predictor(trace, its, cross_fitted(trace))
     assert decisions
     for index, _layer, guess, truth in decisions:
         r = int(request_of_rows(trace, its[index].rows)[0])
@@ -60,7 +60,7 @@ def test_a_token_is_never_predicted_from_its_own_requests_routing():
         assert truth <= own[r]
     # in a batch of two requests (one per fold), each token still learns from the other fold only
     its, _ = build_iterations(trace, 2, "static", None, True, None)
-    for index, _layer, guess, _ in drive(trace, its, cross_fitted(trace)):
+    for index, _layer, guess, _ in ask_predictor(trace, its, cross_fitted(trace)):
         batch = set(request_of_rows(trace, its[index].rows).tolist())
         allowed = set().union(*(own[q] for r in batch for q in range(trace.num_requests) if q % 2 != r % 2))
         assert guess and guess <= allowed
@@ -139,7 +139,7 @@ def test_guesses_match_a_plain_re_implementation(batch, top):
     e[::7, 1] = -1  # some tokens without routing in a layer
     trace = make_trace(e, trace.request_lengths, num_experts=6)
     its, _ = build_iterations(trace, batch, "static", None, True, None)
-    decisions = drive(trace, its, cross_fitted(trace, {"top": top}))
+    decisions = ask_predictor(trace, its, cross_fitted(trace, {"top": top}))
     assert len(decisions) == 2 * len(its)
     for index, layer, guess, _ in decisions:
         assert guess == reference_guesses(trace, its[index].rows, layer - 1, layer, top or trace.top_k)
@@ -171,7 +171,7 @@ def test_other_requests_is_the_default_and_null_is_refused(tmp_path):
     cfg = config_for(path, trace, "lru", "transition")
     assert cfg.predictor.params == {"train": OTHER_REQUESTS, "top": None}
     its, _ = build_iterations(trace, 1, "static", None, True, None)
-    assert drive(trace, its, cross_fitted(trace)) == drive(
+    assert ask_predictor(trace, its, cross_fitted(trace)) == ask_predictor(
         trace,
         its,
         PREDICTORS.get("transition")(None, PredictorContext(trace.num_layers, trace.num_experts, 0, {"trace": trace})),

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.errors import ConfigError
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from traces.errors import InputError
 
 BASE = str(ROOT / "configs" / "switch_xxl.yaml")

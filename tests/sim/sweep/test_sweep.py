@@ -12,7 +12,7 @@ import time
 import pandas as pd
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 SWEEP_CMD = [sys.executable, "-m", "sim", "sweep"]
 

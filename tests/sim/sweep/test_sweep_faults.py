@@ -18,7 +18,7 @@ import types
 import pandas as pd
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 SWEEP = f"""base: {ROOT / "configs" / "switch_xxl.yaml"}
 set: {{workload.requests: 8, workload.max_decode_tokens: 8, workload.prefill: false, workload.batch_size: 2}}

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pandas as pd
 
 from sim.sweep.report import _cell, plot_view, tier_title
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 AXES = ["policy.name", "workload.batch_size", "cache.hpc_slots", "cache.mpc_slots"]
 LONG_INTEGER = re.compile(r"(?<![\d.,])\d{10,}(?![\d.])")

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from sim.cli import main
 from sim.errors import ConfigError
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 BASE = ROOT / "configs" / "switch_xxl.yaml"
 TINY = "set: {workload.requests: 2, workload.max_decode_tokens: 2, workload.prefill: false}\n"

@@ -14,79 +14,13 @@ from hypothesis import strategies as st
 
 from sim.config.run_config import config_from_dict
 from sim.core.cache import HPC, MPC
-from sim.policies import POLICIES
-from sim.predictors import PREDICTORS
 from sim.run import simulate
-from tests.conftest import ROOT, make_trace, random_trace
-from tests.sim.policies.test_policies import plain_diffmoe, plain_lru_hits
+from tests.reference.diffmoe import plain_diffmoe
+from tests.reference.lru import plain_lru_hits
+from tests.support.engine import POLICY_NAMES, PREDICTOR_NAMES, comparable, config_for, tiny_model
+from tests.support.paths import ROOT
+from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
-
-POLICY_NAMES = POLICIES.names()
-PREDICTOR_NAMES = PREDICTORS.names()
-
-
-def tiny_model(trace, d_model=256, d_ff=512):
-    """An inline model matching a test trace's shape (small experts, so copies are ~100 us)."""
-    roles = [x.role for x in trace.meta.model.layers]
-    enc, dec = roles.count("encoder"), roles.count("decoder")
-    return {
-        "name": trace.meta.model.name,
-        "d_model": d_model,
-        "d_ff": d_ff,
-        "expert_matrices": 2,
-        "num_experts": trace.num_experts,
-        "top_k": trace.top_k,
-        "encoder_blocks": enc,
-        "decoder_blocks": dec,
-        "encoder_moe_layers": enc,
-        "decoder_moe_layers": dec,
-        "n_heads": 4,
-        "n_kv_heads": 4,
-        "head_dim": 64,
-        "dense_d_ff": 0,
-        "dense_ffn_matrices": 2,
-        "shared_expert_d_ff": 0,
-        "dtype_bytes": 2,
-        "vocab_size": 1000,
-    }
-
-
-def config_for(
-    trace_path,
-    trace,
-    policy="lru",
-    predictor="none",
-    batch=1,
-    hpc=0,
-    mpc=2,
-    buffers=4,
-    batching="static",
-    layers="all",
-    seed=0,
-    policy_params=None,
-    predictor_params=None,
-    **workload,
-):
-    d = {
-        "model": tiny_model(trace),
-        "hardware": "h200",
-        "workload": {"trace": str(trace_path), "batch_size": batch, "batching": batching, **workload},
-        "cache": {
-            "hpc_slots": hpc,
-            "mpc_slots": mpc,
-            "lpc_buffers": buffers,
-            "prefetch_reserve": min(1, buffers - 1),
-            "layers": layers,
-        },
-        "policy": {"name": policy, "params": policy_params or {}},
-        "predictor": {"name": predictor, "params": predictor_params or {}},
-        "seed": seed,
-    }
-    return config_from_dict(d, "test", POLICY_NAMES, PREDICTOR_NAMES)
-
-
-def comparable(summary):
-    return {k: v for k, v in summary.items() if k not in ("wall_s", "events_per_s")}
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -161,9 +95,10 @@ def test_lru_through_the_engine_matches_a_plain_lru(tmp_path):
 def test_diffmoe_through_the_engine_matches_the_plain_rules(tmp_path):
     """The legacy rules (this simulator's diffmoe before it followed the artifact) through the engine; the default
     (the artifact's rules) through the engine is checked against fetcher.cc in tests/test_diffmoe_artifact.py."""
-    from tests.sim.policies.test_policies import HAND_MADE, LEGACY
+    from tests.reference.diffmoe import LEGACY
+    from tests.support.policies import ONE_LAYER_HAND_MADE
 
-    trace = make_trace(HAND_MADE, num_experts=6)
+    trace = make_trace(ONE_LAYER_HAND_MADE, num_experts=6)
     path = save_trace(trace, tmp_path / "t.npz")
     ranking = [list(range(6))]
     cfg = config_for(path, trace, "diffmoe", "none", batch=1, hpc=1, mpc=2, policy_params=LEGACY)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sim.run import simulate
-from tests.validate.test_validate import _with_hardware, tiny, tiny_config  # noqa: F401 (fixture)
+from tests.support.validate import tiny_config, with_hardware
 
 
 def _run(cfg, trace):
@@ -21,7 +21,7 @@ def _layer_steps(result) -> int:
 def test_the_round_trip_delays_every_layer_of_on_demand_by_exactly_itself(tiny):
     base = tiny_config(tiny, "on-demand", batch=8)
     r0, t0, d0 = _run(base, tiny[2])
-    r1, t1, d1 = _run(_with_hardware(base, layer_roundtrip_us=30), tiny[2])
+    r1, t1, d1 = _run(with_hardware(base, layer_roundtrip_us=30), tiny[2])
     # nothing of a layer is issued before its round trip, and on-demand keeps nothing across layers
     assert t1 == pytest.approx(t0 + 30e-6 * _layer_steps(r1), rel=1e-9)
     assert d0 == d1
@@ -31,7 +31,7 @@ def test_the_round_trip_delays_every_layer_of_on_demand_by_exactly_itself(tiny):
 def test_issue_costs_add_at_most_their_count_and_change_no_decision(tiny, policy, predictor):
     base = tiny_config(tiny, policy, predictor, batch=8)
     r0, t0, d0 = _run(base, tiny[2])
-    slow = _with_hardware(base, copy_issue_us=5, expert_issue_us=40, hit_issue_us=20)
+    slow = with_hardware(base, copy_issue_us=5, expert_issue_us=40, hit_issue_us=20)
     r1, t1, d1 = _run(slow, tiny[2])
     assert d0 == d1
     copies = r1.summary["copies"]
@@ -42,7 +42,7 @@ def test_issue_costs_add_at_most_their_count_and_change_no_decision(tiny, policy
 def test_an_expert_issue_below_the_expert_compute_changes_nothing(tiny):
     base = tiny_config(tiny, "on-demand", batch=8)
     _, t0, _ = _run(base, tiny[2])
-    _, t1, _ = _run(_with_hardware(base, expert_issue_us=1e-6, hit_issue_us=1e-6), tiny[2])
+    _, t1, _ = _run(with_hardware(base, expert_issue_us=1e-6, hit_issue_us=1e-6), tiny[2])
     assert t1 == pytest.approx(t0, rel=1e-12)
 
 
@@ -50,5 +50,5 @@ def test_a_negative_host_cost_is_refused_naming_the_field(tiny):
     from sim.errors import ConfigError
 
     with pytest.raises(ConfigError) as exc:
-        _with_hardware(tiny_config(tiny, "lru"), layer_roundtrip_us=-1)
+        with_hardware(tiny_config(tiny, "lru"), layer_roundtrip_us=-1)
     assert "layer_roundtrip_us" in str(exc.value)

@@ -265,7 +265,7 @@ def test_activation_copies_cross_the_link_both_ways():
 def test_host_figures_do_not_move_an_existing_run():
     from sim.config.run_config import load_run_config
     from sim.run import simulate
-    from tests.conftest import ROOT
+    from tests.support.paths import ROOT
 
     sets = ["workload.requests=16", "workload.max_decode_tokens=8"]
     base = simulate(load_run_config(ROOT / "configs/switch_xxl.yaml", sets)).summary
@@ -292,7 +292,7 @@ def test_a_bad_host_value_exits_2_from_the_cli_with_one_line(tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.support.paths import ROOT
 
     res = subprocess.run(
         [

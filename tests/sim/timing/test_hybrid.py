@@ -18,8 +18,9 @@ from sim.core.protocol import cpu_tokens
 from sim.results import ITERATION_COLUMNS, iterations_csv
 from sim.run import simulate
 from sim.timing.costs import CostModel
-from tests.conftest import ROOT, make_trace, random_trace
-from tests.sim.timing.test_engine import comparable, config_for
+from tests.support.engine import comparable, config_for
+from tests.support.paths import ROOT
+from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
 
 HYBRID = ("fiddler", "ktransformers", "hybrid-cache")

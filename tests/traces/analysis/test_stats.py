@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT, make_trace, random_trace
+from tests.support.paths import ROOT
+from tests.support.traces import make_trace, random_trace
 from traces.analysis import stats
 
 

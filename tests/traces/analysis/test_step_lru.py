@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import make_trace, plain_lru, random_trace
-from tests.real_traces import gpt_oss
+from tests.reference.lru import plain_lru
+from tests.support.policies import policy_for
+from tests.support.real_traces import gpt_oss
+from tests.support.traces import make_trace, random_trace
 from traces.analysis import stats, step_lru
 
 
@@ -89,24 +91,10 @@ def test_step_lru_is_what_the_simulators_lru_policy_hits(seed, capacity, k):
     from sim.core.cache import MPC
     from sim.core.replay import replay
     from sim.core.workload import build_iterations
-    from sim.policies import POLICIES, PolicyContext
-    from sim.policies.base import hot_ranking_from_counts, selection_counts
     from sim.predictors import PREDICTORS, PredictorContext
 
     trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=8, k=k, requests=2)
-    ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(
-        trace.num_layers,
-        trace.num_experts,
-        ("decoder",) * trace.num_layers,
-        frozenset(range(trace.num_layers)),
-        0,
-        capacity,
-        tuple(tuple(r) for r in ranking),
-        0,
-        {"trace": trace},
-    )
-    policy = POLICIES.get("lru")(None, ctx)
+    policy = policy_for("lru", trace, None, 0, capacity)
     its, _ = build_iterations(trace, 1, "static", None, True, None)
     replay(trace, its, policy, PREDICTORS.get("none")(None, PredictorContext(trace.num_layers, 8, 0)))
     c = policy.cache.counters
@@ -156,7 +144,7 @@ def test_stats_output_names_both_figures(tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.support.paths import ROOT
     from traces.io import save_trace
 
     path = save_trace(random_trace(np.random.default_rng(2), tokens=200, layers=2, experts=8, k=2), tmp_path / "t.npz")

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT, make_trace
+from tests.support.paths import ROOT
+from tests.support.traces import make_trace
 from traces.errors import InputError, TraceError
 from traces.format import TraceMeta
 from traces.importers.arrays import import_expert_arrays
@@ -347,7 +348,7 @@ def test_decode_steps_of_a_decode_only_import_attend_over_the_recorded_prompt():
     import dataclasses
 
     from sim.core.workload import build_iterations
-    from tests.conftest import random_trace
+    from tests.support.traces import random_trace
 
     t = random_trace(np.random.default_rng(0), tokens=40, layers=2, experts=8, k=2, requests=2)
     t = dataclasses.replace(t, prefill_lengths=np.zeros(2, dtype=np.int64))

@@ -17,7 +17,7 @@ from sim.core.workload import active_sets, build_iterations, phase_layers
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from traces.errors import InputError
 from traces.importers.ftlog import LogShape, import_ft_log
 from traces.io import load_trace, save_trace

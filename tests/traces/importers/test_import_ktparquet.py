@@ -19,11 +19,10 @@ import pytest
 
 from sim.core.replay import replay
 from sim.core.workload import active_sets, build_iterations, phase_layers
-from sim.policies import POLICIES, PolicyContext
-from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.predictors import PREDICTORS, PredictorContext
-from tests.conftest import ROOT
-from tests.conftest import run_traces as run
+from tests.support.cli import run_traces as run
+from tests.support.paths import ROOT
+from tests.support.policies import policy_for
 from traces.errors import InputError
 from traces.importers.ktparquet import import_kt_parquet
 from traces.io import load_trace
@@ -145,19 +144,7 @@ def replay_sets(trace):
     its, _ = build_iterations(trace, 1, "static", None, True, None)
     layers = phase_layers(trace)
     workload = [frozenset(a) for it in its for a, _ in active_sets(trace, it.rows, layers[it.kind])]
-    ranking = hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    ctx = PolicyContext(
-        trace.num_layers,
-        trace.num_experts,
-        ("decoder",) * trace.num_layers,
-        frozenset(range(trace.num_layers)),
-        0,
-        4,
-        tuple(tuple(r) for r in ranking),
-        0,
-        {"trace": trace},
-    )
-    policy = POLICIES.get("lru")(None, ctx)
+    policy = policy_for("lru", trace, None, 0, 4)
     decisions = replay(trace, its, policy, PREDICTORS.get("none")(None, PredictorContext(trace.num_layers, 8, 0)))
     assert [(d.iteration, d.layer) for d in decisions] == [
         (i, layer) for i in range(len(its)) for layer in range(trace.num_layers)

@@ -22,8 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT, patch_central
-from tests.conftest import run_traces as run
+from tests.support.cli import run_traces as run
+from tests.support.paths import ROOT
+from tests.support.traces import patch_central
 from traces.format import MAX_CONTEXT, MAX_REQUESTS
 from traces.importers.common import bundled_profiles
 from traces.io import load_trace

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.paths import ROOT
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -32,7 +34,6 @@ from traces.record.recording import (  # noqa: E402
 )
 from traces.record.tiny_models import EOS_ID, TINY_ARCHS, build_tiny_model, encode_bytes  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[3]
 PROMPTS = ["Hello world", "The quick brown fox jumps", "a", "Routing experts, one token at a time!"]
 MAX_NEW = 6
 DECODER_ONLY = ("mixtral", "qwen2-moe", "olmoe", "deepseek-v3")

@@ -26,15 +26,14 @@ from sim.cli import main as sim_main  # noqa: E402
 from sim.config.model import load_model  # noqa: E402
 from sim.config.run_config import config_from_dict, load_run_config  # noqa: E402
 from sim.errors import ConfigError  # noqa: E402
-from tests.conftest import make_trace, run_traces  # noqa: E402
+from tests.support.cli import run_traces  # noqa: E402
+from tests.support.traces import make_trace  # noqa: E402
 from traces.errors import InputError  # noqa: E402
 from traces.importers.common import check_model_fit, plain_model_name  # noqa: E402
 from traces.io import load_trace, save_trace  # noqa: E402
 from traces.profile_from_config import derive_profile  # noqa: E402
 from traces.record.routers import find_moe_layers  # noqa: E402
 from traces.record.tiny_models import TINY_ARCHS, build_tiny_model, tiny_config  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
-from tests.real_traces import gpt_oss, switch_decode
+from tests.support.paths import ROOT
+from tests.support.real_traces import gpt_oss, switch_decode
 from traces.analysis import stats
 from traces.errors import InputError
 from traces.io import load_trace, save_trace, trace_bytes

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from traces.analysis import stats
 from traces.errors import InputError
 from traces.io import load_trace, save_trace

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from traces.analysis import stats
 from traces.io import load_trace, trace_bytes
 from traces.synthetic.generator import SynthKnobs, generate, locality

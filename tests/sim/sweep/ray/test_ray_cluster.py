@@ -28,7 +28,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import ROOT, TINY_MODEL, random_trace
+from tests.support.paths import ROOT
+from tests.support.traces import TINY_MODEL, random_trace
 
 MB = 1024 * 1024
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")

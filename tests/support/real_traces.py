@@ -3,14 +3,13 @@ are absent): gpt-oss-20b (``routing.npz``) and switch-base-128 (the Pre-gated Mo
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from tests.support.paths import SHARED_TRACES
 from traces.format import ModelInfo, Provenance, Trace, TraceMeta
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+SHARED = SHARED_TRACES
 GPT_OSS = SHARED / "gpt-oss-20b" / "routing.npz"
 SWITCH_LOGS = [SHARED / "switch-base-pregated-logs" / f"experts_e128_{m}_b1.txt" for m in ("Pre-gated", "GPU-only")]
 SWITCH_DECODE_LAYERS, SWITCH_STEPS = 6, 256

@@ -1,0 +1,42 @@
+"""Commands run in-process, with a watchdog."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import threading
+import warnings
+
+from traces.cli import main as traces_main
+
+
+def run_traces(*argv, timeout: float = 60.0) -> tuple[int, str, str, list]:
+    """``python -m traces ARGV`` in-process: (exit status, stdout, stderr, warnings raised). Run in a thread, so
+    that a hang fails the test instead of blocking it."""
+    result: dict = {}
+
+    def target():
+        out, err = io.StringIO(), io.StringIO()
+        with (
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")
+            try:
+                code = traces_main([str(a) for a in argv])
+            except SystemExit as exc:  # argparse
+                code = exc.code
+        result.update(
+            code=code,
+            out=out.getvalue(),
+            err=err.getvalue(),
+            warnings=[f"{w.category.__name__}: {w.message}" for w in caught],
+        )
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"traces {' '.join(map(str, argv))[:200]} hangs"
+    assert "code" in result, "the command raised (see the thread's traceback above)"
+    return result["code"], result["out"], result["err"], result["warnings"]
