@@ -191,6 +191,7 @@ class Belady(Policy):
     PARAMS = {"pin_hot": False, "warm": True}
     promotion_is_free = True  # the copy lands in the slot it will occupy (after the victim has computed)
     supports_shared = True
+    admits = "rule"  # MIN over the pool of held experts and newcomers (victims may be active now)
 
     def hpc_capacity(self, ctx) -> int:
         return ctx.hpc_slots if self.params["pin_hot"] else 0
@@ -209,9 +210,7 @@ class Belady(Policy):
         # per layer, each expert's next use as known at its last use (valid for experts held in the MPC)
         self.next_use = {layer: [NEVER] * self.ctx.num_experts for layer in self.layers}
         self._fill = False
-        if self.shared:
-            self.update = self.update_shared
-            self.start_iteration = self.start_iteration_shared
+        self._nxt: list[int] = []  # the running layer's next uses (``observe``)
 
     def start_batch(self) -> None:
         self._fill = self.params["warm"]
@@ -220,6 +219,9 @@ class Belady(Policy):
         if not self._fill:
             return
         self._fill = False
+        if self.shared:
+            self._warm_shared(iteration)
+            return
         for layer in self.layers:
             assert self.future is not None  # set by configure whenever there are layers
             first = self.future.first_use_from(layer, iteration.index)
@@ -229,27 +231,8 @@ class Belady(Policy):
             for e in chosen:
                 nxt[e] = int(first[e])
 
-    def _record_next_uses(self, iteration, layer, active) -> list[int]:
-        return record_next_uses(self.future, self.next_use[layer], iteration, layer, active, "belady")
-
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.next_use:
-            return
-        nxt = self._record_next_uses(iteration, layer, active)
-        sources = plan.sources
-        newcomers = [e for e in active if sources[e] in (MISS, LPC)]
-        if not newcomers:
-            return
-        cache = self.cache
-        for e, victim in min_step(list(cache.mpc[layer]), newcomers, nxt, cache.mpc_slots):
-            cache.promote(layer, e, victim)
-            plan.promote[e] = victim
-
-    # ------------------------------------------------------------------------------------------- shared cache
-    def start_iteration_shared(self, iteration) -> None:
-        if not self._fill:
-            return
-        self._fill = False
+    def _warm_shared(self, iteration) -> None:
+        """The shared cache's warm start: the ``shared_slots`` (layer, expert) pairs used soonest."""
         cache, n = self.cache, self.ctx.num_layers
         chosen = _shared_warm(self.future, self.layers, iteration.index, cache.hpc, cache.mpc_slots, n)
         for layer in self.layers:
@@ -261,25 +244,27 @@ class Belady(Policy):
         for layer, experts in per_layer.items():
             cache.fill_mpc(layer, experts)
 
-    def update_shared(self, iteration, layer, active, plan: LayerPlan) -> None:
-        if layer not in self.next_use:
-            return
-        nxt = self._record_next_uses(iteration, layer, active)
+    def observe(self, iteration, layer: int, active, plan: LayerPlan) -> None:
+        """Record the next uses of the step's active experts (from the workload's future)."""
+        self._nxt = record_next_uses(self.future, self.next_use[layer], iteration, layer, active, "belady")
+
+    def choose(self, iteration, layer: int, active, plan: LayerPlan) -> list:
+        """One MIN step over the held experts and the layer's newcomers: per layer, or over the (layer, expert)
+        pairs of the shared cache (time: the run's sequence of layer steps)."""
         sources = plan.sources
-        newcomers = [(layer, e) for e in active if sources[e] in (MISS, LPC)]
+        newcomers = [e for e in active if sources[e] in (MISS, LPC)]
         if not newcomers:
-            return
-        cache, n, next_use = self.cache, self.ctx.num_layers, self.next_use
+            return []
+        cache, nxt = self.cache, self._nxt
+        if not self.shared:
+            return min_step(list(cache.mpc[layer]), newcomers, nxt, cache.mpc_slots)
+        n, next_use = self.ctx.num_layers, self.next_use
         held = [(lyr, v) for lyr in self.layers for v in cache.mpc[lyr]]
         when = {key: shared_time(next_use[key[0]][key[1]], key[0], n) for key in held}
-        for key in newcomers:
+        pairs = [(layer, e) for e in newcomers]
+        for key in pairs:
             when[key] = shared_time(nxt[key[1]], layer, n)
-        for (_, e), victim in min_step(held, newcomers, when, cache.mpc_slots):
-            if victim is None:
-                cache.promote(layer, e, None)
-            else:
-                cache.promote(layer, e, victim[1], victim[0])
-            plan.promote[e] = victim
+        return [(e, victim) for (_, e), victim in min_step(held, pairs, when, cache.mpc_slots)]
 
 
 def shared_time(iteration: int, layer: int, num_layers: int) -> int:

@@ -90,6 +90,8 @@ NUMBERS = ("max_val", "dec_in_cache", "dec_out_cache", "threshold")
 class DiffMoE(Policy):
     origin = "published"
     default_predictor = "oracle"
+    admits = "rule"  # the slot array's threshold walk (its victims may be active now)
+    observes_every_layer = True  # scores move on every cached layer, an MPC of no slots included
     PARAMS = {
         "max_val": 2.0,
         "dec_in_cache": 0.4,
@@ -203,7 +205,8 @@ class DiffMoE(Policy):
             for x in (*hpc, *slots):
                 held[x] = True
 
-    def update(self, iteration, layer, active, plan: LayerPlan) -> None:
+    def observe(self, iteration, layer: int, active, plan: LayerPlan) -> None:
+        """Steps 1 and 2 on a cached layer: the active experts gain, the others decay."""
         if layer not in self.ctx.cached_layers:
             return
         p = self.params
@@ -224,24 +227,26 @@ class DiffMoE(Policy):
         for a, g in zip(act, gained):
             s[a] = g
         self._s[layer] = s
-        # 3. MPC replacement
-        if p["victim_order"] == "artifact":
-            self._replace_artifact(layer, act, plan)
-        else:
-            self._replace_legacy(layer, act, plan)
 
     # ---------------------------------------------------------------------------------------------- replacement
-    def _replace_artifact(self, layer: int, active: list[int], plan: LayerPlan) -> None:
+    def choose(self, iteration, layer: int, active, plan: LayerPlan) -> list[tuple[int, int | None]]:
+        """Step 3, the MPC replacement, by ``victim_order``: the (newcomer, victim) promotions."""
+        if self.params["victim_order"] == "artifact":
+            return self._replace_artifact(layer, list(active))
+        return self._replace_legacy(layer, list(active))
+
+    def _replace_artifact(self, layer: int, active: list[int]) -> list[tuple[int, int | None]]:
         slots = self.slots[layer]
         m = len(slots)
+        out: list[tuple[int, int | None]] = []
         if m == 0:
-            return
+            return out
         sc = self._s[layer]
         thr = self._thr
         candidates = list(active)  # ascending ids: std::unique over the sorted permuted experts
         sort_by_key_descending(candidates, sc)  # std::sort(expert_pairs_using, priority >)
         sort_by_key_descending(slots, sc)  # std::sort(MPC part of expert_in_cache, priority >), in place
-        hpc, cache, held = self.cache.hpc[layer], self.cache, self.held[layer]
+        hpc, held = self.cache.hpc[layer], self.held[layer]
         i = j = 0
         while i < m and j < len(candidates):
             pos = m - 1 - i
@@ -256,20 +261,20 @@ class DiffMoE(Policy):
             old = slots[pos]
             slots[pos] = c
             still = old in hpc or old in slots  # expert 0 may fill several slots (fill: expert0)
-            victim = None if still else old
-            cache.promote(layer, c, victim)
-            plan.promote[c] = victim
+            out.append((c, None if still else old))
             held[c] = True
             held[old] = still
             i += 1
             j += 1
+        return out
 
-    def _replace_legacy(self, layer: int, active: list[int], plan: LayerPlan) -> None:
+    def _replace_legacy(self, layer: int, active: list[int]) -> list[tuple[int, int | None]]:
         cache = self.cache
         hpc, mpc = cache.hpc[layer], cache.mpc[layer]
         newcomers = [e for e in active if e not in hpc and e not in mpc]
+        out: list[tuple[int, int | None]] = []
         if not newcomers:
-            return
+            return out
         sc = self._s[layer]
         thr = self._thr
         candidates = sorted(newcomers, key=sc.__getitem__, reverse=True)  # stable: ties keep lower id first
@@ -283,11 +288,11 @@ class DiffMoE(Policy):
             victim = order[j]
             if victim is not None and sc[victim] >= thr:
                 break
-            cache.promote(layer, c, victim)
-            plan.promote[c] = victim
+            out.append((c, victim))
             self.held[layer][c] = True
             if victim is None:
                 slots.append(c)
             else:
                 slots[slots.index(victim)] = c
                 self.held[layer][victim] = False
+        return out
