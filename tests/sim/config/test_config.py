@@ -15,11 +15,13 @@ from sim.config.profiles import available
 from sim.config.run_config import apply_override, config_from_dict, load_run_config, read_trace_summary
 from sim.errors import ConfigError
 from sim.policies import POLICIES as POLICY_CLASSES
+from sim.predictors import PREDICTORS as PREDICTORS_REGISTRY
 from tests.support.paths import ROOT
 from traces.errors import InputError
 
 SWITCH = ROOT / "configs" / "switch_xxl.yaml"
 MIXTRAL = ROOT / "configs" / "mixtral.yaml"
+#: Short fixed name lists (not the registry's), so that the "known: ..." part of an unknown-name error is known here.
 POLICIES = ["diffmoe", "gpu-only", "lru", "on-demand"]
 PREDICTORS = ["noisy", "none", "oracle", "transition"]
 
@@ -335,7 +337,7 @@ def test_config_file_problems_name_the_file(tmp_path):
 # ------------------------------------------------------------------------------------------ shipped configs
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_run_configs_load(path):
-    cfg = load_run_config(path, policy_names=POLICIES, predictor_names=PREDICTORS)
+    cfg = load_run_config(path, policy_names=POLICY_CLASSES.names(), predictor_names=PREDICTORS_REGISTRY.names())
     json.dumps(cfg.resolved)  # plain data
     assert yaml.safe_load(yaml.safe_dump(cfg.resolved)) == cfg.resolved
     again = config_from_dict(cfg.resolved)  # resolved loads back to the same config

@@ -22,6 +22,7 @@ from sim.core.cache import LPC, MISS, MPC, CacheInvariantError, SharedTierCache,
 from sim.core.replay import replay
 from sim.core.workload import build_iterations
 from sim.errors import ConfigError
+from sim.policies import POLICIES
 from sim.policies.belady import belady_bound, belady_bound_shared
 from sim.predictors import PREDICTORS, PredictorContext
 from sim.run import build_decisions, simulate
@@ -33,8 +34,19 @@ from tests.support.policies import policy_for as support_policy_for
 from tests.support.traces import make_trace, random_trace
 from traces.io import load_trace, save_trace
 
-#: Online policies that manage a shared cache (belady is the offline bound).
-SHARED = ("lru", "lfu", "arc", "s3fifo", "least-stale", "reuse-distance", "learned-rf", "moe-infinity")
+#: From the registry: the policies that manage a shared cache and keep an MPC in it, the offline bound (belady)
+#: included; SHARED: the online ones among them.
+SHARED_MPC = tuple(n for n in POLICIES.names() if POLICIES.get(n).supports_shared and POLICIES.get(n).keeps_mpc)
+SHARED = tuple(n for n in SHARED_MPC if POLICIES.get(n).origin != "bound")
+#: Policies that accept a shared cache but keep nothing in it (those planning with the run's cost model,
+#: ``wants_counts``, cannot be built without the engine).
+KEEP_NOTHING = tuple(
+    n
+    for n in POLICIES.names()
+    if POLICIES.get(n).supports_shared and not POLICIES.get(n).keeps_mpc and not POLICIES.get(n).wants_counts
+)
+#: Policies that manage per-layer slots only.
+PER_LAYER_ONLY = tuple(n for n in POLICIES.names() if not POLICIES.get(n).supports_shared)
 
 
 def policy_for(name, trace, its, hpc, mpc, params=None, organization="shared", **context):
@@ -141,15 +153,16 @@ def test_memory_check_counts_the_shared_budget():
 def test_default_shared_budget_is_the_per_layer_total():
     trace = random_trace(np.random.default_rng(1), tokens=20, layers=3, experts=8, k=2, requests=2)
     its, _ = build_iterations(trace, 1, "static", None, True, None)
-    for name in SHARED + ("belady",):
+    for name in SHARED_MPC:
         pol = policy_for(name, trace, its, 1, 2)
         assert isinstance(pol.cache, SharedTierCache) and pol.cache.mpc_slots == 9, name
         pinned = policy_for(name, trace, its, 1, 2, {"pin_hot": True})
         assert pinned.cache.hpc_slots == 1 and pinned.cache.mpc_slots == 6, name
         assert policy_for(name, trace, its, 1, 2, shared_slots=5).cache.mpc_slots == 5
-    for name in ("on-demand", "pregated", "prefetch-all"):  # keep nothing, whatever the organization
+    assert "belady" in SHARED_MPC and "belady" not in SHARED and "lru" in SHARED and "on-demand" in KEEP_NOTHING
+    for name in KEEP_NOTHING:  # keep nothing, whatever the organization
         assert policy_for(name, trace, its, 1, 2).cache.mpc_slots == 0
-    for name in ("diffmoe", "diffmoe-arc"):  # per-layer by design: refused when built, too
+    for name in PER_LAYER_ONLY:  # per-layer by design: refused when built, too
         with pytest.raises(ConfigError, match="^cache.organization"):
             policy_for(name, trace, its, 1, 2)
 
@@ -477,7 +490,7 @@ def test_engine_invariants_in_a_shared_cache(
     slots = max(0, (hpc + mpc) * 3 + extra) if extra else None
     if pin_hot and slots is not None and slots < hpc * 3:
         slots = hpc * 3
-    for name in SHARED + ("belady",):
+    for name in SHARED_MPC:
         cfg = config_for(
             path,
             trace,
@@ -522,7 +535,7 @@ def test_engine_invariants_in_a_shared_cache(
 def test_uncached_layers_keep_nothing_in_a_shared_cache(tmp_path):
     trace = random_trace(np.random.default_rng(2), tokens=40, layers=3, experts=8, k=2, requests=2)
     its, _ = build_iterations(trace, 1, "static", None, True, None)
-    for name in SHARED + ("belady",):
+    for name in SHARED_MPC:
         pol = policy_for(name, trace, its, 1, 2, cached={0, 2})
         drive(trace, its, pol)
         assert not pol.cache.mpc[1] and pol.cache.mpc_slots == 6, name

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sim.core.cache import HPC, LPC, MISS, MPC
 from sim.core.replay import replay
 from sim.core.workload import build_iterations
+from sim.policies import POLICIES
 from tests.reference.diffmoe import LEGACY, plain_diffmoe
 from tests.reference.lru import plain_lru_hits
 from tests.support.policies import ONE_LAYER_HAND_MADE, policy_for, predictor_for, run_decisions
@@ -122,10 +123,15 @@ def test_uncached_layers_fetch_on_demand():
 # --------------------------------------------------------------------------------------- every policy, invariants
 
 
-@settings(max_examples=40, deadline=None)
+#: Every registered policy but those that split experts between CPU and GPU by token counts (``wants_counts``): they
+#: plan with the run's cost model, so they are driven through the engine in tests/sim/timing/test_hybrid.py.
+WITHOUT_COSTS = [n for n in POLICIES.names() if not POLICIES.get(n).wants_counts]
+
+
+@pytest.mark.parametrize("policy", WITHOUT_COSTS)
+@settings(max_examples=10, deadline=None)
 @given(
     seed=st.integers(0, 10**6),
-    policy=st.sampled_from(["lru", "diffmoe", "on-demand", "gpu-only"]),
     hpc=st.integers(0, 3),
     mpc=st.integers(0, 4),
     batch=st.integers(1, 4),
@@ -134,7 +140,8 @@ def test_uncached_layers_fetch_on_demand():
 def test_tier_invariants_hold_for_every_policy(seed, policy, hpc, mpc, batch, predictor):
     rng = np.random.default_rng(seed)
     trace = random_trace(rng, tokens=50, layers=3, experts=8, k=2, requests=4)
-    pol = policy_for(policy, trace, hpc=hpc, mpc=mpc)
+    its, _ = build_iterations(trace, batch, "static", None, True, None)
+    pol = policy_for(policy, trace, its, hpc=hpc, mpc=mpc)  # the workload in its context, for the offline ones
     hpc_sets = None
 
     def check(p):
@@ -146,7 +153,6 @@ def test_tier_invariants_hold_for_every_policy(seed, policy, hpc, mpc, batch, pr
         for layer in range(trace.num_layers):
             assert len(p.cache.mpc[layer]) <= p.cache.mpc_slots
 
-    its, _ = build_iterations(trace, batch, "static", None, True, None)
     decisions = replay(
         trace,
         its,
@@ -157,9 +163,9 @@ def test_tier_invariants_hold_for_every_policy(seed, policy, hpc, mpc, batch, pr
     c = pol.cache.counters
     assert c.accesses == sum(len(d.active) for d in decisions)  # hits + misses = accesses
     assert c.misses == sum(1 for d in decisions for _, s in d.sources if s == MISS)
-    if policy == "gpu-only":
+    if POLICIES.get(policy).all_resident:  # every expert resident: all hits, from the HPC
         assert c.misses == 0 and c.hits[HPC] == c.accesses
-    if policy == "on-demand":
+    if policy == "on-demand":  # the one policy that serves every expert from a copy
         assert c.accesses == c.misses + c.hits[LPC]
 
 

@@ -23,6 +23,8 @@ from tests.support.policies import BOUNDED, cache_hits, drive, policy_for, steps
 from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
 
+#: The published policies this file checks against the restatements in tests/reference/published.py, named on
+#: purpose (lru, lfu, moe-infinity and diffmoe have their own files).
 NEW = ("least-stale", "arc", "s3fifo", "learned-rf", "reuse-distance")
 
 

@@ -23,7 +23,10 @@ from tests.support.policies import ask_predictor, policy_for, predictor_for
 from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
 
-REALISTIC = ("history", "transition", "moe-infinity")
+#: Every registered predictor but the two that read the true set by design (``oracle`` and ``noisy``, its
+#: degraded copy): each must guess from the past alone.
+READS_TRUTH = ("oracle", "noisy")
+REALISTIC = [n for n in PREDICTORS.names() if n not in READS_TRUTH]
 
 
 def score(decisions, num_layers):
@@ -134,6 +137,11 @@ def test_history_is_the_layers_set_in_the_previous_iteration_of_its_phase():
 
 
 # -------------------------------------------------------------------------------------- realistic = no peeking
+
+
+def test_the_truth_readers_left_out_are_registered_and_every_other_predictor_is_checked():
+    assert set(READS_TRUTH) <= set(PREDICTORS.names())
+    assert sorted(REALISTIC + list(READS_TRUTH)) == PREDICTORS.names() and "transition" in REALISTIC
 
 
 @pytest.mark.parametrize("name", REALISTIC)

@@ -46,7 +46,14 @@ FIELDS = [
     "workload.batching",
 ]
 GOOD = {
-    "policy.name": ["lru", "lfu", "on-demand", "diffmoe", "belady", "gpu-only"],
+    "policy.name": [
+        "lru",
+        "lfu",
+        "on-demand",
+        "diffmoe",
+        "belady",
+        "gpu-only",
+    ],  # a few valid names: the loader is fuzzed
     "workload.batch_size": [1, 2, 4],
     "cache.hpc_slots": [0, 1, 2],
     "cache.mpc_slots": [2, 4, 6],

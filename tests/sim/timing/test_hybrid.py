@@ -23,6 +23,8 @@ from tests.support.paths import ROOT
 from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
 
+#: The policies that compute experts on the host CPU, named: no registry attribute marks all three (fiddler and
+#: hybrid-cache set ``wants_counts``; ktransformers places experts without token counts).
 HYBRID = ("fiddler", "ktransformers", "hybrid-cache")
 
 

@@ -35,6 +35,7 @@ MB = 1024 * 1024
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 MARK = "SIM_TEST_RAY_CLUSTER"  # set in the environment of every process of the test cluster
 TIMING = ["wall_s", "sim_wall_s", "attempts"]
+#: A small sweep on purpose (a handful of points spread over two one-CPU nodes), not every policy.
 POLICIES = ["on-demand", "lru", "lfu", "diffmoe"]
 
 
