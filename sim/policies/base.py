@@ -29,8 +29,6 @@ expert of another layer: ``LayerPlan.promote`` then maps the expert to ``(victim
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -201,7 +199,6 @@ class Policy(Parametrised):
 
     def plan_layer(self, iteration: int, layer: int, active: Sequence[int]) -> LayerPlan:
         plan = self.classify(layer, active)
-        self.update(iteration, layer, active, plan)
         self.driver.step(iteration, layer, active, plan)
         return plan
 
@@ -235,70 +232,6 @@ class Policy(Parametrised):
         # prefetches this layer did not use: in a buffer before, not active now
         unused = sorted(e for e in lpc if e not in sources) if prefetched > n_lpc else []
         return LayerPlan(sources, {}, unused, resident, copied)
-
-    def update(self, iteration: int, layer: int, active: Sequence[int], plan: LayerPlan) -> None:
-        """Policy-specific bookkeeping and promotions after classification (base: none)."""
-
-    def admit_shared(self, layer: int, active, plan: LayerPlan, key, newcomers=None) -> int:
-        """In a shared cache: each newcomer of the layer (a miss, or a prefetch it uses; in active order unless
-        ``newcomers`` gives them) enters the shared MPC; a full cache first evicts, among the experts of every cached
-        layer but those the running layer uses now, the one with the largest ``(key(l, v), l, v)``. Once no such
-        expert is left the remaining newcomers are not admitted. Returns how many were admitted.
-
-        ``key(l, experts)`` gives the keys of a list of layer ``l``'s experts (one call per layer, for speed)."""
-        if newcomers is None:
-            sources = plan.sources
-            newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
-        if not newcomers:
-            return 0
-        cache, promote = self.cache, plan.promote
-        cands: list[tuple[Any, int, int]] | None = None
-        admitted = 0
-        for i, e in enumerate(newcomers):
-            if cache.mpc_size() < cache.mpc_slots:
-                cache.promote(layer, e, None)
-                promote[e] = None
-                admitted += 1
-                continue
-            if cands is None:  # the keys of the held experts do not change within the step
-                busy = set(active)
-                mpcs = cache.mpc
-                cands = []
-                for lay in self.shared_layers:
-                    held = [v for v in mpcs[lay] if v not in busy] if lay == layer else list(mpcs[lay])
-                    if held:
-                        cands.extend(zip(key(lay, held), itertools.repeat(lay), held))
-                cands = heapq.nlargest(len(newcomers) - i, cands)[::-1]  # at most one victim per newcomer
-            if not cands:
-                break  # every slot holds an expert this layer uses now
-            _, vl, v = cands.pop()
-            cache.promote(layer, e, v, vl)
-            promote[e] = (vl, v)
-            admitted += 1
-        return admitted
-
-    def update_through_shared(self, keeper, layer: int, active, plan: LayerPlan) -> None:
-        """:meth:`update_through` for one replacement structure over the shared cache, keyed by (layer, expert)."""
-        sources = plan.sources
-        mpc = self.cache.mpc[layer]
-        newcomers = []
-        for e in active:
-            if e in mpc:
-                keeper.hit((layer, e))
-            elif sources[e] == MISS or sources[e] == LPC:
-                newcomers.append(e)
-        if not newcomers:
-            return
-        busy = {(layer, e) for e in active}
-        cache, promote = self.cache, plan.promote
-        for e in newcomers:
-            admitted, victim = keeper.admit((layer, e), busy)
-            if admitted:
-                if victim is None:
-                    cache.promote(layer, e, None)
-                else:
-                    cache.promote(layer, e, victim[1], victim[0])
-                promote[e] = victim
 
     # ------------------------------------------------------------------------------- what the driver asks
     # (sim.core.admission.AdmissionDriver runs every layer step from these; see ``admits``)
@@ -353,44 +286,7 @@ class PerLayerCache(Policy):
 
     PARAMS = {"pin_hot": False}
     promotion_is_free = True
-
-    def admit_newcomers(self, layer: int, active, plan: LayerPlan, rank) -> None:
-        """Each expert the layer copies now (a miss, or a prefetch it uses), in active order, enters the layer's
-        cache; a full cache first evicts the held expert with the highest ``rank(expert)`` that the layer does not
-        use now. Once every slot holds an expert in use, the remaining newcomers are not admitted."""
-        sources = plan.sources
-        newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
-        if not newcomers:
-            return
-        cache = self.cache
-        mpc, slots, busy = cache.mpc[layer], cache.mpc_slots, set(active)
-        for e in newcomers:
-            victim = None
-            if len(mpc) >= slots:
-                held = [v for v in mpc if v not in busy]
-                if not held:
-                    break  # every slot holds an expert this layer uses now
-                victim = max(held, key=rank)
-            cache.promote(layer, e, victim)
-            plan.promote[e] = victim
-
-    def update_through(self, keeper, layer: int, active, plan: LayerPlan) -> None:
-        """Run the layer's step through a replacement structure with ``hit(expert)`` and ``admit(expert, busy) ->
-        (admitted, victim)`` (ARC, S3-FIFO): hits first, then each newcomer in active order."""
-        sources = plan.sources
-        mpc = self.cache.mpc[layer]
-        newcomers = []
-        for e in active:
-            if e in mpc:
-                keeper.hit(e)
-            elif sources[e] == MISS or sources[e] == LPC:
-                newcomers.append(e)
-        busy = set(active)
-        for e in newcomers:
-            admitted, victim = keeper.admit(e, busy)
-            if admitted:
-                self.cache.promote(layer, e, victim)
-                plan.promote[e] = victim
+    admits = "rank"  # least recent use unless a subclass declares its victim keys (or another mode)
 
     def hpc_capacity(self, ctx: PolicyContext) -> int:
         return ctx.hpc_slots if self.params["pin_hot"] else 0
