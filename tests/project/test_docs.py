@@ -351,3 +351,24 @@ def test_outside_check_can_fail():
     assert outside_mentions("README.md", readme + " Design: `../shared/DESIGN.md`.") != []
     assert outside_mentions("docs/architecture.md", readme) != []
     assert outside_mentions("sim/__init__.py", '"""A simulator (see ../shared/DESIGN.md)."""') != []
+
+
+#: ``tests/...`` paths in backquotes, e.g. ```tests/sim/policies/test_policies.py```.
+TEST_PATH = re.compile(r"`(tests/[\w/.-]*)`")
+
+
+def missing_test_paths(text: str) -> list[str]:
+    """The test files and folders ``text`` names that do not exist (``test_x.py`` is the README's placeholder)."""
+    return [p for p in TEST_PATH.findall(text) if Path(p).stem != "test_x" and not (ROOT / p).exists()]
+
+
+def test_every_test_path_the_documents_name_exists():
+    """Tests move with the code they test: a document naming a test file names where it is now."""
+    names = ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md")))]
+    missing = [f"{n}: {p}" for n in names for p in missing_test_paths((ROOT / n).read_text(encoding="utf-8"))]
+    assert not missing, "documents name test paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_missing_test_paths_can_fail():
+    assert missing_test_paths("see `tests/test_engine.py` and `tests/reference/`") == ["tests/test_engine.py"]
+    assert missing_test_paths("a test of `sim/core/x.py` is `tests/sim/core/test_x.py`") == []
