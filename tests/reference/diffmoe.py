@@ -8,7 +8,8 @@ from sim.core.cache import HPC, MISS, MPC
 
 #: The earlier rules of this simulator's ``diffmoe``, before the artifact's (scores floored at 0, victims weakest
 #: first among the MPC experts not active now with ties longest-held first, Python floats): kept as params. The
-#: default is the artifact's rules, checked hit for hit against fetcher.cc in tests/test_diffmoe_artifact.py.
+#: default is the artifact's rules, checked hit for hit against fetcher.cc in
+#: tests/sim/policies/test_diffmoe_artifact.py.
 LEGACY = {"floor": True, "victim_order": "legacy", "arithmetic": "float64"}
 
 

@@ -15,13 +15,11 @@ from sim.core.cache import HPC, LPC, MISS, MPC
 from sim.core.replay import replay
 from sim.core.workload import build_iterations
 from sim.policies.belady import belady_bound
-from sim.predictors import PREDICTORS, PredictorContext
+from tests.reference.belady import plain_min
+from tests.reference.lfu import plain_lfu_pinned
 from tests.reference.lru import plain_lru
-from tests.support.policies import cache_hits, policy_for
+from tests.support.policies import cache_hits, policy_for, predictor_for
 from tests.support.traces import make_trace, random_trace
-
-NEVER = float("inf")
-
 
 # ----------------------------------------------------------------------------------------------------- helpers
 
@@ -29,10 +27,6 @@ NEVER = float("inf")
 def workload(trace, batch=1, batching="static"):
     its, _ = build_iterations(trace, batch, batching, None, True, None)
     return its
-
-
-def predictor_for(name, trace, params=None, seed=0):
-    return PREDICTORS.get(name)(params, PredictorContext(trace.num_layers, trace.num_experts, seed))
 
 
 def run(trace, its, policy, predictor="none", pred_params=None, check=True, after=None):
@@ -78,37 +72,6 @@ def enc_dec_trace(rng, tokens=40, experts=6, k=2, requests=4):
 # ---------------------------------------------------------------------------------- plain re-statements (lists)
 
 
-def next_use(steps, t, e):
-    for s in range(t + 1, len(steps)):
-        if e in steps[s][1]:
-            return s
-    return NEVER
-
-
-def first_use(steps, t, e):
-    return next_use(steps, t - 1, e)
-
-
-def plain_min(steps, cap, warm=True, evict_active=True):
-    """MIN with bypass on one layer's steps, written out with lists: after each step the cache holds the ``cap``
-    experts of (cache + step) used soonest (never-used ones are not admitted). ``warm``: at each batch start the
-    cache is refilled with the ``cap`` experts used soonest. ``evict_active=False`` is the textbook rule that never
-    evicts an expert the step uses (kept for the counterexample below)."""
-    cache, hits = [], 0
-    n_exp = 1 + max((e for _, a in steps for e in a), default=0)
-    for t, (new_batch, act) in enumerate(steps):
-        if warm and new_batch:
-            ranked = sorted(range(n_exp), key=lambda e: (first_use(steps, t, e), e))
-            cache = [e for e in ranked if first_use(steps, t, e) != NEVER][:cap]
-        hits += sum(1 for e in act if e in cache)
-        forced = [e for e in cache if e in act] if not evict_active else []
-        pool = [e for e in cache if e not in forced] + [e for e in act if e not in cache]
-        pool.sort(key=lambda e: (next_use(steps, t, e), e not in cache, e))
-        keep = forced + [e for e in pool if next_use(steps, t, e) != NEVER or e in cache][: cap - len(forced)]
-        cache = keep
-    return hits
-
-
 def exact_optimum(steps, cap, n_exp, warm=True):
     """The most cache hits any demand policy can get on one layer's steps: an exhaustive search over cache
     states. After a step the cache may hold any ``cap`` experts of (cache + the step's experts); ``warm``: at each
@@ -130,27 +93,6 @@ def exact_optimum(steps, cap, n_exp, warm=True):
                         nxt[keep] = h
         states = nxt
     return max(states.values())
-
-
-def plain_lfu(steps, hpc_set, cap):
-    """LFU on one layer's steps, with a pinned HPC. Returns per step ({expert: HPC|MPC|MISS}, sorted MPC after)."""
-    freq, last, cache, out = {}, {}, [], []
-    for t, (_, act) in enumerate(steps):
-        out_src = {e: HPC if e in hpc_set else MPC if e in cache else MISS for e in act}
-        for e in act:
-            freq[e] = freq.get(e, 0) + 1
-            last[e] = t
-        if cap:
-            newcomers = sorted((e for e in act if out_src[e] == MISS), key=lambda e: (-freq[e], e))
-            for e in newcomers:
-                if len(cache) >= cap:
-                    victims = [v for v in cache if v not in act]
-                    if not victims:
-                        break
-                    cache.remove(min(victims, key=lambda v: (freq[v], last[v], v)))
-                cache.append(e)
-        out.append((out_src, sorted(cache)))
-    return out
 
 
 # ----------------------------------------------------------------------------------------- LRU and belady exactly
@@ -300,7 +242,7 @@ def test_lfu_matches_a_plain_restatement(batch, hpc, mpc, pin_hot):
     decisions = run(trace, its, pol, after=lambda p: snapshots.append([sorted(m) for m in p.cache.mpc]))
     steps = layer_steps(trace, its)
     pinned, cap = (hpc, mpc) if pin_hot else (0, hpc + mpc)
-    want = {layer: iter(plain_lfu(s, set(ranking[layer][:pinned]), cap)) for layer, s in steps.items()}
+    want = {layer: iter(plain_lfu_pinned(s, set(ranking[layer][:pinned]), cap)) for layer, s in steps.items()}
     for d, snap in zip(decisions, snapshots):
         src, mpc_after = next(want[d.layer])
         assert dict(d.sources) == src

@@ -15,51 +15,12 @@ from sim.core.workload import build_iterations
 from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.run import simulate
+from tests.reference.lookahead import plain_lookahead
 from tests.support.engine import config_for
 from tests.support.paths import ROOT
 from tests.support.policies import BOUNDED, TWO_LAYER_HAND_MADE, cache_hits, drive, policy_for, steps_of
 from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
-
-NEVER = float("inf")
-
-
-def plain_lookahead(steps, cap, horizon):
-    """One layer's steps (sorted active experts per iteration) under the rule, restated with lists: hits become
-    most recent (ascending), then each newcomer (ascending) evicts, among held experts not active now, the one with
-    the furthest next use seen within ``horizon`` steps (unseen: furthest; ties: least recent), unless its own seen
-    next use is further still. Returns the hits and the cache (least recent first) after each step."""
-
-    def next_use(e, t):
-        for u in range(t + 1, min(t + horizon, len(steps) - 1) + 1):
-            if e in steps[u]:
-                return u
-        return NEVER
-
-    cache, hits, after = [], 0, []
-    for t, act in enumerate(steps):
-        hits += sum(1 for e in act if e in cache)
-        for e in act:
-            if e in cache:
-                cache.remove(e)
-                cache.append(e)
-        for e in act:
-            if e in cache:
-                continue
-            if len(cache) < cap:
-                cache.append(e)
-                continue
-            held = [v for v in cache if v not in act]
-            if not held:
-                continue
-            far = max(next_use(v, t) for v in held)
-            victim = next(v for v in held if next_use(v, t) == far)  # the least recent of the furthest
-            if next_use(e, t) > far:
-                continue
-            cache.remove(victim)
-            cache.append(e)
-        after.append(list(cache))
-    return hits, after
 
 
 def lookahead_for(trace, its, cap, horizon, **params):

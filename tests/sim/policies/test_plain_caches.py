@@ -14,6 +14,7 @@ from sim.core.replay import replay
 from sim.core.workload import build_iterations
 from sim.errors import ConfigError
 from sim.predictors import PREDICTORS, PredictorContext
+from tests.reference.lfu import plain_lfu
 from tests.reference.lru import plain_lru
 from tests.support.policies import cache_hits, indexed_steps_of, policy_for
 from tests.support.traces import random_trace
@@ -117,35 +118,6 @@ def test_belady_bounds_lru_and_lfu_at_equal_slots(seed, total, hpc, batch, k, pi
 
 
 # ---------------------------------------------------------------------------------------------------- LFU
-
-
-def plain_lfu(steps, cap, in_cache):
-    """LFU on one layer's steps, no pinned experts. perfect: a count per expert since the start; in-cache: a
-    cached expert's uses since it entered (1 on entry), forgotten when it leaves or is not admitted. Newcomers
-    enter most frequent first (ties: lower id), each evicting the least frequent (ties: least recent, lower id)
-    cached expert the step does not use. Returns per step ({expert: MPC | MISS}, sorted cache after)."""
-    count, last, cache, out = {}, {}, [], []
-    for t, (_, act) in enumerate(steps):
-        src = {e: MPC if e in cache else MISS for e in act}
-        for e in act:
-            count[e] = 1 if (in_cache and src[e] == MISS) else count.get(e, 0) + 1
-            last[e] = t
-        new = sorted((e for e in act if src[e] == MISS), key=lambda e: (-count[e], e))
-        for n, e in enumerate(new):
-            if len(cache) >= cap:
-                victims = [v for v in cache if v not in act]
-                if not victims:
-                    if in_cache:
-                        for rest in new[n:]:
-                            count[rest] = 0
-                    break
-                v = min(victims, key=lambda v: (count[v], last[v], v))
-                cache.remove(v)
-                if in_cache:
-                    count[v] = 0
-            cache.append(e)
-        out.append((src, sorted(cache)))
-    return out
 
 
 @pytest.mark.parametrize("counts", ["perfect", "in_cache"])

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from sim.compare import COLUMNS, compare, table_csv, table_markdown
-from sim.core.cache import CPU, HPC, MISS
+from sim.core.cache import CPU, HPC
 from sim.core.protocol import cpu_tokens
 from sim.results import ITERATION_COLUMNS, iterations_csv
 from sim.run import simulate
 from sim.timing.costs import CostModel
+from tests.reference.fiddler import fiddler_restated
 from tests.support.engine import comparable, config_for
 from tests.support.paths import ROOT
 from tests.support.traces import make_trace, random_trace
@@ -102,31 +103,6 @@ def test_ktransformers_never_copies(skewed):
     for d in out.engine.decisions:
         for e, src in d.sources:
             assert src == (HPC if e in pol.cache.hpc[d.layer] else CPU)
-
-
-def fiddler_restated(trace, its, costs, hot, slots):
-    """Fiddler's rule, plainly: the ``slots`` hottest experts per layer on the GPU; any other active expert on the
-    host when host compute + activations both ways beat a copy + GPU compute."""
-    from sim.core.workload import active_sets, phase_layers
-
-    layers_of = phase_layers(trace)
-    out = []
-    for it in its:
-        layers = layers_of[it.kind]
-        for layer, (active, counts) in zip(layers, active_sets(trace, it.rows, layers)):
-            row = []
-            for e in active:
-                n = counts[e]
-                if e in hot[layer][:slots]:
-                    row.append((e, HPC))
-                elif costs.cpu_expert_s(n) + costs.activation_copy_s(n, "d2h") + costs.activation_copy_s(
-                    n, "h2d"
-                ) < costs.copy_s(costs.expert_bytes) + costs.expert_s(n):
-                    row.append((e, CPU))
-                else:
-                    row.append((e, MISS))
-            out.append(tuple(row))
-    return out
 
 
 def with_hardware(cfg, **hw):
