@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,20 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.core.cache import MPC
+from tests.support.cli import run_module
 from tests.support.engine import tiny_model
-from tests.support.paths import ROOT
 from tests.support.policies import policy_for, run_decisions
 from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
 
 
-def _sim(*args):
-    return subprocess.run([sys.executable, "-m", "sim", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
-
-
 def test_compare_writes_csv_and_markdown_with_ratios_and_the_belady_bound(tmp_path):
     out = tmp_path / "cmp"
-    res = _sim(
+    res = run_module(
+        "sim",
         "compare",
         "configs/switch_xxl.yaml",
         "--policies",
@@ -56,9 +51,10 @@ def test_compare_writes_csv_and_markdown_with_ratios_and_the_belady_bound(tmp_pa
 def test_compare_rejects_unknown_names_before_running(tmp_path):
     out = tmp_path / "cmp"
     for policies, word in (("lru,clairvoyant", "clairvoyant"), ("lru@psychic", "psychic")):
-        res = _sim("compare", "configs/switch_xxl.yaml", "--policies", policies, "--out", out)
+        res = run_module("sim", "compare", "configs/switch_xxl.yaml", "--policies", policies, "--out", out)
         assert res.returncode == 2 and word in res.stderr and res.stderr.count("\n") == 1
-    res = _sim(
+    res = run_module(
+        "sim",
         "compare",
         "configs/switch_xxl.yaml",
         "--policies",
@@ -106,7 +102,9 @@ NOTE = (
 
 def test_compare_says_under_the_table_which_rows_ran_with_the_configs_predictor(transition_config, tmp_path):
     out = tmp_path / "cmp"
-    res = _sim("compare", transition_config, "--policies", "on-demand,lru,diffmoe@oracle,lfu@none", "--out", out)
+    res = run_module(
+        "sim", "compare", transition_config, "--policies", "on-demand,lru,diffmoe@oracle,lfu@none", "--out", out
+    )
     assert res.returncode == 0, res.stderr
     rows = {r["policy"]: r["predictor"] for r in csv.DictReader((out / "compare.csv").open())}
     assert rows == {"on-demand": "transition", "lru": "transition", "diffmoe": "oracle", "lfu": "none"}
@@ -118,7 +116,9 @@ def test_compare_says_under_the_table_which_rows_ran_with_the_configs_predictor(
         assert lines.index(NOTE) > last_row  # under the table
         assert "| lru | transition |" in text and "| diffmoe | oracle |" in text and "| lfu | none |" in text
     # every entry names its predictor: no such line
-    res = _sim("compare", transition_config, "--policies", "lru@transition,lfu@none", "--out", tmp_path / "c2")
+    res = run_module(
+        "sim", "compare", transition_config, "--policies", "lru@transition,lfu@none", "--out", tmp_path / "c2"
+    )
     assert res.returncode == 0, res.stderr
     assert "config's predictor" not in res.stdout + (tmp_path / "c2/compare.md").read_text()
 

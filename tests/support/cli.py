@@ -1,12 +1,15 @@
-"""Commands run in-process, with a watchdog."""
+"""Commands run in-process (with a watchdog) or as ``python -m`` subprocesses from the repository root."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import subprocess
+import sys
 import threading
 import warnings
 
+from tests.support.paths import ROOT
 from traces.cli import main as traces_main
 
 
@@ -40,3 +43,10 @@ def run_traces(*argv, timeout: float = 60.0) -> tuple[int, str, str, list]:
     assert not thread.is_alive(), f"traces {' '.join(map(str, argv))[:200]} hangs"
     assert "code" in result, "the command raised (see the thread's traceback above)"
     return result["code"], result["out"], result["err"], result["warnings"]
+
+
+def run_module(module: str, *args, cwd=ROOT, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` in a subprocess from the repository root, output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )

@@ -17,6 +17,7 @@ from sim.core.cache import HPC, MPC
 from sim.run import simulate
 from tests.reference.diffmoe import plain_diffmoe
 from tests.reference.lru import plain_lru_hits
+from tests.support.cli import run_module
 from tests.support.engine import POLICY_NAMES, PREDICTOR_NAMES, comparable, config_for, tiny_model
 from tests.support.paths import ROOT
 from tests.support.traces import make_trace, random_trace
@@ -180,13 +181,10 @@ def test_real_mixtral_trace_runs_end_to_end(mixtral_real, tmp_path, policy, batc
 # ------------------------------------------------------------------------------------------------------- CLI
 
 
-def _sim(*args):
-    return subprocess.run([sys.executable, "-m", "sim", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
-
-
 def test_default_run_writes_every_result_file_and_a_perfetto_timeline(tmp_path):
     out = tmp_path / "run"
-    res = _sim(
+    res = run_module(
+        "sim",
         "run",
         "configs/switch_xxl.yaml",
         "--out",
@@ -242,7 +240,7 @@ def test_default_run_writes_every_result_file_and_a_perfetto_timeline(tmp_path):
 )
 def test_bad_configs_exit_2_naming_the_field_and_write_nothing(tmp_path, override, field):
     out = tmp_path / "out"
-    res = _sim("run", "configs/switch_xxl.yaml", "--out", out, "--set", override)
+    res = run_module("sim", "run", "configs/switch_xxl.yaml", "--out", out, "--set", override)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and field in res.stderr, res.stderr
     assert not out.exists()
@@ -252,7 +250,7 @@ def test_missing_config_and_bad_yaml_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: [unclosed\n")
     for path in (tmp_path / "absent.yaml", bad):
-        res = _sim("run", path, "--out", tmp_path / "o")
+        res = run_module("sim", "run", path, "--out", tmp_path / "o")
         assert res.returncode == 2 and str(path) in res.stderr and res.stderr.count("\n") == 1
 
 

@@ -4,8 +4,6 @@ and the trace format's optional per-request metadata (``meta.request_info``)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import zipfile
 
@@ -14,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.cli import run_module
 from tests.support.paths import ROOT
 from tests.support.traces import make_trace
 from traces.errors import InputError, TraceError
@@ -23,10 +22,6 @@ from traces.importers.common import rows_of_requests
 from traces.io import load_trace, save_trace
 
 SHARED_GPT_OSS = ROOT.parent / "shared" / "traces" / "gpt-oss-20b"
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
 def make_source(
@@ -122,7 +117,8 @@ def test_filters_keep_the_chosen_requests_rows(tmp_path):
         kept_probs = np.concatenate([probs[starts[r] : starts[r + 1]] for r in keep])
         assert np.array_equal(trace.weights, kept_probs)
     out = tmp_path / "f.npz"
-    res = _cli(
+    res = run_module(
+        "traces",
         "import",
         "expert-arrays",
         path,
@@ -244,7 +240,7 @@ BAD = [
 def test_bad_sources_exit_2_with_one_line_naming_the_file(tmp_path, case):
     path, args, problem = _bad_npz(tmp_path, case)
     out = tmp_path / "out.npz"
-    res = _cli("import", "expert-arrays", path, "--model", "toy", *args, "--out", out)
+    res = run_module("traces", "import", "expert-arrays", path, "--model", "toy", *args, "--out", out)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and problem in res.stderr, res.stderr
     named = "requests.json" if case.startswith("requests") or case == "unknown_dataset" else str(path)

@@ -3,8 +3,6 @@ log's active sets. Expected figures are computed here from the text lines, indep
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
@@ -17,6 +15,7 @@ from sim.core.workload import active_sets, build_iterations, phase_layers
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate
+from tests.support.cli import run_module
 from tests.support.paths import ROOT
 from traces.errors import InputError
 from traces.importers.ftlog import LogShape, import_ft_log
@@ -24,10 +23,6 @@ from traces.io import load_trace, save_trace
 
 SHARED_LOGS = ROOT.parent / "shared" / "traces" / "switch-base-pregated-logs"
 PREFIX = "permuted_experts_"
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
 def random_log(rng, runs, batch, prompt, steps, enc=6, dec=6, experts=128, encoder_only=False) -> list[str]:
@@ -115,8 +110,19 @@ def test_replay_active_sets_and_on_demand_copies_equal_the_log(tmp_path):
     lines = random_log(rng, runs=3, batch=batch, prompt=5, steps=steps)
     path = write_log(tmp_path / "log.txt", lines)
     out = tmp_path / "trace.npz"
-    res = _cli(
-        "import", "ft-log", path, "--model", "switch-base-128", "--batch", batch, "--decode-steps", steps, "--out", out
+    res = run_module(
+        "traces",
+        "import",
+        "ft-log",
+        path,
+        "--model",
+        "switch-base-128",
+        "--batch",
+        batch,
+        "--decode-steps",
+        steps,
+        "--out",
+        out,
     )
     assert res.returncode == 0, res.stderr
     assert "3 runs x batch 4" in res.stdout
@@ -150,7 +156,7 @@ def test_a_file_with_only_one_runs_encoder_gives_an_encoder_only_trace(tmp_path)
     lines = random_log(rng, runs=1, batch=4, prompt=8, steps=0, encoder_only=True)
     path = write_log(tmp_path / "enc.txt", lines)
     out = tmp_path / "enc.npz"
-    res = _cli("import", "ft-log", path, "--model", "switch-base-128", "--batch", 4, "--out", out)
+    res = run_module("traces", "import", "ft-log", path, "--model", "switch-base-128", "--batch", 4, "--out", out)
     assert res.returncode == 0, res.stderr
     assert "encoder only" in res.stdout
     trace = load_trace(out)
@@ -235,7 +241,7 @@ def test_bad_logs_exit_2_with_one_line_naming_file_and_line(tmp_path, case):
         problem = "--batch: must be >= 1"
     path = write_log(tmp_path / "bad.txt", lines)
     out = tmp_path / "out.npz"
-    res = _cli("import", "ft-log", path, "--model", "toy", *args, "--out", out)
+    res = run_module("traces", "import", "ft-log", path, "--model", "toy", *args, "--out", out)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and problem in res.stderr, res.stderr
     if expect_line is not None:
@@ -244,7 +250,8 @@ def test_bad_logs_exit_2_with_one_line_naming_file_and_line(tmp_path, case):
 
 
 def test_missing_file_exits_2(tmp_path):
-    res = _cli(
+    res = run_module(
+        "traces",
         "import",
         "ft-log",
         tmp_path / "nope.txt",

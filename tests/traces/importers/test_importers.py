@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import defaultdict
 
 import numpy as np
 import pytest
 
-from tests.support.paths import ROOT
+from tests.support.cli import run_module
 from traces.errors import InputError
 from traces.importers.mixtral_jsonl import import_mixtral_jsonl
 from traces.importers.vllm import import_vllm
 from traces.io import load_trace
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
 def test_real_mixtral_import_aligns_layers_by_token_idx(mixtral_real_paths):
@@ -46,7 +40,7 @@ def test_real_mixtral_import_aligns_layers_by_token_idx(mixtral_real_paths):
 
 def test_mixtral_cli_reports_dropped_tokens_and_writes_a_valid_trace(mixtral_real_paths, tmp_path):
     out = tmp_path / "gsm8k.npz"
-    res = _cli("import", "mixtral-jsonl", mixtral_real_paths["gsm8k"], "--out", out)
+    res = run_module("traces", "import", "mixtral-jsonl", mixtral_real_paths["gsm8k"], "--out", out)
     assert res.returncode == 0, res.stderr
     assert "dropped" in res.stdout
     assert load_trace(out).num_requests == 2
@@ -68,7 +62,7 @@ def test_mixtral_bad_lines_name_file_and_line(tmp_path, line, problem):
         import_mixtral_jsonl([f])
     assert f"{f}:2" in str(info.value)
     out = tmp_path / "out.npz"
-    res = _cli("import", "mixtral-jsonl", f, "--out", out)
+    res = run_module("traces", "import", "mixtral-jsonl", f, "--out", out)
     assert res.returncode == 2 and f"{f}:2" in res.stderr and not out.exists()
 
 
@@ -111,7 +105,7 @@ def test_vllm_bad_inputs_exit_2_naming_the_file(tmp_path):
         files = [tmp_path / "a.npy", tmp_path / name] if name != "a.npy" else [tmp_path / name]
         ne = extra[1] if extra else "16"
         out = tmp_path / "out.npz"
-        res = _cli("import", "vllm", *files, "--model", "toy", "--num-experts", ne, "--out", out)
+        res = run_module("traces", "import", "vllm", *files, "--model", "toy", "--num-experts", ne, "--out", out)
         assert res.returncode == 2, (spec, res.stderr)
         assert problem in res.stderr and res.stderr.count("\n") == 1, res.stderr
         assert not out.exists()

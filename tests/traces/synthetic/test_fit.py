@@ -4,23 +4,17 @@ model's knobs in the generator and in the trace's metadata, the CLI, and the rea
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.support.paths import ROOT
+from tests.support.cli import run_module
 from tests.support.real_traces import gpt_oss, switch_decode
 from traces.analysis import stats
 from traces.errors import InputError
 from traces.io import load_trace, save_trace, trace_bytes
 from traces.synthetic import fit
 from traces.synthetic.generator import SynthKnobs, _balance, generate
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
 def truth_knobs(seed=7, layers=4, experts=16, k=2, requests=300, prefix=2) -> SynthKnobs:
@@ -147,7 +141,7 @@ def small_real(tmp_path_factory):
 @pytest.mark.slow
 def test_cli_fit_prints_the_held_out_table_and_records_what_it_fitted(small_real, tmp_path):
     out = tmp_path / "fitted.npz"
-    res = _cli("synth", "--fit", small_real, "--out", out, "--tokens", 3000, "--seed", 4)
+    res = run_module("traces", "synth", "--fit", small_real, "--out", out, "--tokens", 3000, "--seed", 4)
     assert res.returncode == 0, res.stderr
     for name in (
         "overlap_prev",
@@ -182,7 +176,9 @@ def test_cli_fit_prints_the_held_out_table_and_records_what_it_fitted(small_real
         dataset=t.meta.provenance.dataset,
     )
     assert trace_bytes(again) == out.read_bytes()
-    res = _cli("synth", "--fit", small_real, "--out", tmp_path / "n.npz", "--requests", 7, "--no-holdout")
+    res = run_module(
+        "traces", "synth", "--fit", small_real, "--out", tmp_path / "n.npz", "--requests", 7, "--no-holdout"
+    )
     assert res.returncode == 0 and "held-out" not in res.stdout and load_trace(tmp_path / "n.npz").num_requests == 7
 
 
@@ -196,15 +192,15 @@ def test_cli_fit_prints_the_held_out_table_and_records_what_it_fitted(small_real
     ],
 )
 def test_cli_fit_bad_arguments_exit_2(small_real, tmp_path, args, words):
-    res = _cli("synth", "--fit", small_real, "--out", tmp_path / "x.npz", *args)
+    res = run_module("traces", "synth", "--fit", small_real, "--out", tmp_path / "x.npz", *args)
     assert res.returncode == 2 and words in res.stderr and res.stderr.count("\n") == 1
 
 
 def test_cli_fit_needs_two_requests_for_the_check_and_tokens_need_fit(tmp_path):
     one = save_trace(generate(truth_knobs(requests=1, layers=2, prefix=0), 1), tmp_path / "one.npz")
-    res = _cli("synth", "--fit", one, "--out", tmp_path / "x.npz")
+    res = run_module("traces", "synth", "--fit", one, "--out", tmp_path / "x.npz")
     assert res.returncode == 2 and "one.npz" in res.stderr and "--no-holdout" in res.stderr
-    res = _cli("synth", "--out", tmp_path / "x.npz", "--tokens", "100")
+    res = run_module("traces", "synth", "--out", tmp_path / "x.npz", "--tokens", "100")
     assert res.returncode == 2 and "--tokens" in res.stderr
 
 

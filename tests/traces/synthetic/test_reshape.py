@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 import zipfile
 
 import numpy as np
@@ -16,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.cli import run_module
 from tests.support.paths import ROOT
 from traces.analysis import stats
 from traces.errors import InputError
@@ -23,10 +22,6 @@ from traces.io import load_trace, save_trace
 from traces.synthetic import reshape
 from traces.synthetic.fit import stretch_layers
 from traces.synthetic.generator import SynthKnobs, generate
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
 def fitted(e=16, k=4, layers=3, seed=0, prefix=2, requests=6) -> SynthKnobs:
@@ -200,7 +195,7 @@ ARGS = [
 def test_from_fit_writes_the_asked_shape_deterministically(fit_file, tmp_path):
     a, b, c = (tmp_path / f"{n}.npz" for n in "abc")
     for out, seed in ((a, 3), (b, 3), (c, 4)):
-        res = _cli("synth", "--from-fit", fit_file, *ARGS, "--seed", seed, "--out", out)
+        res = run_module("traces", "synth", "--from-fit", fit_file, *ARGS, "--seed", seed, "--out", out)
         assert res.returncode == 0, res.stderr
     assert a.read_bytes() == b.read_bytes() and a.read_bytes() != c.read_bytes()
     t = load_trace(a)
@@ -225,14 +220,14 @@ def test_from_fit_writes_the_asked_shape_deterministically(fit_file, tmp_path):
 
 def test_from_fit_keeps_the_opening_while_every_prompt_holds_it(fit_file, tmp_path):
     out = tmp_path / "p.npz"
-    res = _cli("synth", "--from-fit", fit_file, "--prompt-len", "2,6", "--out", out)
+    res = run_module("traces", "synth", "--from-fit", fit_file, "--prompt-len", "2,6", "--out", out)
     assert res.returncode == 0, res.stderr
     t = load_trace(out)
     assert (t.num_experts, t.top_k, t.num_layers) == (16, 4, 3)  # the fitted shape by default
     assert "2 of the 2" not in t.meta.extra["from_fit"]["prefix"]
     assert t.meta.extra["from_fit"]["prefix"] == "2 fitted opening positions kept (every prompt holds them)"
     assert t.meta.extra["knobs"]["prefix_popularity"]["shape"] == [2, 3, 16]
-    res = _cli("synth", "--from-fit", fit_file, "--prompt-len", "1,6", "--out", tmp_path / "q.npz")
+    res = run_module("traces", "synth", "--from-fit", fit_file, "--prompt-len", "1,6", "--out", tmp_path / "q.npz")
     assert res.returncode == 0, res.stderr
     assert load_trace(tmp_path / "q.npz").meta.extra["from_fit"]["prefix"].startswith("1 of the 2")
 
@@ -256,10 +251,14 @@ def _one_line_exit_2(res, *words):
 def test_from_fit_on_a_trace_without_fitted_knobs_exits_2_naming_the_file(tmp_path, fit_file):
     plain = tmp_path / "plain.npz"
     save_trace(generate(SynthKnobs(num_experts=8, top_k=2, decoder_layers=2, requests=3), 0), plain)
-    _one_line_exit_2(_cli("synth", "--from-fit", plain, "--out", tmp_path / "x.npz"), str(plain), "no fitted knobs")
+    _one_line_exit_2(
+        run_module("traces", "synth", "--from-fit", plain, "--out", tmp_path / "x.npz"), str(plain), "no fitted knobs"
+    )
     made = tmp_path / "made.npz"
-    assert _cli("synth", "--from-fit", fit_file, *ARGS, "--out", made).returncode == 0
-    _one_line_exit_2(_cli("synth", "--from-fit", made, "--out", tmp_path / "y.npz"), str(made), "digest")
+    assert run_module("traces", "synth", "--from-fit", fit_file, *ARGS, "--out", made).returncode == 0
+    _one_line_exit_2(
+        run_module("traces", "synth", "--from-fit", made, "--out", tmp_path / "y.npz"), str(made), "digest"
+    )
 
 
 @pytest.mark.parametrize(
@@ -273,7 +272,7 @@ def test_from_fit_on_a_trace_without_fitted_knobs_exits_2_naming_the_file(tmp_pa
     ],
 )
 def test_from_fit_bad_arguments_exit_2(fit_file, tmp_path, args, words):
-    _one_line_exit_2(_cli("synth", "--from-fit", fit_file, "--out", tmp_path / "x.npz", *args), words)
+    _one_line_exit_2(run_module("traces", "synth", "--from-fit", fit_file, "--out", tmp_path / "x.npz", *args), words)
 
 
 def test_bundled_from_fit_traces_name_their_fit_and_keep_within_the_size():

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.cli import run_module
 from tests.support.paths import ROOT
 from traces.analysis import stats
 from traces.io import load_trace, trace_bytes
 from traces.synthetic.generator import SynthKnobs, generate, locality
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
-
 
 SMALL = SynthKnobs(num_experts=16, top_k=2, decoder_layers=4, requests=24, prompt_len=(2, 6), decode_len=(20, 60))
 
@@ -67,7 +61,7 @@ def test_same_seed_gives_byte_identical_files_and_another_seed_does_not(tmp_path
     a, b, c = (tmp_path / f"{n}.npz" for n in "abc")
     args = ["synth", "--experts", "16", "--top-k", "2", "--layers", "3", "--requests", "10", "--skew", "1"]
     for out, seed in ((a, 7), (b, 7), (c, 8)):
-        assert _cli(*args, "--seed", seed, "--out", out).returncode == 0
+        assert run_module("traces", *args, "--seed", seed, "--out", out).returncode == 0
     assert a.read_bytes() == b.read_bytes()
     assert a.read_bytes() != c.read_bytes()
     assert trace_bytes(generate(SMALL, 3)) == trace_bytes(generate(SMALL, 3))
@@ -102,7 +96,7 @@ def test_skew_concentrates_popularity_and_correlation_makes_layers_predictable()
 )
 def test_bad_knobs_exit_2_naming_the_flag(tmp_path, args, field):
     out = tmp_path / "s.npz"
-    res = _cli("synth", *args, "--out", out)
+    res = run_module("traces", "synth", *args, "--out", out)
     assert res.returncode == 2 and field in res.stderr and res.stderr.count("\n") == 1
     assert not out.exists()
 
@@ -111,7 +105,7 @@ def test_bad_knobs_exit_2_naming_the_flag(tmp_path, args, field):
 def test_fit_reproduces_the_real_trace_locality(mixtral_real, tmp_path):
     """`synth --fit` on the real HumanEval trace: overlap_prev and lru_hit_rate@4 within 0.03."""
     out = tmp_path / "fit.npz"
-    res = _cli("synth", "--fit", mixtral_real["humaneval"], "--requests", "16", "--out", out)
+    res = run_module("traces", "synth", "--fit", mixtral_real["humaneval"], "--requests", "16", "--out", out)
     assert res.returncode == 0, res.stderr
     real = stats.compute_stats(load_trace(mixtral_real["humaneval"]), capacities=[4])
     synth = stats.compute_stats(load_trace(out), capacities=[4])
@@ -195,6 +189,6 @@ def test_knobs_are_refused_unless_the_largest_trace_they_can_make_is_one_a_reade
 )
 def test_a_synthetic_trace_too_large_or_a_bad_seed_is_one_line_before_any_work(tmp_path, args, words):
     out = tmp_path / "s.npz"
-    res = _cli("synth", *args, "--out", out)
+    res = run_module("traces", "synth", *args, "--out", out)
     assert res.returncode == 2 and words in res.stderr and res.stderr.count("\n") == 1, res.stderr
     assert "fitting" not in res.stderr and not out.exists()
