@@ -51,7 +51,7 @@ def simulate(
     w = cfg.workload
     iterations, info = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
     policy, predictor = build_decisions(cfg, trace, iterations)
-    costs = policy.ctx.extra.get("costs")  # the policy's own, if it has one
+    costs = policy.ctx.costs  # the policy's own, if it has one
     if costs is None or costs.system is not cfg.system:
         costs = CostModel(cfg.model, cfg.hardware, cfg.system)
     sim = Simulation(

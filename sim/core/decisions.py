@@ -58,14 +58,9 @@ def build_decisions(cfg: RunConfig, trace: Trace, iterations=None) -> tuple[Poli
     which offline policies read): plain Python, shared by engines."""
     roles = tuple(x.role for x in trace.meta.model.layers)
     # what offline parts may read: the whole workload, and the evaluated trace's path (a part trained on another
-    # trace refuses that very file); "costs": the run's cost model (plain Python), which hybrid CPU/GPU policies
-    # weigh a copy against computing an expert on the host with
-    extra = {
-        "trace": trace,
-        "iterations": iterations,
-        "trace_path": cfg.workload.trace,
-        "costs": CostModel(cfg.model, cfg.hardware, cfg.system),
-    }
+    # trace refuses that very file); the run's cost model (plain Python), which hybrid CPU/GPU policies weigh a copy
+    # against computing an expert on the host with
+    costs = CostModel(cfg.model, cfg.hardware, cfg.system)
     ctx = PolicyContext(
         num_layers=trace.num_layers,
         num_experts=trace.num_experts,
@@ -75,9 +70,12 @@ def build_decisions(cfg: RunConfig, trace: Trace, iterations=None) -> tuple[Poli
         mpc_slots=cfg.cache.mpc_slots,
         hot_ranking=hot_ranking(cfg, trace),
         seed=cfg.seed,
-        extra=extra,
         organization=getattr(cfg.cache, "organization", "per-layer"),
         shared_slots=getattr(cfg.cache, "shared_slots", None),
+        trace=trace,
+        iterations=iterations,
+        trace_path=cfg.workload.trace,
+        costs=costs,
     )
     if cfg.cache.hpc_slots + cfg.cache.mpc_slots > trace.num_experts:
         raise ConfigError(
@@ -88,7 +86,13 @@ def build_decisions(cfg: RunConfig, trace: Trace, iterations=None) -> tuple[Poli
     try:
         policy = POLICIES.get(cfg.policy.name)(cfg.policy.params, ctx)
         predictor = PREDICTORS.get(cfg.predictor.name)(
-            cfg.predictor.params, PredictorContext(trace.num_layers, trace.num_experts, cfg.seed, dict(extra))
+            cfg.predictor.params,
+            PredictorContext(
+                trace.num_layers,
+                trace.num_experts,
+                cfg.seed,
+                {"trace": trace, "iterations": iterations, "trace_path": cfg.workload.trace, "costs": costs},
+            ),
         )
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None

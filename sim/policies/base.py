@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +41,11 @@ from sim.core.admission import AdmissionDriver
 from sim.core.cache import CPU, HPC, LPC, MISS, MPC, SharedTierCache, TierCache
 from sim.core.registry import Registry
 from sim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sim.core.workload import Iteration
+    from sim.timing.costs import CostModel
+    from traces.format import Trace
 
 #: Every policy, by the name a run config gives (``policy.name``).
 POLICIES: Registry = Registry("policy")
@@ -64,7 +70,10 @@ class LayerPlan:
 @dataclass(frozen=True)
 class PolicyContext:
     """What a policy may know besides its params: the model's shape, which layers are cached, tier sizes,
-    the hot-expert ranking per layer (most selected first), and a seed."""
+    the hot-expert ranking per layer (most selected first), a seed, the cache's organization, and what
+    ``sim.core.decisions.build_decisions`` passes from the run (each None where a caller has none): the evaluated
+    trace, the whole workload (the future, which only offline policies may read: :meth:`future`), the trace's
+    path and the run's cost model (:meth:`cost_model`)."""
 
     num_layers: int
     num_experts: int
@@ -74,10 +83,32 @@ class PolicyContext:
     mpc_slots: int
     hot_ranking: tuple[tuple[int, ...], ...]
     seed: int = 0
-    extra: dict = field(default_factory=dict)  # "trace" and "iterations" (the whole workload) for offline
-    #                                                policies such as belady; online policies must not look ahead
     organization: str = "per-layer"  # per-layer | shared (cache.organization)
     shared_slots: int | None = None  # shared: the cache's experts (None: (hpc + mpc) x cached layers)
+    #: the evaluated trace (an online policy reads a layer's routing only once its gate has run)
+    trace: Trace | None = None
+    #: the whole workload in run order (with ``trace``: the future, for offline policies such as belady)
+    iterations: Sequence[Iteration] | None = None
+    #: the evaluated trace's file (a part trained on another trace refuses this very file)
+    trace_path: str | Path | None = None
+    #: the run's cost model (hybrid CPU/GPU policies weigh a copy against computing an expert on the host)
+    costs: CostModel | None = None
+
+    def future(self, who: str) -> tuple[Trace, Sequence[Iteration]]:
+        """The workload's future (``trace`` and ``iterations``) for an offline policy (``who`` names it); a
+        ConfigError without it."""
+        if self.trace is None or self.iterations is None:
+            raise ConfigError(
+                f"{who}: needs the workload's future: PolicyContext.trace and PolicyContext.iterations "
+                "(sim.core.decisions.build_decisions passes them)"
+            )
+        return self.trace, self.iterations
+
+    def cost_model(self, who: str) -> CostModel:
+        """The run's cost model for a policy that weighs host compute against copies (``who`` names it)."""
+        if self.costs is None:
+            raise ConfigError("policy.name", f"{who}: needs the run's cost model (PolicyContext.costs)")
+        return self.costs
 
     def shared_total(self) -> int:
         """The experts a shared cache holds, HPC included."""

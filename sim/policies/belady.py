@@ -1,9 +1,9 @@
 """`belady`: offline optimal replacement for the MPC (Belady's MIN with bypass), reading the workload's future.
 
-It needs the future: ``ctx.extra["iterations"]`` (the run's list of ``sim.core.workload.Iteration``, in run order)
-and ``ctx.extra["trace"]``, which ``sim.run.build_decisions`` passes. From them, once, per cached layer, it
-tabulates every (iteration, active expert) pair and each pair's *next use* (the next iteration in which that
-expert is active in that layer), with numpy.
+It needs the future: ``ctx.iterations`` (the run's list of ``sim.core.workload.Iteration``, in run order) and
+``ctx.trace`` (``PolicyContext.future``), which ``sim.core.decisions.build_decisions`` passes. From them, once, per
+cached layer, it tabulates every (iteration, active expert) pair and each pair's *next use* (the next iteration in
+which that expert is active in that layer), with numpy.
 
 Rule, per cached layer, after the gate (the layer's active experts are used together, as in ``lru``):
 the MPC after the step holds the ``mpc_slots`` experts with the soonest next use among the experts in the MPC
@@ -164,22 +164,11 @@ def record_next_uses(
     if len(experts) != len(active) or list(active) != experts:
         raise RuntimeError(
             f"{who}: iteration {iteration}, layer {layer}: active set {list(active)} differs "
-            f"from the workload's ({experts}); ctx.extra['iterations'] is not this run's"
+            f"from the workload's ({experts}); PolicyContext.iterations is not this run's"
         )
     for e, u in zip(experts, uses):
         next_use[e] = u
     return next_use
-
-
-def _future_of(ctx, who: str):
-    extra = ctx.extra or {}
-    trace, iterations = extra.get("trace"), extra.get("iterations")
-    if trace is None or iterations is None:
-        raise ConfigError(
-            f"{who}: needs the workload's future: ctx.extra['trace'] and ctx.extra['iterations'] "
-            "(sim.run.build_decisions passes them)"
-        )
-    return trace, iterations
 
 
 @POLICIES.register("belady")
@@ -205,7 +194,7 @@ class Belady(Policy):
         self.layers = sorted(self.ctx.cached_layers) if self.cache.mpc_slots > 0 else []
         self.future: FutureUses | None = None
         if self.layers:
-            trace, iterations = _future_of(self.ctx, "policy belady")
+            trace, iterations = self.ctx.future("policy belady")
             self.future = FutureUses(trace, iterations, self.layers)
         # per layer, each expert's next use as known at its last use (valid for experts held in the MPC)
         self.next_use = {layer: [NEVER] * self.ctx.num_experts for layer in self.layers}

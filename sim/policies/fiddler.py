@@ -19,7 +19,7 @@ The rule here:
   (source ``cpu``) when ``cpu_expert_s(n) + activation_copy_s(n, "d2h") + activation_copy_s(n, "h2d")`` is below
   ``copy_s(expert_bytes) + expert_s(n)`` (copying its weights and computing on the GPU), else copied now (a miss)
   and dropped after the layer (nothing is kept). The paper's latency model compares the same two paths per expert
-  from measured latencies; here they come from the run's cost model (``ctx.extra["costs"]``). Guess: the
+  from measured latencies; here they come from the run's cost model (``ctx.costs``). Guess: the
   comparison is per expert, each expert's activations priced alone (the engine moves a layer's host activations
   in one copy each way), ties going to the copy.
 - **No prefetch** (Fiddler does not copy ahead): ``plan_prefetch`` returns nothing, whatever the predictor.
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from sim.config.params import one_of
 from sim.core.cache import CPU, HPC, MISS
-from sim.errors import ConfigError
 from sim.policies.base import POLICIES, LayerPlan, PinnedOnly, Policy, PolicyContext, selection_counts
 
 PLACEMENTS = ("per-layer", "global")
@@ -39,11 +38,11 @@ def global_placement(ctx: PolicyContext, budget: int) -> dict[int, list[int]]:
     """The ``budget`` most popular (layer, expert) pairs of the cached layers, as layer -> experts (hottest first).
 
     Popularity: each layer's experts in ``ctx.hot_ranking`` order (the hot profile), the k-th hottest of a layer
-    weighted by the k-th largest selection count of that layer in the run's trace (``ctx.extra["trace"]``: with the
+    weighted by the k-th largest selection count of that layer in the run's trace (``ctx.trace``: with the
     default ``cache.hot_profile: trace`` exactly each expert's own count); without a trace, by rank alone. Ties go
     to the lower rank, then the lower layer."""
     layers = sorted(ctx.cached_layers)
-    trace = ctx.extra.get("trace")
+    trace = ctx.trace
     n = ctx.num_experts
     if trace is not None:
         counts = selection_counts(trace.experts, n)
@@ -88,11 +87,8 @@ class Placed(PinnedOnly):
 
 
 def cost_model(policy: Policy):
-    """The run's cost model (``PolicyContext.extra["costs"]``, which ``sim.core.decisions.build_decisions`` passes)."""
-    costs = policy.ctx.extra.get("costs")
-    if costs is None:
-        raise ConfigError("policy.name", f"{policy.name}: needs the run's cost model (PolicyContext.extra['costs'])")
-    return costs
+    """The run's cost model (``PolicyContext.costs``, which ``sim.core.decisions.build_decisions`` passes)."""
+    return policy.ctx.cost_model(policy.name)
 
 
 @POLICIES.register("fiddler")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from sim.policies.base import POLICIES, Policy, PolicyContext
 
 
@@ -22,7 +24,7 @@ class GpuOnly(Policy):
         return 0
 
     def __init__(self, params, ctx: PolicyContext, where: str = "policy.params"):
-        ctx = PolicyContext(**{**ctx.__dict__, "cached_layers": frozenset(range(ctx.num_layers))})
+        ctx = dataclasses.replace(ctx, cached_layers=frozenset(range(ctx.num_layers)))
         super().__init__(params, ctx, where)
 
     def configure(self) -> None:

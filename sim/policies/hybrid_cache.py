@@ -3,7 +3,7 @@ it does not hold. Per layer, each active expert that is not cached nor prefetche
 (source ``cpu``: only its tokens' activations cross the link) or copied (a miss) and offered to the cache,
 whichever finishes the layer sooner, with credit for a copy that is likely to be used again.
 
-The rule (every number in it is a guess, named as such; costs from the run's cost model, ``ctx.extra["costs"]``):
+The rule (every number in it is a guess, named as such; costs from the run's cost model, ``ctx.costs``):
 
 - **Cache**: all ``hpc_slots + mpc_slots`` slots of a cached layer are one cache (no pinned HPC; its hits count
   as MPC hits) whose copies land in their slots (``promotion_is_free``). With ``warm_start`` (default, as fiddler

@@ -126,7 +126,7 @@ class LearnedRF(PerLayerCache):
         from sim.predictors.transition import load_training_trace
 
         where = "policy.params.train"
-        trace = load_training_trace(train, where, self.ctx.extra.get("trace"), self.ctx.extra.get("trace_path"))
+        trace = load_training_trace(train, where, self.ctx.trace, self.ctx.trace_path)
         if (trace.num_layers, trace.num_experts) != (n, e):
             raise ConfigError(
                 where,

@@ -16,7 +16,7 @@ Rule, per cached layer, after the gate (the layer's active experts are used toge
 With ``horizon: 0`` nothing ahead is seen: every next use is unknown, no newcomer is bypassed, and the decisions are
 ``lru``'s exactly (tests check it). ``horizon`` counts iterations of the run (at batch 1, tokens). Capacity and
 ``pin_hot`` are as ``lru``'s (``sim.policies.base.PerLayerCache``). It reads the future from
-``ctx.extra["trace"]`` and ``ctx.extra["iterations"]`` as ``belady`` does; per-layer slots only.
+``ctx.trace`` and ``ctx.iterations`` (``PolicyContext.future``) as ``belady`` does; per-layer slots only.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from sim.config.checks import INT_MAX
 from sim.config.params import between
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
-from sim.policies.belady import NEVER, FutureUses, _future_of, record_next_uses
+from sim.policies.belady import NEVER, FutureUses, record_next_uses
 
 
 @POLICIES.register("lookahead")
@@ -43,7 +43,7 @@ class Lookahead(PerLayerCache):
         self.layers = sorted(self.ctx.cached_layers) if self.cache.mpc_slots > 0 else []
         self.future = None
         if self.layers:
-            trace, iterations = _future_of(self.ctx, "policy lookahead")
+            trace, iterations = self.ctx.future("policy lookahead")
             self.future = FutureUses(trace, iterations, self.layers)
         # per layer, each expert's next use as known at its last use (exact for the experts held in the MPC: each
         # entered at a use and has not been used since its last one)

@@ -82,11 +82,9 @@ class MoEInfinity(Policy):
             raise ConfigError(
                 "policy.params.activation", f"must be one of {', '.join(ACTIVATION)}, got {p['activation']!r}"
             )
-        trace = self.ctx.extra.get("trace")
+        trace = self.ctx.trace
         if trace is None:
-            raise ValueError(
-                "policy 'moe-infinity' needs the workload's trace in its context (PolicyContext.extra['trace'])"
-            )
+            raise ValueError("policy 'moe-infinity' needs the workload's trace in its context (PolicyContext.trace)")
         self.tracker = ActivationTracker(trace, cap)
         if p["pin_hot"]:
             self.pin_hot_experts()

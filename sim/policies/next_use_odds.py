@@ -193,7 +193,7 @@ class NextUseOdds(Policy):
             from sim.predictors.transition import load_training_trace
 
             where = "policy.params.train"
-            trace = load_training_trace(train, where, ctx.extra.get("trace"), ctx.extra.get("trace_path"))
+            trace = load_training_trace(train, where, ctx.trace, ctx.trace_path)
             if (trace.num_layers, trace.num_experts) != (n, e):
                 raise ConfigError(
                     where,

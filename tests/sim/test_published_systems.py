@@ -293,7 +293,7 @@ def _ctx(hpc, mpc, layers=4, experts=8, organization="per-layer", shared_slots=N
         hpc_slots=hpc,
         mpc_slots=mpc,
         hot_ranking=ranking,
-        extra={"trace": trace, "costs": None},
+        trace=trace,
         organization=organization,
         shared_slots=shared_slots,
     )

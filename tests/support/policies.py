@@ -68,10 +68,9 @@ def policy_context(
     shared_slots=None,
 ) -> PolicyContext:
     """The context ``sim.run.build_decisions`` gives a policy: the trace's shape, every layer cached unless
-    ``cached`` says which, the hot ranking of the whole trace unless ``ranking`` is given, the trace (and the
-    workload ``its`` when given) in ``extra``."""
+    ``cached`` says which, the hot ranking of the whole trace unless ``ranking`` is given, the trace and the
+    workload ``its`` (when given); ``extra``: other context fields by name (``trace_path``, ``costs``)."""
     ranking = ranking or hot_ranking_from_counts(selection_counts(trace.experts, trace.num_experts))
-    known = {"trace": trace} if its is None else {"trace": trace, "iterations": its}
     return PolicyContext(
         trace.num_layers,
         trace.num_experts,
@@ -81,9 +80,9 @@ def policy_context(
         mpc,
         tuple(tuple(r) for r in ranking),
         0,
-        {**known, **(extra or {})},
         organization=organization,
         shared_slots=shared_slots,
+        **{"trace": trace, "iterations": its, **(extra or {})},
     )
 
 
