@@ -10,11 +10,13 @@ Protocol, per layer of an iteration (the simulator and the validator call exactl
 2. ``plan_layer(it, layer, active)`` once the gate has chosen the layer's experts: a :class:`LayerPlan` saying,
    per active expert, whether it is served from the HPC, the MPC, a working buffer it was prefetched into
    (LPC), or is a miss to copy now; which experts move from their working buffer into the MPC after they
-   compute (and whom they evict); and which prefetched experts went unused. A hybrid policy may instead have an
-   active expert computed on the host CPU (source ``CPU``): it is not copied, never enters a working
-   buffer and is never promoted; its access counts in ``CacheCounters.cpu``. Such a policy sets ``wants_counts``
-   and reads the layer's tokens per active expert from ``self.layer_counts`` (set by the protocol just before
-   ``plan_layer``), and the cost model from ``ctx.extra["costs"]``.
+   compute (and whom they evict); and which prefetched experts went unused. The base class classifies the sources
+   and hands the step to the admission driver (``sim.core.admission``), which runs the policy's MPC from what it
+   declares (``admits``: a victim key, a keeper or a rule; ``observe`` for its own bookkeeping). A hybrid policy
+   may instead have an active expert computed on the host CPU (source ``CPU``): it is not copied, never enters a
+   working buffer and is never promoted. Such a policy sets ``wants_counts`` and reads the layer's tokens per
+   active expert from ``self.layer_counts`` (set by the protocol just before ``plan_layer``), and the cost model
+   from ``ctx.costs``. No policy counts hits or misses: the protocol counts them from the plan's sources.
 3. ``finish_layer(it, layer)`` when the layer's experts have computed: its working buffers are dropped.
 
 ``start_batch()`` is called before the first iteration of each static batch (and once for continuous batching).
