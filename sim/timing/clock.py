@@ -117,9 +117,11 @@ class StreamClock:
         peek, step = self.peek, self.step
         while peek() <= due:
             step()
-        if self.due != due:  # an environment event cannot touch the stream's own events
+        callback = self._callback
+        if self.due != due or callback is None:  # an environment event cannot touch the stream's own events
             raise RuntimeError("the stream clock's own event moved while the environment ran")
-        self._run_own()
+        self._callback, self.due = None, NEVER  # _run_own, inline (once per copy)
+        callback()
         return due
 
     def catch_up(self) -> None:
@@ -127,6 +129,8 @@ class StreamClock:
         of the difference, or (where that float sum would not land exactly) a chain of them, each to a time that
         the next difference from it reaches exactly (halving: ``x - y`` is exact for ``y/2 <= x <= 2y``)."""
         env, now, step = self.env, self.now, self.step
+        if self.peek() < now:
+            raise RuntimeError("an event of the environment is due before the stream's time")
         while env.now != now:
             at = env.now
             if at > now:

@@ -81,6 +81,7 @@ class CopyEngine(QueueCounters):
         self.events = 0  # landings and wake-ups processed
         # the idle copy thread (not already waking) is asked for a copy: it starts now, or after the hand-off
         self._wake = self._wake_later if handoff else self._start_next
+        self._on_land, self._on_woken = self._land, self._woken  # the callbacks, bound once
 
     @property
     def busy(self) -> bool:
@@ -91,7 +92,7 @@ class CopyEngine(QueueCounters):
     def submit(self, layer: int, expert: int, prefetch: bool) -> CopyJob:
         job = self.queue.submit(layer, expert, prefetch)
         if self.current is None and not self.waking:
-            self._ask()
+            self._wake(self.clock.now)  # _ask, inline (once per copy)
         return job
 
     def upgrade(self, job: CopyJob) -> None:
@@ -110,7 +111,7 @@ class CopyEngine(QueueCounters):
         assert job.buffer is not None  # a landed copy holds a buffer
         q.release(job.buffer)
         if self.current is None and not self.waking and (self.handoff or q.demand or q.prefetch):
-            self._ask()
+            self._wake(self.clock.now)  # _ask, inline (once per copy)
 
     def evicted(self, n: int) -> None:
         """``n`` experts were evicted: each is written back before the next copy (with ``writeback`` set)."""
@@ -131,7 +132,7 @@ class CopyEngine(QueueCounters):
     def _wake_later(self, now: float, delay: float | None = None) -> None:
         """The copy thread wakes up after the hand-off (or ``delay``) from ``now``, then starts the next copy."""
         self.waking = True
-        self.due = self.clock.call_at(now, self.handoff if delay is None else delay, self._woken)
+        self.due = self.clock.call_at(now, self.handoff if delay is None else delay, self._on_woken)
 
     def _woken(self) -> None:
         self.events += 1
@@ -166,7 +167,7 @@ class CopyEngine(QueueCounters):
         self.busy_s += duration
         self.current = job
         # planned (the event's time too); the engine reads it to stretch compute
-        job.end = self.due = self.clock.call_at(now, duration, self._land)
+        job.end = self.due = self.clock.call_at(now, duration, self._on_land)
 
     def _land(self) -> None:
         """The copy on the link lands: it waits in ``ready`` for its layer (or frees its buffer if dropped)."""

@@ -260,20 +260,36 @@ class ComputeStream(StreamClock):
             dense = self.stretch(dense, self.dense_slow)
         if tl is not None:
             tl.dense(layer, self.now, dense)
-        self.wait(dense)
+        self.waits += 1  # wait(dense), inline (once per layer)
+        end = self.now + dense
+        if self.due <= end or self.peek() <= end:
+            self.run_until(end)
+        self.now = end
         self.busy += dense
         if self.roundtrip:  # the gate's choice reaches the host before anything of the layer is issued
             self.wait(self.roundtrip)
-        self.decide(step)
-        resident_s = self.resident_time(step)
+        if self.writeback:
+            self.decide(step)
+        else:  # decide, inline
+            self.protocol.decide(step)
+            if step.plan.unused_prefetch:
+                self.drop_unused(step)
+        if tl is None:  # resident_time, inline
+            resident_s, expert_of, counts, hit_d2d = 0.0, self.expert_of, step.counts, self.hit_d2d
+            for e in step.resident:
+                resident_s += expert_of[counts[e]] + hit_d2d
+        else:
+            resident_s = self.resident_time(step)
         cpu = step.cpu
         if cpu:  # the host's side starts now, beside the GPU's
             cpu_done, host_s = self.host.run(self.now, step.iteration, layer, step.counts, cpu)
             self.cpu_s += host_s
             self.cpu_n += len(cpu)
-        new_copies = self.issue_copies(step)
-        if self.copy_issue and new_copies:  # the host issues the copies before the layer's experts
-            self.wait(self.copy_issue * new_copies)
+        copied = step.copied
+        if copied or step.prefetch:
+            new_copies = self.issue_copies(step)
+            if self.copy_issue and new_copies:  # the host issues the copies before the layer's experts
+                self.wait(self.copy_issue * new_copies)
         if resident_s:
             if self.slowed:
                 resident_s = self.stretch(resident_s, self.slow)
@@ -281,7 +297,7 @@ class ComputeStream(StreamClock):
                 resident_s = max(resident_s, self.hit_issue * len(step.resident))
             self.wait(resident_s)
             self.busy += resident_s
-        if step.copied:
+        if copied:
             self.copied_experts(step)
         if cpu:
             self.wait_host(cpu_done)
@@ -296,15 +312,19 @@ class ComputeStream(StreamClock):
             self.copy.evicted(counters.evictions - evictions)
         else:
             self.protocol.decide(step)
+        if step.plan.unused_prefetch:
+            self.drop_unused(step)
+
+    def drop_unused(self, step: LayerStep) -> None:
+        """The copies of the layer's unused prefetches are dropped (their bytes wasted if they started)."""
         unused = step.plan.unused_prefetch
-        if unused:
-            jobs, drop, layer = self.jobs, self.copy.drop, step.layer
-            for e in unused:
-                job = jobs.pop((layer, e))
-                if job.started:
-                    self.wasted += self.expert_bytes
-                drop(job)
-            self.unused += len(unused)
+        jobs, drop, layer = self.jobs, self.copy.drop, step.layer
+        for e in unused:
+            job = jobs.pop((layer, e))
+            if job.started:
+                self.wasted += self.expert_bytes
+            drop(job)
+        self.unused += len(unused)
 
     def resident_time(self, step: LayerStep) -> float:
         """The compute of the layer's cached experts, one after another from now (each after its copy into the
@@ -350,24 +370,42 @@ class ComputeStream(StreamClock):
         if ready is None:
             ready = copy.ready[layer] = deque()
         promote, counts, expert_of = step.plan.promote, step.counts, self.expert_of
-        serial = self.serial
+        serial, slowed, expert_issue, promote_d2d = self.serial, self.slowed, self.expert_issue, self.promote_d2d
+        release, wait_copy, run_until, run_next = copy.release, self.wait_copy, self.run_until, self.run_next
+        handoff, peek = self.handoff, self.peek
         for _ in step.copied:
-            if not ready or (serial and copy.busy):
-                self.wait_copy(ready)
+            if serial:
+                if not ready or copy.busy:
+                    wait_copy(ready)
+            elif not ready:  # wait_copy, inline (once per copy): the stream stalls until the next copy lands
+                t0 = self.now
+                copy.computing = False
+                while not ready:
+                    t = run_next()
+                self.now = t
+                self.waits += 1
+                if handoff:
+                    self.wait(handoff)
+                copy.computing = True
+                self.stall += self.now - t0
             job = ready.popleft()
             e = job.expert
             t = expert_of[counts[e]]
             if e in promote:
-                t += self.promote_d2d
-            if self.slowed:
+                t += promote_d2d
+            if slowed:
                 t = self.stretch(t, self.slow)
-            if self.expert_issue:
-                t = max(t, self.expert_issue)
+            if expert_issue:
+                t = max(t, expert_issue)
             if tl is not None:
                 tl.expert(layer, e, "copied", self.now, t)
-            self.wait(t)
+            self.waits += 1  # wait(t), inline (once per copy)
+            end = self.now + t
+            if self.due <= end or peek() <= end:
+                run_until(end)
+            self.now = end
             self.busy += t
-            copy.release(job)
+            release(job)
 
     def lm_head(self, it: Iteration) -> None:
         """The LM head closes the iteration: over every generated token, or each prefilled request's last."""
