@@ -57,7 +57,10 @@ class EnvClock:
 class StreamClock:
     """The clock of one stream of work (``now``) over ``env``: at or ahead of SimPy's, which runs only the
     environment's other events. ``waits`` counts the stream's waits; ``due`` is the time of the clock's own pending
-    event (:meth:`call_at`), ``NEVER`` when there is none."""
+    event (:meth:`call_at`), ``NEVER`` when there is none; ``env_next`` the time of the environment's next event
+    as last read (``env.peek``): the clock reads it again after every step it runs, so that a stream that lets
+    nothing else touch the environment (the engine, during a run) may test it instead of peeking at every wait;
+    :meth:`sync` reads it afresh."""
 
     def __init__(self, env: simpy.Environment):
         self.env = env
@@ -67,6 +70,11 @@ class StreamClock:
         self.waits = 0
         self.due = NEVER
         self._callback = None  # the own pending event's
+        self.env_next = env.peek()
+
+    def sync(self) -> None:
+        """Read the time of the environment's next event afresh (``env_next``)."""
+        self.env_next = self.peek()
 
     def call_at(self, start: float, delay: float, callback) -> float:
         """``callback()`` at ``start + delay`` (the float sum; ``start`` at or after SimPy's time): the clock's own
@@ -92,12 +100,13 @@ class StreamClock:
             at = peek()
             if at <= self.due:
                 if at > end:
-                    return
+                    break
                 step()
             elif self.due <= end:
                 self._run_own()
             else:
-                return
+                break
+        self.env_next = at
 
     def wait(self, dt: float) -> None:
         """The stream is busy for ``dt`` seconds: every event due by ``now + dt`` runs, then the stream goes on at
@@ -115,8 +124,11 @@ class StreamClock:
         if due == NEVER:
             raise RuntimeError("simulation deadlocked: the compute stream waits on a copy that never comes")
         peek, step = self.peek, self.step
-        while peek() <= due:
+        at = peek()
+        while at <= due:
             step()
+            at = peek()
+        self.env_next = at
         callback = self._callback
         if self.due != due or callback is None:  # an environment event cannot touch the stream's own events
             raise RuntimeError("the stream clock's own event moved while the environment ran")
@@ -143,3 +155,4 @@ class StreamClock:
                 step()
             if env.now != to:
                 raise RuntimeError(f"the stream's clock {to!r} and SimPy's {env.now!r} disagree")
+        self.env_next = self.peek()

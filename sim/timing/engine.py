@@ -262,7 +262,7 @@ class ComputeStream(StreamClock):
             tl.dense(layer, self.now, dense)
         self.waits += 1  # wait(dense), inline (once per layer)
         end = self.now + dense
-        if self.due <= end or self.peek() <= end:
+        if self.due <= end or self.env_next <= end:  # nothing but the clock runs the environment (env_next)
             self.run_until(end)
         self.now = end
         self.busy += dense
@@ -372,7 +372,7 @@ class ComputeStream(StreamClock):
         promote, counts, expert_of = step.plan.promote, step.counts, self.expert_of
         serial, slowed, expert_issue, promote_d2d = self.serial, self.slowed, self.expert_issue, self.promote_d2d
         release, wait_copy, run_until, run_next = copy.release, self.wait_copy, self.run_until, self.run_next
-        handoff, peek = self.handoff, self.peek
+        handoff = self.handoff
         for _ in step.copied:
             if serial:
                 if not ready or copy.busy:
@@ -401,7 +401,7 @@ class ComputeStream(StreamClock):
                 tl.expert(layer, e, "copied", self.now, t)
             self.waits += 1  # wait(t), inline (once per copy)
             end = self.now + t
-            if self.due <= end or peek() <= end:
+            if self.due <= end or self.env_next <= end:
                 run_until(end)
             self.now = end
             self.busy += t
@@ -520,6 +520,7 @@ class Simulation:
         stream, protocol, progress = self.stream, self.protocol, self.progress
         assert stream is not None and protocol is not None and self.copy is not None, "setup() comes first"
         tally = IterationTally(self.policy.cache.counters, self.copy)
+        stream.sync()  # the environment's next event as the run starts; only the stream's clock runs it from here
         for it in self.iterations:
             t_start = stream.now
             tally.begin()
