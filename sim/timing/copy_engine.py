@@ -82,6 +82,7 @@ class CopyEngine(QueueCounters):
         # the idle copy thread (not already waking) is asked for a copy: it starts now, or after the hand-off
         self._wake = self._wake_later if handoff else self._start_next
         self._on_land, self._on_woken = self._land, self._woken  # the callbacks, bound once
+        self._submit, self._start, self._landed = q.submit, q.start_next, q.land  # the queue's, once per copy
 
     @property
     def busy(self) -> bool:
@@ -90,7 +91,7 @@ class CopyEngine(QueueCounters):
 
     # ---------------------------------------------------------------------------------------------- requests
     def submit(self, layer: int, expert: int, prefetch: bool) -> CopyJob:
-        job = self.queue.submit(layer, expert, prefetch)
+        job = self._submit(layer, expert, prefetch)
         if self.current is None and not self.waking:
             self._wake(self.clock.now)  # _ask, inline (once per copy)
         return job
@@ -156,7 +157,7 @@ class CopyEngine(QueueCounters):
         queue has one that may start (and, serial, the stream waits)."""
         if self.serial and self.computing:
             return
-        job = self.queue.start_next()
+        job = self._start()
         if job is None:
             return
         job.start = now
@@ -179,8 +180,8 @@ class CopyEngine(QueueCounters):
         self.current = None
         if self.timeline is not None:
             self.timeline.copy(job)
+        self._landed(job)
         q = self.queue
-        q.land(job)
         if not q.demand and not q.prefetch:
             return
         if self.gap and q.has_next():  # the copy thread notices the landing, then issues the next copy

@@ -172,6 +172,8 @@ class ComputeStream(StreamClock):
         super().__init__(env)
         self.costs, self.policy, self.copy, self.protocol = costs, policy, copy, protocol
         copy.clock = self  # the copy engine's requests come at the stream's time
+        # bound once: what each layer and each copy calls
+        self._decide, self._release, self._wait_copy = protocol.decide, copy.release, self.wait_copy
         self.timeline = timeline
         self.host = HostStream(costs, trace, timeline)
         self.roles = [x.role for x in trace.meta.model.layers]
@@ -271,7 +273,7 @@ class ComputeStream(StreamClock):
         if self.writeback:
             self.decide(step)
         else:  # decide, inline
-            self.protocol.decide(step)
+            self._decide(step)
             if step.plan.unused_prefetch:
                 self.drop_unused(step)
         if tl is None:  # resident_time, inline
@@ -371,7 +373,7 @@ class ComputeStream(StreamClock):
             ready = copy.ready[layer] = deque()
         promote, counts, expert_of = step.plan.promote, step.counts, self.expert_of
         serial, slowed, expert_issue, promote_d2d = self.serial, self.slowed, self.expert_issue, self.promote_d2d
-        release, wait_copy, run_until, run_next = copy.release, self.wait_copy, self.run_until, self.run_next
+        release, wait_copy = self._release, self._wait_copy
         handoff = self.handoff
         for _ in step.copied:
             if serial:
@@ -381,7 +383,7 @@ class ComputeStream(StreamClock):
                 t0 = self.now
                 copy.computing = False
                 while not ready:
-                    t = run_next()
+                    t = self.run_next()
                 self.now = t
                 self.waits += 1
                 if handoff:
@@ -402,7 +404,7 @@ class ComputeStream(StreamClock):
             self.waits += 1  # wait(t), inline (once per copy)
             end = self.now + t
             if self.due <= end or self.env_next <= end:
-                run_until(end)
+                self.run_until(end)
             self.now = end
             self.busy += t
             release(job)
