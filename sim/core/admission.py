@@ -62,7 +62,7 @@ class AdmissionDriver:
     __slots__ = (
         "policy",
         "cache",
-        "cached",
+        "live",
         "mode",
         "shared",
         "touch",
@@ -70,6 +70,7 @@ class AdmissionDriver:
         "observe_all",
         "bypass",
         "after",
+        "key_of",
         "layers",
         "order",
     )
@@ -80,7 +81,8 @@ class AdmissionDriver:
             raise TypeError(f"policy {policy.name!r}: admits must be one of {MODES}, got {mode!r}")
         self.policy = policy
         self.cache = policy.cache
-        self.cached = policy.ctx.cached_layers
+        #: the layers the driver admits into: cached, with MPC slots (a cache's slots never change)
+        self.live = frozenset(policy.ctx.cached_layers) if self.cache.mpc_slots > 0 else frozenset()
         self.mode = mode
         self.shared = bool(self.cache.shared)
         self.touch = bool(policy.touch_hits)
@@ -88,81 +90,103 @@ class AdmissionDriver:
         self.observe_all = bool(policy.observes_every_layer)
         self.bypass = policy.keeps_out if _overrides(policy, "keeps_out") else None
         self.after = policy.after_admission if _overrides(policy, "after_admission") else None
-        self.layers = sorted(self.cached)  # ascending: the run order of the cached layers
+        #: the per-layer victim key (None: least recent use, without asking)
+        self.key_of = policy.victim_key if _overrides(policy, "victim_key") else None
+        self.layers = sorted(policy.ctx.cached_layers)  # ascending: the run order of the cached layers
         #: the shared cache's recency order ((layer, expert), least recent first), for a ranking of None
         self.order: dict[tuple[int, int], None] = {}
 
     def step(self, iteration: int, layer: int, active: Sequence[int], plan) -> None:
         """The layer's step after classification: observe, then hits and admissions by the policy's mode."""
-        live = layer in self.cached and self.cache.mpc_slots > 0
+        live = layer in self.live
         observe = self.observe
         if observe is not None and (live or self.observe_all):
             observe(iteration, layer, active, plan)
+        if not live:
+            return
         mode = self.mode
-        if not live or mode is None:
-            return
-        if mode == RULE:
-            self._apply(layer, plan, self.policy.choose(iteration, layer, active, plan))
-            return
-        if mode == KEEPER:
-            self._keeper_step(layer, active, plan)
-            return
-        newcomers = self._hits_and_newcomers(layer, active, plan)
-        if not newcomers:
-            return
-        if self.shared:
-            keys = self.policy.shared_victim_keys(layer, active, newcomers)
-            if keys is None:
-                self._admit_shared_recency(layer, active, plan, newcomers)
+        if mode == RANK:
+            if self.shared:
+                self._rank_shared(layer, active, plan)
             else:
-                self._admit_shared_ranked(layer, active, plan, keys, newcomers)
-        else:
-            self._admit_ranked(layer, active, plan, self.policy.victim_key(layer, active, newcomers), newcomers)
-        if self.after is not None:
-            self.after(layer, newcomers, plan)
+                self._rank_per_layer(layer, active, plan)
+        elif mode == RULE:
+            self._apply(layer, plan, self.policy.choose(iteration, layer, active, plan))
+        elif mode == KEEPER:
+            self._keeper_step(layer, active, plan)
 
     # ------------------------------------------------------------------------------------------------ ranked
-    def _hits_and_newcomers(self, layer: int, active: Sequence[int], plan) -> list[int]:
-        """Touch the MPC hits (``touch_hits``, in active order); returns the newcomers in active order."""
-        sources = plan.sources
-        if self.touch:
-            resident = plan.resident if plan.resident is not None else active
-            if self.shared:
-                order = self.order
-                for e in resident:
-                    if sources[e] == MPC:
-                        key = (layer, e)
-                        del order[key]
-                        order[key] = None
-            else:
-                mpc = self.cache.mpc[layer]
-                for e in resident:
-                    if sources[e] == MPC:
-                        del mpc[e]
-                        mpc[e] = None
+    @staticmethod
+    def _newcomers(active: Sequence[int], plan) -> list[int]:
+        """The experts the layer copies now (misses and used prefetches), in active order."""
         if plan.copied is not None:
-            return [e for e, _ in plan.copied]  # misses and used prefetches, in active order
+            return [e for e, _ in plan.copied]
+        sources = plan.sources
         return [e for e in active if sources[e] == MISS or sources[e] == LPC]
 
-    def _admit_ranked(self, layer: int, active, plan, key: Callable | None, newcomers: list[int]) -> None:
-        """Per-layer: each newcomer enters; a full MPC first evicts the held expert not in use now with the largest
-        ``key`` (None: the least recent, i.e. the first in MPC order), unless the policy keeps the newcomer out."""
-        cache, bypass, promote = self.cache, self.bypass, plan.promote
-        mpc, slots, busy = cache.mpc[layer], cache.mpc_slots, set(active)
+    def _rank_per_layer(self, layer: int, active: Sequence[int], plan) -> None:
+        """Per-layer: the MPC hits become most recent (``touch_hits``, in active order); then each newcomer enters,
+        a full MPC first evicting the held expert not in use now with the largest victim key (none declared: the
+        least recent, i.e. the first in MPC order), unless the policy keeps the newcomer out. One method, the hot
+        path of every per-layer ranking."""
+        cache, sources = self.cache, plan.sources
+        mpc = cache.mpc[layer]
+        if self.touch:
+            for e in plan.resident if plan.resident is not None else active:
+                if sources[e] == MPC:
+                    del mpc[e]
+                    mpc[e] = None
+        copied = plan.copied
+        if copied is not None:
+            newcomers = [e for e, _ in copied]
+        else:
+            newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
+        if not newcomers:
+            return
+        key_of = self.key_of
+        key = key_of(layer, active, newcomers) if key_of is not None else None
+        bypass, promote, slots, busy = self.bypass, plan.promote, cache.mpc_slots, set(active)
         for e in newcomers:
             victim = None
             if len(mpc) >= slots:
                 if key is None:
-                    victim = next((v for v in mpc if v not in busy), None)
+                    for victim in mpc:  # the least recent not in use now
+                        if victim not in busy:
+                            break
+                    else:
+                        break  # every slot holds an expert this layer uses now
                 else:
                     free = [v for v in mpc if v not in busy]
-                    victim = max(free, key=key) if free else None
-                if victim is None:
-                    break  # every slot holds an expert this layer uses now
+                    if not free:
+                        break  # every slot holds an expert this layer uses now
+                    victim = max(free, key=key)
                 if bypass is not None and bypass(layer, e, victim):
                     continue
             cache.promote(layer, e, victim)
             promote[e] = victim
+        if self.after is not None:
+            self.after(layer, newcomers, plan)
+
+    def _rank_shared(self, layer: int, active: Sequence[int], plan) -> None:
+        """Shared: the MPC hits become most recent in the whole cache's order (``touch_hits``); then the newcomers
+        enter by the policy's shared keys, or by least recent use."""
+        if self.touch:
+            sources, order = plan.sources, self.order
+            for e in plan.resident if plan.resident is not None else active:
+                if sources[e] == MPC:
+                    key = (layer, e)
+                    del order[key]
+                    order[key] = None
+        newcomers = self._newcomers(active, plan)
+        if not newcomers:
+            return
+        keys = self.policy.shared_victim_keys(layer, active, newcomers)
+        if keys is None:
+            self._admit_shared_recency(layer, active, plan, newcomers)
+        else:
+            self._admit_shared_ranked(layer, active, plan, keys, newcomers)
+        if self.after is not None:
+            self.after(layer, newcomers, plan)
 
     def _admit_shared_ranked(self, layer: int, active, plan, keys: Callable, newcomers: list[int]) -> None:
         """Shared: each newcomer enters; a full cache first evicts, among the experts of every cached layer but

@@ -141,6 +141,10 @@ class DecisionProtocol:
             predictor.predicts or getattr(policy.plan_prefetch, "__func__", None) is not Policy.plan_prefetch
         )
         self._gives_counts = bool(getattr(policy, "wants_counts", False))
+        # what ``decide`` counts the accesses into, and reads the tiers from (the cache's lists, kept for the run)
+        cache = policy.cache
+        self._counters, self._hpc, self._lpc_of = cache.counters, cache.hpc, cache.lpc_of
+        self._hits = cache.counters.hits
 
     def steps(self, it: Iteration) -> Iterator[LayerStep]:
         """The iteration's layer steps, in order; a step not decided by its engine is decided when the next step
@@ -178,8 +182,7 @@ class DecisionProtocol:
             step.prefetch = policy.plan_prefetch(index, nxt, guess)
         if self._gives_counts:
             policy.layer_counts = step.counts
-        cache = policy.cache
-        had_prefetch = bool(cache.lpc_of[step.layer])  # else no active expert can come from a prefetch (LPC)
+        had_prefetch = bool(self._lpc_of[step.layer])  # else no active expert can come from a prefetch (LPC)
         plan = step.plan = policy.plan_layer(index, step.layer, step.active)
         if plan.resident is not None:  # split by the policy's classify already
             assert plan.copied is not None, "a plan's classify gives resident and copied together"
@@ -202,16 +205,20 @@ class DecisionProtocol:
                 step.cpu = cpu
         # the step's accesses, counted from the plan's sources (policies count nothing): a resident expert is an
         # HPC hit when it is in the layer's HPC, else an MPC hit; a copied one an LPC hit (a used prefetch) or a miss
-        counters, hits = cache.counters, cache.counters.hits
-        resident, copied = step.resident, step.copied
-        hpc = cache.hpc[step.layer]
-        n_hpc = len(hpc.intersection(resident)) if hpc and resident else 0
-        n_lpc = sum(1 for _, src in copied if src == LPC) if had_prefetch and copied else 0
-        hits[HPC] += n_hpc
-        hits[MPC] += len(resident) - n_hpc
-        hits[LPC] += n_lpc
-        counters.misses += len(copied) - n_lpc
-        counters.cpu += len(step.cpu)
+        resident, copied, hits = step.resident, step.copied, self._hits
+        if resident:
+            hpc = self._hpc[step.layer]
+            n_hpc = len(hpc.intersection(resident)) if hpc else 0
+            if n_hpc:
+                hits[HPC] += n_hpc
+            hits[MPC] += len(resident) - n_hpc
+        if copied:
+            n_lpc = sum(1 for _, src in copied if src == LPC) if had_prefetch else 0
+            if n_lpc:
+                hits[LPC] += n_lpc
+            self._counters.misses += len(copied) - n_lpc
+        if step.cpu:
+            self._counters.cpu += len(step.cpu)
         if self.decisions is not None:
             self.decisions.append(step.decision())
         return step
