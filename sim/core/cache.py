@@ -34,7 +34,8 @@ class CacheInvariantError(AssertionError):
 
 @dataclass
 class CacheCounters:
-    """What happened to the tiers over a run."""
+    """What happened to the tiers over a run: hits, misses and host experts as the decision protocol counts them from
+    each plan's sources (``sim.core.protocol``), insertions, evictions and promotions as the tiers change."""
 
     hits: dict = field(default_factory=lambda: {t: 0 for t in TIERS})
     misses: int = 0
@@ -168,17 +169,6 @@ class TierCache:
             return []
         self.lpc_of[layer] = set()
         return list(gone)
-
-    def count_all(self, sources) -> None:
-        """Record one access per entry of ``sources`` (tiers, MISS or CPU)."""
-        hits = self.counters.hits
-        for src in sources:
-            if src == MISS:
-                self.counters.misses += 1
-            elif src == CPU:
-                self.counters.cpu += 1
-            else:
-                hits[src] += 1
 
     # -------------------------------------------------------------------------------------------- checking
     def _check_ids(self, layer: int, experts) -> None:
