@@ -7,7 +7,7 @@ artifact's container ships GCC 9) sorts a range of more than 16 elements by quic
 pivot (moved to the front), an unguarded Hoare partition, a heapsort fallback once the recursion is 2 floor(log2 n)
 deep, and one final insertion sort; a range of at most 16 elements gets only that insertion sort, which is
 stable. :func:`cxx_sort` transliterates ``std::__sort`` and its helpers from ``bits/stl_algo.h`` and
-``bits/stl_heap.h``, moving elements as they do; ``tests/test_diffmoe_artifact.py`` checks it against the
+``bits/stl_heap.h``, moving elements as they do; ``tests/sim/policies/test_diffmoe_artifact.py`` checks it against the
 machine's ``g++`` when there is one.
 """
 

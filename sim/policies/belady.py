@@ -18,7 +18,7 @@ whose new MPC entries are experts active in the step): an exchange argument (swa
 sooner next use and follow the other schedule until either is next used) shows no schedule gets more hits.
 The textbook variant that never evicts an expert active now (the rule ``lru`` follows) is *not* optimal for
 sets: being forced to keep an active expert can cost more hits later than the one it gave (in the 7-step
-top-3 example of tests/test_baselines.py it gets 6 hits where the optimum gets 8).
+top-3 example of tests/sim/policies/test_baselines.py it gets 6 hits where the optimum gets 8).
 
 **Warm start** (``warm``, default true): at the start of each batch the MPC is refilled, free, with the experts
 whose next use is soonest — the privilege ``diffmoe`` has (its start-of-batch fill from the hot profile) and
