@@ -87,12 +87,7 @@ def build_decisions(cfg: RunConfig, trace: Trace, iterations=None) -> tuple[Poli
         policy = POLICIES.get(cfg.policy.name)(cfg.policy.params, ctx)
         predictor = PREDICTORS.get(cfg.predictor.name)(
             cfg.predictor.params,
-            PredictorContext(
-                trace.num_layers,
-                trace.num_experts,
-                cfg.seed,
-                {"trace": trace, "iterations": iterations, "trace_path": cfg.workload.trace, "costs": costs},
-            ),
+            PredictorContext(trace.num_layers, trace.num_experts, cfg.seed, trace=trace, trace_path=cfg.workload.trace),
         )
     except KeyError as exc:
         raise ConfigError(str(exc.args[0])) from None

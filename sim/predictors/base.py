@@ -8,12 +8,15 @@ predictors can be modelled; a realistic predictor must not read it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from sim.config.params import Parametrised
 from sim.core.registry import Registry
+from sim.errors import ConfigError
+from traces.format import Trace
 
 #: Every predictor, by the name a run config gives (``predictor.name``).
 PREDICTORS: Registry = Registry("predictor")
@@ -21,10 +24,27 @@ PREDICTORS: Registry = Registry("predictor")
 
 @dataclass(frozen=True)
 class PredictorContext:
+    """What a predictor is set up with (``sim.core.decisions.build_decisions`` fills every field)."""
+
+    #: MoE layers and experts per layer of the evaluated model
     num_layers: int
     num_experts: int
+    #: the run's seed (a predictor's ``rng`` draws from it)
     seed: int = 0
-    extra: dict = field(default_factory=dict)
+    #: the evaluated trace, which a realistic predictor reads a layer of only once that layer's gate has run
+    trace: Trace | None = None
+    #: the evaluated trace's file (a predictor trained on another trace refuses this very file); None when unknown
+    trace_path: str | Path | None = None
+
+    def workload_trace(self, who: str) -> Trace:
+        """The evaluated trace for a predictor that reads the routing (``who`` names it); a ConfigError without it."""
+        if self.trace is None:
+            raise ConfigError(
+                "predictor.name",
+                f"{who}: needs the workload's trace (PredictorContext.trace; "
+                "sim.core.decisions.build_decisions passes it)",
+            )
+        return self.trace
 
 
 class Predictor(Parametrised):
@@ -43,7 +63,7 @@ class Predictor(Parametrised):
         """Read params. Called once at construction."""
 
     def start_iteration(self, iteration) -> None:
-        """An iteration (``sim.core.workload.Iteration``) is about to run; ``ctx.extra["trace"]`` holds the routing of
+        """An iteration (``sim.core.workload.Iteration``) is about to run; ``ctx.trace`` holds the routing of
         its rows, of which a realistic predictor may read a layer only once that layer's gate has run."""
 
     def predict(self, iteration: int, layer: int, truth: frozenset[int], current: frozenset[int]) -> frozenset[int]:

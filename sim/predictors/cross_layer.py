@@ -21,7 +21,7 @@ import numpy as np
 
 from sim.config.params import between, training_trace
 from sim.predictors.base import PREDICTORS
-from sim.predictors.transition import LayerPairPredictor, load_training_trace, transition_table, workload_trace
+from sim.predictors.transition import LayerPairPredictor, load_training_trace, transition_table
 
 
 @PREDICTORS.register("cross-layer")
@@ -30,12 +30,12 @@ class CrossLayerPredictor(LayerPairPredictor):
     PARAM_RULES = {"train": training_trace(), "threshold": between(0.0, 1.0, above=True)}
 
     def configure(self) -> None:
-        self.trace = workload_trace(self)
+        self.trace = self.ctx.workload_trace(f"predictor {self.name!r}")
         self.threshold = float(self.params["threshold"])
         self.train = None
         if self.params["train"] is not None:
             self.train = load_training_trace(
-                self.params["train"], "predictor.params.train", self.trace, self.ctx.extra.get("trace_path")
+                self.params["train"], "predictor.params.train", self.trace, self.ctx.trace_path
             )
         self.start_tables()
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from sim.core.workload import active_sets, phase_layers
 from sim.predictors.base import PREDICTORS, Predictor
-from sim.predictors.transition import workload_trace
 
 
 @PREDICTORS.register("history")
 class HistoryPredictor(Predictor):
     def configure(self) -> None:
-        self.trace = workload_trace(self)
+        self.trace = self.ctx.workload_trace(f"predictor {self.name!r}")
         self.phase_layers = phase_layers(self.trace)
         self.last: dict[int, frozenset[int]] = {}
         self.previous = None

@@ -29,7 +29,7 @@ from sim.config.params import MAX_EXPERTS, between, training_trace
 from sim.core.expert_activation import ActivationTracker
 from sim.errors import ConfigError
 from sim.predictors.base import PREDICTORS, Predictor
-from sim.predictors.transition import load_training_trace, workload_trace
+from sim.predictors.transition import load_training_trace
 
 
 def request_matrices(trace) -> np.ndarray:
@@ -70,12 +70,10 @@ class MoEInfinityPredictor(Predictor):
                 "predictor.params.budget", f"must be an integer >= 1 or null (2 x top_k x requests), got {budget!r}"
             )
         capacity = check_capacity(p["capacity"], "predictor.params.capacity")
-        self.trace = workload_trace(self)
+        self.trace = self.ctx.workload_trace(f"predictor {self.name!r}")
         self.tracker = ActivationTracker(self.trace, capacity)
         if p["train"] is not None:
-            train = load_training_trace(
-                p["train"], "predictor.params.train", self.trace, self.ctx.extra.get("trace_path")
-            )
+            train = load_training_trace(p["train"], "predictor.params.train", self.trace, self.ctx.trace_path)
             for m in request_matrices(train)[-capacity:]:
                 self.tracker.collection.add(m)
 

@@ -47,16 +47,6 @@ from traces.format import Trace
 from traces.io import load_trace
 
 
-def workload_trace(predictor: Predictor) -> Trace:
-    """The evaluated trace (``ctx.extra["trace"]``), which a realistic predictor reads up to the current gate."""
-    trace = predictor.ctx.extra.get("trace")
-    if trace is None:
-        raise ValueError(
-            f"predictor {predictor.name!r} needs the workload's trace in its context (PredictorContext.extra['trace'])"
-        )
-    return trace
-
-
 def same_trace(a: Trace, b: Trace) -> bool:
     """The same routing and request boundaries (the same file, or a copy of it)."""
     return a is b or (
@@ -194,7 +184,7 @@ class TransitionPredictor(LayerPairPredictor):
             )
 
     def configure(self) -> None:
-        self.trace = workload_trace(self)
+        self.trace = self.ctx.workload_trace(f"predictor {self.name!r}")
         top = self.params["top"]
         if top is None:
             top = self.trace.top_k
@@ -210,7 +200,7 @@ class TransitionPredictor(LayerPairPredictor):
             self.train = None
             self.group, self.sources = other_fold_routing(self.trace, where)
         else:
-            self.train = load_training_trace(self.params["train"], where, self.trace, self.ctx.extra.get("trace_path"))
+            self.train = load_training_trace(self.params["train"], where, self.trace, self.ctx.trace_path)
             self.group, self.sources = None, [self.train.experts]
         self.start_tables()
         self.guesses: dict[tuple[int, int, int], dict[tuple[int, ...], frozenset[int]]] = {}

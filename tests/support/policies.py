@@ -93,7 +93,7 @@ def policy_for(name, trace, its=None, hpc=0, mpc=2, params=None, **context):
 
 def predictor_for(name, trace, params=None, seed=0):
     """The registered predictor ``name`` set up as sim.run does: the evaluated trace in its context."""
-    return PREDICTORS.get(name)(params, PredictorContext(trace.num_layers, trace.num_experts, seed, {"trace": trace}))
+    return PREDICTORS.get(name)(params, PredictorContext(trace.num_layers, trace.num_experts, seed, trace=trace))
 
 
 def run_decisions(trace, policy, predictor="none", batch=1, check=True, pred_params=None):

@@ -262,7 +262,7 @@ def test_refuses_the_evaluated_trace_and_another_model(tmp_path):
         odds_policy(trace, its, 0, 3, {"train": str(wider)})
     pred = PREDICTORS.get("cross-layer")
     with pytest.raises(ConfigError, match=r"^predictor\.params\.train:.*is the evaluated trace"):
-        pred({"train": str(same)}, PredictorContext(2, 8, 0, {"trace": trace}))
+        pred({"train": str(same)}, PredictorContext(2, 8, 0, trace=trace))
     pol = odds_policy(trace, its, 0, 3)  # no training: the documented default weights, a cold cache
     assert pol.weights == nuo.DEFAULT_WEIGHTS and pol.weights_source == "default" and not pol.warm_fill
 
@@ -273,13 +273,13 @@ def test_cross_layer_predicts_from_the_current_layer_only(tmp_path):
     train = save_trace(make_trace(rows, num_experts=8), tmp_path / "train.npz")
     evaluated = make_trace([[[2], [0]], [[1], [7]]], num_experts=8)
     its, _ = build_iterations(evaluated, 1, "static", None, True, None)
-    pred = PREDICTORS.get("cross-layer")({"train": str(train)}, PredictorContext(2, 8, 0, {"trace": evaluated}))
+    pred = PREDICTORS.get("cross-layer")({"train": str(train)}, PredictorContext(2, 8, 0, trace=evaluated))
     got = []
     for it in its:
         pred.start_iteration(it)
         got.append(pred.predict(it.index, 1, frozenset({5}), frozenset()))  # truth is ignored
     assert got == [frozenset({6}), frozenset({5})]
-    blank = PREDICTORS.get("cross-layer")(None, PredictorContext(2, 8, 0, {"trace": evaluated}))
+    blank = PREDICTORS.get("cross-layer")(None, PredictorContext(2, 8, 0, trace=evaluated))
     blank.start_iteration(its[0])
     assert blank.predict(0, 1, frozenset({0}), frozenset()) == frozenset()
 

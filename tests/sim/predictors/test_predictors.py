@@ -16,7 +16,7 @@ from sim.core.replay import replay
 from sim.core.workload import active_sets, build_iterations, phase_layers
 from sim.errors import ConfigError
 from sim.policies import POLICIES
-from sim.predictors import PREDICTORS, PredictionScore
+from sim.predictors import PREDICTORS, PredictionScore, PredictorContext
 from sim.run import simulate
 from tests.support.engine import config_for
 from tests.support.policies import ask_predictor, policy_for, predictor_for
@@ -142,6 +142,19 @@ def test_history_is_the_layers_set_in_the_previous_iteration_of_its_phase():
 def test_the_truth_readers_left_out_are_registered_and_every_other_predictor_is_checked():
     assert set(READS_TRUTH) <= set(PREDICTORS.names())
     assert sorted(REALISTIC + list(READS_TRUTH)) == PREDICTORS.names() and "transition" in REALISTIC
+
+
+def test_a_context_without_the_trace_is_refused_by_exactly_the_predictors_that_read_the_routing():
+    """PredictorContext.workload_trace refuses with a ConfigError naming the field; the predictors that read the
+    routing (every realistic one but ``none``) refuse, the others build without it."""
+    refused = set()
+    for name in PREDICTORS.names():
+        try:
+            PREDICTORS.get(name)(None, PredictorContext(2, 8, 0))
+        except ConfigError as exc:
+            assert "PredictorContext.trace" in str(exc) and repr(name) in str(exc)
+            refused.add(name)
+    assert refused == set(REALISTIC) - {"none"}
 
 
 @pytest.mark.parametrize("name", REALISTIC)

@@ -23,7 +23,7 @@ CROSS = {"train": OTHER_REQUESTS}
 
 def cross_fitted(trace, params=None):
     """A transition predictor on ``trace`` with ``train: other-requests`` (as sim.run builds it)."""
-    ctx = PredictorContext(trace.num_layers, trace.num_experts, 0, {"trace": trace})
+    ctx = PredictorContext(trace.num_layers, trace.num_experts, 0, trace=trace)
     return PREDICTORS.get("transition")({**CROSS, **(params or {})}, ctx)
 
 
@@ -174,7 +174,7 @@ def test_other_requests_is_the_default_and_null_is_refused(tmp_path):
     assert ask_predictor(trace, its, cross_fitted(trace)) == ask_predictor(
         trace,
         its,
-        PREDICTORS.get("transition")(None, PredictorContext(trace.num_layers, trace.num_experts, 0, {"trace": trace})),
+        PREDICTORS.get("transition")(None, PredictorContext(trace.num_layers, trace.num_experts, 0, trace=trace)),
     )
     with pytest.raises(
         ConfigError,
