@@ -43,7 +43,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sim.core.cache import LPC, MISS, MPC
+from sim.core.cache import HPC, LPC, MISS, MPC, TierCache
 
 RANK, KEEPER, RULE = "rank", "keeper", "rule"
 MODES = (None, RANK, KEEPER, RULE)
@@ -73,6 +73,10 @@ class AdmissionDriver:
         "key_of",
         "layers",
         "order",
+        "plan",
+        "classify",
+        "layer_plan",
+        "num_experts",
     )
 
     def __init__(self, policy: Any):
@@ -95,6 +99,109 @@ class AdmissionDriver:
         self.layers = sorted(policy.ctx.cached_layers)  # ascending: the run order of the cached layers
         #: the shared cache's recency order ((layer, expert), least recent first), for a ranking of None
         self.order: dict[tuple[int, int], None] = {}
+        from sim.policies.base import LayerPlan
+
+        self.layer_plan = LayerPlan
+        self.num_experts = self.cache.num_experts
+        self.classify = policy.classify
+        #: ``plan(iteration, layer, active)``: the layer's plan (classified, then admitted). A per-layer ranking
+        #: that observes nothing and keeps the base ``classify`` is one pass (``_plan_ranked``): the same
+        #: sources, lists and promotions as ``classify`` then ``step``, without building them twice
+        fused = (
+            mode == RANK
+            and type(self.cache) is TierCache
+            and self.observe is None
+            and not _overrides(policy, "classify")
+        )
+        self.plan = self._plan_ranked if fused else self._plan_general
+
+    def _plan_general(self, iteration: int, layer: int, active: Sequence[int]):
+        """The policy's ``classify``, then the driver's step."""
+        plan = self.classify(layer, active)
+        self.step(iteration, layer, active, plan)
+        return plan
+
+    def _plan_ranked(self, iteration: int, layer: int, active: Sequence[int]):
+        """``Policy.classify`` and ``_rank_per_layer`` in one pass: each active expert's source (a miss entering
+        its working buffer), an MPC hit made most recent as it is met (``touch_hits``: the hits in active order, as
+        ``_rank_per_layer`` does them; classifying reads membership only, which touching keeps), then the
+        newcomers' admission."""
+        cache = self.cache
+        hpc, mpc, lpc = cache.hpc[layer], cache.mpc[layer], cache.lpc_of[layer]
+        prefetched = len(lpc)
+        live = layer in self.live
+        touch = live and self.touch
+        n = self.num_experts
+        sources: dict[int, str] = {}
+        resident: list[int] = []
+        copied: list[tuple[int, str]] = []
+        newcomers: list[int] = []
+        n_lpc = 0
+        for e in active:
+            if e in hpc:
+                sources[e] = HPC
+                resident.append(e)
+            elif e in mpc:
+                sources[e] = MPC
+                resident.append(e)
+                if touch:
+                    del mpc[e]
+                    mpc[e] = None
+            elif e in lpc:
+                sources[e] = LPC
+                copied.append((e, LPC))
+                newcomers.append(e)
+                n_lpc += 1
+            else:
+                if not 0 <= e < n:  # cache.add_lpc's check (the others hold: the expert is in no tier)
+                    cache.add_lpc(layer, e)
+                lpc.add(e)
+                sources[e] = MISS
+                copied.append((e, MISS))
+                newcomers.append(e)
+        # prefetches this layer did not use: in a buffer before, not active now
+        unused = sorted(e for e in lpc if e not in sources) if prefetched > n_lpc else []
+        promote: dict = {}
+        plan = self.layer_plan(sources, promote, unused, resident, copied)
+        if not newcomers or not live:
+            return plan
+        key_of = self.key_of
+        key = key_of(layer, active, newcomers) if key_of is not None else None
+        bypass, slots = self.bypass, cache.mpc_slots
+        busy = sources  # the layer's active experts
+        # each promotion as ``TierCache.promote`` makes it, whose checks hold here by construction (the newcomer is
+        # in its working buffer, the layer is cached, the victim is held in the MPC, which then has room): the
+        # expert enters the MPC, the victim leaves it, and the counters add them up once the step is done
+        admitted = evicted = 0
+        for e in newcomers:
+            victim = None
+            if len(mpc) >= slots:
+                if key is None:
+                    for victim in mpc:  # the least recent not in use now
+                        if victim not in busy:
+                            break
+                    else:
+                        break  # every slot holds an expert this layer uses now
+                else:
+                    free = [v for v in mpc if v not in busy]
+                    if not free:
+                        break  # every slot holds an expert this layer uses now
+                    victim = max(free, key=key)
+                if bypass is not None and bypass(layer, e, victim):
+                    continue
+                del mpc[victim]
+                evicted += 1
+            mpc[e] = None
+            promote[e] = victim
+            admitted += 1
+        if admitted:
+            counters = cache.counters
+            counters.evictions += evicted
+            counters.promotions += admitted
+            counters.insertions += admitted
+        if self.after is not None:
+            self.after(layer, newcomers, plan)
+        return plan
 
     def step(self, iteration: int, layer: int, active: Sequence[int], plan) -> None:
         """The layer's step after classification: observe, then hits and admissions by the policy's mode."""

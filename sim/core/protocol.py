@@ -145,6 +145,12 @@ class DecisionProtocol:
         cache = policy.cache
         self._counters, self._hpc, self._lpc_of = cache.counters, cache.hpc, cache.lpc_of
         self._hits = cache.counters.hits
+        # bound once: the plan (the admission driver's, unless the policy plans its layers itself) and the layer's
+        # end (the cache's, unless the policy ends its layers itself)
+        own_plan = getattr(policy.plan_layer, "__func__", None) is not Policy.plan_layer
+        self._plan_layer = policy.plan_layer if own_plan else policy.driver.plan
+        own_finish = getattr(policy.finish_layer, "__func__", None) is not Policy.finish_layer
+        self._finish_cache = None if own_finish else cache.finish_layer
 
     def steps(self, it: Iteration) -> Iterator[LayerStep]:
         """The iteration's layer steps, in order; a step not decided by its engine is decided when the next step
@@ -156,39 +162,46 @@ class DecisionProtocol:
         predictor.start_iteration(it)
         layers = self.phase_layers[it.kind]
         actives = active_sets(self.trace, it.rows, layers)
-        index, finish = it.index, policy.finish_layer
+        index, finish, decide = it.index, policy.finish_layer, self.decide
+        finish_cache = self._finish_cache
         nexts = layers[1:] + [None]
         next_actives = [a for a, _ in actives[1:]] + [None]
         for layer, (active, counts), nxt, next_active in zip(layers, actives, nexts, next_actives):
             step = LayerStep(it, layer, nxt, active, counts, next_active)
             yield step
             if step.plan is None:
-                self.decide(step)
-            finish(index, layer)
+                decide(step)
+            if finish_cache is not None:  # Policy.finish_layer, inline
+                finish_cache(layer)
+            else:
+                finish(index, layer)
             if after is not None:
                 after(policy)
 
     def decide(self, step: LayerStep) -> LayerStep:
         """The layer's decisions, taken at its gate: the next layer's prefetches, then the layer's plan."""
-        policy, index, nxt = self.policy, step.iteration.index, step.next_layer
-        if nxt is not None and self._asks_prefetch:
+        layer, index = step.layer, step.iteration.index
+        if self._asks_prefetch and step.next_layer is not None:
             guess = _NO_GUESS
-            predictor = self.predictor
+            predictor, nxt = self.predictor, step.next_layer
             if predictor.predicts:
                 truth = frozenset(step.next_active)
                 guess = predictor.predict(index, nxt, truth, frozenset(step.active))
                 if self.score is not None:
                     self.score.add(nxt, guess, truth)
-            step.prefetch = policy.plan_prefetch(index, nxt, guess)
+            step.prefetch = self.policy.plan_prefetch(index, nxt, guess)
         if self._gives_counts:
-            policy.layer_counts = step.counts
-        had_prefetch = bool(self._lpc_of[step.layer])  # else no active expert can come from a prefetch (LPC)
-        plan = step.plan = policy.plan_layer(index, step.layer, step.active)
-        if plan.resident is not None:  # split by the policy's classify already
-            assert plan.copied is not None, "a plan's classify gives resident and copied together"
-            step.resident, step.copied = plan.resident, plan.copied
-            if plan.cpu:
-                step.cpu = plan.cpu
+            self.policy.layer_counts = step.counts
+        had_prefetch = bool(self._lpc_of[layer])  # else no active expert can come from a prefetch (LPC)
+        plan = step.plan = self._plan_layer(index, layer, step.active)
+        resident = plan.resident
+        if resident is not None:  # split by the policy's classify already
+            copied = plan.copied
+            assert copied is not None, "a plan's classify gives resident and copied together"
+            step.resident, step.copied = resident, copied
+            cpu = plan.cpu
+            if cpu:
+                step.cpu = cpu
         else:
             sources = plan.sources
             resident, copied, cpu = [], [], []
@@ -205,9 +218,9 @@ class DecisionProtocol:
                 step.cpu = cpu
         # the step's accesses, counted from the plan's sources (policies count nothing): a resident expert is an
         # HPC hit when it is in the layer's HPC, else an MPC hit; a copied one an LPC hit (a used prefetch) or a miss
-        resident, copied, hits = step.resident, step.copied, self._hits
+        hits = self._hits
         if resident:
-            hpc = self._hpc[step.layer]
+            hpc = self._hpc[layer]
             n_hpc = len(hpc.intersection(resident)) if hpc else 0
             if n_hpc:
                 hits[HPC] += n_hpc
@@ -217,8 +230,8 @@ class DecisionProtocol:
             if n_lpc:
                 hits[LPC] += n_lpc
             self._counters.misses += len(copied) - n_lpc
-        if step.cpu:
-            self._counters.cpu += len(step.cpu)
+        if cpu:
+            self._counters.cpu += len(cpu)
         if self.decisions is not None:
             self.decisions.append(step.decision())
         return step

@@ -231,9 +231,7 @@ class Policy(Parametrised):
         return out
 
     def plan_layer(self, iteration: int, layer: int, active: Sequence[int]) -> LayerPlan:
-        plan = self.classify(layer, active)
-        self.driver.step(iteration, layer, active, plan)
-        return plan
+        return self.driver.plan(iteration, layer, active)  # classify, then the admission driver's step
 
     def finish_layer(self, iteration: int, layer: int) -> None:
         self.cache.finish_layer(layer)
