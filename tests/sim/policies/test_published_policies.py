@@ -19,7 +19,7 @@ from sim.run import simulate
 from tests.reference.lru import plain_lru
 from tests.reference.published import PLAIN, plain_learned_rf, plain_reuse_distance, plain_s3fifo
 from tests.support.engine import config_for
-from tests.support.policies import BOUNDED, cache_hits, drive, policy_for, steps_of
+from tests.support.policies import BOUNDED, TWO_LAYER_HAND_MADE, cache_hits, drive, policy_for, steps_of
 from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
 
@@ -38,26 +38,6 @@ def check_against_plain(name, trace, its, cap, params=None, plain=None):
         assert dict(d.sources) == src, (name, d.iteration, d.layer)
         assert snap[d.layer] == after, (name, d.iteration, d.layer)
     return pol
-
-
-#: A hand-made decode-only trace: 2 layers, top-2, 8 experts, 3 requests.
-TWO_LAYER_HAND_MADE = [
-    [[0, 1], [2, 3]],
-    [[0, 2], [2, 4]],
-    [[1, 0], [3, 2]],
-    [[5, 6], [2, 5]],
-    [[0, 1], [1, 4]],
-    [[7, 0], [2, 3]],
-    [[1, 5], [6, 7]],
-    [[0, 1], [2, 3]],
-    [[2, 6], [4, 2]],
-    [[0, 5], [3, 1]],
-    [[1, 0], [2, 0]],
-    [[6, 5], [5, 2]],
-    [[0, 3], [2, 3]],
-    [[1, 0], [7, 6]],
-    [[4, 5], [2, 3]],
-]
 
 
 @pytest.mark.parametrize("name", NEW)
