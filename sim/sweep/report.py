@@ -165,14 +165,23 @@ def plot_view(sweep: Sweep, df, axis: str, series: str | None) -> PlotView:
     ]
     # (an axis zipped with the series varies with the lines; one with a single value is held fixed)
     sub = df
-    for a in others:  # one line per series at the first value of every other axis
-        sub = sub[sub[a] == sub[a].iloc[0]]
+    for a in others:  # one line per series at the first value of every other axis, in the sweep file's order
+        sub = sub[sub[a] == _first_value(sweep, sub, a)]
     fixed = [_fixed_words(a, sub[a].iloc[0]) for a in others]
     keys = [k for k in (series, axis) if k and k in sub]
     title = "; ".join(fixed + [w for w in [averaged_words(sweep, sub, keys)] if w])
     lo, hi = sub["throughput_tok_s"].min(), sub["throughput_tok_s"].max()
     log = bool(lo > 0 and hi / lo > 20)  # gpu-only dwarfs the offloading policies
     return PlotView(axis, sub, title, log)
+
+
+def _first_value(sweep: Sweep, rows, axis: str):
+    """The first value ``axis`` takes among ``rows`` in the order of the sweep's points (the file's order), not in
+    the rows' order, which follows the points' ids and so the folder the sweep ran in."""
+    held = set(rows[axis])
+    return next(
+        (p.fields[axis] for p in sweep.points if axis in p.fields and p.fields[axis] in held), rows[axis].iloc[0]
+    )
 
 
 def averaged_words(sweep: Sweep, rows, keys: list[str]) -> str:

@@ -41,7 +41,7 @@ def _rows(caches, batches=(1, 8), policies=("lru", "belady")):
 
 
 def _sweep(axes=AXES):
-    return SimpleNamespace(axes=list(axes), plots=None)
+    return SimpleNamespace(axes=list(axes), plots=None, points=[])  # no points: each axis held at the rows' first
 
 
 def test_the_batch_plot_says_it_averages_over_the_cache_sizes():
