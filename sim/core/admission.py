@@ -47,6 +47,21 @@ from sim.core.cache import HPC, LPC, MISS, MPC, TierCache
 
 RANK, KEEPER, RULE = "rank", "keeper", "rule"
 MODES = (None, RANK, KEEPER, RULE)
+#: What :func:`_ranked_victim` answers when every expert held in the MPC is one the layer uses now.
+FULL_OF_ACTIVE = object()
+
+
+def _ranked_victim(mpc: dict, busy, key: Callable[[int], Any] | None) -> Any:
+    """The victim a full per-layer MPC gives up for a newcomer: of the held experts not in ``busy`` (the layer's
+    active ones), the one with the largest ``key``, or with no key the least recent (the first in ``mpc``'s
+    order); ``FULL_OF_ACTIVE`` when there is none."""
+    if key is None:
+        for victim in mpc:
+            if victim not in busy:
+                return victim
+        return FULL_OF_ACTIVE
+    free = [v for v in mpc if v not in busy]
+    return max(free, key=key) if free else FULL_OF_ACTIVE
 
 
 def _overrides(policy: Any, name: str) -> bool:
@@ -192,17 +207,9 @@ class AdmissionDriver:
         for e in newcomers:
             victim = None
             if len(mpc) >= slots:
-                if key is None:
-                    for victim in mpc:  # the least recent not in use now
-                        if victim not in busy:
-                            break
-                    else:
-                        break  # every slot holds an expert this layer uses now
-                else:
-                    free = [v for v in mpc if v not in busy]
-                    if not free:
-                        break  # every slot holds an expert this layer uses now
-                    victim = max(free, key=key)
+                victim = _ranked_victim(mpc, busy, key)
+                if victim is FULL_OF_ACTIVE:
+                    break  # every slot holds an expert this layer uses now
                 if bypass is not None and bypass(layer, e, victim):
                     continue
                 del mpc[victim]
@@ -259,11 +266,7 @@ class AdmissionDriver:
                 if sources[e] == MPC:
                     del mpc[e]
                     mpc[e] = None
-        copied = plan.copied
-        if copied is not None:
-            newcomers = [e for e, _ in copied]
-        else:
-            newcomers = [e for e in active if sources[e] == MISS or sources[e] == LPC]
+        newcomers = self._newcomers(active, plan)
         if not newcomers:
             return
         key_of = self.key_of
@@ -272,17 +275,9 @@ class AdmissionDriver:
         for e in newcomers:
             victim = None
             if len(mpc) >= slots:
-                if key is None:
-                    for victim in mpc:  # the least recent not in use now
-                        if victim not in busy:
-                            break
-                    else:
-                        break  # every slot holds an expert this layer uses now
-                else:
-                    free = [v for v in mpc if v not in busy]
-                    if not free:
-                        break  # every slot holds an expert this layer uses now
-                    victim = max(free, key=key)
+                victim = _ranked_victim(mpc, busy, key)
+                if victim is FULL_OF_ACTIVE:
+                    break  # every slot holds an expert this layer uses now
                 if bypass is not None and bypass(layer, e, victim):
                     continue
             cache.promote(layer, e, victim)
