@@ -146,6 +146,21 @@ class CopyQueue:
         q.append(job)
         return True
 
+    def served(self, n: int, in_use: int) -> None:
+        """``n`` demand copies, asked for at once with the link idle, nothing queued and ``n`` buffers free, have
+        started back to back, landed, been taken and released in the order they were asked for: as if each had
+        gone through :meth:`submit`, :meth:`start_next`, :meth:`land`, :meth:`take` and :meth:`release`. Each took
+        the first free buffer and gave it back to the end of the free ones; ``in_use``: the most buffers in use as
+        one of them started."""
+        if len(self.free) < n or self.demand or self.prefetch:
+            raise AssertionError("copies served back to back need the link's queues empty and their buffers free")
+        free = self.free
+        for _ in range(n):
+            free.append((free.popleft()[0], None))
+        self.copies += n
+        if in_use > self.max_in_use:
+            self.max_in_use = in_use
+
     @property
     def in_use(self) -> int:
         return self.capacity - len(self.free)

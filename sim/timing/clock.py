@@ -85,8 +85,9 @@ class StreamClock:
         self._callback = callback
         return due
 
-    def _run_own(self) -> None:
-        """Run the own pending event (its callback may schedule the next one)."""
+    def run_own(self) -> None:
+        """Run the own pending event (its callback may schedule the next one), nothing of the environment being due
+        before it."""
         callback = self._callback
         assert callback is not None, "an own event is pending"
         self._callback, self.due = None, NEVER
@@ -103,7 +104,7 @@ class StreamClock:
                     break
                 step()
             elif self.due <= end:
-                self._run_own()
+                self.run_own()
             else:
                 break
         self.env_next = at
@@ -132,7 +133,7 @@ class StreamClock:
         callback = self._callback
         if self.due != due or callback is None:  # an environment event cannot touch the stream's own events
             raise RuntimeError("the stream clock's own event moved while the environment ran")
-        self._callback, self.due = None, NEVER  # _run_own, inline (once per copy)
+        self._callback, self.due = None, NEVER  # run_own, inline (once per copy)
         callback()
         return due
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import simpy
 
+from sim.core.cache import LPC
 from sim.core.copy_queue import CopyJob, CopyQueue, QueueCounters
 from sim.timing.clock import NEVER, EnvClock
 
@@ -83,6 +84,9 @@ class CopyEngine(QueueCounters):
         self._wake = self._wake_later if handoff else self._start_next
         self._on_land, self._on_woken = self._land, self._woken  # the callbacks, bound once
         self._submit, self._start, self._landed = q.submit, q.start_next, q.land  # the queue's, once per copy
+        #: a copy's time on the link is ``copy_s`` whoever asks, and nothing but the queue decides when it starts
+        #: (no hand-off, gap, write-back, serial stream, slowdown or timeline): see :meth:`back_to_back`
+        self.plain = not (handoff or gap or writeback or serial or timeline is not None) and slowdown == 1.0
 
     @property
     def busy(self) -> bool:
@@ -93,8 +97,32 @@ class CopyEngine(QueueCounters):
     def submit(self, layer: int, expert: int, prefetch: bool) -> CopyJob:
         job = self._submit(layer, expert, prefetch)
         if self.current is None and not self.waking:
-            self._wake(self.clock.now)  # _ask, inline (once per copy)
+            self._wake(self.clock.now)  # _ask, inline
         return job
+
+    def submit_layer(self, layer: int, copied, jobs: dict, next_layer, prefetch) -> tuple[int, int]:
+        """A layer's copies at once: its demand copies in active order (``copied``: (expert, source), a needed
+        prefetch moving up to demand, its job taken from ``jobs``), then the next layer's prefetches (their jobs
+        put in ``jobs``); then the idle link is asked once. The same as asking at each request: no time passes
+        in between, and the link starts the head of the same queues. Returns (copies submitted, prefetches
+        used)."""
+        q = self.queue
+        submit, upgrade = self._submit, q.upgrade
+        submitted = used = 0
+        asked = False
+        for e, src in copied:
+            if src == LPC:
+                asked = upgrade(jobs.pop((layer, e))) or asked
+                used += 1
+            else:
+                submit(layer, e, False)
+                submitted += 1
+        for e in prefetch:
+            jobs[(next_layer, e)] = submit(next_layer, e, True)
+        submitted += len(prefetch)
+        if (submitted or asked) and self.current is None and not self.waking:
+            self._wake(self.clock.now)
+        return submitted, used
 
     def upgrade(self, job: CopyJob) -> None:
         """A prefetched expert is needed now: if its copy has not started, it joins the demand queue."""
@@ -123,6 +151,24 @@ class CopyEngine(QueueCounters):
         """The compute stream waits (serial): start the next queued copy if the link is idle."""
         if self.current is None and not self.waking and self.queue.has_next():
             self._ask()
+
+    def back_to_back(self, n: int) -> bool:
+        """Whether ``n`` demand copies asked for now would run back to back, each starting as the one before lands
+        (the first now), whatever the compute stream does meanwhile: the engine is plain (:attr:`plain`), the
+        link idle with nothing queued, and ``n`` working buffers free. The engine then times them without events
+        (:meth:`sim.timing.engine.ComputeStream.back_to_back`) and reports them with :meth:`served`."""
+        q = self.queue
+        return self.plain and self.current is None and not q.demand and not q.prefetch and len(q.free) >= n
+
+    def served(self, n: int, in_use: int) -> None:
+        """``n`` copies were served back to back (:meth:`back_to_back`): their time on the link, summed copy by
+        copy as each started, their landings (events), and the queue's account of them (``in_use``: the most
+        working buffers in use as one started)."""
+        copy_s = self.copy_s
+        for _ in range(n):
+            self.busy_s += copy_s
+        self.events += n
+        self.queue.served(n, in_use)
 
     # -------------------------------------------------------------------------------------------- the link
     def _ask(self) -> None:

@@ -65,6 +65,13 @@ clock is at the stream's at the run's end. The host CPU's work on a layer's expe
 decisions are taken (nothing else uses the host), so its spans are computed then (:class:`HostStream`) and the
 compute stream waits for its end like for any compute.
 
+Copies served back to back (:meth:`ComputeStream.back_to_back`): when a layer asks for its demand copies with the
+link idle, nothing queued or prefetched, their working buffers free and the environment holding no event, on a
+machine where nothing but the queue decides when a copy starts and how long it takes (no hand-off, gap, write-back,
+serial stream, slowdown or timeline), the copies run one after another from now whatever the stream does, so
+their landings are known when they are asked for: the stream times them without the copy engine's events, and the
+engine counts them as if they had run (the same float sums, landings, and peak of working buffers in use).
+
 Events (``events``): the stream's start, each of its waits, each resumption on a landed copy, and each landing and
 wake-up of the copy engine processed (events of other processes are not counted).
 """
@@ -78,13 +85,12 @@ from dataclasses import dataclass, field
 import simpy
 
 from sim.core.accounting import IterationTally, iteration_record
-from sim.core.cache import LPC
 from sim.core.protocol import DecisionProtocol, LayerDecision, LayerStep, cpu_tokens
 from sim.core.records import IterationRecord
 from sim.core.workload import Iteration, phase_layers
 from sim.policies.base import Policy
 from sim.predictors.base import PredictionScore, Predictor
-from sim.timing.clock import StreamClock
+from sim.timing.clock import NEVER, StreamClock
 from sim.timing.copy_engine import CopyEngine, CopyJob
 from sim.timing.costs import CostModel, Memo
 from sim.timing.timeline import Timeline
@@ -198,6 +204,9 @@ class ComputeStream(StreamClock):
         ] = {}  # (layer, expert) -> the CopyJob of a prefetch not yet used or dropped
         self.wasted = 0  # bytes of unused prefetches that crossed the link
         self.dense_of: Memo | None = None  # role -> the dense work of a layer of the iteration (start_iteration)
+        # copies may run back to back without events (``back_to_back``): a plain copy engine, and nothing that
+        # reads the copy on the link while the stream computes (slowdowns stretch compute by it)
+        self.plain = copy.plain and not self.slowed and not self.handoff
 
     # ------------------------------------------------------------------------------------------------ time
     def stretch(self, t: float, slow: float) -> float:
@@ -288,8 +297,11 @@ class ComputeStream(StreamClock):
             self.cpu_s += host_s
             self.cpu_n += len(cpu)
         copied = step.copied
+        lands = None  # the copies' landing times, when they run back to back (no event needed)
         if copied or step.prefetch:
-            new_copies = self.issue_copies(step)
+            if self.plain and not step.prefetch and not self.jobs and self.env_next == NEVER:
+                lands = self.back_to_back_lands(len(copied))
+            new_copies = len(copied) if lands is not None else self.issue_copies(step)
             if self.copy_issue and new_copies:  # the host issues the copies before the layer's experts
                 self.wait(self.copy_issue * new_copies)
         if resident_s:
@@ -300,7 +312,10 @@ class ComputeStream(StreamClock):
             self.wait(resident_s)
             self.busy += resident_s
         if copied:
-            self.copied_experts(step)
+            if lands is None:
+                self.copied_experts(step)
+            else:
+                self.back_to_back(step, lands)
         if cpu:
             self.wait_host(cpu_done)
 
@@ -347,22 +362,65 @@ class ComputeStream(StreamClock):
     def issue_copies(self, step: LayerStep) -> int:
         """The layer's demand copies (a queued prefetch it needs moves up), then the next layer's prefetches, so
         that an idle link starts a copy this layer waits for; returns the copies submitted."""
-        copy, jobs, layer = self.copy, self.jobs, step.layer
-        submit, new_copies = copy.submit, 0
-        for e, src in step.copied:
-            if src == LPC:
-                copy.upgrade(jobs.pop((layer, e)))
-                self.used += 1
-            else:
-                submit(layer, e, False)
-                new_copies += 1
-        if step.prefetch:
-            nxt = step.next_layer
-            for e in step.prefetch:
-                jobs[(nxt, e)] = submit(nxt, e, True)
-            self.issued += len(step.prefetch)
-            new_copies += len(step.prefetch)
+        prefetch = step.prefetch
+        new_copies, used = self.copy.submit_layer(step.layer, step.copied, self.jobs, step.next_layer, prefetch)
+        self.used += used
+        self.issued += len(prefetch)
         return new_copies
+
+    def back_to_back_lands(self, n: int) -> list[float] | None:
+        """The landing times of ``n`` demand copies asked for now, when the copy engine serves them back to back
+        (:meth:`sim.timing.copy_engine.CopyEngine.back_to_back`), else None (they are submitted). Each lands one
+        copy time after the one before (the first after now), the float sums its landing event would hold."""
+        copy = self.copy
+        if not copy.back_to_back(n):
+            return None
+        lands, t, copy_s = [], self.now, copy.copy_s
+        for _ in range(n):
+            t = t + copy_s
+            lands.append(t)
+        return lands
+
+    def back_to_back(self, step: LayerStep, lands: list[float]) -> None:
+        """:meth:`copied_experts` for copies served back to back, landing at ``lands`` (in the order asked for,
+        which is their landing order): the same times, sums and counts, without the copy engine's events (nothing
+        else waits on them: no prefetch is queued or held, and the environment has nothing to come). The stream
+        stalls for a copy that has not landed by its time; a working buffer is free again when its expert has
+        computed."""
+        counts, expert_of, promote = step.counts, self.expert_of, step.plan.promote
+        promote_d2d, expert_issue = self.promote_d2d, self.expert_issue
+        now = self.now
+        ends = []  # when each expert's buffer was released
+        for (e, _), land in zip(step.copied, lands):
+            if land > now:  # not landed yet (one landing at the very end of a wait has): the stream stalls
+                self.waits += 1
+                self.stall += land - now
+                now = land
+            t = expert_of[counts[e]]
+            if e in promote:
+                t += promote_d2d
+            if expert_issue:
+                t = max(t, expert_issue)
+            self.waits += 1
+            now = now + t
+            self.busy += t
+            ends.append(now)
+        self.now = now
+        self.copy.served(len(lands), self.buffers_peak(lands, ends))
+
+    def buffers_peak(self, lands: list[float], ends: list[float]) -> int:
+        """The most working buffers in use as one of a back-to-back run's copies started: the ``i``-th (``i`` >
+        0) starts as the one before lands, after the buffers released strictly before then (a landing at the very
+        end of a compute runs before the buffer of that compute is released)."""
+        queue = self.copy.queue
+        held = queue.capacity - len(queue.free)  # before the run
+        peak, released = held + 1, 0
+        for i in range(1, len(lands)):
+            start = lands[i - 1]
+            while released < i - 1 and ends[released] < start:
+                released += 1
+            peak = max(peak, held + i + 1 - released)
+        return peak
 
     def copied_experts(self, step: LayerStep) -> None:
         """Each copied expert computes as soon as its copy lands, in landing order (then its promotion into the
@@ -382,8 +440,12 @@ class ComputeStream(StreamClock):
             elif not ready:  # wait_copy, inline (once per copy): the stream stalls until the next copy lands
                 t0 = self.now
                 copy.computing = False
-                while not ready:
-                    t = self.run_next()
+                while not ready:  # the copy engine's next event, the environment's due by then first
+                    t = self.due
+                    if self.env_next <= t:  # (or none is pending: run_next names the deadlock)
+                        t = self.run_next()
+                    else:
+                        self.run_own()
                 self.now = t
                 self.waits += 1
                 if handoff:
