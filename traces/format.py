@@ -338,12 +338,10 @@ class Trace:
                     f"experts holds id {bad}, outside -1..{meta.model.num_experts - 1} "
                     f"(model.num_experts = {meta.model.num_experts})"
                 )
-            if e.shape[2] > 1:
-                s = np.sort(e, axis=2)
-                dup = (s[:, :, 1:] == s[:, :, :-1]) & (s[:, :, 1:] >= 0)
-                if dup.any():
-                    t, layer, _ = np.argwhere(dup)[0]
-                    _fail(f"experts repeats an expert id within one token's top-k (token {t}, layer {layer})")
+            dup = _repeated_ids(e)
+            if dup is not None:
+                t, layer = dup
+                _fail(f"experts repeats an expert id within one token's top-k (token {t}, layer {layer})")
         if not isinstance(off, np.ndarray) or off.dtype != np.int64 or off.ndim != 1 or off.shape[0] < 2:
             _fail(f"request_offsets must be int64 [requests + 1] with at least one request, got {_describe(off)}")
         if off.shape[0] - 1 > MAX_REQUESTS:
@@ -372,6 +370,31 @@ class Trace:
                 _fail(f"weights must be float16 {list(e.shape)} like experts, got {_describe(w)}")
             if not np.all(np.isfinite(w)):
                 _fail("weights holds a value that is not finite")
+
+
+#: Up to this top-k, :func:`_repeated_ids` compares each pair of columns (k(k-1)/2 passes, faster than sorting).
+PAIRWISE_TOP_K = 8
+
+
+def _repeated_ids(e: np.ndarray) -> tuple[int, int] | None:
+    """The first (token, layer) whose top-k repeats an expert id (-1, no expert, may repeat), or None."""
+    k = e.shape[2]
+    if k < 2:
+        return None
+    if k <= PAIRWISE_TOP_K:
+        cols = [e[:, :, i] for i in range(k)]
+        dup = np.zeros(e.shape[:2], dtype=bool)
+        for i in range(k - 1):
+            real = cols[i] >= 0
+            for j in range(i + 1, k):
+                dup |= (cols[i] == cols[j]) & real
+    else:
+        s = np.sort(e, axis=2)
+        dup = ((s[:, :, 1:] == s[:, :, :-1]) & (s[:, :, 1:] >= 0)).any(axis=2)
+    if not dup.any():
+        return None
+    t, layer = np.argwhere(dup)[0]
+    return int(t), int(layer)
 
 
 def _describe(a: Any) -> str:

@@ -104,26 +104,28 @@ def build_iterations(
         its.append(Iteration(len(its), batch, "prefill", rows, size, ctx, new_batch))
         return True
 
-    attended = prompt_context(trace)
+    # per request, as Python ints: a decode iteration's row and context are sums of a few of them
+    attended, first_decode = prompt_context(trace).tolist(), dstart.tolist()
 
     def decode_it(reqs, steps, batch, new_batch):
         if len(reqs) == 1:  # np.mean of one value is that value
             r, s = reqs[0], steps[0]
-            rows = np.array([dstart[r] + s], dtype=np.int64)
+            rows = np.array([first_decode[r] + s], dtype=np.int64)
             ctx = float(attended[r] + s + 1)
         else:
-            rows = np.array([dstart[r] + s for r, s in zip(reqs, steps)], dtype=np.int64)
+            rows = np.array([first_decode[r] + s for r, s in zip(reqs, steps)], dtype=np.int64)
             ctx = float(np.mean([attended[r] + s + 1 for r, s in zip(reqs, steps)]))
         its.append(Iteration(len(its), batch, "decode", rows, len(reqs), ctx, new_batch))
 
     if batching == "static":
+        decode_of = decode.tolist()
         working = busy.reshape(served // batch_size, batch_size).any(axis=1)
         for b in np.flatnonzero(working).tolist():  # a batch of requests with nothing to run adds nothing
             reqs = order[b * batch_size : (b + 1) * batch_size]
             new = not prefill_it(reqs, b, len(reqs), True)
             decoding = reqs[decode[reqs] > 0].tolist()
             for s in range(int(decode[reqs].max(initial=0))):
-                live = [r for r in decoding if decode[r] > s]
+                live = [r for r in decoding if decode_of[r] > s]
                 decode_it(live, [s] * len(live), b, new)
                 new = False
     elif batching == "continuous":

@@ -358,3 +358,33 @@ def test_config_errors_and_input_errors_use_the_same_one_line():
     assert exc.field == "workload. batch_size"
     assert exc.problem.startswith("must be an integer \\x1b[1m!") and len(exc.problem) == sim.errors.MAX_PROBLEM_CHARS
     assert str(traces.errors.InputError("a\tb\n\nc")) == "a b c"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    k=st.sampled_from([1, 2, 3, 8, 9, 12]),
+    seed=st.integers(0, 10**6),
+    repeats=st.integers(0, 3),
+)
+def test_validate_names_the_first_token_and_layer_that_repeats_an_expert(k, seed, repeats):
+    """Both ways of finding a repeat (column pairs up to top-8, sorting above) name the first (token, layer) in row
+    order whose top-k holds an id twice; -1 (no expert) may repeat."""
+    from traces.format import _repeated_ids
+
+    rng = np.random.default_rng(seed)
+    e = np.argsort(rng.random((6, 3, 16)), axis=2)[:, :, :k].astype(np.int16)
+    e[rng.random(e.shape) < 0.2] = -1
+    for _ in range(repeats if k > 1 else 0):
+        t, layer = rng.integers(6), rng.integers(3)
+        i, j = rng.choice(k, size=2, replace=False)
+        e[t, layer, j] = e[t, layer, i]
+    expected = next(
+        (
+            (t, layer)
+            for t in range(6)
+            for layer in range(3)
+            if len([x for x in e[t, layer] if x >= 0]) != len({x for x in e[t, layer] if x >= 0})
+        ),
+        None,
+    )
+    assert _repeated_ids(e) == expected
