@@ -199,6 +199,7 @@ class ComputeStream(StreamClock):
         self.copy_issue, self.expert_issue = host_cost(costs, "copy_issue_s"), host_cost(costs, "expert_issue_s")
         self.hit_issue = host_cost(costs, "hit_issue_s")
         self.expert_of = Memo(costs.expert_s)  # tokens -> one expert's compute
+        self.lm_head_of = Memo(costs.lm_head_s)  # tokens -> the LM head over them
         self.jobs: dict[
             tuple[int, int], CopyJob
         ] = {}  # (layer, expert) -> the CopyJob of a prefetch not yet used or dropped
@@ -474,7 +475,7 @@ class ComputeStream(StreamClock):
     def lm_head(self, it: Iteration) -> None:
         """The LM head closes the iteration: over every generated token, or each prefilled request's last."""
         n_tok = int(it.rows.size)
-        lm = self.costs.lm_head_s(n_tok if it.kind == "decode" else it.requests)
+        lm = self.lm_head_of[n_tok if it.kind == "decode" else it.requests]
         if lm and self.slowed:
             lm = self.stretch(lm, self.dense_slow)
         if lm:
