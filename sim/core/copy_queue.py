@@ -151,7 +151,7 @@ class CopyQueue:
         started back to back, landed, been taken and released in the order they were asked for: as if each had
         gone through :meth:`submit`, :meth:`start_next`, :meth:`land`, :meth:`take` and :meth:`release`. Each took
         the first free buffer and gave it back to the end of the free ones; ``in_use``: the most buffers in use as
-        one of them started."""
+        one of them started (or any figure between that and the peak so far: the peak stands)."""
         if len(self.free) < n or self.demand or self.prefetch:
             raise AssertionError("copies served back to back need the link's queues empty and their buffers free")
         free = self.free

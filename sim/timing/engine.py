@@ -298,11 +298,19 @@ class ComputeStream(StreamClock):
             self.cpu_s += host_s
             self.cpu_n += len(cpu)
         copied = step.copied
-        lands = None  # the copies' landing times, when they run back to back (no event needed)
+        asked = None  # when the layer's copies were asked for, if they run back to back (no event needed)
         if copied or step.prefetch:
-            if self.plain and not step.prefetch and not self.jobs and self.env_next == NEVER:
-                lands = self.back_to_back_lands(len(copied))
-            new_copies = len(copied) if lands is not None else self.issue_copies(step)
+            if (
+                self.plain
+                and not step.prefetch
+                and not self.jobs
+                and self.env_next == NEVER
+                and self.copy.back_to_back(len(copied))
+            ):
+                asked = self.now
+                new_copies = len(copied)
+            else:
+                new_copies = self.issue_copies(step)
             if self.copy_issue and new_copies:  # the host issues the copies before the layer's experts
                 self.wait(self.copy_issue * new_copies)
         if resident_s:
@@ -313,10 +321,10 @@ class ComputeStream(StreamClock):
             self.wait(resident_s)
             self.busy += resident_s
         if copied:
-            if lands is None:
+            if asked is None:
                 self.copied_experts(step)
             else:
-                self.back_to_back(step, lands)
+                self.back_to_back(step, asked)
         if cpu:
             self.wait_host(cpu_done)
 
@@ -369,30 +377,21 @@ class ComputeStream(StreamClock):
         self.issued += len(prefetch)
         return new_copies
 
-    def back_to_back_lands(self, n: int) -> list[float] | None:
-        """The landing times of ``n`` demand copies asked for now, when the copy engine serves them back to back
-        (:meth:`sim.timing.copy_engine.CopyEngine.back_to_back`), else None (they are submitted). Each lands one
-        copy time after the one before (the first after now), the float sums its landing event would hold."""
-        copy = self.copy
-        if not copy.back_to_back(n):
-            return None
-        lands, t, copy_s = [], self.now, copy.copy_s
-        for _ in range(n):
-            t = t + copy_s
-            lands.append(t)
-        return lands
-
-    def back_to_back(self, step: LayerStep, lands: list[float]) -> None:
-        """:meth:`copied_experts` for copies served back to back, landing at ``lands`` (in the order asked for,
-        which is their landing order): the same times, sums and counts, without the copy engine's events (nothing
-        else waits on them: no prefetch is queued or held, and the environment has nothing to come). The stream
-        stalls for a copy that has not landed by its time; a working buffer is free again when its expert has
-        computed."""
+    def back_to_back(self, step: LayerStep, asked: float) -> None:
+        """:meth:`copied_experts` for copies served back to back (:meth:`sim.timing.copy_engine.CopyEngine.
+        back_to_back`), asked for at ``asked``: each lands one copy time after the one before (the first after
+        ``asked``: the float sums its landing event would hold), in the order asked for. The same times, sums and
+        counts as the copy engine's events give, without them (nothing else waits on them: no prefetch is queued
+        or held, and the environment has nothing to come). The stream stalls for a copy that has not landed by its
+        time; a working buffer is free again when its expert has computed."""
         counts, expert_of, promote = step.counts, self.expert_of, step.plan.promote
-        promote_d2d, expert_issue = self.promote_d2d, self.expert_issue
-        now = self.now
-        ends = []  # when each expert's buffer was released
-        for (e, _), land in zip(step.copied, lands):
+        promote_d2d, expert_issue, copy = self.promote_d2d, self.expert_issue, self.copy
+        copy_s = copy.copy_s
+        now, land = self.now, asked
+        lands, ends = [], []  # each copy's landing, and when its expert's buffer was released
+        for e, _ in step.copied:
+            land = land + copy_s
+            lands.append(land)
             if land > now:  # not landed yet (one landing at the very end of a wait has): the stream stalls
                 self.waits += 1
                 self.stall += land - now
@@ -407,14 +406,18 @@ class ComputeStream(StreamClock):
             self.busy += t
             ends.append(now)
         self.now = now
-        self.copy.served(len(lands), self.buffers_peak(lands, ends))
-
-    def buffers_peak(self, lands: list[float], ends: list[float]) -> int:
-        """The most working buffers in use as one of a back-to-back run's copies started: the ``i``-th (``i`` >
-        0) starts as the one before lands, after the buffers released strictly before then (a landing at the very
-        end of a compute runs before the buffer of that compute is released)."""
-        queue = self.copy.queue
+        queue = copy.queue
         held = queue.capacity - len(queue.free)  # before the run
+        peak = held + len(lands)  # a bound of the buffers in use as one started: exact only if it can matter
+        if peak > queue.max_in_use:
+            peak = self.buffers_peak(held, lands, ends)
+        copy.served(len(lands), peak)
+
+    @staticmethod
+    def buffers_peak(held: int, lands: list[float], ends: list[float]) -> int:
+        """The most working buffers in use as one of a back-to-back run's copies started, ``held`` before it: the
+        ``i``-th (``i`` > 0) starts as the one before lands, after the buffers released strictly before then (a
+        landing at the very end of a compute runs before the buffer of that compute is released)."""
         peak, released = held + 1, 0
         for i in range(1, len(lands)):
             start = lands[i - 1]

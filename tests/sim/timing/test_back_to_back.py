@@ -35,9 +35,9 @@ def run_both(monkeypatch, cfg, trace) -> tuple[dict, dict, int]:
     served = []
     original = ComputeStream.back_to_back
 
-    def counted(self, step, lands):
-        served.append(len(lands))
-        original(self, step, lands)
+    def counted(self, step, asked):
+        served.append(asked)
+        original(self, step, asked)
 
     with monkeypatch.context() as m:
         m.setattr(ComputeStream, "back_to_back", counted)
@@ -95,6 +95,6 @@ def test_a_slowed_machine_or_a_timeline_keeps_every_copy_an_event(monkeypatch, t
     cfg = with_hardware(config_for(path, trace, "lru", "none", 1, 0, 2, 4), compute_slowdown=1.3)
     assert run_both(monkeypatch, cfg, trace)[2] == 0
     served = []
-    monkeypatch.setattr(ComputeStream, "back_to_back", lambda self, step, lands: served.append(step))
+    monkeypatch.setattr(ComputeStream, "back_to_back", lambda self, step, asked: served.append(step))
     simulate(config_for(path, trace, "lru", "none", 1, 0, 2, 4), trace=trace, timeline=True)
     assert served == []
