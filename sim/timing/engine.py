@@ -318,7 +318,11 @@ class ComputeStream(StreamClock):
                 resident_s = self.stretch(resident_s, self.slow)
             if self.hit_issue:
                 resident_s = max(resident_s, self.hit_issue * len(step.resident))
-            self.wait(resident_s)
+            self.waits += 1  # wait(resident_s), inline (once per layer)
+            end = self.now + resident_s
+            if self.due <= end or self.env_next <= end:
+                self.run_until(end)
+            self.now = end
             self.busy += resident_s
         if copied:
             if asked is None:
