@@ -162,13 +162,10 @@ class TierCache:
         del d[expert]
         d[expert] = None
 
-    def finish_layer(self, layer: int) -> list[int]:
-        """A layer is done: its working buffers are dropped. Returns the experts that were in them."""
-        gone = self.lpc_of[layer]
-        if not gone:
-            return []
-        self.lpc_of[layer] = set()
-        return list(gone)
+    def finish_layer(self, layer: int) -> None:
+        """A layer is done: its working buffers are dropped."""
+        if self.lpc_of[layer]:
+            self.lpc_of[layer] = set()
 
     # -------------------------------------------------------------------------------------------- checking
     def _check_ids(self, layer: int, experts) -> None:

@@ -60,6 +60,7 @@ class CopyQueue:
         self.copies = 0
         self.prefetch_copies = 0
         self.max_in_use = 0
+        self.marked = False  # a buffer was released with a marker (the executor's): see served()
 
     # ------------------------------------------------------------------------------------ the compute side
     def submit(self, layer: int, expert: int, prefetch: bool) -> CopyJob:
@@ -99,6 +100,8 @@ class CopyQueue:
         """A working buffer is free again once the work marked by ``after`` is done."""
         if len(self.free) >= self.capacity:
             raise AssertionError("working buffer released twice")
+        if after is not None:
+            self.marked = True
         self.free.append((buffer, after))
 
     # ------------------------------------------------------------------------------------------- the link
@@ -151,12 +154,13 @@ class CopyQueue:
         started back to back, landed, been taken and released in the order they were asked for: as if each had
         gone through :meth:`submit`, :meth:`start_next`, :meth:`land`, :meth:`take` and :meth:`release`. Each took
         the first free buffer and gave it back to the end of the free ones; ``in_use``: the most buffers in use as
-        one of them started (or any figure between that and the peak so far: the peak stands)."""
+        one of them started (or any figure between that and the peak so far: the peak stands). Only for buffers
+        released without a marker (the simulator's), which rotating the free ones keeps."""
         if len(self.free) < n or self.demand or self.prefetch:
             raise AssertionError("copies served back to back need the link's queues empty and their buffers free")
-        free = self.free
-        for _ in range(n):
-            free.append((free.popleft()[0], None))
+        if self.marked:
+            raise AssertionError("copies served back to back take buffers released without a marker")
+        self.free.rotate(-n)  # each marker None, before and after: a release here marks nothing
         self.copies += n
         if in_use > self.max_in_use:
             self.max_in_use = in_use

@@ -103,3 +103,44 @@ def test_copy_queue_keeps_its_rules(buffers, reserve, ops):
     for _job in list(q.ready.get(0, ())):
         q.release(q.take(0).buffer)
     assert len(q.free) == buffers
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    buffers=st.integers(1, 6),
+    held=st.integers(0, 5),
+    n=st.integers(1, 6),
+    order=st.lists(st.booleans(), max_size=24),
+)
+def test_copies_served_back_to_back_leave_the_queue_as_one_by_one(buffers, held, n, order):
+    """``CopyQueue.served`` leaves the free buffers in the order, and the counts, that submitting, starting,
+    landing, taking and releasing each copy gives (whatever the interleaving of starts and releases), with
+    ``held`` buffers in use throughout; its peak is the one given."""
+    held, n = min(held, buffers - 1), min(n, buffers - min(held, buffers - 1))
+
+    def queue_holding():
+        q = CopyQueue(buffers, 1)
+        for e in range(held):
+            q.submit(0, e, False)
+            q.start_next()
+        return q
+
+    one_by_one, at_once = queue_holding(), queue_holding()
+    started, released, turns, peak = [], 0, iter(order), 0
+    for e in range(n):
+        one_by_one.submit(1, e, False)
+    while released < n:  # start the next, or release the oldest landed, in the order drawn
+        if len(started) < n and (released == len(started) or next(turns, True)):
+            job = one_by_one.start_next()
+            assert job is not None
+            one_by_one.land(job)
+            started.append(job)
+            peak = max(peak, one_by_one.in_use)
+        else:
+            job = one_by_one.take(1)
+            assert job is not None
+            one_by_one.release(job.buffer)
+            released += 1
+    at_once.served(n, peak)
+    assert list(at_once.free) == list(one_by_one.free)
+    assert (at_once.copies, at_once.max_in_use) == (one_by_one.copies, one_by_one.max_in_use)
