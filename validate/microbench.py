@@ -173,7 +173,7 @@ def measure_handoff(backend, nbytes: int, samples: int = 20) -> float:
             resumed = backend.mark()
             copier.release(job, None)
             if i >= 2:
-                landed: Landed | None = job.landed  # CopyJob gives it no type; the copy thread sets it
+                landed: Landed | None = job.landed  # set by the copy thread (a backend's Landed)
                 assert landed is not None, "take hands over landed copies only"
                 pairs += [(asked, landed.start), (landed.end, resumed)]
         backend.synchronize()

@@ -17,6 +17,7 @@ copy engine (``sim/timing/copy_engine.py``) drives them with simulated time; the
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 __all__ = ["CopyJob", "CopyQueue", "QueueCounters"]
 
@@ -44,7 +45,7 @@ class CopyJob:
         self.buffer: int | None = None  # index of the working buffer it lands in
         self.after: object = None  # the engine's marker of when that buffer was freed (None: free from the start)
         self.start = self.end = 0.0  # simulated start and (planned) landing
-        self.landed = None  # the executor's device timestamps of the copy
+        self.landed: Any = None  # the executor's device timestamps of the copy (validate.backends.Landed)
 
 
 class CopyQueue:
