@@ -67,6 +67,91 @@ def _request_plan(trace: Trace, max_decode_tokens: int | None):
     return start, prompt, start + prompt, decode
 
 
+class _Iterations:
+    """A workload's iterations as they are appended (``its``): a prefill iteration of some requests, a decode
+    iteration of some running requests at their decode steps."""
+
+    def __init__(self, trace: Trace, max_decode_tokens: int | None, prefill: bool):
+        start, prompt, dstart, decode = _request_plan(trace, max_decode_tokens)
+        self.start, self.prompt, self.decode, self.prefill = start, prompt, decode, prefill
+        # per request, as Python ints: a decode iteration's row and context are sums of a few of them
+        self.attended, self.first_decode = prompt_context(trace).tolist(), dstart.tolist()
+        self.decode_of = decode.tolist()
+        self.its: list[Iteration] = []
+
+    def add_prefill(self, reqs: np.ndarray, batch: int, size: int, new_batch: bool) -> bool:
+        """The prefill iteration of ``reqs``' prompts (those that have one), in a batch of ``size`` requests; False
+        when there is none (prefill off, or no prompt)."""
+        if not self.prefill:
+            return False
+        start, prompt = self.start, self.prompt
+        reqs = reqs[prompt[reqs] > 0]
+        if reqs.size == 0:
+            return False
+        rows = np.asarray(np.concatenate([np.arange(start[r], start[r] + prompt[r]) for r in reqs]), dtype=np.int64)
+        ctx = float(np.mean([(prompt[r] + 1) / 2 for r in reqs]))
+        self.its.append(Iteration(len(self.its), batch, "prefill", rows, size, ctx, new_batch))
+        return True
+
+    def add_decode(self, reqs: list[int], steps: list[int], batch: int, new_batch: bool) -> None:
+        """The decode iteration of ``reqs``, each at its decode step in ``steps``."""
+        first_decode, attended = self.first_decode, self.attended
+        if len(reqs) == 1:  # np.mean of one value is that value
+            r, s = reqs[0], steps[0]
+            rows = np.array([first_decode[r] + s], dtype=np.int64)
+            ctx = float(attended[r] + s + 1)
+        else:
+            rows = np.array([first_decode[r] + s for r, s in zip(reqs, steps)], dtype=np.int64)
+            ctx = float(np.mean([attended[r] + s + 1 for r, s in zip(reqs, steps)]))
+        self.its.append(Iteration(len(self.its), batch, "decode", rows, len(reqs), ctx, new_batch))
+
+
+def _static_batches(out: _Iterations, order: np.ndarray, busy: np.ndarray, batch_size: int) -> None:
+    """Static batching: each batch of ``batch_size`` places in ``order`` prefilled together, then decoding until
+    its last request finishes; a batch of requests with nothing to run (``busy`` false) adds nothing."""
+    decode, decode_of = out.decode, out.decode_of
+    working = busy.reshape(order.size // batch_size, batch_size).any(axis=1)
+    for b in np.flatnonzero(working).tolist():
+        reqs = order[b * batch_size : (b + 1) * batch_size]
+        new = not out.add_prefill(reqs, b, len(reqs), True)
+        decoding = reqs[decode[reqs] > 0].tolist()
+        for s in range(int(decode[reqs].max(initial=0))):
+            live = [r for r in decoding if decode_of[r] > s]
+            out.add_decode(live, [s] * len(live), b, new)
+            new = False
+
+
+def _continuous_batches(out: _Iterations, order: np.ndarray, busy: np.ndarray, batch_size: int) -> None:
+    """Continuous batching: a finished request's place taken by the next in ``order``, prefilled in its own
+    iteration just before the decode iteration it joins; whole rounds of requests with nothing to run (``busy``
+    false) skipped while none is running."""
+    decode, served = out.decode, order.size
+    busy_at = np.flatnonzero(busy)  # the places in the order of requests with something to run
+    nxt = 0  # the next place in the order to join
+    running: list[list[int]] = []  # [request, next decode step]
+    first = True
+    while nxt < served or running:
+        if not running:  # rounds that take only requests with nothing to run: skip them whole
+            k = int(np.searchsorted(busy_at, nxt))
+            upto = int(busy_at[k]) if k < busy_at.size else served
+            nxt += (upto - nxt) // batch_size * batch_size
+            if nxt >= served:
+                break
+        joining = order[nxt : nxt + batch_size - len(running)]
+        nxt += joining.size
+        if joining.size:
+            if out.add_prefill(joining, 0, len(running) + joining.size, first):
+                first = False
+            running.extend([r, 0] for r in joining[decode[joining] > 0].tolist())
+        if not running:
+            continue
+        out.add_decode([r for r, _ in running], [s for _, s in running], 0, first)
+        first = False
+        for item in running:
+            item[1] += 1
+        running = [item for item in running if item[1] < decode[item[0]]]
+
+
 def build_iterations(
     trace: Trace,
     batch_size: int,
@@ -81,7 +166,9 @@ def build_iterations(
     and in the batches, but cost no work per request: static batches of them only are skipped at once, and so are
     whole rounds of them while no request is running in continuous batching (they would change nothing but how far
     the queue has gone), so that a trace of millions of empty requests costs time in its tokens, not its requests."""
-    start, prompt, dstart, decode = _request_plan(trace, max_decode_tokens)
+    if batching not in ("static", "continuous"):
+        raise ValueError(f"unknown batching {batching!r}")
+    out = _Iterations(trace, max_decode_tokens, prefill)
     n_trace = trace.num_requests
     served = requests if requests is not None else n_trace
     if batching == "static":
@@ -89,72 +176,10 @@ def build_iterations(
     elif requests is None:
         served = max(served, batch_size)  # enough to fill the batch once
     order = np.arange(served) % n_trace
-    prefilled = prompt > 0 if prefill else np.zeros(n_trace, dtype=bool)  # requests with a prefill iteration
-    busy = (prefilled | (decode > 0))[order]  # per place in the order: the request has something to run
-    its: list[Iteration] = []
-
-    def prefill_it(reqs: np.ndarray, batch, size, new_batch):
-        if not prefill:
-            return False
-        reqs = reqs[prompt[reqs] > 0]
-        if reqs.size == 0:
-            return False
-        rows = np.asarray(np.concatenate([np.arange(start[r], start[r] + prompt[r]) for r in reqs]), dtype=np.int64)
-        ctx = float(np.mean([(prompt[r] + 1) / 2 for r in reqs]))
-        its.append(Iteration(len(its), batch, "prefill", rows, size, ctx, new_batch))
-        return True
-
-    # per request, as Python ints: a decode iteration's row and context are sums of a few of them
-    attended, first_decode = prompt_context(trace).tolist(), dstart.tolist()
-
-    def decode_it(reqs, steps, batch, new_batch):
-        if len(reqs) == 1:  # np.mean of one value is that value
-            r, s = reqs[0], steps[0]
-            rows = np.array([first_decode[r] + s], dtype=np.int64)
-            ctx = float(attended[r] + s + 1)
-        else:
-            rows = np.array([first_decode[r] + s for r, s in zip(reqs, steps)], dtype=np.int64)
-            ctx = float(np.mean([attended[r] + s + 1 for r, s in zip(reqs, steps)]))
-        its.append(Iteration(len(its), batch, "decode", rows, len(reqs), ctx, new_batch))
-
-    if batching == "static":
-        decode_of = decode.tolist()
-        working = busy.reshape(served // batch_size, batch_size).any(axis=1)
-        for b in np.flatnonzero(working).tolist():  # a batch of requests with nothing to run adds nothing
-            reqs = order[b * batch_size : (b + 1) * batch_size]
-            new = not prefill_it(reqs, b, len(reqs), True)
-            decoding = reqs[decode[reqs] > 0].tolist()
-            for s in range(int(decode[reqs].max(initial=0))):
-                live = [r for r in decoding if decode_of[r] > s]
-                decode_it(live, [s] * len(live), b, new)
-                new = False
-    elif batching == "continuous":
-        busy_at = np.flatnonzero(busy)  # the places in the order of requests with something to run
-        nxt = 0  # the next place in the order to join
-        running: list[list[int]] = []  # [request, next decode step]
-        first = True
-        while nxt < served or running:
-            if not running:  # rounds that take only requests with nothing to run: skip them whole
-                k = int(np.searchsorted(busy_at, nxt))
-                upto = int(busy_at[k]) if k < busy_at.size else served
-                nxt += (upto - nxt) // batch_size * batch_size
-                if nxt >= served:
-                    break
-            joining = order[nxt : nxt + batch_size - len(running)]
-            nxt += joining.size
-            if joining.size:
-                if prefill_it(joining, 0, len(running) + joining.size, first):
-                    first = False
-                running.extend([r, 0] for r in joining[decode[joining] > 0].tolist())
-            if not running:
-                continue
-            decode_it([r for r, _ in running], [s for _, s in running], 0, first)
-            first = False
-            for item in running:
-                item[1] += 1
-            running = [item for item in running if item[1] < decode[item[0]]]
-    else:
-        raise ValueError(f"unknown batching {batching!r}")
+    prefilled = out.prompt > 0 if prefill else np.zeros(n_trace, dtype=bool)  # requests with a prefill iteration
+    busy = (prefilled | (out.decode > 0))[order]  # per place in the order: the request has something to run
+    (_static_batches if batching == "static" else _continuous_batches)(out, order, busy, batch_size)
+    its = out.its
     info = WorkloadInfo(
         requests_served=int(served),
         distinct_requests=int(min(served, n_trace)),
