@@ -43,6 +43,7 @@ import time
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -291,6 +292,191 @@ def recorded_profiles(raws) -> dict[str, str]:
     return out
 
 
+class _Campaign:
+    """One ``validate`` measurement of a suite into a folder: its configurations, backend, host pool and traces,
+    the calibration passes so far (``passes``), and the runs of each round."""
+
+    def __init__(
+        self,
+        kind: str,
+        out: str | Path,
+        device: str,
+        quick: bool,
+        only: list[str] | None,
+        repeat: int,
+        threads: int,
+        resume: bool,
+        host_pool_gb: float | None,
+        host_threads: int | None,
+        log,
+    ):
+        from validate.backends import default_host_threads, make_backend
+
+        self.kind, self.quick, self.repeat, self.threads, self.resume, self.log = (
+            kind,
+            quick,
+            repeat,
+            threads,
+            resume,
+            log,
+        )
+        configs, self.skipped = self._configs(kind, quick, only, log)
+        self.out = check_output_folder(out, "measurement folder (--out)")
+        self.cfgs = [
+            (name, d, config_from_dict(d, f"{kind}:{name}", POLICIES.names(), PREDICTORS.names()))
+            for name, d in configs
+        ]
+        try:
+            self.backend = backend = make_backend(device, threads)
+        except ValueError as exc:
+            raise ConfigError("--device", str(exc)) from None
+        self.host_threads = int(host_threads) if host_threads else default_host_threads(backend)
+        self.model = model = self.cfgs[0][2].model
+        check_runnable(model, "model")
+        cpu = backend.name == "cpu"
+        self.pool = host_pool_size(host_pool_gb, 2 if cpu else 8, model.expert_bytes, pinned=not cpu, log=log)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.traces: dict[str, Trace] = {}
+        for _, _, cfg in self.cfgs:
+            self.traces.setdefault(str(cfg.workload.trace), load_trace(cfg.workload.trace))
+        self.cal_path = self.out / "calibration.yaml"
+        self.passes_path = self.out / "calibration-passes.json"
+        self.passes = json.loads(self.passes_path.read_text()) if resume and self.passes_path.exists() else []
+        self.host_pool: Any = None  # allocated (pinned) once, shared by every configuration
+
+    @staticmethod
+    def _configs(kind: str, quick: bool, only: list[str] | None, log) -> tuple[list, list]:
+        """The suite's configurations to measure, and those skipped (their policy not registered)."""
+        try:
+            configs = SUITES[kind].configs(quick, only)
+        except KeyError as exc:
+            raise ConfigError("--configs", str(exc.args[0]).split(": ", 1)[1]) from None
+        configs, skipped = runnable(configs, POLICIES.names())
+        for name, d in skipped:
+            log(f"skipped {name}: policy {d['policy']['name']!r} is not registered in this version")
+        if not configs:
+            raise ConfigError(
+                "--configs", "no configuration left to measure: their policies are not registered in this version"
+            )
+        return configs, skipped
+
+    def calibration_pass(self, when: str, light: bool = False) -> None:
+        """One microbenchmark pass; calibration.yaml becomes the median of the passes so far."""
+        from validate.microbench import calibrate, combine, measure_decisions, write_calibration
+
+        model, backend, log = self.model, self.backend, self.log
+        if not light:
+            log(f"calibration ({when}): microbenchmarks of {model.name} on {backend.describe()} ...")
+        t0 = time.perf_counter()
+        max_ctx = max(
+            int(self.traces[str(c.workload.trace)].prefill_lengths.max()) + (c.workload.max_decode_tokens or 0) + 1
+            for _, _, c in self.cfgs
+        )
+        cal = calibrate(
+            model,
+            "h200",
+            backend=backend,
+            quick=self.quick,
+            repeat=self.repeat,
+            batch_sizes=sorted({c.workload.batch_size for _, _, c in self.cfgs}),
+            max_context=max(0, max_ctx),
+            light=light,
+            host_threads=self.host_threads,
+        )
+        if not light:
+            cal["decide_us"] = measure_decisions([c for _, _, c in self.cfgs], self.traces)
+        self.passes.append(cal)
+        atomic_write_bytes(self.passes_path, _json(self.passes))
+        write_calibration(self.cal_path, combine(self.passes))
+        log(
+            f"calibration ({when}): {'light ' if light else ''}pass {len(self.passes)} done in "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
+
+    def manifest(self, rounds: int, calibrate_between: bool) -> dict:
+        """What the folder was measured with (written before the runs; ``machine_after`` added at the end)."""
+        backend, cfgs = self.backend, self.cfgs
+        return {
+            "suite": self.kind,
+            "quick": self.quick,
+            "device": backend.describe(),
+            "device_kind": backend.name,
+            "threads": self.threads if backend.name == "cpu" else None,
+            "host_threads": self.host_threads,
+            "skipped": [name for name, _ in self.skipped],
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "host": platform.node(),
+            "python": platform.python_version(),
+            "torch": backend.torch.__version__,
+            "command": " ".join(["python -m validate"] + sys.argv[1:])
+            if sys.argv and sys.argv[0].endswith(("__main__.py", "validate"))
+            else None,
+            "configs": [name for name, _, _ in cfgs],
+            "rounds": rounds,
+            "calibrate_between": calibrate_between,
+            "traces": {
+                p: file_sha256(cfg.workload.trace) for p, cfg in {str(c.workload.trace): c for _, _, c in cfgs}.items()
+            },
+            "profiles": recorded_profiles(raw for _, raw, _ in cfgs),
+            "machine_before": machine_state(backend),
+        }
+
+    def slot_budget(self) -> int:
+        """Device bytes the executor may give the cache's slots: the free memory less 16 GiB (4 GiB on the CPU)."""
+        if self.backend.name == "cpu":
+            return 4 * GIB
+        free, _ = self.backend.torch.cuda.mem_get_info()
+        return max(GIB, free - 16 * GIB)
+
+    def run(self, r: int, name: str, raw: dict, where: str, slot_budget: int) -> None:
+        """Configuration ``name`` in round ``r``: its decisions made with the calibration as it stands, its
+        iterations, summary and decisions written, the configuration's summary over its rounds so far."""
+        from validate.executor import Executor
+        from validate.microbench import combine, write_calibration
+
+        kind, out, log = self.kind, self.out, self.log
+        t0 = time.perf_counter()
+        run_dir = out / "runs" / name
+        round_dir = run_dir / f"round-{r}"
+        # the decisions are made with this machine's calibration as it stands now (a policy that weighs costs,
+        # e.g. fiddler, reads it), the same in every round: compare can simulate on the very same one
+        hw_path = run_dir / "hardware.yaml"
+        if not hw_path.exists():
+            write_calibration(hw_path, combine(self.passes))
+        cfg = config_from_dict(
+            {**raw, "hardware": str(hw_path)}, f"{kind}:{name}", POLICIES.names(), PREDICTORS.names()
+        )
+        ex = Executor(
+            cfg,
+            self.traces[str(cfg.workload.trace)],
+            self.backend,
+            host_pool_bytes=self.pool,
+            slot_budget_bytes=slot_budget,
+            host_pool=self.host_pool,
+            host_threads=self.host_threads,
+        )
+        res = ex.run()
+        self.host_pool = ex.host
+        summary = real_summary(name, res, ex.info, self.backend.describe())
+        atomic_write_bytes(run_dir / "config.yaml", yaml.safe_dump(explicit(raw), sort_keys=False).encode())
+        atomic_write_bytes(round_dir / "iterations.csv", iterations_csv(res.iterations))
+        atomic_write_bytes(round_dir / "summary.json", _json(summary))
+        if not (run_dir / "decisions.json").exists():
+            atomic_write_bytes(run_dir / "decisions.json", _json([asdict(d) for d in res.decisions]))
+        atomic_write_bytes(run_dir / "summary.json", _json(aggregate(run_dir)))
+        it = summary["iteration_ms"]
+        on_host = (
+            f", {summary['cpu_experts']} experts on the host CPU ({summary['cpu_busy_ms']:.2f} ms busy per iteration)"
+            if summary["cpu_experts"]
+            else ""
+        )
+        log(
+            f"{where}: {summary['iterations']} iterations, mean {it['mean']:.2f} ms, p50 {it['p50']:.2f} ms, "
+            f"{summary['throughput_tok_s']:.1f} tok/s, {res.copies} copies{on_host} "
+            f"({time.perf_counter() - t0:.1f} s)"
+        )
+
+
 def measure(
     kind: str,
     out: str | Path,
@@ -309,170 +495,32 @@ def measure(
     """Calibrate, then run every configuration of suite ``kind`` on ``device``; returns the folder.
     ``host_threads``: the host pool's workers for experts on the host CPU, in the runs and the ``cpu_expert``
     microbenchmark alike (default ``validate.backends.default_host_threads``)."""
-    from validate.backends import default_host_threads, make_backend
-    from validate.executor import Executor
-    from validate.microbench import calibrate, combine, measure_decisions, write_calibration
-
-    suite = SUITES[kind]
-    try:
-        configs = suite.configs(quick, only)
-    except KeyError as exc:
-        raise ConfigError("--configs", str(exc.args[0]).split(": ", 1)[1]) from None
-    configs, skipped = runnable(configs, POLICIES.names())
-    for name, d in skipped:
-        log(f"skipped {name}: policy {d['policy']['name']!r} is not registered in this version")
-    if not configs:
-        raise ConfigError(
-            "--configs", "no configuration left to measure: their policies are not registered in this version"
-        )
-    out = check_output_folder(out, "measurement folder (--out)")
-    cfgs = [
-        (name, d, config_from_dict(d, f"{kind}:{name}", POLICIES.names(), PREDICTORS.names())) for name, d in configs
-    ]
-    try:
-        backend = make_backend(device, threads)
-    except ValueError as exc:
-        raise ConfigError("--device", str(exc)) from None
-    host_threads = int(host_threads) if host_threads else default_host_threads(backend)
-    model = cfgs[0][2].model
-    check_runnable(model, "model")
-    pool = host_pool_size(
-        host_pool_gb, 8 if backend.name != "cpu" else 2, model.expert_bytes, pinned=backend.name != "cpu", log=log
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    traces: dict[str, Trace] = {}
-    for _, _, cfg in cfgs:
-        traces.setdefault(str(cfg.workload.trace), load_trace(cfg.workload.trace))
-    batch_sizes = sorted({c.workload.batch_size for _, _, c in cfgs})
-    max_ctx = 0
-    for _, _, c in cfgs:
-        tr = traces[str(c.workload.trace)]
-        max_ctx = max(max_ctx, int(tr.prefill_lengths.max()) + (c.workload.max_decode_tokens or 0) + 1)
+    c = _Campaign(kind, out, device, quick, only, repeat, threads, resume, host_pool_gb, host_threads, log)
     started = time.perf_counter()
-    cal_path = out / "calibration.yaml"
-    passes_path = out / "calibration-passes.json"
-    passes = json.loads(passes_path.read_text()) if resume and passes_path.exists() else []
-
-    def calibration_pass(when: str, light: bool = False) -> None:
-        """One microbenchmark pass; calibration.yaml becomes the median of the passes so far."""
-        if not light:
-            log(f"calibration ({when}): microbenchmarks of {model.name} on {backend.describe()} ...")
-        t0 = time.perf_counter()
-        cal = calibrate(
-            model,
-            "h200",
-            backend=backend,
-            quick=quick,
-            repeat=repeat,
-            batch_sizes=batch_sizes,
-            max_context=max_ctx,
-            light=light,
-            host_threads=host_threads,
-        )
-        if not light:
-            cal["decide_us"] = measure_decisions([c for _, _, c in cfgs], traces)
-        passes.append(cal)
-        atomic_write_bytes(passes_path, _json(passes))
-        write_calibration(cal_path, combine(passes))
-        log(
-            f"calibration ({when}): {'light ' if light else ''}pass {len(passes)} done in "
-            f"{time.perf_counter() - t0:.1f} s"
-        )
-
-    manifest = {
-        "suite": kind,
-        "quick": quick,
-        "device": backend.describe(),
-        "device_kind": backend.name,
-        "threads": threads if backend.name == "cpu" else None,
-        "host_threads": host_threads,
-        "skipped": [name for name, _ in skipped],
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "torch": backend.torch.__version__,
-        "command": " ".join(["python -m validate"] + sys.argv[1:])
-        if sys.argv and sys.argv[0].endswith(("__main__.py", "validate"))
-        else None,
-        "configs": [name for name, _, _ in cfgs],
-        "rounds": rounds,
-        "calibrate_between": calibrate_between,
-        "traces": {
-            p: file_sha256(cfg.workload.trace) for p, cfg in {str(c.workload.trace): c for _, _, c in cfgs}.items()
-        },
-        "profiles": recorded_profiles(raw for _, raw, _ in cfgs),
-        "machine_before": machine_state(backend),
-    }
-    atomic_write_bytes(out / "manifest.json", _json(manifest))
-    if backend.name != "cpu":
-        free, _ = backend.torch.cuda.mem_get_info()
-        slot_budget = max(GIB, free - 16 * GIB)
-    else:
-        slot_budget = 4 * GIB
-    total = len(cfgs) * rounds
-    step = 0
-    host_pool = None  # allocated (pinned) once, shared by every configuration
-    full_passes = sum("handoff_us" in p for p in passes)
+    manifest = c.manifest(rounds, calibrate_between)
+    atomic_write_bytes(c.out / "manifest.json", _json(manifest))
+    slot_budget = c.slot_budget()
+    total, step = len(c.cfgs) * rounds, 0
+    full_passes = sum("handoff_us" in p for p in c.passes)
     for r in range(rounds):  # rounds interleave the configurations, so that a drifting machine hits all alike
         if full_passes <= r:
-            calibration_pass(f"before round {r + 1}" if rounds > 1 else "before the runs")
+            c.calibration_pass(f"before round {r + 1}" if rounds > 1 else "before the runs")
             full_passes += 1
-        for name, raw, cfg in cfgs:
+        for name, raw, _ in c.cfgs:
             step += 1
-            run_dir = out / "runs" / name
-            round_dir = run_dir / f"round-{r}"
             where = f"[{step}/{total}] {name}" + (f" round {r + 1}/{rounds}" if rounds > 1 else "")
-            if resume and (round_dir / "summary.json").exists():
+            if resume and (c.out / "runs" / name / f"round-{r}" / "summary.json").exists():
                 log(f"{where}: kept (--resume)")
                 continue
-            t0 = time.perf_counter()
-            # the decisions are made with this machine's calibration as it stands now (a policy that weighs costs,
-            # e.g. fiddler, reads it), the same in every round: compare can simulate on the very same one
-            hw_path = run_dir / "hardware.yaml"
-            if not hw_path.exists():
-                write_calibration(hw_path, combine(passes))
-            cfg = config_from_dict(
-                {**raw, "hardware": str(hw_path)}, f"{kind}:{name}", POLICIES.names(), PREDICTORS.names()
-            )
-            ex = Executor(
-                cfg,
-                traces[str(cfg.workload.trace)],
-                backend,
-                host_pool_bytes=pool,
-                slot_budget_bytes=slot_budget,
-                host_pool=host_pool,
-                host_threads=host_threads,
-            )
-            res = ex.run()
-            host_pool = ex.host
-            summary = real_summary(name, res, ex.info, backend.describe())
-            atomic_write_bytes(run_dir / "config.yaml", yaml.safe_dump(explicit(raw), sort_keys=False).encode())
-            atomic_write_bytes(round_dir / "iterations.csv", iterations_csv(res.iterations))
-            atomic_write_bytes(round_dir / "summary.json", _json(summary))
-            if not (run_dir / "decisions.json").exists():
-                atomic_write_bytes(run_dir / "decisions.json", _json([asdict(d) for d in res.decisions]))
-            atomic_write_bytes(run_dir / "summary.json", _json(aggregate(run_dir)))
-            it = summary["iteration_ms"]
-            on_host = (
-                f", {summary['cpu_experts']} experts on the host CPU ({summary['cpu_busy_ms']:.2f} ms busy per "
-                f"iteration)"
-                if summary["cpu_experts"]
-                else ""
-            )
-            log(
-                f"{where}: {summary['iterations']} iterations, mean {it['mean']:.2f} ms, p50 {it['p50']:.2f} ms, "
-                f"{summary['throughput_tok_s']:.1f} tok/s, {res.copies} copies{on_host} "
-                f"({time.perf_counter() - t0:.1f} s)"
-            )
-            del ex, res
+            c.run(r, name, raw, where, slot_budget)
             if calibrate_between:
-                calibration_pass(f"after {name}", light=True)
+                c.calibration_pass(f"after {name}", light=True)
     if rounds > 1 and full_passes <= rounds:
-        calibration_pass("after the last round")
-    manifest["machine_after"] = machine_state(backend)
-    atomic_write_bytes(out / "manifest.json", _json(manifest))
+        c.calibration_pass("after the last round")
+    manifest["machine_after"] = machine_state(c.backend)
+    atomic_write_bytes(c.out / "manifest.json", _json(manifest))
     log(
-        f"measured {len(cfgs)} configuration(s) into {out} in {time.perf_counter() - started:.1f} s; "
-        f"next: python -m validate compare {out}"
+        f"measured {len(c.cfgs)} configuration(s) into {c.out} in {time.perf_counter() - started:.1f} s; "
+        f"next: python -m validate compare {c.out}"
     )
-    return out
+    return c.out
