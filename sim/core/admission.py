@@ -282,16 +282,9 @@ class AdmissionDriver:
         for e in newcomers:
             victim = None
             if len(mpc) >= slots:
-                if key is None:  # _ranked_victim, inline (once per eviction): the least recent not in use now
-                    for victim in mpc:
-                        if victim not in busy:
-                            break
-                    else:
-                        break  # every slot holds an expert this layer uses now
-                else:
-                    victim = _ranked_victim(mpc, busy, key)
-                    if victim is FULL_OF_ACTIVE:
-                        break  # every slot holds an expert this layer uses now
+                victim = _ranked_victim(mpc, busy, key)
+                if victim is FULL_OF_ACTIVE:
+                    break  # every slot holds an expert this layer uses now
                 if bypass is not None and bypass(layer, e, victim):
                     continue
             cache.promote(layer, e, victim)
