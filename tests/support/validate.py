@@ -92,3 +92,21 @@ def raw_config(cfg):
     r = dict(cfg.resolved)
     r["cache"] = {k: v for k, v in r["cache"].items() if k != "hot_profile"}
     return r
+
+
+def tiny_suite(tiny, points, decode_tokens: int = 3):
+    """A CPU measurement suite over the tiny model and trace (``tiny``: the fixture's paths) of ``points`` (name,
+    policy, predictor, batch, hpc slots, mpc slots), 4 working buffers, ``decode_tokens`` decode steps each."""
+    from validate.suites import Suite
+
+    model, trace, _ = tiny
+    return Suite(
+        "cpu",
+        str(model),
+        str(trace),
+        decode_tokens=decode_tokens,
+        quick_decode_tokens=decode_tokens,
+        lpc_buffers=4,
+        points=tuple(points),
+        quick=(),
+    )

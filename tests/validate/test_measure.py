@@ -8,22 +8,12 @@ import json
 import pytest
 
 import validate.measure as measure_mod
-from validate.suites import Suite
+from tests.support.validate import tiny_suite
 
 
 @pytest.fixture
 def two_point_suite(tiny, monkeypatch):
-    model, trace, _ = tiny
-    suite = Suite(
-        "cpu",
-        str(model),
-        str(trace),
-        decode_tokens=2,
-        quick_decode_tokens=2,
-        lpc_buffers=4,
-        points=(("lru-b2", "lru", "none", 2, 0, 2), ("gpu-only-b2", "gpu-only", "none", 2, 0, 0)),
-        quick=(),
-    )
+    suite = tiny_suite(tiny, (("lru-b2", "lru", "none", 2, 0, 2), ("gpu-only-b2", "gpu-only", "none", 2, 0, 0)), 2)
     monkeypatch.setattr(measure_mod, "SUITES", {"cpu": suite})
     return suite
 

@@ -23,7 +23,7 @@ from sim.predictors import PREDICTORS
 from sim.run import build_decisions
 from tests.support.paths import ROOT
 from tests.support.traces import TINY_MODEL
-from tests.support.validate import TINY, tiny_files
+from tests.support.validate import TINY, tiny_files, tiny_suite
 from validate.backends import CpuBackend, default_host_threads
 from validate.executor import CPU, HOST_PHASES, Executor, cpu_experts_of
 from validate.kernels import HostExperts, expert_forward, expert_views, fill_random, torch_dtype
@@ -292,25 +292,12 @@ def test_validate_cpu_measures_hybrid_configurations_and_compare_reports_them(ti
         pytest.skip(f"hybrid policies not registered yet: {', '.join(missing)}")
     import validate.measure as measure_mod
     from validate.compare import compare
-    from validate.suites import Suite
 
-    model, trace, _ = tiny
     points = tuple((f"{p}-b4-c4", p, "none", 4, 2, 2) for p in HYBRID_POLICIES)
     monkeypatch.setattr(
         measure_mod,
         "SUITES",
-        {
-            "cpu": Suite(
-                "cpu",
-                str(model),
-                str(trace),
-                decode_tokens=3,
-                quick_decode_tokens=3,
-                lpc_buffers=4,
-                points=points,
-                quick=(),
-            )
-        },
+        {"cpu": tiny_suite(tiny, points)},
     )
     out = measure_mod.measure("cpu", tmp_path / "m", "cpu", repeat=2, rounds=1, host_threads=1, log=lambda m: None)
     rows, _ = compare(out, log=lambda m: None)
@@ -329,18 +316,9 @@ def test_measure_records_host_experts_and_skips_unregistered_policies(tiny, host
     import json
 
     import validate.measure as measure_mod
-    from validate.suites import Suite
 
-    model, trace, _ = tiny
-    suite = Suite(
-        "cpu",
-        str(model),
-        str(trace),
-        decode_tokens=3,
-        quick_decode_tokens=3,
-        lpc_buffers=4,
-        points=(("hyb-b4-c2", "test-cpu-odd", "none", 4, 2, 0), ("later-b4", "no-such-policy-yet", "none", 4, 0, 0)),
-        quick=(),
+    suite = tiny_suite(
+        tiny, (("hyb-b4-c2", "test-cpu-odd", "none", 4, 2, 0), ("later-b4", "no-such-policy-yet", "none", 4, 0, 0))
     )
     monkeypatch.setattr(measure_mod, "SUITES", {"cpu": suite})
     said = []
@@ -434,24 +412,11 @@ def test_compare_simulates_a_cost_weighing_policy_on_the_calibration_it_decided_
         pytest.skip("fiddler is not registered yet")
     import validate.measure as measure_mod
     from validate.compare import compare
-    from validate.suites import Suite
 
-    model, trace, _ = tiny
     monkeypatch.setattr(
         measure_mod,
         "SUITES",
-        {
-            "cpu": Suite(
-                "cpu",
-                str(model),
-                str(trace),
-                decode_tokens=3,
-                quick_decode_tokens=3,
-                lpc_buffers=4,
-                points=(("fiddler-b4-c4", "fiddler", "none", 4, 2, 2),),
-                quick=(),
-            )
-        },
+        {"cpu": tiny_suite(tiny, (("fiddler-b4-c4", "fiddler", "none", 4, 2, 2),))},
     )
     out = measure_mod.measure("cpu", tmp_path / "m", "cpu", repeat=2, rounds=1, host_threads=1, log=lambda m: None)
     s = __import__("json").loads((out / "runs" / "fiddler-b4-c4" / "summary.json").read_text())
