@@ -40,6 +40,7 @@ from sim.errors import ConfigError
 from sim.policies import POLICIES, Policy
 from sim.predictors import PREDICTORS, Predictor
 from sim.run import simulate
+from tests.support.messages import checked_message
 from tests.support.paths import ROOT
 from tests.support.traces import TINY_MODEL, make_trace, random_trace
 from traces.errors import InputError
@@ -59,14 +60,6 @@ def fuzz(examples: int) -> settings:
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
-
-
-def one_line(exc: BaseException) -> str:
-    """The error's message, checked to be one printable line of at most MAX_MESSAGE characters."""
-    msg = str(exc.args[0]) if isinstance(exc, KeyError) else str(exc)
-    assert msg and msg.isprintable(), repr(msg[:300])
-    assert len(msg) <= MAX_MESSAGE, f"{len(msg)} characters: {msg[:300]!r}"
-    return msg
 
 
 # --------------------------------------------------------------------------------------------- the tiny run
@@ -241,7 +234,7 @@ def test_any_param_value_is_refused_at_load_or_runs(files, data):
     try:
         cfg = config_from_dict(d)
     except ConfigError as exc:
-        assert one_line(exc).startswith(f"{section}.params"), str(exc)
+        assert checked_message(exc, MAX_MESSAGE).startswith(f"{section}.params"), str(exc)
         return
     simulate(cfg)  # whatever the load let through runs to the end: no ConfigError, no other exception
 
@@ -275,7 +268,7 @@ def test_every_param_at_its_edges_is_refused_at_load_or_runs(files, section, nam
         try:
             cfg = config_from_dict(d)
         except ConfigError as exc:
-            assert one_line(exc).startswith(f"{section}.params"), str(exc)
+            assert checked_message(exc, MAX_MESSAGE).startswith(f"{section}.params"), str(exc)
             continue
         simulate(cfg)
 
@@ -300,7 +293,7 @@ def test_out_of_range_params_name_their_field_at_load(files, section, name, key,
     )
     with pytest.raises(ConfigError) as exc:
         config_from_dict(d)
-    assert one_line(exc.value).startswith(f"{section}.params.{key}: ")
+    assert checked_message(exc.value, MAX_MESSAGE).startswith(f"{section}.params.{key}: ")
 
 
 # --------------------------------------------------------------------------------------------- training traces
@@ -342,7 +335,7 @@ def test_training_traces_with_nothing_to_learn_or_of_another_model_are_refused_a
     for bad, problem in BAD_TRAINING:
         with pytest.raises(ConfigError) as exc:
             config_from_dict(config(files[bad]))
-        msg = one_line(exc.value)
+        msg = checked_message(exc.value, MAX_MESSAGE)
         assert msg.startswith(f"{section}.params.{key}: ") and problem in msg, (bad, msg)
     simulate(config_from_dict(config(files["train"])))  # a good one loads and runs
 
@@ -351,7 +344,7 @@ def test_a_training_trace_of_another_model_says_both(files):
     d = base_config(files, "next-use-odds", policy_params={"train": str(files["16 experts"])})
     with pytest.raises(ConfigError) as exc:
         config_from_dict(d)
-    msg = one_line(exc.value)
+    msg = checked_message(exc.value, MAX_MESSAGE)
     assert "16 experts" in msg and "the run's is 'test-model' (8 experts" in msg
 
 
@@ -361,7 +354,7 @@ def test_a_profiling_trace_with_nothing_to_rank_is_refused_at_load(files):
         d["cache"]["hot_profile"] = str(files[bad])
         with pytest.raises(ConfigError) as exc:
             config_from_dict(d)
-        assert one_line(exc.value).startswith("cache.hot_profile: ") and problem in str(exc.value)
+        assert checked_message(exc.value, MAX_MESSAGE).startswith("cache.hot_profile: ") and problem in str(exc.value)
 
 
 # --------------------------------------------------------------------------------------------- KV cache
@@ -406,7 +399,7 @@ def test_the_kv_cache_of_the_longest_contexts_must_fit(tmp_path, prompt_rows, de
     try:
         config_from_dict(d)
     except ConfigError as exc:
-        msg = one_line(exc)
+        msg = checked_message(exc, MAX_MESSAGE)
         assert msg.startswith("cache: ") and alone + tiers > hw.gpu_memory_bytes, msg
         if alone > hw.gpu_memory_bytes:
             assert "KV cache alone does not fit" in msg and f"batch {batch} x {tokens} tokens" in msg
@@ -645,7 +638,7 @@ def test_unknown_names_and_keys_stay_on_one_short_line(files, where, length):
         d = _set(d, where, value)
     with pytest.raises(ConfigError) as exc:
         config_from_dict(d)
-    one_line(exc.value)
+    checked_message(exc.value, MAX_MESSAGE)
 
 
 @pytest.mark.parametrize("length", [250, 5000])
@@ -656,23 +649,23 @@ def test_unknown_set_paths_and_registry_names_stay_short(files, tmp_path, length
     for text in (f"hardware.{value}=1", f"{value}=1", f"model.{value}=1", f"cache.split.{value}=1"):
         with pytest.raises(ConfigError) as exc:
             load_run_config(path, [text])
-        one_line(exc.value)
+        checked_message(exc.value, MAX_MESSAGE)
     for registry in (POLICIES, PREDICTORS):
         with pytest.raises(KeyError) as exc:
             registry.get(value)
-        one_line(exc.value)
+        checked_message(exc.value, MAX_MESSAGE)
 
 
 def test_a_long_list_of_known_names_shows_the_closest():
     d = {"model": {**TINY_MODEL, "name": "test-model"}, "hardware": {"base": "h200", "pcie_bw_gbs": 25}}
     with pytest.raises(ConfigError) as exc:
         load_hardware(d["hardware"], "hardware")
-    msg = one_line(exc.value)
+    msg = checked_message(exc.value, MAX_MESSAGE)
     assert msg.startswith("hardware.pcie_bw_gbs: unknown key (closest: pcie_bw_gb_s")
     assert " in all: see sim/config/hardware.py)" in msg
     with pytest.raises(ConfigError) as exc:
         load_model("switch-xxxl")
-    assert "switch-xxl-128" in one_line(exc.value)
+    assert "switch-xxl-128" in checked_message(exc.value, MAX_MESSAGE)
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from sim.core.workload import build_iterations
 from sim.errors import MAX_FIELD_CHARS, MAX_PROBLEM_CHARS, ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
+from tests.support.messages import checked_message
 from tests.support.paths import ROOT
 from tests.support.traces import TINY_MODEL, make_trace, random_trace
 from traces.errors import InputError
@@ -185,21 +186,13 @@ def base(traces) -> dict:
     return cfg
 
 
-def one_line(exc: InputError) -> str:
-    """The error's message, checked to be one printable line of bounded length."""
-    msg = str(exc)
-    assert msg and msg.isprintable(), repr(msg[:300])  # no newline, no control character
-    assert len(msg) <= MAX_LINE, f"{len(msg)} characters: {msg[:300]!r}"
-    return msg
-
-
 def outcome(fn) -> str | None:
-    """None when ``fn()`` succeeds; the message when it raises InputError (see :func:`one_line`). Any other
-    exception fails the test."""
+    """None when ``fn()`` succeeds; the message when it raises InputError (checked: one printable line of at most
+    MAX_LINE characters). Any other exception fails the test."""
     try:
         fn()
     except InputError as exc:
-        return one_line(exc)
+        return checked_message(exc, MAX_LINE)
     return None
 
 
@@ -333,7 +326,7 @@ def test_bad_training_traces_are_refused_when_the_config_loads(base, traces, sec
     d[section] = {"name": name, "params": {"train": traces[token]}}
     with pytest.raises(ConfigError) as exc:
         config_from_dict(d)
-    msg = one_line(exc.value)
+    msg = checked_message(exc.value, MAX_LINE)
     assert msg.startswith(f"{section}.params.train: ") and problem in msg
     d[section]["params"]["train"] = traces["@train"]
     check_loads(d)
@@ -499,7 +492,7 @@ def test_known_failure_classes_name_their_field(base, tmp_path, sets, field):
     path.write_text(_text(base))
     with pytest.raises(ConfigError) as exc:
         load_run_config(path, sets)
-    msg = one_line(exc.value)
+    msg = checked_message(exc.value, MAX_LINE)
     assert msg.startswith(field + ":"), msg[:300]
 
 
@@ -520,7 +513,7 @@ def test_deep_and_aliased_values_from_code(base, value):
         d[section] = {"name": "lru", "params": {"x": value}} if section == "policy" else {"base": "h200", "x": value}
         with pytest.raises(ConfigError) as exc:
             config_from_dict(d)
-        assert one_line(exc.value).startswith(f"{section}: ")
+        assert checked_message(exc.value, MAX_LINE).startswith(f"{section}: ")
 
 
 def test_an_echoed_value_is_cut(base):

@@ -1,6 +1,5 @@
 """Every hardware profile under configs/hardware/ loads, and every figure in it is sourced or labelled an assumption
-in a comment beside it or just above it (issue: "hardware profiles ..., every figure sourced or labelled an
-assumption").
+in a comment beside it or just above it, so that a reader can tell a measured or published figure from a guess.
 
 The rule, fitted to the profiles as they are: a numeric ``key: value`` line is covered by its own inline comment, or
 else by the comments it shares a short group with (full comment lines, or inline comments on field lines, at most
@@ -44,7 +43,7 @@ KNOWN_GAPS = {
     ("h200.yaml", "reserved_gb"),
     ("rtx4090.yaml", "launch_overhead_us"),
 }
-#: The profiles of the machines in the published results (issue item 3).
+#: The profiles of the machines in the published results (``published/rows.csv``'s systems run on them).
 RESULT_MACHINES = (
     "a100-sxm4-80gb",
     "rtx3080-mobile-16gb",
