@@ -224,22 +224,26 @@ class TransitionPredictor(LayerPairPredictor):
         if pos == 0 or self.rows is None or self.rows.size == 0:
             return frozenset()
         src = layers[pos - 1]
+        # one token routed to top-k distinct experts in src: its set of them is ``current`` (src's active experts)
+        combos = {tuple(sorted(current))} if self.rows.size == 1 and len(current) == self.trace.top_k else None
         if self.group is None:
-            return self.guess(self.rows, src, layer, 0)
+            return self.guess(self.rows, src, layer, 0, combos)
         groups = self.group[self.rows]
         if self.rows.size == 1 or (groups == groups[0]).all():
-            return self.guess(self.rows, src, layer, int(groups[0]))
+            return self.guess(self.rows, src, layer, int(groups[0]), combos)
         out: frozenset[int] = frozenset()
         for g in np.unique(groups):  # each fold's tokens with the tables of the other fold
             out |= self.guess(self.rows[groups == g], src, layer, int(g))
         return out
 
-    def guess(self, rows: np.ndarray, src: int, dst: int, source: int) -> frozenset[int]:
+    def guess(self, rows: np.ndarray, src: int, dst: int, source: int, combos=None) -> frozenset[int]:
         """The union of the ``top`` best experts of ``dst`` over ``rows`` (trace rows), each scored from its
         routing in ``src`` with the tables of ``self.sources[source]``. A token's guess depends only on its set of
-        experts in ``src``, so each set is scored once per (src, dst, source) and remembered."""
+        experts in ``src``, so each set is scored once per (src, dst, source) and remembered. ``combos``: the rows'
+        sets of experts in ``src`` (sorted tuples), when the caller knows them."""
         memo = self.guesses.setdefault((src, dst, source), {})
-        combos = {tuple(sorted(r)) for r in self.trace.experts[rows, src, :].tolist()}  # of the layer whose gate ran
+        if combos is None:  # of the layer whose gate ran
+            combos = {tuple(sorted(r)) for r in self.trace.experts[rows, src, :].tolist()}
         new = [c for c in combos if c not in memo and c[-1] >= 0]  # sorted: c[-1] < 0 means no routing
         if new:
             table, tie = self.ranking_keys(src, dst, source)
