@@ -26,7 +26,9 @@ and nothing but the stream waits on them), or SimPy timeouts with callbacks when
 clock (:class:`sim.timing.clock.EnvClock`, the default). At most one of them is pending at a time (the copy on the
 link, or the thread waking up to start one), due at ``due``; ``events`` counts the ones processed. A request of the
 compute stream happens at the stream's time (``clock.now``); an event lands at exactly that time plus its delay,
-and its callback happens at its own time.
+and its callback happens at its own time. Copies that can only run back to back (:meth:`CopyEngine.back_to_back`)
+are timed by the engine without events and counted here (:meth:`CopyEngine.served`): a change to when a copy
+starts or how long it takes changes that path, or its conditions, too.
 """
 
 from __future__ import annotations
