@@ -16,6 +16,10 @@ see the same machine state:
 - the ratio sim run / bare, beside the target (0.33) and the ratio the code had before the decision path was sped
   up (``BEFORE``, measured with this benchmark on the same machine).
 
+A case is ``policy:batch``, or ``policy:batch:predictor`` to run with a predictor (``diffmoe:1:transition`` is the
+config's own policy and predictor: its prefetches keep most copies on the copy engine's events). The bare loop is
+the same for every case.
+
 Run: .venv/bin/python benchmarks/bench_decisions.py [--requests 40] [--repeat 3] [--cases lru:1,diffmoe:16]
 """
 
@@ -74,10 +78,10 @@ def bare_lru(trace, iterations, slots: int) -> tuple[int, float]:
     return steps, time.perf_counter() - t0
 
 
-def one_case(policy: str, batch: int, requests: int) -> dict:
+def one_case(policy: str, batch: int, requests: int, predictor: str = "none") -> dict:
     overrides = [
         f"policy.name={policy}",
-        "predictor.name=none",
+        f"predictor.name={predictor}",
         f"workload.batch_size={batch}",
         f"workload.requests={requests}",
         "policy.params={}",
@@ -114,24 +118,24 @@ def main() -> None:
     ap.add_argument("--cases", default="lru:1,lru:16,diffmoe:1,diffmoe:16")
     args = ap.parse_args()
     print(
-        f"{CONFIG}, first {args.requests} requests, no predictor; rates in layer-steps per second "
-        f"(median of {args.repeat} interleaved runs); target sim/bare >= {TARGET} on lru:1 ({SLOTS} slots)"
+        f"{CONFIG}, first {args.requests} requests, no predictor unless a case names one; rates in layer-steps per "
+        f"second (median of {args.repeat} interleaved runs); target sim/bare >= {TARGET} on lru:1 ({SLOTS} slots)"
     )
     print(
-        f"{'case':<12} {'slots':>5} {'layer-steps':>11} {'sim run':>9} {'engine':>9} {'replay':>9} "
+        f"{'case':<21} {'slots':>5} {'layer-steps':>11} {'sim run':>9} {'engine':>9} {'replay':>9} "
         f"{'bare LRU':>9} {'sim/bare':>8} {'target':>6} {'before':>6}"
     )
     for case in args.cases.split(","):
-        policy, batch = case.split(":")
+        policy, batch, *predictor = case.split(":")
         runs = sorted(
-            (one_case(policy, int(batch), args.requests) for _ in range(args.repeat)),
+            (one_case(policy, int(batch), args.requests, *predictor) for _ in range(args.repeat)),
             key=lambda r: r["sim"] / r["bare"],
         )
         r = runs[len(runs) // 2]
         target = f"{TARGET:.2f}" if case == "lru:1" else "-"
         before = f"{BEFORE[case]:.2f}" if case in BEFORE else "-"
         print(
-            f"{case:<12} {r['slots']:>5} {r['steps']:>11,} {r['sim']:>9,.0f} {r['engine']:>9,.0f} "
+            f"{case:<21} {r['slots']:>5} {r['steps']:>11,} {r['sim']:>9,.0f} {r['engine']:>9,.0f} "
             f"{r['replay']:>9,.0f} {r['bare']:>9,.0f} {r['sim'] / r['bare']:>8.2f} {target:>6} {before:>6}"
         )
 

@@ -63,11 +63,10 @@ class CrossLayerPredictor(LayerPairPredictor):
     def predict(self, iteration, layer, truth, current):
         if self.train is None or self.rows is None or self.rows.size == 0:
             return frozenset()
-        layers = self.phase_layers[self.kind]
-        pos = layers.index(layer)
-        if pos == 0:
+        assert self.kind is not None, "start_iteration comes first"
+        src = self.previous[self.kind][layer]
+        if src is None:
             return frozenset()
-        src = layers[pos - 1]
         ids = self.trace.experts[self.rows, src, :].astype(np.int64)  # the gate of src has run
         ids = ids[(ids >= 0).any(axis=1)]
         if ids.size == 0:

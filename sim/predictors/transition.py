@@ -144,6 +144,8 @@ class LayerPairPredictor(Predictor):
     def start_tables(self) -> None:
         """The workload's layers per phase, no table yet, no iteration yet (the end of ``configure``)."""
         self.phase_layers = phase_layers(self.trace)
+        #: per phase, each layer's previous one (None for the first): the layer whose gate has run
+        self.previous = {kind: dict(zip(layers, [None, *layers[:-1]])) for kind, layers in self.phase_layers.items()}
         self.tables: dict[tuple[int, ...], Any] = {}  # each predictor keys and fills its own
         self.rows = None
         self.kind: str | None = None
@@ -217,19 +219,25 @@ class TransitionPredictor(LayerPairPredictor):
             self.tables[key] = (table, 0.5 * popular / (popular.max() + 1.0))
         return self.tables[key]
 
+    def start_iteration(self, iteration) -> None:
+        super().start_iteration(iteration)
+        rows = iteration.rows
+        #: the fold of a one-token iteration's token (other-requests), else None
+        self.fold = int(self.group[rows[0]]) if self.group is not None and rows.size == 1 else None
+
     def predict(self, iteration, layer, truth, current):
         assert self.kind is not None, "start_iteration comes first"
-        layers = self.phase_layers[self.kind]
-        pos = layers.index(layer)
-        if pos == 0 or self.rows is None or self.rows.size == 0:
+        src = self.previous[self.kind][layer]
+        if src is None or self.rows is None or self.rows.size == 0:
             return frozenset()
-        src = layers[pos - 1]
         # one token routed to top-k distinct experts in src: its set of them is ``current`` (src's active experts)
         combos = {tuple(sorted(current))} if self.rows.size == 1 and len(current) == self.trace.top_k else None
         if self.group is None:
             return self.guess(self.rows, src, layer, 0, combos)
+        if self.fold is not None:
+            return self.guess(self.rows, src, layer, self.fold, combos)
         groups = self.group[self.rows]
-        if self.rows.size == 1 or (groups == groups[0]).all():
+        if (groups == groups[0]).all():
             return self.guess(self.rows, src, layer, int(groups[0]), combos)
         out: frozenset[int] = frozenset()
         for g in np.unique(groups):  # each fold's tokens with the tables of the other fold
