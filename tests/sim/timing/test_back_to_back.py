@@ -98,3 +98,20 @@ def test_a_slowed_machine_or_a_timeline_keeps_every_copy_an_event(monkeypatch, t
     monkeypatch.setattr(ComputeStream, "back_to_back", lambda self, step, asked: served.append(step))
     simulate(config_for(path, trace, "lru", "none", 1, 0, 2, 4), trace=trace, timeline=True)
     assert served == []
+
+
+@pytest.mark.parametrize(
+    "held,lands,ends,peak",
+    [
+        (0, [1.0], [1.5], 1),
+        (0, [1.0, 2.0, 3.0], [1.5, 2.5, 3.5], 2),  # each buffer back before the next-but-one copy starts
+        (0, [1.0, 2.0, 3.0], [2.0, 2.5, 3.5], 3),  # a release at the very time a copy starts comes after it
+        (0, [1.0, 2.0, 3.0], [2.5, 3.5, 4.5], 3),
+        (2, [1.0, 2.0, 3.0, 4.0], [1.2, 2.2, 3.2, 4.2], 4),
+    ],
+)
+def test_the_buffers_peak_counts_a_release_at_a_copys_start_after_it(held, lands, ends, peak):
+    """Copy ``i`` starts as copy ``i - 1`` lands, holding one more buffer; the buffers of experts computed strictly
+    before then are free again (the event path lands a copy due at a compute's very end before that compute's
+    buffer is released)."""
+    assert ComputeStream.buffers_peak(held, lands, ends) == peak
