@@ -498,8 +498,10 @@ def fit_rows(
 
 
 def _fit_one(rows: list[Row], spec: Fitted, sim, iterations: int) -> tuple[float, bool]:
-    """The constant at which the mean log error of the rows' simulated tokens/s is zero (bisection), and whether
-    the search range's end was reached."""
+    """The constant at which the mean log error of the rows' simulated tokens/s is zero (bisection, at most
+    ``iterations`` halvings), and whether the search range's end was reached. The answer is rounded
+    (:func:`_round`), so the bisection stops once both ends of its bracket round alike: every later midpoint lies
+    between them and rounding is monotone, so it would round alike too (the same answer, fewer simulations)."""
 
     def err(x: float) -> float:
         return sum(math.log(sim(r, {spec.key: x}) / r.published_tok_s) for r in rows) / len(rows)
@@ -516,6 +518,8 @@ def _fit_one(rows: list[Row], spec: Fitted, sim, iterations: int) -> tuple[float
     if sign * eb <= 0:
         return hi, sign * eb < -1e-9
     for _ in range(iterations):
+        if _round(back(a)) == _round(back(b)):
+            break
         m = 0.5 * (a + b)
         em = err(back(m))
         if sign * em < 0:
