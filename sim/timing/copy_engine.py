@@ -165,7 +165,7 @@ class CopyEngine(QueueCounters):
     def served(self, n: int, in_use: int) -> None:
         """``n`` copies were served back to back (:meth:`back_to_back`): their time on the link, summed copy by
         copy as each started, their landings (events), and the queue's account of them (``in_use``: the most
-        working buffers in use as one started)."""
+        working buffers in use as one started, or any figure between that and the queue's peak so far)."""
         copy_s = self.copy_s
         for _ in range(n):
             self.busy_s += copy_s
