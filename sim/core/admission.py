@@ -152,23 +152,7 @@ class AdmissionDriver:
         copied: list[tuple[int, str]] = []
         newcomers: list[int] = []
         n_lpc = 0
-        rest = active  # the active experts left to classify
-        if touch and not hpc and not prefetched:  # the usual step (no pinned expert, nothing prefetched): a hit
-            for e in active:  # is in the MPC, anything else a miss
-                if e in mpc:
-                    sources[e] = MPC
-                    resident.append(e)
-                    del mpc[e]
-                    mpc[e] = None
-                else:
-                    if not 0 <= e < n:  # cache.add_lpc's check (the others hold: the expert is in no tier)
-                        cache.add_lpc(layer, e)
-                    lpc.add(e)
-                    sources[e] = MISS
-                    copied.append((e, MISS))
-                    newcomers.append(e)
-            rest = ()
-        for e in rest:
+        for e in active:
             if e in hpc:
                 sources[e] = HPC
                 resident.append(e)
