@@ -126,11 +126,6 @@ class CopyEngine(QueueCounters):
             self._wake(self.clock.now)
         return submitted, used
 
-    def upgrade(self, job: CopyJob) -> None:
-        """A prefetched expert is needed now: if its copy has not started, it joins the demand queue."""
-        if self.queue.upgrade(job) and self.current is None and not self.waking:
-            self._ask()
-
     def drop(self, job: CopyJob) -> None:
         """A prefetched expert went unused: cancel its copy, or free its buffer once it has landed."""
         if self.queue.drop(job) and self.current is None and not self.waking:
