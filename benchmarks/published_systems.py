@@ -21,11 +21,13 @@ sys.path.insert(0, str(ROOT))
 from sim.fit_system import fit_and_predict, format_fits, format_table, read_rows, summary_of  # noqa: E402
 from traces.cli import OneLineParser, run_main  # noqa: E402
 from traces.io import atomic_write_bytes, check_output_file  # noqa: E402
+from traces.outputs import check_not_input  # noqa: E402
 
 
 def report(rows_path: str, json_out: str | None) -> int:
     if json_out is not None:
         check_output_file(json_out, "results file (--json)")
+        check_not_input(json_out, [rows_path], "--json")
     rows = read_rows(rows_path)
     fits, results = fit_and_predict(rows)
     print(format_table(results))

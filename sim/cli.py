@@ -15,6 +15,7 @@ import argparse
 import datetime as dt
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from sim.listing import SEE_POLICIES
@@ -53,7 +54,7 @@ def cmd_run(args) -> int:
         check_output_folder(args.out, "results folder (--out)")
     cfg = load_run_config(args.config, args.set or [], POLICIES.names(), PREDICTORS.names())
     out = Path(args.out) if args.out is not None else default_out(args.config)
-    check_outputs(out, args.timeline)
+    check_outputs(out, args.timeline, [args.config])
     result = simulate(cfg, timeline=args.timeline, progress=None if args.json else _progress_printer())
     written = write_outputs(out, result.resolved, result.summary, result.engine.iterations, result.engine.timeline)
     if args.json:
@@ -72,14 +73,17 @@ def default_out(config: str) -> Path:
     return Path("runs") / f"{safe_name(Path(str(config)).stem, 'run')[:80]}-{dt.datetime.now():%Y%m%d-%H%M%S}"
 
 
-def check_outputs(out: Path, timeline: bool) -> None:
+def check_outputs(out: Path, timeline: bool, inputs: Iterable[str] = ()) -> None:
     """The results folder and each file a run writes there, checked before the run: a FIFO, a device, a file
-    where the folder goes or a folder where a file goes is refused (exit 2), and nothing is written."""
+    where the folder goes or a folder where a file goes, or a file the run reads (its config, a profile, the
+    trace), is refused (exit 2), and nothing is written."""
     from sim.results import output_files
+    from traces.outputs import check_not_input
 
     check_output_folder(out, "results folder (--out)")
     for name in output_files(timeline):
         check_output_file(out / name, "run result")
+        check_not_input(out / name, inputs)
 
 
 EPILOG = """See python -m sim policies for every registered policy and predictor (name, origin, default

@@ -38,6 +38,7 @@ from sim.predictors import PREDICTORS
 from sim.results import hardware_words
 from sim.run import cached_layers, simulate
 from traces.io import atomic_write_bytes, check_output_file, check_output_folder, load_trace
+from traces.outputs import check_not_input
 
 COLUMNS = [
     "policy",
@@ -384,6 +385,7 @@ def run(args) -> int:
     check_output_folder(out, "results folder (--out)")
     for name in OUTPUT_FILES:
         check_output_file(out / name, "comparison")
+        check_not_input(out / name, [args.config])
     rows = compare(base, entries, baseline, log=lambda m: print(m, file=sys.stderr))
     w = base.workload
     n_cached = len(cached_layers(load_trace(w.trace), base.cache.layers))

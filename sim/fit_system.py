@@ -626,6 +626,7 @@ def fit_system(measured: str, system: str, hardware: str, out: str) -> tuple[Sys
     from sim.config.hardware import load_hardware
     from sim.config.system import load_system
     from traces.io import atomic_write_bytes, check_output_file
+    from traces.outputs import check_not_input
 
     name = system_of(system)
     if name not in SYSTEMS:
@@ -633,6 +634,7 @@ def fit_system(measured: str, system: str, hardware: str, out: str) -> tuple[Sys
     load_hardware(hardware, "--hardware")
     check_output_file(out, "system profile (--out)")
     rows = read_rows(measured, hardware=hardware, default_role="fit", default_system=name)
+    check_not_input(out, [measured], "--out")  # nor the hardware profile, nor any other file read
     other = [r for r in rows if r.system != name]
     if other:
         raise ConfigError(

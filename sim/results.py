@@ -199,14 +199,16 @@ def output_files(timeline: bool) -> list[str]:
 def write_outputs(
     out: Path, resolved: dict, summary: dict, records: list[IterationRecord], timeline: list | None
 ) -> list[Path]:
-    """Write a run's files into ``out``, each atomically; returns their paths. ``out`` must be a folder or
+    """Write a run's files into ``out``, each atomically (inside a command's output batch they appear together);
+    returns their paths. ``out`` must be a folder or
     missing (a file, FIFO or device there is a TraceError), and no file replaces anything but a regular file."""
     import yaml
 
     from traces.io import check_output_file, check_output_folder
+    from traces.outputs import ensure_folder
 
     out = check_output_folder(out, "results folder (--out)")
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_folder(out)
     files = {
         "config.resolved.yaml": yaml.safe_dump(resolved, sort_keys=False).encode(),
         "summary.json": (json.dumps(summary, indent=1) + "\n").encode(),

@@ -40,16 +40,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
-    """Parse, run ``args.func(args)``, and turn bad input into one line on stderr and exit status 2."""
+    """Parse, run ``args.func(args)`` inside one output batch (its files appear together when it returns, none of
+    them when it fails: :func:`traces.outputs.output_batch`), and turn bad input, or a write the system refused (a
+    full disk, a read-only mount, a size or quota limit), into one line on stderr and exit status 2."""
+    from traces.outputs import WRITE_FAULTS, output_batch
+
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with output_batch():
+            try:
+                return int(args.func(args) or 0)
+            except BrokenPipeError:  # output piped into `head` and the like: the files staged so far are kept
+                sys.stderr.close()
+                return 0
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # output piped into `head` and the like
-        sys.stderr.close()
-        return 0
+    except OSError as exc:
+        if exc.errno not in WRITE_FAULTS:
+            raise
+        where = one_line(exc.filename, 200) if exc.filename is not None else "an output"
+        print(f"error: {where}: cannot be written ({one_line(exc.strerror or exc, 200)})", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -63,3 +63,14 @@ class TraceError(InputError):
         self.path = str(path)
         self.problem = one_line(problem, MAX_PROBLEM_CHARS)
         super().__init__(f"{one_line(self.path, MAX_PATH_CHARS)}: {self.problem}")
+
+
+class OutputError(InputError):
+    """An output could not be written (a full disk, a read-only mount, a file-size or quota limit): ``PATH: cannot be
+    written (reason)``, one line, exit status 2 like bad input, since what fixes it is outside the program (free
+    space, another ``--out``) and a rerun then just works."""
+
+    def __init__(self, path, problem: str):
+        self.path = str(path)
+        self.problem = one_line(problem, MAX_PROBLEM_CHARS)
+        super().__init__(f"{one_line(self.path, MAX_PATH_CHARS)}: {self.problem}")

@@ -19,7 +19,6 @@ import os
 import re
 import stat
 import struct
-import tempfile
 import warnings
 import zipfile
 import zlib
@@ -31,116 +30,16 @@ import numpy as np
 
 from traces.errors import TraceError, brief, one_line
 from traces.format import MAX_REQUESTS, Trace, TraceMeta
+from traces.outputs import atomic_write_bytes as atomic_write_bytes  # re-exported: writing lives in traces.outputs
+from traces.outputs import check_output_file as check_output_file
+from traces.outputs import check_output_folder as check_output_folder
+from traces.outputs import file_kind as file_kind
+from traces.outputs import kind_name, note_input
 
 ARRAYS_REQUIRED = ("experts", "request_offsets", "prefill_lengths")
 ARRAYS_OPTIONAL = ("weights",)
 META_ENTRY = "meta.json"
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
-
-
-def check_output_file(path: str | os.PathLike, what: str = "output file") -> Path:
-    """``path`` as a place to write a file: missing, or an existing regular file (replaced whole). A folder, a
-    FIFO, a device, a socket or a name the system refuses (too long, NUL byte) is refused with a TraceError: a
-    rename over a special file would replace it (as root, ``/dev/full`` itself), and nothing is written."""
-    p = Path(path)
-    if str(path) == "":
-        raise TraceError("''", f"empty {what} name")
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        st = None
-    except (OSError, ValueError) as exc:
-        raise TraceError(path, f"cannot be written ({getattr(exc, 'strerror', None) or exc})") from None
-    if st is not None:
-        if stat.S_ISLNK(st.st_mode):
-            target = file_kind(p)
-            if target not in ("missing", "file"):
-                raise TraceError(path, f"is a link to {target}: cannot write the {what} there")
-        elif stat.S_ISDIR(st.st_mode):
-            raise TraceError(path, f"is a folder: cannot write the {what} there")
-        elif not stat.S_ISREG(st.st_mode):
-            raise TraceError(
-                path,
-                f"is {_KIND_NAMES.get(stat.S_IFMT(st.st_mode), 'a special file')}: refusing to "
-                f"replace it with the {what}",
-            )
-    parent = p.parent
-    kind = file_kind(parent)
-    if kind not in ("missing", "folder"):
-        raise TraceError(path, f"cannot be written: {parent} is {_article(kind)}, not a folder")
-    return p
-
-
-def check_output_folder(path: str | os.PathLike, what: str = "output folder") -> Path:
-    """``path`` as a folder to write results in: missing (it will be made) or an existing folder; a regular file,
-    a FIFO, a device or a socket in its place is refused with a TraceError before anything is written."""
-    p = Path(path)
-    if str(path) == "":
-        raise TraceError("''", f"empty {what} name")
-    kind = file_kind(p)
-    if kind not in ("missing", "folder"):
-        raise TraceError(path, f"is {_article(kind)}, not a folder: cannot write the {what} there")
-    for parent in p.parents:
-        k = file_kind(parent)
-        if k == "folder":
-            break
-        if k != "missing":
-            raise TraceError(path, f"cannot be made: {parent} is {_article(k)}, not a folder")
-    return p
-
-
-_KIND_NAMES = {
-    stat.S_IFIFO: "a FIFO (named pipe)",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFDIR: "a folder",
-    stat.S_IFREG: "a regular file",
-    stat.S_IFLNK: "a symbolic link",
-}
-
-
-def _article(kind: str) -> str:
-    """A :func:`file_kind` answer as a phrase after "is": "a regular file", "a FIFO (named pipe)"."""
-    return {"file": "a regular file", "folder": "a folder"}.get(kind, kind)
-
-
-def file_kind(path: str | os.PathLike) -> str:
-    """What ``path`` names, following links: "missing", "file", "folder", or a phrase for anything else
-    ("a FIFO (named pipe)", "a character device", "an unreadable path (...)")."""
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):  # a path through a file names nothing
-        return "missing"
-    except (OSError, ValueError) as exc:
-        return f"an unreadable path ({getattr(exc, 'strerror', None) or exc})"
-    if stat.S_ISREG(st.st_mode):
-        return "file"
-    if stat.S_ISDIR(st.st_mode):
-        return "folder"
-    return _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "a special file")
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one. Only a missing
-    path or a regular file is ever replaced (:func:`check_output_file`): never a FIFO, a device or a folder."""
-    path = check_output_file(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the permissions open() would
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        check_output_file(path)  # nothing special was put in its place meanwhile
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def trace_bytes(trace: Trace) -> bytes:
@@ -251,6 +150,7 @@ def open_regular_file(path: str | os.PathLike, what: str = "trace file") -> IO[b
         if stat.S_ISREG(mode):
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
             if stat.S_ISREG(os.fstat(fd).st_mode):
+                note_input(fd, path)
                 return os.fdopen(fd, "rb")
             os.close(fd)  # replaced by something else since the stat
             mode = os.stat(path).st_mode
@@ -260,7 +160,7 @@ def open_regular_file(path: str | os.PathLike, what: str = "trace file") -> IO[b
         raise TraceError(path, f"cannot be read ({exc.strerror or _why(exc)})") from None
     except ValueError as exc:  # e.g. a NUL byte in the path
         raise TraceError(path, f"is not a usable file path ({_why(exc)})") from None
-    kind = _KIND_NAMES.get(stat.S_IFMT(mode), "a special file")
+    kind = kind_name(mode)
     raise TraceError(path, f"is {kind}, not a regular file; give a {what}")
 
 

@@ -18,7 +18,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from traces.errors import InputError, TraceError, brief, one_line
+from traces.errors import InputError, OutputError, TraceError, brief, one_line
+from traces.outputs import keep_staged, staged_path
 from traces.profile_from_config import DerivedProfile, comment_lines
 
 DEFAULT_HARDWARE = "h200"
@@ -72,9 +73,9 @@ def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedPro
     layers) or the run config does not load (e.g. the dense weights alone exceed the GPU)."""
     from sim.config.model import load_model
     from sim.config.trace_summary import read_trace_summary
-    from traces.io import atomic_write_bytes
+    from traces.outputs import atomic_write_bytes
 
-    trace = read_trace_summary(trace_path)
+    trace = read_trace_summary(staged_path(trace_path))
     name = trace.meta.model.name
     stem = bundled_profile(name)
     if stem is not None:
@@ -161,8 +162,9 @@ def run_config(spec, model_value, trace_path: str | Path, trace) -> dict:
         "predictor": {"name": "none", "params": {}},
         "seed": 0,
     }
+    checked = {**d, "workload": {**d["workload"], "trace": str(staged_path(trace_path).resolve())}}
     try:
-        config_from_dict(d)
+        config_from_dict(checked)  # the trace as written now (its final name once the command's files appear)
     except ConfigError as exc:
         raise InputError(f"no run config for the trace on {DEFAULT_HARDWARE}: {exc}") from None
     return d
@@ -246,14 +248,17 @@ def run_import(command, args) -> int:
     if files is not None:
         try:
             lines = write_sim_files(args.out, files, profile, "python -m traces import")
+        except OutputError:
+            raise
         except InputError as exc:
+            keep_staged()
             raise InputError(f"--hf-config: {exc} (the trace {args.out} is written; no run config)") from None
         for line in lines:
             print(line)
         return 0
     from sim.config.trace_summary import read_trace_summary
 
-    name = read_trace_summary(args.out).meta.model.name
+    name = read_trace_summary(staged_path(args.out)).meta.model.name
     if bundled_profile(name) is None:
         shown = SimFiles.beside(args.out)
         print(

@@ -46,6 +46,7 @@ from sim.predictors import PREDICTORS
 from sim.run import RunOutput, simulate
 from traces.errors import InputError, one_line
 from traces.io import atomic_write_bytes, check_output_folder, file_kind, file_sha256, load_trace
+from traces.outputs import ensure_folder
 from validate.archive import (
     ARCHIVE_SUFFIXES,
     MAX_MEMBERS,
@@ -412,12 +413,11 @@ def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tup
             f"({row['err_mean_pct']:+.1f}%), decisions identical: {'yes' if row['decisions_identical'] else 'NO'}"
         )
     if own:
+        output_folder(folder, "compare", make=False)
+        ensure_folder(folder / "compare")  # made, or removed again if the outputs cannot all be written
         out_dir = output_folder(folder, "compare")
     else:
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(str(out_dir), f"cannot be made ({exc.strerror or exc})") from None
+        ensure_folder(out_dir)
     atomic_write_bytes(out_dir / "compare.csv", _csv(rows))
     atomic_write_bytes(out_dir / "compare.md", markdown(rows, manifest).encode())
     plot(rows, manifest, out_dir / "compare.png")

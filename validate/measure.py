@@ -58,6 +58,7 @@ from sim.predictors import PREDICTORS
 from sim.results import iterations_csv, stats_ms
 from traces.format import Trace
 from traces.io import atomic_write_bytes, check_output_folder, file_sha256, load_trace
+from traces.outputs import immediate_outputs
 from validate.kernels import check_runnable
 from validate.suites import SUITES
 
@@ -477,6 +478,7 @@ class _Campaign:
         )
 
 
+@immediate_outputs()  # each run and calibration pass is kept as it lands: --resume continues from them
 def measure(
     kind: str,
     out: str | Path,

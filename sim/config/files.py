@@ -17,6 +17,7 @@ import yaml
 
 from sim.config.checks import MAX_DEPTH, check_size, show
 from sim.errors import ConfigError
+from traces.outputs import note_input
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = PROJECT_ROOT / "configs"
@@ -190,6 +191,7 @@ def read_text(path: Path, where: str, name_file: bool = True, limit: int = MAX_F
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             raise ConfigError(where, f"cannot read{it} (not a regular file)")
+        note_input(fh.fileno(), path)
         try:
             data = fh.read(limit + 1)
         except OSError as exc:

@@ -53,13 +53,14 @@ def row_file(out: Path, point: str) -> Path:
 
 
 def write_row(out: Path, row: dict) -> None:
-    """One point's row as ``OUT/rows/POINT.parquet``, atomically (replacing an earlier row of that point)."""
+    """One point's row as ``OUT/rows/POINT.parquet``, atomically (replacing an earlier row of that point), at once:
+    a sweep that fails later keeps its finished rows for ``--resume``."""
     import pandas as pd
 
     path = row_file(out, row["point"])
     buf = io.BytesIO()
     pd.DataFrame([row]).to_parquet(buf, index=False)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue(), at_once=True)
 
 
 def has_rows(out: Path) -> bool:

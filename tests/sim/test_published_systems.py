@@ -400,4 +400,22 @@ def test_the_bisection_stops_once_its_answer_is_known_and_gives_the_full_ones(pu
     value, at_bound = _fit_one(rows, spec, counted, 24)
     assert not at_bound
     assert value == full_bisection(rows, spec, sim)
-    assert len(calls) < 2 + 24  # the range and targets drawn here never need all 24
+    assert len(calls) <= 2 + 24  # never more than the full halvings (an answer near a rounding edge needs them all)
+
+
+def test_the_bisection_stops_early_when_its_answer_rounds_alike_soon():
+    """A target far from a rounding edge: the bracket's ends round alike long before 24 halvings."""
+    from types import SimpleNamespace
+
+    from sim.fit_system import Fitted, _fit_one
+
+    spec = Fitted("k", 0.0, 10.0, False, True, False)
+    calls = []
+
+    def sim(r, c):
+        calls.append(c)
+        return 0.01 + c["k"] / 10.0
+
+    value, _ = _fit_one([SimpleNamespace(published_tok_s=0.51)], spec, sim, 24)
+    assert value == 5.0
+    assert len(calls) < 2 + 24

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.support.paths import ROOT
 from tests.support.traces import make_trace
-from traces.errors import TraceError
+from traces.errors import OutputError, TraceError
 from traces.io import load_trace, save_trace, trace_bytes
 
 
@@ -65,7 +65,7 @@ def test_writing_is_atomic_and_keeps_the_old_file_on_failure(tmp_path, monkeypat
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "fsync", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(OutputError, match=r"t\.npz: cannot be written \(disk full\); nothing was written"):
         save_trace(make_trace([[3], [4]]), path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.npz"]  # no temporary file left behind

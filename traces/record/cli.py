@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from traces.errors import InputError, brief
+from traces.errors import InputError, OutputError, brief
 from traces.importers.common import check_model_fit, check_model_name, check_out, plain_model_name
 from traces.io import file_kind
+from traces.outputs import keep_staged
 from traces.record.routers import find_moe_layers
 from traces.run_setup import bundled_profile, check_bundled_fits, check_profile_fits, check_sim_files, write_sim_files
 
@@ -271,7 +272,10 @@ def run(args) -> int:
     if files is not None:
         try:
             lines = write_sim_files(out, files, profile, "python -m traces record")
+        except OutputError:
+            raise
         except InputError as exc:
+            keep_staged()
             raise InputError(f"{exc} (the trace {out} is written; no run config)") from None
         for line in lines:
             print(line)
