@@ -7,6 +7,7 @@ transformers) happen inside the command, so `stats` and `validate` start fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from traces.errors import InputError, one_line
@@ -39,13 +40,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Control characters a terminal may act on (C0 but tab, line feed and carriage return; DEL; C1, CSI included),
+#: each shown escaped (``\x1b``) in anything a command prints: data (a row id, a request name) cannot move the
+#: cursor, recolour or retitle the terminal, or hide text.
+_TERMINAL_ESCAPES = {c: ascii(chr(c))[1:-1] for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if chr(c) not in "\t\n\r"}
+
+
+class EscapingWriter:
+    """A text stream that writes through to ``stream`` with the control characters of ``_TERMINAL_ESCAPES``
+    escaped."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(text.translate(_TERMINAL_ESCAPES))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def escaped_terminal():
+    """Within the block, everything printed to stdout and stderr has its control characters escaped."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = EscapingWriter(sys.stdout), EscapingWriter(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse, run ``args.func(args)`` inside one output batch (its files appear together when it returns, none of
     them when it fails: :func:`traces.outputs.output_batch`), and turn bad input, or a write the system refused (a
-    full disk, a read-only mount, a size or quota limit), into one line on stderr and exit status 2."""
+    full disk, a read-only mount, a size or quota limit), into one line on stderr and exit status 2. What the
+    command prints has its control characters escaped (:func:`escaped_terminal`)."""
+    args = parser.parse_args(argv)
+    with escaped_terminal():
+        return _run(args)
+
+
+def _run(args) -> int:
+    """``args.func(args)`` in one output batch, its errors as one line and an exit status."""
     from traces.outputs import WRITE_FAULTS, output_batch
 
-    args = parser.parse_args(argv)
     try:
         with output_batch():
             try:
