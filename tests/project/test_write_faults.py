@@ -87,6 +87,12 @@ def _measured(tmp: Path) -> Path:
     return path
 
 
+def _prompts(tmp: Path) -> Path:
+    path = tmp / "prompts.txt"
+    path.write_text("hello\nworld\n")
+    return path
+
+
 def _archive(tmp: Path) -> Path:
     folder = tmp / "measured"
     folder.mkdir(exist_ok=True)
@@ -157,6 +163,21 @@ COMMANDS: dict[str, Command] = {
             "8",
             "--hf-config",
             _hf_config(tmp),
+            "--out",
+            out.with_suffix(".npz"),
+        ],
+        lambda out, tmp: out.with_suffix(".npz"),
+    ),
+    "traces record": (
+        "traces",
+        lambda out, tmp: [
+            "record",
+            "--tiny",
+            "mixtral",
+            "--prompts",
+            _prompts(tmp),
+            "--max-new-tokens",
+            "2",
             "--out",
             out.with_suffix(".npz"),
         ],
