@@ -5,7 +5,7 @@ A *rows file* (CSV) lists measurements, one per line, with the columns :data:`CO
 - ``row``: an id; ``source``: where the figure comes from; ``system``: a serving system of :data:`SYSTEMS`
   (``mixtral-offloading``, ``fiddler``, ``ktransformers``, ``llama.cpp``, ``deepspeed``); ``variant``: the system's
   mode (mixtral-offloading ``full`` | ``lru`` | ``none`` | ``naive`` (accelerate's offloading), another by its
-  slots; llama.cpp ``n-cpu-moe=N``; others free text);
+  slots; llama.cpp ``n-cpu-moe=N``, N at most the model's MoE layers; others any plain name);
 - ``model``: a profile of ``configs/models/`` (``mixtral-8x7b-instruct`` is ``mixtral-8x7b``) with a trace in
   :data:`TRACES`; ``expert_format``/``dense_format``: weight formats ``sim.config.system.format_bits`` reads (blank: the
   system profile's);
@@ -23,7 +23,10 @@ row of its own takes the fit over all the system's fit rows.
 ``python -m sim fit-system --measured MY.csv --system NAME --hardware HW --out my-system.yaml`` fits a user's
 machine (every row on ``--hardware``) and writes a system profile ``{base: NAME, CONSTANT: value}``;
 ``benchmarks/published_systems.py --rows ROWS.csv`` checks the published rows. A bad file raises ConfigError naming
-the file, the row and the problem.
+the file, the row and the problem. The file is a regular file of at most :data:`MAX_FILE_BYTES` (UTF-8), its header
+names each column once; name cells (:data:`NAME_COLUMNS`) are plain names (:data:`NAME`), the others printable
+text of bounded length, numbers plain ASCII decimals; what is printed from the rows is escaped
+(:func:`table_cell`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any
 
 from sim.config.files import PROJECT_ROOT
 from sim.errors import ConfigError
+from traces.errors import brief, one_line
 
 COLUMNS = (
     "row",
@@ -60,8 +64,31 @@ COLUMNS = (
     "role",
 )
 ROLES = ("fit", "predict")
-MAX_ROWS = 10_000
-MAX_FILE_BYTES = 4 << 20
+MAX_ROWS = 10_000  # a rows file is a table of measurements: the published one holds a few dozen
+MAX_FILE_BYTES = 4 << 20  # 10,000 rows of ~400 bytes; at most this + 1 bytes are ever read
+#: A name cell (row, system, variant, model, expert_format, dense_format, role): the published ids are under 40.
+MAX_NAME_CHARS = 100
+#: A gpu, host or pcie cell: a GPU's name, a host's CPUs and memory in words (the published ones are under 60).
+MAX_TEXT_CHARS = 200
+#: A source cell: a citation with the command it ran (the published ones reach ~900 characters).
+MAX_SOURCE_CHARS = 4096
+#: A number cell: the largest accepted value (2^30, 1e9) needs far fewer; a longer one is refused before int() or
+#: float() reads it (int() of over 4,300 digits raises, and costs time quadratic in the digits).
+MAX_NUMBER_CHARS = 32
+MAX_INT = 1 << 30  # an integer cell: tokens, batch and expert counts are far below
+MAX_TOK_S = 1e9  # a tokens/s cell
+#: A printed cell or list item: ids and names are at most MAX_NAME_CHARS; longer text (a path) is cut.
+MAX_SHOWN_CHARS = 200
+MAX_SHOWN_IDS = 20  # row ids a printed fit or a profile's source lists before "... (N in all)"
+
+#: A plain name: ASCII letters, digits and ``._+=-``, starting with a letter or digit (no space, path separator or
+#: control character).
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]*")
+INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() also takes Arabic-Indic or fullwidth ones, "1_0"
+DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # no nan, inf, '1_0'
+N_CPU_MOE = re.compile(r"n-cpu-moe[^0-9]{0,3}([0-9]+)")
+NAME_COLUMNS = ("row", "system", "variant", "model", "expert_format", "dense_format", "role")
+TEXT_COLUMNS = {"source": MAX_SOURCE_CHARS, "gpu": MAX_TEXT_CHARS, "host": MAX_TEXT_CHARS, "pcie": MAX_TEXT_CHARS}
 
 #: Model names in rows -> model profiles (configs/models/).
 MODEL_ALIASES = {
@@ -146,27 +173,60 @@ def _where(path: str, line: int, row_id: str | None = None) -> str:
 
 
 def _int(value: str, col: str, where: str, minimum: int = 0) -> int | None:
+    """An integer cell: ASCII digits (a sign allowed), in [minimum, MAX_INT]; None when blank."""
     if value == "":
         return None
-    try:
-        v = int(value)
-    except ValueError:
-        raise ConfigError(where, f"{col} must be an integer >= {minimum} or blank, got {value[:40]!r}") from None
-    if v < minimum or v > 1 << 30:
-        raise ConfigError(where, f"{col} must be an integer >= {minimum} or blank, got {v}")
+    want = f"{col} must be an integer >= {minimum} (ASCII digits) or blank"
+    if len(value) > MAX_NUMBER_CHARS or not INTEGER.fullmatch(value):
+        raise ConfigError(where, f"{want}, got {brief(value)}")
+    v = int(value)
+    if v < minimum or v > MAX_INT:
+        raise ConfigError(where, f"{want} and at most {MAX_INT}, got {v}")
     return v
 
 
 def _positive(value: str, col: str, where: str) -> float | None:
+    """A real cell: a plain ASCII decimal (an exponent allowed; no nan or inf), in (0, MAX_TOK_S]; None when
+    blank."""
     if value == "":
         return None
-    try:
-        v = float(value)
-    except ValueError:
-        raise ConfigError(where, f"{col} must be a number > 0 or blank, got {value[:40]!r}") from None
-    if not math.isfinite(v) or v <= 0 or v > 1e9:
-        raise ConfigError(where, f"{col} must be a number > 0 or blank, got {value[:40]!r}")
+    want = f"{col} must be a number > 0 and at most {MAX_TOK_S:g} (ASCII digits) or blank, got {brief(value)}"
+    if len(value) > MAX_NUMBER_CHARS or not DECIMAL.fullmatch(value):
+        raise ConfigError(where, want)
+    v = float(value)
+    if not math.isfinite(v) or v <= 0 or v > MAX_TOK_S:
+        raise ConfigError(where, want)
     return v
+
+
+def _check_cell(value: str, col: str, where: str) -> None:
+    """A text cell: a name column holds a plain name (:data:`NAME`) or nothing, a text column printable text (no
+    control character, line break or tab) of bounded length; number columns are read by :func:`_int` and
+    :func:`_positive`."""
+    if col in NAME_COLUMNS:
+        if value and (len(value) > MAX_NAME_CHARS or not NAME.fullmatch(value)):
+            raise ConfigError(
+                where,
+                f"{'row (the id)' if col == 'row' else col} must be a plain name (at most {MAX_NAME_CHARS} "
+                f"characters of A-Z a-z 0-9 _ . + = -, starting with a letter or digit) or blank, got {brief(value)}",
+            )
+    elif col in TEXT_COLUMNS:
+        if len(value) > TEXT_COLUMNS[col]:
+            raise ConfigError(where, f"{col} is longer than {TEXT_COLUMNS[col]} characters")
+        if not value.isprintable():
+            bad = next(c for c in value if not c.isprintable())
+            raise ConfigError(where, f"{col} holds {ascii(bad)}: no control character, line break, tab or odd space")
+
+
+def _cells(raw: dict, path: str, line: int) -> tuple[dict[str, str], str]:
+    """A record's cells (stripped, every text cell checked) and where it is, for errors (its id once that is a
+    plain name)."""
+    v = {c: (raw.get(c) or "").strip() for c in COLUMNS}
+    _check_cell(v["row"], "row", _where(path, line))
+    where = _where(path, line, v["row"])
+    for col in COLUMNS[1:]:  # the id first: the others' errors name it
+        _check_cell(v[col], col, where)
+    return v, where
 
 
 def _profile_exists(kind: str, name: str) -> bool:
@@ -182,11 +242,12 @@ def hardware_of(gpu: str, host: str) -> str | None:
     6454S``; no count is one socket) the profile ``GPU-NxSKU`` (``rtx4090d-2x6454s``), else the GPU's name without
     its memory size (``rtx4090-24gb`` -> ``rtx4090``); None when none matches."""
     gpu = gpu.strip().lower()
-    stem = re.sub(r"-\d+gb$", "", gpu)
+    stem = re.sub(r"-[0-9]+gb$", "", gpu)
     m = re.search(
         r"(?:(\d+)\s*x\s*)?(?:amd\s+|intel\s*(?:\(r\))?\s+)?(?:xeon|epyc)\s*(?:\(r\))?\s+"
         r"(?:gold\s+|platinum\s+|silver\s+)?(\w+)",
         host.lower(),
+        re.ASCII,
     )
     if m:
         name = f"{stem}-{m.group(1) or 1}x{m.group(2)}"
@@ -227,9 +288,8 @@ def check_row(
     and host decide; ``default_role``/``default_system``: the role/system of a row that leaves it blank)."""
     from sim.config.system import format_bits
 
-    v = {c: (raw.get(c) or "").strip() for c in COLUMNS}
+    v, where = _cells(raw, path, line)
     rid = v["row"]
-    where = _where(path, line, rid)
     if not rid:
         raise ConfigError(where, "row (the id) is blank")
     system = system_of(v["system"] or (default_system or ""))
@@ -265,6 +325,8 @@ def check_row(
     if role == "fit" and published is None:
         raise ConfigError(where, "published_tok_s is blank but the row is a fit row")
     variant = v["variant"].lower()
+    if system == "llama.cpp":
+        _check_cpu_layers(variant, model, where)
     batch = _int(v["batch"], "batch", where, 1)
     return Row(
         row=rid,
@@ -288,17 +350,22 @@ def check_row(
     )
 
 
+def _check_cpu_layers(variant: str, model: str, where: str) -> None:
+    """llama.cpp's ``n-cpu-moe=N`` keeps the experts of N MoE layers on the host: at most the model's."""
+    from sim.config.model import load_model
+
+    n = _n_cpu_moe(variant, where)
+    layers = load_model(model).moe_layers
+    if n is not None and n > layers:
+        raise ConfigError(where, f"variant n-cpu-moe={n} is more than the {layers} MoE layers of {model}")
+
+
 def read_rows(
     path: str | Path, hardware: str | None = None, default_role: str | None = None, default_system: str | None = None
 ) -> list[Row]:
     """The rows of a CSV file, every one checked (ConfigError naming the file, the row and the problem)."""
     shown = str(path)
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(shown, "no such file (a CSV rows file)")
-    data = p.read_bytes()[: MAX_FILE_BYTES + 1]
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(shown, f"is larger than {MAX_FILE_BYTES >> 20} MiB: not a rows file")
+    data = _read_bounded(path, shown)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -306,9 +373,7 @@ def read_rows(
     try:
         reader = csv.DictReader(io.StringIO(text))
         header = reader.fieldnames or []
-        missing = [c for c in COLUMNS if c not in header]
-        if missing:
-            raise ConfigError(shown, f"row 1 (the header) lacks the columns {', '.join(missing)}")
+        _check_header(header, shown)
         rows, seen = [], set()
         for i, raw in enumerate(reader):
             line = reader.line_num
@@ -330,10 +395,46 @@ def read_rows(
     return rows
 
 
+def _read_bounded(path: str | Path, shown: str) -> bytes:
+    """At most MAX_FILE_BYTES bytes of the regular file ``path`` (a FIFO or device is refused, never waited on;
+    at most the bound + 1 bytes are read, whatever the file's size)."""
+    from traces.errors import TraceError
+    from traces.io import open_regular_file
+
+    try:
+        with open_regular_file(path, "CSV rows file") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except TraceError as exc:
+        raise ConfigError(shown, exc.problem) from None
+    except OSError as exc:
+        raise ConfigError(shown, f"cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(shown, f"is larger than {MAX_FILE_BYTES >> 20} MiB: not a rows file")
+    return data
+
+
+def _check_header(header: Iterable[str], shown: str) -> None:
+    """The header names every column of :data:`COLUMNS`, and no column twice (a repeated one would hide the
+    first)."""
+    seen = set()
+    for name in header:
+        if name in seen:
+            raise ConfigError(shown, f"row 1 (the header) names the column {brief(name)} twice")
+        seen.add(name)
+    missing = [c for c in COLUMNS if c not in seen]
+    if missing:
+        raise ConfigError(shown, f"row 1 (the header) lacks the columns {', '.join(missing)}")
+
+
 # ------------------------------------------------------------------------------------------------ run configs
-def _n_cpu_moe(variant: str) -> int | None:
-    m = re.search(r"n-cpu-moe\D{0,3}(\d+)", variant.strip())
-    return int(m.group(1)) if m else None
+def _n_cpu_moe(variant: str, where: str = "variant") -> int | None:
+    """N of a llama.cpp variant ``n-cpu-moe=N`` (ASCII digits), None without one."""
+    m = N_CPU_MOE.search(variant.strip())
+    if m is None:
+        return None
+    if len(m.group(1)) > MAX_NUMBER_CHARS:
+        raise ConfigError(where, f"variant n-cpu-moe=N has more than {MAX_NUMBER_CHARS} digits")
+    return int(m.group(1))
 
 
 def _fits_on_gpu(cfg_dict: dict) -> int:
@@ -423,14 +524,13 @@ def run_config(row: Row, constants: dict[str, float], system_profile: str | None
             from sim.config.model import load_model
 
             m = load_model(row.model)
-            layers = m.encoder_moe_layers + m.decoder_moe_layers
-            params["cpu_layers"] = min(n_cpu, layers)
+            params["cpu_layers"] = n_cpu  # more than the model's layers: refused by the policy's check
             d["cache"] = {
                 "hpc_slots": 0,
                 "mpc_slots": 0,
                 "lpc_buffers": 1,
                 "organization": "shared",
-                "shared_slots": (layers - params["cpu_layers"]) * m.num_experts,
+                "shared_slots": max(m.moe_layers - n_cpu, 0) * m.num_experts,
             }
         else:
             d["cache"] = {"hpc_slots": slots or 0, "mpc_slots": 0, "lpc_buffers": 1}
@@ -587,8 +687,27 @@ def summary_of(results: Iterable[dict], role: str = "predict") -> dict:
     return {"rows": n, "median_abs_error": median, "max_abs_error": errs[-1]}
 
 
+def printed(value: object) -> str:
+    """``value`` as printed text: one line, control characters escaped (a terminal never interprets them), at most
+    MAX_SHOWN_CHARS characters."""
+    return one_line(value, MAX_SHOWN_CHARS)
+
+
+def table_cell(value: object) -> str:
+    """``value`` as a Markdown table cell: :func:`printed`, with ``|`` escaped (it would end the cell)."""
+    return printed(value).replace("|", "\\|")
+
+
+def printed_ids(ids: Iterable[str]) -> str:
+    """Row ids as a printed list: at most MAX_SHOWN_IDS of them, then how many there are."""
+    ids = list(ids)
+    head = ", ".join(printed(i) for i in ids[:MAX_SHOWN_IDS])
+    return head + (f" ... ({len(ids)} in all)" if len(ids) > MAX_SHOWN_IDS else "")
+
+
 def format_table(results: list[dict]) -> str:
-    """The rows as a Markdown table: role, published, simulated, error."""
+    """The rows as a Markdown table: role, published, simulated, error (text from the rows escaped, see
+    :func:`table_cell`)."""
     lines = [
         "| row | role | system | hardware | published tok/s | simulated tok/s | error |",
         "| --- | --- | --- | --- | ---: | ---: | ---: |",
@@ -598,8 +717,9 @@ def format_table(results: list[dict]) -> str:
         err = "" if r["error"] is None else f"{100 * r['error']:+.1f}%"
         role = "fitted" if r["role"] == "fit" else "predicted"
         sim = "not simulated" if r["predicted_tok_s"] is None else f"{r['predicted_tok_s']:.3g}"
-        lines.append(f"| {r['row']} | {role} | {r['system']} | {r['hardware']} | {pub} | {sim} | {err} |")
-    problems = [f"- {r['row']}: {r['problem']}" for r in results if r.get("problem")]
+        cells = [table_cell(r[k]) for k in ("row", "system", "hardware")]
+        lines.append(f"| {cells[0]} | {role} | {cells[1]} | {cells[2]} | {pub} | {sim} | {err} |")
+    problems = [f"- {printed(r['row'])}: {one_line(r['problem'])}" for r in results if r.get("problem")]
     return "\n".join(lines + (["", "Rows not simulated:"] + problems if problems else []))
 
 
@@ -608,11 +728,11 @@ def format_fits(fits: dict[str, SystemFit]) -> str:
     for f in fits.values():
         value = "none (no fit row)" if f.value is None else f"{f.value:g}"
         lines.append(
-            f"- {f.system}: {f.key} = {value} (fitted on {', '.join(f.rows)})"
+            f"- {printed(f.system)}: {f.key} = {value} (fitted on {printed_ids(f.rows)})"
             + (" [at the end of its search range]" if f.at_bound else "")
         )
         for hw, v in f.per_gpu.items():
-            lines.append(f"  - on {hw}: {f.key} = {v:g} (fitted on {', '.join(f.rows_by_gpu[hw])})")
+            lines.append(f"  - on {printed(hw)}: {f.key} = {v:g} (fitted on {printed_ids(f.rows_by_gpu[hw])})")
     return "\n".join(lines)
 
 
@@ -649,13 +769,12 @@ def fit_system(measured: str, system: str, hardware: str, out: str) -> tuple[Sys
     profile = {
         "base": SYSTEMS[name][0],
         spec.key: fit.value,
-        "source": f"fitted by python -m sim fit-system on the fit rows of {Path(measured).name} "
-        f"({', '.join(fit.rows)}) on hardware {hardware}",
+        "source": f"fitted by python -m sim fit-system on the fit rows of {printed(Path(measured).name)} "
+        f"({printed_ids(fit.rows)}) on hardware {printed(hardware)}",
     }
     load_system(profile, "--out")  # the profile loads back
-    text = f"# {name} on {hardware}: {spec.key} fitted on {', '.join(fit.rows)} of {measured}\n" + yaml.safe_dump(
-        profile, sort_keys=False
-    )
+    comment = f"{name} on {printed(hardware)}: {spec.key} fitted on {printed_ids(fit.rows)} of {printed(measured)}"
+    text = f"# {one_line(comment)}\n" + yaml.safe_dump(profile, sort_keys=False)
     atomic_write_bytes(out, text.encode())
     return fit, results, profile
 
@@ -700,9 +819,12 @@ __all__ = [
     "format_table",
     "hardware_of",
     "predict_rows",
+    "printed",
+    "printed_ids",
     "read_rows",
     "register",
     "run_config",
     "simulate_row",
     "summary_of",
+    "table_cell",
 ]

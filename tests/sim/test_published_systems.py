@@ -4,11 +4,9 @@ naming the file, the row and the problem. Fiddler's global placement and llama.c
 
 from __future__ import annotations
 
-import csv
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -19,52 +17,10 @@ from sim.config.system import load_system
 from sim.errors import ConfigError
 from sim.fit_system import COLUMNS, fit_and_predict, fit_rows, hardware_of, read_rows, run_config
 from tests.support.paths import ROOT
+from tests.support.rows import row, write_rows
 
 PUBLISHED = ROOT.parent / "shared" / "published" / "rows.csv"
 SYSTEM_FILES = ("mixtral-offloading", "fiddler", "ktransformers", "llama-cpp", "deepspeed")
-
-
-def row(
-    rid,
-    role="fit",
-    published="2.0",
-    system="mixtral-offloading",
-    variant="none",
-    gpu="a100-sxm4-80gb",
-    slots="0",
-    host="server",
-    model="mixtral-8x7b-instruct",
-    fmt=("hqq-2bit", "hqq-4bit"),
-    **kw,
-):
-    d = {
-        "row": rid,
-        "source": "test",
-        "system": system,
-        "variant": variant,
-        "model": model,
-        "expert_format": fmt[0],
-        "dense_format": fmt[1],
-        "gpu": gpu,
-        "host": host,
-        "pcie": "gen4",
-        "batch": "1",
-        "prompt_tokens": "",
-        "decode_tokens": "",
-        "gpu_experts_per_layer": slots,
-        "published_tok_s": published,
-        "role": role,
-    }
-    d.update(kw)
-    return d
-
-
-def write_rows(path: Path, rows, columns=COLUMNS) -> Path:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    return path
 
 
 def fake_sim(r, constants):
