@@ -24,6 +24,7 @@ The rule here:
 
 from __future__ import annotations
 
+from sim.config.checks import show
 from sim.config.params import MAX_EXPERTS, between, one_of
 from sim.core.cache import CPU, HPC
 from sim.errors import ConfigError
@@ -31,10 +32,24 @@ from sim.policies.base import POLICIES, LayerPlan, PolicyContext
 from sim.policies.fiddler import PLACEMENTS, Placed
 
 
+def check_cpu_layers(n: int, layers: int, model: str, where: str) -> None:
+    """``cpu_layers: N`` keeps N MoE layers' experts on the host: at most the ``layers`` of ``model`` (its name, for
+    the message)."""
+    if n > layers:
+        raise ConfigError(where, f"is {n}, more than the {layers} MoE layers of {model}")
+
+
 @POLICIES.register("ktransformers")
 class KTransformers(Placed):
     PARAMS = {"placement": "per-layer", "cpu_layers": -1}
     PARAM_RULES = {"placement": one_of(*PLACEMENTS), "cpu_layers": between(-1, MAX_EXPERTS, kind=int)}
+
+    @classmethod
+    def check_for_run(cls, params: dict, where: str, run) -> None:
+        """``cpu_layers`` counts MoE layers: at most the run's model's."""
+        super().check_for_run(params, where, run)
+        n, model = params.get("cpu_layers", -1), run.model
+        check_cpu_layers(n, model.moe_layers, show(model.name), f"{where}.cpu_layers")
 
     @classmethod
     def check_with_cache(cls, params: dict, where: str, run, cache) -> None:
@@ -63,6 +78,7 @@ class KTransformers(Placed):
         if n < 0:
             return super().placement()
         ctx = self.ctx
+        check_cpu_layers(n, ctx.num_layers, "the run's model", "policy.params.cpu_layers")
         placed = {layer: (list(ctx.hot_ranking[layer]) if layer >= n else []) for layer in sorted(ctx.cached_layers)}
         need, room = sum(len(v) for v in placed.values()), ctx.shared_total()
         if need > room:
