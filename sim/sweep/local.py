@@ -8,10 +8,17 @@ pool, and every point in flight then is a suspect: the pool is replaced, the poi
 new pool, and then the suspects run again one at a time, so a point that kills its worker every time cannot
 take others down with it, and fails after ``max_attempts`` starts instead of looping. A Ray worker's (or node's)
 death fails only its own task, which is submitted again (``sim.sweep.ray.executor``).
+
+The pool's processes are started with ``fork`` on Linux (the default there before Python 3.14: a worker starts
+with the sweep's modules loaded) and ``spawn`` elsewhere, never ``forkserver``: either way a worker's parent is
+the sweep process itself, so ``sim.sweep.worker.exit_with_parent`` ends the workers when it dies (an orphaned
+worker would otherwise wait forever for work, holding its memory, and, forked, the lock on the sweep's folder).
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import sys
 import time
 from collections import Counter, deque
@@ -21,9 +28,10 @@ from pathlib import Path
 
 from sim.sweep.spec import Point, Sweep
 from sim.sweep.store import row_of, write_row
-from sim.sweep.worker import attempt, attempt_in_worker
+from sim.sweep.worker import attempt, attempt_in_worker, exit_with_parent
 
 MAX_ATTEMPTS = 2
+START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"  # the pool's; see the module docstring
 Result = tuple  # (status, metrics or None, error or None, wall seconds), as returned by sim.sweep.worker.attempt
 
 
@@ -109,7 +117,7 @@ def _run_pool(queue: deque, width: int, sweep: Sweep, rec: Recorder, attempts: C
     when a worker died, the points that were in flight (each charged one attempt) and why the pool broke."""
     inflight: dict = {}
     width = max(1, min(width, len(queue)))  # a process per point at most: never idle workers
-    pool = ProcessPoolExecutor(max_workers=width)
+    pool = _new_pool(width)
     try:
         while queue or inflight:
             while queue and len(inflight) < width:
@@ -129,6 +137,18 @@ def _run_pool(queue: deque, width: int, sweep: Sweep, rec: Recorder, attempts: C
         return [], ""
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _new_pool(width: int) -> ProcessPoolExecutor:
+    """A pool of ``width`` processes, children of this one, that die when it dies. (Linux ties that to the thread
+    that forks them: this one, which outlives the pool, since every pool is shut down before ``run_local``
+    returns.)"""
+    return ProcessPoolExecutor(
+        max_workers=width,
+        mp_context=multiprocessing.get_context(START_METHOD),
+        initializer=exit_with_parent,
+        initargs=(os.getpid(),),
+    )
 
 
 def _harvest(inflight: dict, rec: Recorder, attempts: Counter) -> list[Point]:

@@ -17,13 +17,19 @@ several may be given, separated by ``;``):
 
 A Ray worker runs a point from its resolved config (``sim.sweep.ray.task``), with no overrides to resolve: it
 passes the point's overrides as ``hooks``, which is what the test hooks look at.
+
+A pool worker ends when the sweep process that started it dies, however it dies (kill -9, the out-of-memory
+killer): ``exit_with_parent`` is the pool's initializer (see ``sim.sweep.local`` for the start method).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import signal
+import sys
+import threading
 import time
 from typing import Any
 
@@ -32,6 +38,8 @@ KILL_ENV = "SIM_SWEEP_TEST_KILL"
 KILL_HOW_ENV = "SIM_SWEEP_TEST_KILL_HOW"
 KILL_ONCE_ENV = "SIM_SWEEP_TEST_KILL_ONCE"
 DELAY_ENV = "SIM_SWEEP_TEST_DELAY"
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): the signal this process gets when its parent dies
+PARENT_POLL_S = 0.5  # how often the watcher thread checks that the parent lives
 
 METRICS = {  # row column -> path in summary.json
     "throughput_tok_s": ("throughput_tok_s",),
@@ -131,3 +139,32 @@ def _die_if_asked(overrides: tuple[str, ...]) -> None:
 def _asked(env: str, overrides: tuple[str, ...]) -> bool:
     """Whether the test hook ``env`` names one of ``overrides``."""
     return any(w.strip() in overrides for w in os.environ.get(env, "").split(";") if w.strip())
+
+
+def exit_with_parent(parent: int) -> None:
+    """Pool initializer: this worker dies with the sweep process ``parent`` (its parent). On Linux the kernel sends
+    it SIGKILL when the parent dies (``PR_SET_PDEATHSIG``); everywhere, a daemon thread ends it once it has another
+    parent. Exits at once when the parent died before this ran."""
+    _kill_me_with_parent()
+    if os.getppid() != parent:  # the parent died before prctl: this worker was already handed to another
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="sweep-parent-watch", daemon=True).start()
+
+
+def _kill_me_with_parent() -> None:
+    """Ask Linux for SIGKILL when the parent (the thread that forked this process) ends; elsewhere, or when prctl
+    is missing or refuses, nothing (the watcher thread remains)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _watch_parent(parent: int) -> None:
+    """End this process as soon as its parent is no longer ``parent`` (it died and this one was reparented)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
