@@ -27,11 +27,12 @@ A profile holds (file keys; times in microseconds, converted to seconds in :clas
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from sim.config.checks import check_keys, check_mapping, integer, number, one_of, show, text
+from sim.config.checks import check_keys, check_mapping, check_str, integer, known_text, number, one_of, show, text
 from sim.config.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
 from sim.config.profiles import load_profile
 from sim.errors import ConfigError
@@ -174,20 +175,32 @@ def _tables(value: Any, where: str) -> SystemTables | None:
 
 
 def _predictor(value: Any, where: str) -> dict | None:
-    """A predictor as a run config names one: a name, or ``{name, params}`` (the registry checks it when the run
-    config loads); None for none."""
+    """A predictor as a run config names one: a name, or ``{name, params}``, a registered predictor and its params
+    (checked when the profile loads, whether or not a run names its own predictor); None for none."""
     if value is None:
         return None
     if isinstance(value, str):
         value = {"name": value}
     d = check_mapping(value, where)
     check_keys(d, where, ("name",), ("name", "params"))
-    if not isinstance(d["name"], str) or not d["name"].strip():
-        raise ConfigError(f"{where}.name", f"must be a predictor name, got {show(d['name'])}")
+    name = check_str(d["name"], f"{where}.name")
     params = d.get("params")
     if params is not None:
         check_mapping(params, f"{where}.params")
-    return {"name": d["name"], "params": dict(params or {})}
+    _check_predictor(name, dict(params or {}), where)
+    return {"name": name, "params": dict(params or {})}
+
+
+def _check_predictor(name: str, params: dict, where: str) -> None:
+    """``name`` is a registered predictor and ``params`` are its (the registry is imported when first needed)."""
+    from sim.predictors import PREDICTORS
+
+    known = PREDICTORS.names()
+    if name not in known:
+        raise ConfigError(
+            f"{where}.name", f"unknown predictor {show(name)} ({known_text(name, known, PREDICTORS.folder)})"
+        )
+    PREDICTORS.get(name).check_params(copy.deepcopy(params), f"{where}.params")
 
 
 @dataclass(frozen=True)
