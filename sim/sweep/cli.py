@@ -1,5 +1,5 @@
 """`python -m sim sweep configs/sweeps/NAME.yaml [--executor local|ray [--address ADDR]] [--workers N] [--resume]
-[--attempts N] [--out DIR]`: many runs of one base config.
+[--attempts N] [--out DIR] [--wait]`: many runs of one base config.
 
 A sweep file (every key, its type, default and limits: docs/sweeps.md; ``KEY_HELP`` below for ``--help``):
 
@@ -26,14 +26,18 @@ the traces shipped to it (docs/ray_cluster.md); the rows are stored here all the
 one executor can be resumed with the other. At the end ``OUT/results.parquet`` holds every row and
 ``OUT/report.md`` the table, checks and plots.
 
+One sweep writes into a folder at a time: a sweep holds an advisory lock (``flock``) on ``OUT/.sweep.lock`` from
+before its first point until it ends (the system drops it however the process ends), and a second sweep on the
+same folder is refused (exit 2), or with ``--wait`` waits for it. The pool's workers die with the sweep process.
+
 Bounds: a sweep has at most ``sim.sweep.spec.MAX_POINTS`` points, ``--workers`` is 1 to 256 (and never more
 processes than points), ``--attempts`` 1 to 10; the sweep's ``name`` is a plain name (letters, digits, ``.``,
 ``_``, ``-``), so the default ``runs/sweep-NAME`` stays inside ``runs/``. ``--out`` and every file the sweep
 writes are checked before anything runs: a FIFO, a device or a file where a folder goes is refused.
 
-Exit status: 0 every point ok and every check passed; 2 bad input (sweep file, config, arguments; nothing run);
-3 a check failed; 4 some points failed (run again with ``--resume`` to retry only them; 3 wins when both);
-130 interrupted.
+Exit status: 0 every point ok and every check passed; 2 bad input (sweep file, config, arguments), or another sweep
+writing in ``OUT`` (nothing run); 3 a check failed; 4 some points failed (run again with ``--resume`` to retry only
+them; 3 wins when both); 130 interrupted.
 
 The parts: ``sim.sweep.spec`` (the sweep file and its points), ``sim.sweep.worker`` (one point in a worker),
 ``sim.sweep.local`` (executors: this process, a process pool), ``sim.sweep.ray.executor*`` (Ray: connecting, shipping,
@@ -44,9 +48,13 @@ the tasks), ``sim.sweep.store`` (the rows folder), ``sim.sweep.checks`` (invaria
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
+import stat
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 from sim.errors import ConfigError
@@ -80,6 +88,11 @@ from traces.io import check_output_file, check_output_folder
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 3, 4, 130
 MAX_WORKERS = 256  # --workers: points run at once (never more than the sweep has points)
 MAX_ATTEMPTS_LIMIT = 10  # --attempts
+LOCK_FILE = ".sweep.lock"  # in OUT: locked (flock) by the sweep writing there; removed when it ends
+BUSY = (
+    "another sweep is writing there (it holds .sweep.lock): let it end and run again with --resume, or pass "
+    "--wait (with --resume to continue its rows) to start when it ends, or use another --out"
+)
 
 
 #: What each key of a sweep file (``SWEEP_KEYS``) holds, for ``sim sweep --help``; docs/sweeps.md says more.
@@ -115,8 +128,9 @@ def schema_epilog(width: int = 100) -> str:
         f"booleans, null, lists, mappings), at most {MAX_VALUE_CHARS:,} characters as JSON in grid and zip. "
         f"A sweep varies 1 to {MAX_AXES} fields (grid and zip together) and has at most {MAX_POINTS:,} points, "
         f"counted before anything is expanded; points whose resolved configs are equal run once.",
-        "exit status: 0 every point ok and every check passed; 2 bad input (nothing run); 3 a check broke; "
-        "4 points failed (--resume runs only them again); 130 interrupted.",
+        "exit status: 0 every point ok and every check passed; 2 bad input, or another sweep writing in --out "
+        "(nothing run; --wait waits for it); 3 a check broke; 4 points failed (--resume runs only them again); "
+        "130 interrupted.",
     )
     return "\n\n".join(["\n".join(lines)] + [textwrap.fill(n, width) for n in notes])
 
@@ -164,6 +178,12 @@ def register(sub) -> None:
         f"{MAX_ATTEMPTS_LIMIT} (default {MAX_ATTEMPTS})",
     )
     p.add_argument("--out", help="results folder (default runs/sweep-NAME)")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="when another sweep is writing in --out, wait for it to end instead of refusing (exit 2); "
+        "the rows it leaves need --resume to be continued",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=run)
 
@@ -175,9 +195,14 @@ def run(args) -> int:
     sweep = load_sweep(args.sweep)
     out = Path(args.out) if args.out is not None else default_out(sweep.name)
     check_outputs(out, sweep)
-    if has_rows(out) and not args.resume:
-        raise ConfigError(str(out), "holds results of an earlier sweep: pass --resume to continue it, or another --out")
-    check_rows(out)
+    check_earlier(out, args.resume)
+    with hold_folder(out, getattr(args, "wait", False)):
+        check_earlier(out, args.resume)  # again: the sweep it waited for may have left rows
+        return _start(args, sweep, out, workers, attempts, address)
+
+
+def _start(args, sweep: Sweep, out: Path, workers: int | None, attempts: int, address: str | None) -> int:
+    """Start Ray when asked, run the sweep, close Ray; the exit status."""
     workers = workers or (None if address else os.cpu_count() or 1)
     session = None
     if args.executor == "ray":  # a local instance gets no more CPUs than the sweep has points
@@ -210,6 +235,85 @@ def _check_args(args) -> tuple[int | None, int, str | None]:
         if address is not None:
             check_address(address, "--address" if args.address else "--address (from $RAY_ADDRESS)")
     return workers, attempts, address
+
+
+def check_earlier(out: Path, resume: bool) -> None:
+    """Rows of an earlier sweep in ``out`` are continued only with ``--resume``; a file in its rows folder that no
+    sweep wrote is refused."""
+    if has_rows(out) and not resume:
+        raise ConfigError(str(out), "holds results of an earlier sweep: pass --resume to continue it, or another --out")
+    check_rows(out)
+
+
+@contextlib.contextmanager
+def hold_folder(out: Path, wait: bool) -> Iterator[None]:
+    """Hold the sweep lock of ``out`` (made with its folders if missing) while the block runs. Another sweep
+    holding it: a ConfigError, or with ``wait`` one line on stderr and a wait. On leaving, the lock file goes, and
+    so do the folders this made if they are still empty (a sweep refused after locking leaves nothing)."""
+    made = [f for f in (out, *out.parents) if not f.exists()]  # deepest first
+    fd: int | None = None
+    try:
+        fd = _lock(out, wait)
+        yield
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(out / LOCK_FILE)  # while locked: a sweep waiting on it sees it gone and locks a new one
+            fcntl.flock(fd, fcntl.LOCK_UN)  # forked workers share the lock: drop it for all of them
+            os.close(fd)
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def _lock(out: Path, wait: bool) -> int:
+    """Lock ``OUT/.sweep.lock``: its open descriptor, once the file locked is the one in place."""
+    path, told = out / LOCK_FILE, False
+    while True:
+        fd = _open_lock(out, path)
+        try:
+            told = _flock(fd, out, wait, told)
+            st, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass  # the sweep it waited for removed it: lock a new one
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def _open_lock(out: Path, path: Path) -> int:
+    """The lock file, opened (made, with ``out``, if missing; never through a link, never blocking on a FIFO)."""
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot be made to lock the folder ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(str(path), "is not a lock file (not a regular file): remove it, or use another --out")
+    return fd
+
+
+def _flock(fd: int, out: Path, wait: bool, told: bool) -> bool:
+    """Take the lock on ``fd``: at once, or (``wait``) after one line on stderr (unless ``told``) and a wait.
+    Returns whether the line was printed."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return told
+    except BlockingIOError:
+        if not wait:
+            raise ConfigError(str(out), BUSY) from None
+    except OSError as exc:
+        raise ConfigError(str(out / LOCK_FILE), f"cannot be locked ({exc.strerror or exc})") from None
+    if not told:
+        print(one_line(f"another sweep is writing in {out}: waiting for it to end (--wait)", 400), file=sys.stderr)
+        sys.stderr.flush()
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return True
 
 
 def _int_text(n: int) -> str:
