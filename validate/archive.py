@@ -16,6 +16,8 @@ is refused rather than waited on or read forever.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import hashlib
 import io
@@ -27,9 +29,9 @@ import stat
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from sim.config.checks import show
 from sim.config.files import read_structured_file
@@ -53,8 +55,36 @@ ORIGIN_FILE = ".unpacked-from.json"
 #: The longest plain name (a configuration in a manifest: ``diffmoe-arc-b32-c13``).
 MAX_PLAIN_NAME_CHARS = 100
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@,-]*")
+#: The largest pax header (tar types 'x', 'g'), GNU long name or link ('L', 'K'), or data of any other header that
+#: is not a member: real ones hold one name of at most MAX_NAME_CHARS and a few times (under 2 KB). Python 3.11.7's
+#: tarfile reads a pax header in time quadratic in its runs of digits: 8 KiB takes about 0.1 s on the 2-core VM,
+#: 32 KiB about 1.2 s.
+MAX_EXTENDED_HEADER_BYTES = 8 << 10
+#: The most digits of a pax record's length (enough for a record as long as MAX_EXTENDED_HEADER_BYTES).
+MAX_PAX_LENGTH_DIGITS = len(str(MAX_EXTENDED_HEADER_BYTES))
+#: The most digits of a number a pax header gives for a member's size (MAX_MEMBER_BYTES has 9).
+MAX_PAX_SIZE_DIGITS = 12
 _CHUNK = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
+_BLOCK = 512
+_OCTAL = re.compile(rb"[0-7]*")
+_PAX_RECORD = re.compile(rb"([1-9][0-9]{0,%d}) ([^=\n]+)=" % (MAX_PAX_LENGTH_DIGITS - 1))
+#: tar types as tarfile reads them: extended headers (each applies to the member after it), members whose data
+#: it skips, and members whose size it ignores (their data, if any, is read as the next header).
+_PAX_TYPES = (b"x", b"g", b"X")
+_EXTENDED_TYPES = (*_PAX_TYPES, b"L", b"K")
+_REGULAR_TYPES = (b"0", b"\0", b"7")
+_NO_DATA_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6")
+#: The header fields tarfile reads as numbers: (name, start, end).
+_NUMBER_FIELDS = (
+    ("mode", 100, 108),
+    ("uid", 108, 116),
+    ("gid", 116, 124),
+    ("size", 124, 136),
+    ("mtime", 136, 148),
+    ("devmajor", 329, 337),
+    ("devminor", 337, 345),
+)
 
 
 # --------------------------------------------------------------------------------------------- names
@@ -73,12 +103,21 @@ def plain_name(value: Any, where: str) -> str:
 
 
 def archive_target(archive: Path) -> Path:
-    """The folder ``archive`` unpacks to: beside it, under its name without the suffix."""
+    """The folder ``archive`` unpacks to: beside it, under its name without the suffix, which must be a plain
+    name (so never ``..`` or ``.``, whatever the archive is called)."""
     name = archive.name
-    for suffix in ARCHIVE_SUFFIXES:
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return archive.parent / name[: -len(suffix)]
-    raise ConfigError(str(archive), f"is not named like a measurement archive ({', '.join(ARCHIVE_SUFFIXES)})")
+    suffix = next((x for x in ARCHIVE_SUFFIXES if name.endswith(x)), None)
+    if suffix is None:
+        raise ConfigError(str(archive), f"is not named like a measurement archive ({', '.join(ARCHIVE_SUFFIXES)})")
+    stem = name[: -len(suffix)]
+    if len(stem) > MAX_PLAIN_NAME_CHARS or not _PLAIN_NAME.fullmatch(stem):
+        raise ConfigError(
+            str(archive),
+            f"cannot be unpacked: the folder it unpacks to, its name without {suffix}, must be a plain name "
+            f"(letters, digits and ._+=@,- starting with a letter or digit, at most {MAX_PLAIN_NAME_CHARS} "
+            f"characters), got {show(stem)}: refused",
+        )
+    return archive.parent / stem
 
 
 def _member_parts(name: str, archive: Path) -> list[str]:
@@ -198,6 +237,176 @@ def _copy_stream(archive: Path, dest: Path) -> str:
         return src.sha.hexdigest()
 
 
+# --------------------------------------------------------------------------------------------- raw tar headers
+def _number(field: bytes) -> int | None:
+    """A tar header's number field: octal digits (ended by NUL, padded by spaces) or GNU base-256 (lead byte
+    0x80, or 0xff for a negative number); None when it is neither."""
+    if field[:1] in (b"\x80", b"\xff"):
+        n = int.from_bytes(field[1:], "big")
+        return n - (1 << (8 * (len(field) - 1))) if field[0] == 0xFF else n
+    digits = field.split(b"\0", 1)[0].strip(b" ")
+    return int(digits or b"0", 8) if _OCTAL.fullmatch(digits) else None
+
+
+def _checksum_holds(block: bytes) -> bool:
+    """Whether a header block's checksum field is the sum of its bytes (its own field as spaces), unsigned or
+    signed, as tar defines it (and tarfile accepts)."""
+    rest = block[:148] + b" " * 8 + block[156:]
+    unsigned = sum(rest)
+    signed = unsigned - 256 * sum(1 for b in rest if b >= 0x80)
+    return _number(block[148:156]) in (unsigned, signed)
+
+
+def _text(raw: bytes) -> str:
+    """A name field as tarfile decodes it: up to its first NUL, undecodable bytes kept as surrogates."""
+    return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+class _HeaderScan:
+    """The tar stream's headers read one by one as tarfile will read them, each checked before tarfile parses
+    any: a damaged, negative, oversized or malformed header is refused here, never handed to tarfile."""
+
+    def __init__(self, f: IO[bytes], length: int, archive: Path):
+        self.f, self.length, self.archive = f, length, archive
+        self.chain: set[bytes] = set()  # the extended headers read since the last member ('X' counted as 'x')
+        self.pax: dict[str, str] = {}  # the records of the pax header before the next member
+        self.long_name: str | None = None  # the GNU long name before the next member
+        self.members = 0
+
+    def refuse(self, offset: int, why: str) -> NoReturn:
+        raise ConfigError(str(self.archive), f"tar header at byte {offset}: {why}: refused")
+
+    def run(self) -> None:
+        """Read every header up to the end-of-archive block."""
+        while True:
+            offset = self.f.tell()
+            block = self.f.read(_BLOCK)
+            if len(block) < _BLOCK:
+                self.refuse(offset, "the stream ends inside a header" if block else "no end-of-archive block")
+            if not block.strip(b"\0"):
+                if self.chain:
+                    self.refuse(offset, "an extended header is followed by no member")
+                return
+            self.header(block, offset)
+
+    def header(self, block: bytes, offset: int) -> None:
+        """Check one header block and move past its data."""
+        if not _checksum_holds(block):
+            raise ConfigError(
+                str(self.archive), f"holds a damaged tar header at byte {offset} (its checksum does not hold): refused"
+            )
+        numbers = {name: _number(block[a:b]) for name, a, b in _NUMBER_FIELDS}
+        bad = [name for name, n in numbers.items() if n is None]
+        if bad:
+            self.refuse(offset, f"its {bad[0]} field is not a number")
+        kind, size = block[156:157], numbers["size"]
+        assert size is not None
+        if kind in _EXTENDED_TYPES:
+            self.extended(kind, size, offset)
+        else:
+            self.member(block, kind, size, offset)
+
+    def data(self, size: int, offset: int, what: str) -> bytes:
+        """The ``size`` bytes after the header at ``offset`` and their padding, which must be zeros."""
+        raw = self.f.read(-(-size // _BLOCK) * _BLOCK)
+        if len(raw) < -(-size // _BLOCK) * _BLOCK:
+            self.refuse(offset, f"the stream ends inside {what}")
+        if raw[size:].strip(b"\0"):
+            self.refuse(offset, f"{what} is padded with other bytes than zeros")
+        return raw[:size]
+
+    def extended(self, kind: bytes, size: int, offset: int) -> None:
+        """A pax header or GNU long name or link: bounded, once each before a member, its records well formed."""
+        what = f"the extended header (tar type {show(kind.decode('latin-1'))})"
+        if size < 0 or size > MAX_EXTENDED_HEADER_BYTES:
+            self.refuse(offset, f"{what} claims {size} bytes (at most {MAX_EXTENDED_HEADER_BYTES} are allowed)")
+        once = b"x" if kind == b"X" else kind
+        if once in self.chain:
+            self.refuse(offset, f"{what} is given twice for one member")
+        self.chain.add(once)
+        data = self.data(size, offset, what)
+        if kind == b"L":
+            self.long_name = _text(data)
+        elif kind in _PAX_TYPES:
+            records = self.records(data, offset, what)
+            if kind == b"g" and "size" in records:
+                self.refuse(offset, f"{what} sets the size of every member")
+            if kind != b"g":
+                self.pax = records
+
+    def records(self, data: bytes, offset: int, what: str) -> dict[str, str]:
+        """The records of a pax header, each ``LEN KEY=VALUE\\n`` with LEN plain decimal digits counting the whole
+        record, filling the header exactly, in UTF-8."""
+        records: dict[str, str] = {}
+        pos = 0
+        while pos < len(data):
+            m = _PAX_RECORD.match(data, pos)
+            end = pos + int(m.group(1)) if m else 0
+            if m is None or end > len(data) or end <= m.end() or data[end - 1 : end] != b"\n":
+                self.refuse(offset, f"{what} holds a malformed record at its byte {pos}")
+            try:
+                key, value = m.group(2).decode("utf-8"), data[m.end() : end - 1].decode("utf-8")
+            except UnicodeDecodeError:
+                self.refuse(offset, f"{what} holds a record that is not UTF-8")
+            if "\n" in value:
+                self.refuse(offset, f"{what} holds a record of several lines")
+            if key.startswith("GNU.sparse."):
+                self.refuse(offset, f"{what} describes a sparse file (a measurement archive holds none)")
+            if key == "size" and not (value.isascii() and value.isdigit() and len(value) <= MAX_PAX_SIZE_DIGITS):
+                self.refuse(offset, f"{what} gives a size that is not a number of at most {MAX_PAX_SIZE_DIGITS} digits")
+            records[key] = value
+            pos = end
+        return records
+
+    def name(self, block: bytes) -> str:
+        """The member's name as tarfile will see it (for messages): a pax path, a GNU long name, or the header's
+        name after its ustar prefix."""
+        if "path" in self.pax:
+            return self.pax["path"]
+        if self.long_name is not None:
+            return self.long_name
+        name, prefix = _text(block[:100]), _text(block[345:500])
+        return f"{prefix}/{name}" if prefix else name
+
+    def member(self, block: bytes, kind: bytes, size: int, offset: int) -> None:
+        """A member's header: counted, its size (and a pax header's for it) bounded, its data skipped."""
+        name = self.name(block)
+        if kind == b"S":
+            self.refuse(offset, f"member {show(name)} is a sparse file (a measurement archive holds none)")
+        self.members += 1
+        if self.members > MAX_MEMBERS:
+            raise ConfigError(str(self.archive), f"holds more than {MAX_MEMBERS} members: refused")
+        self.bounded(name, size, offset)
+        size = int(self.pax.get("size", size))
+        self.bounded(name, size, offset)
+        self.chain, self.pax, self.long_name = set(), {}, None
+        v7_folder = kind == b"\0" and block[:100].split(b"\0", 1)[0].endswith(b"/")
+        if kind in _NO_DATA_TYPES or v7_folder:
+            return  # tarfile reads the next header right after this one, whatever the size says
+        if kind not in _REGULAR_TYPES and size > MAX_EXTENDED_HEADER_BYTES:
+            self.refuse(offset, f"member {show(name)} of tar type {show(kind.decode('latin-1'))} claims {size} bytes")
+        end = offset + _BLOCK + -(-size // _BLOCK) * _BLOCK
+        if end > self.length:
+            self.refuse(offset, f"the stream ends inside the data of member {show(name)}")
+        self.f.seek(end)
+
+    def bounded(self, name: str, size: int, offset: int) -> None:
+        """Refuse a member's size below 0 or above ``MAX_MEMBER_BYTES``."""
+        if size < 0:
+            self.refuse(offset, f"member {show(name)} has a negative size ({size})")
+        if size > MAX_MEMBER_BYTES:
+            raise ConfigError(
+                str(self.archive),
+                f"member {show(name)} holds {size} bytes, more than {MAX_MEMBER_BYTES >> 20} MB: refused",
+            )
+
+
+def _check_headers(stream: Path, archive: Path) -> None:
+    """Refuse the tar stream ``stream`` unless every header in it is sound (see :class:`_HeaderScan`)."""
+    with open(stream, "rb") as f:
+        _HeaderScan(f, os.fstat(f.fileno()).st_size, archive).run()
+
+
 def _check_members(tar: tarfile.TarFile, archive: Path) -> tuple[str, list[tuple[tarfile.TarInfo, list[str]]]]:
     """The archive's top folder and its members (each with its name's parts below the top), every rule checked
     before anything is written."""
@@ -297,18 +506,73 @@ def unpack(archive: str | os.PathLike, log: Callable[[str], Any] = print) -> Pat
     """The measurement folder inside ``archive``, unpacked beside it under its name without the suffix
     (``gpu-check.tar.gz`` -> ``gpu-check/``). An existing folder of that name is used as it is when it is a real
     folder (not a link) unpacked from this very archive, or made some other way (then compare reads it under the
-    same rules as any folder); one unpacked from another archive of the same name is refused."""
+    same rules as any folder); one unpacked from another archive of the same name is refused. Concurrent unpacks
+    of one archive take turns (:func:`_locked`): the first unpacks, the others use its folder."""
     archive = Path(archive)
     target = archive_target(archive)
     _open_archive(archive).close()  # a regular file, there: refused first, whatever lies beside it
-    existing = os.path.lexists(target)
+    if os.path.lexists(target):  # complete: a folder takes its name only when whole
+        return _reuse(archive, target, log)
+    with _locked(archive, target, log):
+        if os.path.lexists(target):
+            return _reuse(archive, target, log)
+        _unpack_into(archive, target)
+    log(f"unpacked {archive.name} into {target}/")
+    return target
+
+
+def _lock_file(archive: Path, target: Path) -> tuple[int, os.stat_result]:
+    """The lock file beside ``archive`` (``.NAME.lock``), opened (made if missing, never through a link) and
+    locked, with its identity."""
+    path = archive.parent / f".{target.name}.lock"
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot be made to lock the unpack ({exc.strerror or exc})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ConfigError(str(path), f"is {file_kind(path)}, not a lock file: remove it to unpack {archive.name}")
+    return fd, st
+
+
+@contextlib.contextmanager
+def _locked(archive: Path, target: Path, log: Callable[[str], Any]) -> Iterator[None]:
+    """Hold the advisory lock (``flock``) of unpacking ``archive``, waiting while another process or thread holds
+    it; its file is removed on release, so a taker checks that it locked the file still in place."""
+    path = archive.parent / f".{target.name}.lock"
+    while True:
+        fd, st = _lock_file(archive, target)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another unpack of {archive.name}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            now = os.lstat(path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            break
+        os.close(fd)  # the holder before removed it: lock the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def _unpack_into(archive: Path, target: Path) -> None:
+    """Unpack ``archive`` into a private temporary folder beside it, every header and member checked, and rename
+    it to ``target`` when complete; nothing is left on failure."""
     work = None
     try:
-        if existing:
-            return _reuse(archive, target, log)
-        work = Path(tempfile.mkdtemp(prefix=f".{target.name[:80]}.unpack-", dir=archive.parent))
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.unpack-", dir=archive.parent))
         stream, root = work / "stream.tar", work / "folder"
         sha = _copy_stream(archive, stream)
+        _check_headers(stream, archive)
         try:
             with tarfile.open(stream, "r:") as tar:
                 _, members = _check_members(tar, archive)
@@ -328,8 +592,6 @@ def unpack(archive: str | os.PathLike, log: Callable[[str], Any] = print) -> Pat
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
-    log(f"unpacked {archive.name} into {target}/")
-    return target
 
 
 def _reuse(archive: Path, target: Path, log: Callable[[str], Any]) -> Path:

@@ -16,9 +16,12 @@ import io
 import json
 import os
 import shutil
+import string
 import subprocess
 import sys
 import tarfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,7 +30,9 @@ from hypothesis import strategies as st
 
 import validate.archive as archive_mod
 from sim.errors import ConfigError
+from tests.support.messages import checked_message
 from tests.support.paths import ROOT
+from traces.errors import one_line
 from validate.cli import main
 
 SOURCE_ARCHIVE = ROOT / "docs" / "validation" / "h200-2026-11-30-s4-base" / "gpu-check.tar.gz"
@@ -349,6 +354,146 @@ def test_an_archive_that_is_not_a_regular_file_is_refused_without_waiting(tmp_pa
     code, _, err = run(["compare", fifo])
     assert_refused(code, err, "FIFO")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.tar.gz"]
+
+
+# --------------------------------------------------------------------------------------------- archive names
+ALNUM = set(string.ascii_letters + string.digits)
+PLAIN_CHARS = ALNUM | set("._+=@,-")
+NAME_CHARS = st.one_of(
+    st.sampled_from(list(". -_a0/\\\n\t\x00\x1b~=+@,é")),
+    st.characters(),
+)
+SUFFIXES = st.sampled_from(archive_mod.ARCHIVE_SUFFIXES)
+
+
+def is_plain(stem: str) -> bool:
+    """The plain-name rule, restated: a letter or digit, then letters, digits and ._+=@,- , at most 100."""
+    return 0 < len(stem) <= 100 and stem[0] in ALNUM and set(stem) <= PLAIN_CHARS
+
+
+@given(
+    stem=st.one_of(
+        st.text(NAME_CHARS, max_size=120),
+        st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,110}\Z"),
+        st.text(st.sampled_from([".", " "]), max_size=6),
+    ),
+    suffix=SUFFIXES,
+)
+@settings(**{**FUZZ, "max_examples": 200})
+def test_an_archive_unpacks_to_a_plain_named_folder_beside_it_or_is_refused(stem, suffix):
+    """Whatever an archive is called (dots, a leading dot, spaces, slashes, control characters, a long name, any
+    suffix), its folder is an entry of the archive's own folder named by a plain name, or it is refused naming
+    the archive; a plain name is always taken."""
+    archive = Path("/d/e") / (stem + suffix)  # a slash in the stem: the archive's name is its last part
+    assert archive.name.endswith(suffix)
+    name = archive.name[: -len(suffix)]
+    try:
+        target = archive_mod.archive_target(archive)
+    except ConfigError as exc:
+        msg = checked_message(exc, MAX_LINE)
+        assert msg.startswith(one_line(str(archive), 200)[:150]) and "plain name" in msg, msg
+        assert not is_plain(name), msg
+        return
+    assert target.parent == archive.parent and target.name == name and is_plain(name)
+
+
+@given(
+    stem=st.text(st.sampled_from([".", " ", "-", "\t", "\x1b"]), max_size=8),
+    lead=st.sampled_from(["", ".", "..", " "]),
+    suffix=SUFFIXES,
+)
+@settings(**{**FUZZ, "max_examples": 25})
+def test_an_archive_named_by_dots_is_refused_and_writes_nothing(files, tmp_path, stem, lead, suffix):
+    """``...tar.gz``, ``..tgz`` and their kind (no letter or digit before the suffix) would name ``..`` or ``.``,
+    here measurement folders: compare refuses them in one line naming the archive, and writes nothing anywhere."""
+    case = write_folder(tempfile_dir(tmp_path), files)  # measurements where '..' and '.' would lead
+    write_folder(case / "sub", files)
+    arc = write_archive(case / "sub" / (lead + stem + suffix), measurement_members(files), gz=suffix != ".tar")
+    before = snapshot(case)
+    code, _, err = run(["compare", arc])
+    assert_refused(code, err, "plain name")
+    assert one_line(str(arc), 200)[:150] in err
+    assert snapshot(case) == before
+
+
+# --------------------------------------------------------------------------------------------- concurrent unpacks
+THREADS = 4
+
+
+def test_concurrent_unpacks_of_one_archive_take_turns(files, tmp_path, monkeypatch):
+    """Several threads unpacking one archive at once: the first unpacks while every other waits on the lock (the
+    first holds it until all others say they wait), then each uses the complete folder; all return it, one
+    unpack happens, and no lock file or temporary is left."""
+    arc = write_archive(tmp_path / "gpu-check.tar.gz", measurement_members(files))
+    logs: list[str] = []
+    all_waiting = threading.Event()
+    inside, most_inside = [0], [0]
+    copy = archive_mod._copy_stream
+
+    def log(line: str) -> None:
+        logs.append(line)
+        if sum(x.startswith("waiting for another unpack") for x in logs) == THREADS - 1:
+            all_waiting.set()
+
+    def slow_copy(archive, dest):
+        inside[0] += 1
+        most_inside[0] = max(most_inside[0], inside[0])
+        all_waiting.wait(timeout=60)  # a bound only: without the lock, nobody waits and the counts below fail
+        try:
+            return copy(archive, dest)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(archive_mod, "_copy_stream", slow_copy)
+    start = threading.Barrier(THREADS)
+
+    def one() -> Path:
+        start.wait()
+        return archive_mod.unpack(arc, log)
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        results = list(pool.map(lambda _: one(), range(THREADS)))
+    assert results == [tmp_path / "gpu-check"] * THREADS
+    assert most_inside[0] == 1, logs
+    assert sum(x.startswith("unpacked ") for x in logs) == 1, logs
+    assert sum(x.startswith("using ") for x in logs) == THREADS - 1, logs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu-check", "gpu-check.tar.gz"]
+
+
+UNPACK = "import sys; from validate.archive import unpack; print(unpack(sys.argv[1]))"
+
+
+def test_concurrent_processes_unpacking_one_archive_all_succeed(files, tmp_path):
+    """Real processes started together on one archive: each exits 0 naming the same folder, one unpacks."""
+    arc = write_archive(tmp_path / "gpu-check.tar.gz", measurement_members(files))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", UNPACK, str(arc)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(THREADS)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * THREADS, outs
+    assert all(out.strip().splitlines()[-1] == str(tmp_path / "gpu-check") for out, _ in outs), outs
+    assert sum("unpacked gpu-check.tar.gz" in out for out, _ in outs) == 1, outs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu-check", "gpu-check.tar.gz"]
+
+
+def test_a_lock_file_that_cannot_be_made_is_one_line(files, tmp_path):
+    """The lock file's place holding a link, a folder or a FIFO: refused in one line naming it, nothing made."""
+    arc = write_archive(tmp_path / "gpu-check.tar.gz", measurement_members(files))
+    lock = tmp_path / ".gpu-check.lock"
+    for make in (lambda: lock.symlink_to(tmp_path / "elsewhere"), lock.mkdir, lambda: os.mkfifo(lock)):
+        make()
+        before = snapshot(tmp_path)
+        code, _, err = run(["compare", arc])
+        assert_refused(code, err, ".gpu-check.lock")
+        assert snapshot(tmp_path) == before
+        lock.rmdir() if lock.is_dir() and not lock.is_symlink() else lock.unlink()
 
 
 # --------------------------------------------------------------------------------------------- random archives
