@@ -82,7 +82,7 @@ from sim.sweep.spec import (
 )
 from sim.sweep.store import ROWS, check_rows, clean_orphans, done_points, has_rows, read_rows, row_of, write_row
 from sim.sweep.worker import METRICS, run_point
-from traces.errors import one_line
+from traces.errors import OutputError, one_line
 from traces.io import check_output_file, check_output_folder
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 3, 4, 130
@@ -356,13 +356,15 @@ def _sweep(args, sweep: Sweep, out: Path, workers: int, attempts: int, session) 
             run_ray(sweep, todo, out, workers, progress, max_attempts=attempts, session=session)
         else:
             run_local(sweep, todo, out, workers, progress, attempts)
+        df = read_rows(out)
+        df = df[df["point"].isin(wanted)] if len(df) else df
+        checks = run_checks(df, sweep)
+        files = write_report(out, sweep, df, checks)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished rows are kept in {out}; rerun with --resume", file=sys.stderr)
         return EXIT_INTERRUPTED
-    df = read_rows(out)
-    df = df[df["point"].isin(wanted)] if len(df) else df
-    checks = run_checks(df, sweep)
-    files = write_report(out, sweep, df, checks)
+    except OutputError as exc:  # a full disk, a read-only mount...: the rows written so far are complete
+        raise OutputError(exc.path, f"{exc.problem}; finished rows are kept in {out}: rerun with --resume") from None
     failed = int((df["status"] != "ok").sum()) if len(df) else 0
     print(f"{len(df)} points ({failed} failed); wrote {', '.join(str(f) for f in files)}")
     broken = {k: v for k, v in checks.items() if v}
