@@ -82,16 +82,27 @@ def check_model_name(name: Any, flag: str = "--model") -> str:
     """A model name for a trace: ASCII letters, digits and ``. _ + -`` (one ``/`` for an organisation prefix), at
     most MAX_MODEL_NAME_CHARS characters. An empty, spaced, over-long or path-like name is refused: the trace
     reader and the simulator match traces to models by this name."""
+    return check_name(name, flag)
+
+
+def check_name(name: Any, flag: str, what: str = "model name", example: str = "gpt-oss-20b") -> str:
+    """``name`` (what ``flag`` gives: a model, checkpoint or data set name that goes into a trace's metadata or a
+    profile) held to the model-name rule of :func:`check_model_name`; InputError naming ``flag`` otherwise."""
     if not isinstance(name, str) or not name:
-        raise InputError(f"{flag}: give a model name (e.g. gpt-oss-20b), got {brief(name)}")
+        raise InputError(f"{flag}: give a {what} (e.g. {example}), got {brief(name)}")
     if len(name) > MAX_MODEL_NAME_CHARS:
-        raise InputError(f"{flag}: a model name of {len(name)} characters; the limit is {MAX_MODEL_NAME_CHARS}")
+        raise InputError(f"{flag}: a {what} of {len(name)} characters; the limit is {MAX_MODEL_NAME_CHARS}")
     if not _MODEL_NAME.fullmatch(name) or ".." in name:
         raise InputError(
-            f"{flag}: {brief(name)} is not a model name (ASCII letters, digits, '.', '_', '+', '-', "
+            f"{flag}: {brief(name)} is not a {what} (ASCII letters, digits, '.', '_', '+', '-', "
             f"and one '/' after an organisation, e.g. mistralai/Mixtral-8x7B-Instruct-v0.1)"
         )
     return name
+
+
+def check_dataset_name(name: Any, flag: str = "--dataset") -> str:
+    """A data set name given on the command line (``provenance.dataset``): the model-name rule."""
+    return check_name(name, flag, "data set name", "humaneval")
 
 
 def plain_model_name(text: str, fallback: str = "model") -> str:
@@ -172,8 +183,7 @@ def check_model_fit(
 
     m = trace.meta.model
     summary = meta_summary(trace.meta)
-    extra = [(where_from, spec) for where_from, spec in _EXTRA_PROFILES.get()]
-    for where_from, spec in [(f"configs/models/{stem}.yaml", spec) for stem, spec in profiles_for(m.name)] + extra:
+    for where_from, spec in profiles_held_to(m.name):
         problem = model_mismatch(summary, spec)
         if problem:
             source = (
@@ -183,6 +193,13 @@ def check_model_fit(
                 f"{where}: the routing does not match model {brief(m.name)}: {problem} (the profile: "
                 f"{where_from}{source}); every run of that model would refuse the trace ({hint})"
             )
+
+
+def profiles_held_to(name: str) -> list[tuple[str, Any]]:
+    """(where the profile comes from, ModelSpec) of every profile a trace of model ``name`` is held to when written:
+    the bundled one its name matches, and those :func:`also_checked_against` adds."""
+    bundled = [(f"configs/models/{stem}.yaml", spec) for stem, spec in profiles_for(name)]
+    return bundled + list(_EXTRA_PROFILES.get())
 
 
 #: Profiles a trace being written must also fit, besides the bundled one its name matches: (where the profile comes
@@ -214,9 +231,22 @@ def check_content(trace: Trace, where: str) -> None:
             f"{where}: request {r} ({brief(_request_name(trace, r), 60)}) spans {int(context[r])} "
             f"tokens of context (prompt and generated), more than the {MAX_CONTEXT} a trace may claim"
         )
+    check_provenance_names(trace.meta.provenance, where)
     problem = metadata_problem(trace.meta)
     if problem:
         raise InputError(f"{where}: the trace's {problem}")
+
+
+def check_provenance_names(provenance: Provenance, where: str) -> None:
+    """The names a trace's provenance holds: its checkpoint (``--source-model``, else ``--model``) by the model-name
+    rule, and its data set (``--dataset``, else the source's own data set fields) one printable line."""
+    check_model_name(provenance.model, "--source-model")
+    dataset = provenance.dataset
+    if not dataset.strip() or not dataset.isprintable():
+        raise InputError(
+            f"{where}: data set name {brief(dataset)} (provenance.dataset, from --dataset or the source's data "
+            f"set fields) is not one printable line"
+        )
 
 
 def request_contexts(trace: Trace) -> np.ndarray:
