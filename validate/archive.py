@@ -7,7 +7,10 @@ sparse member, no name that is absolute, holds ``..`` or leaves the top folder, 
 member size and total size. The whole compressed stream is read first (so a bad gzip checksum or a cut archive is
 refused before anything is used) into a private temporary folder beside the archive; the members are written there
 by this module, not by tarfile, and the folder takes its final name only when complete. Every failure removes what
-was written.
+was written. Before tarfile parses anything, every raw tar header is read here (checksum, number fields, sizes,
+pax records; :class:`_HeaderScan`), so no header can make tarfile hang or allocate what it claims. The folder's
+name is the archive's without its suffix and must be a plain name (never ``..``); concurrent unpacks of one
+archive take turns on a lock file beside it (``.NAME.lock``), and the later ones use the complete folder.
 
 Inside a measurement folder, every file compare reads or writes is reached through real folders only (no link on
 the way), must stay inside the folder, and must be a regular file: a FIFO, a device or a folder in a file's place

@@ -11,6 +11,8 @@ refused with one line, and a negative, oversized or malformed header never reach
 from __future__ import annotations
 
 import contextlib
+import gzip
+import io
 import os
 import tarfile
 import tempfile
@@ -458,3 +460,36 @@ def test_a_tar_stream_cut_before_its_end_block_is_refused(cut):
         refused_before_tarfile(whole[:cut], "m.tar")
     else:
         assert unpacked(whole[:cut]) == {"manifest.json": MANIFEST, "f": b"x" * 700}
+
+
+# --------------------------------------------------------------------------------------------- the reported archives
+def compare(archive: Path) -> tuple[int, str]:
+    """``python -m validate compare ARCHIVE`` in process: exit status and stderr."""
+    from validate.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["compare", str(archive)])
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["pax header of 300,000 digits", "long name claiming 1 TiB", "pax header of negative size", "long link of -1"],
+)
+def test_the_reported_archives_end_in_one_line_before_tarfile(tmp_path, case):
+    """The issue's archives (a few KB of gzip): compare exits 2 with one line naming the archive, tarfile never
+    reached, nothing left beside the archive."""
+    head = {
+        "pax header of 300,000 digits": header(b"pax", b"x", 300_000) + padded(b"9" * 300_000),
+        "long name claiming 1 TiB": header(b"././@LongLink", b"L", base256(1 << 40)),
+        "pax header of negative size": header(b"pax", b"x", b"\xff" * 12),
+        "long link of -1": header(b"././@LongLink", b"K", b"\xff" * 12),
+    }[case]
+    arc = tmp_path / "gpu-check.tar.gz"
+    arc.write_bytes(gzip.compress(measurement() + head + entry(TOP + b"/f", b"f") + END))
+    assert arc.stat().st_size < 5000
+    with tarfile_forbidden(True):
+        code, err = compare(arc)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and str(arc) in err, err
+    assert sorted(os.listdir(tmp_path)) == ["gpu-check.tar.gz"]
