@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from traces.errors import InputError, brief
+from traces.importers.common import INT16_MAX
+from traces.importers.ktparquet import MAX_LAYERS
 
 KNOWN_TYPES = (
     "mixtral",
@@ -67,8 +69,67 @@ DTYPE_BYTES = {
 }
 #: The largest config.json read (real ones are a few KB).
 MAX_CONFIG_BYTES = 4 << 20
-#: The largest integer a config field may give (far beyond any real model).
-MAX_FIELD = 1 << 40
+#: The sizes a config may give, checked before anything is derived, listed or built (real MoE checkpoints lie far
+#: inside: DeepSeek-V3 has 61 blocks, 256 experts, width 7,168, 128 heads, a 129,280-token vocabulary). Blocks and
+#: block counts: the MoE layers a trace may have; experts: a trace's int16 ids.
+MAX_BLOCKS = MAX_LAYERS
+MAX_EXPERTS = INT16_MAX
+#: Widths (hidden, FFN, head, latent ranks; real: at most 65,536), heads (real: at most 128), the vocabulary (real:
+#: at most 262,144) and positions (Llama 4 Scout: 10M).
+MAX_WIDTH = 1 << 20
+MAX_HEADS = 1 << 12
+MAX_VOCAB = 1 << 24
+MAX_POSITIONS = 1 << 24
+#: Routed experts over all blocks: some architectures build a module per expert (Kimi K2: 61 x 384 = 23,424).
+MAX_ROUTED_EXPERTS = 1 << 17
+#: Bits per quantized weight (``quantization_config.bits``): 1..32.
+MAX_BITS = 32
+_BLOCK_FIELDS = (
+    "num_hidden_layers",
+    "num_layers",
+    "num_decoder_layers",
+    "num_sparse_encoder_layers",
+    "num_sparse_decoder_layers",
+    "first_k_dense_replace",
+    "moe_layer_freq",
+    "decoder_sparse_step",
+    "encoder_sparse_step",
+)
+_EXPERT_FIELDS = (
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "experts_per_token",
+    "moe_topk",
+    "n_shared_experts",
+    "n_group",
+    "topk_group",
+)
+_WIDTH_FIELDS = (
+    "hidden_size",
+    "d_model",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "d_ff",
+    "head_dim",
+    "d_kv",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_rope_head_dim",
+    "qk_nope_head_dim",
+    "v_head_dim",
+)
+#: The most each size field may be, by name, wherever it appears in a config (nested ones, e.g. ``text_config``, too).
+SIZE_LIMITS = {
+    **dict.fromkeys(_BLOCK_FIELDS, MAX_BLOCKS),
+    **dict.fromkeys(_EXPERT_FIELDS, MAX_EXPERTS),
+    **dict.fromkeys(_WIDTH_FIELDS, MAX_WIDTH),
+    **dict.fromkeys(("num_attention_heads", "num_key_value_heads", "num_heads"), MAX_HEADS),
+    "vocab_size": MAX_VOCAB,
+    "max_position_embeddings": MAX_POSITIONS,
+}
 
 
 @dataclass
@@ -145,9 +206,10 @@ class _Reader:
             value = self.c.get(key)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_FIELD:
+            top = SIZE_LIMITS[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= top:
                 raise InputError(
-                    f"{self.where}: field '{key}' ({why}) must be an integer >= {minimum}, got {brief(value)}"
+                    f"{self.where}: field '{key}' ({why}) must be an integer {minimum}..{top}, got {brief(value)}"
                 )
             return int(value)
         if default is not None:
@@ -156,10 +218,67 @@ class _Reader:
         raise InputError(f"{self.where}: no field '{keys[0]}'{others}, {why}: cannot derive a model profile")
 
     def int_list(self, key: str, why: str) -> list[builtins.int]:  # (int here names the method above)
+        """Block indices: at most MAX_BLOCKS of them, each 0..MAX_BLOCKS - 1."""
         value = self.c.get(key) or []
-        if not isinstance(value, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in value):
-            raise InputError(f"{self.where}: field '{key}' ({why}) must be a list of integers, got {brief(value)}")
+        if (
+            not isinstance(value, list)
+            or len(value) > MAX_BLOCKS
+            or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < MAX_BLOCKS for x in value)
+        ):
+            raise InputError(
+                f"{self.where}: field '{key}' ({why}) must be a list of at most {MAX_BLOCKS} block indices "
+                f"0..{MAX_BLOCKS - 1}, got {brief(value)}"
+            )
         return [int(x) for x in value]
+
+
+def check_sizes(config: Mapping[str, Any], where: str) -> None:
+    """Every size field of ``config`` (SIZE_LIMITS, nested configs included) null or an integer 0..its limit,
+    ``mlp_only_layers`` block indices, ``quantization_config.bits`` a number of bits 1..MAX_BITS, and at most
+    MAX_ROUTED_EXPERTS routed experts over all blocks: InputError naming the field otherwise. Checked before anything
+    is derived, listed or built from the config."""
+    for prefix, d in _mappings(config):
+        for key in SIZE_LIMITS.keys() & d.keys():
+            value = d[key]
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InputError(f"{where}: field '{prefix}{key}' must be an integer, got {brief(value)}")
+            if value is not None and not 0 <= value <= SIZE_LIMITS[key]:
+                raise InputError(f"{where}: field '{prefix}{key}' must be 0..{SIZE_LIMITS[key]}, got {value}")
+        if d.get("mlp_only_layers") is not None:
+            _Reader(d, where).int_list("mlp_only_layers", "the blocks without experts")
+        if prefix.endswith("quantization_config.") and d.get("bits") is not None:
+            _bits(d["bits"], f"{prefix}bits", where)
+        _check_routed(d, prefix, where)
+
+
+def _mappings(config: Mapping[str, Any]):
+    """(``"a.b."`` prefix, mapping) of ``config`` and every mapping nested in it (in lists too)."""
+    stack: list[tuple[str, Any]] = [("", config)]
+    while stack:
+        prefix, value = stack.pop()
+        if isinstance(value, Mapping):
+            yield prefix, value
+            stack += [(f"{prefix}{k}.", v) for k, v in value.items() if isinstance(v, (Mapping, list))]
+        elif isinstance(value, list):
+            stack += [(f"{prefix[:-1]}[{i}].", v) for i, v in enumerate(value) if isinstance(v, (Mapping, list))]
+
+
+def _bits(value: Any, field: str, where: str) -> float:
+    """A bit width: a number 1..MAX_BITS."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= MAX_BITS:
+        raise InputError(f"{where}: field '{field}' must be a number of bits 1..{MAX_BITS}, got {brief(value)}")
+    return float(value)
+
+
+def _check_routed(d: Mapping[str, Any], prefix: str, where: str) -> None:
+    """At most MAX_ROUTED_EXPERTS experts over the blocks of one (sub)config (sizes already checked)."""
+    blocks = sum(d.get(k) or 0 for k in ("num_hidden_layers", "num_layers", "num_decoder_layers"))
+    experts = max(d.get(k) or 0 for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+    if blocks * experts > MAX_ROUTED_EXPERTS:
+        raise InputError(
+            f"{where}: {blocks} blocks x {experts} experts{f' (in {prefix[:-1]})' if prefix else ''} make "
+            f"{blocks * experts} routed experts, more than the {MAX_ROUTED_EXPERTS} a model may have"
+        )
 
 
 def read_config_file(path: str | Path, flag: str = "--hf-config") -> dict:
@@ -188,6 +307,7 @@ def derive_profile(
     """The model profile called ``name`` of the checkpoint whose config is ``config`` (``source`` names it in
     messages and in the file). ``default_dtype_bytes`` is used when the config gives no dtype (with
     ``default_dtype_why`` saying why, as an assumption); without it the profile assumes bf16 (2 bytes)."""
+    check_sizes(config, source)
     r = _Reader(config, source)
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in KNOWN_TYPES:
@@ -411,8 +531,8 @@ def _expert_bits(r: _Reader, dtype_bytes: int) -> float | None:
         r.notes.append("quantization_config fp8: experts at 8 bits per weight; dense weights counted at dtype_bytes.")
         r.assumptions.append("FP8 block scales left out of the expert bytes")
         return 8.0
-    bits = q.get("bits")
-    if isinstance(bits, (int, float)) and not isinstance(bits, bool) and 0 < bits <= 64:
+    bits = None if q.get("bits") is None else _bits(q["bits"], "quantization_config.bits", r.where)
+    if bits is not None:
         r.assumptions.append(
             f"quantization_config {brief(method, 30)}: experts at {bits:g} bits per weight, "
             f"scales and zero points left out"
@@ -429,6 +549,8 @@ __all__ = [
     "DerivedProfile",
     "KNOWN_TYPES",
     "MAX_CONFIG_BYTES",
+    "SIZE_LIMITS",
+    "check_sizes",
     "comment_lines",
     "derive_profile",
     "read_config_file",

@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from traces.errors import InputError, OutputError, brief
-from traces.importers.common import check_model_fit, check_model_name, check_out, plain_model_name
+from traces.importers.common import (
+    check_dataset_name,
+    check_model_fit,
+    check_model_name,
+    check_out,
+    plain_model_name,
+)
 from traces.io import file_kind
 from traces.outputs import keep_staged
 from traces.record.routers import find_moe_layers
@@ -77,12 +83,61 @@ def read_prompts(path: str | Path) -> list[Prompt]:
 
 
 def _check_checkpoint_folder(path: str) -> None:
-    """``--model`` names a folder (checked before the prompts are read or torch is loaded); a file, a FIFO or a
-    name too long is refused saying what it is."""
+    """``--model`` names a folder (checked before the prompts are read or torch is loaded) whose path is one
+    printable line (the trace's provenance keeps it) and whose config's sizes are within bounds
+    (:func:`check_checkpoint_config`); a file, a FIFO or a name too long is refused saying what it is."""
     kind = file_kind(path)
     if kind != "folder":
         what = "there is nothing there" if kind == "missing" else f"it is {kind}"
         raise InputError(f"--model: {brief(str(path))} is not a checkpoint folder ({what})")
+    check_printable_path(path, "--model")
+    check_checkpoint_config(path)
+
+
+def check_printable_path(path: str | Path, flag: str) -> None:
+    """A path that goes into the trace's metadata: one printable line."""
+    if not str(path).isprintable():
+        raise InputError(f"{flag}: {brief(str(path))} holds a control character (the trace's metadata keeps the path)")
+
+
+#: How many times the bytes of its weight files a checkpoint's config may describe (files in bf16 loaded in fp32,
+#: tied or small weights initialised rather than stored), plus MAX_UNSTORED_WEIGHT_BYTES: a config that describes
+#: more does not belong to its files, and a model built from it would fill memory with weights that are not there.
+MAX_WEIGHTS_PER_FILE_BYTE = 4
+MAX_UNSTORED_WEIGHT_BYTES = 256 << 20
+#: The files a checkpoint's weights are stored in.
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.gguf", "*.msgpack", "*.h5")
+
+
+def check_checkpoint_config(folder: str | Path) -> None:
+    """The checkpoint's ``config.json`` (when it has one: else transformers says what is missing), read within its
+    bound, every size in it within bounds (:func:`traces.profile_from_config.check_sizes`), and the weights it
+    describes, when a profile can be derived from it, no more than its weight files can hold: all before
+    transformers builds anything from it."""
+    from traces.profile_from_config import DerivedProfile, check_sizes, derive_profile, read_config_file
+
+    path = Path(folder) / "config.json"
+    if file_kind(path) == "missing":
+        return
+    config = read_config_file(path, "--model")
+    check_sizes(config, str(path))
+    profile: DerivedProfile | None
+    try:
+        profile = derive_profile(config, "checkpoint", str(path))
+    except InputError:
+        profile = None  # not a layout read here: the sizes checked above still bound what is built
+    if profile is not None:
+        _check_weights_stored(profile.spec(), Path(folder), path)
+
+
+def _check_weights_stored(spec, folder: Path, config: Path) -> None:
+    described = spec.dense_bytes + spec.moe_layers * spec.num_experts * spec.expert_bytes
+    stored = sum(f.stat().st_size for pattern in WEIGHT_FILES for f in folder.glob(pattern) if f.is_file())
+    if described > MAX_WEIGHTS_PER_FILE_BYTE * stored + MAX_UNSTORED_WEIGHT_BYTES:
+        raise InputError(
+            f"{config}: describes {described / 2**30:.1f} GiB of weights but the checkpoint's weight files hold "
+            f"{stored / 2**30:.1f} GiB: the config does not belong to its checkpoint (nothing is built from it)"
+        )
 
 
 def _torch_dtype(name: str):
@@ -96,6 +151,7 @@ def load_checkpoint(path: str | Path, dtype: str = "float32", device: str = "cpu
     path = Path(path)
     if not path.is_dir():
         raise InputError(f"--model: {path} is not a checkpoint folder")
+    check_checkpoint_config(path)
     import transformers as tf
 
     try:
@@ -173,7 +229,11 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights and torch (0)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (float32; auto = the checkpoint's)")
     p.add_argument("--device", default="auto", help="torch device (auto: cuda if available, else cpu)")
-    p.add_argument("--dataset", metavar="NAME", help="provenance.dataset (default: the prompts file name)")
+    p.add_argument(
+        "--dataset",
+        metavar="NAME",
+        help="provenance.dataset, a name like --name's (default: the prompts file name, made such a name)",
+    )
     p.add_argument(
         "--name",
         metavar="NAME",
@@ -205,6 +265,9 @@ def run(args) -> int:
         raise InputError("--dtype auto needs --model (a tiny model has no checkpoint dtype)")
     out = check_out(args.out, [args.prompts])
     name = check_model_name(args.name, "--name") if args.name is not None else default_name(args)
+    if args.dataset is not None:
+        check_dataset_name(args.dataset)
+    check_printable_path(args.prompts, "--prompts")
     where = (
         f"--name {brief(name)}"
         if args.name is not None
@@ -254,7 +317,7 @@ def run(args) -> int:
         request_ids=[p.id for p in prompts],
         model_name=name,
         source_model=source,
-        dataset=args.dataset or Path(args.prompts).name,
+        dataset=args.dataset or plain_model_name(Path(args.prompts).name, "prompts"),
         seed=args.seed,
         extra={"tokenizer": tokenizer, "device": str(device), "prompts_file": str(args.prompts)},
     )

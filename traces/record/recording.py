@@ -75,7 +75,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.errors import InputError
+from traces.errors import InputError, brief
 from traces.format import LayerInfo, ModelInfo, Provenance, Trace, TraceMeta, today
 from traces.importers.common import check_model_name, plain_model_name
 from traces.record.cli import DTYPES, Prompt, load_checkpoint, read_prompts, register, run
@@ -163,6 +163,9 @@ def record_routing(
     if model_name is None:
         model_name = plain_model_name(str(getattr(model, "name_or_path", None) or ""), type(model).__name__)
     name = check_model_name(model_name, "model_name")
+    for what, value in (("dataset", dataset), ("source_model", source_model)):
+        if value is not None and (not isinstance(value, str) or not value.strip() or not value.isprintable()):
+            raise InputError(f"{what}: {brief(value)} is not one printable line (the trace's provenance keeps it)")
     layers = find_moe_layers(model)
     if not layers:
         raise InputError(f"no MoE router modules found in {name}")
