@@ -42,11 +42,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.errors import InputError
+from traces.errors import InputError, brief
 from traces.format import MAX_CONTEXT, MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
+from traces.importers.ktparquet import MAX_LAYERS
 from traces.io import MAX_ARRAY_BYTES
 
 TOOL = "traces synth"
+#: The most cells the generator's tables of a shape may hold (popularity: layers x experts; fitted cross-layer lifts:
+#: layers x experts x experts, 256 MiB of floats; Kimi-K2's 60 x 384 x 384 is 8.8M), and the most MoE layers (a
+#: trace's, MAX_LAYERS of traces/importers/ktparquet.py): checked before anything is stretched, reshaped or drawn.
+MAX_TABLE_CELLS = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -97,59 +102,91 @@ class SynthKnobs:
         """Knobs from their form in a trace's metadata (``extra.knobs``); lists become tuples."""
         d = dict(d)
         for name in ("prompt_len", "decode_len", "layer_stickiness", "request_concentration"):
-            if d.get(name) is not None:
+            if isinstance(d.get(name), list):
                 d[name] = tuple(d[name])
-        if d.get("layer_popularity") is not None:
+        if _nested_lists(d.get("layer_popularity"), 2):
             d["layer_popularity"] = tuple(tuple(row) for row in d["layer_popularity"])
         for name in ("prefix_popularity", "layer_transition"):
-            if d.get(name) is not None:
+            if _nested_lists(d.get(name), 3):
                 d[name] = tuple(tuple(tuple(row) for row in table) for table in d[name])
-        return cls(**d)
+        return cls(**d)  # anything else as it is: check() names the knob of the wrong type
 
-    def check(self) -> None:
-        """Raise InputError naming the first impossible knob."""
-        if self.num_experts < 1 or self.num_experts > np.iinfo(np.int16).max:
-            raise InputError(f"--experts must be 1..{np.iinfo(np.int16).max}, got {self.num_experts}")
+    def check(self, knob_names: bool = False) -> None:
+        """Raise InputError naming the first impossible knob: by its flag (``--top-k``), or with ``knob_names`` by
+        its name in a fitted trace's metadata (``knobs.top_k``). Types first (a fitted trace's knobs come from a
+        file), then values, then the size of what they can make, all before anything is built."""
+        n = {f: f"knobs.{f}" for f in _FLAG_OF} if knob_names else _FLAG_OF
+        self._check_types(n)
+        e_max = np.iinfo(np.int16).max
+        if not 1 <= self.num_experts <= e_max:
+            raise InputError(f"{n['num_experts']} must be 1..{e_max}, got {self.num_experts}")
         if not 1 <= self.top_k <= self.num_experts:
-            raise InputError(f"--top-k must be 1..{self.num_experts} (the expert count), got {self.top_k}")
-        if self.encoder_layers < 0 or self.decoder_layers < 0 or self.encoder_layers + self.decoder_layers < 1:
-            raise InputError("--encoder-layers and --decoder-layers must be >= 0 with at least one layer in all")
+            raise InputError(f"{n['top_k']} must be 1..{self.num_experts} (the expert count), got {self.top_k}")
+        layers = self.encoder_layers + self.decoder_layers
+        if self.encoder_layers < 0 or self.decoder_layers < 0 or not 1 <= layers <= MAX_LAYERS:
+            what = f"{n['encoder_layers']} and {n['decoder_layers']}"
+            raise InputError(
+                f"{'--layers, or ' + what if not knob_names else what} must be >= 0 with 1..{MAX_LAYERS} layers in "
+                f"all, got {self.encoder_layers} encoder and {self.decoder_layers} decoder layers"
+            )
         if not 1 <= self.requests <= MAX_REQUESTS:
-            raise InputError(f"--requests must be 1..{MAX_REQUESTS}, got {self.requests}")
-        for name, (lo, hi) in (("--prompt-len", self.prompt_len), ("--decode-len", self.decode_len)):
+            raise InputError(f"{n['requests']} must be 1..{MAX_REQUESTS}, got {self.requests}")
+        for name, (lo, hi) in ((n["prompt_len"], self.prompt_len), (n["decode_len"], self.decode_len)):
             if lo < 0 or hi < lo or hi > MAX_CONTEXT:
                 raise InputError(f"{name} must be MIN,MAX with 0 <= MIN <= MAX <= {MAX_CONTEXT}, got {lo},{hi}")
-        self._check_size()
+        self._check_size(n["requests"])
         if self.encoder_layers and self.prompt_len[0] < 1:
-            raise InputError("--prompt-len must be >= 1 when the model has encoder layers")
+            raise InputError(f"{n['prompt_len']} must be >= 1 when the model has encoder layers")
         if self.prompt_len[1] + self.decode_len[1] < 1:
-            raise InputError("--prompt-len and --decode-len leave every request empty")
+            raise InputError(f"{n['prompt_len']} and {n['decode_len']} leave every request empty")
         if self.skew < 0:
-            raise InputError(f"--skew must be >= 0, got {self.skew}")
-        for name, v in (("--stickiness", self.stickiness), ("--correlation", self.correlation)):
+            raise InputError(f"{n['skew']} must be >= 0, got {self.skew}")
+        for name, v in ((n["stickiness"], self.stickiness), (n["correlation"], self.correlation)):
             if not 0.0 <= v <= 1.0:
                 raise InputError(f"{name} must lie in [0, 1], got {v}")
         self._check_fitted()
 
-    def _check_size(self) -> None:
+    def _check_types(self, n: dict[str, str]) -> None:
+        """Each knob of its type: the model a name, counts integers, lengths two integers, the rest finite numbers."""
+        if not isinstance(self.model, str):
+            raise InputError(f"{n['model']} must be a model name, got {brief(self.model)}")
+        for f in ("num_experts", "top_k", "encoder_layers", "decoder_layers", "requests"):
+            if not _is_int(getattr(self, f)):
+                raise InputError(f"{n[f]} must be an integer, got {brief(getattr(self, f))}")
+        for f in ("prompt_len", "decode_len"):
+            v = getattr(self, f)
+            if not isinstance(v, tuple) or len(v) != 2 or not all(_is_int(x) for x in v):
+                raise InputError(f"{n[f]} must be MIN,MAX (two integers), got {brief(v)}")
+        for f in ("skew", "stickiness", "correlation", "transition_power"):
+            v = getattr(self, f)
+            if not (v is None and f == "transition_power") and not _is_finite(v):
+                raise InputError(f"{n.get(f, 'knobs.' + f)} must be a finite number, got {brief(v)}")
+
+    def _check_size(self, flag: str = "--requests") -> None:
         """The largest trace these knobs can make must be one a reader accepts (its expert array at most
-        ``MAX_ARRAY_BYTES``): checked before anything is drawn, so a typo costs a line, not the machine's memory."""
+        ``MAX_ARRAY_BYTES``), and their fitted tables at most MAX_TABLE_CELLS: checked before anything is drawn, so a
+        typo costs a line, not the machine's memory."""
         longest = self.prompt_len[1] + self.decode_len[1]
         layers = self.encoder_layers + self.decoder_layers
         worst = self.requests * longest * layers * self.top_k * 2  # int16 expert ids
         if worst > MAX_ARRAY_BYTES:
             raise InputError(
-                f"--requests {self.requests} of up to {longest} tokens x {layers} layers x top-"
+                f"{flag} {self.requests} of up to {longest} tokens x {layers} layers x top-"
                 f"{self.top_k} could make a {worst / 2**30:.1f} GiB trace, above the "
                 f"{MAX_ARRAY_BYTES >> 30} GiB a trace may hold: fewer requests or shorter ones"
             )
+        positions = len(self.prefix_popularity) if isinstance(self.prefix_popularity, (tuple, list)) else 0
+        flags = "--experts and --layers" if flag.startswith("--") else "knobs.num_experts and layers"
+        check_table_cells(layers, self.num_experts, self.layer_transition is not None, positions, flags)
 
     def _check_fitted(self) -> None:
         n_layers, e = self.encoder_layers + self.decoder_layers, self.num_experts
         if self.layer_popularity is not None:
-            _check_weights(np.asarray(self.layer_popularity, dtype=float), (n_layers, e), "knobs.layer_popularity")
+            _check_weights(
+                _table(self.layer_popularity, "knobs.layer_popularity"), (n_layers, e), "knobs.layer_popularity"
+            )
         if self.prefix_popularity is not None:
-            w = np.asarray(self.prefix_popularity, dtype=float)
+            w = _table(self.prefix_popularity, "knobs.prefix_popularity")
             if w.size and (w.ndim != 3 or w.shape[1:] != (n_layers, e)):
                 raise InputError(
                     f"knobs.prefix_popularity must be [positions][{n_layers} layers][{e} experts], "
@@ -158,7 +195,7 @@ class SynthKnobs:
             if w.size:
                 _check_weights(w.reshape(-1, e), (w.shape[0] * n_layers, e), "knobs.prefix_popularity")
         if self.layer_transition is not None:
-            w = np.asarray(self.layer_transition, dtype=float)
+            w = _table(self.layer_transition, "knobs.layer_transition")
             if w.shape != (n_layers - 1, e, e):
                 raise InputError(
                     f"knobs.layer_transition must be [{n_layers - 1} layers][{e}][{e}], got shape {list(w.shape)}"
@@ -173,7 +210,7 @@ class SynthKnobs:
             v = getattr(self, name)
             if v is None:
                 continue
-            a = np.asarray(v, dtype=float)
+            a = _table(v, f"knobs.{name}")
             if a.shape != (n_layers,):
                 raise InputError(f"knobs.{name} must list one value per layer ({n_layers}), got shape {list(a.shape)}")
             if (
@@ -188,6 +225,67 @@ class SynthKnobs:
         enc = [LayerInfo(i, "encoder") for i in range(self.encoder_layers)]
         dec = [LayerInfo(i, "decoder") for i in range(self.decoder_layers)]
         return tuple(enc + dec)
+
+
+#: The flag that sets each knob (a fitted trace's knobs are named ``knobs.NAME`` instead).
+_FLAG_OF = {
+    "model": "--model",
+    "num_experts": "--experts",
+    "top_k": "--top-k",
+    "encoder_layers": "--encoder-layers",
+    "decoder_layers": "--decoder-layers",
+    "requests": "--requests",
+    "prompt_len": "--prompt-len",
+    "decode_len": "--decode-len",
+    "skew": "--skew",
+    "stickiness": "--stickiness",
+    "correlation": "--correlation",
+}
+
+
+def _nested_lists(value, depth: int) -> bool:
+    """True when ``value`` is a list whose items, ``depth`` - 1 levels down, are all lists."""
+    if depth == 1:
+        return isinstance(value, list)
+    return isinstance(value, list) and all(_nested_lists(x, depth - 1) for x in value)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_finite(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _table(value, name: str) -> np.ndarray:
+    """A fitted table as floats; InputError naming it when it is not a regular nested list of numbers."""
+    try:
+        a = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{name} must be a regular table of numbers ({brief(str(exc), 100)})") from None
+    if a.dtype.kind not in "iuf":
+        raise InputError(f"{name} must hold numbers only, got {brief(value)}")
+    return a.astype(float, copy=False)
+
+
+def table_cells(layers: int, experts: int, transition: bool, positions: int) -> int:
+    """Cells of the fitted tables of a shape: popularity [layers][experts], lifts [layers - 1][experts][experts]
+    when there are any, opening positions [positions][layers][experts]."""
+    return layers * experts * (1 + positions) + (max(layers - 1, 0) * experts * experts if transition else 0)
+
+
+def check_table_cells(
+    layers: int, experts: int, transition: bool, positions: int, flags: str = "--experts and --layers"
+) -> None:
+    """InputError naming ``flags`` when the fitted tables of a shape would hold more than MAX_TABLE_CELLS cells."""
+    cells = table_cells(layers, experts, transition, positions)
+    if cells > MAX_TABLE_CELLS:
+        raise InputError(
+            f"{flags}: {layers} layers x {experts} experts: the generator's tables (popularity: layers x experts; "
+            f"fitted cross-layer lifts: layers x experts x experts) would hold {cells} values, more than the "
+            f"{MAX_TABLE_CELLS} a synthetic trace may use"
+        )
 
 
 FITTED_KNOBS = (
@@ -690,6 +788,11 @@ def _run_fit(args, given: dict) -> Trace:
     if args.requests is not None and args.tokens is not None:
         raise InputError("give either --requests or --tokens, not both")
     _check_fit_size(real, args)
+    check_source_names(args.fit, real.meta)
+    if depth:
+        shape = knobs_like(real, requests=1)[0]
+        enc, dec = depth.get("encoder_layers", shape.encoder_layers), depth.get("decoder_layers", shape.decoder_layers)
+        _check_target(shape, enc, dec, shape.num_experts, shape.top_k)
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     held = None
     if not args.no_holdout:
@@ -777,19 +880,62 @@ def fitted_knobs(path: str) -> tuple[SynthKnobs, TraceMeta]:
         )
     try:
         knobs = SynthKnobs.from_dict(d)
-        knobs.check()
+        knobs.check(knob_names=True)
     except (TypeError, ValueError) as exc:
         raise InputError(f"{path}: extra.knobs are not the generator's knobs ({exc})") from None
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
+    check_source_names(path, meta, knobs.model)
     return knobs, meta
+
+
+def check_source_names(path, meta: TraceMeta, model: str | None = None) -> None:
+    """The names a trace made from the trace at ``path`` copies from it: its model name (and ``model``, the knobs'
+    model) by the model-name rule, its data set one printable line."""
+    from traces.importers.common import check_model_name
+
+    check_model_name(meta.model.name, f"{path}: model.name")
+    if model is not None:
+        check_model_name(model, f"{path}: knobs.model")
+    if not meta.provenance.dataset.isprintable():
+        raise InputError(f"{path}: provenance.dataset {brief(meta.provenance.dataset)} is not one printable line")
+
+
+def _check_target(knobs: SynthKnobs, encoder_layers: int, decoder_layers: int, experts: int, top_k: int) -> None:
+    """The shape asked of fitted ``knobs`` checked as generated knobs are (experts, top-k, layers, requests, the
+    trace's size) and the fitted tables it would build bounded (MAX_TABLE_CELLS, counting lifts between layers), before
+    anything is fitted, stretched or reshaped."""
+    shape = dataclasses.replace(
+        knobs,
+        num_experts=experts,
+        top_k=top_k,
+        encoder_layers=encoder_layers,
+        decoder_layers=decoder_layers,
+        layer_popularity=None,
+        layer_stickiness=None,
+        request_concentration=None,
+        prefix_popularity=None,
+        layer_transition=None,
+        transition_power=None,
+    )
+    shape.check()
+    positions = len(knobs.prefix_popularity or ())
+    check_table_cells(encoder_layers + decoder_layers, experts, True, positions)
+
+
+def _sha256(path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _run_from_fit(args, given: dict) -> Trace:
     """``--from-fit``: the fitted knobs, stretched over the wanted layers and reshaped to the wanted experts and
     top-k; opening positions kept only as far as every request's prompt reaches."""
-    import hashlib
-
     from traces.synthetic import fit as fitting
     from traces.synthetic import reshape
 
@@ -804,19 +950,18 @@ def _run_from_fit(args, given: dict) -> Trace:
     if args.no_holdout:
         raise InputError("--no-holdout goes with --fit")
     fitted, meta = fitted_knobs(args.from_fit)
-    with open(args.from_fit, "rb") as f:
-        sha = hashlib.sha256(f.read()).hexdigest()
     knobs = dataclasses.replace(
         fitted, **{k: given[k] for k in ("model", "requests", "prompt_len", "decode_len") if k in given}
     )
     enc = given.get("encoder_layers", fitted.encoder_layers)
     dec = given.get("decoder_layers", fitted.decoder_layers)
+    experts, top_k = given.get("num_experts", fitted.num_experts), given.get("top_k", fitted.top_k)
+    _check_target(knobs, enc, dec, experts, top_k)
+    sha = _sha256(args.from_fit)
     layers_from = None
     if (enc, dec) != (fitted.encoder_layers, fitted.decoder_layers):
         knobs, layers_from = fitting.stretch_layers(knobs, enc, dec)
-    shaped = reshape.reshape_experts(
-        knobs, given.get("num_experts", fitted.num_experts), given.get("top_k", fitted.top_k)
-    )
+    shaped = reshape.reshape_experts(knobs, experts, top_k)
     knobs, prefix_note = _prefix_within_prompts(shaped.knobs)
     note = {
         "file": os.path.basename(str(args.from_fit)),
