@@ -5,6 +5,7 @@ within the bounds or one InputError line naming the field."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import traces.profile_from_config as pfc
+from tests.support.cli import run_traces
 from tests.support.messages import checked_message
 from traces.errors import InputError
 from traces.record.tiny_models import tiny_config
@@ -135,3 +137,34 @@ def test_a_huge_size_is_refused_at_once_naming_the_field(key):
     """The defect: 2^40 blocks were listed (a hang) before anything was bounded."""
     with pytest.raises(InputError, match=key):
         pfc.derive_profile({**BASES["mixtral"], key: 1 << 40}, "toy", "config.json")
+
+
+@pytest.mark.parametrize(
+    "fmt, extra",
+    [
+        ("expert-arrays", []),
+        ("kt-parquet", []),
+        ("vllm", ["--num-experts", "8"]),
+        ("ft-log", ["--batch", "1"]),
+        ("mixtral-jsonl", []),
+    ],
+)
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"num_hidden_layers": 1 << 40}, "num_hidden_layers"),
+        ({"text_config": {"num_local_experts": "8"}}, "text_config.num_local_experts"),
+        ({"quantization_config": {"quant_method": "gptq", "bits": 1e-300}}, "quantization_config.bits"),
+    ],
+)
+def test_every_import_refuses_a_hf_config_out_of_bounds_before_reading_its_input(tmp_path, fmt, extra, change, field):
+    """--hf-config is derived before an import reads anything: the missing input is never reached."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**BASES["mixtral"], "torch_dtype": "bfloat16", **change}))
+    out = tmp_path / "t.npz"
+    code, _, err, _ = run_traces(
+        "import", fmt, tmp_path / "missing.input", "--model", "toy-moe", *extra, "--out", out, "--hf-config", config
+    )
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and f"'{field}'" in lines[0] and "missing.input" not in lines[0], err
+    assert not out.exists()
