@@ -207,6 +207,9 @@ def read_log(path: str | os.PathLike, limits: ReadLimits | None = None) -> LogRo
     data = read_bounded(path, MAX_PARQUET_BYTES, "Parquet log")
     if len(data) < 12 or data[:4] != b"PAR1" or data[-4:] != b"PAR1":
         raise InputError(f"{path}: not a Parquet file (no PAR1 magic at its start and end)")
+    size = int.from_bytes(data[-8:-4], "little")
+    if size > MAX_FOOTER_BYTES or size > len(data) - 12:
+        raise InputError(f"{path}: a footer of {size} bytes, more than the {MAX_FOOTER_BYTES} a Parquet log may have")
     pf, columns = _open(data, path)
     kinds = _column_kinds(pf.schema_arrow, columns)
     limits.check(_check_footer(data, pf.metadata, path, kinds, limits), path, "its columns")
@@ -220,15 +223,19 @@ def read_log(path: str | os.PathLike, limits: ReadLimits | None = None) -> LogRo
 
 
 def _open(data: bytes, path: Path):
-    """The file (read from memory, on this thread: no file handle for pyarrow's reads to outlive), its string
-    columns read as dictionaries (a name repeated on every row decodes once), and the columns to read."""
+    """The file (read from memory, on this thread: no file handle for pyarrow's reads to outlive; its footer's
+    strings and lists bounded as ours are), its string columns read as dictionaries (a name repeated on every row
+    decodes once), and the columns to read."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    bounded = dict(
+        pre_buffer=False, thrift_string_size_limit=MAX_FOOTER_BYTES, thrift_container_size_limit=MAX_ROW_GROUPS
+    )
     try:
-        names = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).schema_arrow.names
+        names = pq.ParquetFile(pa.BufferReader(data), **bounded).schema_arrow.names
         strings = [c for c in OPTIONAL if names.count(c) == 1]
-        pf = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False, read_dictionary=strings)
+        pf = pq.ParquetFile(pa.BufferReader(data), read_dictionary=strings, **bounded)
         schema = pf.schema_arrow
     except (pa.ArrowException, OSError, ValueError, EOFError, MemoryError, IndexError, KeyError) as exc:
         raise InputError(f"{path}: not a readable Parquet file ({_why(exc)})") from None
@@ -396,9 +403,7 @@ def _check_footer(data: bytes, md, path: Path, kinds: _Kinds, limits: ReadLimits
     column metadata (which can abort the process on a corrupt footer)."""
     if md.num_rows > MAX_ROWS:
         raise InputError(f"{path}: {md.num_rows} rows, more than the {MAX_ROWS} a Parquet log may have")
-    size = int.from_bytes(data[-8:-4], "little")
-    if size > MAX_FOOTER_BYTES or size > len(data) - 12:
-        raise InputError(f"{path}: a footer of {size} bytes, more than the {MAX_FOOTER_BYTES} a Parquet log may have")
+    size = int.from_bytes(data[-8:-4], "little")  # checked before pyarrow read it (read_log)
     footer = _Footer(data, path, kinds, limits)
     try:
         rows, groups, estimate = footer.walk(_Thrift(data, len(data) - 8 - size, len(data) - 8))
