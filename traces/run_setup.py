@@ -226,12 +226,16 @@ def add_hf_config_flag(parser) -> None:
 def run_import(command, args) -> int:
     """An import command, then its sim files: with ``--hf-config``, the profile (derived before the import reads
     anything) and run config; without it and without a bundled profile, one line saying how to get one."""
-    from traces.importers.common import check_model_name
+    from traces.importers.common import check_dataset_name, check_model_name, check_name
     from traces.profile_from_config import derive_profile, read_config_file
 
+    check_model_name(args.model)  # the names every format puts in the trace's metadata, before anything is read
+    if getattr(args, "source_model", None) is not None:
+        check_name(args.source_model, "--source-model", "checkpoint name")
+    if getattr(args, "dataset", None) is not None:
+        check_dataset_name(args.dataset)
     files, profile = None, None
     if args.hf_config is not None:
-        check_model_name(args.model)
         files = check_sim_files(args.out)
         config = read_config_file(args.hf_config)
         if bundled_profile(args.model) is None:
