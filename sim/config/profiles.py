@@ -83,7 +83,12 @@ def load_profile(value: Any, where: str, kind: str, keys=(), depth: int = 0) -> 
         base = d.pop("base")
         if not isinstance(base, str):
             raise ConfigError(join(where, "base"), f"must be a {singular} name or path, got {show(base)}")
-        merged, base_source = load_profile(base, join(where, "base"), kind, keys, depth + 1)
+        try:
+            merged, base_source = load_profile(base, join(where, "base"), kind, keys, depth + 1)
+        except ConfigError as exc:
+            if source == "inline" or source in exc.problem:
+                raise
+            raise ConfigError(exc.field, f"{exc.problem} (in {source})") from None
         if source == "inline" and kind == "hardware" and "source" not in d:
             d["source"] = f"{base_source} (modified inline)" if len(d) > ("name" in d) else base_source
         merged.update(d)
