@@ -133,7 +133,7 @@ def check_not_input(
         if same:
             raise OutputError(
                 f"{flag} {brief(str(path), 200)}",
-                f"is the input {brief(str(given), 200)}; writing it would replace what is read (write elsewhere)",
+                f"is the input file {brief(str(given), 200)}; writing it would replace what is read (write elsewhere)",
             )
     batch = _BATCH.get()
     if batch is not None:

@@ -19,6 +19,7 @@ import numpy as np
 from traces.errors import InputError, TraceError, brief, one_line
 from traces.format import MAX_CONTEXT, MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
 from traces.io import check_output_file, metadata_problem, open_regular_file
+from traces.outputs import check_not_input
 
 #: The tool named in an imported trace's provenance.
 TOOL = "traces import"
@@ -60,21 +61,12 @@ def _cut(text: str, width: int) -> str:
 def check_out(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """``--out`` as a place for a trace file, checked before any input is read: not empty, not a folder, FIFO,
     device or socket (:func:`traces.io.check_output_file`), and not one of the ``inputs`` (which the trace
-    would replace). Raises InputError naming ``--out``."""
+    would replace: :func:`traces.outputs.check_not_input`). Raises InputError naming ``--out``."""
     try:
         out = check_output_file(path, "trace file")
     except TraceError as exc:
         raise InputError(f"--out {brief(str(path))}: {exc.problem}") from None
-    for given in inputs:
-        try:
-            same = os.path.samefile(out, given)
-        except (OSError, ValueError):
-            same = False
-        if same:
-            raise InputError(
-                f"--out {brief(str(path))}: is the input file {brief(str(given))}; the trace would "
-                f"replace it (write it elsewhere)"
-            )
+    check_not_input(out, inputs, "--out")
     return out
 
 

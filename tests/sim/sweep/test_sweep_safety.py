@@ -30,23 +30,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.cli import main
 from sim.errors import ConfigError
+from tests.support.fuzz import fuzz_settings
 from tests.support.paths import ROOT
 
 BASE = ROOT / "configs" / "switch_xxl.yaml"
 TINY = "set: {workload.requests: 2, workload.max_decode_tokens: 2, workload.prefill: false}\n"
 MAX_LINE = 760  # "error: " + a field of at most 200 characters + ": " + a problem of at most 500 (+ a file name)
-FUZZ = settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+FUZZ = fuzz_settings(60)
 
 
 # --------------------------------------------------------------------------------------------- helpers

@@ -8,29 +8,23 @@ from __future__ import annotations
 
 import contextlib
 import io
-import string
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import traces.importers.ktparquet as kt
 from tests.support.cli import run_traces
+from tests.support.fuzz import PLAIN_NAME_CHARS, fuzz_settings
 from tests.support.messages import checked_message
 from traces.errors import InputError
 from traces.importers.ktparquet import import_kt_parquet
 from traces.io import load_trace
 
-HYP = settings(
-    max_examples=25,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+HYP = fuzz_settings(25)
 EXPERTS = 16
 #: The decoded bound and largest page the hostile-file tests run under (small, so a test file can pass them).
 SMALL_BOUND = 256 << 10
@@ -334,11 +328,10 @@ def test_the_decoded_bound_holds_for_all_files_of_an_import_together(tmp_path, m
 
 
 # ------------------------------------------------------------------------------------------------ names
-PLAIN = string.ascii_letters + string.digits + "._+-"
 #: Names with something the rule refuses: a control or non-ASCII space, a space, a backslash, "..", a leading "/".
 HOSTILE = st.builds(
     lambda a, bad, b: a + bad + b,
-    st.text(PLAIN, max_size=10),
+    st.text(PLAIN_NAME_CHARS, max_size=10),
     st.sampled_from(["\n", "\x00", "\x1b[2J", " ", "\\", "..", "\u2028", "\t", "\u3000", "/../"]),
     st.text(max_size=10),
 )
@@ -347,7 +340,9 @@ HOSTILE = st.builds(
 @HYP
 @given(
     flag=st.sampled_from(["--dataset", "--source-model"]),
-    name=st.one_of(HOSTILE, st.text(PLAIN, min_size=1, max_size=130), st.sampled_from(["../../x", "a/b/c", "x\ny"])),
+    name=st.one_of(
+        HOSTILE, st.text(PLAIN_NAME_CHARS, min_size=1, max_size=130), st.sampled_from(["../../x", "a/b/c", "x\ny"])
+    ),
 )
 def test_names_that_go_into_the_metadata_follow_the_model_name_rule(tmp_path, flag, name):
     """A --dataset or --source-model with a control character, a space, '..', a path of more than one '/', or
@@ -361,7 +356,11 @@ def test_names_that_go_into_the_metadata_follow_the_model_name_rule(tmp_path, fl
         "import", "kt-parquet", path, "--model", "tiny-kt", "--num-experts", EXPERTS, flag, name, "--out", out
     )
     plain = (
-        name[0].isalnum() and all(c in PLAIN for c in name) and ".." not in name and len(name) <= 128 and name.isascii()
+        name[0].isalnum()
+        and all(c in PLAIN_NAME_CHARS for c in name)
+        and ".." not in name
+        and len(name) <= 128
+        and name.isascii()
     )
     if not plain:
         assert code == 2 and len(err.strip().splitlines()) == 1 and flag in err, err

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.cli import run_traces as run
+from tests.support.fuzz import fuzz_settings
 from tests.support.paths import ROOT
 from tests.support.traces import patch_central
 from traces.format import MAX_CONTEXT, MAX_REQUESTS
@@ -30,13 +31,7 @@ from traces.importers.common import bundled_profiles
 from traces.io import load_trace
 
 MAX_LINE = 600  # the longest error line an import may print ("error: " + a bounded message)
-HYP = settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+HYP = fuzz_settings(40)
 
 
 # ------------------------------------------------------------------------------------------------ helpers

@@ -6,26 +6,20 @@ a sentinel that fails the command when reached, so a config reaches it only when
 from __future__ import annotations
 
 import json
-import string
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 import traces.profile_from_config as pfc
 import traces.record.tiny_models as tiny
 from tests.support.cli import run_traces
+from tests.support.fuzz import PLAIN_NAME_CHARS, fuzz_settings, names_near_the_rule
 from traces.errors import InputError
 from traces.record.cli import MAX_UNSTORED_WEIGHT_BYTES, MAX_WEIGHTS_PER_FILE_BYTE
 
-HYP = settings(
-    max_examples=30,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+HYP = fuzz_settings(30)
 SENTINEL = "SENTINEL-transformers-reached"
 BASE = {**tiny.tiny_config("mixtral").to_dict(), "torch_dtype": "bfloat16"}
 BASE.pop("dtype", None)
@@ -112,24 +106,11 @@ def test_weights_a_config_describes_beyond_its_files_are_refused_before_anything
         assert SENTINEL in line, line
 
 
-PLAIN = string.ascii_letters + string.digits + "._+-"
-
-
 @HYP
-@given(
-    name=st.one_of(
-        st.text(PLAIN, min_size=1, max_size=20),
-        st.builds(
-            lambda a, bad, b: a + bad + b,
-            st.text(PLAIN, max_size=5),
-            st.sampled_from(["\n", "\x1b", " ", "..", "/../", "\u2028", "\\"]),
-            st.text(max_size=5),
-        ),
-    )
-)
+@given(name=names_near_the_rule(["\n", "\x1b", " ", "..", "/../", "\u2028", "\\"]))
 def test_a_dataset_name_follows_the_model_name_rule_before_anything_runs(tmp_path, no_transformers, name):
     _, line = record(tmp_path, "--tiny", "mixtral", "--dataset", name)
-    plain = name[0].isalnum() and name.isascii() and all(c in PLAIN for c in name) and ".." not in name
+    plain = name[0].isalnum() and name.isascii() and all(c in PLAIN_NAME_CHARS for c in name) and ".." not in name
     if plain:
         assert SENTINEL in line, line
     else:

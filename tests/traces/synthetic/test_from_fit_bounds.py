@@ -8,30 +8,24 @@ from __future__ import annotations
 
 import io
 import json
-import string
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 import traces.synthetic.fit as fitting
 import traces.synthetic.generator as gen
 import traces.synthetic.reshape as reshape
 from tests.support.cli import run_traces
+from tests.support.fuzz import PLAIN_NAME_CHARS, fuzz_settings, names_near_the_rule
 from traces.importers.ktparquet import MAX_LAYERS
 from traces.io import load_trace, save_trace
 from traces.synthetic.generator import SynthKnobs, generate
 
-HYP = settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+HYP = fuzz_settings(40)
 #: The table bound the size tests run under (small, so that a shape within it is quick to build).
 SMALL_CELLS = 1 << 16
 
@@ -222,20 +216,9 @@ def test_non_finite_lengths_and_tables_are_named(tmp_path, fit_bytes):
         assert code == 2 and f"knobs.{knob}" in line and str(fit) in line, line
 
 
-PLAIN = string.ascii_letters + string.digits + "._+-"
-
-
 @HYP
 @given(
-    name=st.one_of(
-        st.text(PLAIN, min_size=1, max_size=20),
-        st.builds(
-            lambda a, bad, b: a + bad + b,
-            st.text(PLAIN, max_size=5),
-            st.sampled_from(["../../", "/", "\n", "\x1b", " ", "..", "\u2028"]),
-            st.text(max_size=5),
-        ),
-    ),
+    name=names_near_the_rule(["../../", "/", "\n", "\x1b", " ", "..", "\u2028"]),
     given_model=st.booleans(),
 )
 def test_the_fitted_model_name_follows_the_model_name_rule(tmp_path, fit_bytes, name, given_model):
@@ -251,7 +234,7 @@ def test_the_fitted_model_name_follows_the_model_name_rule(tmp_path, fit_bytes, 
     parts = name.split("/")
     plain = (
         len(parts) <= 2
-        and all(p and p[0].isalnum() and p.isascii() and all(c in PLAIN for c in p) for p in parts)
+        and all(p and p[0].isalnum() and p.isascii() and all(c in PLAIN_NAME_CHARS for c in p) for p in parts)
         and ".." not in name
     )
     if not plain:
