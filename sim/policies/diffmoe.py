@@ -1,6 +1,6 @@
 """`diffmoe`: Diff-MoE's priority-driven differential expert caching (SC 2025), as its artifact runs it
 (``ceciliawinter/Diff-MoE``, ``src/fastertransformer/utils/fetcher.cc``, ``FetcherContext::fetch``, cache
-policy 0); DESIGN 2.2 and 6 state the rules, docs/diffmoe_artifact.md walks through the code.
+policy 0); docs/architecture.md 5.4 states the rules, docs/diffmoe_artifact.md walks through the code.
 
 State per cached MoE layer: a score per expert and a *slot array* of ``hpc_slots + mpc_slots`` experts, as the
 artifact's ``expert_in_cache`` row: the first ``hpc_slots`` are the HPC (never replaced), the rest the MPC.
@@ -40,8 +40,8 @@ is 1.0 and reaches a threshold of 1.0 (params need at most 6 decimals); ``float3
 below the threshold); ``float64`` reproduces this simulator's earlier arithmetic (Python floats: 1.8 - 0.4 - 0.4 is
 0.9999999999999999).
 
-**Cached-or-not test** for the decay (``in_cache_check``): ``intended`` (default, DESIGN 2.2) = held in the
-layer's slot array. ``artifact`` = the artifact's comparison of slot contents with ``layer * 128 + expert``, true
+**Cached-or-not test** for the decay (``in_cache_check``): ``intended`` (default, docs/architecture.md 5.4) = held in
+the layer's slot array. ``artifact`` = the artifact's comparison of slot contents with ``layer * 128 + expert``, true
 only in the first cached layer: in every other cached layer every idle expert decays by ``dec_out_cache``.
 
 Tiers and copies: a promoted expert moves from its working buffer into the MPC by a device-to-device copy (no

@@ -22,7 +22,8 @@ from sim.policies.base import POLICIES, PerLayerCache
 
 @POLICIES.register("lru")
 class LRU(PerLayerCache):
-    """Least recent use, per layer or over the shared cache: the admission driver's ranking of None."""
+    """Evict the least recently used expert, per layer or over the shared cache (the admission driver's default
+    ranking)."""
 
     origin = "published"
     supports_shared = True

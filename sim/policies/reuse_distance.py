@@ -2,9 +2,9 @@
 made from its own past reuse intervals in the layer; online (it never reads the future).
 
 In the spirit of CECAR's reuse-distance prediction for expert caches. CECAR's text could not be found from here
-(no paper, code or description of it was reachable), so beyond the brief's summary ("predict each cached expert's
-next reuse distance from its own past reuse intervals in the layer, evict the one predicted furthest") every rule
-below is **guessed**:
+(no paper, code or description of it was reachable), so beyond the one-line summary it is known by ("predict each
+cached expert's next reuse distance from its own past reuse intervals in the layer, evict the one predicted
+furthest") every rule below is **guessed**:
 
 - Time is the layer's own step count (one step per iteration in which the layer runs). Every use of an expert in the
   layer, cached or not, closes an interval (steps since its previous use); the expert keeps its last ``window``

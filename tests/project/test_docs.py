@@ -342,6 +342,34 @@ def test_nothing_points_outside_the_repository():
     assert not offenders, "files that point outside the repository:\n" + "\n".join(offenders)
 
 
+#: A citation of the design brief the project was built from, which is not in the repository: its sections
+#: ("DESIGN 2.5", "DESIGN section 6") or its file. The facts it gave are restated in docs/ and cited there.
+CITES_THE_BRIEF = re.compile(r"\bDESIGN(?: section)? \d|DESIGN\.md|design brief|\bthe brief\b", re.I)
+
+
+def brief_citations(text: str) -> list[str]:
+    return [m.group(0) for m in CITES_THE_BRIEF.finditer(text)]
+
+
+def test_no_file_cites_the_design_brief():
+    offenders = []
+    for relpath in repository_files():
+        if relpath == "tests/project/test_docs.py":
+            continue
+        text = read_text(ROOT / relpath)
+        for line_no, line in enumerate((text or "").splitlines(), 1):
+            if brief_citations(line):
+                offenders.append(f"{relpath}:{line_no}: {line.strip()[:120]}")
+    assert not offenders, "files that cite the design brief (cite docs/ instead):\n" + "\n".join(offenders)
+
+
+def test_brief_check_can_fail():
+    assert brief_citations("pinned copies reach ~25 GB/s (DESIGN 2.5)") != []
+    assert brief_citations("see DESIGN section 6") != []
+    assert brief_citations("beyond the brief's summary") != [] and brief_citations("the design brief says") != []
+    assert brief_citations("pinned copies reach ~25 GB/s (docs/architecture.md 5.1); a brief look") == []
+
+
 def test_outside_check_can_fail():
     readme = (
         "Tests that use the real routing read `../shared/traces/` and skip with a reason when it is absent "

@@ -1,6 +1,6 @@
-"""Diff-MoE's rules as this simulator read DESIGN 2.2 before following the artifact (kept as the ``LEGACY``
-params of the `diffmoe` policy), written out directly. The artifact's own cache code is restated in
-``tests/reference/diffmoe_fetcher.py``."""
+"""Diff-MoE's rules as this simulator first read them, before following the artifact (kept as the ``LEGACY``
+params of the `diffmoe` policy; docs/diffmoe_artifact.md says what changed), written out directly. The artifact's
+own cache code is restated in ``tests/reference/diffmoe_fetcher.py``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ LEGACY = {"floor": True, "victim_order": "legacy", "arithmetic": "float64"}
 
 
 def plain_diffmoe(trace, hpc, mpc, ranking, max_val=2.0, dec_in=0.4, dec_out=0.2, threshold=1.0):
-    """DESIGN 2.2 as this simulator read it before following the artifact (see ``LEGACY``), written out directly, for a
+    """Diff-MoE's rules as this simulator first read them (see ``LEGACY``), written out directly, for a
     decode-only trace at batch 1 (one static batch).
     Returns per (token, layer): ({expert: source}, sorted MPC contents after the step)."""
     steps = []

@@ -459,7 +459,7 @@ def test_trace_summary_matches_the_trace():
 
 
 # ------------------------------------------------------------------------------------------ profiles
-DESIGN_BYTES_PER_EXPERT = {  # DESIGN 2.4, bf16
+DOCUMENTED_BYTES_PER_EXPERT = {  # docs/architecture.md 5.2, bf16
     "switch-xxl-128": 251.7e6,
     "switch-large-128": 16.8e6,
     "switch-base-128": 9.4e6,
@@ -468,7 +468,7 @@ DESIGN_BYTES_PER_EXPERT = {  # DESIGN 2.4, bf16
     "deepseek-v2-lite": 17.3e6,
     "olmoe-1b-7b": 12.6e6,
 }
-ADDED_BYTES_PER_EXPERT = {  # beyond DESIGN 2.4 (tests/test_models.py has details); gpt-oss-20b: MXFP4 experts
+ADDED_BYTES_PER_EXPERT = {  # beyond those (tests/sim/config/test_models.py has details); gpt-oss-20b: MXFP4 experts
     "switch-base-64": 9.4e6,
     "switch-base-8": 9.4e6,
     "gpt-oss-20b": 13.2e6,
@@ -481,7 +481,7 @@ ADDED_BYTES_PER_EXPERT = {  # beyond DESIGN 2.4 (tests/test_models.py has detail
     # Qwen3.5-35B-A3B: 3 matrices x 2048 x 512 at bf16
     "qwen3.5-35b-a3b": 6.3e6,
 }
-BYTES_PER_EXPERT = {**DESIGN_BYTES_PER_EXPERT, **ADDED_BYTES_PER_EXPERT}
+BYTES_PER_EXPERT = {**DOCUMENTED_BYTES_PER_EXPERT, **ADDED_BYTES_PER_EXPERT}
 
 
 @pytest.mark.parametrize("name", sorted(BYTES_PER_EXPERT))
@@ -501,7 +501,7 @@ def test_every_profile_is_shipped():
 def test_model_shapes():
     xxl = load_model("switch-xxl-128")
     assert (xxl.encoder_moe_layers, xxl.decoder_moe_layers, xxl.moe_layers) == (12, 12, 24)
-    assert xxl.total_params == pytest.approx(395e9, rel=0.02)  # "395 B parameters" (DESIGN 1)
+    assert xxl.total_params == pytest.approx(395e9, rel=0.02)  # Fedus et al., Switch Transformers (JMLR 2022): 395 B
     assert xxl.attention_params("decoder") == 2 * xxl.attention_params("encoder") == 2 * 4 * 4096 * 4096
     assert xxl.expert_flops_per_token == 2 * 3 * 4096 * 10240
     mix = load_model("mixtral-8x7b")

@@ -4,7 +4,7 @@ in a comment beside it or just above it, so that a reader can tell a measured or
 The rule, fitted to the profiles as they are: a numeric ``key: value`` line is covered by its own inline comment, or
 else by the comments it shares a short group with (full comment lines, or inline comments on field lines, at most
 three lines above it with only field lines between); the covering text must name a source (datasheet, whitepaper,
-paper, vendor, DESIGN section, another profile or document) or say "assumption". ``KNOWN_GAPS`` lists the older
+paper, vendor, a section of docs/, another profile or document) or say "assumption". ``KNOWN_GAPS`` lists the older
 profiles' figures whose comments explain them without either (reported, not edited here); no other figure may lack
 one. The group reach lets a bare line lean on a neighbour's comment, as some older profiles' ``cpu_cores`` lines do;
 the profiles of the machines in published results (``RESULT_MACHINES``) keep the stricter form, a comment of each
@@ -25,7 +25,7 @@ HARDWARE = ROOT / "configs" / "hardware"
 FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\s*([^#\s][^#]*?)\s*(?:#\s*(.*))?$")
 REACH = 3  # field lines a comment block covers below it
 SOURCE_OR_ASSUMPTION = re.compile(
-    r"assum|datasheet|whitepaper|DESIGN \d|paper|spec|measured|SOSP|guide|study|teardown|brief|product page|"
+    r"assum|datasheet|whitepaper|architecture\.md \d|paper|spec|measured|SOSP|guide|study|teardown|brief|product page|"
     r"announcement|tutorial|\.md\b|\.yaml\b|#\d+|Intel|AMD|NVIDIA|kTransformers",
     re.I,
 )

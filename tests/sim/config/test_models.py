@@ -22,7 +22,7 @@ from sim.run import simulate
 from tests.support.traces import make_trace
 from traces.io import save_trace
 
-#: Bytes per expert of the profiles that existed before ``expert_bits`` (DESIGN 2.4): they must not move.
+#: Bytes per expert of the profiles that existed before ``expert_bits`` (docs/architecture.md 5.2): they must not move.
 EXISTING = {
     "switch-xxl-128": 251_658_240,
     "switch-large-128": 16_777_216,

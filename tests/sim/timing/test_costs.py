@@ -1,4 +1,5 @@
-"""The cost model: roofline figures against DESIGN 2.5, and calibration tables overriding and interpolating."""
+"""The cost model: roofline figures against docs/architecture.md 5.1, and calibration tables overriding and
+interpolating."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def with_tables(hw=H200, **tables):
 def test_copy_of_a_switch_xxl_expert_over_gen5_is_about_5_ms():
     c = CostModel(XXL, H200)
     assert c.expert_bytes == XXL.expert_bytes == pytest.approx(251.7e6, rel=0.001)
-    assert c.copy_s(c.expert_bytes) == pytest.approx(5e-3, rel=0.05)  # DESIGN 2.5
+    assert c.copy_s(c.expert_bytes) == pytest.approx(5e-3, rel=0.05)  # docs/architecture.md 5.1
     assert c.copy_s(c.expert_bytes) == pytest.approx(10e-6 + 251.66e6 / 52e9, rel=1e-3)
     assert c.copy_s(0) == 0.0
 
@@ -47,7 +48,7 @@ def test_d2d_copy_reads_and_writes_hbm():
 def test_expert_at_one_token_is_memory_bound_about_50_us():
     c = CostModel(XXL, H200)
     t1 = c.expert_s(1)
-    assert 45e-6 < t1 < 75e-6  # DESIGN 2.5: reading it once ~50 us
+    assert 45e-6 < t1 < 75e-6  # docs/architecture.md 5.1: reading it once ~50 us
     read = XXL.expert_bytes / H200.hbm_bw
     assert t1 == pytest.approx(3 * H200.launch_overhead_s + read, rel=0.01)
     assert XXL.expert_flops_per_token / H200.flops < read / 100  # compute is negligible at 1 token

@@ -206,7 +206,8 @@ def test_cli_fit_needs_two_requests_for_the_check_and_tokens_need_fit(tmp_path):
 
 @pytest.mark.slow
 def test_real_gpt_oss_fit_on_half_matches_the_other_half():
-    """The held-out figures of the brief within 0.03 (distinct experts as a share of the 32 experts)."""
+    """The fit on one half against the other half's figures, within 0.03 (distinct experts as a share of the 32
+    experts)."""
     rows, result = fit.held_out_check(gpt_oss(), seed=0)
     print(
         "\ngpt-oss-20b, fit on the even-numbered requests, compared on the odd-numbered ones:\n"
