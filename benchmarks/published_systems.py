@@ -2,7 +2,7 @@
 the rows whose role is ``fit`` (and only on those), predict every row, print simulated against published tokens/s
 with the error per row, fitted rows marked, and the median and max |error| over the predicted rows.
 
-    python benchmarks/published_systems.py --rows ROWS.csv [--json OUT.json]
+    python benchmarks/published_systems.py [--rows ROWS.csv] [--json OUT.json]
 
 The rows file's columns, the systems and what each fits: ``sim/fit_system.py``; the results and what they assume:
 ``docs/published_systems.md``. ``--json`` writes ``{"rows": [{"row", "role", "predicted_tok_s", "published_tok_s",
@@ -22,6 +22,9 @@ from sim.fit_system import fit_and_predict, format_fits, format_table, read_rows
 from traces.cli import OneLineParser, run_main  # noqa: E402
 from traces.io import atomic_write_bytes, check_output_file  # noqa: E402
 from traces.outputs import check_not_input  # noqa: E402
+
+#: The published rows shipped with the project (their sources: benchmarks/published/README.md).
+DEFAULT_ROWS = Path(__file__).resolve().parent / "published" / "rows.csv"
 
 
 def report(rows_path: str, json_out: str | None) -> int:
@@ -78,7 +81,11 @@ def report(rows_path: str, json_out: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="benchmarks/published_systems.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", required=True, help="the rows file (CSV), e.g. published/rows.csv")
+    parser.add_argument(
+        "--rows",
+        default=str(DEFAULT_ROWS),
+        help="the rows file (CSV; default: benchmarks/published/rows.csv, the published rows with their sources)",
+    )
     parser.add_argument("--json", help="also write the results as JSON here")
     parser.set_defaults(func=lambda a: report(a.rows, a.json))
     return run_main(parser, argv)
