@@ -19,8 +19,6 @@ is refused rather than waited on or read forever.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import gzip
 import hashlib
 import io
@@ -32,7 +30,7 @@ import stat
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -40,6 +38,7 @@ from sim.config.checks import show
 from sim.config.files import read_structured_file
 from sim.errors import ConfigError
 from traces.io import file_kind
+from traces.locks import held_lock
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 
@@ -524,47 +523,14 @@ def unpack(archive: str | os.PathLike, log: Callable[[str], Any] = print) -> Pat
     return target
 
 
-def _lock_file(archive: Path, target: Path) -> tuple[int, os.stat_result]:
-    """The lock file beside ``archive`` (``.NAME.lock``), opened (made if missing, never through a link) and
-    locked, with its identity."""
-    path = archive.parent / f".{target.name}.lock"
-    flags = os.O_RDONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot be made to lock the unpack ({exc.strerror or exc})") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise ConfigError(str(path), f"is {file_kind(path)}, not a lock file: remove it to unpack {archive.name}")
-    return fd, st
-
-
-@contextlib.contextmanager
-def _locked(archive: Path, target: Path, log: Callable[[str], Any]) -> Iterator[None]:
-    """Hold the advisory lock (``flock``) of unpacking ``archive``, waiting while another process or thread holds
-    it; its file is removed on release, so a taker checks that it locked the file still in place."""
-    path = archive.parent / f".{target.name}.lock"
-    while True:
-        fd, st = _lock_file(archive, target)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for another unpack of {archive.name}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            now = os.lstat(path)
-        except FileNotFoundError:
-            now = None
-        if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
-            break
-        os.close(fd)  # the holder before removed it: lock the new one
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        os.close(fd)
+def _locked(archive: Path, target: Path, log: Callable[[str], Any]):
+    """The advisory lock of unpacking ``archive`` (``.NAME.lock`` beside it: :func:`traces.locks.held_lock`),
+    waiting while another process or thread holds it."""
+    return held_lock(
+        archive.parent / f".{target.name}.lock",
+        f"the unpack of {archive.name}",
+        lambda: log(f"waiting for another unpack of {archive.name}"),
+    )
 
 
 def _unpack_into(archive: Path, target: Path) -> None:

@@ -49,9 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import os
-import stat
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -84,6 +82,7 @@ from sim.sweep.store import ROWS, check_rows, clean_orphans, done_points, has_ro
 from sim.sweep.worker import METRICS, run_point
 from traces.errors import OutputError, one_line
 from traces.io import check_output_file, check_output_folder
+from traces.locks import held_lock
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 3, 4, 130
 MAX_WORKERS = 256  # --workers: points run at once (never more than the sweep has points)
@@ -247,73 +246,29 @@ def check_earlier(out: Path, resume: bool) -> None:
 
 @contextlib.contextmanager
 def hold_folder(out: Path, wait: bool) -> Iterator[None]:
-    """Hold the sweep lock of ``out`` (made with its folders if missing) while the block runs. Another sweep
-    holding it: a ConfigError, or with ``wait`` one line on stderr and a wait. On leaving, the lock file goes, and
-    so do the folders this made if they are still empty (a sweep refused after locking leaves nothing)."""
+    """Hold the sweep lock of ``out`` (``OUT/.sweep.lock``: :func:`traces.locks.held_lock`; made with its folders
+    if missing) while the block runs. Another sweep holding it: a ConfigError, or with ``wait`` one line on stderr
+    and a wait. On leaving, the folders this made go again if still empty (a sweep refused after locking leaves
+    nothing)."""
     made = [f for f in (out, *out.parents) if not f.exists()]  # deepest first
-    fd: int | None = None
+
+    def when_busy() -> None:
+        if not wait:
+            raise ConfigError(str(out), BUSY)
+        print(one_line(f"another sweep is writing in {out}: waiting for it to end (--wait)", 400), file=sys.stderr)
+        sys.stderr.flush()
+
     try:
-        fd = _lock(out, wait)
-        yield
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(str(out), f"cannot be made ({exc.strerror or exc})") from None
+        with held_lock(out / LOCK_FILE, "the folder", when_busy):
+            yield
     finally:
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(out / LOCK_FILE)  # while locked: a sweep waiting on it sees it gone and locks a new one
-            fcntl.flock(fd, fcntl.LOCK_UN)  # forked workers share the lock: drop it for all of them
-            os.close(fd)
         for folder in made:
             with contextlib.suppress(OSError):
                 folder.rmdir()
-
-
-def _lock(out: Path, wait: bool) -> int:
-    """Lock ``OUT/.sweep.lock``: its open descriptor, once the file locked is the one in place."""
-    path, told = out / LOCK_FILE, False
-    while True:
-        fd = _open_lock(out, path)
-        try:
-            told = _flock(fd, out, wait, told)
-            st, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
-            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
-                return fd
-        except FileNotFoundError:
-            pass  # the sweep it waited for removed it: lock a new one
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
-
-
-def _open_lock(out: Path, path: Path) -> int:
-    """The lock file, opened (made, with ``out``, if missing; never through a link, never blocking on a FIFO)."""
-    flags = os.O_RDONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot be made to lock the folder ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ConfigError(str(path), "is not a lock file (not a regular file): remove it, or use another --out")
-    return fd
-
-
-def _flock(fd: int, out: Path, wait: bool, told: bool) -> bool:
-    """Take the lock on ``fd``: at once, or (``wait``) after one line on stderr (unless ``told``) and a wait.
-    Returns whether the line was printed."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return told
-    except BlockingIOError:
-        if not wait:
-            raise ConfigError(str(out), BUSY) from None
-    except OSError as exc:
-        raise ConfigError(str(out / LOCK_FILE), f"cannot be locked ({exc.strerror or exc})") from None
-    if not told:
-        print(one_line(f"another sweep is writing in {out}: waiting for it to end (--wait)", 400), file=sys.stderr)
-        sys.stderr.flush()
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return True
 
 
 def _int_text(n: int) -> str:
