@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import subprocess
 import sys
 import threading
@@ -49,4 +50,20 @@ def run_module(module: str, *args, cwd=ROOT, timeout: float | None = None) -> su
     """``python -m MODULE ARGS`` in a subprocess from the repository root, output captured as text."""
     return subprocess.run(
         [sys.executable, "-m", module, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def sweep_process(*args, delay: float = 0) -> subprocess.Popen:
+    """``python -m sim sweep ARGS --quiet`` started in the background (stderr piped, as text), without the test
+    hooks of the calling environment; ``delay`` makes each point sit that many seconds (``SIM_SWEEP_TEST_DELAY``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIM_SWEEP_TEST_")}
+    if delay:
+        env["SIM_SWEEP_TEST_DELAY"] = str(delay)
+    return subprocess.Popen(
+        [sys.executable, "-m", "sim", "sweep", *map(str, args), "--quiet"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )

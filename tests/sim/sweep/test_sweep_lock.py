@@ -10,7 +10,6 @@ import fcntl
 import os
 import selectors
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from sim.cli import main
 from sim.errors import ConfigError
+from tests.support.cli import sweep_process
 from tests.support.paths import ROOT
 
 SWEEP = f"""base: {ROOT / "configs" / "switch_xxl.yaml"}
@@ -77,18 +77,6 @@ def _cli(capsys, *args) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
-def _popen(*args) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIM_SWEEP_TEST_")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "sim", "sweep", *map(str, args), "--quiet"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def _first_line(proc: subprocess.Popen, seconds: float = 60) -> str:
     """The first line ``proc`` writes on stderr, read with a bounded wait (a liveness bound, not a timing check)."""
     assert proc.stderr is not None
@@ -118,7 +106,7 @@ def test_a_second_sweep_on_a_locked_folder_is_refused_in_one_line_and_runs_nothi
 def test_with_wait_a_second_sweep_says_it_waits_and_runs_once_the_lock_is_released(sweep_file, tmp_path):
     out = tmp_path / "out"
     fd = _hold(out)
-    proc = _popen(sweep_file, "--out", out, "--workers", "2", "--wait")
+    proc = sweep_process(sweep_file, "--out", out, "--workers", "2", "--wait")
     try:
         line = _first_line(proc)
         assert line.count("\n") == 1 and str(out) in line and WAITING in line, line
@@ -155,7 +143,7 @@ def test_a_waiting_sweep_that_wakes_on_a_removed_lock_file_waits_for_the_new_one
     third sweep may hold that one), never run on the stale one."""
     out = tmp_path / "out"
     held = [_hold(out)]
-    proc = _popen(sweep_file, "--out", out, "--workers", "1", "--wait")
+    proc = sweep_process(sweep_file, "--out", out, "--workers", "1", "--wait")
     try:
         assert WAITING in _first_line(proc)
         old = os.fstat(held[0]).st_ino
@@ -176,7 +164,7 @@ def test_a_waiting_sweep_that_wakes_on_a_removed_lock_file_waits_for_the_new_one
 def test_a_waiting_sweep_still_needs_resume_for_the_rows_the_first_one_left(sweep_file, tmp_path):
     out = tmp_path / "out"
     fd = _hold(out)
-    proc = _popen(sweep_file, "--out", out, "--workers", "1", "--wait")
+    proc = sweep_process(sweep_file, "--out", out, "--workers", "1", "--wait")
     try:
         assert WAITING in _first_line(proc)
         (out / "rows").mkdir()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.support.cli import sweep_process
 from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds processes through /proc")
@@ -72,24 +73,10 @@ def _kill_left(procs: dict[int, str]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _sweep(*args, delay: float = 0) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIM_SWEEP_TEST_")}
-    if delay:
-        env["SIM_SWEEP_TEST_DELAY"] = str(delay)
-    return subprocess.Popen(
-        [sys.executable, "-m", "sim", "sweep", *map(str, args), "--quiet"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def test_killing_the_sweep_process_ends_its_workers_and_frees_its_folder(tmp_path):
     sweep, out = tmp_path / "s.yaml", tmp_path / "out"
     sweep.write_text(SWEEP)
-    proc = _sweep(sweep, "--out", out, "--workers", "2", delay=600)  # each worker sits in its first point
+    proc = sweep_process(sweep, "--out", out, "--workers", "2", delay=600)  # each worker sits in its first point
     workers: dict[int, str] = {}
     try:
         assert _wait_for(lambda: len(_children(proc.pid)) == 2, 60), "the pool's 2 workers never started"
@@ -103,7 +90,7 @@ def test_killing_the_sweep_process_ends_its_workers_and_frees_its_folder(tmp_pat
         proc.wait()
         _kill_left(workers)
     assert not list((out / "rows").glob("*.parquet"))  # killed in flight: no point finished
-    again = _sweep(sweep, "--out", out, "--workers", "1")  # the lock died with them: the folder is free
+    again = sweep_process(sweep, "--out", out, "--workers", "1")  # the lock died with them: the folder is free
     assert again.wait(timeout=300) == 0, again.stderr.read() if again.stderr else ""
     assert (pd.read_parquet(out / "results.parquet")["status"] == "ok").sum() == 3
 
