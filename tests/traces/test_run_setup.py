@@ -7,13 +7,14 @@ import contextlib
 import io
 import re
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support.fuzz import fuzz_settings
 from traces.cli import build_parser, main
 
 #: the arguments each format needs besides its file, --model and --out
-NEEDS = {"vllm": ["--num-experts", "8"], "ft-log": ["--batch", "1"]}
+NEEDS = {"vllm": ["--num-experts", "8"], "ft-log": ["--batch", "1", "--num-experts", "8"]}
 PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*(/[A-Za-z0-9][A-Za-z0-9._+-]*)?")
 
 
@@ -28,7 +29,7 @@ def _formats_with(flag: str) -> list[str]:
 NAMES = st.text(alphabet=st.sampled_from(list("ab-./_ +x\x1b\n\t\u00e9")), min_size=1, max_size=20)
 
 
-@settings(max_examples=60, deadline=None)
+@fuzz_settings(60)
 @given(
     fmt=st.sampled_from(sorted({*_formats_with("--dataset"), *_formats_with("--source-model")})),
     flag=st.sampled_from(["--dataset", "--source-model"]),
