@@ -45,9 +45,14 @@ class SimFiles:
 
 def check_sim_files(trace_path: str | Path, flag: str = "--out") -> SimFiles:
     """The profile and run config places beside ``trace_path``, checked before any work (a folder, FIFO or device
-    there is refused: :func:`traces.io.check_output_file`); InputError naming ``flag``."""
+    there, or at ``trace_path`` itself, is refused: :func:`traces.io.check_output_file`); InputError naming
+    ``flag``."""
     from traces.io import check_output_file
 
+    try:  # the trace's own place first: an empty or folder path has no place beside it
+        check_output_file(trace_path, "trace file")
+    except TraceError as exc:
+        raise InputError(f"{flag} {brief(str(trace_path))}: {exc.problem}") from None
     files = SimFiles.beside(trace_path)
     for path, what in ((files.model, "model profile"), (files.run, "run config")):
         try:
@@ -211,35 +216,39 @@ def run_config_text(run: dict, trace_path: str | Path, stem: str | None, made_by
 
 # --------------------------------------------------------------------------------------------- imports
 def add_hf_config_flag(parser) -> None:
-    """Give an import format's parser ``--hf-config`` and wrap its command: a checkpoint's config.json, from which
-    a model profile and a run config are written beside ``--out`` when ``--model`` names no bundled profile."""
+    """Give an import format's parser ``--hf-config`` and ``--no-run-config`` and wrap its command: every import
+    writes a run config beside ``--out`` (and a model profile derived from ``--hf-config`` when ``--model`` names no
+    bundled profile) and prints the command that simulates it, as ``traces record`` does."""
     parser.add_argument(
         "--hf-config",
         metavar="CONFIG_JSON",
         default=None,
         help="the checkpoint's config.json: when --model has no profile in configs/models/, derive "
-        "one and write OUT.model.yaml and OUT.run.yaml beside the trace",
+        "one and write OUT.model.yaml beside the trace (and OUT.run.yaml with it)",
+    )
+    parser.add_argument(
+        "--no-run-config",
+        action="store_true",
+        help="write only the trace: no run config (OUT.run.yaml) or model profile (OUT.model.yaml) beside it",
     )
     parser.set_defaults(func=functools.partial(run_import, parser.get_default("func")))
 
 
 def run_import(command, args) -> int:
-    """An import command, then its sim files: with ``--hf-config``, the profile (derived before the import reads
-    anything) and run config; without it and without a bundled profile, one line saying how to get one."""
+    """An import command, then its sim files, as ``traces record`` writes them: the run config (and, with
+    ``--hf-config``, the profile derived before the import reads anything) and the command that simulates it; with
+    no profile of the trace's model and no ``--hf-config``, one line saying how to get one."""
     from traces.importers.common import check_dataset_name, check_model_name, check_name
-    from traces.profile_from_config import derive_profile, read_config_file
 
     check_model_name(args.model)  # the names every format puts in the trace's metadata, before anything is read
     if getattr(args, "source_model", None) is not None:
         check_name(args.source_model, "--source-model", "checkpoint name")
     if getattr(args, "dataset", None) is not None:
         check_dataset_name(args.dataset)
-    files, profile = None, None
-    if args.hf_config is not None:
-        files = check_sim_files(args.out)
-        config = read_config_file(args.hf_config)
-        if bundled_profile(args.model) is None:
-            profile = derive_profile(config, args.model, f"{args.hf_config}")
+    if args.no_run_config and args.hf_config is not None:
+        raise InputError("--no-run-config: --hf-config only serves the run config; give one of the two")
+    files = None if args.no_run_config else check_sim_files(args.out)
+    profile = _import_profile(args)
     if profile is not None:
         from traces.importers.common import also_checked_against
 
@@ -247,30 +256,48 @@ def run_import(command, args) -> int:
             code = command(args)
     else:
         code = command(args)
-    if code:
+    if code or files is None:
         return code
-    if files is not None:
-        try:
-            lines = write_sim_files(args.out, files, profile, "python -m traces import")
-        except OutputError:
-            raise
-        except InputError as exc:
-            keep_staged()
-            raise InputError(f"--hf-config: {exc} (the trace {args.out} is written; no run config)") from None
-        for line in lines:
-            print(line)
-        return 0
+    for line in _import_sim_files(args, files, profile):
+        print(line)
+    return 0
+
+
+def _import_profile(args) -> DerivedProfile | None:
+    """The profile ``--hf-config`` derives (read and checked before the import reads its input); None without it
+    or when ``--model`` names a bundled profile."""
+    from traces.profile_from_config import derive_profile, read_config_file
+
+    if args.hf_config is None:
+        return None
+    config = read_config_file(args.hf_config)
+    return derive_profile(config, args.model, f"{args.hf_config}") if bundled_profile(args.model) is None else None
+
+
+def _import_sim_files(args, files: SimFiles, profile: DerivedProfile | None) -> list[str]:
+    """The lines to print after an import: what :func:`write_sim_files` wrote, or how to get a profile when the
+    trace's model has none. The trace is kept (and the command fails in one line) when no run config loads."""
     from sim.config.trace_summary import read_trace_summary
 
     name = read_trace_summary(staged_path(args.out)).meta.model.name
-    if bundled_profile(name) is None:
-        shown = SimFiles.beside(args.out)
-        print(
-            f"note: no model profile in configs/models/ is of {brief(name)}: give --hf-config CONFIG_JSON (the "
-            f"checkpoint's config.json) to write {shown.model.name} and {shown.run.name} beside the trace, or "
-            f"write configs/models/{name.rsplit('/', 1)[-1]}.yaml by hand (fields: sim/config/model.py)"
-        )
-    return 0
+    if profile is None and bundled_profile(name) is None:
+        return [
+            f"note: no model profile in configs/models/ is of {brief(name)}, so no run config: give --hf-config "
+            f"CONFIG_JSON (the checkpoint's config.json) to write {files.model.name} and {files.run.name} beside the "
+            f"trace, or write configs/models/{name.rsplit('/', 1)[-1]}.yaml by hand (fields: "
+            "sim/config/model.py)"
+        ]
+    try:
+        return write_sim_files(args.out, files, profile, "python -m traces import")
+    except OutputError:
+        raise
+    except InputError as exc:
+        keep_staged()
+        flag = "--hf-config: " if args.hf_config is not None else ""
+        raise InputError(
+            f"{flag}{exc} (the trace {one_line(str(args.out), 200)} is written; no run config: --no-run-config "
+            "writes the trace alone)"
+        ) from None
 
 
 __all__ = [
