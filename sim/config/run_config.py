@@ -67,6 +67,7 @@ from sim.config.model import ModelSpec, load_model
 from sim.config.overrides import apply_set
 from sim.config.params import RunFacts
 from sim.config.profiles import PROFILE_SUFFIXES
+from sim.config.serving import ArrivalsConfig, SloConfig, check_arrivals, check_serving, check_slo, drop_unset
 from sim.config.system import DEFAULT_SYSTEM, SystemSpec, is_ideal, load_system
 from sim.config.trace_summary import (
     TraceSummary,
@@ -131,6 +132,11 @@ class WorkloadConfig:
     prefill: bool = setting(True, check_bool)
     requests: int | None = setting(None, integer(1, MAX_REQUESTS, allow_none=True))  # None = the trace's count
     #                                                                    (rounded up to whole static batches)
+    # serving (sim/config/serving.py): requests arriving over time, the token budget of an iteration (chunked
+    # prefill), the SLO; all None (left out of the resolved config): every request at time zero, as before
+    arrivals: ArrivalsConfig | None = setting(None, check_arrivals, nested=ArrivalsConfig, constructor_default=True)
+    max_batch_tokens: int | None = setting(None, integer(1, INT_MAX, allow_none=True), constructor_default=True)
+    slo: SloConfig | None = setting(None, check_slo, nested=SloConfig, constructor_default=True)
 
 
 @dataclass(frozen=True)
@@ -572,6 +578,7 @@ def config_from_dict(
         d.get("predictor", system.predictor), "predictor", predictor_names, default=DEFAULT_PREDICTOR
     )
     workload, summary = _load_workload(d["workload"], model)
+    check_serving(workload, policy.name, getattr(_registry("policy").get(policy.name), "origin", None))
     facts = RunFacts(model, workload.trace, summary)
     for where, part in (("policy", policy), ("predictor", predictor)):
         _registry(where).get(part.name).check_for_run(part.params, f"{where}.params", facts)
@@ -599,6 +606,7 @@ def config_from_dict(
     }
     resolved = {key_of(f): plain(parts[f.name]) for f in settings_of(RunConfig)}
     resolved["model"] = plain(given_model)  # the model as given: the system's formats apply again on loading
+    drop_unset(resolved["workload"])  # the serving keys, when unset: a config reads as before they existed
     if is_ideal(system):  # the default: left out, so that a config (and its sweep point's hash) reads as before
         resolved.pop("system")  # systems existed; the run's config.resolved.yaml shows it (sim/run.py)
     if cache.organization == "per-layer":  # the default: left out, so that a per-layer config (and its sweep
