@@ -1,0 +1,669 @@
+"""`python -m sim advise CONFIG [--set ...] [--json OUT]`: the best setting of the knobs a user controls on the
+config's machine, found by simulating candidates, and the command that reproduces its figure.
+
+The knobs (everything else, the model, the hardware, the serving system, the trace, stays as the config and its
+``--set`` give it):
+
+- **policy and predictor**: the policies the config's serving system runs (:data:`SYSTEM_POLICIES`: llama.cpp and
+  kTransformers place experts, Fiddler computes on the host, mixtral-offloading caches with LRU, DeepSpeed copies
+  on demand, as each profile in ``configs/systems/`` says), or for the ``ideal`` system (or one of the user's own)
+  every registered policy but the offline bounds (``origin: bound``: they read the future); ``--policies``
+  chooses others (``all`` includes the bounds). Each runs with the config's predictor, its own declared one
+  (:attr:`Policy.default_predictor`, the oracle only where the config names the oracle) and ``none``; a policy
+  that issued no prefetch with the config's predictor is not run with the others.
+- **cache tiers**, within the GPU's memory beside the dense weights, the KV cache of the batch and the reserve: the
+  config's tier shape scaled to the most expert slots that fit, then, for the best ``TOP`` policies, other shares
+  of the HPC, half and twice the working buffers, the other cache organization (shared / per layer) and caching
+  every MoE layer (:func:`geometry_stage`).
+- **host layers** (llama.cpp's ``--n-cpu-moe``: ``policy.params.cpu_layers`` of ``ktransformers``) when the system
+  is llama.cpp or the config sets them: a coarse grid of layer counts, then finer steps around the best
+  (:func:`host_layer_stage`), each with exactly the GPU room its other layers need.
+- **batch size**, only with ``--batch-sizes``: the whole search at each.
+
+A candidate is a set of ``--set`` overrides applied after the config's own and the command line's; it is loaded
+and simulated exactly as ``sim run`` loads and simulates (:func:`sim.config.run_config.load_run_config`,
+:func:`sim.run.simulate`), so ``python -m sim run CONFIG --set ...`` with the printed settings gives the same
+tokens/s. A candidate that does not fit in the GPU's memory, or that the config refuses for another reason, is left
+out of the ranking and counted (the config's own setting too). Same inputs, same result: the search and the
+simulator are deterministic. ``--max-candidates`` bounds the simulated runs; ``--quick`` runs fewer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.config.run_config import (
+    MAX_BATCH,
+    MAX_BUFFERS,
+    RunConfig,
+    cached_layer_count,
+    dense_bytes_of,
+    load_run_config,
+    read_trace_summary,
+)
+from sim.config.units import GB
+from sim.errors import ConfigError
+from sim.policies import POLICIES
+from sim.predictors import PREDICTORS
+from traces.io import atomic_write_bytes, check_output_file, load_trace
+from traces.outputs import check_not_input
+
+#: The policies a named serving system runs (``configs/systems/NAME.yaml``, each profile's "Policy:" line);
+#: any other system (``ideal``, a user's own profile) may run every deployable policy.
+SYSTEM_POLICIES = {
+    "llama-cpp": ("ktransformers",),  # --n-cpu-moe N: policy.params.cpu_layers
+    "ktransformers": ("ktransformers",),
+    "fiddler": ("fiddler",),
+    "mixtral-offloading": ("lru", "on-demand"),
+    "deepspeed": ("on-demand",),
+}
+#: Systems whose placement is by whole layers on the host (the host-layer search).
+HOST_LAYER_SYSTEMS = ("llama-cpp",)
+HOST_LAYER_POLICY = "ktransformers"
+TOP = 3  # policies whose cache tiers are searched (1 with --quick)
+HPC_SHARES = (0.0, 0.25, 0.5)  # shares of a layer's slots tried for the HPC
+COARSE = 5  # host-layer counts of the coarse grid
+REFINE_POINTS = 4  # per side and round
+REFINE_ROUNDS = 3
+MAX_CANDIDATES = 5_000
+DEFAULT_MAX_CANDIDATES = 150
+MAX_BATCH_SIZES = 16
+SHOWN = 15  # rows of the printed table
+
+
+# ------------------------------------------------------------------------------------------------ knobs
+@dataclass(frozen=True)
+class Geometry:
+    """The cache tiers of a candidate, as the config's ``cache`` fields."""
+
+    hpc: int
+    mpc: int
+    lpc: int
+    organization: str
+    shared: int | None
+    layers: str
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What a candidate sets; None keeps the config's (its policy's params too)."""
+
+    policy: str | None = None
+    predictor: str | None = None
+    params: tuple[tuple[str, Any], ...] = ()  # policy params the search sets (cpu_layers)
+    geometry: Geometry | None = None
+    batch: int | None = None
+
+
+@dataclass
+class Root:
+    """The config as the user gave it (with ``--set``): what every candidate's settings change."""
+
+    config: str
+    sets: list[str]
+    cfg: RunConfig
+    force_cache: bool  # every cache key in each candidate's settings (the config sizes its tiers from memory)
+
+
+def geometry_of(cfg: RunConfig) -> Geometry:
+    c = cfg.cache
+    return Geometry(c.hpc_slots, c.mpc_slots, c.lpc_buffers, c.organization, c.shared_slots, c.layers)
+
+
+def settings_of(knobs: Knobs, root: Root) -> dict[str, Any]:
+    """The ``--set`` keys and values of a candidate, applied after the root's."""
+    cfg, out = root.cfg, {}
+    if knobs.batch is not None:
+        out["workload.batch_size"] = knobs.batch
+    if knobs.policy is not None and knobs.policy != cfg.policy.name:
+        out["policy.name"] = knobs.policy
+        out["policy.params"] = dict(knobs.params)
+    else:
+        out.update({f"policy.params.{k}": v for k, v in knobs.params})
+    if knobs.predictor is not None and knobs.predictor != cfg.predictor.name:
+        out["predictor.name"] = knobs.predictor
+        out["predictor.params"] = {}
+    if knobs.geometry is not None:
+        out.update(cache_settings(root, knobs.geometry))
+    return out
+
+
+def cache_settings(root: Root, g: Geometry) -> dict[str, Any]:
+    """The cache keys that give ``g``: those that differ from the config's, or all of them (``force_cache``)."""
+    c, force = root.cfg.cache, root.force_cache
+    out: dict[str, Any] = {"cache.gpu_memory_gb": None, "cache.split": None} if force else {}
+    reserve = min(c.prefetch_reserve, g.lpc - 1)
+    pairs = [
+        ("layers", g.layers, c.layers),
+        ("hpc_slots", g.hpc, c.hpc_slots),
+        ("mpc_slots", g.mpc, c.mpc_slots),
+        ("lpc_buffers", g.lpc, c.lpc_buffers),
+        ("prefetch_reserve", reserve, c.prefetch_reserve),
+        ("organization", g.organization, c.organization),
+        ("shared_slots", g.shared, c.shared_slots),
+    ]
+    out.update({f"cache.{k}": v for k, v, given in pairs if force or v != given})
+    return out
+
+
+def set_text(key: str, value: Any) -> str:
+    """``KEY=VALUE`` as ``--set`` reads it (the value in YAML flow style, as a sweep's overrides)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 20).strip()
+    return f"{key}={text.removesuffix('...').strip()}"
+
+
+def set_texts(settings: dict[str, Any]) -> list[str]:
+    return [set_text(k, v) for k, v in settings.items()]
+
+
+# ------------------------------------------------------------------------------------------------ memory
+def room_experts(cfg: RunConfig) -> int:
+    """Experts (at the run's expert bytes) the GPU holds beside the dense weights, the batch's KV cache and the
+    reserve: the room the tiers share (the same sum as the config's memory check)."""
+    m, hw, w = cfg.model, cfg.hardware, cfg.workload
+    tokens = read_trace_summary(w.trace).max_request_tokens(w.max_decode_tokens)
+    fixed = dense_bytes_of(m, cfg.system) + w.batch_size * tokens * m.kv_bytes_per_token + hw.reserved_bytes
+    return max(math.floor((hw.gpu_memory_bytes - fixed) / m.expert_bytes), -1)
+
+
+def resident_shortfall(cfg: RunConfig) -> str | None:
+    """Why an all-resident policy (gpu-only) does not fit: every expert of every MoE layer beside the rest (None
+    when it fits)."""
+    m = cfg.model
+    need = m.moe_layers * m.num_experts
+    room = room_experts(cfg)
+    if need <= room:
+        return None
+    have = max(room, 0) * m.expert_bytes / GB
+    return f"does not fit ({need * m.expert_bytes / GB:.1f} GB of experts > {have:.1f} GB left on the GPU)"
+
+
+def largest(cfg: RunConfig, room: int, hpc_share: float, lpc: int, organization: str, layers: str):
+    """The tiers of the most expert slots that fit in ``room`` experts with ``lpc`` working buffers (None when even
+    the buffers do not fit), the HPC taking ``hpc_share`` of a layer's slots."""
+    m = cfg.model
+    n = cached_layer_count(m, layers)
+    free = room - lpc
+    if free < 0 or n == 0:
+        return None
+    if organization == "shared":
+        c = cfg.cache
+        return Geometry(c.hpc_slots, c.mpc_slots, lpc, "shared", min(m.num_experts * n, free), layers)
+    slots = min(m.num_experts, free // n)
+    hpc = round(hpc_share * slots)
+    return Geometry(hpc, slots - hpc, lpc, "per-layer", None, layers)
+
+
+def hpc_share(cfg: RunConfig) -> float:
+    c = cfg.cache
+    total = c.hpc_slots + c.mpc_slots
+    return c.hpc_slots / total if total else 0.0
+
+
+# ------------------------------------------------------------------------------------------------ candidates
+@dataclass
+class Candidate:
+    knobs: Knobs
+    settings: dict[str, Any]
+    tok_s: float | None = None
+    reason: str | None = None  # why it was left out
+    cfg: RunConfig | None = None
+    prefetches: int = 0
+    fits: bool = True  # False: left out because it does not fit in the GPU's memory
+
+
+def _memory(exc: ConfigError) -> bool:
+    """Whether a refusal is about GPU memory: the tiers, the KV cache, or the room host layers leave."""
+    return exc.field == "cache" or exc.field.endswith("cpu_layers")
+
+
+@dataclass
+class Search:
+    """Runs candidates (each once: two settings that load to the same config run once), within a budget."""
+
+    root: Root
+    budget: int
+    progress: Callable[[str], None] | None = None
+    ran: list[Candidate] = field(default_factory=list)
+    left_out: list[Candidate] = field(default_factory=list)
+    stopped: bool = False
+    _seen: dict[str, Candidate] = field(default_factory=dict)
+    _traces: dict[str, Any] = field(default_factory=dict)
+
+    def run(self, knobs: Knobs) -> Candidate | None:
+        """The candidate of ``knobs``, simulated (or left out, with its reason); None when the budget is spent."""
+        settings = settings_of(knobs, self.root)
+        key = json.dumps(settings, sort_keys=True)
+        if key in self._seen:
+            return self._seen[key]
+        cand = Candidate(knobs, settings)
+        self._seen[key] = cand
+        try:
+            cfg = load_run_config(
+                self.root.config, self.root.sets + set_texts(settings), POLICIES.names(), PREDICTORS.names()
+            )
+        except ConfigError as exc:
+            return self._leave_out(cand, str(exc), fits=not _memory(exc))
+        short = resident_shortfall(cfg) if POLICIES.get(cfg.policy.name).all_resident else None
+        if short:
+            return self._leave_out(cand, f"cache: {short}", fits=False)
+        same = json.dumps(cfg.resolved, sort_keys=True, default=str)
+        if same in self._seen:  # other settings, the same run
+            self._seen[key] = self._seen[same]
+            return self._seen[same]
+        if len(self.ran) >= self.budget:
+            self.stopped = True
+            del self._seen[key]
+            return None
+        self._seen[same] = cand
+        return self._simulate(cand, cfg)
+
+    def _leave_out(self, cand: Candidate, reason: str, fits: bool = True) -> Candidate:
+        cand.reason, cand.fits = reason, fits
+        self.left_out.append(cand)
+        return cand
+
+    def _simulate(self, cand: Candidate, cfg: RunConfig) -> Candidate:
+        from sim.run import simulate
+
+        path = str(cfg.workload.trace)
+        if path not in self._traces:
+            self._traces[path] = load_trace(path)
+        try:
+            summary = simulate(cfg, trace=self._traces[path]).summary
+        except ConfigError as exc:  # refused when the run starts (a placement that needs more room)
+            return self._leave_out(cand, str(exc), fits=not _memory(exc))
+        cand.cfg, cand.tok_s = cfg, float(summary["throughput_tok_s"])
+        cand.prefetches = int(summary["prefetch"]["issued"])
+        self.ran.append(cand)
+        if self.progress:
+            self.progress(f"[{len(self.ran)}] {describe(cand)}: {cand.tok_s:,.1f} tokens/s")
+        return cand
+
+
+def ok(c: Candidate | None) -> bool:
+    return c is not None and c.tok_s is not None
+
+
+# ------------------------------------------------------------------------------------------------ stages
+@dataclass
+class Plan:
+    """What to search: the (policy, predictor or None for the options) entries, batch sizes, host layers."""
+
+    entries: list[tuple[str, str | None]]
+    batches: list[int | None]
+    host_layers: bool
+    quick: bool
+
+
+def predictor_options(policy: str, cfg: RunConfig, quick: bool) -> list[str]:
+    """The config's predictor, the policy's own (not the oracle unless the config names it) and none."""
+    config = cfg.predictor.name
+    if quick:
+        return [config]
+    own = getattr(POLICIES.get(policy), "default_predictor", None)
+    out = [config]
+    if own is not None and (own != "oracle" or config == "oracle"):
+        out.append(own)
+    out.append("none")
+    return list(dict.fromkeys(out))
+
+
+def policy_stage(search: Search, plan: Plan, base: RunConfig, batch: int | None) -> list[Candidate]:
+    """The config as given, then each policy with each predictor option at the config's tier shape scaled to the
+    largest that fits."""
+    found = [search.run(Knobs(batch=batch))]
+    room, g0 = room_experts(base), geometry_of(base)
+    for policy, fixed in plan.entries:
+        shared_ok = POLICIES.get(policy).supports_shared
+        organization = g0.organization if shared_ok else "per-layer"
+        g = largest(base, room, hpc_share(base), g0.lpc, organization, g0.layers)
+        options = [fixed] if fixed else predictor_options(policy, base, plan.quick)
+        for i, predictor in enumerate(options):
+            c = search.run(Knobs(policy, predictor, geometry=g, batch=batch))
+            if search.stopped:
+                return [x for x in found if ok(x)]
+            found.append(c)
+            if i == 0 and ok(c) and c.prefetches == 0 and not fixed:
+                break  # it prefetched nothing: another predictor changes nothing
+    return [x for x in found if ok(x)]
+
+
+def best_of(cands: list[Candidate | None]) -> Candidate | None:
+    done = [c for c in cands if ok(c)]
+    return max(done, key=lambda c: c.tok_s or 0.0) if done else None
+
+
+def geometry_stage(search: Search, base: RunConfig, start: Candidate) -> None:
+    """From ``start``'s tiers: other HPC shares, then half and twice the working buffers, then the other cache
+    organization, then every MoE layer cached; each the largest that fits, keeping the best so far."""
+    k, room = start.knobs, room_experts(base)
+    g = k.geometry or geometry_of(base)
+    if POLICIES.get(start.cfg.policy.name if start.cfg else base.policy.name).all_resident:
+        return
+    best, share = start, hpc_share(base) if g.organization == "per-layer" else 0.0
+    steps: list[Callable[[Geometry], list[Geometry | None]]] = [
+        lambda g: [largest(base, room, s, g.lpc, g.organization, g.layers) for s in HPC_SHARES],
+        lambda g: [
+            largest(base, room, share, lpc, g.organization, g.layers)
+            for lpc in (max(1, g.lpc // 2), min(2 * g.lpc, MAX_BUFFERS))
+        ],
+        lambda g: [largest(base, room, share, g.lpc, _other(g.organization), g.layers)],
+        lambda g: [largest(base, room, share, g.lpc, g.organization, "all")],
+    ]
+    for step in steps:
+        tried = [search.run(replace(k, geometry=x)) for x in step(g) if x is not None and x != g]
+        if search.stopped:
+            return
+        new = best_of([best, *tried])
+        if new is not None and new is not best:
+            best, k = new, new.knobs
+            g = k.geometry or g
+            share = g.hpc / (g.hpc + g.mpc) if g.organization == "per-layer" and g.hpc + g.mpc else share
+
+
+def _other(organization: str) -> str:
+    return "per-layer" if organization == "shared" else "shared"
+
+
+def host_layer_stage(search: Search, base: RunConfig, predictor: str | None, batch: int | None) -> None:
+    """``ktransformers`` with ``cpu_layers`` N (the first N MoE layers' experts on the host, every expert of the
+    others on the GPU, in exactly that room): a coarse grid of N, then finer steps around the best N."""
+    from sim.run import cached_layers
+
+    m = base.model
+    trace = search._traces.get(str(base.workload.trace)) or load_trace(base.workload.trace)
+    cached = cached_layers(trace, base.cache.layers)
+
+    def knobs(n: int) -> Knobs:
+        room = m.num_experts * sum(1 for layer in cached if layer >= n)
+        g = Geometry(0, 0, 1, "shared", room, base.cache.layers)
+        return Knobs(HOST_LAYER_POLICY, predictor, (("cpu_layers", n),), g, batch)
+
+    refine(lambda n: search.run(knobs(n)), 0, m.moe_layers, lambda: search.stopped)
+
+
+def refine(evaluate: Callable[[int], Candidate | None], lo: int, hi: int, stop: Callable[[], bool]) -> None:
+    """Evaluate integers in [lo, hi]: ``COARSE`` evenly spaced, then rounds of up to ``REFINE_POINTS`` evenly spaced
+    between the best one and each evaluated neighbour, until no integer is left there or ``REFINE_ROUNDS``."""
+    done: dict[int, Candidate | None] = {}
+
+    def visit(points) -> None:
+        for n in sorted(set(points) - set(done)):
+            if stop():
+                return
+            done[n] = evaluate(n)
+
+    visit(_spaced(lo, hi, COARSE))
+    for _ in range(REFINE_ROUNDS):
+        ranked = [n for n in sorted(done) if ok(done[n])]
+        if not ranked or stop():
+            return
+        best = max(ranked, key=lambda n: done[n].tok_s or 0.0)  # type: ignore[union-attr]
+        below = max((n for n in done if n < best), default=lo)
+        above = min((n for n in done if n > best), default=hi)
+        inner = _spaced(below, best, REFINE_POINTS + 2)[1:-1] + _spaced(best, above, REFINE_POINTS + 2)[1:-1]
+        if not set(inner) - set(done):
+            return
+        visit(inner)
+
+
+def _spaced(lo: int, hi: int, k: int) -> list[int]:
+    """Up to ``k`` integers evenly spaced from ``lo`` to ``hi``, both included."""
+    if hi <= lo:
+        return [lo]
+    return sorted({lo + round(i * (hi - lo) / (k - 1)) for i in range(k)})
+
+
+def search_all(search: Search, plan: Plan) -> None:
+    """Every stage at each batch size."""
+    root = search.root
+    search.run(Knobs())  # the config as given: what the others are measured against
+    for batch in plan.batches:
+        sets = [] if batch is None else [set_text("workload.batch_size", batch)]
+        try:
+            base = load_run_config(root.config, root.sets + sets, POLICIES.names(), PREDICTORS.names())
+        except ConfigError as exc:
+            search._leave_out(Candidate(Knobs(batch=batch), settings_of(Knobs(batch=batch), root)), str(exc))
+            continue
+        found = policy_stage(search, plan, base, batch)
+        if search.stopped:
+            return
+        for start in _top(found, 1 if plan.quick else TOP):
+            geometry_stage(search, base, start)
+            if search.stopped:
+                return
+        if plan.host_layers:
+            host_layer_stage(search, base, None, batch)
+            if search.stopped:
+                return
+
+
+def _top(found: list[Candidate], k: int) -> Iterator[Candidate]:
+    """The best candidate of each of the ``k`` best (policy, predictor) pairs."""
+    seen: set[tuple[str, str]] = set()
+    for c in sorted(found, key=lambda c: -(c.tok_s or 0.0)):
+        assert c.cfg is not None
+        pair = (c.cfg.policy.name, c.cfg.predictor.name)
+        if pair in seen:
+            continue
+        seen.add(pair)
+        yield c
+        if len(seen) == k:
+            return
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+def default_entries(cfg: RunConfig) -> list[tuple[str, str | None]]:
+    """The system's policies (:data:`SYSTEM_POLICIES`), else every policy but the offline bounds."""
+    from sim.compare import all_entries
+
+    system = Path(str(cfg.system.source)).stem
+    if system in SYSTEM_POLICIES:
+        return [(p, None) for p in SYSTEM_POLICIES[system]]
+    return [(p, None) for p, _ in all_entries() if getattr(POLICIES.get(p), "origin", None) != "bound"]
+
+
+def wants_host_layers(cfg: RunConfig, entries: list[tuple[str, str | None]]) -> bool:
+    """Host layers are searched for llama.cpp, or when the config sets ``cpu_layers`` itself."""
+    if HOST_LAYER_POLICY not in [p for p, _ in entries]:
+        return False
+    system = Path(str(cfg.system.source)).stem
+    own = cfg.policy.params.get("cpu_layers", -1) if cfg.policy.name == HOST_LAYER_POLICY else -1
+    return system in HOST_LAYER_SYSTEMS or own >= 0
+
+
+def parse_batch_sizes(text: str | None) -> list[int | None]:
+    """``1,4,8`` -> [1, 4, 8] (each 1..MAX_BATCH, distinct, at most MAX_BATCH_SIZES); None -> [None]."""
+    if text is None:
+        return [None]
+    items = [x.strip() for x in str(text).split(",")]
+    out: list[int | None] = []
+    for item in items:
+        if not item.isdigit() or not 1 <= int(item) <= MAX_BATCH:
+            raise ConfigError("--batch-sizes", f"{item[:40]!r} is not a batch size (an integer 1..{MAX_BATCH})")
+        if int(item) in out:
+            raise ConfigError("--batch-sizes", f"{item} is listed twice")
+        out.append(int(item))
+    if len(out) > MAX_BATCH_SIZES:
+        raise ConfigError("--batch-sizes", f"{len(out)} batch sizes, more than {MAX_BATCH_SIZES}")
+    return out
+
+
+def load_root(config: str, sets: list[str]) -> Root:
+    """The config with ``--set``; ``force_cache`` when it sizes its tiers from memory (``gpu_memory_gb`` and
+    ``split``), since a candidate's slot counts then replace them."""
+    names = POLICIES.names(), PREDICTORS.names()
+    cfg = load_run_config(config, sets, *names)
+    nulls = [set_text("cache.gpu_memory_gb", None), set_text("cache.split", None)]
+    try:
+        same = load_run_config(config, sets + nulls, *names).resolved == cfg.resolved
+    except ConfigError:
+        same = False
+    return Root(config, sets, cfg, force_cache=not same)
+
+
+# ------------------------------------------------------------------------------------------------ output
+def describe(c: Candidate) -> str:
+    """A candidate in words: policy, predictor, tiers, host layers, batch."""
+    cfg = c.cfg
+    if cfg is None:
+        return ", ".join(set_texts(c.settings)) or "the config as given"
+    words = [f"{cfg.policy.name} (predictor {cfg.predictor.name})", cache_words(cfg)]
+    n = cfg.policy.params.get("cpu_layers", -1) if isinstance(cfg.policy.params, dict) else -1
+    if isinstance(n, int) and n >= 0:
+        words.append(f"first {n} MoE layers on the host")
+    if "workload.batch_size" in c.settings:
+        words.append(f"batch {cfg.workload.batch_size}")
+    return ", ".join(words)
+
+
+def cache_words(cfg: RunConfig) -> str:
+    c, m = cfg.cache, cfg.model
+    if POLICIES.get(cfg.policy.name).all_resident:
+        return "every expert on the GPU"
+    n = cached_layer_count(m, c.layers)
+    gb = (c.total_slots(n) + c.lpc_buffers) * m.expert_bytes / GB
+    tiers = (
+        f"{c.total_slots(n)} slots shared by {n} layers"
+        if c.organization == "shared"
+        else f"HPC {c.hpc_slots} + MPC {c.mpc_slots} x {n} layers"
+    )
+    return f"{tiers} + {c.lpc_buffers} buffers ({gb:.3g} GB)"
+
+
+def ranked(search: Search) -> list[Candidate]:
+    """The simulated candidates, fastest first (ties: in the order they ran)."""
+    return sorted(search.ran, key=lambda c: -(c.tok_s or 0.0))
+
+
+def command(root: Root, settings: dict[str, Any]) -> str:
+    """The ``sim run`` line that reproduces a candidate."""
+    words = ["python", "-m", "sim", "run", root.config]
+    for text in root.sets + set_texts(settings):
+        words += ["--set", text]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def report(search: Search, given: Candidate | None) -> dict:
+    """The JSON document: best, candidates (fastest first), left out, the reproducing command."""
+    rows = ranked(search)
+    best = rows[0]
+    return {
+        "config": search.root.config,
+        "set": search.root.sets,
+        "searched": len(search.ran),
+        "stopped_at_max_candidates": search.stopped,
+        "config_tok_s": given.tok_s if given is not None else None,
+        "best": {"settings": best.settings, "tok_s": best.tok_s, "command": command(search.root, best.settings)},
+        "candidates": [{"settings": c.settings, "tok_s": c.tok_s, "what": describe(c)} for c in rows],
+        "left_out": [{"settings": c.settings, "reason": c.reason} for c in search.left_out],
+    }
+
+
+def table(search: Search, given: Candidate | None) -> str:
+    rows = ranked(search)
+    ref = given.tok_s if given is not None and given.tok_s else None
+    lines = ["| rank | tokens/s | x config | setting |", "|---|---|---|---|"]
+    for i, c in enumerate(rows[:SHOWN], 1):
+        ratio = "-" if ref is None else f"{(c.tok_s or 0.0) / ref:.2f}"
+        what = "the config as given" if not c.settings else describe(c)
+        lines.append(f"| {i} | {c.tok_s:,.1f} | {ratio} | {what} |")
+    if len(rows) > SHOWN:
+        lines.append(f"({len(rows) - SHOWN} more in the JSON, --json OUT)")
+    return "\n".join(lines)
+
+
+def summary_text(search: Search, given: Candidate | None) -> str:
+    from sim.results import hardware_words
+
+    cfg, root = search.root.cfg, search.root
+    best = ranked(search)[0]
+    hw = hardware_words({"hardware": cfg.hardware.name, "hardware_source": cfg.hardware.source})
+    system = Path(str(cfg.system.source)).stem if cfg.system.source != "inline" else "ideal"
+    fits = sum(1 for c in search.left_out if not c.fits)
+    head = [
+        f"advise: {cfg.model.name} on {hw}, system {system}, trace {Path(cfg.workload.trace).name}",
+        f"simulated {len(search.ran)} candidates"
+        + (" (stopped at --max-candidates)" if search.stopped else "")
+        + f"; left out {len(search.left_out)} ({fits} do not fit in the GPU's memory, "
+        f"{len(search.left_out) - fits} refused otherwise)",
+    ]
+    if given is not None and given.tok_s is None:
+        head.append(f"the config as given: {given.reason}")
+    head.append(f"best: {describe(best)}: {best.tok_s:,.1f} tokens/s")
+    return "\n".join([*head, "", table(search, given), "", f"reproduce: {command(root, best.settings)}"])
+
+
+# ------------------------------------------------------------------------------------------------ command line
+def _progress() -> Callable[[str], None] | None:
+    if not sys.stderr.isatty():
+        return None
+    return lambda text: print(f"  {text}", file=sys.stderr, flush=True)
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "advise",
+        help="search the policy, cache tiers, host layers (and batch size) for the best tokens/s that fits",
+        description=__doc__.split("\n\n")[0].split(": ", 1)[1] if __doc__ else None,
+    )
+    p.add_argument("config", help="run config (YAML): its model, hardware, system and workload stay fixed")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
+    p.add_argument("--json", metavar="OUT", help="write the best setting and every candidate to this JSON file")
+    p.add_argument(
+        "--policies",
+        help="comma-separated policies (POLICY@PREDICTOR fixes the predictor; 'all' includes the offline bounds); "
+        "default: the system's policies, or every policy but the bounds",
+    )
+    p.add_argument("--batch-sizes", metavar="B,B,...", help="also search these batch sizes (e.g. 1,4,8)")
+    p.add_argument("--requests", type=int, metavar="N", help="serve N requests (workload.requests=N; shorter runs)")
+    p.add_argument("--quick", action="store_true", help="the config's predictor only, and tiers of the best policy")
+    p.add_argument(
+        "--max-candidates",
+        type=int,
+        default=DEFAULT_MAX_CANDIDATES,
+        metavar="N",
+        help=f"simulate at most N candidates (default {DEFAULT_MAX_CANDIDATES})",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from sim.compare import parse_entries
+
+    if not 1 <= args.max_candidates <= MAX_CANDIDATES:
+        raise ConfigError("--max-candidates", f"must be 1..{MAX_CANDIDATES}, got {args.max_candidates}")
+    if args.requests is not None and not 1 <= args.requests <= 1 << 20:
+        raise ConfigError("--requests", f"must be 1..{1 << 20}, got {args.requests}")
+    batches = parse_batch_sizes(args.batch_sizes)
+    entries = parse_entries(args.policies) if args.policies else None
+    if args.json is not None:
+        check_output_file(args.json, "advice (--json)")
+        check_not_input(Path(args.json), [args.config])
+    sets = list(args.set or []) + ([] if args.requests is None else [set_text("workload.requests", args.requests)])
+    root = load_root(args.config, sets)
+    entries = entries or default_entries(root.cfg)
+    plan = Plan(entries, batches, wants_host_layers(root.cfg, entries), args.quick)
+    search = Search(root, args.max_candidates, _progress())
+    search_all(search, plan)
+    if not search.ran:
+        first = search.left_out[0].reason if search.left_out else "nothing to search"
+        raise ConfigError("advise", f"no candidate could run; the first: {first}")
+    given = next((c for c in search.ran + search.left_out if not c.settings), None)
+    doc = report(search, given)
+    if args.json is not None:
+        atomic_write_bytes(args.json, (json.dumps(doc, indent=1) + "\n").encode())
+    print(summary_text(search, given))
+    if args.json is not None:
+        print(f"written: {args.json}")
+    return 0
