@@ -4,7 +4,11 @@
 - ``gpu`` / ``cpu``: microbenchmarks, then the executor (the simulator's policies run for real with torch) over a
   set of configurations, into a measurement folder;
 - ``compare DIR``: calibrate the simulator from the folder's microbenchmarks, simulate the same configurations,
-  and report the error per configuration (CSV, Markdown, PNG).
+  and report the error per configuration (CSV, Markdown, PNG), and whether the machine stayed steady over the
+  calibration passes (``validate.steadiness``).
+
+``compare`` exits 0, or 1 when ``--max-median-error`` is exceeded or a decision differs, or 3 with ``--strict`` when
+the machine was unsteady (and nothing else failed); bad input exits 2.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import sys
 
 from traces.cli import OneLineParser, run_main
+from validate.steadiness import REMEASURE, TOLERANCE
 
 
 def cmd_microbench(args) -> int:
@@ -63,14 +68,20 @@ def cmd_measure(args) -> int:
         rounds=args.rounds,
         calibrate_between=args.calibrate_between,
         host_threads=args.host_threads,
+        drift_tolerance=args.drift_tolerance / 100,
+        remeasure=args.remeasure,
     )
     return 0
 
 
-def cmd_compare(args) -> int:
-    from validate.compare import compare, median_abs
+#: ``validate compare --strict``'s exit status when the machine was unsteady (1: a check failed; 2: bad input).
+UNSTEADY_EXIT = 3
 
-    rows, _ = compare(args.folder, args.out)
+
+def cmd_compare(args) -> int:
+    from validate.compare import compare_measurement, median_abs
+
+    rows, _, verdict = compare_measurement(args.folder, args.out, tolerance=args.drift_tolerance / 100)
     if args.max_median_error is not None:
         worst = median_abs(rows, "err_mean_pct")
         if worst > args.max_median_error:
@@ -85,7 +96,24 @@ def cmd_compare(args) -> int:
             + ", ".join(r["config"] for r in rows if not r["decisions_identical"])
         )
         return 1
+    if args.strict and verdict.steady is False:
+        print(
+            f"FAIL (--strict): the machine was unsteady: {len(verdict.beyond)} calibration table(s) beyond "
+            f"{args.drift_tolerance:g}% of their median"
+        )
+        return UNSTEADY_EXIT
     return 0
+
+
+def _count(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text[:40]!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {v}")
+    return v
 
 
 def _positive_int(text: str) -> int:
@@ -105,6 +133,11 @@ def _percent(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a finite percentage >= 0, got {text[:40]!r}")
     return v
 
+
+DRIFT_HELP = (
+    "a calibration table whose total in some pass is more than PCT%% from the median of the passes marks the "
+    f'machine unsteady (default {100 * TOLERANCE:g}; docs/validation/README.md, "Machine steadiness")'
+)
 
 HOST_THREADS_HELP = (
     "worker threads computing experts on the host CPU (hybrid policies; the cpu_expert table): "
@@ -164,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
             f"(default {'on' if name == 'cpu' else 'off'})",
         )
         p.add_argument("--host-threads", type=_positive_int, default=None, help=HOST_THREADS_HELP)
+        p.add_argument("--drift-tolerance", type=_percent, default=100 * TOLERANCE, metavar="PCT", help=DRIFT_HELP)
+        p.add_argument(
+            "--remeasure",
+            type=_count,
+            default=REMEASURE,
+            metavar="N",
+            help="take a calibration pass again up to N times when it alone puts the passes beyond "
+            f"--drift-tolerance (default {REMEASURE}; 0: never); the verdict goes into manifest.json",
+        )
         p.add_argument("--resume", action="store_true", help="keep finished rounds in --out")
         p.set_defaults(func=cmd_measure)
     p = sub.add_parser("compare", help="simulate the measured configurations and report the simulator's error")
@@ -178,6 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_percent,
         default=None,
         help="exit 1 when the median |error| of mean latency (%%) is above this",
+    )
+    p.add_argument("--drift-tolerance", type=_percent, default=100 * TOLERANCE, metavar="PCT", help=DRIFT_HELP)
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help=f"exit {UNSTEADY_EXIT} when the machine was unsteady (default: a warning on stderr, "
+        "a section in compare.md, exit 0)",
     )
     p.set_defaults(func=cmd_compare)
     return parser

@@ -22,6 +22,11 @@ DIR may also be the archive ``run_gpu_check.sh`` packs (``gpu-check.tar.gz``): i
 (``gpu-check.tar.gz`` -> ``gpu-check/``), and kept. Archives and folders are untrusted input (validate/archive.py):
 regular files and folders only, every read and write kept inside the folder, and the figures compare uses checked
 (``check_summary``, ``check_manifest``) before anything is simulated.
+
+How steady the machine stayed (``validate.steadiness``): the calibration passes' table totals set beside their
+median; a table beyond the tolerance (``--drift-tolerance``, default 25%) prints a warning on stderr, and
+``compare.md`` states the verdict in its ``## Machine steadiness`` section ("not recorded" for a folder that kept
+no passes).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import csv
 import io
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +65,7 @@ from validate.archive import (
     unpack,
 )
 from validate.measure import decisions_digest
+from validate.steadiness import TOLERANCE, Verdict, markdown_section, of_folder
 
 COLUMNS = [
     "config",
@@ -393,11 +400,27 @@ def _output(folder: Path, out: str | Path | None) -> tuple[Path, bool]:
     return check_output_folder(out, "--out folder"), False
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tuple[list[dict], Path]:
+    """The rows and the folder they were written to (:func:`compare_measurement`)."""
+    rows, out_dir, _ = compare_measurement(folder, out, log)
+    return rows, out_dir
+
+
+def compare_measurement(
+    folder: str | Path, out: str | Path | None = None, log=print, tolerance: float = TOLERANCE, warn=_stderr
+) -> tuple[list[dict], Path, Verdict]:
+    """Compare every finished configuration of the measurement ``folder`` (or archive); write compare.{csv,md,png}
+    to ``out`` (default ``FOLDER/compare``). Returns the rows, the folder written and the machine's steadiness
+    (``tolerance``: a fraction; each table beyond it is a line to ``warn``)."""
     folder = _measurement_folder(Path(folder), log)
     manifest = check_manifest(
         read_inside(folder, "manifest.json", "not a finished validate measurement"), folder / "manifest.json"
     )
+    verdict = of_folder(folder, manifest, tolerance)
     regular_file(folder, "calibration.yaml", "the microbenchmarks did not finish")
     measured = {n for n in manifest["configs"] if find_file(folder, Path("runs", n, "summary.json")) is not None}
     runs = [folder / "runs" / n for n in manifest["configs"] if n in measured]
@@ -419,7 +442,7 @@ def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tup
     else:
         ensure_folder(out_dir)
     atomic_write_bytes(out_dir / "compare.csv", _csv(rows))
-    atomic_write_bytes(out_dir / "compare.md", markdown(rows, manifest).encode())
+    atomic_write_bytes(out_dir / "compare.md", markdown(rows, manifest, verdict).encode())
     plot(rows, manifest, out_dir / "compare.png")
     missing = [n for n in manifest["configs"] if n not in measured]
     if missing:
@@ -435,7 +458,10 @@ def compare(folder: str | Path, out: str | Path | None = None, log=print) -> tup
         f"{median_abs(rows, 'err_p50_pct'):.1f}%, throughput {median_abs(rows, 'err_tok_s_pct'):.1f}% over "
         f"{len(rows)} configurations; wrote {out_dir}/compare.{{csv,md,png}}"
     )
-    return rows, out_dir
+    log(verdict.summary())
+    for line in verdict.warnings():
+        warn(line)
+    return rows, out_dir, verdict
 
 
 def _csv(rows: list[dict]) -> bytes:
@@ -447,7 +473,9 @@ def _csv(rows: list[dict]) -> bytes:
     return buf.getvalue().encode()
 
 
-def markdown(rows: list[dict], manifest: dict) -> str:
+def markdown(rows: list[dict], manifest: dict, steadiness: Verdict | None = None) -> str:
+    """compare.md: the error table, the median errors, the machine's steadiness (when given) and the hybrid
+    configurations."""
     lines = [
         f"# Simulator against real runs: {label(manifest.get('suite'))} suite",
         "",
@@ -474,6 +502,8 @@ def markdown(rows: list[dict], manifest: dict) -> str:
         f"throughput {median_abs(rows, 'err_tok_s_pct'):.1f}%.",
         "",
     ]
+    if steadiness is not None:
+        lines += markdown_section(steadiness)
     hybrid = [r for r in rows if (r.get("cpu_expert_frac") or 0) > 0]
     if hybrid:
         lines += [
@@ -554,4 +584,13 @@ def plot(rows: list[dict], manifest: dict, path: Path) -> Path:
     return path
 
 
-__all__ = ["check_manifest", "check_summary", "compare", "compare_run", "label", "markdown", "median_abs"]
+__all__ = [
+    "check_manifest",
+    "check_summary",
+    "compare",
+    "compare_measurement",
+    "compare_run",
+    "label",
+    "markdown",
+    "median_abs",
+]

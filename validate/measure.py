@@ -6,8 +6,10 @@ The folder::
     calibration.yaml           microbenchmarks (validate.microbench): the only thing compare calibrates from; the
                                median of the passes in calibration-passes.json (one before each round and one
                                after the last, when there are several rounds)
-    manifest.json              device, machine, suite, versions, the configurations and their trace checksums, and
-                               the machine's state before and after (GPU clocks, power, PCIe link, driver, CUDA)
+    manifest.json              device, machine, suite, versions, the configurations and their trace checksums, the
+                               machine's state before and after (GPU clocks, power, PCIe link, driver, CUDA), and
+                               how steady it stayed over the calibration passes (``steadiness``:
+                               validate.steadiness.Verdict.record, with the passes taken again)
     runs/NAME/config.yaml      the run config measured (a `sim run` config; hardware is replaced by compare)
     runs/NAME/round-R/         one run of it: iterations.csv (per iteration: real latency, the compute stream's
                                stall, hits per tier, misses, copies, prefetches) and summary.json (with, for
@@ -24,7 +26,9 @@ The folder::
 With ``rounds`` > 1 every configuration runs that many times, the rounds interleaved (all configurations, then all
 again), so that a machine whose speed drifts affects them alike. With ``calibrate_between`` a light calibration
 pass (the tables only) follows every configuration run, so that the calibration samples the machine as often as
-the runs do. Every file is written atomically; a folder left
+the runs do. The passes are set side by side (``validate.steadiness``): a pass that makes steady passes disagree
+beyond ``drift_tolerance`` is taken again up to ``remeasure`` times, and the verdict goes into the manifest
+(``steadiness``) and the log. Every file is written atomically; a folder left
 by an interrupted run keeps its finished rounds, and ``--resume`` skips them.
 
 A configuration whose policy this version does not register (a suite's hybrid configurations before the simulator
@@ -60,6 +64,7 @@ from traces.format import Trace
 from traces.io import atomic_write_bytes, check_output_folder, file_sha256, load_trace
 from traces.outputs import immediate_outputs
 from validate.kernels import check_runnable
+from validate.steadiness import REMEASURE, TOLERANCE, assess, remeasured, set_aside_record
 from validate.suites import SUITES
 
 
@@ -295,7 +300,7 @@ def recorded_profiles(raws) -> dict[str, str]:
 
 class _Campaign:
     """One ``validate`` measurement of a suite into a folder: its configurations, backend, host pool and traces,
-    the calibration passes so far (``passes``), and the runs of each round."""
+    the calibration passes so far (``passes``) with those taken again (``retaken``), and the runs of each round."""
 
     def __init__(
         self,
@@ -310,6 +315,8 @@ class _Campaign:
         host_pool_gb: float | None,
         host_threads: int | None,
         log,
+        tolerance: float = TOLERANCE,
+        remeasure: int = REMEASURE,
     ):
         from validate.backends import default_host_threads, make_backend
 
@@ -343,6 +350,8 @@ class _Campaign:
         self.cal_path = self.out / "calibration.yaml"
         self.passes_path = self.out / "calibration-passes.json"
         self.passes = json.loads(self.passes_path.read_text()) if resume and self.passes_path.exists() else []
+        self.tolerance, self.remeasure = tolerance, max(0, int(remeasure))
+        self.retaken: list[dict] = self._retaken_before() if resume else []
         self.host_pool: Any = None  # allocated (pinned) once, shared by every configuration
 
     @staticmethod
@@ -361,22 +370,27 @@ class _Campaign:
             )
         return configs, skipped
 
-    def calibration_pass(self, when: str, light: bool = False) -> None:
-        """One microbenchmark pass; calibration.yaml becomes the median of the passes so far."""
-        from validate.microbench import calibrate, combine, measure_decisions, write_calibration
+    def _retaken_before(self) -> list[dict]:
+        """The passes taken again by the run that ``--resume`` continues (its manifest's record; none if absent)."""
+        try:
+            rec = json.loads((self.out / "manifest.json").read_text()).get("steadiness") or {}
+        except (OSError, ValueError, AttributeError):
+            return []
+        retaken = rec.get("retaken") if isinstance(rec, dict) else None
+        return list(retaken) if isinstance(retaken, list) else []
 
-        model, backend, log = self.model, self.backend, self.log
-        if not light:
-            log(f"calibration ({when}): microbenchmarks of {model.name} on {backend.describe()} ...")
-        t0 = time.perf_counter()
+    def _measure_pass(self, light: bool) -> dict:
+        """One microbenchmark pass, measured now (not yet kept)."""
+        from validate.microbench import calibrate, measure_decisions
+
         max_ctx = max(
             int(self.traces[str(c.workload.trace)].prefill_lengths.max()) + (c.workload.max_decode_tokens or 0) + 1
             for _, _, c in self.cfgs
         )
         cal = calibrate(
-            model,
+            self.model,
             "h200",
-            backend=backend,
+            backend=self.backend,
             quick=self.quick,
             repeat=self.repeat,
             batch_sizes=sorted({c.workload.batch_size for _, _, c in self.cfgs}),
@@ -386,6 +400,29 @@ class _Campaign:
         )
         if not light:
             cal["decide_us"] = measure_decisions([c for _, _, c in self.cfgs], self.traces)
+        return cal
+
+    def calibration_pass(self, when: str, light: bool = False) -> None:
+        """One microbenchmark pass, taken again up to ``remeasure`` times while it alone makes the passes
+        disagree beyond ``tolerance`` (``validate.steadiness.remeasured``); calibration.yaml becomes the median of
+        the passes so far."""
+        from validate.microbench import combine, write_calibration
+
+        model, backend, log = self.model, self.backend, self.log
+        if not light:
+            log(f"calibration ({when}): microbenchmarks of {model.name} on {backend.describe()} ...")
+        t0 = time.perf_counter()
+        number = len(self.passes) + 1
+
+        def retake(attempt: int, beyond) -> None:
+            log(
+                f"calibration ({when}): pass {number} set aside, {beyond[0].describe(self.tolerance)}; "
+                f"measuring it again ({attempt}/{self.remeasure})"
+            )
+
+        cal, aside = remeasured(lambda: self._measure_pass(light), self.passes, self.tolerance, self.remeasure, retake)
+        if aside:
+            self.retaken.append(set_aside_record(number, when, aside))
         self.passes.append(cal)
         atomic_write_bytes(self.passes_path, _json(self.passes))
         write_calibration(self.cal_path, combine(self.passes))
@@ -493,11 +530,29 @@ def measure(
     calibrate_between: bool = False,
     host_threads: int | None = None,
     log=print,
+    drift_tolerance: float = TOLERANCE,
+    remeasure: int = REMEASURE,
 ) -> Path:
     """Calibrate, then run every configuration of suite ``kind`` on ``device``; returns the folder.
     ``host_threads``: the host pool's workers for experts on the host CPU, in the runs and the ``cpu_expert``
-    microbenchmark alike (default ``validate.backends.default_host_threads``)."""
-    c = _Campaign(kind, out, device, quick, only, repeat, threads, resume, host_pool_gb, host_threads, log)
+    microbenchmark alike (default ``validate.backends.default_host_threads``). ``drift_tolerance`` (a fraction)
+    and ``remeasure``: a calibration pass that makes the passes disagree beyond the tolerance is taken again up to
+    ``remeasure`` times; the verdict goes into the manifest (``validate.steadiness``)."""
+    c = _Campaign(
+        kind,
+        out,
+        device,
+        quick,
+        only,
+        repeat,
+        threads,
+        resume,
+        host_pool_gb,
+        host_threads,
+        log,
+        tolerance=drift_tolerance,
+        remeasure=remeasure,
+    )
     started = time.perf_counter()
     manifest = c.manifest(rounds, calibrate_between)
     atomic_write_bytes(c.out / "manifest.json", _json(manifest))
@@ -520,7 +575,12 @@ def measure(
     if rounds > 1 and full_passes <= rounds:
         c.calibration_pass("after the last round")
     manifest["machine_after"] = machine_state(c.backend)
+    verdict = assess(c.passes, c.tolerance, c.retaken)
+    manifest["steadiness"] = verdict.record()
     atomic_write_bytes(c.out / "manifest.json", _json(manifest))
+    for line in verdict.warnings():
+        log(line)
+    log(verdict.summary())
     log(
         f"measured {len(c.cfgs)} configuration(s) into {c.out} in {time.perf_counter() - started:.1f} s; "
         f"next: python -m validate compare {c.out}"
