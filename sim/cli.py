@@ -60,7 +60,7 @@ def cmd_run(args) -> int:
     if args.json:
         print(json.dumps(result.summary, indent=1))
     else:
-        print(format_summary(result.summary))
+        print(format_summary(result.summary, cfg))
         print(f"  results           {out}/ ({', '.join(p.name for p in written)})")
     return 0
 

@@ -40,6 +40,7 @@ from sim.core.workload import WorkloadInfo
 from traces.io import atomic_write_bytes
 
 if TYPE_CHECKING:  # the engine needs SimPy; results are read where it may be absent
+    from sim.config.run_config import RunConfig
     from sim.timing.engine import EngineResult
 
 
@@ -249,9 +250,60 @@ def ms_words(ms: float) -> str:
     return f"{ms:,.1f} ms" if ms < 10_000 else f"{ms / 1e3:,.2f} s"
 
 
-def format_summary(s: dict) -> str:
+def format_bits_words(bits: float) -> str:
+    """Bits per weight, without trailing zeros (``4.85``, ``16``)."""
+    return f"{bits:.4g}"
+
+
+def system_words(cfg: RunConfig) -> str:
+    """The serving system a run applied and the weight formats its experts and dense weights are stored in: the
+    system's format names with their bits per weight, or the model's own widths (as under ``ideal``)."""
+    from sim.config.run_config import dense_bytes_of
+
+    system, model = cfg.system, cfg.model
+    dense_bits = system.dense_bits if system.dense_bits is not None else 8.0 * model.dtype_bytes
+
+    def width(fmt: str | None, bits: float) -> str:
+        return f"{fmt} ({format_bits_words(bits)} bits/weight)" if fmt else f"{format_bits_words(bits)} bits/weight"
+
+    return (
+        f"{system.name} | experts {width(system.expert_format, model.expert_bits_per_weight)}, "
+        f"{model.expert_bytes / 1e6:,.1f} MB each | dense weights {width(system.dense_format, dense_bits)}, "
+        f"{dense_bytes_of(model, system) / 1e9:,.2f} GB"
+    )
+
+
+def slots_words(cfg: RunConfig) -> str:
+    """The experts a run keeps on the GPU, per tier, as its config gave them or a ``cache.gpu_memory_gb`` split
+    produced them: per-layer HPC and MPC slots over the cached layers, or one shared cache, and the working
+    buffers; every expert for a policy that keeps them all."""
+    from sim.config.run_config import cached_layer_count
+
+    cache, model = cfg.cache, cfg.model
+    layers = cached_layer_count(model, cache.layers)
+    buffers = f"{cache.lpc_buffers:,} working buffer{'' if cache.lpc_buffers == 1 else 's'}"
+    if _policy_attr(cfg.policy.name, "all_resident"):
+        return f"every expert resident ({model.num_experts:,} x {model.moe_layers:,} MoE layers)"
+    total = cache.total_slots(layers)
+    if cache.organization == "shared":
+        tiers = f"one shared cache of {total:,} experts over {layers:,} cached layers"
+    else:
+        tiers = (
+            f"hpc {cache.hpc_slots:,} + mpc {cache.mpc_slots:,} of {model.num_experts:,} per layer x {layers:,} layers"
+        )
+    return f"{tiers}, {buffers} = {(total + cache.lpc_buffers) * model.expert_bytes / 1e9:,.2f} GB"
+
+
+def _policy_attr(name: str, attr: str) -> bool:
+    from sim.policies import POLICIES
+
+    return name in POLICIES.names() and bool(getattr(POLICIES.get(name), attr, False))
+
+
+def format_summary(s: dict, cfg: RunConfig | None = None) -> str:
     """The short table printed on the terminal: every count with thousands separators, times in ms or s, bytes
-    in GB."""
+    in GB. With the run's config, two lines under the header say the system and weight formats it applied and
+    the experts its tiers hold (the slots a ``cache.gpu_memory_gb`` split produced)."""
 
     def f(x, spec=".3f"):
         return "-" if x is None else format(x, spec)
@@ -266,6 +318,7 @@ def format_summary(s: dict) -> str:
         )
         + f" | model {s.get('model')} | "
         f"hardware {hardware_words(s)} | batch {s.get('batch_size')} ({s.get('batching')})",
+        *([f"  system            {system_words(cfg)}", f"  GPU experts       {slots_words(cfg)}"] if cfg else []),
         f"  throughput        {f(s['throughput_tok_s'], ',.1f')} tokens/s   "
         f"({s['decode_tokens']:,} tokens, {s['requests_served']:,} requests"
         + (f", {s['requests_reused']:,} re-used" if s["requests_reused"] else "")

@@ -73,8 +73,8 @@ def load_profile(value: Any, where: str, kind: str, keys=(), depth: int = 0) -> 
         if not isinstance(d, dict):
             raise ConfigError(where, f"{source} must hold a mapping, got {kind_of(d)}")
         d = dict(check_mapping(d, where))
-        if "base" not in d:
-            d.setdefault("name", path.stem)  # with a base, the base's name (a calibration of h200 is still h200)
+        if "base" not in d or kind == "systems":  # a system is named by its own file (llama-cpp, based on ideal)
+            d.setdefault("name", path.stem)  # others, with a base, by the base's (a calibration of h200 is h200)
     elif isinstance(value, dict):
         d, source = dict(check_mapping(value, where)), "inline"
     else:
