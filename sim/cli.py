@@ -54,9 +54,10 @@ def cmd_run(args) -> int:
         check_output_folder(args.out, "results folder (--out)")
     cfg = load_run_config(args.config, args.set or [], POLICIES.names(), PREDICTORS.names())
     out = Path(args.out) if args.out is not None else default_out(args.config)
-    check_outputs(out, args.timeline, [args.config])
+    check_outputs(out, args.timeline, [args.config], requests=cfg.workload.arrivals is not None)
     result = simulate(cfg, timeline=args.timeline, progress=None if args.json else _progress_printer())
-    written = write_outputs(out, result.resolved, result.summary, result.engine.iterations, result.engine.timeline)
+    res = result.engine
+    written = write_outputs(out, result.resolved, result.summary, res.iterations, res.timeline, res.requests)
     if args.json:
         print(json.dumps(result.summary, indent=1))
     else:
@@ -73,7 +74,7 @@ def default_out(config: str) -> Path:
     return Path("runs") / f"{safe_name(Path(str(config)).stem, 'run')[:80]}-{dt.datetime.now():%Y%m%d-%H%M%S}"
 
 
-def check_outputs(out: Path, timeline: bool, inputs: Iterable[str] = ()) -> None:
+def check_outputs(out: Path, timeline: bool, inputs: Iterable[str] = (), requests: bool = False) -> None:
     """The results folder and each file a run writes there, checked before the run: a FIFO, a device, a file
     where the folder goes or a folder where a file goes, or a file the run reads (its config, a profile, the
     trace), is refused (exit 2), and nothing is written."""
@@ -81,7 +82,7 @@ def check_outputs(out: Path, timeline: bool, inputs: Iterable[str] = ()) -> None
     from traces.outputs import check_not_input
 
     check_output_folder(out, "results folder (--out)")
-    for name in output_files(timeline):
+    for name in output_files(timeline, requests):
         check_output_file(out / name, "run result")
         check_not_input(out / name, inputs)
 

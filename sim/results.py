@@ -37,6 +37,7 @@ import numpy as np
 from sim.core.cache import HPC, LPC, MPC
 from sim.core.records import IterationRecord
 from sim.core.workload import WorkloadInfo
+from sim.request_results import request_lane, request_lanes, requests_csv, serving_lines
 from traces.io import atomic_write_bytes
 
 if TYPE_CHECKING:  # the engine needs SimPy; results are read where it may be absent
@@ -177,14 +178,16 @@ def chrome_trace(timeline: list) -> bytes:
     events.append({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "simulated GPU"}})
     if not any(x[0] == "cpu" for x in timeline):  # the host lane only when the host computed experts
         events = [x for x in events if x.get("tid") != 3]
+    events += request_lanes(timeline)
     for track, name, start, dur in timeline:
+        pid, tid = (1, tids[track]) if track in tids else request_lane(track)
         events.append(
             {
                 "name": name,
                 "cat": track,
                 "ph": "X",
-                "pid": 1,
-                "tid": tids[track],
+                "pid": pid,
+                "tid": tid,
                 "ts": round(start * 1e6, 3),
                 "dur": round(dur * 1e6, 3),
             }
@@ -192,17 +195,27 @@ def chrome_trace(timeline: list) -> bytes:
     return json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode()
 
 
-def output_files(timeline: bool) -> list[str]:
-    """The names of the files a run writes in its results folder."""
-    return ["config.resolved.yaml", "summary.json", "iterations.csv"] + (["timeline.json"] if timeline else [])
+def output_files(timeline: bool, requests: bool = False) -> list[str]:
+    """The names of the files a run writes in its results folder (``requests``: a run with arrivals)."""
+    return (
+        ["config.resolved.yaml", "summary.json", "iterations.csv"]
+        + (["requests.csv"] if requests else [])
+        + (["timeline.json"] if timeline else [])
+    )
 
 
 def write_outputs(
-    out: Path, resolved: dict, summary: dict, records: list[IterationRecord], timeline: list | None
+    out: Path,
+    resolved: dict,
+    summary: dict,
+    records: list[IterationRecord],
+    timeline: list | None,
+    requests: list | None = None,
 ) -> list[Path]:
     """Write a run's files into ``out``, each atomically (inside a command's output batch they appear together);
-    returns their paths. ``out`` must be a folder or
-    missing (a file, FIFO or device there is a TraceError), and no file replaces anything but a regular file."""
+    returns their paths. ``requests``: a run with arrivals' served requests (``requests.csv``). ``out`` must be a
+    folder or missing (a file, FIFO or device there is a TraceError), and no file replaces anything but a regular
+    file."""
     import yaml
 
     from traces.io import check_output_file, check_output_folder
@@ -215,6 +228,8 @@ def write_outputs(
         "summary.json": (json.dumps(summary, indent=1) + "\n").encode(),
         "iterations.csv": iterations_csv(records),
     }
+    if requests is not None:
+        files["requests.csv"] = requests_csv(requests)
     if timeline is not None:
         files["timeline.json"] = chrome_trace(timeline)
     for name in files:  # every place checked before the first file is written
@@ -341,6 +356,7 @@ def format_summary(s: dict, cfg: RunConfig | None = None) -> str:
         ),
         f"  prefetch          issued {pf['issued']:,}  "
         f"unused {pf['unused']:,}  wasted {pf['wasted_bytes'] / 1e9:,.2f} GB",
+        *serving_lines(s),  # a run with arrivals: TTFT, TPOT, E2E, the SLO (sim/request_results.py)
         f"  simulator         {s['events']:,} events in {s['wall_s']:,.2f} s ({f(s['events_per_s'], ',.0f')} events/s)",
     ]
     return "\n".join(lines)

@@ -9,8 +9,10 @@ from importlib import metadata
 
 from sim.config.run_config import RunConfig
 from sim.core.decisions import build_decisions, cached_layers, hot_ranking  # noqa: F401 (re-exported)
-from sim.core.workload import WorkloadInfo, build_iterations
+from sim.core.serving import ServingBatches, serving_batches
+from sim.core.workload import Iteration, WorkloadInfo, build_iterations
 from sim.policies import Policy
+from sim.request_results import request_summary
 from sim.results import summarize
 from sim.timing.costs import CostModel
 from sim.timing.engine import EngineResult, Simulation
@@ -49,8 +51,14 @@ def simulate(
     engine keeps every step's decisions, ``engine.decisions``)."""
     trace = trace if trace is not None else load_trace(cfg.workload.trace)
     w = cfg.workload
-    iterations, info = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
-    policy, predictor = build_decisions(cfg, trace, iterations)
+    batches = None
+    if w.arrivals is not None:  # requests arriving in time: iterations made as the engine runs (no future to read)
+        batches = serving_batches(cfg, trace)
+        iterations: list[Iteration] | ServingBatches = batches
+        policy, predictor = build_decisions(cfg, trace, None)
+    else:
+        iterations, info = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
+        policy, predictor = build_decisions(cfg, trace, iterations)
     costs = policy.ctx.costs  # the policy's own, if it has one
     if costs is None or costs.system is not cfg.system:
         costs = CostModel(cfg.model, cfg.hardware, cfg.system)
@@ -68,6 +76,8 @@ def simulate(
         record_decisions=record_decisions,
     )
     res = sim.run()
+    if batches is not None:
+        info = batches.info()
     labels = {
         "policy": cfg.policy.name,
         "predictor": cfg.predictor.name,
@@ -79,6 +89,8 @@ def simulate(
         "seed": cfg.seed,
     }
     summary = summarize(res, policy.cache.counters, info, labels)
+    if res.requests is not None:
+        summary.update(request_summary(res.requests, w.slo, res.sim_time_s))
     resolved = dict(cfg.resolved)
     if "system" not in resolved:  # the default system, left out of the config's id: shown after the hardware
         shown = {}

@@ -35,10 +35,14 @@ class Iteration:
     requests: int  # requests in the batch during this iteration
     context: float  # mean attention context (tokens) of the rows
     new_batch: bool  # first iteration of a static batch (or of the run)
+    # chunked prefill (sim/core/serving.py): a decode iteration's leading rows that are prompt chunks, and the
+    # tokens its LM head runs over (None: every row of a decode iteration, one per request of a prefill)
+    prompt_rows: int = 0
+    emits: int | None = None
 
     @property
     def decode_tokens(self) -> int:
-        return int(self.rows.size) if self.kind == "decode" else 0
+        return int(self.rows.size) - self.prompt_rows if self.kind == "decode" else 0
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,17 @@ def _continuous_batches(out: _Iterations, order: np.ndarray, busy: np.ndarray, b
         running = [item for item in running if item[1] < decode[item[0]]]
 
 
+def requests_served(n_trace: int, batch_size: int, batching: str, requests: int | None) -> int:
+    """The requests a workload serves: ``requests`` (else the trace's ``n_trace``), in whole batches for static
+    batching, and at least a batch for continuous batching without ``requests``."""
+    served = requests if requests is not None else n_trace
+    if batching == "static":
+        return -(-max(served, 1) // batch_size) * batch_size  # whole batches
+    if requests is None:
+        return max(served, batch_size)  # enough to fill the batch once
+    return served
+
+
 def build_iterations(
     trace: Trace,
     batch_size: int,
@@ -170,11 +185,7 @@ def build_iterations(
         raise ValueError(f"unknown batching {batching!r}")
     out = _Iterations(trace, max_decode_tokens, prefill)
     n_trace = trace.num_requests
-    served = requests if requests is not None else n_trace
-    if batching == "static":
-        served = -(-max(served, 1) // batch_size) * batch_size  # whole batches
-    elif requests is None:
-        served = max(served, batch_size)  # enough to fill the batch once
+    served = requests_served(n_trace, batch_size, batching, requests)
     order = np.arange(served) % n_trace
     prefilled = out.prompt > 0 if prefill else np.zeros(n_trace, dtype=bool)  # requests with a prefill iteration
     busy = (prefilled | (out.decode > 0))[order]  # per place in the order: the request has something to run

@@ -87,6 +87,7 @@ import simpy
 from sim.core.accounting import IterationTally, iteration_record
 from sim.core.protocol import DecisionProtocol, LayerDecision, LayerStep, cpu_tokens
 from sim.core.records import IterationRecord
+from sim.core.serving import RequestRecord, ServingBatches
 from sim.core.workload import Iteration, phase_layers
 from sim.policies.base import Policy
 from sim.predictors.base import PredictionScore, Predictor
@@ -117,6 +118,7 @@ class EngineResult:
     prediction: PredictionScore
     timeline: list | None = field(default=None)
     decisions: list[LayerDecision] | None = field(default=None)  # with record_decisions
+    requests: list[RequestRecord] | None = field(default=None)  # per request served, with arrivals
     cpu_busy_s: float = 0.0  # the host CPU computing experts (source CPU)
     cpu_wait_s: float = 0.0  # the compute stream waiting for the host's experts at the end of a layer
     cpu_experts: int = 0  # expert computations on the host
@@ -481,8 +483,8 @@ class ComputeStream(StreamClock):
 
     def lm_head(self, it: Iteration) -> None:
         """The LM head closes the iteration: over every generated token, or each prefilled request's last."""
-        n_tok = int(it.rows.size)
-        lm = self.lm_head_of[n_tok if it.kind == "decode" else it.requests]
+        n_tok = int(it.rows.size) if it.emits is None else it.emits
+        lm = self.lm_head_of[n_tok if it.kind == "decode" or it.emits is not None else it.requests]
         if lm and self.slowed:
             lm = self.stretch(lm, self.dense_slow)
         if lm:
@@ -490,6 +492,20 @@ class ComputeStream(StreamClock):
                 self.timeline.lm_head(self.now, lm)
             self.wait(lm)
             self.busy += lm
+
+    def idle_until(self, t: float) -> None:
+        """Nothing to compute until ``t`` (no request is running and the next arrives then): every event due by
+        then runs (a copy on the link goes on, unslowed), then the stream is at ``t``."""
+        if t <= self.now:
+            return
+        self.waits += 1
+        if not self.serial:
+            self.copy.computing = False
+        if self.due <= t or self.peek() <= t:
+            self.run_until(t)
+        self.now = t
+        if not self.serial:
+            self.copy.computing = True
 
 
 class RunTotals:
@@ -516,7 +532,7 @@ class Simulation:
     def __init__(
         self,
         trace: Trace,
-        iterations: list[Iteration],
+        iterations: list[Iteration] | ServingBatches,
         policy: Policy,
         predictor: Predictor,
         costs: CostModel,
@@ -593,31 +609,64 @@ class Simulation:
         assert stream is not None and protocol is not None and self.copy is not None, "setup() comes first"
         tally = IterationTally(self.policy.cache.counters, self.copy)
         stream.sync()  # the environment's next event as the run starts; only the stream's clock runs it from here
-        for it in self.iterations:
-            t_start = stream.now
-            tally.begin()
-            stream.start_iteration(it)
-            for step in protocol.steps(it):
-                stream.layer(step)
-            stream.lm_head(it)
-            records.append(
-                iteration_record(
-                    it,
-                    int(it.rows.size),
-                    t_start,
-                    stream.now,
-                    stream.stall,
-                    tally.counts(stream.issued, stream.unused),
-                    stream.cpu_n,
-                    stream.cpu_s,
-                    stream.cpu_wait,
-                )
-            )
-            totals.add(stream)
-            if progress is not None:
-                progress(it.index + 1, len(self.iterations))
+        iterations = self.iterations
+        if isinstance(iterations, ServingBatches):
+            self.serve_loop(iterations, tally, records, totals)
+        else:
+            for it in iterations:
+                self.iteration(it, tally, records, totals)
+                if progress is not None:
+                    progress(it.index + 1, len(iterations))
         stream.wait(0.0)  # the copy events due at the last instant run before the stream ends
         stream.catch_up()  # SimPy's clock at the run's end
+
+    def iteration(self, it: Iteration, tally: IterationTally, records: list[IterationRecord], totals: RunTotals):
+        """One iteration on the compute stream: its MoE layers, then its LM head; its record."""
+        stream, protocol = self.stream, self.protocol
+        assert stream is not None and protocol is not None, "setup() comes first"
+        t_start = stream.now
+        tally.begin()
+        stream.start_iteration(it)
+        for step in protocol.steps(it):
+            stream.layer(step)
+        stream.lm_head(it)
+        records.append(
+            iteration_record(
+                it,
+                int(it.rows.size),
+                t_start,
+                stream.now,
+                stream.stall,
+                tally.counts(stream.issued, stream.unused),
+                stream.cpu_n,
+                stream.cpu_s,
+                stream.cpu_wait,
+            )
+        )
+        totals.add(stream)
+
+    def serve_loop(
+        self, batches: ServingBatches, tally: IterationTally, records: list[IterationRecord], totals: RunTotals
+    ) -> None:
+        """Requests arriving in time: each iteration as the scheduler makes it at the stream's time, the stream
+        idle while no request is running and the next has not arrived."""
+        stream, progress = self.stream, self.progress
+        assert stream is not None, "setup() comes first"
+        while True:
+            nxt = batches.next(stream.now)
+            if nxt is None:
+                break
+            if isinstance(nxt, float):
+                stream.idle_until(nxt)
+                continue
+            start = stream.now
+            self.iteration(nxt, tally, records, totals)
+            batches.done(nxt, start, stream.now)
+            if progress is not None:
+                progress(batches.finished, batches.total)
+        if self.timeline is not None:
+            for rec in batches.records:
+                self.timeline.request(rec)
 
     def run(self, env: simpy.Environment | None = None) -> EngineResult:
         """Simulate the run (in ``env`` if given: other processes there run beside it, as long as the stream
@@ -651,4 +700,5 @@ class Simulation:
             cpu_busy_s=totals.cpu_busy,
             cpu_wait_s=totals.cpu_wait,
             cpu_experts=totals.cpu_n,
+            requests=self.iterations.records if isinstance(self.iterations, ServingBatches) else None,
         )

@@ -1,7 +1,9 @@
 """The timeline sink: what a run with ``--timeline`` records, one span per copy, compute and host-CPU work.
 
 A span is a tuple ``(track, name, start_s, duration_s)``; ``track`` is ``"compute"`` (the GPU's compute stream),
-``"copy"`` (the host-to-device link) or ``"cpu"`` (the host CPU computing experts). ``sim/results.py`` writes the
+``"copy"`` (the host-to-device link), ``"cpu"`` (the host CPU computing experts) or, in a run with arrivals,
+``"request N"`` (request N's ``queued``, ``prefill`` and ``decode`` spans: from its arrival to its first iteration,
+to the end of its prompt, to its last token). ``sim/results.py`` writes the
 spans as a Chrome/Perfetto trace. The engine and the copy engine hold a :class:`Timeline` only when one was asked
 for (else None, and they record nothing).
 """
@@ -39,3 +41,18 @@ class Timeline:
     def host(self, layer: int, what: str, start: float, duration: float) -> None:
         """Host-CPU work of a layer: ``what`` is ``activations d2h``, ``E<expert> cpu`` or ``activations h2d``."""
         self.spans.append(("cpu", f"L{layer} {what}", start, duration))
+
+    def request(self, rec) -> None:
+        """A served request's life (a :class:`sim.core.serving.RequestRecord`): queued from its arrival to its first
+        iteration's start, prefilling until its prompt is done, decoding until its last token."""
+        track, start, finish = f"request {rec.request}", rec.start_s, rec.finish_s
+        if start is None or finish is None:
+            return
+        if start > rec.arrival_s:
+            self.spans.append((track, "queued", rec.arrival_s, start - rec.arrival_s))
+        decode_from = start
+        if rec.prompt_done_s is not None:
+            self.spans.append((track, "prefill", start, rec.prompt_done_s - start))
+            decode_from = rec.prompt_done_s
+        if finish > decode_from:
+            self.spans.append((track, "decode", decode_from, finish - decode_from))
