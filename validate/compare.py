@@ -544,44 +544,10 @@ def _count(v) -> str:
 
 
 def plot(rows: list[dict], manifest: dict, path: Path) -> Path:
-    import matplotlib
+    """``compare.png`` (drawn by ``validate/compare_plot.py``)."""
+    from validate.compare_plot import plot as draw
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.5))
-    real = np.array([r["real_mean_ms"] for r in rows])
-    sim = np.array([r["sim_mean_ms"] for r in rows])
-    lo, hi = min(real.min(), sim.min()) * 0.8, max(real.max(), sim.max()) * 1.2
-    xs = np.linspace(lo, hi, 50)
-    ax.fill_between(xs, xs * 0.85, xs * 1.15, color="0.9", label="±15%")
-    ax.plot(xs, xs, color="0.4", lw=1, label="sim = real")
-    ax.scatter(real, sim, zorder=3)
-    for r in rows:
-        ax.annotate(
-            r["config"], (r["real_mean_ms"], r["sim_mean_ms"]), fontsize=6, xytext=(3, 3), textcoords="offset points"
-        )
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("real mean iteration latency (ms)")
-    ax.set_ylabel("simulated mean iteration latency (ms)")
-    ax.set_title(f"{label(manifest.get('suite'))} suite: {label(manifest.get('device'))}", fontsize=8)
-    ax.legend(fontsize=7)
-    names = [r["config"] for r in rows]
-    x = np.arange(len(rows))
-    bx.bar(x - 0.2, [r["err_mean_pct"] for r in rows], 0.4, label="mean latency")
-    bx.bar(x + 0.2, [r["err_tok_s_pct"] for r in rows], 0.4, label="throughput")
-    bx.axhline(0, color="0.3", lw=0.8)
-    bx.set_xticks(x)
-    bx.set_xticklabels(names, rotation=35, ha="right", fontsize=7)
-    bx.set_ylabel("simulator error (%)")
-    bx.legend(fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    return draw(rows, manifest, path)
 
 
 __all__ = [
