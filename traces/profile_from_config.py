@@ -17,17 +17,21 @@ naming it):
 - Shared experts: ``shared_expert_intermediate_size`` (Qwen2-MoE) or ``n_shared_experts * moe_intermediate_size``
   (DeepSeek).
 - Attention: ``num_attention_heads``, ``num_key_value_heads`` (default: the heads), ``head_dim`` (default:
-  ``hidden_size / heads``); Switch ``num_heads`` and ``d_kv``. Multi-head latent attention (``kv_lora_rank``)
-  becomes the equivalent the bundled DeepSeek profiles use: ``n_kv_heads * head_dim * 2 = kv_lora_rank +
-  qk_rope_head_dim`` (the compressed KV cache exactly).
+  ``hidden_size / heads``); Switch ``num_heads`` and ``d_kv``. Multi-head latent attention (``kv_lora_rank``,
+  ``q_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``) is stated with those widths (its
+  weights and compressed KV cache are counted from them), with the plain shape the bundled DeepSeek profiles use to
+  price its attention over the context (``n_kv_heads * head_dim * 2 = kv_lora_rank + qk_rope_head_dim``).
+  Full attention every ``full_attention_interval`` blocks and Gated DeltaNet linear attention in the others
+  (``linear_num_value_heads``..., Qwen3-Next) becomes one plain shape for every block with the full blocks' KV
+  cache exactly and the blocks' mean attention weights.
 - Experts are gated (3 matrices: gate, up, down) except Switch's (2: wi, wo).
 - ``dtype_bytes``: ``torch_dtype``/``dtype`` (bfloat16 and float16: 2, float32: 4), else the caller's default (an
   assumption, said in the file). ``expert_bits``: MXFP4 experts 4.25 (4 bits and one 8-bit scale per 32), FP8
   experts 8 (block scales ignored), a ``bits`` field of another quantization method as it is (scales ignored).
 
 Known layouts (``model_type``): mixtral, olmoe, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss and
-switch_transformers: every tiny model of :mod:`traces.record.tiny_models`. Another ``model_type`` is read by the same
-rules, which the file then says as an assumption.
+switch_transformers (every tiny model of :mod:`traces.record.tiny_models`), glm4_moe, minimax_m2 and qwen3_next.
+Another ``model_type`` is read by the same rules, which the file then says as an assumption.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ KNOWN_TYPES = (
     "deepseek_v3",
     "gpt_oss",
     "switch_transformers",
+    "glm4_moe",
+    "minimax_m2",
+    "qwen3_next",
 )
 #: Bytes per weight of a checkpoint dtype.
 DTYPE_BYTES = {
@@ -94,6 +101,7 @@ _BLOCK_FIELDS = (
     "moe_layer_freq",
     "decoder_sparse_step",
     "encoder_sparse_step",
+    "full_attention_interval",
 )
 _EXPERT_FIELDS = (
     "num_local_experts",
@@ -120,13 +128,19 @@ _WIDTH_FIELDS = (
     "qk_rope_head_dim",
     "qk_nope_head_dim",
     "v_head_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
 )
 #: The most each size field may be, by name, wherever it appears in a config (nested ones, e.g. ``text_config``, too).
 SIZE_LIMITS = {
     **dict.fromkeys(_BLOCK_FIELDS, MAX_BLOCKS),
     **dict.fromkeys(_EXPERT_FIELDS, MAX_EXPERTS),
     **dict.fromkeys(_WIDTH_FIELDS, MAX_WIDTH),
-    **dict.fromkeys(("num_attention_heads", "num_key_value_heads", "num_heads"), MAX_HEADS),
+    **dict.fromkeys(
+        ("num_attention_heads", "num_key_value_heads", "num_heads", "linear_num_key_heads", "linear_num_value_heads"),
+        MAX_HEADS,
+    ),
     "vocab_size": MAX_VOCAB,
     "max_position_embeddings": MAX_POSITIONS,
 }
@@ -318,7 +332,7 @@ def derive_profile(
     switch = model_type == "switch_transformers"
     fields: dict[str, Any] = {"name": name}
     fields.update(_switch_shape(r) if switch else _decoder_shape(r))
-    fields.update(_attention(r, fields["d_model"], switch))
+    fields.update(_attention(r, fields["d_model"], switch, fields["decoder_blocks"]))
     fields["dtype_bytes"] = _dtype_bytes(r, default_dtype_bytes, default_dtype_why)
     bits = _expert_bits(r, fields["dtype_bytes"])
     if bits is not None:
@@ -453,7 +467,7 @@ def _switch_sparse(r: _Reader, role: str, blocks: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------- attention
-def _attention(r: _Reader, d_model: int, switch: bool) -> dict:
+def _attention(r: _Reader, d_model: int, switch: bool, blocks: int) -> dict:
     if switch:
         heads = r.int("num_heads", why="the attention heads")
         head_dim = r.int("d_kv", why="the width of one head", default=d_model // heads)
@@ -462,6 +476,8 @@ def _attention(r: _Reader, d_model: int, switch: bool) -> dict:
     heads = r.int("num_attention_heads", why="the attention heads")
     if r.has("kv_lora_rank"):
         return _latent_attention(r, heads)
+    if r.has("linear_num_value_heads"):
+        return _hybrid_attention(r, heads, d_model, blocks)
     kv = r.int("num_key_value_heads", why="the KV heads", default=heads)
     if r.has("head_dim"):
         head_dim = r.int("head_dim", why="the width of one head")
@@ -477,25 +493,96 @@ def _attention(r: _Reader, d_model: int, switch: bool) -> dict:
 
 
 def _latent_attention(r: _Reader, heads: int) -> dict:
-    """Multi-head latent attention as the plain shape the DeepSeek profiles use: its compressed KV cache
-    (kv_lora_rank + qk_rope_head_dim values per token and block) as 2 KV heads (1 when that is not whole)."""
+    """Multi-head latent attention, stated with its own widths (its weights and its compressed KV cache are counted
+    from them: :class:`sim.config.model.ModelSpec`), plus the plain shape that prices its attention over the context
+    as the bundled DeepSeek profiles do: kv_lora_rank + qk_rope_head_dim values as 2 KV heads (1 when that is not
+    whole)."""
     rank = r.int("kv_lora_rank", why="the compressed KV width")
     rope = r.int("qk_rope_head_dim", why="the rotary part of a key", minimum=0)
+    nope = r.int("qk_nope_head_dim", why="the non-rotary part of a query/key head", minimum=0)
+    v_dim = r.int("v_head_dim", why="the width of a value head")
+    if "q_lora_rank" not in r.c:
+        r.assumptions.append("no field 'q_lora_rank': queries projected straight from the hidden state")
+    q_rank = r.int("q_lora_rank", why="the compressed query width (null: none)", default=0, minimum=0)
     values = rank + rope
     kv = 2 if values % 4 == 0 else 1
     head_dim = math.ceil(values / (2 * kv))
     r.notes.append(
-        f"attention: multi-head latent attention ({heads} heads, kv_lora_rank {rank} + qk_rope_head_dim "
-        f"{rope} = {values} cached values per token and block) kept as n_heads {heads}, n_kv_heads {kv}, "
-        f"head_dim {head_dim}, as the bundled DeepSeek profiles do."
+        f"attention: multi-head latent attention, {heads} heads, q_lora_rank {q_rank or 'none'}, kv_lora_rank "
+        f"{rank}, qk_nope_head_dim {nope}, qk_rope_head_dim {rope}, v_head_dim {v_dim}: weights counted from "
+        f"these, KV cache {values} values per token and block; n_kv_heads {kv} and head_dim {head_dim} only "
+        f"price the attention over the context, as the bundled DeepSeek profiles do."
     )
     r.assumptions.append(
-        "latent attention's weights and FLOPs are those of the equivalent plain shape (the "
-        "bundled DeepSeek profiles say by how much they differ)"
+        f"latent attention's FLOPs over the context are those of {heads} heads of width {head_dim} (the bundled "
+        "DeepSeek profiles say by how much they differ)"
     )
-    if 2 * kv * head_dim != values:
-        r.assumptions.append(f"the KV cache rounds {values} values up to {2 * kv * head_dim} per token and block")
-    return {"n_heads": heads, "n_kv_heads": kv, "head_dim": head_dim}
+    return {
+        "n_heads": heads,
+        "n_kv_heads": min(kv, heads),
+        "head_dim": head_dim,
+        "kv_lora_rank": rank,
+        "q_lora_rank": q_rank,
+        "qk_nope_head_dim": nope,
+        "qk_rope_head_dim": rope,
+        "v_head_dim": v_dim,
+    }
+
+
+def _hybrid_attention(r: _Reader, heads: int, d_model: int, blocks: int) -> dict:
+    """Full attention every ``full_attention_interval`` blocks (or where ``layer_types`` says), Gated DeltaNet
+    linear attention in the others (Qwen3-Next): kept as one plain shape for every block that holds the KV cache of
+    the full blocks exactly (1 KV head) and their mean attention weights (rounded to whole heads)."""
+    full = _full_blocks(r, blocks)
+    if full == 0:
+        raise InputError(f"{r.where}: no block of the {blocks} has full attention (see full_attention_interval)")
+    kv = r.int("num_key_value_heads", why="the KV heads of the full-attention blocks", default=heads)
+    head_dim = r.int("head_dim", why="the head width of the full-attention blocks", default=d_model // heads)
+    gate = 2 if r.c.get("model_type") == "qwen3_next" or r.c.get("attn_output_gate") is True else 1
+    full_w = d_model * head_dim * (heads * gate + 2 * kv + heads)
+    linear_w = _deltanet_params(r, d_model)
+    mean = (full * full_w + (blocks - full) * linear_w) / blocks
+    width = math.ceil(full * kv * head_dim / blocks)  # K (or V) values per token and block, all blocks alike
+    n_heads = max(round(mean / (2 * d_model * width)) - 1, 1)
+    if n_heads > MAX_HEADS:
+        raise InputError(
+            f"{r.where}: the linear-attention widths give {n_heads} equivalent heads, more than {MAX_HEADS}"
+        )
+    r.notes.append(
+        f"attention: {full} of {blocks} blocks full attention ({heads} heads{' with an output gate' * (gate == 2)}, "
+        f"{kv} KV heads, head_dim {head_dim}: {full_w} weights each), the others Gated DeltaNet ({linear_w} "
+        f"weights each); kept as n_heads {n_heads}, n_kv_heads 1, head_dim {width} in every block: the KV cache of "
+        f"the full blocks, and {2 * d_model * width * (n_heads + 1)} attention weights per block against their "
+        f"mean {mean:.0f}."
+    )
+    r.assumptions.append(
+        "the linear-attention blocks' recurrent and convolution state is left out, and their attention over the "
+        "context is priced as the full blocks' (too much: only the full blocks attend over it)"
+    )
+    if width * blocks != full * kv * head_dim:
+        r.assumptions.append(f"the KV cache rounds {full * kv * head_dim} values up to {width * blocks} per token")
+    return {"n_heads": n_heads, "n_kv_heads": 1, "head_dim": width}
+
+
+def _full_blocks(r: _Reader, blocks: int) -> int:
+    """How many blocks have full attention: ``layer_types`` entries "full_attention", else every
+    ``full_attention_interval``-th block (blocks i with (i + 1) % interval == 0)."""
+    kinds = r.c.get("layer_types")
+    if isinstance(kinds, list) and len(kinds) == blocks:
+        return sum(1 for kind in kinds if kind == "full_attention")
+    step = r.int("full_attention_interval", why="every how many blocks one has full attention")
+    return blocks // step
+
+
+def _deltanet_params(r: _Reader, d_model: int) -> int:
+    """Weights of one Gated DeltaNet block (Qwen3-Next): the q/k/v/z and b/a input projections, the depthwise
+    convolution over q, k and v, the output projection (the per-head decay and bias and the norm left out)."""
+    k_heads = r.int("linear_num_key_heads", why="the linear-attention key heads")
+    v_heads = r.int("linear_num_value_heads", why="the linear-attention value heads")
+    k_dim = k_heads * r.int("linear_key_head_dim", why="the linear-attention key head width")
+    v_dim = v_heads * r.int("linear_value_head_dim", why="the linear-attention value head width")
+    kernel = r.int("linear_conv_kernel_dim", why="the linear-attention convolution width", default=4)
+    return d_model * (2 * k_dim + 2 * v_dim + 2 * v_heads) + (2 * k_dim + v_dim) * kernel + v_dim * d_model
 
 
 # --------------------------------------------------------------------------------------------- weights

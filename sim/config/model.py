@@ -71,6 +71,14 @@ class ModelSpec:
     dtype_bytes: int = setting(check=_dtype_bytes)  # 2 for bf16, 4 for fp32
     vocab_size: int = setting(check=integer(1))
     expert_bits: float | None = setting(None, _expert_bits, constructor_default=True)  # None = 8 * dtype_bytes
+    # Multi-head latent attention (DeepSeek-V2/V3, Kimi K2), as the checkpoint's config names its widths: with
+    # ``kv_lora_rank`` set, the attention weights and the KV cache are counted from these (see MLA_FIELDS), and
+    # ``n_kv_heads``/``head_dim`` only price the attention over the context (its FLOPs per token and context token).
+    kv_lora_rank: int | None = setting(None, integer(1, allow_none=True), constructor_default=True)
+    q_lora_rank: int = setting(0, integer(0), constructor_default=True)  # 0: queries projected from d_model directly
+    qk_nope_head_dim: int = setting(0, integer(0), constructor_default=True)
+    qk_rope_head_dim: int = setting(0, integer(0), constructor_default=True)
+    v_head_dim: int = setting(0, integer(0), constructor_default=True)
 
     # -- per expert
     @property
@@ -113,10 +121,32 @@ class ModelSpec:
 
     # -- attention
     @property
+    def latent_attention(self) -> bool:
+        """Whether the attention is multi-head latent attention (``kv_lora_rank`` set)."""
+        return self.kv_lora_rank is not None
+
+    @property
     def attention_params_per_block(self) -> int:
-        """Self-attention weights of one block: q and o (d_model x n_heads*head_dim), k and v (x n_kv_heads*head_dim).
+        """Self-attention weights of one block: q and o (d_model x n_heads*head_dim), k and v (x n_kv_heads*head_dim);
+        with latent attention, its own projections (:meth:`latent_attention_params`).
         See :meth:`attention_params` for decoder blocks of an encoder-decoder model (with cross-attention)."""
+        if self.latent_attention:
+            return self.latent_attention_params
         return 2 * self.d_model * self.head_dim * (self.n_heads + self.n_kv_heads)
+
+    @property
+    def latent_attention_params(self) -> int:
+        """Weights of one multi-head latent attention block (DeepSeek-V2 section 2.1; norms left out): the query
+        (``d_model -> q_lora_rank -> n_heads x (nope + rope)``, or straight from ``d_model`` when q_lora_rank is 0),
+        the compressed KV and the shared rotary key (``d_model -> kv_lora_rank + rope``), the KV up-projection
+        (``kv_lora_rank -> n_heads x (nope + v)``) and the output (``n_heads x v -> d_model``)."""
+        rank, heads, d = self.kv_lora_rank or 0, self.n_heads, self.d_model
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        q_rank = self.q_lora_rank
+        query = q_rank * (d + heads * qk) if q_rank else d * heads * qk
+        kv_down = d * (rank + self.qk_rope_head_dim)
+        kv_up = rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return query + kv_down + kv_up + heads * self.v_head_dim * d
 
     def attention_params(self, role: str) -> int:
         """Attention weights of one block of ``role``: doubled for decoder blocks of an encoder-decoder model,
@@ -126,7 +156,11 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_block_token(self) -> int:
-        """KV-cache bytes of one token in one decoder block (its K and V)."""
+        """KV-cache bytes of one token in one decoder block: its K and V, or with latent attention the compressed
+        latent and the shared rotary key (``kv_lora_rank + qk_rope_head_dim`` values, as vLLM and SGLang cache
+        them)."""
+        if self.latent_attention:
+            return ((self.kv_lora_rank or 0) + self.qk_rope_head_dim) * self.dtype_bytes
         return 2 * self.n_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
@@ -178,11 +212,30 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         """The profile as a plain mapping (the model-file schema; loads back with :func:`load_model`).
-        ``expert_bits`` appears only when set."""
-        return {f: getattr(self, f) for f in MODEL_FIELDS if f != "expert_bits" or self.expert_bits is not None}
+        ``expert_bits`` appears only when set, the latent-attention fields only with ``kv_lora_rank``."""
+        return {f: getattr(self, f) for f in MODEL_FIELDS if self._stated(f)}
+
+    def _stated(self, field: str) -> bool:
+        if field == "expert_bits":
+            return self.expert_bits is not None
+        return field not in MLA_FIELDS or self.latent_attention
+
+    # -- parameter counts, as model cards state them
+    @property
+    def embedding_params(self) -> int:
+        """The embedding and the LM head (counted untied, as in :attr:`dense_params`)."""
+        return 2 * self.vocab_size * self.d_model
+
+    @property
+    def active_params(self) -> int:
+        """Weights one token uses: every dense weight (embeddings included) and ``top_k`` routed experts per MoE
+        layer. Model cards count active parameters with or without the embeddings (see :attr:`embedding_params`)."""
+        return self.dense_params + self.moe_layers * self.top_k * self.expert_params
 
 
 MODEL_FIELDS = keys_of(ModelSpec)
+#: The fields of multi-head latent attention (all but kv_lora_rank default to 0; they mean something only with it).
+MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 MODEL_KEYS = MODEL_FIELDS + ("base",)
 
 
@@ -206,6 +259,7 @@ def model_from_dict(d: Any, where: str = "model", suffix: str = "") -> ModelSpec
         fail("top_k", f"({spec.top_k}) exceeds num_experts ({spec.num_experts})")
     if spec.n_kv_heads > spec.n_heads:
         fail("n_kv_heads", f"({spec.n_kv_heads}) exceeds n_heads ({spec.n_heads})")
+    _check_latent_attention(spec, fail)
     for role in ROLES:
         if spec.moe_layers_of(role) > spec.blocks(role):
             fail(f"{role}_moe_layers", f"({spec.moe_layers_of(role)}) exceeds {role}_blocks ({spec.blocks(role)})")
@@ -223,6 +277,19 @@ def model_from_dict(d: Any, where: str = "model", suffix: str = "") -> ModelSpec
     return spec
 
 
+def _check_latent_attention(spec: ModelSpec, fail) -> None:
+    """Latent attention's widths: set only with kv_lora_rank, and then a query/key and a value head of width >= 1."""
+    if not spec.latent_attention:
+        for key in MLA_FIELDS[1:]:
+            if getattr(spec, key):
+                fail(key, "is a width of multi-head latent attention: it needs kv_lora_rank")
+        return
+    if spec.qk_nope_head_dim + spec.qk_rope_head_dim == 0:
+        fail("qk_nope_head_dim", "and qk_rope_head_dim are both 0: latent attention needs a query/key head width")
+    if spec.v_head_dim == 0:
+        fail("v_head_dim", "must be >= 1 with kv_lora_rank (the width of a value head)")
+
+
 def load_model(spec_or_name: Any, where: str = "model") -> ModelSpec:
     """A model profile from a name (``configs/models/NAME.yaml``), a path to a YAML/JSON file, an inline mapping
     (optionally with ``base``), or a :class:`ModelSpec` (returned as is)."""
@@ -233,4 +300,4 @@ def load_model(spec_or_name: Any, where: str = "model") -> ModelSpec:
     return model_from_dict(d, where, suffix)
 
 
-__all__ = ["MODEL_FIELDS", "MODEL_KEYS", "ROLES", "ModelSpec", "load_model", "model_from_dict"]
+__all__ = ["MLA_FIELDS", "MODEL_FIELDS", "MODEL_KEYS", "ROLES", "ModelSpec", "load_model", "model_from_dict"]

@@ -230,7 +230,8 @@ def test_unknown_policy_and_predictor_names_list_the_known_ones():
 def test_unknown_model_name_lists_the_profiles():
     with pytest.raises(ConfigError) as exc:
         load_model("switch-xxxl")
-    assert "switch-xxl-128" in str(exc.value) and "mixtral-8x7b" in str(exc.value)
+    msg, n = str(exc.value), len(available("models"))
+    assert "switch-xxl-128" in msg and ("mixtral-8x7b" in msg or f"{n} in all: see configs/models/" in msg)
     with pytest.raises(ConfigError) as exc:
         load_hardware("h300")
     msg = str(exc.value)
@@ -402,10 +403,14 @@ def test_memory_check_counts_kv_cache():
     field_error(exc, "cache")
 
 
-def test_memory_check_is_skipped_for_gpu_only():
-    cfg = build(["cache.hpc_slots=10", "cache.mpc_slots=40", "policy.name=gpu-only"])
-    assert cfg.policy.name == "gpu-only"
-    d = base()
+def test_memory_check_counts_every_expert_for_gpu_only():
+    """gpu-only needs no tier sizes, but every expert: Switch-XXL's 773 GB do not fit an H200, Mixtral's do
+    (tests/sim/config/test_memory_fit.py has the rest)."""
+    with pytest.raises(ConfigError) as exc:
+        build(["cache.hpc_slots=10", "cache.mpc_slots=40", "policy.name=gpu-only"])
+    field_error(exc, "policy.name")
+    assert "the experts need 773 GB (128 experts x 24 MoE layers" in str(exc.value)
+    d = base(MIXTRAL)
     del d["cache"]
     d["policy"] = {"name": "gpu-only"}
     cfg = config_from_dict(d)  # no tier sizes needed
@@ -480,6 +485,14 @@ ADDED_BYTES_PER_EXPERT = {  # beyond those (tests/sim/config/test_models.py has 
     "gpt-oss-120b": 13.2e6,
     # Qwen3.5-35B-A3B: 3 matrices x 2048 x 512 at bf16
     "qwen3.5-35b-a3b": 6.3e6,
+    # derived from the configs in configs/models/sources/ (3 matrices at bf16; MiniMax-M2.1's FP8 experts at 8 bits)
+    "deepseek-v2": 47.2e6,
+    "deepseek-v2.5": 47.2e6,
+    "deepseek-coder-v2-lite": 17.3e6,
+    "qwen2-57b-a14b": 55.1e6,
+    "minimax-m2.1": 14.2e6,
+    "qwen3-coder-next": 6.3e6,
+    "glm-4.5-air": 34.6e6,
 }
 BYTES_PER_EXPERT = {**DOCUMENTED_BYTES_PER_EXPERT, **ADDED_BYTES_PER_EXPERT}
 

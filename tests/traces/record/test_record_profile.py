@@ -83,6 +83,7 @@ PUBLISHED = [
             num_key_value_heads=16,
             first_k_dense_replace=1,
             num_experts_per_tok=6,
+            q_lora_rank=None,  # the published config: queries straight from the hidden state (the class: 1536)
         ),
         {},
     ),
