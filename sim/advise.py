@@ -102,6 +102,7 @@ class Knobs:
     params: tuple[tuple[str, Any], ...] = ()  # policy params the search sets (cpu_layers)
     geometry: Geometry | None = None
     batch: int | None = None
+    extra: tuple[tuple[str, Any], ...] = ()  # other --set pairs (system.placement.n_cpu_moe)
 
 
 @dataclass
@@ -111,7 +112,8 @@ class Root:
     config: str
     sets: list[str]
     cfg: RunConfig
-    force_cache: bool  # every cache key in each candidate's settings (the config sizes its tiers from memory)
+    force_cache: bool = False  # every cache key in each candidate's settings (the config sizes its tiers from memory)
+    force_policy: bool = False  # policy.name and policy.params in each (the config as given does not fit)
 
 
 def geometry_of(cfg: RunConfig) -> Geometry:
@@ -121,10 +123,10 @@ def geometry_of(cfg: RunConfig) -> Geometry:
 
 def settings_of(knobs: Knobs, root: Root) -> dict[str, Any]:
     """The ``--set`` keys and values of a candidate, applied after the root's."""
-    cfg, out = root.cfg, {}
+    cfg, out = root.cfg, dict[str, Any]()
     if knobs.batch is not None:
         out["workload.batch_size"] = knobs.batch
-    if knobs.policy is not None and knobs.policy != cfg.policy.name:
+    if knobs.policy is not None and (root.force_policy or knobs.policy != cfg.policy.name):
         out["policy.name"] = knobs.policy
         out["policy.params"] = dict(knobs.params)
     else:
@@ -134,13 +136,14 @@ def settings_of(knobs: Knobs, root: Root) -> dict[str, Any]:
         out["predictor.params"] = {}
     if knobs.geometry is not None:
         out.update(cache_settings(root, knobs.geometry))
+    out.update(knobs.extra)
     return out
 
 
 def cache_settings(root: Root, g: Geometry) -> dict[str, Any]:
     """The cache keys that give ``g``: those that differ from the config's, or all of them (``force_cache``)."""
     c, force = root.cfg.cache, root.force_cache
-    out: dict[str, Any] = {"cache.gpu_memory_gb": None, "cache.split": None} if force else {}
+    out: dict[str, Any] = dict(NULL_SPLIT) if force else {}
     reserve = min(c.prefetch_reserve, g.lpc - 1)
     pairs = [
         ("layers", g.layers, c.layers),
@@ -223,7 +226,7 @@ class Candidate:
 
 def _memory(exc: ConfigError) -> bool:
     """Whether a refusal is about GPU memory: the tiers, the KV cache, or the room host layers leave."""
-    return exc.field == "cache" or exc.field.endswith("cpu_layers")
+    return exc.field == "cache" or exc.field.endswith("cpu_layers") or "does not fit" in exc.problem
 
 
 @dataclass
@@ -319,65 +322,91 @@ def predictor_options(policy: str, cfg: RunConfig, quick: bool) -> list[str]:
 
 
 def policy_stage(search: Search, plan: Plan, base: RunConfig, batch: int | None) -> list[Candidate]:
-    """The config as given, then each policy with each predictor option at the config's tier shape scaled to the
-    largest that fits."""
-    found = [search.run(Knobs(batch=batch))]
-    room, g0 = room_experts(base), geometry_of(base)
+    """Each policy with each predictor option, at the config's tier shape scaled to the largest that fits."""
+    found: list[Candidate] = []
     for policy, fixed in plan.entries:
-        shared_ok = POLICIES.get(policy).supports_shared
-        organization = g0.organization if shared_ok else "per-layer"
-        g = largest(base, room, hpc_share(base), g0.lpc, organization, g0.layers)
+        shape = shape_of(base)
+        if shape.organization == "shared" and not POLICIES.get(policy).supports_shared:
+            shape = replace(shape, organization="per-layer")
+        g = None if placed(base) else shape.geometry(base)
         options = [fixed] if fixed else predictor_options(policy, base, plan.quick)
-        for i, predictor in enumerate(options):
+        for predictor in options:
             c = search.run(Knobs(policy, predictor, geometry=g, batch=batch))
-            if search.stopped:
-                return [x for x in found if ok(x)]
+            if c is None:
+                return found
+            if c.tok_s is None:
+                break  # left out: so with any predictor
             found.append(c)
-            if i == 0 and ok(c) and c.prefetches == 0 and not fixed:
+            if c.prefetches == 0 and not fixed:
                 break  # it prefetched nothing: another predictor changes nothing
-    return [x for x in found if ok(x)]
+    return found
 
 
-def best_of(cands: list[Candidate | None]) -> Candidate | None:
-    done = [c for c in cands if ok(c)]
-    return max(done, key=lambda c: c.tok_s or 0.0) if done else None
+@dataclass(frozen=True)
+class Shape:
+    """Tiers as a shape: the HPC's share of a layer's slots, the working buffers, the organization and the cached
+    layers; its geometry is the largest that fits (:func:`largest`)."""
+
+    share: float
+    lpc: int
+    organization: str
+    layers: str
+
+    def geometry(self, cfg: RunConfig) -> Geometry | None:
+        return largest(cfg, room_experts(cfg), self.share, self.lpc, self.organization, self.layers)
+
+
+def shape_of(cfg: RunConfig) -> Shape:
+    c = cfg.cache
+    return Shape(hpc_share(cfg), c.lpc_buffers, c.organization, c.layers)
+
+
+def shape_steps(shape: Shape, policy: str) -> list[Shape]:
+    """One step of the tier search from ``shape``: other HPC shares, or half and twice the buffers, or the other
+    organization (where the policy manages a shared cache), or every MoE layer cached."""
+    return [
+        *(replace(shape, share=x) for x in HPC_SHARES if shape.organization == "per-layer"),
+        *(replace(shape, lpc=x) for x in (max(1, shape.lpc // 2), min(2 * shape.lpc, MAX_BUFFERS))),
+        *([replace(shape, organization="shared")] if POLICIES.get(policy).supports_shared else []),
+        replace(shape, organization="per-layer"),
+        replace(shape, layers="all"),
+    ]
 
 
 def geometry_stage(search: Search, base: RunConfig, start: Candidate) -> None:
-    """From ``start``'s tiers: other HPC shares, then half and twice the working buffers, then the other cache
-    organization, then every MoE layer cached; each the largest that fits, keeping the best so far."""
-    k, room = start.knobs, room_experts(base)
-    g = k.geometry or geometry_of(base)
-    if POLICIES.get(start.cfg.policy.name if start.cfg else base.policy.name).all_resident:
+    """From ``start``'s tiers, coordinate steps (:func:`shape_steps`) while one is faster, each shape the largest
+    that fits."""
+    assert start.cfg is not None
+    policy = start.cfg.policy.name
+    if POLICIES.get(policy).all_resident or placed(base):
         return
-    best, share = start, hpc_share(base) if g.organization == "per-layer" else 0.0
-    steps: list[Callable[[Geometry], list[Geometry | None]]] = [
-        lambda g: [largest(base, room, s, g.lpc, g.organization, g.layers) for s in HPC_SHARES],
-        lambda g: [
-            largest(base, room, share, lpc, g.organization, g.layers)
-            for lpc in (max(1, g.lpc // 2), min(2 * g.lpc, MAX_BUFFERS))
-        ],
-        lambda g: [largest(base, room, share, g.lpc, _other(g.organization), g.layers)],
-        lambda g: [largest(base, room, share, g.lpc, g.organization, "all")],
-    ]
-    for step in steps:
-        tried = [search.run(replace(k, geometry=x)) for x in step(g) if x is not None and x != g]
-        if search.stopped:
+    best, shape = start, replace(shape_of(base), organization=start.cfg.cache.organization)
+    tried = {shape}
+    while True:
+        step: dict[Shape, Candidate] = {}
+        for s in shape_steps(shape, policy):
+            if s in tried:
+                continue
+            tried.add(s)
+            g = s.geometry(base)
+            if g is None:
+                continue
+            c = search.run(replace(best.knobs, geometry=g))
+            if c is None:
+                return
+            if ok(c):
+                step[s] = c
+        faster = [(s, c) for s, c in step.items() if (c.tok_s or 0.0) > (best.tok_s or 0.0)]
+        if not faster:
             return
-        new = best_of([best, *tried])
-        if new is not None and new is not best:
-            best, k = new, new.knobs
-            g = k.geometry or g
-            share = g.hpc / (g.hpc + g.mpc) if g.organization == "per-layer" and g.hpc + g.mpc else share
+        shape, best = max(faster, key=lambda sc: sc[1].tok_s or 0.0)
 
 
-def _other(organization: str) -> str:
-    return "per-layer" if organization == "shared" else "shared"
-
-
-def host_layer_stage(search: Search, base: RunConfig, predictor: str | None, batch: int | None) -> None:
-    """``ktransformers`` with ``cpu_layers`` N (the first N MoE layers' experts on the host, every expert of the
-    others on the GPU, in exactly that room): a coarse grid of N, then finer steps around the best N."""
+def host_layer_stage(search: Search, base: RunConfig, batch: int | None) -> None:
+    """N MoE layers' experts on the host, every expert of the others on the GPU in exactly that room: a coarse grid
+    of N, then finer steps around the best N. N is the system's ``placement.n_cpu_moe`` where it places experts by
+    layer (the policy and tiers follow from it), else ``ktransformers``' ``cpu_layers`` with a shared cache of
+    that room."""
     from sim.run import cached_layers
 
     m = base.model
@@ -385,11 +414,19 @@ def host_layer_stage(search: Search, base: RunConfig, predictor: str | None, bat
     cached = cached_layers(trace, base.cache.layers)
 
     def knobs(n: int) -> Knobs:
+        if placed(base):
+            return Knobs(batch=batch, extra=(("system.placement.n_cpu_moe", n),))
         room = m.num_experts * sum(1 for layer in cached if layer >= n)
         g = Geometry(0, 0, 1, "shared", room, base.cache.layers)
-        return Knobs(HOST_LAYER_POLICY, predictor, (("cpu_layers", n),), g, batch)
+        return Knobs(HOST_LAYER_POLICY, None, (("cpu_layers", n),), g, batch)
 
     refine(lambda n: search.run(knobs(n)), 0, m.moe_layers, lambda: search.stopped)
+
+
+def placed(cfg: RunConfig) -> bool:
+    """Whether the system places experts by layer (``system.placement``): the policy and tiers follow from it."""
+    placement = getattr(cfg.system, "placement", None)
+    return placement is not None and bool(getattr(placement, "is_set", True))
 
 
 def refine(evaluate: Callable[[int], Candidate | None], lo: int, hi: int, stop: Callable[[], bool]) -> None:
@@ -429,12 +466,11 @@ def search_all(search: Search, plan: Plan) -> None:
     root = search.root
     search.run(Knobs())  # the config as given: what the others are measured against
     for batch in plan.batches:
-        sets = [] if batch is None else [set_text("workload.batch_size", batch)]
-        try:
-            base = load_run_config(root.config, root.sets + sets, POLICIES.names(), PREDICTORS.names())
-        except ConfigError as exc:
-            search._leave_out(Candidate(Knobs(batch=batch), settings_of(Knobs(batch=batch), root)), str(exc))
-            continue
+        base = root.cfg
+        if batch is not None:  # the config at that batch size, then the search there
+            base = replace(base, workload=replace(base.workload, batch_size=batch))
+            if search.run(Knobs(batch=batch)) is None:
+                return
         found = policy_stage(search, plan, base, batch)
         if search.stopped:
             return
@@ -443,7 +479,7 @@ def search_all(search: Search, plan: Plan) -> None:
             if search.stopped:
                 return
         if plan.host_layers:
-            host_layer_stage(search, base, None, batch)
+            host_layer_stage(search, base, batch)
             if search.stopped:
                 return
 
@@ -467,9 +503,8 @@ def default_entries(cfg: RunConfig) -> list[tuple[str, str | None]]:
     """The system's policies (:data:`SYSTEM_POLICIES`), else every policy but the offline bounds."""
     from sim.compare import all_entries
 
-    system = Path(str(cfg.system.source)).stem
-    if system in SYSTEM_POLICIES:
-        return [(p, None) for p in SYSTEM_POLICIES[system]]
+    if cfg.system.name in SYSTEM_POLICIES:
+        return [(p, None) for p in SYSTEM_POLICIES[cfg.system.name]]
     return [(p, None) for p, _ in all_entries() if getattr(POLICIES.get(p), "origin", None) != "bound"]
 
 
@@ -477,9 +512,8 @@ def wants_host_layers(cfg: RunConfig, entries: list[tuple[str, str | None]]) -> 
     """Host layers are searched for llama.cpp, or when the config sets ``cpu_layers`` itself."""
     if HOST_LAYER_POLICY not in [p for p, _ in entries]:
         return False
-    system = Path(str(cfg.system.source)).stem
     own = cfg.policy.params.get("cpu_layers", -1) if cfg.policy.name == HOST_LAYER_POLICY else -1
-    return system in HOST_LAYER_SYSTEMS or own >= 0
+    return cfg.system.name in HOST_LAYER_SYSTEMS or own >= 0 or placed(cfg)
 
 
 def parse_batch_sizes(text: str | None) -> list[int | None]:
@@ -499,14 +533,39 @@ def parse_batch_sizes(text: str | None) -> list[int | None]:
     return out
 
 
+NULL_SPLIT = {"cache.gpu_memory_gb": None, "cache.split": None}
+#: Tiers that fit wherever the KV cache does: what the search starts from when the config as given does not fit.
+LEAST: dict[str, Any] = {
+    "policy.name": "on-demand",
+    "policy.params": {},
+    **NULL_SPLIT,
+    "cache.hpc_slots": 0,
+    "cache.mpc_slots": 0,
+    "cache.lpc_buffers": 1,
+    "cache.prefetch_reserve": 0,
+    "cache.organization": "per-layer",
+    "cache.shared_slots": None,
+}
+
+
 def load_root(config: str, sets: list[str]) -> Root:
-    """The config with ``--set``; ``force_cache`` when it sizes its tiers from memory (``gpu_memory_gb`` and
-    ``split``), since a candidate's slot counts then replace them."""
+    """The config with ``--set``. When its tiers (or its policy's) do not fit, the search starts from the least
+    (:data:`LEAST`) and every candidate names its policy and tiers in full (``force_policy``, ``force_cache``); a
+    config that sizes its tiers from memory (``gpu_memory_gb`` and ``split``) has them replaced by slot counts
+    (``force_cache``). Any other problem, or a KV cache that does not fit alone, is the config's error."""
     names = POLICIES.names(), PREDICTORS.names()
-    cfg = load_run_config(config, sets, *names)
-    nulls = [set_text("cache.gpu_memory_gb", None), set_text("cache.split", None)]
     try:
-        same = load_run_config(config, sets + nulls, *names).resolved == cfg.resolved
+        cfg = load_run_config(config, sets, *names)
+    except ConfigError as exc:
+        if not _memory(exc):
+            raise
+        try:
+            least = load_run_config(config, sets + set_texts(LEAST), *names)
+        except ConfigError:
+            raise exc from None
+        return Root(config, sets, least, force_cache=True, force_policy=True)
+    try:
+        same = load_run_config(config, sets + set_texts(NULL_SPLIT), *names).resolved == cfg.resolved
     except ConfigError:
         same = False
     return Root(config, sets, cfg, force_cache=not same)
@@ -521,7 +580,7 @@ def describe(c: Candidate) -> str:
     words = [f"{cfg.policy.name} (predictor {cfg.predictor.name})", cache_words(cfg)]
     n = cfg.policy.params.get("cpu_layers", -1) if isinstance(cfg.policy.params, dict) else -1
     if isinstance(n, int) and n >= 0:
-        words.append(f"first {n} MoE layers on the host")
+        words.append(f"cpu_layers {n} (the first {n} MoE layers' experts on the host)")
     if "workload.batch_size" in c.settings:
         words.append(f"batch {cfg.workload.batch_size}")
     return ", ".join(words)
@@ -571,16 +630,32 @@ def report(search: Search, given: Candidate | None) -> dict:
 
 
 def table(search: Search, given: Candidate | None) -> str:
-    rows = ranked(search)
+    """The best candidate of each policy and predictor (and host layers, batch size), fastest first."""
+    rows, seen = [], set()
+    for c in ranked(search):
+        key = _family(c)
+        if key not in seen:
+            seen.add(key)
+            rows.append(c)
     ref = given.tok_s if given is not None and given.tok_s else None
     lines = ["| rank | tokens/s | x config | setting |", "|---|---|---|---|"]
-    for i, c in enumerate(rows[:SHOWN], 1):
+    shown = rows[:SHOWN] + ([given] if given in rows[SHOWN:] else [])
+    for c in shown:
         ratio = "-" if ref is None else f"{(c.tok_s or 0.0) / ref:.2f}"
         what = "the config as given" if not c.settings else describe(c)
-        lines.append(f"| {i} | {c.tok_s:,.1f} | {ratio} | {what} |")
-    if len(rows) > SHOWN:
-        lines.append(f"({len(rows) - SHOWN} more in the JSON, --json OUT)")
+        lines.append(f"| {rows.index(c) + 1} | {c.tok_s:,.1f} | {ratio} | {what} |")
+    more = len(search.ran) - len(shown)
+    if more:
+        lines.append(f"(the fastest of each policy and predictor; {more} more candidates in the JSON, --json OUT)")
     return "\n".join(lines)
+
+
+def _family(c: Candidate) -> tuple:
+    """What a table row stands for: the config as given, or a policy, predictor, host layers and batch size."""
+    if not c.settings or c.cfg is None:
+        return ("given",)
+    params = c.cfg.policy.params
+    return (c.cfg.policy.name, c.cfg.predictor.name, params.get("cpu_layers"), c.settings.get("workload.batch_size"))
 
 
 def summary_text(search: Search, given: Candidate | None) -> str:
@@ -589,10 +664,9 @@ def summary_text(search: Search, given: Candidate | None) -> str:
     cfg, root = search.root.cfg, search.root
     best = ranked(search)[0]
     hw = hardware_words({"hardware": cfg.hardware.name, "hardware_source": cfg.hardware.source})
-    system = Path(str(cfg.system.source)).stem if cfg.system.source != "inline" else "ideal"
     fits = sum(1 for c in search.left_out if not c.fits)
     head = [
-        f"advise: {cfg.model.name} on {hw}, system {system}, trace {Path(cfg.workload.trace).name}",
+        f"advise: {cfg.model.name} on {hw}, system {cfg.system.name}, trace {Path(cfg.workload.trace).name}",
         f"simulated {len(search.ran)} candidates"
         + (" (stopped at --max-candidates)" if search.stopped else "")
         + f"; left out {len(search.left_out)} ({fits} do not fit in the GPU's memory, "
