@@ -15,8 +15,8 @@ first pass's points count, as in ``combine``. With 3 passes of 3.24, 2.64 and 4.
 the drift 28.7% (the 4.17 ms pass).
 
 **The machine was steady** when every table's drift is within ``TOLERANCE``, 25%. On the 12 archived H200
-measurements (``docs/validation/``: 3 full passes each, 5 tables, 60 drifts) 53 drifts are at most 23% (the
-ordinary pass-to-pass noise of a VM: memory-bound work moves by about ±15% there) and the other 7 are 28-105%,
+measurements (``docs/validation/``: 3 full passes each, 5 tables, 60 drifts) 53 drifts are at most 23.3% (the
+ordinary pass-to-pass noise of a VM: memory-bound work moves by about ±15% there) and the other 7 are 27.7-105%,
 in 4 measurements where one pass ran dense work or expert FFNs at another speed. 25% sits in that gap: a table
 beyond it ran, for part of the measurement, at a speed more than a quarter away from the calibration, more than
 the median errors of the 8 steady ones (0.3-13.4%), so an error of that size can no longer be told from the

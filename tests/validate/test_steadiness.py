@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import statistics
+import tarfile
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -23,10 +26,12 @@ import validate.measure as measure_mod
 import validate.microbench as microbench
 from sim.errors import ConfigError
 from tests.support.fuzz import fuzz_settings
+from tests.support.paths import ROOT
 from tests.support.validate import tiny_suite
 from validate import cli
 from validate.compare import markdown
 from validate.steadiness import (
+    PASSES_FILE,
     TOLERANCE,
     Drift,
     assess,
@@ -317,3 +322,33 @@ def test_an_unsteady_machine_is_flagged_by_measure_and_compare_warns_or_fails_wh
     (folder / "calibration-passes.json").write_text(json.dumps([{"tables": {"dense": [[1, 1, "x"]]}}]))
     assert cli.main(["compare", str(folder)]) == 2
     assert "calibration-passes.json: [0].tables.dense[0]" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ the archives
+def _archived_passes(archive) -> list[dict]:
+    with tarfile.open(archive) as tar:
+        member = next(m for m in tar.getmembers() if Path(m.name).parts[1:] == (PASSES_FILE,))
+        return check_passes(json.loads(tar.extractfile(member).read()), str(archive))
+
+
+def test_the_steadiness_table_of_docs_validation_is_what_the_archives_hold():
+    """Every archived measurement's row of docs/validation/README.md ("Machine steadiness"): its passes, each
+    table's drift and the verdict, recomputed from the archive's calibration passes; the sample warning is one
+    archive's; the folders without an archive keep no passes."""
+    top = ROOT / "docs" / "validation"
+    text = (top / "README.md").read_text().split("## Machine steadiness", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `(h200-[^`]+)/` \| (.+) \|$", text, re.M))
+    archives = sorted(top.rglob("gpu-check.tar.gz"))
+    assert archives and sorted(rows) == sorted(str(a.parent.relative_to(top)) for a in archives)
+    warnings = []
+    for archive in archives:
+        verdict = assess(_archived_passes(archive))
+        drift = ", ".join(f"{d.table} {100 * d.deviation:.1f}%" for d in verdict.drifts)
+        said = "steady" if verdict.steady else f"**unsteady** ({', '.join(d.table for d in verdict.beyond)})"
+        assert rows[str(archive.parent.relative_to(top))] == f"{verdict.passes} | {drift} | {said}", archive
+        warnings += verdict.warnings()
+    shown = re.search(r"^warning: .*$", text, re.M)
+    assert shown and shown.group(0) in warnings
+    for folder in top.glob("cpu-vm-*"):
+        assert not list(folder.rglob(PASSES_FILE)) and not list(folder.rglob("*.tar.gz")), folder
+    assert f"`cpu-vm-*/` ({len(list(top.glob('cpu-vm-*')))} folders) | - | - | not recorded" in text
