@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", action="store_true", help="also write timeline.json (Chrome trace, opens in Perfetto)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.set_defaults(func=cmd_run)
-    from sim import advise, compare, fit_system, listing
+    from sim import advise, capacity, compare, fit_system, listing
     from sim.sweep import cli as sweep
 
     compare.register(sub)
@@ -126,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.register(sub)
     fit_system.register(sub)
     advise.register(sub)
+    capacity.register(sub)
     listing.register(sub)
     return parser
 
