@@ -183,29 +183,22 @@ def search(evaluate: Callable[[float], Point], start: float, tolerance: float) -
     ``tolerance``; and whether a failing rate bounds it (False: every rate up to ``MAX_RATE`` meets)."""
     steps = 0
     rate = min(max(start, MIN_RATE), MAX_RATE)
-    if evaluate(rate).meets:
-        lo, hi = rate, None
-        while hi is None:
-            nxt = min(lo * 2, MAX_RATE)
-            if nxt == lo or steps >= MAX_STEPS:
-                return lo, False
-            steps += 1
-            if evaluate(nxt).meets:
-                lo = nxt
-            else:
-                hi = nxt
+    meets = evaluate(rate).meets
+    lo, hi = rate, rate  # lo meets and hi fails, once bracketed
+    while steps < MAX_STEPS:  # bracketing: double while the rate meets, halve while it fails
+        nxt = min(rate * 2, MAX_RATE) if meets else rate / 2
+        if meets and nxt == rate:
+            return rate, False
+        if not meets and nxt < MIN_RATE:
+            return 0.0, True
+        steps += 1
+        if evaluate(nxt).meets != meets:
+            lo, hi = (rate, nxt) if meets else (nxt, rate)
+            break
+        rate = nxt
     else:
-        lo, hi = None, rate
-        while lo is None:
-            nxt = hi / 2
-            if nxt < MIN_RATE or steps >= MAX_STEPS:
-                return 0.0, True
-            steps += 1
-            if evaluate(nxt).meets:
-                lo = nxt
-            else:
-                hi = nxt
-    while hi - lo > tolerance * lo and steps < MAX_STEPS:
+        return (rate, False) if meets else (0.0, True)
+    while hi - lo > tolerance * lo and steps < MAX_STEPS:  # bisection
         steps += 1
         mid = (lo + hi) / 2
         if evaluate(mid).meets:
