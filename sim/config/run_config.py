@@ -63,9 +63,11 @@ from sim.config.fields import (
 )
 from sim.config.files import PROJECT_ROOT, file_status, read_structured_file, resolve_path
 from sim.config.hardware import HardwareSpec, load_hardware
+from sim.config.memory import DoesNotFit, gb, gb_pair
 from sim.config.model import ModelSpec, load_model
 from sim.config.overrides import apply_set
 from sim.config.params import RunFacts
+from sim.config.placement import apply_placement, policy_class
 from sim.config.profiles import PROFILE_SUFFIXES
 from sim.config.serving import ArrivalsConfig, SloConfig, check_arrivals, check_serving, check_slo, drop_unset
 from sim.config.system import DEFAULT_SYSTEM, SystemSpec, is_ideal, load_system
@@ -476,7 +478,7 @@ def kv_cache_check(
     fixed = dense + hw.reserved_bytes
     if kv + fixed > hw.gpu_memory_bytes:
         prompt, generated = longest if longest is not None else (request_tokens, 0)
-        raise ConfigError(
+        raise DoesNotFit(
             "cache",
             f"the KV cache alone does not fit: batch {batch_size} x {request_tokens} tokens "
             f"(the longest request: {prompt} prompt + {generated} generated) x "
@@ -485,6 +487,9 @@ def kv_cache_check(
             f"{hw.reserved_bytes / GB:g} GB reserved, but hardware.gpu_memory_gb is "
             f"{hw.gpu_memory_bytes / GB:g} (lower workload.batch_size or the trace's prompt "
             f"lengths)",
+            kv + fixed,
+            hw.gpu_memory_bytes,
+            {"dense": dense, "kv_cache": kv, "reserved": hw.reserved_bytes},
         )
     return kv
 
@@ -496,34 +501,57 @@ def memory_check(
     batch_size: int,
     request_tokens: int,
     dense_bytes: int | None = None,
+    resident: str | None = None,
 ) -> dict:
-    """Bytes each resident thing needs; raises ConfigError("cache: ...") when they exceed the GPU's memory.
-    ``dense_bytes``: the dense weights' (default: at the model's ``dtype_bytes``)."""
+    """Bytes each part a run keeps on the GPU needs (``dense``, ``kv_cache``, ``tiers`` or ``experts``,
+    ``reserved``); :class:`~sim.config.memory.DoesNotFit` when together they exceed the GPU's memory, one line
+    listing each part, their sum and ``hardware.gpu_memory_gb``. ``dense_bytes``: the dense weights' (default: at
+    the model's ``dtype_bytes``). ``resident``: the name of a policy that keeps every expert of every MoE layer on
+    the GPU (``all_resident``, e.g. gpu-only): then ``experts`` (all of them) replaces ``tiers``, and the field
+    named is ``policy.name``."""
     n_layers = cached_layer_count(model, cache.layers)
     eb = model.expert_bytes
     need = {
         "dense": model.dense_bytes if dense_bytes is None else dense_bytes,
         "kv_cache": batch_size * request_tokens * model.kv_bytes_per_token,
-        "tiers": cache.total_slots(n_layers) * eb + cache.lpc_buffers * eb,
-        "reserved": hw.reserved_bytes,
     }
-    if sum(need.values()) > hw.gpu_memory_bytes:
-        slots = (
-            f"shared_slots {cache.total_slots(n_layers)}"
-            if cache.organization == "shared"
-            else f"(hpc_slots {cache.hpc_slots} + mpc_slots {cache.mpc_slots}) x {n_layers} layers"
+    if resident is not None:
+        need["experts"] = model.num_experts * model.moe_layers * eb
+    else:
+        need["tiers"] = cache.total_slots(n_layers) * eb + cache.lpc_buffers * eb
+    need["reserved"] = hw.reserved_bytes
+    total = sum(need.values())
+    if total <= hw.gpu_memory_bytes:
+        return need
+    in_all = gb_pair(total, hw.gpu_memory_bytes)[0]
+    rest = (
+        f"the dense weights {gb(need['dense'])} GB, the KV cache {gb(need['kv_cache'])} GB (batch {batch_size} x "
+        f"{request_tokens:,} tokens), reserved {gb(need['reserved'])} GB; in all {in_all} GB, but "
+        f"hardware.gpu_memory_gb is {hw.gpu_memory_bytes / GB:g}"
+    )
+    if resident is not None:
+        raise DoesNotFit(
+            "policy.name",
+            f"{resident} keeps every expert on the GPU, which does not fit: the experts need "
+            f"{gb(need['experts'])} GB ({model.num_experts} experts x {model.moe_layers} MoE layers, "
+            f"{gb(eb)} GB each), {rest} (a policy that offloads experts fits in less)",
+            total,
+            hw.gpu_memory_bytes,
+            need,
         )
-        raise ConfigError(
-            "cache",
-            f"tiers need {need['tiers'] / GB:.1f} GB ({slots} + lpc_buffers "
-            f"{cache.lpc_buffers}, at {eb / GB:.3g} GB per expert) beside "
-            f"{need['dense'] / GB:.1f} GB of dense weights and "
-            f"{need['kv_cache'] / GB:.1f} GB of "
-            f"KV cache (batch {batch_size} x {request_tokens} tokens) and "
-            f"{need['reserved'] / GB:g} GB reserved, but hardware.gpu_memory_gb is "
-            f"{hw.gpu_memory_bytes / GB:g}",
-        )
-    return need
+    slots = (
+        f"shared_slots {cache.total_slots(n_layers)}"
+        if cache.organization == "shared"
+        else f"(hpc_slots {cache.hpc_slots} + mpc_slots {cache.mpc_slots}) x {n_layers} layers"
+    )
+    raise DoesNotFit(
+        "cache",
+        f"does not fit: the tiers need {gb(need['tiers'])} GB ({slots} + lpc_buffers {cache.lpc_buffers}, "
+        f"{gb(eb)} GB per expert), {rest}",
+        total,
+        hw.gpu_memory_bytes,
+        need,
+    )
 
 
 def check_dequant_table(system: SystemSpec, hardware: HardwareSpec, model: ModelSpec) -> None:
@@ -573,6 +601,7 @@ def config_from_dict(
     system = load_system(d.get("system"), "system")
     model = with_formats(given_model, system)
     check_dequant_table(system, hardware, model)
+    apply_placement(d, system.placement, model, policy_class(d["policy"], _registry("policy")))  # sets policy, cache
     policy = _load_named(d["policy"], "policy", policy_names)
     predictor = _load_named(
         d.get("predictor", system.predictor), "predictor", predictor_names, default=DEFAULT_PREDICTOR
@@ -587,13 +616,6 @@ def config_from_dict(
     for where, part in (("policy", policy), ("predictor", predictor)):
         _registry(where).get(part.name).check_with_cache(part.params, f"{where}.params", facts, cache)
     check_organization(policy.name, cache.organization)
-    tokens = summary.max_request_tokens(workload.max_decode_tokens)
-    dense = dense_bytes_of(model, system)
-    kv_cache_check(
-        model, hardware, workload.batch_size, tokens, summary.longest_request(workload.max_decode_tokens), dense
-    )
-    if not all_resident:
-        memory_check(model, hardware, cache, workload.batch_size, tokens, dense)
     parts = {
         "model": model,
         "hardware": hardware,
@@ -612,7 +634,26 @@ def config_from_dict(
     if cache.organization == "per-layer":  # the default: left out, so that a per-layer config (and its sweep
         for key in ("organization", "shared_slots"):  # point's hash) reads as before the option existed
             resolved["cache"].pop(key, None)
-    return RunConfig(**parts, source=source, resolved=resolved)
+    config = RunConfig(**parts, source=source, resolved=resolved)
+    try:
+        check_fits(config, summary, all_resident)
+    except DoesNotFit as exc:  # the config as loaded rides along: a comparison or a sweep shows it as a row
+        exc.config = config
+        raise
+    return config
+
+
+def check_fits(config: RunConfig, summary: TraceSummary, all_resident: bool) -> None:
+    """The run's KV cache, dense weights and experts fit in the GPU's memory (:func:`kv_cache_check`, then
+    :func:`memory_check`: the tiers, or every expert for a policy that keeps them all resident); DoesNotFit
+    otherwise."""
+    model, hardware, workload = config.model, config.hardware, config.workload
+    tokens = summary.max_request_tokens(workload.max_decode_tokens)
+    dense = dense_bytes_of(model, config.system)
+    longest = summary.longest_request(workload.max_decode_tokens)
+    kv_cache_check(model, hardware, workload.batch_size, tokens, longest, dense)
+    resident = config.policy.name if all_resident else None
+    memory_check(model, hardware, config.cache, workload.batch_size, tokens, dense, resident)
 
 
 def load_run_config(
@@ -668,6 +709,7 @@ def apply_override(d: dict, text: str) -> None:
 
 __all__ = [
     "CacheConfig",
+    "DoesNotFit",
     "MemorySizing",
     "NamedConfig",
     "RunConfig",
@@ -676,6 +718,7 @@ __all__ = [
     "WorkloadConfig",
     "apply_override",
     "cached_layer_count",
+    "check_fits",
     "check_organization",
     "config_from_dict",
     "load_run_config",

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from sim.config.hardware import load_hardware
 from sim.config.model import load_model
 from sim.config.params import Parametrised, Rule, between, one_of
-from sim.config.run_config import config_from_dict, load_run_config
+from sim.config.run_config import config_from_dict, load_run_config, read_trace_summary
 from sim.core.registry import Registry
 from sim.core.workload import build_iterations, prompt_context
 from sim.errors import ConfigError
@@ -395,12 +395,14 @@ def test_the_kv_cache_of_the_longest_contexts_must_fit(tmp_path, prompt_rows, de
     tokens = max(prompt_rows, claimed) + kept
     kv = batch * tokens * model.kv_bytes_per_token
     alone = kv + model.dense_bytes + hw.reserved_bytes
-    tiers = 0 if policy == "gpu-only" else (2 * (1 + 2) + 3) * model.expert_bytes
+    every = model.num_experts * model.moe_layers * model.expert_bytes  # gpu-only keeps them all
+    tiers = every if policy == "gpu-only" else (2 * (1 + 2) + 3) * model.expert_bytes
     try:
         config_from_dict(d)
     except ConfigError as exc:
         msg = checked_message(exc, MAX_MESSAGE)
-        assert msg.startswith("cache: ") and alone + tiers > hw.gpu_memory_bytes, msg
+        field = "policy.name: " if policy == "gpu-only" and alone <= hw.gpu_memory_bytes else "cache: "
+        assert msg.startswith(field) and alone + tiers > hw.gpu_memory_bytes, msg
         if alone > hw.gpu_memory_bytes:
             assert "KV cache alone does not fit" in msg and f"batch {batch} x {tokens} tokens" in msg
             assert f"{kv / 1e9:.1f} GB" in msg and msg.endswith("or the trace's prompt lengths)")
@@ -459,11 +461,28 @@ def test_claimed_prompts_count_in_the_kv_cache(tmp_path, claimed, batch, fits):
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_bundled_config_fits_with_its_policy_and_the_all_resident_ceiling(path):
-    """The KV-cache check applies to every policy now: no bundled config (nor its gpu-only ceiling, which
-    ``sim compare --policies all`` runs) is refused by it."""
-    load_run_config(path)
-    load_run_config(path, ["policy=gpu-only"])
+def test_every_bundled_config_fits_with_its_policy_and_its_ceiling_exactly_when_every_expert_fits(path):
+    """Every bundled config loads with its own policy. Its gpu-only ceiling (which ``sim compare --policies all``
+    runs) loads exactly when the dense weights, every expert, the KV cache and the reserved memory fit the GPU;
+    otherwise it is refused naming policy.name (and compare shows it as "does not fit")."""
+    from sim.config.memory import DoesNotFit
+    from sim.config.run_config import dense_bytes_of
+
+    own = load_run_config(path)
+    m, hw = own.model, own.hardware
+    tokens = read_trace_summary(own.workload.trace).max_request_tokens(own.workload.max_decode_tokens)
+    need = (
+        dense_bytes_of(m, own.system)
+        + m.num_experts * m.moe_layers * m.expert_bytes
+        + own.workload.batch_size * tokens * m.kv_bytes_per_token
+        + hw.reserved_bytes
+    )
+    if need <= hw.gpu_memory_bytes:
+        load_run_config(path, ["policy=gpu-only"])
+        return
+    with pytest.raises(DoesNotFit, match=r"^policy\.name: gpu-only keeps every expert on the GPU") as exc:
+        load_run_config(path, ["policy=gpu-only"])
+    assert exc.value.need_bytes == need
 
 
 def test_the_workload_attends_over_the_prompt_the_memory_check_counts(tmp_path):
