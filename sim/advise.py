@@ -723,7 +723,7 @@ def run(args) -> int:
     entries = parse_entries(args.policies) if args.policies else None
     if args.json is not None:
         check_output_file(args.json, "advice (--json)")
-        check_not_input(Path(args.json), [args.config])
+        check_not_input(Path(args.json), [args.config], flag="--json")
     sets = list(args.set or []) + ([] if args.requests is None else [set_text("workload.requests", args.requests)])
     root = load_root(args.config, sets)
     entries = entries or default_entries(root.cfg)

@@ -54,6 +54,11 @@ COMMANDS = {
         "folder",
     ),
     "sim sweep": ("sim", lambda out, tmp: ["sweep", "configs/sweeps/ci.yaml", "--out", out], "folder"),
+    "sim advise": (
+        "sim",
+        lambda out, tmp: ["advise", "configs/switch_base_real.yaml", "--policies", "lru", "--quick", "--json", out],
+        "file",
+    ),
     "traces synth": (
         "traces",
         lambda out, tmp: ["synth", "--experts", "8", "--top-k", "2", "--layers", "2", "--requests", "1", "--out", out],

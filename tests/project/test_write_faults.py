@@ -146,6 +146,21 @@ COMMANDS: dict[str, Command] = {
         ],
         lambda out, tmp: out.with_suffix(".yaml"),
     ),
+    "sim advise": (
+        "sim",
+        lambda out, tmp: [
+            "advise",
+            "configs/switch_base_real.yaml",
+            "--policies",
+            "lru",
+            "--quick",
+            "--max-candidates",
+            "1",
+            "--json",
+            out.with_suffix(".json"),
+        ],
+        lambda out, tmp: out.with_suffix(".json"),
+    ),
     "traces synth": (
         "traces",
         lambda out, tmp: ["synth", "--experts", "8", "--top-k", "2", "--layers", "2", "--requests", "1", "--out", out],
@@ -384,6 +399,11 @@ ALIASED: dict[str, tuple[str, Callable[[Path, Path], list], Callable[[Path], Pat
             out,
         ],
         lambda tmp: Path(shutil.copy(ROOT / "configs" / "hardware" / "a100-sxm4-80gb.yaml", tmp / "hw.yaml")),
+    ),
+    "sim advise: --json is the config": (
+        "sim",
+        lambda given, out: ["advise", given, "--policies", "lru", "--quick", "--max-candidates", "1", "--json", out],
+        lambda tmp: Path(shutil.copy(ROOT / "configs" / "switch_base_real.yaml", tmp / "advise.yaml")),
     ),
     "traces synth: --out is --fit": (
         "traces",
