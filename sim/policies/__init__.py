@@ -9,7 +9,8 @@ import_submodules(__name__, __path__)
 
 def is_ceiling(name: str) -> bool:
     """Whether the policy ``name`` keeps every expert resident (``all_resident``, e.g. gpu-only): its run is the
-    hypothetical ceiling, which needs no tier sizes and no GPU-memory check."""
+    ceiling, which needs no tier sizes; its GPU-memory check counts every expert (a model whose experts do not fit
+    has no ceiling run)."""
     return isinstance(name, str) and name in POLICIES and bool(POLICIES.get(name).all_resident)
 
 

@@ -128,7 +128,7 @@ class Policy(Parametrised):
     promotion_is_free = False
     #: True when a cached expert is copied device-to-device into the working arena before it computes.
     hit_d2d = False
-    #: True when every expert is resident and the GPU-memory check does not apply.
+    #: True when every expert is resident (no tier sizes needed): the GPU-memory check counts every expert.
     all_resident = False
     #: True when the policy can manage one cache shared by all cached layers (``cache.organization: shared``).
     supports_shared = False
@@ -138,8 +138,12 @@ class Policy(Parametrised):
     #: ``baseline`` (caches nothing), ``published`` (a published system's rule), ``ours`` (this project's) or
     #: ``bound`` (offline, reads the future). Every registered policy declares it.
     origin: str | None = None
-    #: The predictor the policy runs with under ``sim compare --policies all`` (None: the config's).
+    #: The predictor the policy's own design pairs it with (None: any), which ``sim compare --policies all
+    #: --own-predictors`` gives it (plain ``--policies all`` gives every policy the same one).
     default_predictor: str | None = None
+    #: False for a policy that never reads the predictor's guesses (it prefetches nothing, or what it prefetches
+    #: does not depend on them): ``sim compare`` runs it with ``none`` and shows no predictor for it.
+    uses_predictor = True
     #: True when ``plan_layer`` reads ``self.layer_counts`` (active expert -> tokens routed to it in the layer),
     #: which the decision protocol then sets before each ``plan_layer`` (hybrid CPU/GPU policies).
     wants_counts = False
@@ -187,6 +191,12 @@ class Policy(Parametrised):
 
     def mpc_capacity(self, ctx: PolicyContext) -> int:
         return ctx.mpc_slots
+
+    @classmethod
+    def reads_predictions(cls, params: dict) -> bool:
+        """Whether the policy, with these checked params, reads the predictor's guesses (``uses_predictor``; a
+        policy whose prefetching is a param says so here)."""
+        return cls.uses_predictor
 
     def configure(self) -> None:
         """Read params, pin the HPC. Called once at construction."""
@@ -351,6 +361,7 @@ class PinnedOnly(Policy):
 
     origin = "published"
     default_predictor = "none"
+    uses_predictor = False  # the GPU holds the pinned experts, the host computes or copies the rest: no prefetch
     keeps_mpc = False
 
     def hpc_capacity(self, ctx: PolicyContext) -> int:

@@ -14,6 +14,7 @@ class GpuOnly(Policy):
     origin = "ceiling"
 
     all_resident = True
+    uses_predictor = False  # nothing to prefetch
     supports_shared = True  # everything resident: the organization of the slots does not matter
     keeps_mpc = False
 

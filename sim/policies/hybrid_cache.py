@@ -74,6 +74,11 @@ class HybridCache(Policy):
     def mpc_capacity(self, ctx: PolicyContext) -> int:
         return ctx.hpc_slots + ctx.mpc_slots
 
+    @classmethod
+    def reads_predictions(cls, params: dict) -> bool:
+        """Only with ``max_prefetch`` above 0 (the default, 0, prefetches nothing)."""
+        return int(params.get("max_prefetch", 0)) > 0
+
     def configure(self) -> None:
         p = self.params  # in range: checked by PARAM_RULES when the config loads (and when constructed)
         half_life, horizon = float(p["half_life"]), float(p["horizon"])

@@ -11,6 +11,7 @@ class OnDemand(KeepNothing):
     """Every access is a miss copied into a working buffer and dropped after use."""
 
     origin = "baseline"
+    uses_predictor = False
 
     def plan_prefetch(self, iteration, layer, predicted):
         return []

@@ -16,6 +16,7 @@ class PrefetchAll(KeepNothing):
     """Prefetch all of the next layer's uncached experts; cache nothing."""
 
     origin = "baseline"
+    uses_predictor = False  # it prefetches every expert, whatever the guess
 
     def plan_prefetch(self, iteration, layer, predicted):
         return super().plan_prefetch(iteration, layer, range(self.ctx.num_experts))
