@@ -21,6 +21,8 @@ A profile holds (file keys; times in microseconds, converted to seconds in :clas
 - host expert kernels (Fiddler, kTransformers): ``host_threads`` (cores used; null = the hardware's ``cpu_cores``),
   ``host_bw_fraction`` (share of the hardware's ``cpu_mem_bw_gb_s`` the kernels reach), ``host_call_us`` (per host
   expert call; null = the hardware's ``cpu_expert_overhead_us``);
+- ``placement``: where the routed experts live by layer (:mod:`sim.config.placement`): ``{n_cpu_moe: N}`` is
+  llama.cpp's ``--n-cpu-moe N``, from which the policy's ``cpu_layers`` and the GPU's shared cache follow;
 - host issue costs a calibration measured (``layer_roundtrip_us``, ``copy_issue_us``, ``expert_issue_us``,
   ``hit_issue_us``): null (the default) takes the hardware profile's value, so calibration files keep working.
 """
@@ -34,6 +36,7 @@ from typing import Any
 
 from sim.config.checks import check_keys, check_mapping, check_str, integer, known_text, number, one_of, show, text
 from sim.config.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
+from sim.config.placement import Placement, placement_from
 from sim.config.profiles import load_profile
 from sim.errors import ConfigError
 
@@ -250,6 +253,9 @@ class SystemSpec:
     # the system's own expert predictor ({name, params}, as a run config's ``predictor``): what a run of this
     # system predicts with when its config names none (null: the simulator's default)
     predictor: dict | None = setting(None, lambda v, where: _predictor(v, where), constructor_default=True)
+    # where the routed experts live by layer (sim/config/placement.py): {n_cpu_moe: N} is llama.cpp's --n-cpu-moe N,
+    # from which the policy's cpu_layers and the GPU's shared cache follow; null: the cache config decides
+    placement: Placement | None = setting(None, placement_from, nested=Placement, constructor_default=True)
     source: str = setting("inline", text(max_chars=4096), constructor_default=True)
 
     @property
@@ -269,6 +275,8 @@ class SystemSpec:
     def to_dict(self) -> dict:
         """The profile in the system-file schema (microseconds); loads back with :func:`load_system`."""
         d = to_plain(self)
+        if d["placement"] is None:  # left out, so that a profile without one reads (and hashes) as before
+            d.pop("placement")
         return {
             **{k: v for k, v in d.items() if k not in ("tables", "source")},
             "tables": d["tables"],
@@ -327,6 +335,7 @@ def is_ideal(system: SystemSpec) -> bool:
             "copy_issue_s",
             "expert_issue_s",
             "hit_issue_s",
+            "placement",
         )
     )
 

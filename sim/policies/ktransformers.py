@@ -39,9 +39,20 @@ def check_cpu_layers(n: int, layers: int, model: str, where: str) -> None:
         raise ConfigError(where, f"is {n}, more than the {layers} MoE layers of {model}")
 
 
+def room_words(n: int, need: int, room: int) -> str:
+    """Why ``cpu_layers: n`` does not fit the cache's room, and the one key that makes it fit."""
+    return (
+        f"{n} leaves {need} experts on the GPU, but the cache holds {room} ((hpc_slots + mpc_slots) x cached "
+        f"layers, or cache.shared_slots): set system.placement.n_cpu_moe: {n} instead, which sizes the cache "
+        f"(sim/config/placement.py), or cache.organization: shared with cache.shared_slots: {need}"
+    )
+
+
 @POLICIES.register("ktransformers")
 class KTransformers(Placed):
     PARAMS = {"placement": "per-layer", "cpu_layers": -1}
+    #: the param a system's placement by layer (``system.placement.n_cpu_moe``, sim/config/placement.py) sets
+    host_layers_param = "cpu_layers"
     PARAM_RULES = {"placement": one_of(*PLACEMENTS), "cpu_layers": between(-1, MAX_EXPERTS, kind=int)}
 
     @classmethod
@@ -63,12 +74,7 @@ class KTransformers(Placed):
         need = run.model.num_experts * sum(1 for layer in cached if layer >= n)
         room = cache.total_slots(len(cached))
         if need > room:
-            raise ConfigError(
-                f"{where}.cpu_layers",
-                f"{n} leaves {need} experts on the GPU, but its room holds "
-                f"{room} ((hpc_slots + mpc_slots) x cached layers, or "
-                f"cache.shared_slots): give it that room",
-            )
+            raise ConfigError(f"{where}.cpu_layers", room_words(n, need, room))
 
     def is_global(self, ctx: PolicyContext) -> bool:
         return self.params["cpu_layers"] >= 0 or super().is_global(ctx)
@@ -82,12 +88,7 @@ class KTransformers(Placed):
         placed = {layer: (list(ctx.hot_ranking[layer]) if layer >= n else []) for layer in sorted(ctx.cached_layers)}
         need, room = sum(len(v) for v in placed.values()), ctx.shared_total()
         if need > room:
-            raise ConfigError(
-                "policy.params.cpu_layers",
-                f"{n} leaves {need} experts on the GPU, but its room holds "
-                f"{room} ((hpc_slots + mpc_slots) x cached layers, or "
-                f"cache.shared_slots): give it that room",
-            )
+            raise ConfigError("policy.params.cpu_layers", room_words(n, need, room))
         return placed
 
     def configure(self) -> None:
