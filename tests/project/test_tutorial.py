@@ -429,6 +429,41 @@ def test_step8_host_cpu(runs):
     assert max(d, key=d.get) == "hybrid-cache" and f"does best ({d['hybrid-cache']:.1f} tokens/s)" in words
 
 
+# ------------------------------------------------------------------------------------------------ step 9
+ADVISE = (
+    "python -m sim advise configs/switch_base_real.yaml --set hardware=rtx4090 --requests 8 --quick "
+    "--json runs/tutorial-advice.json"
+)
+
+
+def test_step9_advise(runs):
+    text = section("9. ")
+    out = run(ADVISE, runs)
+    shown_lines_match(output_after(text, ADVISE), out)
+    doc = json.loads((runs / "tutorial-advice.json").read_text())
+    best, given = doc["best"], doc["config_tok_s"]
+    words = prose(text)
+    assert f"the same {best['tok_s']:,.1f} tokens/s" in words and f"{best['tok_s'] / given:.2f}x" in words
+    assert [c["settings"]["policy.name"] for c in doc["left_out"]] == ["gpu-only"]
+    from sim.config.run_config import load_run_config
+
+    cfg = load_run_config(ROOT / "configs/switch_base_real.yaml", ["hardware=rtx4090"])
+    m, c, slots = cfg.model, cfg.cache, best["settings"]["cache.hpc_slots"] + best["settings"]["cache.mpc_slots"]
+    assert f"all {m.moe_layers * m.num_experts * m.expert_bytes / 1e9:.0f} GB of its fp32 experts" in words
+    assert f"({m.moe_layers} layers of {slots} slots instead of {m.decoder_moe_layers} of " in words
+    assert f"instead of {m.decoder_moe_layers} of {c.hpc_slots + c.mpc_slots})" in words
+    reproduce = next(x for x in out.splitlines() if x.startswith("reproduce: "))[len("reproduce: ") :]
+    res = subprocess.run(
+        [sys.executable, *shlex.split(reproduce)[1:], "--json", "--out", str(runs / "tutorial-advised")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["throughput_tok_s"] == best["tok_s"]
+
+
 # ------------------------------------------------------------------------------------------------ where next
 CALIBRATED = (
     "python -m sim run configs/switch_base_real.yaml --set hardware=runs/tutorial-val/calibration.yaml "
