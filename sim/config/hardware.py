@@ -59,6 +59,17 @@ from typing import Any
 
 from sim.config.checks import NAME_CHARS, Check, check_keys, check_mapping, integer, join, number, real, show, text
 from sim.config.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
+from sim.config.machine import (
+    COMPOSITION_KEYS,
+    HostParts,
+    LinkParts,
+    compose,
+    host_from,
+    is_parts_name,
+    link_from,
+    merge_hardware,
+    parse_parts_name,
+)
 from sim.config.profiles import load_profile
 from sim.config.units import GB
 from sim.errors import ConfigError
@@ -214,6 +225,12 @@ class HardwareSpec:
     host_slowdown: float = setting(1.0, _slowdown(), constructor_default=True)
     # host time per MoE layer to take the layer's decisions, by policy (microseconds; a policy not listed: 0)
     decide_us: tuple = setting((), _per_policy_time, free=True, constructor_default=True)
+    # -- the parts the machine is composed from (sim/config/machine.py; None: a profile that names none): a GPU
+    # part, how many GPUs (only 1 is modelled), the host (CPU part, sockets, memory) and the PCIe link
+    gpu: str | None = setting(None, text(allow_none=True), constructor_default=True)
+    gpu_count: int | None = setting(None, integer(1, 64, allow_none=True), constructor_default=True)
+    host: HostParts | None = setting(None, host_from, nested=HostParts, constructor_default=True)
+    link: LinkParts | None = setting(None, link_from, nested=LinkParts, constructor_default=True)
 
     def decide_s(self, policy: str) -> float:
         """Host seconds a policy's decisions take per MoE layer on this machine (0 unless calibrated)."""
@@ -233,6 +250,9 @@ class HardwareSpec:
         """The profile in the hardware-file schema (readable units); loads back with :func:`load_hardware`."""
         d = to_plain(self)
         d["decide_us"] = dict(self.decide_us)
+        for key in COMPOSITION_KEYS:  # only a machine that names its parts has them (older results read as before)
+            if d[key] is None:
+                del d[key]
         return {
             **{k: v for k, v in d.items() if k not in ("tables", "source")},
             "tables": d["tables"],
@@ -284,6 +304,11 @@ MAX_COORDINATE = 1e15  # the largest number a table point holds (bytes, tokens, 
 def hardware_from_dict(d: Any, where: str = "hardware", suffix: str = "", source: str = "inline") -> HardwareSpec:
     """Validate a hardware mapping (no ``base``) into a :class:`HardwareSpec`."""
     d = check_mapping(d, where)
+    check_keys(d, where, (), HARDWARE_FIELDS, suffix, see="sim/config/hardware.py")
+    try:
+        d, _ = compose(d, where)  # the figures its parts give, where it does not set them (sim/config/machine.py)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.problem + suffix) from None
     check_keys(d, where, required_keys(HardwareSpec), HARDWARE_FIELDS, suffix, see="sim/config/hardware.py")
     values = read_settings(HardwareSpec, d, where, suffix, defaults={"source": source})
     memory, reserved = values["gpu_memory_bytes"], values["reserved_bytes"]
@@ -367,9 +392,21 @@ def load_hardware(spec_or_name: Any, where: str = "hardware") -> HardwareSpec:
     file, an inline mapping (optionally with ``base``), or a :class:`HardwareSpec` (returned as is)."""
     if isinstance(spec_or_name, HardwareSpec):
         return spec_or_name
-    d, source = load_profile(spec_or_name, where, "hardware", HARDWARE_KEYS)
+    if is_parts_name(spec_or_name):
+        d = {**parse_parts_name(spec_or_name, where), "name": spec_or_name.strip().lower()}
+        return hardware_from_dict(d, where, "", PARTS_SOURCE)
+    if isinstance(spec_or_name, dict) and is_parts_name(spec_or_name.get("base")):
+        child = {k: v for k, v in spec_or_name.items() if k != "base"}
+        base = {**parse_parts_name(spec_or_name["base"], join(where, "base")), "name": spec_or_name["base"]}
+        d = merge_hardware(base, child, where)
+        return hardware_from_dict(d, where, "", f"{PARTS_SOURCE} (modified inline)")
+    d, source = load_profile(spec_or_name, where, "hardware", HARDWARE_KEYS, merge=merge_hardware)
     suffix = "" if source == "inline" else f" (in {source})"
     return hardware_from_dict(d, where, suffix, source)
+
+
+#: The source of a machine named by its parts (``GPU+CPU...``, sim/config/machine.py).
+PARTS_SOURCE = "composed from configs/parts/"
 
 
 __all__ = [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from sim.errors import ConfigError
 from traces.errors import brief
 
 PROFILE_SUFFIXES = (".yaml", ".yml", ".json")
+#: ``merge(base, child, where)``: a profile's mapping laid over its base's.
+Merge = Callable[[dict, dict, str], dict]
 MAX_BASE_DEPTH = 8  # base profiles chained deeper than this are refused (a cycle, most likely)
 
 
@@ -58,9 +61,13 @@ def _named_file(value: str, where: str, kind: str, singular: str) -> Path:
     return CONFIG_DIR / kind / f"{value}.yaml"
 
 
-def load_profile(value: Any, where: str, kind: str, keys=(), depth: int = 0) -> tuple[dict, str]:
+def load_profile(
+    value: Any, where: str, kind: str, keys=(), depth: int = 0, merge: Merge | None = None
+) -> tuple[dict, str]:
     """The mapping a profile reference stands for, with ``base`` references merged in, and its source (the file,
-    or "inline"). ``kind`` is the folder under ``configs/`` ("models" or "hardware")."""
+    or "inline"). ``kind`` is the folder under ``configs/`` ("models" or "hardware"). ``merge(base, child, where)``
+    lays a profile over its base (default: the child's keys replace the base's; hardware profiles pass one that
+    drops the figures of a part the child changes, ``sim.config.machine.merge_hardware``)."""
     if depth > MAX_BASE_DEPTH:
         raise ConfigError(join(where, "base"), f"nests more than {MAX_BASE_DEPTH} levels (a cycle?)")
     singular = "model" if kind == "models" else kind
@@ -84,14 +91,19 @@ def load_profile(value: Any, where: str, kind: str, keys=(), depth: int = 0) -> 
         if not isinstance(base, str):
             raise ConfigError(join(where, "base"), f"must be a {singular} name or path, got {show(base)}")
         try:
-            merged, base_source = load_profile(base, join(where, "base"), kind, keys, depth + 1)
+            merged, base_source = load_profile(base, join(where, "base"), kind, keys, depth + 1, merge)
         except ConfigError as exc:
             if source == "inline" or source in exc.problem:
                 raise
             raise ConfigError(exc.field, f"{exc.problem} (in {source})") from None
         if source == "inline" and kind == "hardware" and "source" not in d:
             d["source"] = f"{base_source} (modified inline)" if len(d) > ("name" in d) else base_source
-        merged.update(d)
+        try:
+            merged = merge(merged, d, where) if merge is not None else {**merged, **d}
+        except ConfigError as exc:
+            if source == "inline":
+                raise
+            raise ConfigError(exc.field, f"{exc.problem} (in {source})") from None
         if source != "inline" and kind == "hardware":
             merged["source"] = source
         d = merged
