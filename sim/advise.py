@@ -10,13 +10,13 @@ The knobs (everything else, the model, the hardware, the serving system, the tra
   every registered policy but the offline bounds (``origin: bound``: they read the future); ``--policies``
   chooses others (``all`` includes the bounds). Each runs with the config's predictor, its own declared one
   (:attr:`Policy.default_predictor`, the oracle only where the config names the oracle) and ``none``; a policy
-  that issued no prefetch with the config's predictor is not run with the others.
+  that never reads the predictor's guesses (``Policy.reads_predictions``) runs once.
 - **cache tiers**, within the GPU's memory beside the dense weights, the KV cache of the batch and the reserve: the
-  config's tier shape scaled to the most expert slots that fit, then, for the best ``TOP`` policies, other shares
-  of the HPC, half and twice the working buffers, the other cache organization (shared / per layer) and caching
-  every MoE layer (:func:`geometry_stage`).
-- **host layers** (llama.cpp's ``--n-cpu-moe``: ``policy.params.cpu_layers`` of ``ktransformers``) when the system
-  is llama.cpp or the config sets them: a coarse grid of layer counts, then finer steps around the best
+  config's tier shape scaled to the most expert slots that fit, then, for the best ``TOP`` policies, steps while
+  one is faster: other shares of the HPC, half and twice the working buffers, the other cache organization
+  (shared / per layer), every MoE layer cached (:func:`geometry_stage`).
+- **host layers** (llama.cpp's ``--n-cpu-moe``: ``system.placement.n_cpu_moe``, or the ``cpu_layers`` of
+  ``ktransformers`` where the config sets it): a coarse grid of layer counts, then finer steps around the best
   (:func:`host_layer_stage`), each with exactly the GPU room its other layers need.
 - **batch size**, only with ``--batch-sizes``: the whole search at each.
 
@@ -66,9 +66,10 @@ SYSTEM_POLICIES = {
     "mixtral-offloading": ("lru", "on-demand"),
     "deepspeed": ("on-demand",),
 }
-#: Systems whose placement is by whole layers on the host (the host-layer search).
+#: Systems that place experts by whole layers (llama.cpp's --n-cpu-moe): the host-layer search, through
+#: ``system.placement.n_cpu_moe``.
 HOST_LAYER_SYSTEMS = ("llama-cpp",)
-HOST_LAYER_POLICY = "ktransformers"
+PLACEMENT_KEY = "system.placement.n_cpu_moe"
 TOP = 3  # policies whose cache tiers are searched (1 with --quick)
 HPC_SHARES = (0.0, 0.25, 0.5)  # shares of a layer's slots tried for the HPC
 COARSE = 5  # host-layer counts of the coarse grid
@@ -220,7 +221,6 @@ class Candidate:
     tok_s: float | None = None
     reason: str | None = None  # why it was left out
     cfg: RunConfig | None = None
-    prefetches: int = 0
     fits: bool = True  # False: left out because it does not fit in the GPU's memory
 
 
@@ -286,11 +286,17 @@ class Search:
         except ConfigError as exc:  # refused when the run starts (a placement that needs more room)
             return self._leave_out(cand, str(exc), fits=not _memory(exc))
         cand.cfg, cand.tok_s = cfg, float(summary["throughput_tok_s"])
-        cand.prefetches = int(summary["prefetch"]["issued"])
         self.ran.append(cand)
         if self.progress:
             self.progress(f"[{len(self.ran)}] {describe(cand)}: {cand.tok_s:,.1f} tokens/s")
         return cand
+
+
+def reads(c: Candidate) -> bool:
+    """Whether the candidate's policy reads its predictor's guesses (``Policy.reads_predictions``)."""
+    assert c.cfg is not None
+    cls = POLICIES.get(c.cfg.policy.name)
+    return bool(getattr(cls, "reads_predictions", lambda params: True)(c.cfg.policy.params))
 
 
 def ok(c: Candidate | None) -> bool:
@@ -304,7 +310,7 @@ class Plan:
 
     entries: list[tuple[str, str | None]]
     batches: list[int | None]
-    host_layers: bool
+    host_layers: str | None  # the policy whose host layers are searched
     quick: bool
 
 
@@ -337,8 +343,8 @@ def policy_stage(search: Search, plan: Plan, base: RunConfig, batch: int | None)
             if c.tok_s is None:
                 break  # left out: so with any predictor
             found.append(c)
-            if c.prefetches == 0 and not fixed:
-                break  # it prefetched nothing: another predictor changes nothing
+            if not reads(c):
+                break  # it never reads the predictor's guesses: another predictor changes nothing
     return found
 
 
@@ -402,23 +408,27 @@ def geometry_stage(search: Search, base: RunConfig, start: Candidate) -> None:
         shape, best = max(faster, key=lambda sc: sc[1].tok_s or 0.0)
 
 
-def host_layer_stage(search: Search, base: RunConfig, batch: int | None) -> None:
+def host_layer_stage(search: Search, base: RunConfig, policy: str, batch: int | None) -> None:
     """N MoE layers' experts on the host, every expert of the others on the GPU in exactly that room: a coarse grid
-    of N, then finer steps around the best N. N is the system's ``placement.n_cpu_moe`` where it places experts by
-    layer (the policy and tiers follow from it), else ``ktransformers``' ``cpu_layers`` with a shared cache of
-    that room."""
+    of N, then finer steps around the best N (:func:`refine`). For a system that places experts by layer
+    (llama.cpp) N is ``system.placement.n_cpu_moe``, else ``policy``'s own parameter (``host_layers_param``:
+    ktransformers' ``cpu_layers``); the room is one shared cache of the GPU layers' experts."""
     from sim.run import cached_layers
 
     m = base.model
     trace = search._traces.get(str(base.workload.trace)) or load_trace(base.workload.trace)
     cached = cached_layers(trace, base.cache.layers)
+    param = POLICIES.get(policy).host_layers_param
+    by_system = placed(base) or base.system.name in HOST_LAYER_SYSTEMS
 
     def knobs(n: int) -> Knobs:
-        if placed(base):
-            return Knobs(batch=batch, extra=(("system.placement.n_cpu_moe", n),))
+        if placed(base):  # the policy and the tiers follow from the system's placement
+            return Knobs(batch=batch, extra=((PLACEMENT_KEY, n),))
         room = m.num_experts * sum(1 for layer in cached if layer >= n)
         g = Geometry(0, 0, 1, "shared", room, base.cache.layers)
-        return Knobs(HOST_LAYER_POLICY, None, (("cpu_layers", n),), g, batch)
+        if by_system:
+            return Knobs(policy, None, (), g, batch, extra=((PLACEMENT_KEY, n),))
+        return Knobs(policy, None, ((param, n),), g, batch)
 
     refine(lambda n: search.run(knobs(n)), 0, m.moe_layers, lambda: search.stopped)
 
@@ -478,8 +488,8 @@ def search_all(search: Search, plan: Plan) -> None:
             geometry_stage(search, base, start)
             if search.stopped:
                 return
-        if plan.host_layers:
-            host_layer_stage(search, base, batch)
+        if plan.host_layers is not None:
+            host_layer_stage(search, base, plan.host_layers, batch)
             if search.stopped:
                 return
 
@@ -508,12 +518,17 @@ def default_entries(cfg: RunConfig) -> list[tuple[str, str | None]]:
     return [(p, None) for p, _ in all_entries() if getattr(POLICIES.get(p), "origin", None) != "bound"]
 
 
-def wants_host_layers(cfg: RunConfig, entries: list[tuple[str, str | None]]) -> bool:
-    """Host layers are searched for llama.cpp, or when the config sets ``cpu_layers`` itself."""
-    if HOST_LAYER_POLICY not in [p for p, _ in entries]:
-        return False
-    own = cfg.policy.params.get("cpu_layers", -1) if cfg.policy.name == HOST_LAYER_POLICY else -1
-    return cfg.system.name in HOST_LAYER_SYSTEMS or own >= 0 or placed(cfg)
+def host_layer_policy(cfg: RunConfig, entries: list[tuple[str, str | None]]) -> str | None:
+    """The policy whose host layers are searched (one that declares ``host_layers_param``: ktransformers), for
+    llama.cpp or a config that sets that parameter itself; None: no host-layer search."""
+    able = [p for p, _ in entries if getattr(POLICIES.get(p), "host_layers_param", None)]
+    if not able:
+        return None
+    param = getattr(POLICIES.get(cfg.policy.name), "host_layers_param", None)
+    own = cfg.policy.params.get(param, -1) if param else -1
+    if cfg.system.name in HOST_LAYER_SYSTEMS or placed(cfg) or (isinstance(own, int) and own >= 0):
+        return cfg.policy.name if cfg.policy.name in able else able[0]
+    return None
 
 
 def parse_batch_sizes(text: str | None) -> list[int | None]:
@@ -577,7 +592,8 @@ def describe(c: Candidate) -> str:
     cfg = c.cfg
     if cfg is None:
         return ", ".join(set_texts(c.settings)) or "the config as given"
-    words = [f"{cfg.policy.name} (predictor {cfg.predictor.name})", cache_words(cfg)]
+    policy = f"{cfg.policy.name} (predictor {cfg.predictor.name})" if reads(c) else cfg.policy.name
+    words = [policy, cache_words(cfg)]
     n = cfg.policy.params.get("cpu_layers", -1) if isinstance(cfg.policy.params, dict) else -1
     if isinstance(n, int) and n >= 0:
         words.append(f"cpu_layers {n} (the first {n} MoE layers' experts on the host)")
@@ -727,7 +743,7 @@ def run(args) -> int:
     sets = list(args.set or []) + ([] if args.requests is None else [set_text("workload.requests", args.requests)])
     root = load_root(args.config, sets)
     entries = entries or default_entries(root.cfg)
-    plan = Plan(entries, batches, wants_host_layers(root.cfg, entries), args.quick)
+    plan = Plan(entries, batches, host_layer_policy(root.cfg, entries), args.quick)
     search = Search(root, args.max_candidates, _progress())
     search_all(search, plan)
     if not search.ran:

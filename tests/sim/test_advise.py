@@ -127,12 +127,13 @@ def test_a_config_sized_from_memory_gets_slot_counts_that_replace_its_split(tmp_
     assert json.loads(res.stdout)["throughput_tok_s"] == doc["best"]["tok_s"]
 
 
-def cpu_layers(cands: list[dict]) -> dict[int, float | None]:
-    """cpu_layers -> tokens/s (None: left out) of the candidates that set it."""
+def host_layers(cands: list[dict]) -> dict[int, float | None]:
+    """MoE layers on the host (llama.cpp's ``system.placement.n_cpu_moe``) -> tokens/s (None: left out), of the
+    candidates that set it."""
     return {
-        c["settings"]["policy.params"]["cpu_layers"]: c.get("tok_s")
+        c["settings"]["system.placement.n_cpu_moe"]: c.get("tok_s")
         for c in cands
-        if "cpu_layers" in c["settings"].get("policy.params", {})
+        if "system.placement.n_cpu_moe" in c["settings"]
     }
 
 
@@ -142,7 +143,7 @@ def test_llama_cpp_searches_the_host_layers_down_to_the_fewest_that_fit(tmp_path
     them, and runs no other policy than llama.cpp's."""
     sets = ("--set", "system=llama-cpp", "--set", "cache.layers=all", "--set", "hardware.gpu_memory_gb=4.5")
     doc, _ = advise(tmp_path, *sets)
-    ran, left = cpu_layers(doc["candidates"]), cpu_layers(doc["left_out"])
+    ran, left = host_layers(doc["candidates"]), host_layers(doc["left_out"])
     fewest = min(ran)
     assert 0 < fewest < 12 and fewest - 1 in left  # the next one down does not fit
     assert ran[fewest] == max(ran.values()) <= doc["best"]["tok_s"]
@@ -195,3 +196,25 @@ def test_refine_stops_when_asked():
     seen: list[int] = []
     refine(lambda n: seen.append(n) or None, 0, 40, lambda: len(seen) >= 2)
     assert len(seen) == 2
+
+
+def test_a_config_placed_by_layer_searches_only_its_placement_and_reproduces(tmp_path):
+    """A config that already places experts by layer (system.placement.n_cpu_moe 9): the policy and tiers follow from
+    the placement, so each candidate changes that one field, and the best reproduces."""
+    placed = ("--set", "system=llama-cpp", "--set", "system.placement.n_cpu_moe=9", "--set", "cache=null")
+    sets = (
+        *placed,
+        "--set",
+        "policy=ktransformers",
+        "--set",
+        "cache.layers=all",
+        "--set",
+        "hardware.gpu_memory_gb=4.5",
+    )
+    doc, _ = advise(tmp_path, *sets)
+    assert all(set(c["settings"]) <= {"system.placement.n_cpu_moe"} for c in doc["candidates"] + doc["left_out"])
+    ran = host_layers(doc["candidates"])
+    assert doc["best"]["settings"] == {"system.placement.n_cpu_moe": min(ran)} and min(ran) < 9
+    res = run_module(*shlex.split(doc["best"]["command"])[2:], "--json", "--out", tmp_path / "run")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["throughput_tok_s"] == doc["best"]["tok_s"]
