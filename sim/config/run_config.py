@@ -63,6 +63,7 @@ from sim.config.fields import (
 )
 from sim.config.files import PROJECT_ROOT, file_status, read_structured_file, resolve_path
 from sim.config.hardware import HardwareSpec, load_hardware
+from sim.config.host_memory import host_memory_check
 from sim.config.memory import DoesNotFit, gb, gb_pair
 from sim.config.model import ModelSpec, load_model
 from sim.config.overrides import apply_set
@@ -616,6 +617,7 @@ def config_from_dict(
     for where, part in (("policy", policy), ("predictor", predictor)):
         _registry(where).get(part.name).check_with_cache(part.params, f"{where}.params", facts, cache)
     check_organization(policy.name, cache.organization)
+    host_memory_check(model, hardware, _registry("policy").get(policy.name), policy.params, all_resident)
     parts = {
         "model": model,
         "hardware": hardware,

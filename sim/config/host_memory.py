@@ -1,0 +1,69 @@
+"""What a run keeps in the host's memory, checked against the host's installed capacity as the GPU's memory is checked
+against ``gpu_memory_gb`` (:mod:`sim.config.memory`).
+
+A machine composed from parts may state its host memory (``hardware.host.memory.capacity_gb``; a profile without it,
+or with ``capacity_gb: null``, is not checked). The host then holds:
+
+- **the routed experts in host memory**, at their storage format (the system's ``expert_format``): every expert of
+  every MoE layer, since any of them may be copied or computed from there; for a policy that places whole layers on
+  the host (``host_layers_param``, ``cpu_layers`` of ``ktransformers``: llama.cpp's ``--n-cpu-moe N``), only those
+  N layers' experts; none for a policy that keeps every expert on the GPU (``all_resident``, e.g. ``gpu-only``);
+- **what the host keeps for itself**: ``hardware.host.memory.reserved_gb`` (the operating system, drivers, pinned
+  staging buffers and the serving process; default in ``configs/parts/memory.yaml``).
+
+When together they exceed the capacity, the config is refused with one line naming
+``hardware.host.memory.capacity_gb``, what each part needs and the capacity.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.config.hardware import HardwareSpec
+from sim.config.model import ModelSpec
+from sim.config.units import GB
+from sim.errors import ConfigError
+
+FIELD = "hardware.host.memory.capacity_gb"
+
+
+def host_expert_layers(model: ModelSpec, policy_class: Any, params: dict, all_resident: bool) -> int:
+    """How many MoE layers' experts the host holds: none when the policy keeps every expert on the GPU, the layers
+    a layer-placing policy puts on the host, else all."""
+    if all_resident:
+        return 0
+    param = getattr(policy_class, "host_layers_param", None)
+    n = params.get(param) if param is not None else None
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+        return min(n, model.moe_layers)
+    return model.moe_layers
+
+
+def host_memory_check(
+    model: ModelSpec, hw: HardwareSpec, policy_class: Any, params: dict, all_resident: bool
+) -> dict[str, int] | None:
+    """Bytes the host holds (``experts``, ``reserved``) when the hardware states its host memory, else None;
+    ConfigError naming ``hardware.host.memory.capacity_gb`` when they exceed it. ``model`` carries the experts'
+    storage width (the system's format applied)."""
+    memory = None if hw.host is None else hw.host.memory
+    if memory is None or memory.capacity_gb is None:
+        return None
+    layers = host_expert_layers(model, policy_class, params, all_resident)
+    need = {
+        "experts": model.num_experts * layers * model.expert_bytes,
+        "reserved": int(round((memory.reserved_gb or 0.0) * GB)),
+    }
+    capacity = memory.capacity_gb * GB
+    if sum(need.values()) <= capacity:
+        return need
+    raise ConfigError(
+        FIELD,
+        f"{memory.capacity_gb:g} GB of host memory cannot hold the run: the experts in host memory need "
+        f"{need['experts'] / GB:,.1f} GB ({model.num_experts} experts x {layers} MoE layers of {model.name}, "
+        f"{model.expert_bytes / GB:.3g} GB each at {model.expert_bits_per_weight:g} bits per weight) beside "
+        f"{need['reserved'] / GB:g} GB the host keeps (hardware.host.memory.reserved_gb): "
+        f"{sum(need.values()) / GB:,.1f} GB in all",
+    )
+
+
+__all__ = ["FIELD", "host_expert_layers", "host_memory_check"]
