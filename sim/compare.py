@@ -2,17 +2,26 @@
 
 Each entry of ``--policies`` is a policy name, optionally with a predictor: ``pregated@oracle``,
 ``moe-infinity@moe-infinity``; without one the config's predictor is used. ``all`` stands for every registered
-policy, each with its default predictor (:func:`default_predictor`: MoE-Infinity with its own, Pre-gated and the
-Diff-MoE tiers with the oracle pre-gate, as ``benchmarks/policy_study.py`` runs them; the others with the config's),
-in the order of :func:`all_entries`. A policy other than the config's starts from empty params (the config's
+policy in the order of :func:`all_entries`, each with the same predictor, the config's, so that the rows differ by
+their policy alone; ``--own-predictors`` gives each instead the predictor its design pairs it with
+(:func:`default_predictor`: MoE-Infinity its own, Pre-gated and the Diff-MoE tiers the oracle pre-gate, as
+``benchmarks/policy_study.py`` runs them). A policy that never reads the predictor's guesses (``uses_predictor``:
+gpu-only, on-demand, prefetch-all, fiddler, ktransformers, hybrid-cache without ``max_prefetch``) runs with ``none``
+and shows no predictor ("-"). A policy other than the config's starts from empty params (the config's
 ``policy.params`` belong to its own policy); ``--set`` applies to every run. The table gives each policy's origin
 (:func:`origin_of`: ceiling, baseline, published, ours or bound), throughput, its ratio to the baseline, iteration
 latency, hit rates, the share of expert accesses computed on the host CPU (``cpu_expert_frac``), PCIe traffic, stall
-time, and the gap between each policy's cache hit rate (HPC + MPC) and the
-Belady bound: the hit rate of an offline optimal cache with the same slots per layer (HPC + MPC), which no policy
-can beat in cache hits. Every row names its predictor; the policies that ran with the config's predictor because
-their entry named none are listed in one line under the table (:func:`config_predictor_note`), so that a config's
-predictor (the oracle, say) never reaches a row unsaid.
+time, and the gap between each policy's cache hits (HPC + MPC) and the Belady bound: the cache hits of an offline
+optimal cache with the same slots per layer (HPC + MPC), over the same accesses, which no policy can beat in cache
+hits. It bounds cache hits only: experts prefetched into working buffers (LPC) hit on top of it, so a policy's hit
+rate (all tiers) may exceed it; a line under the table says so. Every row names its predictor; one line under the
+table says which predictor the rows that named none ran with (:func:`predictor_note`), so that a config's
+predictor (the oracle, say) never reaches a row unsaid. Figures are shown to 4 significant digits, so a tiny
+model's 0.0123 ms reads as such and not as 0.0.
+
+A variant whose dense weights, KV cache and experts (its tiers, or every expert for gpu-only) do not fit in the
+GPU's memory is not run: its row says ``does not fit (X GB > Y GB)`` instead of a throughput (the ``status``
+column; ``ok`` for the others), and the others run. When no entry fits, the command exits 2 with the memory table.
 
 Before any policy runs: each ``--policies`` entry names a known policy (and predictor, after ``@``), none twice
 (``all`` counts as each of its entries, and ``lru`` equals ``lru@P`` when P is the config's predictor), ``--baseline``
@@ -28,9 +37,11 @@ import csv
 import datetime as dt
 import io
 import json
+import math
 import sys
 from pathlib import Path
 
+from sim.config.memory import DoesNotFit
 from sim.config.run_config import RunConfig, config_from_dict, load_run_config
 from sim.errors import ConfigError
 from sim.policies import POLICIES, is_ceiling
@@ -44,6 +55,7 @@ COLUMNS = [
     "policy",
     "predictor",
     "origin",
+    "status",
     "throughput_tok_s",
     "ratio_vs_baseline",
     "iteration_ms_mean",
@@ -89,14 +101,19 @@ def origin_of(policy_class) -> str | None:
 
 
 def default_predictor(policy: str) -> str | None:
-    """The predictor ``policy`` runs with under ``--policies all`` (``Policy.default_predictor``; None: the
-    config's)."""
+    """The predictor ``policy``'s design pairs it with, which ``--policies all --own-predictors`` gives it
+    (``Policy.default_predictor``; None: the config's)."""
     return getattr(POLICIES.get(policy), "default_predictor", None)
 
 
+def reads_predictions(policy: str, params: dict) -> bool:
+    """Whether ``policy`` with these checked params reads the predictor's guesses (``Policy.reads_predictions``)."""
+    return bool(POLICIES.get(policy).reads_predictions(params))
+
+
 def all_entries() -> list[tuple[str, str | None]]:
-    """Every registered policy with its default predictor, by origin (``ORIGINS``), then the study's order, then
-    name."""
+    """Every registered policy with its own predictor (:func:`default_predictor`), by origin (``ORIGINS``), then the
+    study's order, then name."""
 
     def key(name):
         origin = origin_of(name)
@@ -117,11 +134,12 @@ def _name_text(text: str) -> str:
     return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
 
 
-def parse_entries(text: str, shared: bool = False) -> list[tuple[str, str | None]]:
-    """``a,b@p`` -> [(a, None), (b, p)], checking the names; ``all`` -> :func:`all_entries` (with ``shared``: those
-    that manage a cache shared by all layers, ``Policy.supports_shared``). An empty entry, ``lru@`` or ``@oracle``,
-    an unknown name, or an entry given twice (``all`` counts as each of its entries) is a ConfigError naming
-    ``--policies``, before anything runs."""
+def parse_entries(text: str, shared: bool = False, own_predictors: bool = False) -> list[tuple[str, str | None]]:
+    """``a,b@p`` -> [(a, None), (b, p)], checking the names; ``all`` -> every policy of :func:`all_entries`, each
+    with no predictor of its own (the config's, the same for all), or with ``own_predictors`` with its own (with
+    ``shared``: those that manage a cache shared by all layers, ``Policy.supports_shared``). An empty entry,
+    ``lru@`` or ``@oracle``, an unknown name, or an entry given twice (``all`` counts as each of its entries) is a
+    ConfigError naming ``--policies``, before anything runs."""
     entries: list[tuple[str, str | None]] = []
     given: dict[tuple[str, str | None], str] = {}
 
@@ -140,9 +158,9 @@ def parse_entries(text: str, shared: bool = False) -> list[tuple[str, str | None
         if not item:
             raise ConfigError("--policies", "an empty entry (two commas, or one at an end)")
         if item == "all":
-            for e in all_entries():
-                if not shared or POLICIES.get(e[0]).supports_shared:
-                    add(e, "all")
+            for name, own in all_entries():
+                if not shared or POLICIES.get(name).supports_shared:
+                    add((name, own if own_predictors else None), "all")
             continue
         add(_entry(item), item)
     return entries
@@ -189,13 +207,28 @@ def check_baseline(baseline: str | None, entries: list[tuple[str, str | None]]) 
 
 def variant(base: RunConfig, policy: str, predictor: str | None) -> RunConfig:
     """The base config with another policy (and predictor), params reset where the part changes: an entry naming
-    the config's own predictor (``lru@transition`` on a config whose predictor is transition) keeps its params."""
+    the config's own predictor (``lru@transition`` on a config whose predictor is transition) keeps its params. An
+    entry without a predictor whose policy never reads one runs with ``none``. DoesNotFit when the variant does not
+    fit in the GPU's memory (:func:`load_variant` keeps it as a row)."""
     d = copy.deepcopy(base.resolved)
+    params = base.policy.params
     if policy != base.policy.name:
         d["policy"] = {"name": policy, "params": {}}
+        params = POLICIES.get(policy).check_params({})
+    if predictor is None and not reads_predictions(policy, params):
+        predictor = "none"
     if predictor is not None and predictor != base.predictor.name:
         d["predictor"] = {"name": predictor, "params": {}}
     return config_from_dict(d, base.source, POLICIES.names(), PREDICTORS.names())
+
+
+def load_variant(base: RunConfig, policy: str, predictor: str | None) -> tuple[RunConfig, DoesNotFit | None]:
+    """:func:`variant`, and None; or, for a variant that does not fit in the GPU's memory, the config as loaded but
+    for that check and the DoesNotFit that says by how much (any other bad config is raised)."""
+    try:
+        return variant(base, policy, predictor), None
+    except DoesNotFit as exc:
+        return exc.config, exc
 
 
 def describe_predictor(part) -> str:
@@ -206,17 +239,57 @@ def describe_predictor(part) -> str:
 
 
 def config_predictor_note(base: RunConfig, entries: list[tuple[str, str | None]]) -> str | None:
-    """One line naming the policies that ran with the config's predictor because their entry named none (None when
-    every entry named its own)."""
-    names = [p for p, predictor in entries if predictor is None]
+    """One line naming the policies that read a predictor and ran with the config's because their entry named none
+    (None when there are none)."""
+    names = [p for p, predictor in entries if predictor is None and _reads(base, p)]
     if not names:
         return None
+    what = _predictor_words(base)
+    if base.predictor.name == "none":
+        return f"{', '.join(names)} ran with the config's predictor {what}"
+    return f"{', '.join(names)} ran with the config's predictor {what}; give {names[0]}@none to run without prediction"
+
+
+def predictor_note(base: RunConfig, entries: list[tuple[str, str | None]], same_for_all: bool) -> str | None:
+    """The one line under the table on predictors. ``same_for_all`` (``--policies all`` without
+    ``--own-predictors``): every policy that reads a predictor ran with the same one, the config's; "-" marks those
+    that never read one; and the flag that gives each its own, with those it would give. Otherwise
+    :func:`config_predictor_note`."""
+    if not same_for_all:
+        return config_predictor_note(base, entries)
+    own = [
+        f"{p}@{d}"
+        for p, d in all_entries()
+        if d is not None and d != base.predictor.name and reads_predictions(p, POLICIES.get(p).check_params({}))
+    ]
+    mine = f" ({', '.join(own)})" if own else ""
+    return (
+        f"every policy that reads a predictor ran with the same one, the config's predictor {_predictor_words(base)}; "
+        f"-: the policy never reads one; --own-predictors gives each the predictor its design pairs it with{mine}"
+    )
+
+
+def _predictor_words(base: RunConfig) -> str:
     what = describe_predictor(base.predictor)
     if base.predictor.name == "oracle":
         what += ", perfect knowledge of the next layer's experts"
     if base.predictor.name == "none":
-        return f"{', '.join(names)} ran with the config's predictor none (no prediction)"
-    return f"{', '.join(names)} ran with the config's predictor {what}; give {names[0]}@none to run without prediction"
+        what += " (no prediction)"
+    return what
+
+
+def _reads(base: RunConfig, policy: str) -> bool:
+    """Whether ``policy``, as a variant of ``base`` runs it, reads the predictor's guesses."""
+    params = base.policy.params if policy == base.policy.name else POLICIES.get(policy).check_params({})
+    return reads_predictions(policy, params)
+
+
+#: The line under the table that says what the Belady bound covers.
+BELADY_NOTE = (
+    "hit rate = prefetched (LPC) + cache hits (HPC + MPC), over every expert access; Belady: the cache hits of an "
+    "offline optimal cache with the same slots over the same accesses, the bound on cache hits (prefetched hits "
+    "come on top, so hit rate may exceed it); gap = Belady - cache hits"
+)
 
 
 def belady_cache_hit_rate(cfg: RunConfig, trace) -> float | None:
@@ -246,8 +319,17 @@ def compare(
     trace = load_trace(base.workload.trace)
     bound = belady_cache_hit_rate(base, trace)
     rows = []
-    for policy, predictor in entries:
-        cfg = variant(base, policy, predictor)
+    loaded = [(policy, *load_variant(base, policy, predictor)) for policy, predictor in entries]
+    misfits = [m for _, _, m in loaded if m is not None]
+    if misfits and len(misfits) == len(loaded):
+        raise misfits[0]  # nothing to compare: the memory table of the first, exit 2
+    for policy, cfg, misfit in loaded:
+        shown = cfg.predictor.name if reads_predictions(policy, cfg.policy.params) else None
+        if misfit is not None:
+            if log:
+                log(f"  {policy}: {misfit.short()}, not run")
+            rows.append(misfit_row(policy, shown, misfit))
+            continue
         if log:
             log(f"  {policy} (predictor {cfg.predictor.name}) ...")
         s = simulate(cfg, trace=trace).summary
@@ -256,8 +338,9 @@ def compare(
         rows.append(
             {
                 "policy": policy,
-                "predictor": cfg.predictor.name,
+                "predictor": shown,
                 "origin": origin_of(policy),
+                "status": "ok",
                 "throughput_tok_s": s["throughput_tok_s"],
                 "ratio_vs_baseline": None,
                 "iteration_ms_mean": s["iteration_ms"]["mean"],
@@ -281,16 +364,37 @@ def compare(
     names = [r["policy"] for r in rows]
     ref = rows[names.index(check_baseline(baseline, entries))]["throughput_tok_s"]
     for r in rows:
-        r["ratio_vs_baseline"] = r["throughput_tok_s"] / ref if ref else None
+        r["ratio_vs_baseline"] = r["throughput_tok_s"] / ref if ref and r["throughput_tok_s"] is not None else None
     return rows
+
+
+def misfit_row(policy: str, predictor: str | None, misfit: DoesNotFit) -> dict:
+    """The row of a variant that does not fit in the GPU's memory: its ``status`` says by how much, no figures."""
+    row: dict = dict.fromkeys(COLUMNS)
+    row.update(policy=policy, predictor=predictor, origin=origin_of(policy), status=misfit.short())
+    return row
 
 
 def _fmt(v, spec=".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def significant(v, digits: int = 4) -> str:
+    """``v`` to ``digits`` significant digits, never in exponent form, with thousands separators: ``450.0``,
+    ``0.01234``, ``9,192``; whole from ``10**digits`` up; ``-`` for none."""
+    if v is None:
+        return "-"
+    v = float(v)
+    if v == 0 or v != v or abs(v) == float("inf"):
+        return format(v, "g")
+    decimals = max(0, min(12, digits - 1 - math.floor(math.log10(abs(v)))))
+    return f"{v:,.{decimals}f}"
+
+
 def table_markdown(rows: list[dict], baseline: str, title: str, note: str | None = None) -> str:
-    """The table (with ``note`` in a line under it)."""
+    """The table, with ``note`` (the predictors' line) and the line on what the Belady bound covers under it.
+    Throughput, latency, traffic and stall time to 4 significant digits; a variant that does not fit shows
+    ``does not fit (X GB > Y GB)`` in place of its throughput."""
     head = [
         "policy",
         "predictor",
@@ -299,40 +403,40 @@ def table_markdown(rows: list[dict], baseline: str, title: str, note: str | None
         f"x {baseline}",
         "iter ms (mean)",
         "hit rate",
-        "cache hits",
         "prefetched",
+        "cache hits",
+        "Belady (cache hits)",
+        "gap",
         "cpu_expert_frac",
         "PCIe GB",
         "stall s",
-        "Belady bound",
-        "gap",
     ]
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
+        fits = r.get("status") in (None, "ok")
         lines.append(
             "| "
             + " | ".join(
                 [
                     r["policy"],
-                    r["predictor"],
+                    r["predictor"] or "-",
                     r["origin"] or "-",
-                    _fmt(r["throughput_tok_s"], ",.1f"),
-                    _fmt(r["ratio_vs_baseline"], ".2f"),
-                    _fmt(r["iteration_ms_mean"], ".1f"),
+                    significant(r["throughput_tok_s"]) if fits else str(r["status"]),
+                    significant(r["ratio_vs_baseline"], 3),
+                    significant(r["iteration_ms_mean"]),
                     _fmt(r["hit_rate"]),
-                    _fmt(r["cache_hit_rate"]),
                     _fmt(r["prefetch_hit_rate"]),
-                    _fmt(r.get("cpu_expert_frac")),
-                    _fmt(r["pcie_gb"], ",.1f"),
-                    _fmt(r["stall_s"], ",.2f"),
+                    _fmt(r["cache_hit_rate"]),
                     _fmt(r["belady_cache_hit_rate"]),
                     _fmt(r["gap_to_belady"], "+.3f"),
+                    _fmt(r.get("cpu_expert_frac")),
+                    significant(r["pcie_gb"]),
+                    significant(r["stall_s"]),
                 ]
             )
             + " |"
         )
-    if note:
-        lines += ["", note]
+    lines += [""] + ([note] if note else []) + [BELADY_NOTE]
     return "\n".join(lines) + "\n"
 
 
@@ -356,7 +460,14 @@ def register(sub) -> None:
         "--policies",
         required=True,
         help="comma-separated policies, each optionally POLICY@PREDICTOR "
-        "(without one: the config's predictor); 'all': every registered policy with its default predictor",
+        "(without one: the config's predictor); 'all': every registered policy, each with the config's predictor "
+        "(a policy that never reads one with none)",
+    )
+    p.add_argument(
+        "--own-predictors",
+        action="store_true",
+        help="with 'all': each policy with the predictor its design pairs it with (pregated and diffmoe the "
+        "oracle, moe-infinity its own, ...: python -m sim policies lists them) instead of the same one for all",
     )
     p.add_argument("--baseline", default=None, help="policy the throughput ratios refer to (default on-demand)")
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a config field (repeatable)")
@@ -368,12 +479,16 @@ def register(sub) -> None:
 def run(args) -> int:
     if args.out is not None:
         check_output_folder(args.out, "results folder (--out)")
-    entries_given = parse_entries(args.policies)  # the names, before the config is read
+    own = bool(getattr(args, "own_predictors", False))
+    entries_given = parse_entries(args.policies, own_predictors=own)  # the names, before the config is read
     check_baseline(args.baseline, entries_given)
     base = _base_config(args)
     shared = base.cache.organization == "shared"
-    entries = parse_entries(args.policies, shared)
-    if shared and "all" in [x.strip() for x in args.policies.split(",")]:
+    entries = parse_entries(args.policies, shared, own)
+    with_all = "all" in [x.strip() for x in args.policies.split(",")]
+    if own and not with_all:
+        raise ConfigError("--own-predictors", "applies to --policies all (give POLICY@PREDICTOR for one policy)")
+    if shared and with_all:
         left = sorted(set(POLICIES.names()) - {p for p, _ in entries})
         print(
             f"cache.organization: shared: leaving out the policies that manage per-layer slots only: {choices(left)}",
@@ -399,7 +514,7 @@ def run(args) -> int:
         f"{base.model.name} on {hardware}, batch {w.batch_size} ({w.batching}), trace "
         f"{Path(w.trace).name}, {slots}, {base.cache.lpc_buffers} working buffers"
     )
-    note = config_predictor_note(base, entries)
+    note = predictor_note(base, entries, with_all and not own)
     md = table_markdown(rows, baseline, title, note)
     atomic_write_bytes(out / "compare.csv", table_csv(rows).encode())
     atomic_write_bytes(out / "compare.md", md.encode())
@@ -425,10 +540,11 @@ def default_out(config: str) -> Path:
 
 
 def _base_config(args) -> RunConfig:
-    """The config the policies are compared on (with ``--set``)."""
+    """The config the policies are compared on (with ``--set``). A config whose own policy does not fit in the
+    GPU's memory still serves as the base: each compared variant is checked on its own."""
     sets = list(args.set or [])
     try:
-        return load_run_config(args.config, sets, POLICIES.names(), PREDICTORS.names())
+        return _loaded(args.config, sets)
     except ConfigError as exc:
         if exc.field != "cache.organization":
             raise
@@ -436,9 +552,15 @@ def _base_config(args) -> RunConfig:
         first = next((p for p, _ in parse_entries(args.policies, shared=True) if POLICIES.get(p).supports_shared), None)
         if first is None:
             raise
-        return load_run_config(
-            args.config, sets + [f"policy.name={first}", "policy.params={}"], POLICIES.names(), PREDICTORS.names()
-        )
+        return _loaded(args.config, sets + [f"policy.name={first}", "policy.params={}"])
+
+
+def _loaded(config: str, sets: list[str]) -> RunConfig:
+    """The run config with ``sets``, whether or not it fits in the GPU's memory."""
+    try:
+        return load_run_config(config, sets, POLICIES.names(), PREDICTORS.names())
+    except DoesNotFit as exc:
+        return exc.config
 
 
 def _check_variants(base: RunConfig, entries: list[tuple[str, str | None]]) -> None:
@@ -446,7 +568,7 @@ def _check_variants(base: RunConfig, entries: list[tuple[str, str | None]]) -> N
     ``lru@oracle`` where the config's predictor is oracle), before anything runs or is written."""
     seen: dict[tuple[str, str], str] = {}
     for policy, predictor in entries:
-        cfg = variant(base, policy, predictor)
+        cfg, _ = load_variant(base, policy, predictor)
         key = (policy, cfg.predictor.name)
         given = policy if predictor is None else f"{policy}@{predictor}"
         if key in seen:

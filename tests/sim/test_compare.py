@@ -39,8 +39,11 @@ def test_compare_writes_csv_and_markdown_with_ratios_and_the_belady_bound(tmp_pa
     assert [r["policy"] for r in rows] == ["gpu-only", "on-demand", "lru", "diffmoe"]
     assert float(by["on-demand"]["ratio_vs_baseline"]) == 1.0
     assert by["lru"]["predictor"] == "none" and by["diffmoe"]["predictor"] == "oracle"
-    tput = {p: float(r["throughput_tok_s"]) for p, r in by.items()}
-    assert all(tput["gpu-only"] >= t for t in tput.values())
+    # Switch-XXL's 773 GB of experts do not fit one H200: no ceiling figure, the others run
+    assert by["gpu-only"]["status"].startswith("does not fit (") and by["gpu-only"]["status"].endswith(" GB > 141 GB)")
+    assert by["gpu-only"]["throughput_tok_s"] == "" and by["gpu-only"]["predictor"] == ""
+    assert all(by[p]["status"] == "ok" for p in ("on-demand", "lru", "diffmoe"))
+    tput = {p: float(r["throughput_tok_s"]) for p, r in by.items() if p != "gpu-only"}
     for p in ("lru", "diffmoe"):  # no policy beats the offline optimum in cache hits at equal slots
         assert float(by[p]["belady_cache_hit_rate"]) >= float(by[p]["cache_hit_rate"]) - 1e-12
         assert abs(float(by[p]["ratio_vs_baseline"]) - tput[p] / tput["on-demand"]) < 1e-4
@@ -94,10 +97,7 @@ def transition_config(tmp_path):
     return out
 
 
-NOTE = (
-    "on-demand, lru ran with the config's predictor transition (train: other-requests); give on-demand@none to "
-    "run without prediction"
-)
+NOTE = "lru ran with the config's predictor transition (train: other-requests); give lru@none to run without prediction"
 
 
 def test_compare_says_under_the_table_which_rows_ran_with_the_configs_predictor(transition_config, tmp_path):
@@ -107,7 +107,7 @@ def test_compare_says_under_the_table_which_rows_ran_with_the_configs_predictor(
     )
     assert res.returncode == 0, res.stderr
     rows = {r["policy"]: r["predictor"] for r in csv.DictReader((out / "compare.csv").open())}
-    assert rows == {"on-demand": "transition", "lru": "transition", "diffmoe": "oracle", "lfu": "none"}
+    assert rows == {"on-demand": "", "lru": "transition", "diffmoe": "oracle", "lfu": "none"}  # on-demand reads none
     md = (out / "compare.md").read_text()
     for text in (res.stdout, md):
         lines = text.splitlines()
@@ -115,6 +115,7 @@ def test_compare_says_under_the_table_which_rows_ran_with_the_configs_predictor(
         last_row = max(i for i, line in enumerate(lines) if line.startswith("| "))
         assert lines.index(NOTE) > last_row  # under the table
         assert "| lru | transition |" in text and "| diffmoe | oracle |" in text and "| lfu | none |" in text
+        assert "| on-demand | - |" in text
     # every entry names its predictor: no such line
     res = run_module(
         "sim", "compare", transition_config, "--policies", "lru@transition,lfu@none", "--out", tmp_path / "c2"

@@ -1,4 +1,5 @@
-"""`sim compare --policies all`: every registered policy with its default predictor, and the `origin` column."""
+"""`sim compare --policies all`: every registered policy, each with the same predictor (or with its own under
+``--own-predictors``), and the `origin` column."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def test_the_origin_is_the_class_declaration():
     assert origin_of(Unknown) is None
 
 
-def test_all_expands_to_every_policy_by_origin_with_default_predictors():
+def test_all_expands_to_every_policy_by_origin_with_one_predictor_or_their_own():
     entries = all_entries()
     names = [p for p, _ in entries]
     assert sorted(names) == POLICIES.names() and len(set(names)) == len(names)
@@ -79,8 +80,9 @@ def test_all_expands_to_every_policy_by_origin_with_default_predictors():
         for p in ("lru", "lfu", "arc", "s3fifo", "least-stale", "learned-rf", "reuse-distance", "belady", "on-demand")
     )
     assert default_predictor("lru") is None
-    assert parse_entries("all") == entries
-    assert parse_entries("all,lru@oracle") == entries + [("lru", "oracle")]
+    assert parse_entries("all", own_predictors=True) == entries
+    assert parse_entries("all") == [(p, None) for p in names]  # the config's predictor, the same for all
+    assert parse_entries("all,lru@oracle") == [(p, None) for p in names] + [("lru", "oracle")]
 
 
 @pytest.fixture()
@@ -116,8 +118,10 @@ def test_compare_all_runs_every_policy_and_writes_the_origin_column(tiny_config,
     assert {p: r["origin"] for p, r in by.items()} == {p: origin_of(p) for p in POLICIES.names()}
     for p, origin in EXPECTED_ORIGINS.items():
         assert by[p]["origin"] == origin
-    want_pred = {p: d or "none" for p, d in all_entries()}  # the config's predictor is none
+    # the config's predictor (none) for every policy that reads one; no predictor for the others
+    want_pred = {p: "none" if POLICIES.get(p).reads_predictions(POLICIES.get(p).check_params({})) else "" for p in by}
     assert {p: r["predictor"] for p, r in by.items()} == want_pred
+    assert want_pred["gpu-only"] == want_pred["on-demand"] == want_pred["fiddler"] == ""
     assert float(by["on-demand"]["ratio_vs_baseline"]) == 1.0
     bound = float(by["belady"]["cache_hit_rate"])
     assert bound == pytest.approx(float(by["belady"]["belady_cache_hit_rate"]))
@@ -126,11 +130,12 @@ def test_compare_all_runs_every_policy_and_writes_the_origin_column(tiny_config,
             assert float(r["cache_hit_rate"]) <= bound + 1e-12, p
     md = (out / "compare.md").read_text()
     assert "| policy | predictor | origin |" in md
-    assert "| arc | none | published |" in md and "| diffmoe-arc | oracle | ours |" in md
-    assert "| gpu-only | none | ceiling |" in md and "| belady | none | bound |" in md
-    # the entries of `all` without a default predictor ran with the config's, said in one line under the table
-    from_config = ", ".join(p for p, d in all_entries() if d is None)
-    assert md.splitlines()[-1] == f"{from_config} ran with the config's predictor none (no prediction)"
+    assert "| arc | none | published |" in md and "| diffmoe-arc | none | ours |" in md
+    assert "| gpu-only | - | ceiling |" in md and "| belady | none | bound |" in md
+    # every entry of `all` ran with the config's predictor, said in one line under the table
+    note = md.splitlines()[-2]
+    assert note.startswith("every policy that reads a predictor ran with the same one, the config's predictor none")
+    assert "diffmoe@oracle" in note and "moe-infinity@moe-infinity" in note and note in res.stdout
 
 
 def test_compare_all_on_a_shared_cache_runs_the_shared_policies_against_the_shared_bound(tiny_config, tmp_path):
