@@ -130,6 +130,23 @@ def legend_outside(ax, fontsize: float = 7, **kw):
     return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=fontsize, **kw)
 
 
+def log_axis(ax, which: str, lo: float, hi: float) -> None:
+    """Make the ``which`` ("x" or "y") axis of ``ax``, showing ``lo`` to ``hi``, logarithmic, labelled in plain
+    numbers ("20", "50", "100") at 1, 2 and 5 times each power of ten over 1.5 decades or less, 1 and 3 over 3
+    decades or less, the powers alone beyond (so that labels keep apart), none on its minor ticks."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    decades = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
+    subs = (1.0, 2.0, 5.0) if decades <= 1.5 else (1.0, 3.0) if decades <= 3 else (1.0,)
+    getattr(ax, f"set_{which}scale")("log")
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def save_png(fig, path: Path) -> Path:
     """Write ``fig`` as a PNG at ``path`` atomically, its legends and titles outside the axes included, and close
     it."""
@@ -150,6 +167,7 @@ __all__ = [
     "PALETTE",
     "Style",
     "legend_outside",
+    "log_axis",
     "origin_rank",
     "plain_styles",
     "policy_styles",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.plot_style import legend_outside, plain_styles, save_png, wrap
+from sim.plot_style import legend_outside, log_axis, plain_styles, save_png, wrap
 from traces.errors import one_line
 
 BAND = 0.15  # the band drawn around sim = real
@@ -70,11 +70,11 @@ def _scatter(ax, rows: list[dict], names: list[str]) -> None:
         s = styles[i]
         ax.scatter(real[i], sim[i], color=s.color, marker=s.marker, s=40, zorder=3, label=name)
     if log:
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        log_axis(ax, "x", lo, hi)
+        log_axis(ax, "y", lo, hi)
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
-    ax.set_aspect("equal" if not log else "auto", adjustable="box")
+    ax.set_aspect("equal", adjustable="box")
     scale = ", log scale" if log else ""
     ax.set_xlabel(f"real mean iteration latency (ms{scale})", fontsize=8.5)
     ax.set_ylabel(f"simulated mean iteration latency (ms{scale})", fontsize=8.5)

@@ -18,6 +18,7 @@ from sim.plot_style import (
     PALETTE,
     Style,
     legend_outside,
+    log_axis,
     origin_rank,
     plain_styles,
     policy_styles,
@@ -198,9 +199,9 @@ SETTING_AXES = ("model", "hardware", "system")  # swept fields under these chang
 
 
 def setting_words(sweep: Sweep, rows) -> str:
-    """ "mixtral-8x7b on rtx4090, llama-cpp system, batch 4": the model, the hardware, the serving system (unless
-    ``ideal``) and, when the batch size is not swept, the batch, of the points among ``rows`` (one config
-    resolved per distinct swept model, hardware or system; "" when none can be)."""
+    """ "mixtral-8x7b on rtx4090, llama-cpp system, batch 4, predictor transition": the model, the hardware, the
+    serving system (unless ``ideal``) and, when not swept, the batch and the predictor, of the points among
+    ``rows`` (one config resolved per distinct swept model, hardware or system; "" when none can be)."""
     swept = [a for a in sweep.axes if a in rows and a.split(".")[0] in SETTING_AXES]
     if "point" in rows and len(rows):  # one point per distinct swept model, hardware or system
         ids = list((rows.drop_duplicates(swept) if swept else rows.iloc[:1])["point"])
@@ -217,6 +218,8 @@ def setting_words(sweep: Sweep, rows) -> str:
         words += f", {_joined(systems)} system"
     if "workload.batch_size" not in sweep.axes:
         words += f", batch {_joined(c.workload.batch_size for c in configs)}"
+    if "predictor.name" not in sweep.axes:
+        words += f", predictor {_joined(c.predictor.name for c in configs)}"
     return words
 
 
@@ -333,6 +336,7 @@ def throughput_figure(view: PlotView, series: str | None, header: str, single: s
     refs = [n for n in panels[0][1] if styles[n].origin == "ceiling" or n == "on-demand"] if len(panels) > 1 else []
     xs = sorted(rows[axis].dropna().unique())
     xlog = bool(len(xs) > 1 and min(xs) > 0 and max(xs) / min(xs) >= 16)
+    ys = (float(rows["throughput_tok_s"].min()), float(rows["throughput_tok_s"].max()))
     for ax, (title, group) in zip(axes.flat, panels):
         for n in [r for r in refs if r not in group]:  # the ceiling and the baseline in every panel, in grey
             _line(ax, rows, series, axis, n, Style("0.65", "", styles[n].linestyle), f"{n} (reference)", lw=1.0)
@@ -340,7 +344,7 @@ def throughput_figure(view: PlotView, series: str | None, header: str, single: s
             _line(ax, rows, series, axis, n, styles[n], labels[n])
         if title:
             ax.set_title(title, fontsize=8.5)
-        _axes_format(ax, xs, xlog, view.log_scale)
+        _axes_format(ax, xs, xlog, view.log_scale, ys)
         legend_outside(ax)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
@@ -370,20 +374,16 @@ def _line(ax, rows, series, axis: str, name, style: Style, label: str, lw: float
     )
 
 
-def _axes_format(ax, xs: list, xlog: bool, ylog: bool) -> None:
-    """Scales, ticks at the swept values where they fit, a light grid."""
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
-
+def _axes_format(ax, xs: list, xlog: bool, ylog: bool, ys: tuple[float, float]) -> None:
+    """Scales (log ones labelled in plain numbers; ``ys``: the lowest and highest throughput), ticks at the swept
+    values where they fit, a light grid."""
     if ylog:
-        ax.set_yscale("log")
+        log_axis(ax, "y", *ys)
     if xlog:
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        log_axis(ax, "x", float(min(xs)), float(max(xs)))
     if _ticks_fit(xs, xlog):
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{x:g}" for x in xs])
-    elif xlog:
-        ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.tick_params(labelsize=8)
     ax.grid(alpha=0.3)
 

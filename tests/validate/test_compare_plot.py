@@ -42,7 +42,8 @@ def _readable(fig) -> None:
     scatter, bars = fig.axes[:2]
     assert not scatter.texts  # no names beside the points
     assert legends_off_the_data(fig, renderer) == []
-    assert colliding(tick_labels(bars, "y"), renderer) == []
+    for ax, which in ((bars, "y"), (bars, "x"), (scatter, "x"), (scatter, "y")):
+        assert colliding(tick_labels(ax, which), renderer) == [], which
     assert colliding(scatter.get_legend().get_texts(), renderer) == []
     title = fig._suptitle.get_window_extent(renderer)
     assert title.x0 >= 0 and title.x1 <= fig.bbox.width  # wrapped inside the figure, never cut at its edge
@@ -74,6 +75,19 @@ def test_any_names_and_latencies_plot_readably(names, device, scale):
     fig = compare_figure(rows, {"suite": "cpu", "device": device, "date": "2026-12-01"})
     try:
         _readable(fig)
+    finally:
+        plt.close(fig)
+
+
+def test_latencies_over_decades_get_log_axes_with_plain_labels_apart():
+    rows = [_row(f"c{i}", 0.5 * 3**i, 0.55 * 3**i) for i in range(8)]  # 0.5 to 1,093 ms
+    fig = compare_figure(rows, {"suite": "gpu", "device": "NVIDIA H200", "date": "d"})
+    try:
+        _readable(fig)
+        scatter = fig.axes[0]
+        assert scatter.get_xscale() == scatter.get_yscale() == "log"
+        assert "log scale" in scatter.get_xlabel()
+        assert all("10^" not in t.get_text() and "times" not in t.get_text() for t in tick_labels(scatter, "x"))
     finally:
         plt.close(fig)
 

@@ -137,6 +137,25 @@ def test_a_few_policies_share_one_axes_with_the_legend_beside_it():
         plt.close(fig)
 
 
+def test_throughput_over_decades_gets_a_log_axis_with_labels_apart():
+    df = _rows(policies=["gpu-only", "on-demand", "lru"], batches=(1, 4, 16, 64, 256))
+    df["throughput_tok_s"] = df["throughput_tok_s"] * df["workload.batch_size"] ** 2
+    view = plot_view(_sweep(), df, "workload.batch_size", "policy.name")
+    assert view.log_scale
+    fig = throughput_figure(view, "policy.name", "")
+    try:
+        renderer = drawn(fig)
+        ax = fig.axes[0]
+        assert ax.get_yscale() == "log" and ax.get_xscale() == "log"  # batch 1 to 256: a log x axis too
+        for which in ("x", "y"):
+            labels = tick_labels(ax, which)
+            assert len(labels) >= 2 and colliding(labels, renderer) == []
+            assert all("10^" not in t.get_text() for t in labels)
+        assert [t.get_text() for t in tick_labels(ax, "x")] == ["1", "4", "16", "64", "256"]
+    finally:
+        plt.close(fig)
+
+
 def test_the_title_names_model_hardware_batch_and_what_is_averaged(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text(
@@ -158,7 +177,7 @@ def test_the_title_names_model_hardware_batch_and_what_is_averaged(tmp_path):
             for i, p in enumerate(sweep.points)
         ]
     )
-    assert setting_words(sweep, df) == "gpt-oss-20b on h200, batch 4"
+    assert setting_words(sweep, df) == "gpt-oss-20b on h200, batch 4, predictor transition"
     plots = plan_plots(tmp_path, sweep, df)
     assert [p.path.name for p in plots] == [plot_file("cache_slots"), TIER_PLOT] and all(p.drawn for p in plots)
     view = plot_view(sweep, df, "cache_slots", "policy.name")
