@@ -6,14 +6,16 @@ A *rows file* (CSV) lists measurements, one per line, with the columns :data:`CO
   (``mixtral-offloading``, ``fiddler``, ``ktransformers``, ``llama.cpp``, ``deepspeed``); ``variant``: the system's
   mode (mixtral-offloading ``full`` | ``lru`` | ``none`` | ``naive`` (accelerate's offloading), another by its
   slots; llama.cpp ``n-cpu-moe=N``, N at most the model's MoE layers; others any plain name);
-- ``model``: a profile of ``configs/models/`` (``mixtral-8x7b-instruct`` is ``mixtral-8x7b``) with a trace in
-  :data:`TRACES`; ``expert_format``/``dense_format``: weight formats ``sim.config.system.format_bits`` reads (blank: the
-  system profile's);
+- ``model``: a profile of ``configs/models/`` (``mixtral-8x7b-instruct`` is ``mixtral-8x7b``; blank: ``--model``,
+  which may also be a profile's path, as a run config's ``model`` is), replaying its bundled trace (:data:`TRACES`)
+  or ``--trace``; ``expert_format``/``dense_format``: weight formats ``sim.config.system.format_bits`` reads (blank:
+  the system profile's);
 - ``gpu``, ``host``, ``pcie``: the machine, mapped to a profile of ``configs/hardware/`` by :func:`hardware_of`;
 - ``batch``, ``prompt_tokens``, ``decode_tokens``: the workload (decode-only traces: the prompt is not simulated);
 - ``gpu_experts_per_layer``: experts kept on the GPU per MoE layer (blank: the system's own rule);
-- ``published_tok_s``: the measured decode tokens/s (blank: unknown); ``role``: ``fit`` (used to fit the constants)
-  or ``predict`` (only predicted; its measured value is never read while fitting).
+- ``measured_tok_s``: the decode tokens/s measured on the machine (blank: unknown; ``published_tok_s``, the column's
+  name in the published rows, is its alias); ``role``: ``fit`` (used to fit the constants) or ``predict`` (only
+  predicted; its measured value is never read while fitting).
 
 Each system fits one constant (:data:`FITTED`), per GPU where the software's cost depends on the GPU
 (``per_gpu``): on the ``fit`` rows only, by bisection on the mean log error of the simulated tokens/s (monotone in
@@ -60,9 +62,30 @@ COLUMNS = (
     "prompt_tokens",
     "decode_tokens",
     "gpu_experts_per_layer",
-    "published_tok_s",
+    "measured_tok_s",
     "role",
 )
+#: Other names a header may give a column: the published rows' name of the measured figure.
+COLUMN_ALIASES = {"published_tok_s": "measured_tok_s"}
+#: What each column holds (``sim fit-system --help``).
+COLUMN_HELP = {
+    "row": "an id of the row (a plain name)",
+    "source": "where the figure comes from (free text)",
+    "system": "the serving system (blank: --system)",
+    "variant": "the system's mode: mixtral-offloading full|lru|none|naive, llama.cpp n-cpu-moe=N, else any name",
+    "model": "a model profile of configs/models/ (blank: --model, a name or a profile's path)",
+    "expert_format": "the experts' weight format, e.g. q4_k_m, hqq-2bit, int4, 4.5bpw (blank: the system's)",
+    "dense_format": "the dense weights' format (blank: the system's)",
+    "gpu": "the GPU, e.g. rtx4090-24gb (ignored with --hardware)",
+    "host": "the host's CPUs and memory, in words (ignored with --hardware)",
+    "pcie": "the link, in words (not read)",
+    "batch": "requests decoded together (blank: 1)",
+    "prompt_tokens": "prompt tokens per request (not simulated: the traces replay decode steps)",
+    "decode_tokens": "decode tokens per request simulated (blank: the trace's)",
+    "gpu_experts_per_layer": "experts kept on the GPU per MoE layer (blank: the system's own rule)",
+    "measured_tok_s": "YOUR measured decode tokens/s (alias: published_tok_s; blank: unknown, predict only)",
+    "role": "fit (the constant is fitted on it) or predict (only predicted; blank: fit)",
+}
 ROLES = ("fit", "predict")
 MAX_ROWS = 10_000  # a rows file is a table of measurements: the published one holds a few dozen
 MAX_FILE_BYTES = 4 << 20  # 10,000 rows of ~400 bytes; at most this + 1 bytes are ever read
@@ -106,7 +129,10 @@ TRACES = {
     "qwen3-30b-a3b": ("traces/data/synth_qwen3_30b_a3b.npz", 16),
     "qwen3-235b-a22b": ("traces/data/synth_qwen3_235b_a22b.npz", 16),
     "kimi-k2": ("traces/data/synth_kimi_k2.npz", 48),
+    "qwen3.5-35b-a3b": ("traces/data/qwen3_5_35b_a3b.npz", 12),
 }
+#: Requests a row simulates when its trace is the user's own (``--trace``): all of the trace's, times the batch.
+OWN_TRACE_REQUESTS = None
 
 
 @dataclass(frozen=True)
@@ -160,11 +186,17 @@ class Row:
     prompt_tokens: int | None
     decode_tokens: int | None
     gpu_experts_per_layer: int | None
-    published_tok_s: float | None
+    measured_tok_s: float | None
     role: str
     hardware: str  # the hardware profile (name or path) the row runs on
     line: int = 0  # the file's line number
     file: str = ""  # the file it was read from
+    trace: str = ""  # the trace it replays (blank: its model's in TRACES)
+
+    @property
+    def published_tok_s(self) -> float | None:
+        """The measured tokens/s by the published rows' name of it (an alias of :attr:`measured_tok_s`)."""
+        return self.measured_tok_s
 
 
 # ------------------------------------------------------------------------------------------------ reading rows
@@ -219,8 +251,9 @@ def _check_cell(value: str, col: str, where: str) -> None:
 
 
 def _cells(raw: dict, path: str, line: int) -> tuple[dict[str, str], str]:
-    """A record's cells (stripped, every text cell checked) and where it is, for errors (its id once that is a
-    plain name)."""
+    """A record's cells (stripped, every text cell checked; a column given by its alias under its own name) and
+    where it is, for errors (its id once that is a plain name)."""
+    raw = {COLUMN_ALIASES.get(k, k) if isinstance(k, str) else k: x for k, x in raw.items()}
     v = {c: (raw.get(c) or "").strip() for c in COLUMNS}
     _check_cell(v["row"], "row", _where(path, line))
     where = _where(path, line, v["row"])
@@ -265,10 +298,22 @@ def _model_of(name: str) -> str:
     name = name.strip().lower()
     if name in MODEL_ALIASES:
         return MODEL_ALIASES[name]
-    if name in TRACES:
+    if name in TRACES or _profile_exists("models", name):
         return name
     plain = re.sub(r"(-(instruct|chat|base|it))?(-v?\d+(\.\d+)*)?$", "", name)
-    return MODEL_ALIASES.get(plain, plain if plain in TRACES else name)
+    return MODEL_ALIASES.get(plain, plain if plain in TRACES or _profile_exists("models", plain) else name)
+
+
+def bundled_trace(model: str) -> tuple[str, int] | None:
+    """The bundled trace a model replays and its requests (:data:`TRACES`), by its profile's name (a profile's path
+    too: a profile whose ``base`` is a bundled model keeps its name); None when it has none."""
+    if model in TRACES:
+        return TRACES[model]
+    if not (model.lower().endswith((".yaml", ".yml", ".json")) or "/" in model):
+        return None
+    from sim.config.model import load_model
+
+    return TRACES.get(load_model(model, "--model").name)
 
 
 def system_of(name: str) -> str:
@@ -283,9 +328,13 @@ def check_row(
     hardware: str | None = None,
     default_role: str | None = None,
     default_system: str | None = None,
+    default_model: str | None = None,
+    trace: str | None = None,
 ) -> Row:
     """One CSV record checked into a :class:`Row` (``hardware``: the profile every row runs on, else the row's GPU
-    and host decide; ``default_role``/``default_system``: the role/system of a row that leaves it blank)."""
+    and host decide; ``default_role``/``default_system``/``default_model``: the role/system/model (a name or a
+    profile's path) of a row that leaves it blank; ``trace``: the trace every row replays, else its model's in
+    :data:`TRACES`)."""
     from sim.config.system import format_bits
 
     v, where = _cells(raw, path, line)
@@ -295,12 +344,20 @@ def check_row(
     system = system_of(v["system"] or (default_system or ""))
     if system not in SYSTEMS:
         raise ConfigError(where, f"system must be one of {', '.join(SYSTEMS)}, got {v['system'][:40]!r}")
-    model = _model_of(v["model"])
-    if model not in TRACES or not _profile_exists("models", model):
+    model = _model_of(v["model"]) if v["model"] else (default_model or "")
+    if not model:
+        raise ConfigError(where, "model is blank and no --model is given")
+    if v["model"] and not _profile_exists("models", model):
         raise ConfigError(
             where,
-            f"model must be one of {', '.join(sorted(TRACES))} (or an alias: "
-            f"{', '.join(MODEL_ALIASES)}), got {v['model'][:40]!r}",
+            f"model must be a profile of configs/models/ (e.g. {', '.join(sorted(TRACES)[:4])}; aliases: "
+            f"{', '.join(MODEL_ALIASES)}) or blank with --model NAME_OR_PATH, got {v['model'][:40]!r}",
+        )
+    if trace is None and bundled_trace(model) is None:
+        raise ConfigError(
+            where,
+            f"model {printed(model)} has no bundled trace to replay (those with one: {', '.join(sorted(TRACES))}): "
+            "give --trace TRACE.npz, a trace of that model (python -m traces import, record or synth)",
         )
     formats = {}
     for col in ("expert_format", "dense_format"):
@@ -321,9 +378,10 @@ def check_row(
     role = v["role"].lower() or (default_role or "")
     if role not in ROLES:
         raise ConfigError(where, f"role must be fit or predict, got {v['role'][:40]!r}")
-    published = _positive(v["published_tok_s"], "published_tok_s", where)
-    if role == "fit" and published is None:
-        raise ConfigError(where, "published_tok_s is blank but the row is a fit row")
+    col = next((a for a in COLUMN_ALIASES if a in raw), "measured_tok_s")  # named as the file names it
+    measured = _positive(v["measured_tok_s"], col, where)
+    if role == "fit" and measured is None:
+        raise ConfigError(where, f"{col} is blank but the row is a fit row")
     variant = v["variant"].lower()
     if system == "llama.cpp":
         _check_cpu_layers(variant, model, where)
@@ -341,11 +399,12 @@ def check_row(
         prompt_tokens=_int(v["prompt_tokens"], "prompt_tokens", where),
         decode_tokens=_int(v["decode_tokens"], "decode_tokens", where, 1),
         gpu_experts_per_layer=_int(v["gpu_experts_per_layer"], "gpu_experts_per_layer", where),
-        published_tok_s=published,
+        measured_tok_s=measured,
         role=role,
         hardware=hw,
         line=line,
         file=path,
+        trace=trace or "",
         **formats,
     )
 
@@ -361,9 +420,15 @@ def _check_cpu_layers(variant: str, model: str, where: str) -> None:
 
 
 def read_rows(
-    path: str | Path, hardware: str | None = None, default_role: str | None = None, default_system: str | None = None
+    path: str | Path,
+    hardware: str | None = None,
+    default_role: str | None = None,
+    default_system: str | None = None,
+    default_model: str | None = None,
+    trace: str | None = None,
 ) -> list[Row]:
-    """The rows of a CSV file, every one checked (ConfigError naming the file, the row and the problem)."""
+    """The rows of a CSV file, every one checked (ConfigError naming the file, the row and the problem; the
+    arguments as :func:`check_row`'s)."""
     shown = str(path)
     data = _read_bounded(path, shown)
     try:
@@ -375,15 +440,16 @@ def read_rows(
         header = reader.fieldnames or []
         _check_header(header, shown)
         rows, seen = [], set()
+        end = reader.line_num  # the header's last line
         for i, raw in enumerate(reader):
-            line = reader.line_num
+            line, end = end + 1, reader.line_num  # where the record starts (a quoted cell may span lines)
             if i >= MAX_ROWS:
                 raise ConfigError(shown, f"holds more than {MAX_ROWS} rows")
             if None in raw:
                 raise ConfigError(_where(shown, line), f"has more fields than the header's {len(header)}")
             if all(not (x or "").strip() for x in raw.values()):
                 continue
-            r = check_row(raw, shown, line, hardware, default_role, default_system)
+            r = check_row(raw, shown, line, hardware, default_role, default_system, default_model, trace)
             if r.row in seen:
                 raise ConfigError(_where(shown, line, r.row), "row id repeats an earlier row's")
             seen.add(r.row)
@@ -414,13 +480,15 @@ def _read_bounded(path: str | Path, shown: str) -> bytes:
 
 
 def _check_header(header: Iterable[str], shown: str) -> None:
-    """The header names every column of :data:`COLUMNS`, and no column twice (a repeated one would hide the
-    first)."""
-    seen = set()
+    """The header names every column of :data:`COLUMNS` (or its alias, :data:`COLUMN_ALIASES`), and no column
+    twice, by either name (a repeated one would hide the first)."""
+    seen: dict[str, str] = {}
     for name in header:
-        if name in seen:
-            raise ConfigError(shown, f"row 1 (the header) names the column {brief(name)} twice")
-        seen.add(name)
+        column = COLUMN_ALIASES.get(name, name)
+        if column in seen:
+            both = name if seen[column] == name else f"{column} (as {seen[column]} and {name})"
+            raise ConfigError(shown, f"row 1 (the header) names the column {brief(both)} twice")
+        seen[column] = name
     missing = [c for c in COLUMNS if c not in seen]
     if missing:
         raise ConfigError(shown, f"row 1 (the header) lacks the columns {', '.join(missing)}")
@@ -477,14 +545,15 @@ def run_config(row: Row, constants: dict[str, float], system_profile: str | None
         system["expert_format"] = row.expert_format
     if row.dense_format:
         system["dense_format"] = row.dense_format
-    trace, requests = TRACES[row.model]
+    bundled = bundled_trace(row.model)
+    trace, requests = (row.trace, OWN_TRACE_REQUESTS) if row.trace or bundled is None else bundled
     workload = {
         "trace": trace,
         "batch_size": row.batch,
         "batching": "static",
         "prefill": False,
         "max_decode_tokens": row.decode_tokens,
-        "requests": requests * row.batch,
+        "requests": None if requests is None else requests * row.batch,
     }
     slots = row.gpu_experts_per_layer
     d: dict[str, Any] = {
@@ -520,18 +589,8 @@ def run_config(row: Row, constants: dict[str, float], system_profile: str | None
     else:  # ktransformers, llama.cpp: routed experts on the host, hot or whole layers on the GPU
         n_cpu = _n_cpu_moe(row.variant) if row.system == "llama.cpp" else None
         params: dict[str, Any] = {}
-        if n_cpu is not None:
-            from sim.config.model import load_model
-
-            m = load_model(row.model)
-            params["cpu_layers"] = n_cpu  # more than the model's layers: refused by the policy's check
-            d["cache"] = {
-                "hpc_slots": 0,
-                "mpc_slots": 0,
-                "lpc_buffers": 1,
-                "organization": "shared",
-                "shared_slots": max(m.moe_layers - n_cpu, 0) * m.num_experts,
-            }
+        if n_cpu is not None:  # the one field: cpu_layers and the GPU layers' shared cache follow from it
+            system["placement"] = {"n_cpu_moe": n_cpu}  # more than the model's layers: refused naming it
         else:
             d["cache"] = {"hpc_slots": slots or 0, "mpc_slots": 0, "lpc_buffers": 1}
         d["policy"] = {"name": "ktransformers", "params": params}
@@ -576,7 +635,7 @@ def fit_rows(
     sim = simulate or (lambda r, c: simulate_row(r, c))
     out = {}
     for r in fit_rows:
-        if r.role != "fit" or r.published_tok_s is None:
+        if r.role != "fit" or r.measured_tok_s is None:
             raise ValueError(f"row {r.row}: only fit rows with a measured value may be fitted on")
     for system in dict.fromkeys(r.system for r in fit_rows):
         spec = SYSTEMS[system][1]
@@ -604,7 +663,7 @@ def _fit_one(rows: list[Row], spec: Fitted, sim, iterations: int) -> tuple[float
     between them and rounding is monotone, so it would round alike too (the same answer, fewer simulations)."""
 
     def err(x: float) -> float:
-        return sum(math.log(sim(r, {spec.key: x}) / r.published_tok_s) for r in rows) / len(rows)
+        return sum(math.log(sim(r, {spec.key: x}) / r.measured_tok_s) for r in rows) / len(rows)
 
     lo, hi = spec.low, spec.high
     to = math.log if spec.log_scale else float
@@ -644,7 +703,7 @@ def predict_rows(
     for r in rows:
         fit = fits.get(r.system)
         constants = fit.constants_for(r.hardware) if fit is not None else {}
-        blind = dataclasses.replace(r, published_tok_s=None)
+        blind = dataclasses.replace(r, measured_tok_s=None)
         problem = None
         try:
             predicted = sim(blind, constants)
@@ -652,7 +711,7 @@ def predict_rows(
             if r.role == "fit":
                 raise
             predicted, problem = None, str(exc)
-        pub = r.published_tok_s
+        pub = r.measured_tok_s
         err = None if pub is None or predicted is None else predicted / pub - 1.0
         out.append(
             {
@@ -661,7 +720,8 @@ def predict_rows(
                 "system": r.system,
                 "hardware": r.hardware,
                 "predicted_tok_s": predicted,
-                "published_tok_s": pub,
+                "measured_tok_s": pub,
+                "published_tok_s": pub,  # the name benchmarks/published_systems.py --json gives it
                 "error": err,
                 "constants": constants,
                 "problem": problem,
@@ -705,15 +765,17 @@ def printed_ids(ids: Iterable[str]) -> str:
     return head + (f" ... ({len(ids)} in all)" if len(ids) > MAX_SHOWN_IDS else "")
 
 
-def format_table(results: list[dict]) -> str:
-    """The rows as a Markdown table: role, published, simulated, error (text from the rows escaped, see
+def format_table(results: list[dict], measured: str = "published") -> str:
+    """The rows as a Markdown table: role, the measured figure (headed ``MEASURED tok/s``: published figures for the
+    published rows, measured ones for a user's), simulated, error (text from the rows escaped, see
     :func:`table_cell`)."""
     lines = [
-        "| row | role | system | hardware | published tok/s | simulated tok/s | error |",
+        f"| row | role | system | hardware | {measured} tok/s | simulated tok/s | error |",
         "| --- | --- | --- | --- | ---: | ---: | ---: |",
     ]
     for r in results:
-        pub = "" if r["published_tok_s"] is None else f"{r['published_tok_s']:.3g}"
+        value = r.get("measured_tok_s", r.get("published_tok_s"))  # the results of a --json written before
+        pub = "" if value is None else f"{value:.3g}"
         err = "" if r["error"] is None else f"{100 * r['error']:+.1f}%"
         role = "fitted" if r["role"] == "fit" else "predicted"
         sim = "not simulated" if r["predicted_tok_s"] is None else f"{r['predicted_tok_s']:.3g}"
@@ -737,10 +799,13 @@ def format_fits(fits: dict[str, SystemFit]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ fit-system
-def fit_system(measured: str, system: str, hardware: str, out: str) -> tuple[SystemFit, list[dict], dict]:
+def fit_system(
+    measured: str, system: str, hardware: str, out: str, model: str | None = None, trace: str | None = None
+) -> tuple[SystemFit, list[dict], dict]:
     """Fit ``system``'s constant on the measured rows (every row on ``hardware``; a blank role counts as fit, a blank
-    system as ``system``), write
-    the profile ``{base: PROFILE, KEY: value}`` to ``out`` and return the fit, each row's result and the profile."""
+    system as ``system``, a blank model as ``model``, a profile's name or path; every row replays ``trace``, else its
+    model's bundled trace), write the profile ``{base: PROFILE, KEY: value}`` to ``out`` and return the fit, each
+    row's result and the profile."""
     import yaml
 
     from sim.config.hardware import load_hardware
@@ -750,10 +815,18 @@ def fit_system(measured: str, system: str, hardware: str, out: str) -> tuple[Sys
 
     name = system_of(system)
     if name not in SYSTEMS:
-        raise ConfigError("--system", f"must be one of {', '.join(SYSTEMS)}, got {system!r}")
+        raise ConfigError("--system", f"must be one of {', '.join(SYSTEMS)}, got {brief(system)}")
     load_hardware(hardware, "--hardware")
+    if model is not None:
+        from sim.config.model import load_model
+
+        load_model(model, "--model")
+    if trace is not None:
+        _check_trace_file(trace)
     check_output_file(out, "system profile (--out)")
-    rows = read_rows(measured, hardware=hardware, default_role="fit", default_system=name)
+    rows = read_rows(measured, hardware, "fit", name, model, trace)
+    if trace is not None:
+        _check_trace_fits(trace, rows)
     check_not_input(out, [measured], "--out")  # nor the hardware profile, nor any other file read
     other = [r for r in rows if r.system != name]
     if other:
@@ -779,9 +852,32 @@ def fit_system(measured: str, system: str, hardware: str, out: str) -> tuple[Sys
     return fit, results, profile
 
 
+def _check_trace_file(trace: str) -> None:
+    """``--trace``: a trace file the simulator reads (its header; ConfigError naming ``--trace``)."""
+    from sim.config.trace_summary import read_trace_summary
+    from traces.errors import TraceError
+
+    try:
+        read_trace_summary(trace)
+    except TraceError as exc:
+        raise ConfigError("--trace", str(exc)) from None
+
+
+def _check_trace_fits(trace: str, rows: list[Row]) -> None:
+    """Every row's model is the trace's (its shape: experts, top-k, MoE layers), before anything is simulated."""
+    from sim.config.model import load_model
+    from sim.config.trace_summary import model_mismatch, read_trace_summary
+
+    summary = read_trace_summary(trace)
+    for model in dict.fromkeys(r.model for r in rows):
+        problem = model_mismatch(summary, load_model(model, "--model"))
+        if problem:
+            raise ConfigError("--trace", f"{problem} (model {printed(model)} of the rows)")
+
+
 def cmd_fit_system(args) -> int:
-    fit, results, profile = fit_system(args.measured, args.system, args.hardware, args.out)
-    print(format_table(results))
+    fit, results, profile = fit_system(args.measured, args.system, args.hardware, args.out, args.model, args.trace)
+    print(format_table(results, "measured"))
     print(format_fits({fit.system: fit}))
     for role in ("fit", "predict"):
         s = summary_of(results, role)
@@ -794,17 +890,53 @@ def cmd_fit_system(args) -> int:
     return 0
 
 
+def columns_epilog() -> str:
+    """The rows file's columns and what each holds (the epilog of ``sim fit-system --help``)."""
+    width = max(len(c) for c in COLUMNS)
+    lines = ["columns of --measured (a CSV file whose header names each once; any order, others ignored):"]
+    lines += [f"  {c:<{width}}  {COLUMN_HELP[c]}" for c in COLUMNS]
+    lines += [
+        "",
+        "example (one row per measured configuration; blank cells take the flags' values):",
+        "  " + ",".join(COLUMNS),
+        "  mine-1,my desk,,n-cpu-moe=20,,q4_k_m,q4_k_m,,,,1,,64,,31.5,fit",
+    ]
+    return "\n".join(lines)
+
+
 def register(sub) -> None:
-    p = sub.add_parser("fit-system", help="fit a serving system's software constants to measured tokens/s")
-    p.add_argument("--measured", required=True, help="CSV of measured rows (the columns of a published rows file)")
+    import argparse
+
+    p = sub.add_parser(
+        "fit-system",
+        help="fit a serving system's software constants to measured tokens/s",
+        description="Fit the software constant of a serving system (sim/fit_system.py: SYSTEMS) to the decode "
+        "tokens/s you measured on your machine, write it as a system profile, and print how well it explains "
+        "each row. Then: python -m sim run CONFIG --set system=OUT.",
+        epilog=columns_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--measured", required=True, help="CSV of measured rows (the columns below)")
     p.add_argument("--system", required=True, help=f"the serving system: {', '.join(SYSTEMS)}")
     p.add_argument("--hardware", required=True, help="the machine's hardware profile (name or path)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="the model of rows whose model cell is blank: a profile of configs/models/ or a profile's path",
+    )
+    p.add_argument(
+        "--trace",
+        default=None,
+        help="the trace every row replays (default: the model's bundled trace; needed for a model without one)",
+    )
     p.add_argument("--out", required=True, help="the system profile to write (YAML)")
     p.set_defaults(func=cmd_fit_system)
 
 
 __all__ = [
     "COLUMNS",
+    "COLUMN_ALIASES",
+    "COLUMN_HELP",
     "Fitted",
     "Row",
     "SYSTEMS",

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import traces.io
 from sim.config.model import load_model
+from sim.config.placement import Placement, apply_placement
 from sim.errors import MAX_FIELD_CHARS, MAX_PROBLEM_CHARS, ConfigError
 from sim.fit_system import (
     COLUMNS,
@@ -30,13 +31,14 @@ from sim.fit_system import (
     read_rows,
     run_config,
 )
+from sim.policies import POLICIES
 from tests.support.messages import checked_message
 from tests.support.rows import row, write_rows
 
 MAX_LINE = MAX_FIELD_CHARS + 2 + MAX_PROBLEM_CHARS  # "FIELD: problem"
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 INT_COLUMNS = {"batch": 1, "prompt_tokens": 0, "decode_tokens": 1, "gpu_experts_per_layer": 0}  # -> minimum
-NUMBER_COLUMNS = (*INT_COLUMNS, "published_tok_s")
+NUMBER_COLUMNS = (*INT_COLUMNS, "measured_tok_s")
 #: Characters a cell may not hold inside its text: controls, format characters (bidi overrides), line and
 #: paragraph separators, odd spaces.
 UNPRINTABLE = st.characters(categories=("Cc", "Cf", "Zl", "Zp", "Zs"), exclude_characters=" ")
@@ -168,6 +170,8 @@ def test_n_cpu_moe_beyond_the_model_s_moe_layers_is_refused(tmp_path, model, ove
     k = len(over) % (layers + 1)
     (ok,) = read_rows(write_rows(tmp_path / "ok.csv", [row("a", variant=f"n-cpu-moe={k}", **cells)]))
     cfg = run_config(ok, {})
+    assert cfg["system"]["placement"] == {"n_cpu_moe": k}  # the one field; what the loader derives from it:
+    apply_placement(cfg, Placement(k), load_model(model), POLICIES.get(cfg["policy"]["name"]))
     assert cfg["policy"]["params"] == {"cpu_layers": k}
     assert cfg["cache"]["shared_slots"] == (layers - k) * load_model(model).num_experts
 

@@ -56,12 +56,12 @@ def test_hardware_of_maps_gpus_and_hosts():
     "change, problem",
     [
         ({"system": "vllm"}, "system must be one of"),
-        ({"model": "gpt-5"}, "model must be one of"),
+        ({"model": "gpt-5"}, "model must be a profile of configs/models/"),
         ({"expert_format": "hqq-9bit"}, "expert_format must be a weight format"),
         ({"gpu": "rtx9090"}, "matches no hardware profile"),
         ({"batch": "two"}, "batch must be an integer"),
-        ({"published_tok_s": "-3"}, "published_tok_s must be a number > 0"),
-        ({"published_tok_s": ""}, "published_tok_s is blank but the row is a fit row"),
+        ({"measured_tok_s": "-3"}, "measured_tok_s must be a number > 0"),
+        ({"measured_tok_s": ""}, "measured_tok_s is blank but the row is a fit row"),
         ({"role": "train"}, "role must be fit or predict"),
         ({"gpu_experts_per_layer": "1.5"}, "gpu_experts_per_layer must be an integer"),
     ],
@@ -120,7 +120,7 @@ def test_unseen_rows_of_the_same_kinds_are_accepted(tmp_path):
     ]
     parsed = read_rows(write_rows(tmp_path / "rows.csv", rows))
     assert [r.hardware for r in parsed] == ["t4-16gb", "rtx4090-1x6454s", "rtx4090-2x6454s", "l4-24gb"]
-    assert run_config(parsed[2], {})["policy"]["params"] == {"cpu_layers": 56}
+    assert run_config(parsed[2], {})["system"]["placement"] == {"n_cpu_moe": 56}  # cpu_layers follow from it
     naive = read_rows(write_rows(tmp_path / "naive.csv", [row("n", variant="naive", role="predict")]))[0]
     cfg = run_config(naive, {"layer_overhead_us": 5.0})
     assert cfg["system"]["base"] == "deepspeed" and cfg["system"]["layer_overhead_us"] == 5.0
@@ -141,13 +141,13 @@ def test_fitting_reads_only_the_fit_rows(tmp_path):
     seen = []
 
     def spy(r, c):
-        seen.append((r.row, r.published_tok_s))
+        seen.append((r.row, r.measured_tok_s))
         return fake_sim(r, c)
 
     fits1, res1 = fit_and_predict(read_rows(write_rows(tmp_path / "a.csv", base)), simulate=spy)
     assert all(rid.startswith("fit") or pub is None for rid, pub in seen)  # predict rows reach the sim blind
-    changed = [dict(r, published_tok_s="" if r["role"] == "predict" else r["published_tok_s"]) for r in base]
-    changed[2]["published_tok_s"] = "0.001"
+    changed = [dict(r, measured_tok_s="" if r["role"] == "predict" else r["measured_tok_s"]) for r in base]
+    changed[2]["measured_tok_s"] = "0.001"
     fits2, res2 = fit_and_predict(read_rows(write_rows(tmp_path / "b.csv", changed)), simulate=fake_sim)
     assert fits1 == fits2
     f = fits1["mixtral-offloading"]
@@ -310,7 +310,7 @@ def full_bisection(rows, spec, sim, iterations=24):
     from sim.fit_system import _round
 
     def err(x):
-        return sum(math.log(sim(r, {spec.key: x}) / r.published_tok_s) for r in rows) / len(rows)
+        return sum(math.log(sim(r, {spec.key: x}) / r.measured_tok_s) for r in rows) / len(rows)
 
     to, back = (math.log, math.exp) if spec.log_scale else (float, float)
     a, b = to(spec.low), to(spec.high)
@@ -345,7 +345,7 @@ def test_the_bisection_stops_once_its_answer_is_known_and_gives_the_full_ones(pu
         x = (c["k"] - low) / (high - low)  # 0..1 over the range
         return 0.01 + (x if increasing else 1.0 - x)
 
-    rows = [SimpleNamespace(published_tok_s=published)]
+    rows = [SimpleNamespace(measured_tok_s=published)]
     calls = []
 
     def counted(r, c):
@@ -371,6 +371,6 @@ def test_the_bisection_stops_early_when_its_answer_rounds_alike_soon():
         calls.append(c)
         return 0.01 + c["k"] / 10.0
 
-    value, _ = _fit_one([SimpleNamespace(published_tok_s=0.51)], spec, sim, 24)
+    value, _ = _fit_one([SimpleNamespace(measured_tok_s=0.51)], spec, sim, 24)
     assert value == 5.0
     assert len(calls) < 2 + 24

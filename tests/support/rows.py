@@ -37,7 +37,7 @@ def row(
         "prompt_tokens": "",
         "decode_tokens": "",
         "gpu_experts_per_layer": slots,
-        "published_tok_s": published,
+        "measured_tok_s": published,
         "role": role,
     }
     d.update(kw)
