@@ -10,7 +10,8 @@ A *rows file* (CSV) lists measurements, one per line, with the columns :data:`CO
   which may also be a profile's path, as a run config's ``model`` is), replaying its bundled trace (:data:`TRACES`)
   or ``--trace``; ``expert_format``/``dense_format``: weight formats ``sim.config.system.format_bits`` reads (blank:
   the system profile's);
-- ``gpu``, ``host``, ``pcie``: the machine, mapped to a profile of ``configs/hardware/`` by :func:`hardware_of`;
+- ``gpu``, ``host``, ``pcie``: the machine: a bundled profile of the same parts, or one composed from them
+  (:func:`hardware_of`; a GPU or CPU without a bundled part is refused, never replaced);
 - ``batch``, ``prompt_tokens``, ``decode_tokens``: the workload (decode-only traces: the prompt is not simulated);
 - ``gpu_experts_per_layer``: experts kept on the GPU per MoE layer (blank: the system's own rule);
 - ``measured_tok_s``: the decode tokens/s measured on the machine (blank: unknown; ``published_tok_s``, the column's
@@ -269,27 +270,16 @@ def _profile_exists(kind: str, name: str) -> bool:
     )
 
 
-def hardware_of(gpu: str, host: str) -> str | None:
-    """The hardware profile of a row's GPU and host: the profile named like the GPU (``a100-sxm4-80gb``,
-    ``quadro-rtx6000-24gb``), or for a GPU whose profiles vary the host (``rtx4090d-24gb`` with ``2x Xeon Gold
-    6454S``; no count is one socket) the profile ``GPU-NxSKU`` (``rtx4090d-2x6454s``), else the GPU's name without
-    its memory size (``rtx4090-24gb`` -> ``rtx4090``); None when none matches."""
-    gpu = gpu.strip().lower()
-    stem = re.sub(r"-[0-9]+gb$", "", gpu)
-    m = re.search(
-        r"(?:(\d+)\s*x\s*)?(?:amd\s+|intel\s*(?:\(r\))?\s+)?(?:xeon|epyc)\s*(?:\(r\))?\s+"
-        r"(?:gold\s+|platinum\s+|silver\s+)?(\w+)",
-        host.lower(),
-        re.ASCII,
-    )
-    if m:
-        name = f"{stem}-{m.group(1) or 1}x{m.group(2)}"
-        if _profile_exists("hardware", name):
-            return name
-    for name in (gpu, stem):  # the GPU's own profile, with or without its memory size
-        if _profile_exists("hardware", name):
-            return name
-    return None
+def hardware_of(gpu: str, host: str, pcie: str = "") -> str:
+    """The machine a row ran on (``sim/config/row_machines.py``): the bundled profile of the same GPU, CPU and
+    sockets (``rtx4090d-24gb`` with ``2x Xeon Gold 6454S`` -> ``rtx4090d-2x6454s``; no count is one socket), else a
+    machine composed from those parts (``rtx4090-24gb+2x-epyc-9654+gen4``); a host that names no CPU runs on the
+    GPU's own profile (``a100-sxm4-80gb``; ``rtx4090-24gb`` -> ``rtx4090``). A GPU or CPU without a bundled part is
+    refused with the closest names (ConfigError), never replaced by another."""
+    from sim.config.row_machines import host_of_words, machine_of
+
+    cpu, sockets, memory = host_of_words(host)
+    return machine_of(gpu, cpu, sockets, memory, None, pcie)
 
 
 def _model_of(name: str) -> str:
@@ -368,13 +358,10 @@ def check_row(
                 f"blank, got {v[col][:40]!r}",
             )
         formats[col] = v[col].lower() or None
-    hw = hardware or hardware_of(v["gpu"], v["host"])
-    if hw is None:
-        raise ConfigError(
-            where,
-            f"gpu {v['gpu'][:40]!r} with host {v['host'][:60]!r} matches no hardware profile in "
-            f"configs/hardware/ (name the GPU's profile, or GPU-24gb with 'Nx Xeon Gold SKU')",
-        )
+    try:
+        hw = hardware or hardware_of(v["gpu"], v["host"], v["pcie"])
+    except ConfigError as exc:
+        raise ConfigError(where, exc.problem) from None
     role = v["role"].lower() or (default_role or "")
     if role not in ROLES:
         raise ConfigError(where, f"role must be fit or predict, got {v['role'][:40]!r}")

@@ -49,7 +49,14 @@ def test_hardware_of_maps_gpus_and_hosts():
     assert hardware_of("a100-sxm4-80gb", "server (unspecified)") == "a100-sxm4-80gb"
     assert hardware_of("rtx4090d-24gb", "1x Xeon Gold 6454S, 8 channels DDR5-4800") == "rtx4090d-1x6454s"
     assert hardware_of("rtx4090-24gb", "2x Xeon Gold 6454S, 8 channels DDR5-4800 each") == "rtx4090-2x6454s"
-    assert hardware_of("no-such-gpu", "") is None
+    assert hardware_of("rtx4090-24gb", "2x AMD EPYC 9654, 12 channels DDR5-4800 each", "gen4") == (
+        "rtx4090-24gb+2x-epyc-9654+12xddr5-4800+gen4"
+    )  # no bundled machine of these parts: composed from them, not the rtx4090 profile's Ryzen
+    for gpu, host, closest in (("no-such-gpu", "", "e.g."), ("rtx4091", "1x Xeon Gold 6454S", "rtx4090-24gb")):
+        with pytest.raises(ConfigError, match=closest):
+            hardware_of(gpu, host)
+    with pytest.raises(ConfigError, match=r"cpu 'epyc-9754' has no part .*closest: epyc-9755"):
+        hardware_of("rtx4090-24gb", "2x AMD EPYC 9754")
 
 
 @pytest.mark.parametrize(
@@ -58,7 +65,8 @@ def test_hardware_of_maps_gpus_and_hosts():
         ({"system": "vllm"}, "system must be one of"),
         ({"model": "gpt-5"}, "model must be a profile of configs/models/"),
         ({"expert_format": "hqq-9bit"}, "expert_format must be a weight format"),
-        ({"gpu": "rtx9090"}, "matches no hardware profile"),
+        ({"gpu": "rtx9090"}, "has no bundled machine of its own"),
+        ({"gpu": "rtx9090", "host": "1x Xeon Gold 6454S"}, "gpu 'rtx9090' has no part in configs/parts/gpus/"),
         ({"batch": "two"}, "batch must be an integer"),
         ({"measured_tok_s": "-3"}, "measured_tok_s must be a number > 0"),
         ({"measured_tok_s": ""}, "measured_tok_s is blank but the row is a fit row"),
