@@ -30,7 +30,7 @@ from typing import Any
 
 from sim.config.checks import check_keys, check_mapping, check_number, integer, one_of, show, text
 from sim.config.fields import keys_of, read_settings, required_keys, setting
-from sim.config.files import read_text, resolve_path
+from sim.config.files import file_status, read_text, resolve_path
 from sim.errors import ConfigError
 
 PROCESSES = ("poisson", "gamma", "trace")
@@ -153,6 +153,9 @@ def read_arrival_times(path: str | Path, column: str, where: str = "workload.arr
     """The timestamps of an arrivals file (CSV with a header, or JSON), in seconds, shifted to start at 0; every
     problem a ConfigError naming ``where`` and the file."""
     p = Path(path)
+    st = file_status(p)
+    if st is not None and st.st_size > MAX_ARRIVAL_BYTES:
+        raise ConfigError(where, f"{p} is larger than {MAX_ARRIVAL_BYTES:,} bytes: not a file of arrivals")
     data = read_text(p, where, limit=MAX_ARRIVAL_BYTES)
     raw = _json_column(data, column, where, p) if p.suffix.lower() == ".json" else _csv_column(data, column, where, p)
     if not raw:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,8 +53,8 @@ __all__ = ["RequestRecord", "ServingBatches", "serving_batches"]
 @dataclass
 class RequestRecord:
     """One served request: its place in the run's order (its id), the trace request it replays, when it arrived,
-    its prompt tokens prefilled and output tokens, and (once served) when its first iteration started, when its
-    prompt was done, its first token and its end (s)."""
+    its prompt tokens prefilled and output tokens, and (once served) when it entered the batch (the start of the
+    first iteration after its admission), when its prompt was done, its first token and its end (s)."""
 
     request: int
     trace_request: int
@@ -72,7 +72,7 @@ class _Planned:
     """An iteration made and not yet run, and what its end means for its requests."""
 
     it: Iteration
-    members: list[int]  # the requests it serves (their places)
+    members: list[int]  # the requests in the batch while it runs (their places), served by it or waiting for room
     prompt_done: list[int] = field(default_factory=list)  # requests whose prompt it ends
     decoded: list[tuple[int, int]] = field(default_factory=list)  # (request, decode step) of its decode tokens
 
@@ -214,7 +214,8 @@ class ServingBatches:
                 self.prefill_tokens += sum(self.prompt_of[r] for r in done)
                 for r in done:
                     self.left[r] = 0
-                self.planned.append(_Planned(out.its[-1], done, prompt_done=done))
+                batch = self.running + [r for r in joining if self.prompt_of[r] or self.decode_of[r]]
+                self.planned.append(_Planned(out.its[-1], batch, prompt_done=done))
             self.running.extend(r for r in joining if self.decode_of[r] > 0)
         self._decodes(list(self.running))
 
@@ -224,8 +225,11 @@ class ServingBatches:
             return
         steps = [self.step[r] for r in reqs]
         self.out.add_decode([self.order[r] for r in reqs], steps, 0, self.first)
+        if len(self.running) != len(reqs):  # requests still prefilling are in the batch too (chunked prefill)
+            self.out.its[-1] = replace(self.out.its[-1], requests=len(self.running))
         self.first = False
-        self.planned.append(_Planned(self.out.its[-1], reqs, decoded=list(zip(reqs, steps))))
+        batch = list(self.running)
+        self.planned.append(_Planned(self.out.its[-1], batch, decoded=list(zip(reqs, steps))))
         for r in reqs:
             self.step[r] += 1
         self.running = [r for r in self.running if self.left[r] or self.step[r] < self.decode_of[r]]
@@ -275,7 +279,7 @@ class ServingBatches:
             0,
             "decode" if decoding else "prefill",
             rows,
-            len(chunks) + len(decoding),
+            len(self.running),  # the requests in the batch: those this iteration serves, and those it has no room for
             float(ctx_sum / rows.size),
             self.first,
             prompt_rows=chunk_rows if decoding else 0,
@@ -284,8 +288,7 @@ class ServingBatches:
         out.its.append(it)
         self.first = False
         self.prefill_tokens += chunk_rows
-        members = [r for r, _, _ in chunks] + decoding
-        self.planned.append(_Planned(it, members, prompt_done=ended, decoded=list(zip(decoding, steps))))
+        self.planned.append(_Planned(it, list(self.running), prompt_done=ended, decoded=list(zip(decoding, steps))))
         for r, _, c in chunks:
             self.left[r] -= c
         for r in decoding:
