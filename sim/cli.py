@@ -2,7 +2,8 @@
 `python -m sim compare CONFIG --policies a,b,c [--baseline NAME]` (see ``sim/compare.py``) and
 `python -m sim fit-system --measured CSV --system NAME --hardware HW --out FILE.yaml` (see ``sim/fit_system.py``),
 `python -m sim sweep SWEEP.yaml` (see ``sim/sweep/cli.py``; the sweep file: docs/sweeps.md) and
-`python -m sim policies [--json]`, the registered policies and predictors (see ``sim/listing.py``).
+`python -m sim policies [--json]`, the registered policies and predictors (see ``sim/listing.py``), and
+`python -m sim hardware list|show NAME`, the bundled machines and parts (see ``sim/hardware_cli.py``).
 
 Exit status 0 on success, 2 on bad input (config, trace, arguments) with one line naming the field or file,
 1 on an internal error. Nothing is written to ``--out`` unless the config is valid, and ``--out`` (with each file
@@ -118,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", action="store_true", help="also write timeline.json (Chrome trace, opens in Perfetto)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.set_defaults(func=cmd_run)
-    from sim import advise, capacity, compare, fit_system, listing
+    from sim import advise, capacity, compare, fit_system, hardware_cli, listing
     from sim.sweep import cli as sweep
 
     compare.register(sub)
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     advise.register(sub)
     capacity.register(sub)
     listing.register(sub)
+    hardware_cli.register(sub)
     return parser
 
 
