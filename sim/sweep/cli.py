@@ -35,9 +35,12 @@ processes than points), ``--attempts`` 1 to 10; the sweep's ``name`` is a plain 
 ``_``, ``-``), so the default ``runs/sweep-NAME`` stays inside ``runs/``. ``--out`` and every file the sweep
 writes are checked before anything runs: a FIFO, a device or a file where a folder goes is refused.
 
-Exit status: 0 every point ok and every check passed; 2 bad input (sweep file, config, arguments), or another sweep
-writing in ``OUT`` (nothing run); 3 a check failed; 4 some points failed (run again with ``--resume`` to retry only
-them; 3 wins when both); 130 interrupted.
+A point whose parts do not fit in the GPU's memory is not run: its row says ``does not fit (X GB > Y GB)`` (status
+"does not fit", the memory table in its error), which is a result, not a failure.
+
+Exit status: 0 every point ok (or not fitting) and every check passed; 2 bad input (sweep file, config,
+arguments), or another sweep writing in ``OUT`` (nothing run); 3 a check failed; 4 some points failed (run again
+with ``--resume`` to retry only them; 3 wins when both); 130 interrupted.
 
 The parts: ``sim.sweep.spec`` (the sweep file and its points), ``sim.sweep.worker`` (one point in a worker),
 ``sim.sweep.local`` (executors: this process, a process pool), ``sim.sweep.ray.executor*`` (Ray: connecting, shipping,
@@ -79,7 +82,7 @@ from sim.sweep.spec import (
     load_sweep,
 )
 from sim.sweep.store import ROWS, check_rows, clean_orphans, done_points, has_rows, read_rows, row_of, write_row
-from sim.sweep.worker import METRICS, run_point
+from sim.sweep.worker import DOES_NOT_FIT, DONE, METRICS, run_point
 from traces.errors import OutputError, one_line
 from traces.io import check_output_file, check_output_folder
 from traces.locks import held_lock
@@ -320,8 +323,10 @@ def _sweep(args, sweep: Sweep, out: Path, workers: int, attempts: int, session) 
         return EXIT_INTERRUPTED
     except OutputError as exc:  # a full disk, a read-only mount...: the rows written so far are complete
         raise OutputError(exc.path, f"{exc.problem}; finished rows are kept in {out}: rerun with --resume") from None
-    failed = int((df["status"] != "ok").sum()) if len(df) else 0
-    print(f"{len(df)} points ({failed} failed); wrote {', '.join(str(f) for f in files)}")
+    failed = int((~df["status"].isin(DONE)).sum()) if len(df) else 0
+    misfit = int((df["status"] == DOES_NOT_FIT).sum()) if len(df) else 0
+    unfit = f", {misfit} {'does' if misfit == 1 else 'do'} not fit in the GPU's memory" if misfit else ""
+    print(f"{len(df)} points ({failed} failed{unfit}); wrote {', '.join(str(f) for f in files)}")
     broken = {k: v for k, v in checks.items() if v}
     for name, bad in broken.items():
         more = f" (and {len(bad) - 3} more in {out / 'report.md'})" if len(bad) > 3 else ""

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sim.sweep.spec import Point, Sweep
 from sim.sweep.store import row_of, write_row
-from sim.sweep.worker import attempt, attempt_in_worker, exit_with_parent
+from sim.sweep.worker import DONE, attempt, attempt_in_worker, exit_with_parent
 
 MAX_ATTEMPTS = 2
 START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"  # the pool's; see the module docstring
@@ -44,7 +44,7 @@ class Progress:
 
     def update(self, status: str) -> None:
         self.done += 1
-        self.failed += status != "ok"
+        self.failed += status not in DONE  # a point that does not fit in the GPU's memory is a result
         if self.quiet:
             return
         elapsed = time.perf_counter() - self.t0

@@ -8,6 +8,7 @@ import numbers
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sim.sweep.checks import check_state
 from sim.sweep.plots import (
     TIER_PLOT,
     Plot,
@@ -20,6 +21,7 @@ from sim.sweep.plots import (
     plot_view,
     tier_title,
 )
+from sim.sweep.worker import DOES_NOT_FIT, DONE, misfit_words
 from traces.io import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ def write_report(out: Path, sweep: Sweep, df, checks: dict) -> list[Path]:
     plots = plan_plots(out, sweep, df[df["status"] == "ok"] if len(df) else df)
     files += [p.path for p in plots if p.drawn]
     shown = df.assign(pcie_gb=pd.to_numeric(df["pcie_bytes"], errors="coerce") / 1e9) if "pcie_bytes" in df else df
+    shown = _misfits_shown(shown)
     cols = [a for a in sweep.axes if a in df] + [
         "status",
         "throughput_tok_s",
@@ -62,30 +65,47 @@ def write_report(out: Path, sweep: Sweep, df, checks: dict) -> list[Path]:
         "pcie_gb",
     ]
     table = _sorted(shown[cols], [a for a in sweep.axes if a in df]) if len(df) else pd.DataFrame(columns=cols)
+    failed = ~df["status"].isin(DONE) if len(df) else pd.Series([], dtype=bool)
     lines = [
         f"# Sweep {sweep.name}",
         "",
-        f"{len(df)} points from `{sweep.source}`; {int((df['status'] != 'ok').sum()) if len(df) else 0} failed.",
+        f"{len(df)} points from `{sweep.source}`; {int(failed.sum())} failed{_misfit_words(df)}.",
         "",
     ]
     if checks:
         lines += ["## Checks", ""]
         for name, bad in checks.items():
-            state = "not applicable" if bad is None else ("passed" if not bad else f"FAILED: {'; '.join(bad)}")
-            lines.append(f"- `{name}`: {state}")
+            lines.append(f"- `{name}`: {check_state(bad)}")
         lines.append("")
     lines += ["## Points", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in table.iterrows():
         lines.append("| " + " | ".join(_cell(r[c]) for c in cols) + " |")
-    if len(df) and (df["status"] != "ok").any():
+    if failed.any():
         lines += ["", "## Failed points", ""]
-        for _, r in df[df["status"] != "ok"].iterrows():
+        for _, r in df[failed].iterrows():
             lines.append(f"- {r['point']}: {r['error']}{_attempts_note(r)}")
         lines += ["", "`python -m sim sweep ... --resume` runs them again (and only them)."]
     lines += _plot_lines(plots)
     atomic_write_bytes(out / REPORT, ("\n".join(lines) + "\n").encode())
     files.append(out / REPORT)
     return files
+
+
+def _misfits_shown(df):
+    """The rows as the table shows them: a point that does not fit in the GPU's memory has ``does not fit (X GB >
+    Y GB)`` in place of its throughput."""
+    misfit = df["status"] == DOES_NOT_FIT if len(df) else None
+    if misfit is None or not misfit.any():
+        return df
+    df = df.assign(throughput_tok_s=df["throughput_tok_s"].astype(object))
+    df.loc[misfit, "throughput_tok_s"] = df.loc[misfit, "error"].map(misfit_words)
+    return df
+
+
+def _misfit_words(df) -> str:
+    n = int((df["status"] == DOES_NOT_FIT).sum()) if len(df) else 0
+    verb = "does" if n == 1 else "do"
+    return f", {n} {verb} not fit in the GPU's memory (not run; their rows say by how much)" if n else ""
 
 
 def _sorted(table, by: list[str]):

@@ -25,6 +25,7 @@ import yaml
 
 from sim.config.checks import show
 from sim.config.files import PROJECT_ROOT, check_regular, file_status, read_structured_file
+from sim.config.memory import DoesNotFit
 from sim.errors import ConfigError
 from sim.sweep.checks import CHECKS
 
@@ -417,6 +418,8 @@ def _points(grid: dict, groups: list[dict], common: dict, resolve, where) -> lis
             overrides = tuple(base_overrides + [_override(k, v) for k, v in fields.items()])
             try:
                 cfg = resolve(overrides)
+            except DoesNotFit as exc:  # a point all the same: its row will say "does not fit (X GB > Y GB)"
+                cfg = exc.config
             except ConfigError as exc:
                 raise ConfigError(
                     f"{where.path}: {exc.field}" if exc.field else str(where.path),

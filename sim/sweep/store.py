@@ -1,10 +1,11 @@
 """Where a sweep's results live: one Parquet row per point, ``OUT/rows/POINT.parquet``, written atomically as soon
 as the point finishes, so an interrupted sweep keeps every finished row.
 
-A row holds the point id, its status ("ok" or "failed"), the error of a failed point, the wall time, the number
-of attempts (times the point was started: more than 1 when a worker died under it), the swept fields and the
-metrics. Only "ok" rows count as done: ``--resume`` runs the missing and the failed points again, and a point
-that runs again replaces its row.
+A row holds the point id, its status ("ok", "does not fit" or "failed"), the error of a failed point (or, for one
+that does not fit in the GPU's memory, ``does not fit (X GB > Y GB): `` and the memory table), the wall time, the
+number of attempts (times the point was started: more than 1 when a worker died under it), the swept fields and the
+metrics (none for a point not run). "ok" and "does not fit" rows count as done (``sim.sweep.worker.DONE``):
+``--resume`` runs the missing and the failed points again, and a point that runs again replaces its row.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sim.errors import ConfigError
-from sim.sweep.worker import METRIC_COLUMNS
+from sim.sweep.worker import DONE, METRIC_COLUMNS
 from traces.io import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def done_points(out: Path) -> tuple[set[str], set[str]]:
     df = read_rows(out)
     if not len(df):
         return set(), set()
-    ok = df["status"] == "ok"
+    ok = df["status"].isin(DONE)
     return set(df.loc[ok, "point"]), set(df.loc[~ok, "point"])
 
 

@@ -1,7 +1,9 @@
 """What a worker does with one sweep point: simulate it and return its metrics.
 
 ``attempt`` never raises: a point whose config or simulation fails returns status "failed" and its error, so a
-failing point is recorded and the sweep goes on. A worker that dies (killed by the out-of-memory killer, a crash in
+failing point is recorded and the sweep goes on. A point whose parts do not fit in the GPU's memory is not run and
+is no failure: status "does not fit", its error ``does not fit (X GB > Y GB): `` and the memory table (a result,
+which ``--resume`` keeps). A worker that dies (killed by the out-of-memory killer, a crash in
 native code) cannot report anything; the executors in ``sim.sweep.local`` notice and retry the point.
 
 Test hooks, read from the environment (each names overrides of the points it acts on, e.g. ``policy.name=lru``;
@@ -39,6 +41,10 @@ KILL_HOW_ENV = "SIM_SWEEP_TEST_KILL_HOW"
 KILL_ONCE_ENV = "SIM_SWEEP_TEST_KILL_ONCE"
 DELAY_ENV = "SIM_SWEEP_TEST_DELAY"
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): the signal this process gets when its parent dies
+#: A row's status: it ran; its parts do not fit in the GPU's memory (not run, a result all the same); it failed.
+OK, DOES_NOT_FIT, FAILED = "ok", "does not fit", "failed"
+#: The statuses of a point that is done (``--resume`` runs the others again).
+DONE = (OK, DOES_NOT_FIT)
 PARENT_POLL_S = 0.5  # how often the watcher thread checks that the parent lives
 
 METRICS = {  # row column -> path in summary.json
@@ -65,6 +71,12 @@ METRICS = {  # row column -> path in summary.json
     "sim_wall_s": ("wall_s",),
 }
 METRIC_COLUMNS = [*METRICS, "cache_slots"]
+
+
+def misfit_words(error) -> str:
+    """``does not fit (X GB > Y GB)``: the words a table shows in place of the throughput of a point whose status
+    is "does not fit" (the head of its error)."""
+    return str(error).split("): ", 1)[0] + ")" if "): " in str(error) else str(error)
 
 
 def run_point(base, overrides: tuple[str, ...], source: str = "sweep") -> dict:
@@ -96,16 +108,20 @@ def cache_slots(cfg, n_cached: int) -> float:
 def attempt(
     base, overrides: tuple[str, ...], source: str, hooks: tuple[str, ...] | None = None
 ) -> tuple[str, dict | None, str | None, float]:
-    """Run one point: (status "ok" or "failed", metrics or None, error or None, wall seconds). ``hooks``: the
-    overrides the test hooks match (default ``overrides``)."""
+    """Run one point: (status "ok", "does not fit" or "failed", metrics or None, error or None, wall seconds).
+    ``hooks``: the overrides the test hooks match (default ``overrides``)."""
+    from sim.config.memory import DoesNotFit
+
     t0 = time.perf_counter()
     try:
         if _asked(FAIL_ENV, overrides if hooks is None else hooks):
             raise RuntimeError(f"failing on purpose ({FAIL_ENV} test hook)")
-        return "ok", run_point(base, overrides, source), None, time.perf_counter() - t0
+        return OK, run_point(base, overrides, source), None, time.perf_counter() - t0
+    except DoesNotFit as exc:  # not run: the row says by how much
+        return DOES_NOT_FIT, None, f"{exc.short()}: {exc}"[:700], time.perf_counter() - t0
     except Exception as exc:  # a failing point is recorded, the sweep goes on
         msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-        return "failed", None, msg, time.perf_counter() - t0
+        return FAILED, None, msg, time.perf_counter() - t0
 
 
 def attempt_in_worker(
