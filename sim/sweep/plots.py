@@ -9,9 +9,12 @@ axes carry units. A plot whose x axis would take one value is not drawn, and the
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from sim.plot_style import (
     ORIGIN_WORDS,
@@ -99,7 +102,8 @@ POLICY = "policy.name"
 
 
 def _numeric(values) -> bool:
-    return bool(values.map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)).all())
+    """Whether every value is a number (numpy's included), not a boolean."""
+    return bool(values.map(lambda v: isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))).all())
 
 
 def series_axis(sweep: Sweep, df) -> str | None:
@@ -325,6 +329,7 @@ def throughput_figure(view: PlotView, series: str | None, header: str, single: s
     per ``series`` value in its fixed style (one line named ``single`` when there is no series), legends outside
     the data, panels past ``MAX_LINES`` lines."""
     import matplotlib.pyplot as plt
+    import pandas as pd
 
     rows, axis = view.rows, view.axis
     names, styles, labels = _series_styles(rows, series, single)
@@ -335,7 +340,8 @@ def throughput_figure(view: PlotView, series: str | None, header: str, single: s
     fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.6 * nrows + 0.9), sharex=True, sharey=True, squeeze=False)
     refs = [n for n in panels[0][1] if styles[n].origin == "ceiling" or n == "on-demand"] if len(panels) > 1 else []
     xs = sorted(rows[axis].dropna().unique())
-    xlog = bool(len(xs) > 1 and min(xs) > 0 and max(xs) / min(xs) >= 16)
+    numeric = _numeric(pd.Series(xs, dtype=object))
+    xlog = bool(numeric and len(xs) > 1 and min(xs) > 0 and max(xs) / min(xs) >= 16)
     ys = (float(rows["throughput_tok_s"].min()), float(rows["throughput_tok_s"].max()))
     for ax, (title, group) in zip(axes.flat, panels):
         for n in [r for r in refs if r not in group]:  # the ceiling and the baseline in every panel, in grey
@@ -344,7 +350,7 @@ def throughput_figure(view: PlotView, series: str | None, header: str, single: s
             _line(ax, rows, series, axis, n, styles[n], labels[n])
         if title:
             ax.set_title(title, fontsize=8.5)
-        _axes_format(ax, xs, xlog, view.log_scale, ys)
+        _axes_format(ax, xs if numeric else [], xlog, view.log_scale, ys)  # text: one tick per value
         legend_outside(ax)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)

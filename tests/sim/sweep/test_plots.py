@@ -156,6 +156,20 @@ def test_throughput_over_decades_gets_a_log_axis_with_labels_apart():
         plt.close(fig)
 
 
+def test_a_text_axis_chosen_as_x_axis_plots_one_tick_per_value(tmp_path):
+    df = pd.concat([_rows(policies=["lru", "fiddler"]).assign(system=s) for s in ("llama-cpp", "fiddler")])
+    sweep = SimpleNamespace(axes=[*AXES, "system"], plots=["system"], points=[])
+    (plot,) = [p for p in plan_plots(tmp_path, sweep, df) if p.path.name != TIER_PLOT]
+    assert plot.drawn and plot.path.is_file()
+    fig = throughput_figure(plot_view(sweep, df, "system", "policy.name"), "policy.name", "")
+    try:
+        renderer = drawn(fig)
+        assert sorted(t.get_text() for t in tick_labels(fig.axes[0], "x")) == ["fiddler", "llama-cpp"]
+        assert colliding(tick_labels(fig.axes[0], "x"), renderer) == []
+    finally:
+        plt.close(fig)
+
+
 def test_the_title_names_model_hardware_batch_and_what_is_averaged(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text(
