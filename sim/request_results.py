@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +43,7 @@ __all__ = [
     "request_summary",
     "requests_csv",
     "serving_lines",
+    "serving_metrics",
     "stats_s",
 ]
 REQUEST_PID = 2  # the Chrome trace's process of the requests' lanes (the simulated GPU is 1)
@@ -154,3 +156,30 @@ def request_lanes(timeline: list) -> list[dict]:
         pid, tid = request_lane(t)
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": t}})
     return events
+
+
+#: A sweep row's columns of a run with arrivals -> their path in the summary (rows of runs without have none)
+SWEEP_METRICS = {
+    "ttft_s_mean": ("ttft_s", "mean"),
+    "ttft_s_p99": ("ttft_s", "p99"),
+    "tpot_s_mean": ("tpot_s", "mean"),
+    "tpot_s_p99": ("tpot_s", "p99"),
+    "e2e_s_p99": ("e2e_s", "p99"),
+    "throughput_req_s": ("throughput_req_s",),
+    "slo_attainment": ("slo_attainment",),
+    "goodput_req_s": ("goodput_req_s",),
+}
+
+
+def serving_metrics(summary: dict) -> dict:
+    """The sweep row's columns of a run with arrivals (``SWEEP_METRICS``; none for a run without, so that the rows
+    of earlier sweeps keep their columns)."""
+    if "ttft_s" not in summary:
+        return {}
+    out = {}
+    for col, keys in SWEEP_METRICS.items():
+        v: Any = summary
+        for k in keys:
+            v = v.get(k) if isinstance(v, dict) else None
+        out[col] = v
+    return out

@@ -81,6 +81,7 @@ def misfit_words(error) -> str:
 
 def run_point(base, overrides: tuple[str, ...], source: str = "sweep") -> dict:
     """Simulate one point in this process; returns its metrics (raises on failure)."""
+    from sim.request_results import serving_metrics
     from sim.run import simulate
     from sim.sweep.spec import resolve_config
 
@@ -94,6 +95,7 @@ def run_point(base, overrides: tuple[str, ...], source: str = "sweep") -> dict:
             v = v.get(k) if isinstance(v, dict) else None
         out[col] = v
     out["cache_slots"] = cache_slots(cfg, len(run.policy.ctx.cached_layers))
+    out.update(serving_metrics(s))  # with workload.arrivals: TTFT, TPOT, E2E, SLO attainment, goodput
     return out
 
 
