@@ -419,18 +419,23 @@ def host_layer_stage(search: Search, base: RunConfig, policy: str, batch: int | 
     trace = search._traces.get(str(base.workload.trace)) or load_trace(base.workload.trace)
     cached = cached_layers(trace, base.cache.layers)
     param = POLICIES.get(policy).host_layers_param
-    by_system = placed(base) or base.system.name in HOST_LAYER_SYSTEMS
 
     def knobs(n: int) -> Knobs:
         if placed(base):  # the policy and the tiers follow from the system's placement
             return Knobs(batch=batch, extra=((PLACEMENT_KEY, n),))
+        if by_layer(base):  # the placement sets the tiers: the config's go (but its cached layers)
+            layers = () if base.cache.layers == "all" else (("cache.layers", base.cache.layers),)
+            return Knobs(policy, None, (), None, batch, extra=(("cache", None), *layers, (PLACEMENT_KEY, n)))
         room = m.num_experts * sum(1 for layer in cached if layer >= n)
         g = Geometry(0, 0, 1, "shared", room, base.cache.layers)
-        if by_system:
-            return Knobs(policy, None, (), g, batch, extra=((PLACEMENT_KEY, n),))
         return Knobs(policy, None, ((param, n),), g, batch)
 
     refine(lambda n: search.run(knobs(n)), 0, m.moe_layers, lambda: search.stopped)
+
+
+def by_layer(cfg: RunConfig) -> bool:
+    """Whether the system places experts by whole layers (llama.cpp): its placement is the knob, not a policy."""
+    return placed(cfg) or cfg.system.name in HOST_LAYER_SYSTEMS
 
 
 def placed(cfg: RunConfig) -> bool:
@@ -481,13 +486,14 @@ def search_all(search: Search, plan: Plan) -> None:
             base = replace(base, workload=replace(base.workload, batch_size=batch))
             if search.run(Knobs(batch=batch)) is None:
                 return
-        found = policy_stage(search, plan, base, batch)
-        if search.stopped:
-            return
-        for start in _top(found, 1 if plan.quick else TOP):
-            geometry_stage(search, base, start)
+        if not by_layer(base):  # llama.cpp runs no cache policy: its one knob is the host layers
+            found = policy_stage(search, plan, base, batch)
             if search.stopped:
                 return
+            for start in _top(found, 1 if plan.quick else TOP):
+                geometry_stage(search, base, start)
+                if search.stopped:
+                    return
         if plan.host_layers is not None:
             host_layer_stage(search, base, plan.host_layers, batch)
             if search.stopped:
@@ -596,7 +602,7 @@ def describe(c: Candidate) -> str:
     words = [policy, cache_words(cfg)]
     n = cfg.policy.params.get("cpu_layers", -1) if isinstance(cfg.policy.params, dict) else -1
     if isinstance(n, int) and n >= 0:
-        words.append(f"cpu_layers {n} (the first {n} MoE layers' experts on the host)")
+        words.append(f"the experts of the first {n} of {cfg.model.moe_layers} MoE layers on the host")
     if "workload.batch_size" in c.settings:
         words.append(f"batch {cfg.workload.batch_size}")
     return ", ".join(words)
@@ -609,11 +615,12 @@ def cache_words(cfg: RunConfig) -> str:
     n = cached_layer_count(m, c.layers)
     gb = (c.total_slots(n) + c.lpc_buffers) * m.expert_bytes / GB
     tiers = (
-        f"{c.total_slots(n)} slots shared by {n} layers"
+        f"{c.total_slots(n):,} slots shared by {n} layers"
         if c.organization == "shared"
         else f"HPC {c.hpc_slots} + MPC {c.mpc_slots} x {n} layers"
     )
-    return f"{tiers} + {c.lpc_buffers} buffers ({gb:.3g} GB)"
+    buffers = f"{c.lpc_buffers} buffer{'s' if c.lpc_buffers != 1 else ''}"
+    return f"{tiers} + {buffers} ({gb:.3g} GB)"
 
 
 def ranked(search: Search) -> list[Candidate]:
