@@ -26,10 +26,14 @@ def test_ci_sweep_runs_and_its_invariant_checks_pass(tmp_path):
     res = _sweep("configs/sweeps/ci.yaml", "--out", out, "--workers", "2")
     assert res.returncode == 0, res.stderr + res.stdout  # exit 3 would mean a check failed
     df = pd.read_parquet(out / "results.parquet")
-    assert len(df) == 36 and (df["status"] == "ok").all() and df["point"].is_unique
+    assert len(df) == 36 and df["point"].is_unique
+    # Switch-XXL's every expert does not fit one H200: gpu-only's 6 points are "does not fit" rows, the rest ran
+    gpu_only = df["policy.name"] == "gpu-only"
+    assert (df.loc[gpu_only, "status"] == "does not fit").all() and (df.loc[~gpu_only, "status"] == "ok").all()
     report = (out / "report.md").read_text()
-    for check in ("gpu_only_ceiling", "belady_bound", "lru_monotone_in_cache"):
+    for check in ("belady_bound", "lru_monotone_in_cache"):
         assert f"`{check}`: passed" in report
+    assert "`gpu_only_ceiling`: not applicable (gpu-only does not fit in the GPU's memory at 6 of its 6" in report
     assert (out / "throughput_vs_cache_slots.png").stat().st_size > 1000
 
 
