@@ -31,6 +31,8 @@ PARTS_DIR = CONFIG_DIR / "parts"
 PART_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}")
 MAX_TEXT_CHARS = 1000  # a source, assumption, note or document
 FIGURE_KEYS = ("value", "source", "assumption", "note")
+#: A source this short is a key of the file's ``documents`` (a document named in words is longer).
+DOCUMENT_KEY = re.compile(r"[a-z0-9_]{1,12}")
 #: The kinds of part and their folders under ``configs/parts/``.
 KINDS = {"gpu": "gpus", "cpu": "cpus"}
 GPU_CATEGORIES = ("consumer", "laptop", "workstation", "datacenter")
@@ -181,8 +183,10 @@ def closest_text(value: Any, names: list[str], see: str) -> str:
     """``closest: a, b, c; N in all: see FOLDER``, the closest of ``names`` to ``value`` by difflib (or the first
     few, when none is close)."""
     close: list[str] = []
-    if isinstance(value, str):
-        close = difflib.get_close_matches(value.lower()[:64], names, n=3, cutoff=0.5)
+    if isinstance(value, str) and value.strip():
+        v = value.strip().lower()[:64]
+        starting = [n for n in names if n.startswith(v)]  # "h200" -> h200-nvl-141gb, h200-sxm-141gb
+        close = list(dict.fromkeys(starting + difflib.get_close_matches(v, names, n=3, cutoff=0.5)))[:3]
     lead = "closest" if close else "e.g."
     return f"{lead}: {', '.join(close or names[:3]) or 'none'}; {len(names)} in all: see {see}"
 
@@ -337,6 +341,8 @@ def _figure(value: Any, where: str, spec: FigureSpec, documents: dict[str, str])
     source = None
     if has_source:
         given = _text(value["source"], join(where, "source"))
+        if DOCUMENT_KEY.fullmatch(given) and given not in documents:
+            raise ConfigError(join(where, "source"), f"cites {show(given)}, not a key of the file's documents")
         source = documents.get(given, given)
     assumption = _text(value["assumption"], join(where, "assumption")) if has_assumption else None
     note = _text(value["note"], join(where, "note")) if value.get("note") is not None else None

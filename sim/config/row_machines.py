@@ -44,7 +44,7 @@ CHANNELS = re.compile(r"(\d{1,2})\s*(?:x\s*|channels?\s+(?:of\s+)?)(ddr[45])(?:-
 MEMORY_WORDS = re.compile(r"\b(ddr[45])(?:-(\d{3,5}))?")
 LINK = re.compile(r"gen\s*([3-6])(?:\s*x\s*(\d{1,2}))?")
 #: v2 ``cpu`` values that state only the kind of host, not its CPU.
-UNNAMED_HOSTS = re.compile(r"unspecified(-\w+)?|[a-z]+-\d+c")
+UNNAMED_HOSTS = re.compile(r"unspecified(-[a-z-]+)?|[a-z]+-\d+c")
 
 
 def _cpu_match(text: str) -> tuple[str, int] | None:
