@@ -209,6 +209,16 @@ def test_step3_compare(runs):
     assert f"Its {float(d['ratio_vs_baseline']):.2f}x over on-demand" in words
     paper = (ROOT / "docs" / "paper_reproduction.md").read_text()
     assert "2.74x" in paper and "2.67" in paper and "2.83" in paper
+    md_lines = (runs / "tutorial-compare" / "compare.md").read_text().splitlines()
+    notes = [line for line in output_after(text, COMPARE) if line and not line.startswith("|")]
+    assert len(notes) == 2 and all(line in md_lines for line in notes)  # the lines under the table, as printed
+    lru = by["lru"]
+    assert f"lru's {float(lru['hit_rate']):.3f} may exceed the bound's {float(lru['belady_cache_hit_rate']):.3f}" in (
+        words
+    )
+    assert float(lru["hit_rate"]) > float(lru["belady_cache_hit_rate"]) >= float(lru["cache_hit_rate"])
+    assert f"lru's {float(lru['iteration_ms_mean']):.4g} ms per iteration" in words
+    assert by["on-demand"]["predictor"] == "" and "`on-demand` shows `-`" in words
 
 
 # ------------------------------------------------------------------------------------------------ step 4
