@@ -41,6 +41,7 @@ from typing import Any
 
 import yaml
 
+from sim.config.memory import DoesNotFit
 from sim.config.run_config import (
     MAX_BATCH,
     MAX_BUFFERS,
@@ -179,18 +180,6 @@ def room_experts(cfg: RunConfig) -> int:
     return max(math.floor((hw.gpu_memory_bytes - fixed) / m.expert_bytes), -1)
 
 
-def resident_shortfall(cfg: RunConfig) -> str | None:
-    """Why an all-resident policy (gpu-only) does not fit: every expert of every MoE layer beside the rest (None
-    when it fits)."""
-    m = cfg.model
-    need = m.moe_layers * m.num_experts
-    room = room_experts(cfg)
-    if need <= room:
-        return None
-    have = max(room, 0) * m.expert_bytes / GB
-    return f"does not fit ({need * m.expert_bytes / GB:.1f} GB of experts > {have:.1f} GB left on the GPU)"
-
-
 def largest(cfg: RunConfig, room: int, hpc_share: float, lpc: int, organization: str, layers: str):
     """The tiers of the most expert slots that fit in ``room`` experts with ``lpc`` working buffers (None when even
     the buffers do not fit), the HPC taking ``hpc_share`` of a layer's slots."""
@@ -225,8 +214,9 @@ class Candidate:
 
 
 def _memory(exc: ConfigError) -> bool:
-    """Whether a refusal is about GPU memory: the tiers, the KV cache, or the room host layers leave."""
-    return exc.field == "cache" or exc.field.endswith("cpu_layers") or "does not fit" in exc.problem
+    """Whether a refusal is about GPU memory: the config's memory check (the tiers, every expert of an all-resident
+    policy, the KV cache), or the room that host layers leave."""
+    return isinstance(exc, DoesNotFit) or exc.field.endswith("cpu_layers")
 
 
 @dataclass
@@ -256,9 +246,6 @@ class Search:
             )
         except ConfigError as exc:
             return self._leave_out(cand, str(exc), fits=not _memory(exc))
-        short = resident_shortfall(cfg) if POLICIES.get(cfg.policy.name).all_resident else None
-        if short:
-            return self._leave_out(cand, f"cache: {short}", fits=False)
         same = json.dumps(cfg.resolved, sort_keys=True, default=str)
         if same in self._seen:  # other settings, the same run
             self._seen[key] = self._seen[same]

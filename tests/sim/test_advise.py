@@ -218,3 +218,27 @@ def test_a_config_placed_by_layer_searches_only_its_placement_and_reproduces(tmp
     res = run_module(*shlex.split(doc["best"]["command"])[2:], "--json", "--out", tmp_path / "run")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["throughput_tok_s"] == doc["best"]["tok_s"]
+
+
+def test_a_config_that_does_not_fit_is_left_out_and_the_search_still_runs(tmp_path):
+    """Every expert of all 12 layers in the tiers (29 GB on a 24 GB GPU): the config as given is left out as not
+    fitting, and each candidate names its policy and tiers in full, so that its command runs."""
+    doc, out = advise(
+        tmp_path, "--set", "cache.layers=all", "--set", "cache.mpc_slots=124", "--policies", "lru", "--quick"
+    )
+    given = [c for c in doc["left_out"] if not c["settings"]]
+    assert given and "does not fit" in given[0]["reason"] and doc["config_tok_s"] is None
+    assert "the config as given: " in out
+    for c in doc["candidates"]:
+        assert {"policy.name", "cache.hpc_slots", "cache.mpc_slots", "cache.lpc_buffers"} <= set(c["settings"])
+        cfg = load_run_config(CONFIG, sets_of(doc, c["settings"]))
+        assert gpu_bytes_needed(cfg) <= cfg.hardware.gpu_memory_bytes
+    res = run_module(*shlex.split(doc["best"]["command"])[2:], "--json", "--out", tmp_path / "run")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["throughput_tok_s"] == doc["best"]["tok_s"]
+
+
+def test_max_candidates_bounds_the_simulated_runs_and_says_so(tmp_path):
+    doc, out = advise(tmp_path, "--max-candidates", "3")
+    assert doc["searched"] == len(doc["candidates"]) == 3 and doc["stopped_at_max_candidates"] is True
+    assert "simulated 3 candidates (stopped at --max-candidates)" in out
