@@ -6,8 +6,8 @@ layers stay in host memory and are computed there, every expert of the other lay
 copied at run time. From that one field the run follows:
 
 - the policy's layer placement: a policy that places whole layers on the host declares the parameter that takes N
-  (``host_layers_param``: ``cpu_layers`` of ``ktransformers``), which is set to N; another policy is refused, since
-  llama.cpp runs no cache policy;
+  (``host_layers_param``: ``cpu_layers`` of ``ktransformers``), which is set to N; a cache policy is refused, since
+  llama.cpp runs none (``gpu-only``, the ceiling with every expert on the GPU, ignores the placement);
 - the GPU's experts: one shared cache (``cache.organization: shared``) of exactly the GPU layers' experts
   (``cache.shared_slots`` = experts per layer x the cached MoE layers from N on), no per-layer slots
   (``hpc_slots: 0``, ``mpc_slots: 0``) and one working buffer unless ``cache.lpc_buffers`` says otherwise; the memory
@@ -78,8 +78,8 @@ def apply_placement(d: dict, placement: Placement | None, model, policy_class) -
     where = "system.placement.n_cpu_moe"
     if n is not None and n > model.moe_layers:
         raise ConfigError(where, f"is {n}, more than the {model.moe_layers} MoE layers of {show(model.name)}")
-    if policy_class is None:
-        return
+    if policy_class is None or getattr(policy_class, "all_resident", False):
+        return  # an unknown policy is refused by its own check; gpu-only (the ceiling) keeps every expert anyway
     _set_policy(d, n, policy_class, where)
     roles = ["encoder"] * model.encoder_moe_layers + ["decoder"] * model.decoder_moe_layers
     _set_cache(d, placement, model, roles, where)
