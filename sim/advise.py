@@ -61,7 +61,7 @@ from traces.outputs import check_not_input
 #: The policies a named serving system runs (``configs/systems/NAME.yaml``, each profile's "Policy:" line);
 #: any other system (``ideal``, a user's own profile) may run every deployable policy.
 SYSTEM_POLICIES = {
-    "llama-cpp": ("ktransformers",),  # --n-cpu-moe N: policy.params.cpu_layers
+    "llama-cpp": ("ktransformers",),  # --n-cpu-moe N: system.placement.n_cpu_moe (HOST_LAYER_SYSTEMS)
     "ktransformers": ("ktransformers",),
     "fiddler": ("fiddler",),
     "mixtral-offloading": ("lru", "on-demand"),
@@ -116,11 +116,6 @@ class Root:
     cfg: RunConfig
     force_cache: bool = False  # every cache key in each candidate's settings (the config sizes its tiers from memory)
     force_policy: bool = False  # policy.name and policy.params in each (the config as given does not fit)
-
-
-def geometry_of(cfg: RunConfig) -> Geometry:
-    c = cfg.cache
-    return Geometry(c.hpc_slots, c.mpc_slots, c.lpc_buffers, c.organization, c.shared_slots, c.layers)
 
 
 def settings_of(knobs: Knobs, root: Root) -> dict[str, Any]:
@@ -257,6 +252,13 @@ class Search:
         self._seen[same] = cand
         return self._simulate(cand, cfg)
 
+    def trace(self, cfg: RunConfig):
+        """The config's trace, read once."""
+        path = str(cfg.workload.trace)
+        if path not in self._traces:
+            self._traces[path] = load_trace(path)
+        return self._traces[path]
+
     def _leave_out(self, cand: Candidate, reason: str, fits: bool = True) -> Candidate:
         cand.reason, cand.fits = reason, fits
         self.left_out.append(cand)
@@ -265,11 +267,8 @@ class Search:
     def _simulate(self, cand: Candidate, cfg: RunConfig) -> Candidate:
         from sim.run import simulate
 
-        path = str(cfg.workload.trace)
-        if path not in self._traces:
-            self._traces[path] = load_trace(path)
         try:
-            summary = simulate(cfg, trace=self._traces[path]).summary
+            summary = simulate(cfg, trace=self.trace(cfg)).summary
         except ConfigError as exc:  # refused when the run starts (a placement that needs more room)
             return self._leave_out(cand, str(exc), fits=not _memory(exc))
         cand.cfg, cand.tok_s = cfg, float(summary["throughput_tok_s"])
@@ -328,7 +327,9 @@ def policy_stage(search: Search, plan: Plan, base: RunConfig, batch: int | None)
             if c is None:
                 return found
             if c.tok_s is None:
-                break  # left out: so with any predictor
+                if not c.fits:
+                    break  # it does not fit: with no predictor either
+                continue
             found.append(c)
             if not reads(c):
                 break  # it never reads the predictor's guesses: another predictor changes nothing
@@ -403,8 +404,7 @@ def host_layer_stage(search: Search, base: RunConfig, policy: str, batch: int | 
     from sim.run import cached_layers
 
     m = base.model
-    trace = search._traces.get(str(base.workload.trace)) or load_trace(base.workload.trace)
-    cached = cached_layers(trace, base.cache.layers)
+    cached = cached_layers(search.trace(base), base.cache.layers)
     param = POLICIES.get(policy).host_layers_param
 
     def knobs(n: int) -> Knobs:
