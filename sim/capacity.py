@@ -55,7 +55,8 @@ __all__ = ["Point", "find_capacity", "parse_seeds", "parse_slo", "register"]
 @dataclass
 class Point:
     """One evaluated rate: the attainment of each seed's run and their mean, the seeds' mean p99 TTFT and TPOT (s),
-    goodput and completed requests per second, and whether the rate meets the SLO (every seed's run does)."""
+    goodput and completed requests per second, whether the rate meets the SLO (every seed's run does), and the
+    seeds' mean busy shares of the link and the compute stream and hit rate (where the time goes)."""
 
     rate_per_s: float
     attainments: list[float]
@@ -65,6 +66,9 @@ class Point:
     goodput_req_s: float | None
     throughput_req_s: float | None
     meets: bool
+    link_busy_frac: float | None = None  # the PCIe link's busy share of the run (mean over seeds)
+    compute_busy_frac: float | None = None  # the compute stream's
+    hit_rate: float | None = None  # experts served without a copy, of all accesses
 
 
 # --------------------------------------------------------------------------------------------- arguments
@@ -169,6 +173,9 @@ class Evaluator:
             _mean([r["goodput_req_s"] for r in runs]),
             _mean([r["throughput_req_s"] for r in runs]),
             min(att) >= self.target,  # every seed's run meets the target
+            _mean([r["link_busy_frac"] for r in runs]),
+            _mean([r["compute_busy_frac"] for r in runs]),
+            _mean([r["hit_rate"]["overall"] for r in runs]),
         )
         self.points[rate] = p
         return p

@@ -53,9 +53,13 @@ def capacity_png(doc: dict) -> bytes:
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, borderaxespad=0)
     process = "Poisson" if doc.get("cv") is None else f"gamma cv {doc['cv']:g}"
+    bounds = " and ".join(
+        f"{k.removesuffix('_s').upper()} <= {v * 1e3:,.0f} ms" for k, v in doc["slo"].items() if v is not None
+    )
     title = (
         f"Capacity of {doc['policy']} on {doc['model']}, {doc['hardware']}: batch {doc['batch_size']}, "
-        f"{doc['requests']:,} requests x {len(doc['seeds'])} seeds, {process} arrivals"
+        f"{doc['requests']:,} requests x {len(doc['seeds'])} seeds, {process} arrivals; SLO {bounds} "
+        f"for {doc['attainment']:.0%} of requests"
     )
     fig.suptitle("\n".join(textwrap.wrap(title, 90)), fontsize=10)
     fig.tight_layout()
