@@ -176,7 +176,14 @@ class Table:
 def part_names(kind: str, folder: Path = PARTS_DIR) -> list[str]:
     """The bundled parts of ``kind`` ("gpu" or "cpu"), sorted."""
     d = folder / KINDS[kind]
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    return list(_listed(str(d), _stamp(d)))
+
+
+@functools.lru_cache(maxsize=16)
+def _listed(folder: str, stamp: tuple[int, int]) -> tuple[str, ...]:
+    """The YAML files' stems in ``folder`` (cached by the folder's modification: adding a part changes it)."""
+    d = Path(folder)
+    return tuple(sorted(p.stem for p in d.glob("*.yaml"))) if d.is_dir() else ()
 
 
 def closest_text(value: Any, names: list[str], see: str) -> str:
@@ -194,7 +201,7 @@ def closest_text(value: Any, names: list[str], see: str) -> str:
 def _check_name(name: Any, kind: str, where: str, folder: Path) -> str:
     names = part_names(kind, folder)
     see = f"configs/parts/{KINDS[kind]}/"
-    if not isinstance(name, str) or not PART_NAME.fullmatch(name) or name not in names:
+    if not isinstance(name, str) or not PART_NAME.fullmatch(name) or name not in names:  # never a path: names only
         what = "unknown" if isinstance(name, str) else "must be a part name, got"
         shown = show(name)
         raise ConfigError(where, f"{what} {kind.upper()} part {shown} ({closest_text(name, names, see)})")
