@@ -7,17 +7,17 @@ their policy alone; ``--own-predictors`` gives each instead the predictor its de
 (:func:`default_predictor`: MoE-Infinity its own, Pre-gated and the Diff-MoE tiers the oracle pre-gate, as
 ``benchmarks/policy_study.py`` runs them). A policy that never reads the predictor's guesses (``uses_predictor``:
 gpu-only, on-demand, prefetch-all, fiddler, ktransformers, hybrid-cache without ``max_prefetch``) runs with ``none``
-and shows no predictor ("-"). A policy other than the config's starts from empty params (the config's
-``policy.params`` belong to its own policy); ``--set`` applies to every run. The table gives each policy's origin
-(:func:`origin_of`: ceiling, baseline, published, ours or bound), throughput, its ratio to the baseline, iteration
-latency, hit rates, the share of expert accesses computed on the host CPU (``cpu_expert_frac``), PCIe traffic, stall
-time, and the gap between each policy's cache hits (HPC + MPC) and the Belady bound: the cache hits of an offline
-optimal cache with the same slots per layer (HPC + MPC), over the same accesses, which no policy can beat in cache
-hits. It bounds cache hits only: experts prefetched into working buffers (LPC) hit on top of it, so a policy's hit
-rate (all tiers) may exceed it; a line under the table says so. Every row names its predictor; one line under the
-table says which predictor the rows that named none ran with (:func:`predictor_note`), so that a config's
-predictor (the oracle, say) never reaches a row unsaid. Figures are shown to 4 significant digits, so a tiny
-model's 0.0123 ms reads as such and not as 0.0.
+and the table shows no predictor for it ("-"; the CSV's ``uses_predictor`` is False). A policy other than the
+config's starts from empty params (the config's ``policy.params`` belong to its own policy); ``--set`` applies to
+every run. The table gives each policy's origin (:func:`origin_of`: ceiling, baseline, published, ours or bound),
+throughput, its ratio to the baseline, iteration latency, hit rates, the share of expert accesses computed on the
+host CPU (``cpu_expert_frac``), PCIe traffic, stall time, and the gap between each policy's cache hits (HPC + MPC)
+and the Belady bound: the cache hits of an offline optimal cache with the same slots per layer (HPC + MPC), over the
+same accesses, which no policy can beat in cache hits. It bounds cache hits only: experts prefetched into working
+buffers (LPC) hit on top of it, so a policy's hit rate (all tiers) may exceed it; a line under the table says so.
+Every row names its predictor; one line under the table says which predictor the rows that named none ran with
+(:func:`predictor_note`), so that a config's predictor (the oracle, say) never reaches a row unsaid. Figures are
+shown to 4 significant digits, so a tiny model's 0.0123 ms reads as such and not as 0.0.
 
 A variant whose dense weights, KV cache and experts (its tiers, or every expert for gpu-only) do not fit in the
 GPU's memory is not run: its row says ``does not fit (X GB > Y GB)`` instead of a throughput (the ``status``
@@ -54,6 +54,7 @@ from traces.outputs import check_not_input
 COLUMNS = [
     "policy",
     "predictor",
+    "uses_predictor",
     "origin",
     "status",
     "throughput_tok_s",
@@ -324,11 +325,11 @@ def compare(
     if misfits and len(misfits) == len(loaded):
         raise misfits[0]  # nothing to compare: the memory table of the first, exit 2
     for policy, cfg, misfit in loaded:
-        shown = cfg.predictor.name if reads_predictions(policy, cfg.policy.params) else None
+        uses = reads_predictions(policy, cfg.policy.params)
         if misfit is not None:
             if log:
                 log(f"  {policy}: {misfit.short()}, not run")
-            rows.append(misfit_row(policy, shown, misfit))
+            rows.append(misfit_row(policy, cfg.predictor.name, uses, misfit))
             continue
         if log:
             log(f"  {policy} (predictor {cfg.predictor.name}) ...")
@@ -338,7 +339,8 @@ def compare(
         rows.append(
             {
                 "policy": policy,
-                "predictor": shown,
+                "predictor": cfg.predictor.name,
+                "uses_predictor": uses,
                 "origin": origin_of(policy),
                 "status": "ok",
                 "throughput_tok_s": s["throughput_tok_s"],
@@ -368,10 +370,11 @@ def compare(
     return rows
 
 
-def misfit_row(policy: str, predictor: str | None, misfit: DoesNotFit) -> dict:
+def misfit_row(policy: str, predictor: str, uses: bool, misfit: DoesNotFit) -> dict:
     """The row of a variant that does not fit in the GPU's memory: its ``status`` says by how much, no figures."""
     row: dict = dict.fromkeys(COLUMNS)
-    row.update(policy=policy, predictor=predictor, origin=origin_of(policy), status=misfit.short())
+    row.update(policy=policy, predictor=predictor, uses_predictor=uses, origin=origin_of(policy))
+    row["status"] = misfit.short()
     return row
 
 
@@ -419,7 +422,7 @@ def table_markdown(rows: list[dict], baseline: str, title: str, note: str | None
             + " | ".join(
                 [
                     r["policy"],
-                    r["predictor"] or "-",
+                    r["predictor"] if r.get("uses_predictor", True) else "-",
                     r["origin"] or "-",
                     significant(r["throughput_tok_s"]) if fits else str(r["status"]),
                     significant(r["ratio_vs_baseline"], 3),

@@ -1,8 +1,8 @@
 """`python -m sim policies [--json]`: the registered cache policies and predictors, read from the registries.
 
-One line per policy (name, origin, the predictor ``sim compare --policies all`` gives it, and the first sentence
-of its class docstring, else of its module's), in the order ``--policies all`` runs them, then one line per
-predictor (name, first sentence). Nothing here names a policy: a newly registered one is listed as it is.
+One line per policy (name, origin, the predictor ``sim compare --policies all --own-predictors`` gives it, and
+the first sentence of its class docstring, else of its module's), in the order ``--policies all`` runs them, then
+one line per predictor (name, first sentence). Nothing here names a policy: a newly registered one is listed as it is.
 """
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ def format_listing(policies: list[dict], predictors: list[dict]) -> str:
         "",
         "origin: ceiling (every expert resident), baseline (caches nothing), published, ours, bound "
         "(offline, reads the future)",
-        f"predictor: the one sim compare --policies all runs the policy with; {CONFIG_PREDICTOR}: the "
-        f"config's predictor.name",
+        f"predictor: the policy's own, which sim compare --policies all --own-predictors gives it (plain --policies "
+        f"all gives every policy the config's); {CONFIG_PREDICTOR}: the config's predictor.name",
     ]
     return "\n".join(lines)
 
@@ -133,7 +133,7 @@ def register(sub) -> None:
         "policies",
         help="list the registered cache policies and predictors",
         description="List every registered cache policy (name, origin, the predictor "
-        "sim compare --policies all gives it, one line on what it does) and every "
+        "sim compare --policies all --own-predictors gives it, one line on what it does) and every "
         "predictor, as registered in sim/policies/ and sim/predictors/.",
     )
     p.add_argument(

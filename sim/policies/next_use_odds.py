@@ -45,8 +45,8 @@ run's own trace; ``cache.hot_profile`` is not read). The fill is free, as ``diff
 Tiers: no pinned experts: the layer's ``hpc_slots + mpc_slots`` slots form one cache (its hits count as MPC hits),
 as ``lru`` etc. by default; copies land in their slot (``promotion_is_free``). Prefetching follows the run's
 predictor (the base rule: the predicted experts that are neither cached nor in flight are copied into working
-buffers); under ``--policies all`` it runs with the causal ``cross-layer`` predictor (``default_predictor``), which
-predicts nothing without its own ``train``.
+buffers); under ``--policies all --own-predictors`` it runs with the causal ``cross-layer`` predictor
+(``default_predictor``), which predicts nothing without its own ``train``.
 """
 
 from __future__ import annotations

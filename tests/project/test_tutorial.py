@@ -218,7 +218,7 @@ def test_step3_compare(runs):
     )
     assert float(lru["hit_rate"]) > float(lru["belady_cache_hit_rate"]) >= float(lru["cache_hit_rate"])
     assert f"lru's {float(lru['iteration_ms_mean']):.4g} ms per iteration" in words
-    assert by["on-demand"]["predictor"] == "" and "`on-demand` shows `-`" in words
+    assert by["on-demand"]["uses_predictor"] == "False" and "`on-demand` shows `-`" in words
 
 
 # ------------------------------------------------------------------------------------------------ step 4

@@ -119,9 +119,10 @@ def test_compare_all_runs_every_policy_and_writes_the_origin_column(tiny_config,
     for p, origin in EXPECTED_ORIGINS.items():
         assert by[p]["origin"] == origin
     # the config's predictor (none) for every policy that reads one; no predictor for the others
-    want_pred = {p: "none" if POLICIES.get(p).reads_predictions(POLICIES.get(p).check_params({})) else "" for p in by}
-    assert {p: r["predictor"] for p, r in by.items()} == want_pred
-    assert want_pred["gpu-only"] == want_pred["on-demand"] == want_pred["fiddler"] == ""
+    uses = {p: POLICIES.get(p).reads_predictions(POLICIES.get(p).check_params({})) for p in by}
+    assert {p: r["predictor"] for p, r in by.items()} == dict.fromkeys(by, "none")
+    assert {p: r["uses_predictor"] for p, r in by.items()} == {p: str(u) for p, u in uses.items()}
+    assert not uses["gpu-only"] and not uses["on-demand"] and not uses["fiddler"] and uses["lru"]
     assert float(by["on-demand"]["ratio_vs_baseline"]) == 1.0
     bound = float(by["belady"]["cache_hit_rate"])
     assert bound == pytest.approx(float(by["belady"]["belady_cache_hit_rate"]))

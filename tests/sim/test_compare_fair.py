@@ -61,7 +61,8 @@ def test_all_gives_every_policy_that_reads_a_predictor_the_same_one_and_says_so_
     assert {"pregated", "diffmoe", "diffmoe-arc", "moe-infinity", "next-use-odds", "lru"} <= readers
     assert {"gpu-only", "on-demand", "prefetch-all", "fiddler", "ktransformers", "hybrid-cache"}.isdisjoint(readers)
     assert {rows[p]["predictor"] for p in readers} == {"transition"}  # one predictor for all
-    assert all(rows[p]["predictor"] == "" for p in set(rows) - readers)  # none shown for the others
+    assert {rows[p]["uses_predictor"] for p in readers} == {"True"}
+    assert all(rows[p]["predictor"] == "none" and rows[p]["uses_predictor"] == "False" for p in set(rows) - readers)
     md = (tmp_path / "cmp" / "compare.md").read_text()
     for p in set(rows) - readers:
         assert f"| {p} | - |" in md
@@ -77,7 +78,7 @@ def test_all_gives_every_policy_that_reads_a_predictor_the_same_one_and_says_so_
 def test_own_predictors_gives_each_policy_the_one_its_design_pairs_it_with(config, tmp_path):
     _, rows = _compare(config, tmp_path / "cmp", "--policies", "all", "--own-predictors")
     for p, own in all_entries():
-        want = (own or "transition") if _reads(p) else ""
+        want = (own or "transition") if _reads(p) else "none"
         assert rows[p]["predictor"] == want, p
     assert rows["diffmoe"]["predictor"] == "oracle" and rows["moe-infinity"]["predictor"] == "moe-infinity"
     res = run_module("sim", "compare", config, "--policies", "lru", "--own-predictors", "--out", tmp_path / "c2")
