@@ -10,6 +10,7 @@ import json
 import re
 
 import pytest
+from hypothesis import given
 
 from sim.cli import main
 from sim.config.fields import keys_of
@@ -27,13 +28,17 @@ from sim.config.parts import (
     part_names,
 )
 from sim.config.profiles import available
+from tests.support.fuzz import fuzz_settings, names_near_the_rule
 from tests.support.paths import ROOT
 
 
 def run(*args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["hardware", *args])
+        try:
+            code = main(["hardware", *args])
+        except SystemExit as exc:  # argparse's own refusals (a name that reads as an option: "-A")
+            code = exc.code
     return code, out.getvalue(), err.getvalue()
 
 
@@ -119,3 +124,14 @@ def test_docs_name_every_field_and_figure():
         keys += list(table)
     missing = [k for k in keys if f"`{k}`" not in doc]
     assert not missing, f"docs/hardware.md does not name {missing}"
+
+
+@fuzz_settings(80)
+@given(name=names_near_the_rule(["/", "+", "..", "\n", "\x1b[2J", " ", ".yaml", "\x00"]))
+def test_any_name_shows_a_machine_or_part_or_exits_2_on_one_line(name):
+    known = set(available("hardware")) | set(part_names("gpu")) | set(part_names("cpu"))
+    code, out, err = run("show", name)
+    if name.strip() in known:
+        assert code == 0 and out
+        return
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1 and "\x1b" not in err
