@@ -394,6 +394,8 @@ def load_hardware(spec_or_name: Any, where: str = "hardware") -> HardwareSpec:
         return spec_or_name
     if is_parts_name(spec_or_name):
         d = {**parse_parts_name(spec_or_name, where), "name": spec_or_name.strip().lower()}
+        if "base" in d:  # a bundled machine with parts laid over it
+            return load_hardware(d, where)
         return hardware_from_dict(d, where, "", PARTS_SOURCE)
     if isinstance(spec_or_name, dict) and is_parts_name(spec_or_name.get("base")):
         child = {k: v for k, v in spec_or_name.items() if k != "base"}

@@ -54,6 +54,7 @@ from typing import Any
 from sim.config.checks import check_keys, check_mapping, integer, join, number, one_of, show, text
 from sim.config.fields import keys_of, read_settings, setting, to_plain
 from sim.config.parts import Part, closest_text, cpu_part, gpu_part, load_table, part_names
+from sim.config.profiles import available
 from sim.errors import ConfigError
 
 COMPOSITION_KEYS = ("gpu", "gpu_count", "host", "link")
@@ -396,7 +397,8 @@ def is_parts_name(value: Any) -> bool:
 def parse_parts_name(text_: str, where: str = "hardware") -> dict:
     """``GPU+[Nx-]CPU[+MEMORY][+CAPACITYgb][+genG[xL]]`` as a hardware mapping (the parts are looked up later): e.g.
     ``rtx4090-24gb+2x-epyc-9654+12xddr5-4800+768gb+gen4x16``. The host may be left out (``GPU+genG``) only where
-    the mapping gives the host's figures."""
+    the mapping gives the host's figures. A first name that is a bundled machine and no GPU part is that machine
+    with the rest laid over it as a child over its ``base`` (``rtx4090d-1x6454s+1024gb``: its installed memory)."""
     if len(text_) > MAX_NAME_CHARS:
         raise ConfigError(where, f"a machine named by its parts is at most {MAX_NAME_CHARS} characters")
     tokens = text_.strip().lower().split("+")
@@ -404,6 +406,8 @@ def parse_parts_name(text_: str, where: str = "hardware") -> dict:
     if not gpu:
         raise ConfigError(where, f"{show(tokens[0])} is not a GPU part name (GPU+[Nx-]CPU[+MEMORY][+genG[xL]])")
     d: dict[str, Any] = {"gpu": gpu.group(2), "gpu_count": int(gpu.group(1) or 1)}
+    if gpu.group(1) is None and tokens[0] not in part_names("gpu") and tokens[0] in available("hardware"):
+        d = {"base": tokens[0]}  # a bundled machine, with what follows laid over it (``rtx4090d-1x6454s+1024gb``)
     memory: dict[str, Any] = {}
     for token in tokens[1:]:
         if m := MEMORY_TOKEN.fullmatch(token):
@@ -421,9 +425,9 @@ def parse_parts_name(text_: str, where: str = "hardware") -> dict:
                 f"(gen4x16)",
             )
     if memory:
-        if "host" not in d:
+        if "host" not in d and "base" not in d:
             raise ConfigError(where, f"{show(text_)} gives memory but no CPU")
-        d["host"]["memory"] = memory
+        d.setdefault("host", {})["memory"] = memory
     return d
 
 

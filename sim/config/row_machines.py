@@ -4,8 +4,9 @@ link, as the published rows (``benchmarks/published/rows.csv``) and a user's mea
 :func:`machine_of` returns a hardware reference a run config takes:
 
 1. **A bundled machine of the same parts**: a profile of ``configs/hardware/`` that names the row's GPU part, CPU part
-   and socket count (and agrees with the memory and the link where the row states them) is used as it is, with the
-   figures it measured or fitted (``rtx4090d-24gb`` with ``2x Xeon Gold 6454S`` -> ``rtx4090d-2x6454s``).
+   and socket count (and agrees with the memory's channels, type and speed and the link where the row states them)
+   is used as it is, with the figures it measured or fitted (``rtx4090d-24gb`` with ``2x Xeon Gold 6454S`` ->
+   ``rtx4090d-2x6454s``; with the row's installed memory, ``rtx4090d-2x6454s+1024gb``).
 2. **Else a machine composed from parts** (``sim/config/machine.py``), named by its parts
    (``rtx4090-24gb+2x-epyc-9654+12xddr5-4800+gen4``): the row's GPU, CPU, sockets (1 unless stated), memory and link,
    the parts' defaults for what the row does not state.
@@ -107,7 +108,10 @@ def machine_of(
     if link:
         parts.append(f"gen{link.group(1)}" + (f"x{link.group(2)}" if link.group(2) else ""))
     name = "+".join(parts)
-    return _bundled_match(name, where) or name
+    bundled = _bundled_match(name, where)
+    if bundled is None:
+        return name
+    return bundled if memory_gb is None else f"{bundled}+{memory_gb:g}gb"  # its figures, the row's installed memory
 
 
 def _known(name: str, kind: str, where: str) -> str:
@@ -152,8 +156,8 @@ def _bundled_match(parts_name: str, where: str) -> str | None:
             continue
         mem, have = want.host.memory, comp.host.memory
         if stated_memory and mem is not None and have is not None:
-            given_mem = given["host"]["memory"]
-            if any(given_mem.get(k) is not None and getattr(have, k) != getattr(mem, k) for k in given_mem):
+            given_mem = {k: v for k, v in given["host"]["memory"].items() if k in ("channels", "type", "speed_mts")}
+            if any(v is not None and getattr(have, k) != getattr(mem, k) for k, v in given_mem.items()):
                 continue
         if stated_link and comp.link.pcie_gen != want.link.pcie_gen:
             continue

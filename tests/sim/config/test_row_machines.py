@@ -68,6 +68,11 @@ def test_a_row_whose_parts_no_profile_has_runs_on_a_machine_of_its_own_parts():
         "rtx4080-16gb+1x-ryzen9-7950x+2xddr5+gen4"
     )
     assert machine_of("rtx4090d-24gb", "xeon-6454s", 2, None, None, "gen4") == "rtx4090d-2x6454s"
+    # the installed memory a row states rides on the bundled machine, whose figures stay its own
+    stated = machine_of("rtx4090d-24gb", "xeon-6454s", 2, "8xDDR5-4800", 1024, "gen4")
+    assert stated == "rtx4090d-2x6454s+1024gb"
+    hw, profile = load_hardware(stated), load_hardware("rtx4090d-2x6454s")
+    assert hw.host.memory.capacity_gb == 1024 and hw.cpu_mem_bw == profile.cpu_mem_bw and hw.flops == profile.flops
 
 
 @pytest.mark.parametrize(
