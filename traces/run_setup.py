@@ -249,18 +249,34 @@ def run_import(command, args) -> int:
         raise InputError("--no-run-config: --hf-config only serves the run config; give one of the two")
     files = None if args.no_run_config else check_sim_files(args.out)
     profile = _import_profile(args)
-    if profile is not None:
-        from traces.importers.common import also_checked_against
+    try:
+        code = _imported(command, args, profile)
+    except OutputError:
+        raise
+    except InputError as exc:  # a message naming a file deep in long folders: the path cut, not the message
+        from traces.importers.common import with_short_paths
 
-        with also_checked_against(f"derived from --hf-config {one_line(str(args.hf_config), 200)}", profile.spec()):
-            code = command(args)
-    else:
-        code = command(args)
+        given = [
+            *(getattr(args, "files", None) or []),
+            getattr(args, "file", None),
+            *(getattr(args, "outputs", None) or []),
+        ]
+        raise with_short_paths(exc, given) from None
     if code or files is None:
         return code
     for line in _import_sim_files(args, files, profile):
         print(line)
     return 0
+
+
+def _imported(command, args, profile: DerivedProfile | None) -> int:
+    """Run the import command, its trace held to the profile ``--hf-config`` derived (when there is one)."""
+    if profile is None:
+        return command(args)
+    from traces.importers.common import also_checked_against
+
+    with also_checked_against(f"derived from --hf-config {one_line(str(args.hf_config), 200)}", profile.spec()):
+        return command(args)
 
 
 def _import_profile(args) -> DerivedProfile | None:

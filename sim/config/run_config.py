@@ -74,10 +74,10 @@ from sim.config.serving import ArrivalsConfig, SloConfig, check_arrivals, check_
 from sim.config.system import DEFAULT_SYSTEM, SystemSpec, is_ideal, load_system
 from sim.config.trace_summary import (
     TraceSummary,
+    mismatch_message,
     model_mismatch,
     read_trace_summary,
     routed_tokens,
-    shape_text,
     trace_matches_model,
 )
 from sim.config.units import GB
@@ -229,16 +229,8 @@ def _load_workload(d: Any, model: ModelSpec) -> tuple[WorkloadConfig, TraceSumma
     except TraceError as exc:
         raise ConfigError("workload.trace", str(exc)) from None
     problem = model_mismatch(summary, model)
-    if problem:  # what differs first, whole; then both shapes and the file
-        m = summary.meta.model
-        enc, dec = summary.layer_counts()
-        theirs = shape_text(m.num_experts, m.top_k, enc, dec)
-        ours = shape_text(model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers)
-        raise ConfigError(
-            "workload.trace",
-            f"{problem}: trace model {show(m.name)} ({theirs}) does not match model "
-            f"{show(model.name)} ({ours}) in {w.trace}",
-        )
+    if problem:  # what differs first, whole; then both shapes and the file, within the message's bound
+        raise ConfigError("workload.trace", mismatch_message(problem, summary, model))
     has_prefill = w.prefill and int(summary.prefill_lengths.sum()) > 0
     has_decode = w.max_decode_tokens != 0 and int(summary.decode_lengths.sum()) > 0
     if not (has_prefill or has_decode):

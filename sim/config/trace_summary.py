@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.config.model import ModelSpec
-from sim.errors import ConfigError
+from sim.errors import MAX_PROBLEM_CHARS, ConfigError
 from traces.errors import TraceError, brief, one_line
 from traces.format import TraceMeta
 from traces.io import load_trace, load_trace_header
@@ -131,6 +131,8 @@ def _trace_summary(path_str: str, mtime_ns: int, size: int) -> TraceSummary:
 
 #: The longest model name a message about a trace's model shows whole (import names are at most 128 characters).
 SHOWN_NAME_CHARS = 130
+#: The most of a trace file's path a mismatch message shows beside two long names (its end: the file's own name).
+SHOWN_PATH_CHARS = 120
 
 
 def _quoted(name: str) -> str:
@@ -182,12 +184,32 @@ def model_mismatch(summary: TraceSummary, model: ModelSpec, subject: str = "trac
     if theirs:
         also = "" if same_name else "; and the names differ"
         return f"{subject} {_quoted(m.name)} has {theirs}; profile {_quoted(model.name)} has {ours}{also}"
-    if not same_name:
+    if not same_name:  # each name once: two names at their longest and the rule stay within a message's bound
         return (
-            f"{subject} name {_quoted(m.name)} is not profile {_quoted(model.name)} (a trace of it is named "
-            f"{_quoted(model.name)}, or that with an ORG/ prefix or a -VARIANT suffix)"
+            f"{subject} name {_quoted(m.name)} is not profile {_quoted(model.name)} (a trace of it is named as "
+            "it is, or so with an ORG/ prefix or a -VARIANT suffix)"
         )
     return None
+
+
+def mismatch_message(problem: str, summary: TraceSummary, model: ModelSpec, limit: int = MAX_PROBLEM_CHARS) -> str:
+    """A run's message for a trace not of its model, within ``limit`` characters and never cut: ``problem`` (what
+    differs, whole: :func:`model_mismatch`), then both shapes with the names and the file; when long names leave no
+    room for that, the file alone, its path shortened to the room left (the names are in ``problem`` already)."""
+    m = summary.meta.model
+    enc, dec = summary.layer_counts()
+    theirs = shape_text(m.num_experts, m.top_k, enc, dec)
+    ours = shape_text(model.num_experts, model.top_k, model.encoder_moe_layers, model.decoder_moe_layers)
+    path = str(summary.path)
+    full = (
+        f"{problem}: trace model {_quoted(m.name)} ({theirs}) does not match model {_quoted(model.name)} ({ours}) in "
+    )
+    if len(full) + len(path) <= limit:
+        return full + path
+    compact = f"{problem} (trace file "
+    room = max(min(limit - len(compact) - 1, SHOWN_PATH_CHARS), 40)
+    shown = one_line(path, len(path) + 1)
+    return f"{compact}{shown if len(shown) <= room else '...' + shown[-(room - 3) :]})"  # the file's own name kept
 
 
 def _differences(trace: tuple[int, int, int, int], profile: tuple[int, int, int, int]) -> tuple[str, str]:

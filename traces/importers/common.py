@@ -57,6 +57,22 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+# --------------------------------------------------------------------------------------------- messages
+def with_short_paths(exc: InputError, paths: Iterable[Any]) -> InputError:
+    """``exc`` with every long path of ``paths`` (the files, folders and outputs a command was given) shown as a
+    TraceError shows a path, cut to MAX_PATH_CHARS, so that a message naming a file deep in long folders stays
+    within its bound instead of being cut at its end (where it says what is wrong)."""
+    from traces.errors import MAX_PATH_CHARS
+
+    text = str(exc.args[0]) if exc.args else ""
+    forms = {form for p in paths if p is not None for form in (str(p), str(Path(p)))}
+    changed = text
+    for form in sorted(forms, key=len, reverse=True):  # a folder after the files inside it
+        if len(form) > MAX_PATH_CHARS and form in changed:
+            changed = changed.replace(form, one_line(form, MAX_PATH_CHARS))
+    return exc if changed == text else InputError(changed)
+
+
 # --------------------------------------------------------------------------------------------- arguments
 def check_out(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """``--out`` as a place for a trace file, checked before any input is read: not empty, not a folder, FIFO,

@@ -254,7 +254,7 @@ def run(args) -> int:
     from traces.record.tiny_models import TINY_ARCHS
 
     if args.tiny is not None and args.tiny not in TINY_ARCHS:
-        raise InputError(f"--tiny: unknown architecture {args.tiny!r} (choose from {', '.join(TINY_ARCHS)})")
+        raise InputError(f"--tiny: unknown architecture {brief(args.tiny)} (choose from {', '.join(TINY_ARCHS)})")
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.batch_size < 1:
