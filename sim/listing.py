@@ -1,8 +1,9 @@
 """`python -m sim policies [--json]`: the registered cache policies and predictors, read from the registries.
 
-One line per policy (name, origin, the predictor ``sim compare --policies all --own-predictors`` gives it, and
-the first sentence of its class docstring, else of its module's), in the order ``--policies all`` runs them, then
-one line per predictor (name, first sentence). Nothing here names a policy: a newly registered one is listed as it is.
+One row per policy (name, origin, the predictor ``sim compare --policies all --own-predictors`` gives it, and
+the first sentence of its class docstring, else of its module's, whole: a long one wraps onto indented lines), in the
+order ``--policies all`` runs them, then one row per predictor (name, first sentence). Nothing here names a policy:
+a newly registered one is listed as it is.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import json
 import re
 import sys
+import textwrap
 
-#: Width of the description on the terminal (``--json`` keeps the whole first sentence).
-DESCRIPTION_CHARS = 110
+#: Width of a description's lines on the terminal: a longer one wraps onto the next lines, whole (as in ``--json``).
+DESCRIPTION_CHARS = 80
 #: Shown for a policy without a ``default_predictor``: it runs with the predictor its config names.
 CONFIG_PREDICTOR = "(config's)"
 #: The pointer every help that takes a policy or predictor name prints.
@@ -84,11 +86,11 @@ def predictor_rows() -> list[dict]:
     return [{"name": name, "description": describe(PREDICTORS.get(name))} for name in PREDICTORS.names()]
 
 
-def _cut(text: str, width: int = DESCRIPTION_CHARS) -> str:
-    """``text`` cut at a word boundary to at most ``width`` characters (``...`` marks a cut)."""
-    if len(text) <= width:
-        return text
-    return text[: width - 3].rsplit(" ", 1)[0].rstrip(",;:") + "..."
+def _wrapped(text: str, indent: int, width: int = DESCRIPTION_CHARS) -> str:
+    """``text`` whole, wrapped at word boundaries into lines of at most ``width`` characters, the later ones indented
+    by ``indent`` spaces to stand under the first (a description is never cut)."""
+    lines = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+    return ("\n" + " " * indent).join(lines)
 
 
 def format_listing(policies: list[dict], predictors: list[dict]) -> str:
@@ -101,14 +103,14 @@ def format_listing(policies: list[dict], predictors: list[dict]) -> str:
     for p in policies:
         lines.append(
             f"  {p['name']:<{w}}{p['origin'] or '-':<11}{p['default_predictor'] or CONFIG_PREDICTOR:<14}"
-            f"{_cut(p['description'])}"
+            f"{_wrapped(p['description'], 2 + w + 11 + 14)}"
         )
     lines += [
         "",
         f"predictors ({len(predictors)}): predictor.name in a run config, POLICY@PREDICTOR in sim compare",
         f"  {'predictor':<{w}}description",
     ]
-    lines += [f"  {p['name']:<{w}}{_cut(p['description'])}" for p in predictors]
+    lines += [f"  {p['name']:<{w}}{_wrapped(p['description'], 2 + w)}" for p in predictors]
     lines += [
         "",
         "origin: ceiling (every expert resident), baseline (caches nothing), published, ours, bound "

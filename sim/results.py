@@ -26,6 +26,7 @@ and stall (ms), hits per tier, misses, copies, prefetches, unused prefetches, pr
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 from dataclasses import asdict
@@ -246,8 +247,9 @@ INLINE = " (modified inline)"  # how sim.config.profiles marks a file's profile 
 
 def hardware_words(s: dict) -> str:
     """The hardware a summary ran on: the bundled profile's name (``h200``), or the file it came from (a
-    calibration file, a profile of one's own) with the profile it is based on; ", modified inline" when
-    ``hardware.KEY`` settings changed it."""
+    calibration file, a profile of one's own) with the profile it is based on (a file naming a ``base`` and no name of
+    its own takes the base's) or, when the file names itself, that name; ", modified inline" when ``hardware.KEY``
+    settings changed it."""
     name, source = str(s.get("hardware")), s.get("hardware_source")
     if not source or source == "inline":
         return name
@@ -255,9 +257,32 @@ def hardware_words(s: dict) -> str:
     file = source[: -len(INLINE)] if modified else source
     if Path(file).parts[-3:] == ("configs", "hardware", f"{name}.yaml"):
         shown = name
+    elif Path(file).stem == name:
+        shown = file
     else:
-        shown = file if Path(file).stem == name else f"{file}, based on {name}"
+        own, base = _own_name_and_base(file)
+        if own == name:  # its own name, not a base's: "based on" itself would mislead
+            shown = f"{file} ({name}" + (f", based on {Path(base).stem if '/' in base else base})" if base else ")")
+        else:
+            shown = f"{file}, based on {name}"
     return shown + (", modified inline" if modified else "")
+
+
+@functools.lru_cache(maxsize=64)
+def _own_name_and_base(file: str) -> tuple[str | None, str | None]:
+    """The ``name`` and ``base`` a profile file gives itself (None for each it does not give, or when it cannot be
+    read now)."""
+    from sim.config.files import PROJECT_ROOT, read_structured_file
+
+    path = Path(file) if Path(file).is_absolute() else PROJECT_ROOT / file
+    try:
+        d = read_structured_file(path, "hardware")
+    except Exception:  # shown without it: a label must never fail a run that has finished
+        return None, None
+    if not isinstance(d, dict):
+        return None, None
+    name, base = d.get("name"), d.get("base")
+    return (name if isinstance(name, str) else None), (base if isinstance(base, str) else None)
 
 
 def ms_words(ms: float) -> str:

@@ -135,6 +135,8 @@ def _rows(text: str, section: str) -> dict[str, list[str]]:
     for line in lines[start + 2 :]:  # the section's title, then its column header
         if not line.startswith("  "):
             break
+        if line.startswith("   "):  # a long description's next line
+            continue
         words = line.split()
         rows[words[0]] = words
     return rows
