@@ -7,7 +7,10 @@
   ``make TARGET`` a rule of the Makefile; bundled paths (``configs/...``, ``traces/data/...``, ``docs/...``) named
   by any command must exist. Nothing is run.
 - No file of the repository points at ``../shared`` (a folder beside the steering checkout that a user's clone
-  does not have), except the tests (which skip without it) and the README's one sentence saying so.
+  does not have), except the tests that read real data from it and skip without it, and the README's one sentence
+  saying so; no file points at an absolute path of the machine it was written on (``/work/...``, ``/root/...``,
+  ``/home/NAME/...``), but the recorded measurements of ``docs/validation/`` quoting their machine's paths and the
+  tests that use such paths as data.
 """
 
 from __future__ import annotations
@@ -340,6 +343,60 @@ def test_nothing_points_outside_the_repository():
             at = s.index(OUTSIDE)
             offenders.append(f"{relpath}: ...{s[max(0, at - 80) : at + 60]}...")
     assert not offenders, "files that point outside the repository:\n" + "\n".join(offenders)
+
+
+#: A path into the machine a file was written on, which a clone elsewhere does not have.
+MACHINE_PATH = re.compile(r"(?<![\w.~/-])/(?:work|root|home/[a-z_][\w-]*)/[\w./-]*")
+#: How a test module reaches the folder beside the repository: ``ROOT.parent / "shared"``, or the helper of
+#: tests/support/paths.py (``../shared`` in prose or in an assertion about text reads nothing).
+REACHES_SHARED = re.compile(r"parents?(?:\[\d\])?\s*/\s*\"shared\"|\bSHARED_TRACES\b")
+#: Recorded measurements (archives unpacked in docs/validation/NAME/): their files and notes quote the measuring
+#: machine's paths as data.
+RECORDED = re.compile(r"docs/validation/[^/]+/")
+
+
+def machine_paths(relpath: str, text: str) -> list[str]:
+    """Absolute paths of a machine in ``text`` that a file of the repository may not hold (tests may use them as
+    data: what a path points at is never read there; recorded measurements quote their machine's)."""
+    if relpath.startswith("tests/") or RECORDED.match(relpath):
+        return []
+    return MACHINE_PATH.findall(text)
+
+
+def reaches_shared_without_skipping(relpath: str, text: str) -> bool:
+    """A test module (or test helper) that reads from the folder beside the repository without skipping when it is
+    absent (pytest.skip with a reason, a skipif, or an importorskip)."""
+    if not relpath.startswith("tests/") or relpath in ("tests/project/test_docs.py", "tests/support/paths.py"):
+        return False  # this check, and where the folder is named
+    if not REACHES_SHARED.search(text):
+        return False
+    return not re.search(r"pytest\.skip\(|skipif\(|importorskip\(", text)
+
+
+def test_nothing_points_at_the_machine_it_was_written_on():
+    offenders = []
+    for relpath in repository_files():
+        text = read_text(ROOT / relpath)
+        if text is None:
+            continue
+        offenders += [f"{relpath}: {p}" for p in machine_paths(relpath, text)]
+        if reaches_shared_without_skipping(relpath, text):
+            offenders.append(f"{relpath}: reads the folder beside the repository (../shared) without skipping")
+        elif not relpath.startswith("tests/") and REACHES_SHARED.search(text):
+            offenders.append(f"{relpath}: reads the folder beside the repository (../shared)")
+    assert not offenders, "files that point outside the repository:\n" + "\n".join(offenders)
+
+
+def test_machine_path_check_can_fail():
+    assert machine_paths("docs/x.md", "measured in /work/main/runs/val") == ["/work/main/runs/val"]
+    assert machine_paths("sim/x.py", "# see /root/notes/issue.txt") == ["/root/notes/issue.txt"]
+    assert machine_paths("README.md", "copy `~/.ray/auth_token`; outputs under runs/x/work/") == []
+    assert machine_paths("tests/sim/test_x.py", 'Path("/home/me/project/x.npz")') == []
+    assert machine_paths("docs/validation/h200-x/run.log", "cd /work/main/.clean") == []
+    reads = 'DATA = ROOT.parent / "shared" / "traces"\n\ndef test_x():\n    load(DATA)\n'
+    assert reaches_shared_without_skipping("tests/sim/test_x.py", reads)
+    assert not reaches_shared_without_skipping("tests/sim/test_x.py", reads + '    pytest.skip("absent")\n')
+    assert not reaches_shared_without_skipping("sim/x.py", reads)
 
 
 #: A citation of the design brief the project was built from, which is not in the repository: its sections
