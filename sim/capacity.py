@@ -14,7 +14,9 @@ The search:
 
 1. a probe with every request arriving at once (rate ``MAX_RATE``) gives the rate the machine completes requests
    at when it is never idle (``saturation_req_s``); if even that meets the SLO, every rate does with so few requests
-   (the answer is ``MAX_RATE``, ``bounded`` false: serve more requests to find the limit);
+   (the answer is ``MAX_RATE``, ``bounded`` false: serve more requests to find the limit). An answer above that
+   rate is flagged (``above_saturation``): the queue then grows through the run, and only the run's end keeps the
+   requests within the SLO;
 2. bracketing from that rate: halve while the rate fails (down to ``MIN_RATE``: no rate meets, the answer 0), or
    double while it meets, until one rate meets and the next fails;
 3. bisection between them until they are within ``--tolerance`` (relative) of each other; the answer is the highest
@@ -268,6 +270,7 @@ def find_capacity(
         "seeds": seeds,
         "tolerance": tolerance,
         "saturation_req_s": saturation,
+        "above_saturation": bounded and rate > saturation,
         "points": [asdict(p) for p in points],
         "check": check,
     }
@@ -304,6 +307,12 @@ def summary_text(doc: dict) -> str:
     else:
         body = f"{rate:,.3f} requests/s meet {slo} for {doc['attainment']:.0%} of requests"
     lines = [head + body]
+    if doc["above_saturation"]:
+        lines.append(
+            f"note: that is above the {doc['saturation_req_s']:,.3f} requests/s the machine completes with every "
+            "request at once: the queue grows through the run and the SLO's bound hides it; more requests "
+            "(--requests) find the rate it sustains"
+        )
     c = doc["check"]
     if c is not None:
         b, a = c["below"], c["above"]
