@@ -307,10 +307,23 @@ def system_words(cfg: RunConfig) -> str:
         return f"{fmt} ({format_bits_words(bits)} bits/weight)" if fmt else f"{format_bits_words(bits)} bits/weight"
 
     return (
-        f"{system.name} | experts {width(system.expert_format, model.expert_bits_per_weight)}, "
+        f"{system.name}{_modified(system)} | experts {width(system.expert_format, model.expert_bits_per_weight)}, "
         f"{model.expert_bytes / 1e6:,.1f} MB each | dense weights {width(system.dense_format, dense_bits)}, "
         f"{dense_bytes_of(model, system) / 1e9:,.2f} GB"
     )
+
+
+def _modified(system) -> str:
+    """ ", modified" when ``system`` differs from the bundled profile it is named after (settings laid over it in the
+    config or with ``--set system.KEY=...``), "" otherwise or when its name is no bundled profile."""
+    from sim.config.profiles import available
+    from sim.config.system import load_system
+
+    if system.name not in available("systems"):
+        return ""
+    plain = {k: v for k, v in system.to_dict().items() if k not in ("name", "source")}
+    bundled = {k: v for k, v in load_system(system.name).to_dict().items() if k not in ("name", "source")}
+    return "" if plain == bundled else ", modified"
 
 
 def slots_words(cfg: RunConfig) -> str:

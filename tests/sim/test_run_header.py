@@ -73,3 +73,11 @@ def test_a_system_file_with_a_base_is_named_by_its_file(tmp_path):
     assert resolved["system"]["name"] == "my-llama" and resolved["system"]["host_threads"] == 8
     assert lines[1].split()[:2] == ["system", "my-llama"]
     assert resolved["system"]["expert_format"] == "q4_k_m"  # the base's fields still apply
+
+
+def test_a_system_with_settings_laid_over_its_profile_says_modified(tmp_path):
+    lines, resolved = _run(tmp_path, RTX, "system=llama-cpp", "system.host_threads=4")
+    assert lines[1].split()[:3] == ["system", "llama-cpp,", "modified"], lines[1]
+    assert resolved["system"]["name"] == "llama-cpp" and resolved["system"]["host_threads"] == 4
+    lines, _ = _run(tmp_path, RTX, "system=llama-cpp")
+    assert "modified" not in lines[1]
