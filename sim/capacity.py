@@ -14,9 +14,9 @@ The search:
 
 1. a probe with every request arriving at once (rate ``MAX_RATE``) gives the rate the machine completes requests
    at when it is never idle (``saturation_req_s``); if even that meets the SLO, every rate does with so few requests
-   (the answer is ``MAX_RATE``, ``bounded`` false: serve more requests to find the limit). An answer above that
-   rate is flagged (``above_saturation``): the queue then grows through the run, and only the run's end keeps the
-   requests within the SLO;
+   (the answer is ``MAX_RATE``, ``bounded`` false: serve more requests to find the limit). An answer more than
+   ``SATURATION_MARGIN`` above that rate is flagged (``above_saturation``): the queue then grows through the run,
+   and only the run's end keeps the requests within the SLO;
 2. bracketing from that rate: halve while the rate fails (down to ``MIN_RATE``: no rate meets, the answer 0), or
    double while it meets, until one rate meets and the next fails;
 3. bisection between them until they are within ``--tolerance`` (relative) of each other; the answer is the highest
@@ -49,6 +49,9 @@ MAX_SEEDS = 16
 MAX_SEED = 2**32 - 2  # the check's seed is one more than the largest
 MIN_RATE = 1e-4  # requests per second: below it, no rate meets the SLO
 MAX_STEPS = 60  # rates a search evaluates at most (bracketing and bisection together)
+#: An answer this much above the saturation rate is flagged: the probe's own figure is a little low (its last
+#: requests finish in a batch that is no longer full), a queue that grows through the run is not
+SATURATION_MARGIN = 1.1
 BELOW, ABOVE = 0.9, 1.25  # the check: a rate this much below the answer meets the SLO, one this much above does not
 
 __all__ = ["Point", "find_capacity", "parse_seeds", "parse_slo", "register"]
@@ -270,7 +273,7 @@ def find_capacity(
         "seeds": seeds,
         "tolerance": tolerance,
         "saturation_req_s": saturation,
-        "above_saturation": bounded and rate > saturation,
+        "above_saturation": bounded and rate > SATURATION_MARGIN * saturation,
         "points": [asdict(p) for p in points],
         "check": check,
     }
@@ -309,7 +312,7 @@ def summary_text(doc: dict) -> str:
     lines = [head + body]
     if doc["above_saturation"]:
         lines.append(
-            f"note: that is above the {doc['saturation_req_s']:,.3f} requests/s the machine completes with every "
+            f"note: that is well above the {doc['saturation_req_s']:,.3f} requests/s the machine completes with every "
             "request at once: the queue grows through the run and the SLO's bound hides it; more requests "
             "(--requests) find the rate it sustains"
         )
