@@ -1,6 +1,7 @@
-"""Every registered policy side by side on the bundled real workloads (`sim compare --policies all`), at batch 1, 16
-and 64, and throughput against cache size at batch 1; writes `docs/policy_study.md` (tables measured here, the
-commands that reproduce each) and one plot per workload under `docs/policy_study/`.
+"""Every registered policy side by side on the bundled real workloads (`sim compare --policies all
+--own-predictors`: each with its own predictor), at batch 1, 16 and 64, and throughput against cache size at batch 1;
+writes `docs/policy_study.md` (tables measured here, the commands that reproduce each) and one plot per workload under
+`docs/policy_study/`. A variant that does not fit in the GPU's memory has a "does not fit" row and no plot point.
 
     python benchmarks/policy_study.py [--jobs 2] [--out runs/policy_study] [--doc docs/policy_study.md]
                                       [--mixtral-real PATH] [--workloads KEY,KEY] [--quick]
@@ -142,19 +143,19 @@ SHARED = ["cache.organization=shared", "policy.name=lru", "policy.params={}"]
 
 
 def run_cell(config: str, sets: list[str]) -> list[dict]:
-    """``sim compare CONFIG --policies all --set ...`` in this process: its rows (on a shared cache, the policies
-    that manage one)."""
+    """``sim compare CONFIG --policies all --own-predictors --set ...`` in this process: its rows (on a shared
+    cache, the policies that manage one), each policy with the predictor its design pairs it with."""
     from sim.compare import compare, parse_entries
     from sim.config.run_config import load_run_config
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 
     base = load_run_config(ROOT / config, sets, POLICIES.names(), PREDICTORS.names())
-    return compare(base, parse_entries("all", shared=base.cache.organization == "shared"))
+    return compare(base, parse_entries("all", shared=base.cache.organization == "shared", own_predictors=True))
 
 
 def command(config: str, sets: list[str]) -> str:
-    return " ".join(["python -m sim compare", config, "--policies all"] + [f"--set {s}" for s in sets])
+    return " ".join(["python -m sim compare", config, "--policies all --own-predictors"] + [f"--set {s}" for s in sets])
 
 
 def fmt(v, spec=".3f") -> str:
@@ -184,9 +185,9 @@ def table(rows: list[dict], per_layer: dict | None = None) -> str:
                     f"**{r['policy']}**" if r["origin"] == "ours" else r["policy"],
                     r["predictor"],
                     r["origin"] or "-",
-                    fmt(r["throughput_tok_s"], ",.1f"),
+                    fmt(r["throughput_tok_s"], ",.1f") if r.get("status", "ok") == "ok" else r["status"],
                     fmt(r["ratio_vs_baseline"], ".2f"),
-                    fmt(r["throughput_tok_s"] / diff if diff else None, ".2f"),
+                    fmt(r["throughput_tok_s"] / diff if diff and r["throughput_tok_s"] is not None else None, ".2f"),
                     fmt(r["cache_hit_rate"]),
                     fmt(r["prefetch_hit_rate"]),
                     fmt(r["gap_to_belady"], "+.3f"),
@@ -240,10 +241,12 @@ def plot(w: Workload, by_size: dict[int, list[dict]], path: Path) -> None:
     styles = {"published": "-", "ours": "-", "bound": "--", "baseline": ":", "ceiling": "-."}
     for p in policies:
         ys = [next(r for r in by_size[s] if r["policy"] == p) for s in w.sizes]
+        if all(r["throughput_tok_s"] is None for r in ys):
+            continue  # does not fit in the GPU's memory at any size: no line
         origin = ys[0]["origin"]
         ax.plot(
             w.sizes,
-            [r["throughput_tok_s"] for r in ys],
+            [float("nan") if r["throughput_tok_s"] is None else r["throughput_tok_s"] for r in ys],  # no fit: no point
             styles.get(origin, "-"),
             marker="o",
             ms=3,
@@ -337,7 +340,7 @@ def simulate_all(jobs, results: dict, n_jobs: int, t0: float) -> None:
 
 def read_csv(path: Path) -> dict:
     """The rows of an earlier run, by (workload, cell, x), numbers as floats."""
-    text = {"workload", "cell", "policy", "predictor", "origin"}
+    text = {"workload", "cell", "policy", "predictor", "origin", "status"}
     out: dict = {}
     with path.open() as f:
         for r in csv.DictReader(f):
@@ -345,9 +348,11 @@ def read_csv(path: Path) -> dict:
             row = {
                 k: (v if k in text else (float(v) if v != "" else None))
                 for k, v in r.items()
-                if k not in ("workload", "cell", "x")
+                if k not in ("workload", "cell", "x", "uses_predictor")
             }
             row["origin"] = row["origin"] or None
+            if "uses_predictor" in r:  # written as True / False
+                row["uses_predictor"] = r["uses_predictor"] == "True"
             out.setdefault(key, []).append(row)
     return out
 
@@ -399,7 +404,7 @@ def render(ws, results: dict, args, t0: float) -> None:
     print(f"wrote {args.doc} and {fig_dir}/*.png", file=sys.stderr)
 
 
-HEADER = """# Policy study (measured with `sim compare --policies all`)
+HEADER = """# Policy study (measured with `sim compare --policies all --own-predictors`)
 
 Every registered policy on the bundled real workloads, at batch 1, 16 and 64, and throughput against cache size at
 batch 1 (one plot per workload). Regenerate with `python benchmarks/policy_study.py`; each table's command is given
@@ -410,7 +415,7 @@ How to read the tables:
 - **cache hits** (HPC + MPC) is what a cache keeps: the figure the Belady bound applies to (an offline optimal cache
   of the same slots per layer; `belady`'s row), and **gap to bound** is bound minus cache hits.
 - **prefetched** counts experts copied ahead into a working buffer and used (they still cross the link).
-- **x diffmoe** is throughput against Diff-MoE's. Each policy runs with its own default predictor (`--policies all`):
+- **x diffmoe** is throughput against Diff-MoE's. Each policy runs with its own predictor (`--own-predictors`):
   Diff-MoE, Pre-gated and `diffmoe-arc` with the oracle pre-gate (an upper bound on prediction no deployed system
   has), MoE-Infinity with its own predictor, `next-use-odds` with the causal `cross-layer` predictor (untrained
   here: it predicts nothing); the others with the study's `predictor.name=none` (no prefetching), so that caches are
