@@ -93,8 +93,9 @@ def check_arrivals(value: Any, where: str) -> ArrivalsConfig | None:
         if getattr(a, key) is None:
             raise ConfigError(f"{where}.{key}", f"missing (process {a.process} needs {', '.join(needs)})")
     takes = set(needs) | {"seed"} | ({"column"} if a.process == "trace" else set())
+    defaults = {"column": "arrival_s"}  # a resolved config holds every key, unused ones at their defaults
     for key in ("rate_per_s", "cv", "file", "column"):
-        if key in d and d[key] is not None and key not in takes:
+        if d.get(key) is not None and d[key] != defaults.get(key) and key not in takes:
             raise ConfigError(f"{where}.{key}", f"does not apply to process {a.process}")
     return a
 

@@ -126,3 +126,17 @@ def test_a_file_of_arrivals_is_bounded(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="larger than"):
         read_arrival_times(f, "ts")
     assert MAX_REQUESTS == 1 << 20  # the bound a run serves at most, as workload.requests
+
+
+@pytest.mark.parametrize(
+    "arrivals",
+    [POISSON, "workload.arrivals={process: gamma, rate_per_s: 1, cv: 3, seed: 9}"],
+)
+def test_a_resolved_config_with_the_keys_loads_back_equal(arrivals):
+    """What sim compare and sweeps do: a run's resolved config (every key, unused ones at their defaults) loads back
+    to the same config."""
+    from sim.config.run_config import config_from_dict
+
+    cfg = load_run_config(CONFIG, [*CONTINUOUS, arrivals, "workload.max_batch_tokens=32", "workload.slo={tpot_s: 1}"])
+    again = config_from_dict(cfg.resolved)
+    assert again.workload == cfg.workload and again.resolved == cfg.resolved
