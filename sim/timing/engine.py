@@ -72,8 +72,13 @@ serial stream, slowdown or timeline), the copies run one after another from now 
 their landings are known when they are asked for: the stream times them without the copy engine's events, and the
 engine counts them as if they had run (the same float sums, landings, and peak of working buffers in use).
 
-Events (``events``): the stream's start, each of its waits, each resumption on a landed copy, and each landing and
-wake-up of the copy engine processed (events of other processes are not counted).
+Requests arriving in time (``workload.arrivals``): the iterations are a :class:`sim.core.serving.ServingBatches`,
+which makes each at the stream's time (:meth:`Simulation.serve_loop`); while no request is running and the next has
+not arrived, the stream idles until it arrives (:meth:`ComputeStream.idle_until`: one wait, the link going on with
+any copy it has, at full speed), and each iteration's end goes back to the scheduler (first tokens, finishes).
+
+Events (``events``): the stream's start, each of its waits (an idle one too), each resumption on a landed copy, and
+each landing and wake-up of the copy engine processed (events of other processes are not counted).
 """
 
 from __future__ import annotations
