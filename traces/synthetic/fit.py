@@ -18,10 +18,12 @@ The fitted model, per MoE layer (see :class:`traces.synthetic.generator.SynthKno
 
 and, over all layers, the **cross-layer pull**: the empirical lift of each layer's experts given one expert of
 the previous layer (``layer_transition``: P(b | a) / P(b) over pairs of the two top-k sets), averaged over the
-token's previous-layer experts and raised to the power ``transition_power``, tilts every fresh draw. The power
-is raised towards the layer-to-layer transition accuracy only as far as the figures above still calibrate
-(they come first; see :func:`fit_knobs`): a pairwise lift cannot carry all the cross-layer structure of a
-real model, and pulled hard it distorts popularity and overlap.
+token's previous-layer experts and raised to the power ``transition_power``, tilts every fresh draw, balanced
+(``transition_balance``: the pulled laws of a layer are rescaled per expert so that the experts' shares of the
+drawn sets stay the unpulled ones, and a token's experts are drawn without replacement). The power is raised
+towards the layer-to-layer transition accuracy (:func:`traces.analysis.stats.transition_accuracy`) as long as
+the figures above still calibrate about as well as they did without the pull (each within its tolerance of
+where phase 1 left it; see :func:`fit_knobs`): they come first.
 
 Fitting is calibration by simulation: generate a synthetic trace with the real trace's request lengths (cycled
 up to ``min_tokens``, or an evenly spread subset of about ``max_tokens``), measure, correct every knob towards
@@ -198,8 +200,9 @@ def fit_knobs(real: Trace, seed: int = 0, min_tokens: int = 20000, max_tokens: i
 
     Phase 1 calibrates popularity, stickiness and request concentration without cross-layer pull. Phase 2 raises
     the pull's power towards the transition accuracy, re-calibrating the others after each raise, and keeps the
-    largest power at which they still calibrate: overlap, LRU and popularity come first, the transition accuracy
-    is matched only as far as they allow."""
+    largest power at which they still calibrate about as well as phase 1 left them (each within its tolerance of
+    its phase-1 miss): overlap, LRU and popularity come first, the transition accuracy is matched only as far as
+    they allow."""
     if real.num_tokens == 0:
         raise InputError("cannot fit to a trace without tokens")
     caps = [c for c in lru_capacities(real)[1:] if c < real.num_experts]
@@ -215,8 +218,9 @@ def fit_knobs(real: Trace, seed: int = 0, min_tokens: int = 20000, max_tokens: i
 
 
 PHASE1_ROUNDS = 6
-PHASE2_ROUNDS = 3
+PHASE2_ROUNDS = 5
 PHASE2_STEPS = 8
+PHASE2_MAX_STEP = 2.0  # the most the power rises in one step
 PRIMARY_TOLERANCE = {"popularity_tv": 0.03, "overlap": 0.01, "lru": 0.02}
 
 
@@ -234,6 +238,7 @@ class _Calibration:
             np.full(real.num_layers, math.log(30.0)), math.log(0.05), math.log(1e5), slope=-0.03, max_step=1.5
         )
         self.power = 0.0
+        self.limits = dict(PRIMARY_TOLERANCE)  # the most each primary figure may miss by (phase 2: see raise_power)
         self.rounds = 0
         self.residual: dict[str, float] = {}
         self.got: Measure | None = None
@@ -261,7 +266,7 @@ class _Calibration:
         return self.got
 
     def primary_ok(self) -> bool:
-        return all(self.residual.get(k, 0.0) <= tol for k, tol in PRIMARY_TOLERANCE.items())
+        return all(self.residual.get(k, 0.0) <= limit for k, limit in self.limits.items())
 
     def correct(self, gain: float) -> None:
         got, target = self.got, self.target
@@ -283,7 +288,10 @@ class _Calibration:
         return self.primary_ok()
 
     def raise_power(self) -> None:
-        """Phase 2: secant steps of the power towards the transition accuracy, each followed by settling."""
+        """Phase 2: secant steps of the power towards the transition accuracy, each followed by settling; a power
+        is kept while every primary figure misses by at most its tolerance more than at the end of phase 1 (or by
+        at most its tolerance): the pull must not cost more than a tolerance of what phase 1 reached."""
+        self.limits = {k: max(tol, self.residual.get(k, 0.0) + tol) for k, tol in PRIMARY_TOLERANCE.items()}
         saved = self._save()
         points = [(0.0, self._got_transition())]
         goal = self.target.transition
@@ -296,7 +304,9 @@ class _Calibration:
                 slope = (points[-1][1] - points[-2][1]) / (points[-1][0] - points[-2][0])
             else:
                 slope = 0.1
-            self.power = float(min(MAX_POWER, points[-1][0] + float(np.clip(miss / slope, 0.25, 1.0))))
+            step = float(np.clip(miss / slope, 0.25, PHASE2_MAX_STEP))
+            self.power = float(min(MAX_POWER, points[-1][0] + step))
+            self.conc.forget()  # the concentration's bracket was found under the previous pull
             if not self.settle(PHASE2_ROUNDS, gain=0.5):
                 self._restore(saved)
                 return
@@ -360,6 +370,7 @@ def _knobs(base: SynthKnobs, weights, stick, log_conc, power, prefix, transition
         base,
         correlation=0.0,
         transition_power=None if transition is None else round(float(power), 6),
+        transition_balance=True,
         layer_popularity=tuple(r(w) for w in weights),
         layer_stickiness=r(stick),
         request_concentration=None if log_conc is None else r(np.exp(log_conc)),
@@ -407,6 +418,11 @@ class _Bracket:
         n = self.x.size
         self.below = np.full(n, np.nan), np.full(n, np.nan)  # (x, miss) where the knob must grow
         self.above = np.full(n, np.nan), np.full(n, np.nan)  # (x, miss) where it must shrink
+
+    def forget(self) -> None:
+        """Drop the points kept so far (the figure's dependence on the knob has changed: another cross-layer pull)."""
+        for side in (self.below, self.above):
+            side[0][:], side[1][:] = np.nan, np.nan
 
     def update(self, miss: np.ndarray) -> None:
         grow = miss / self.slope > 0

@@ -77,6 +77,11 @@ class SynthKnobs:
       times (the mean lift of its layer l - 1 experts) to the power ``transition_power`` (0: no cross-layer
       pull; larger: the next layer follows the previous one more tightly). ``correlation`` (the rank-for-rank
       map) is not used with these.
+    - ``transition_balance`` (True, or None as before it existed): the pull keeps each layer's popularity (the
+      pulled laws of a layer's rows are rescaled per expert, by iterative proportional fitting, so that their mix
+      is the unpulled one), and a token's experts are drawn without replacement (an expert a token already holds
+      is never drawn again for it). Without it a strong pull drifts each layer's popularity towards the experts
+      the previous layer lifts, and a token whose law sits on a few experts is completed by popularity rank.
     """
 
     model: str = "synthetic"
@@ -96,6 +101,7 @@ class SynthKnobs:
     prefix_popularity: tuple[tuple[tuple[float, ...], ...], ...] | None = None
     layer_transition: tuple[tuple[tuple[float, ...], ...], ...] | np.ndarray | None = None  # ndarray: reshaped
     transition_power: float | None = None
+    transition_balance: bool | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> SynthKnobs:
@@ -161,6 +167,10 @@ class SynthKnobs:
             v = getattr(self, f)
             if not (v is None and f == "transition_power") and not _is_finite(v):
                 raise InputError(f"{n.get(f, 'knobs.' + f)} must be a finite number, got {brief(v)}")
+        if self.transition_balance is not None and not isinstance(self.transition_balance, bool):
+            raise InputError(
+                f"knobs.transition_balance must be true, false or null, got {brief(self.transition_balance)}"
+            )
 
     def _check_size(self, flag: str = "--requests") -> None:
         """The largest trace these knobs can make must be one a reader accepts (its expert array at most
@@ -295,6 +305,7 @@ FITTED_KNOBS = (
     "prefix_popularity",
     "layer_transition",
     "transition_power",
+    "transition_balance",
 )
 
 
@@ -362,7 +373,8 @@ def generate(
             use = (rng.random((n, k)) < knobs.correlation) & (src >= 0) & free[:, None]
             base = np.where(use, mapped, base)
         sticky = (rng.random((n, k)) < stickiness[layer]) & ~first_of_request[rows][:, None] & free[:, None]
-        experts[rows, layer] = _sticky_dedupe(base, sticky, draw, pop.rank_to_expert[layer])
+        exclusive = bool(knobs.transition_balance) and isinstance(draw, _TableSampler)
+        experts[rows, layer] = _sticky_dedupe(base, sticky, draw, pop.rank_to_expert[layer], exclusive)
     meta = TraceMeta(
         model=ModelInfo(knobs.model, e, k, layers),
         provenance=Provenance("synthetic", TOOL, knobs.model, dataset, date),
@@ -435,7 +447,7 @@ class _Popularity:
         power = knobs.transition_power or 0
         if knobs.layer_transition is not None and src is not None and power > 0:
             follow = (np.asarray(knobs.layer_transition[layer - 1], dtype=float), src, float(power))
-        return _TableSampler(np.vstack(laws), source, in_prefix, rng, follow)
+        return _TableSampler(np.vstack(laws), source, in_prefix, rng, follow, bool(knobs.transition_balance))
 
 
 def _balance(laws: np.ndarray, rows: np.ndarray, target: np.ndarray, sweeps: int = 3) -> np.ndarray:
@@ -465,16 +477,23 @@ class _ZipfSampler:
 class _TableSampler:
     """Draws for rows that each follow one of several laws (rows of ``laws`` [m, experts], row i's law
     ``laws[source[i]]``), tilted for rows outside the prefix by the cross-layer pull ``follow`` = (table, the
-    rows' previous-layer experts [n, k], power) when given."""
+    rows' previous-layer experts [n, k], power) when given; with ``balance``, the tilted laws rescaled per expert
+    so that their mix is the untilted one (``transition_balance``)."""
 
     CHUNK = 1 << 15
     CACHE_CELLS = 1 << 24  # tilted laws of up to this many (row, expert) cells are computed once and kept
+    BALANCE_SWEEPS = 8  # iterative proportional fitting sweeps of the balanced pull
 
-    def __init__(self, laws: np.ndarray, source: np.ndarray, in_prefix: np.ndarray, rng, follow=None):
+    def __init__(
+        self, laws: np.ndarray, source: np.ndarray, in_prefix: np.ndarray, rng, follow=None, balance: bool = False
+    ):
         laws = laws / laws.sum(axis=1, keepdims=True)
         self.laws, self.e = laws, laws.shape[1]
         self.flat = self._flat_cdf(laws)
         self.source, self.in_prefix, self.rng, self.follow = source, in_prefix, rng, follow
+        self.column: np.ndarray | None = None  # per-expert factors of the balanced pull
+        if follow is not None and balance:
+            self.column = self._balancing_columns()
         self.row_flat: np.ndarray | None = None  # every row's tilted CDF, when small enough to keep
         if follow is not None and source.size * self.e <= self.CACHE_CELLS:
             chunks = [np.arange(s, min(s + self.CHUNK, source.size)) for s in range(0, source.size, self.CHUNK)]
@@ -507,15 +526,76 @@ class _TableSampler:
 
     def _tilted(self, rows: np.ndarray) -> np.ndarray:
         """[len(rows), experts]: each row's law times its cross-layer pull (none in the prefix, or when the
-        previous layer routed nothing)."""
+        previous layer routed nothing), and the balancing factors where the pull applies."""
+        law, factor, pull = self._pull(rows)
+        if self.column is not None:
+            factor = factor * self.column
+        return law * np.where(pull[:, None], factor, 1.0) + 1e-300
+
+    def _pull(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows' untilted laws, their pull factors (the mean lift over the previous layer's experts, to the
+        power) and which rows are pulled."""
         table, src, power = self.follow
         law = self.laws[self.source[rows]]
         prev = src[rows]
         valid = prev >= 0
         score = np.where(valid[:, :, None], table[np.maximum(prev, 0)], 0.0).sum(axis=1)
         score /= np.maximum(valid.sum(axis=1), 1)[:, None]  # mean lift over the previous layer's experts
-        pull = valid.any(axis=1) & ~self.in_prefix[rows]
-        return law * np.where(pull[:, None], score, 1.0) ** power + 1e-300
+        return law, score**power, valid.any(axis=1) & ~self.in_prefix[rows]
+
+    def _balancing_columns(self) -> np.ndarray:
+        """Per-expert factors c such that the pulled rows' laws ``law * pull * c``, each normalized, mix (averaged
+        over the rows) to the mix of their untilted laws: iterative proportional fitting, BALANCE_SWEEPS sweeps."""
+        chunks = [np.arange(s, min(s + self.CHUNK, self.source.size)) for s in range(0, self.source.size, self.CHUNK)]
+        k = self.follow[1].shape[1]
+        target = np.zeros(self.e)
+        for c in chunks:
+            law, _, pull = self._pull(c)
+            target += _inclusion(law[pull], k).sum(axis=0)
+        column = np.ones(self.e)
+        for _ in range(self.BALANCE_SWEEPS):
+            mix = np.zeros(self.e)
+            for c in chunks:
+                law, factor, pull = self._pull(c)
+                mix += _inclusion(law[pull] * factor[pull] * column + 1e-300, k).sum(axis=0)
+            column *= np.where(mix > 0, target / np.maximum(mix, 1e-300), 1.0)
+            column /= column.max() if column.max() > 0 else 1.0
+        return column
+
+    def law_of(self, rows: np.ndarray) -> np.ndarray:
+        """[len(rows), experts]: each row's law as drawn (tilted and balanced where it is pulled), normalized."""
+        law = self.laws[self.source[rows]] if self.follow is None else self._tilted(rows)
+        return law / law.sum(axis=1, keepdims=True)
+
+    def draw_excluding(self, rows: np.ndarray, held: np.ndarray) -> np.ndarray:
+        """One expert for each of ``rows`` from its law with the experts in ``held`` [len(rows), k] (-1: none)
+        left out: drawing a token's experts without replacement."""
+        law = self.law_of(rows)
+        n = rows.size
+        mine = held >= 0
+        law[np.repeat(np.arange(n), held.shape[1])[mine.ravel()], held[mine]] = 0.0
+        total = law.sum(axis=1, keepdims=True)
+        law = np.where(total > 0, law, ~_held_mask(held, self.e))  # all its mass held: any expert it does not hold
+        cdf = np.cumsum(law / law.sum(axis=1, keepdims=True), axis=1)
+        u = self.rng.random(n)
+        return np.minimum((cdf < u[:, None]).sum(axis=1), self.e - 1)
+
+
+def _inclusion(laws: np.ndarray, k: int) -> np.ndarray:
+    """[rows, experts]: each expert's share of a row's k distinct experts when they are drawn from the row's law
+    (unnormalized ``laws``): the chance it is among k draws, 1 - (1 - p)^k, as a share of the row's k. Unlike the
+    law itself it saturates: an expert a row draws for sure is one of its k, however much of the law it holds."""
+    p = laws / laws.sum(axis=1, keepdims=True)
+    chance = -np.expm1(k * np.log1p(-np.minimum(p, 1.0 - 1e-12)))
+    return chance / chance.sum(axis=1, keepdims=True)
+
+
+def _held_mask(held: np.ndarray, e: int) -> np.ndarray:
+    """bool [len(held), e]: which experts each row of ``held`` (-1: none) holds."""
+    out = np.zeros((held.shape[0], e), dtype=bool)
+    rows, cols = np.nonzero(held >= 0)
+    out[rows, held[rows, cols]] = True
+    return out
 
 
 def _forward_fill(base: np.ndarray, sticky: np.ndarray) -> np.ndarray:
@@ -526,10 +606,13 @@ def _forward_fill(base: np.ndarray, sticky: np.ndarray) -> np.ndarray:
     return np.take_along_axis(base, idx, axis=0)
 
 
-def _sticky_dedupe(base: np.ndarray, sticky: np.ndarray, draw, by_rank: np.ndarray) -> np.ndarray:
+def _sticky_dedupe(
+    base: np.ndarray, sticky: np.ndarray, draw, by_rank: np.ndarray, exclusive: bool = False
+) -> np.ndarray:
     """Resolve stickiness along time, then re-draw any slot that repeats an expert of its own token (such a
     slot stops being sticky); repeated until no token holds an expert twice. ``draw(rows)`` draws one fresh
-    expert for each of the given rows."""
+    expert for each of the given rows; with ``exclusive``, the re-draw leaves out the experts the token holds
+    (``draw.draw_excluding``), else it draws again, and after 8 attempts takes the most popular free expert."""
     k = base.shape[1]
     choice = _forward_fill(base, sticky)
     for attempt in range(1000):
@@ -539,7 +622,11 @@ def _sticky_dedupe(base: np.ndarray, sticky: np.ndarray, draw, by_rank: np.ndarr
         if not dup.any():
             return choice
         rows, cols = np.nonzero(dup)
-        if attempt < 8:
+        if exclusive:
+            held = choice[rows].astype(np.int64)
+            held[np.arange(rows.size), cols] = -1
+            base[rows, cols] = draw.draw_excluding(rows, held)
+        elif attempt < 8:
             base[rows, cols] = draw(rows)
         else:  # rare: the most popular expert that no other slot of the token holds
             for i, j in zip(rows, cols):
@@ -563,6 +650,8 @@ def _knobs_dict(knobs: SynthKnobs, digest: tuple[str, ...] = ()) -> dict:
             continue
         if name in digest:
             d[name] = {"shape": list(np.shape(v)), "sha256": knobs_sha256(v)}
+        elif isinstance(v, bool):
+            d[name] = v
         else:
             d[name] = round(float(v), 6) if np.ndim(v) == 0 else np.round(np.asarray(v, dtype=float), 6).tolist()
     return d
