@@ -481,6 +481,69 @@ def test_step9_advise(runs):
     assert json.loads(res.stdout)["throughput_tok_s"] == best["tok_s"]
 
 
+# ------------------------------------------------------------------------------------------------ step 10
+SERVE = (
+    "python -m sim run configs/gpt_oss_20b.yaml --set workload.batching=continuous --set workload.batch_size=16 "
+    "--set workload.max_decode_tokens=64 --set workload.requests=40 --set 'workload.arrivals={process: poisson, "
+    "rate_per_s: 2}' --set 'workload.slo={ttft_s: 10, tpot_s: 0.15}' --timeline --out runs/tutorial-serving"
+)
+
+
+def _serving_study():
+    """benchmarks/serving_capacity.py as a module (its commands and policies)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serving_capacity", ROOT / "benchmarks" / "serving_capacity.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_step10_serving(runs):
+    text = section("10. ")
+    words = prose(text)
+    out = run(SERVE, runs)
+    shown_lines_match(output_after(text, SERVE), out)
+    folder = runs / "tutorial-serving"
+    rows = list(csv.DictReader((folder / "requests.csv").open()))
+    assert len(rows) == 40 and all(r["prompt_tokens"] == "0" for r in rows)  # decode rows only, as the text says
+    events = json.loads((folder / "timeline.json").read_text())["traceEvents"]
+    lanes = {e["tid"] for e in events if e.get("pid") == 2 and e["ph"] == "X"}
+    assert len(lanes) == 40 and {e["name"] for e in events if e.get("pid") == 2 and e["ph"] == "X"} <= {
+        "queued",
+        "decode",
+    }
+    s = _summary(runs, "tutorial-serving")
+    busy = f"the link is busy {100 * s['link_busy_frac']:.1f}% of the time and the GPU computes"
+    assert busy in words and f"computes {100 * s['compute_busy_frac']:.1f}% of it" in words
+
+
+def test_step10_capacity_figures_are_the_committed_searches():
+    """The searches take minutes: the text's commands are those benchmarks/serving_capacity.py ran into
+    docs/serving/, and every figure the text quotes is in their JSON."""
+    text = section("10. ")
+    words = prose(text)
+    study = _serving_study()
+    docs = {}
+    for name in study.POLICIES:
+        shown = "python -m sim " + " ".join(study.command(name, Path("runs")))
+        shown = shown.replace(f"runs/{name}.json", f"runs/capacity-{name}.json")
+        assert shown in text, shown
+        docs[name] = json.loads((ROOT / "docs" / "serving" / f"{name}.json").read_text())
+        doc = docs[name]
+        assert doc["check"]["holds"] and doc["bounded"] and not doc["above_saturation"], name
+        assert f"{name} {doc['max_rate_per_s']:.2f} requests/s" in words, name
+    d, lru, gpu = docs["diffmoe"], docs["lru"], docs["gpu-only"]
+    assert f"{gpu['max_rate_per_s'] / d['max_rate_per_s']:.0f}x" in words
+    assert f"{100 * (d['max_rate_per_s'] / lru['max_rate_per_s'] - 1):.1f}% more" in words
+    at = {name: study.at_capacity(doc) for name, doc in docs.items()}
+    assert f"link busy {100 * at['diffmoe']['link_busy_frac']:.1f}%" in words
+    assert f"compute busy {100 * at['diffmoe']['compute_busy_frac']:.1f}%" in words
+    assert f"compute busy {100 * at['gpu-only']['compute_busy_frac']:.1f}%" in words
+    assert (ROOT / "docs" / "serving" / "compare.png").exists()
+
+
 # ------------------------------------------------------------------------------------------------ where next
 CALIBRATED = (
     "python -m sim run configs/switch_base_real.yaml --set hardware=runs/tutorial-val/calibration.yaml "
