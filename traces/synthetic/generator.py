@@ -480,7 +480,7 @@ class _TableSampler:
     rows' previous-layer experts [n, k], power) when given; with ``balance``, the tilted laws rescaled per expert
     so that their mix is the untilted one (``transition_balance``)."""
 
-    CHUNK = 1 << 15
+    CHUNK = 1 << 12  # rows at a time (a chunk gathers rows x top-k x experts lifts)
     CACHE_CELLS = 1 << 24  # tilted laws of up to this many (row, expert) cells are computed once and kept
     BALANCE_SWEEPS = 8  # iterative proportional fitting sweeps of the balanced pull
 
@@ -549,15 +549,22 @@ class _TableSampler:
         chunks = [np.arange(s, min(s + self.CHUNK, self.source.size)) for s in range(0, self.source.size, self.CHUNK)]
         k = self.follow[1].shape[1]
         target = np.zeros(self.e)
+        kept = []  # the pulled rows' law * pull of each chunk, when small enough to keep across sweeps
         for c in chunks:
-            law, _, pull = self._pull(c)
+            law, factor, pull = self._pull(c)
             target += _inclusion(law[pull], k).sum(axis=0)
+            if self.source.size * self.e <= self.CACHE_CELLS:
+                kept.append(law[pull] * factor[pull])
         column = np.ones(self.e)
         for _ in range(self.BALANCE_SWEEPS):
             mix = np.zeros(self.e)
-            for c in chunks:
-                law, factor, pull = self._pull(c)
-                mix += _inclusion(law[pull] * factor[pull] * column + 1e-300, k).sum(axis=0)
+            for i, c in enumerate(chunks):
+                if kept:
+                    tilted = kept[i]
+                else:
+                    law, factor, pull = self._pull(c)
+                    tilted = law[pull] * factor[pull]
+                mix += _inclusion(tilted * column + 1e-300, k).sum(axis=0)
             column *= np.where(mix > 0, target / np.maximum(mix, 1e-300), 1.0)
             column /= column.max() if column.max() > 0 else 1.0
         return column
