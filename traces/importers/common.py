@@ -169,14 +169,17 @@ def meta_like(name: str, spec) -> TraceMeta:
 def profiles_for(name: str) -> list[tuple[str, Any]]:
     """The bundled model profiles a trace called ``name`` would be simulated with: those whose name the
     simulator's own rule (:func:`sim.config.trace_summary.trace_matches_model`) takes as this trace's model (the same
-    name, or it with an organisation prefix or a variant suffix)."""
+    name, or it with an organisation prefix or a variant suffix), the most specific only (the longest name: a
+    "deepseek-v2-lite" trace is DeepSeek-V2-Lite's, not a variant of DeepSeek-V2)."""
     from sim.config.trace_summary import trace_matches_model
 
-    return [
+    matches = [
         (stem, spec)
         for stem, spec in bundled_profiles()
         if trace_matches_model(meta_summary(meta_like(name, spec)), spec)
     ]
+    longest = max((len(spec.name) for _, spec in matches), default=0)
+    return [(stem, spec) for stem, spec in matches if len(spec.name) == longest]
 
 
 def check_model_fit(

@@ -193,6 +193,7 @@ class FitResult:
     rounds: int
     residual: dict[str, float]
     prefix_positions: int
+    unpulled_residual: dict[str, float] = dataclasses.field(default_factory=dict)  # at the end of phase 1
 
 
 def fit_knobs(real: Trace, seed: int = 0, min_tokens: int = 20000, max_tokens: int = 30000, log=None) -> FitResult:
@@ -211,10 +212,11 @@ def fit_knobs(real: Trace, seed: int = 0, min_tokens: int = 20000, max_tokens: i
     base, _ = knobs_like(real, requests=n_req)
     model = _Calibration(real, target, caps, base, lengths, seed, log)
     model.settle(PHASE1_ROUNDS)
+    unpulled = dict(model.residual)
     if target.transition is not None and model.transition is not None:
         model.raise_power()
     final, _ = knobs_like(real)
-    return FitResult(model.knobs(final), model.rounds, model.residual, int(model.prefix.shape[0]))
+    return FitResult(model.knobs(final), model.rounds, model.residual, int(model.prefix.shape[0]), unpulled)
 
 
 PHASE1_ROUNDS = 6

@@ -247,3 +247,20 @@ def test_the_hybrid_equivalent_keeps_the_full_blocks_kv_cache():
     m = load_model("qwen3-coder-next")
     assert m.kv_bytes_per_token == 12 * 2 * 2 * 256 * m.dtype_bytes
     assert math.isclose(m.total_params, 79_674_391_296, rel_tol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "trace_name, profile",
+    [
+        ("deepseek-v2-lite", "deepseek-v2-lite"),
+        ("deepseek-ai/DeepSeek-V2-Lite-Chat", "deepseek-v2-lite"),
+        ("DeepSeek-V2-Chat-0628", "deepseek-v2"),
+        ("deepseek-v2.5", "deepseek-v2.5"),
+        ("deepseek-coder-v2-lite-instruct", "deepseek-coder-v2-lite"),
+    ],
+)
+def test_a_trace_is_held_to_the_most_specific_profile_its_name_matches(trace_name, profile):
+    """ "deepseek-v2-lite" is also "deepseek-v2" with a variant suffix by the name rule; the longer name wins."""
+    from traces.importers.common import profiles_for
+
+    assert [stem for stem, _ in profiles_for(trace_name)] == [profile]

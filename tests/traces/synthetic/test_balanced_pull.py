@@ -153,8 +153,14 @@ def test_a_fit_to_real_gpt_oss_routing_has_its_transition_accuracy():
     )
     assert result.knobs.transition_balance is True and (result.knobs.transition_power or 0) > 0
     assert abs(synth_acc - real_acc) < 0.05
-    for name, limit in fit.PRIMARY_TOLERANCE.items():  # the figures that come first still calibrate
-        assert result.residual[name] <= 2 * limit, (name, result.residual)
+    pull_costs_at_most_a_tolerance(result)
+
+
+def pull_costs_at_most_a_tolerance(result: fit.FitResult) -> None:
+    """The figures that come first calibrate within their tolerance of where they were without the pull."""
+    for name, tol in fit.PRIMARY_TOLERANCE.items():
+        before = result.unpulled_residual[name]
+        assert result.residual[name] <= max(tol, before + tol), (name, result.residual, result.unpulled_residual)
 
 
 @pytest.mark.slow
@@ -168,7 +174,7 @@ def test_a_fit_to_real_qwen3_5_routing_has_its_transition_accuracy():
         f"power {result.knobs.transition_power}"
     )
     assert abs(synth_acc - real_acc) < 0.05
-    assert result.residual["popularity_tv"] <= 0.05 and result.residual["overlap"] <= 0.01
+    pull_costs_at_most_a_tolerance(result)
 
 
 @pytest.mark.slow
@@ -186,3 +192,4 @@ def test_a_fit_to_the_real_mixtral_routing_has_its_transition_accuracy(tmp_path)
     real_acc, synth_acc, result = fitted_transition(load_trace(out), 20000)
     print(f"\nmixtral-8x7b: real {real_acc:.3f}, fitted {synth_acc:.3f}, power {result.knobs.transition_power}")
     assert abs(synth_acc - real_acc) < 0.05
+    pull_costs_at_most_a_tolerance(result)
