@@ -33,6 +33,16 @@ CONFIGS = {
     "mixtral_rtx4090": ("mixtral-8x7b", "rtx4090"),
 }
 SYNTH = ["synth_deepseek_v3", "synth_kimi_k2", "synth_qwen3_30b_a3b", "synth_qwen3_235b_a22b", "synth_gpt_oss_120b"]
+SYNTH += [  # the models derived from published configs, from today's fit (traces/data/README.md)
+    "synth_deepseek_v2",
+    "synth_deepseek_v2_5",
+    "synth_deepseek_v2_lite",
+    "synth_deepseek_coder_v2_lite",
+    "synth_qwen2_57b_a14b",
+    "synth_minimax_m2_1",
+    "synth_qwen3_coder_next",
+    "synth_glm_4_5_air",
+]
 MAX_TRACE_BYTES = 2_000_000  # the repository is cloned by CI
 
 
