@@ -1,7 +1,9 @@
 """`python -m sim run CONFIG [--set key.path=value ...] [--out DIR] [--timeline] [--json]` and
 `python -m sim compare CONFIG --policies a,b,c [--baseline NAME]` (see ``sim/compare.py``) and
 `python -m sim fit-system --measured CSV --system NAME --hardware HW --out FILE.yaml` (see ``sim/fit_system.py``),
-`python -m sim sweep SWEEP.yaml` (see ``sim/sweep/cli.py``; the sweep file: docs/sweeps.md) and
+`python -m sim sweep SWEEP.yaml` (see ``sim/sweep/cli.py``; the sweep file: docs/sweeps.md),
+`python -m sim advise CONFIG` (the best policy, cache split and batch for a machine: ``sim/advise.py``),
+`python -m sim capacity CONFIG` (the request rate served within an SLO: ``sim/capacity.py``; docs/serving.md),
 `python -m sim policies [--json]`, the registered policies and predictors (see ``sim/listing.py``), and
 `python -m sim hardware list|show NAME`, the bundled machines and parts (see ``sim/hardware_cli.py``).
 

@@ -12,7 +12,9 @@ or with ``capacity_gb: null``, is not checked). The host then holds:
   staging buffers and the serving process; default in ``configs/parts/memory.yaml``).
 
 When together they exceed the capacity, the config is refused with one line naming
-``hardware.host.memory.capacity_gb``, what each part needs and the capacity.
+``hardware.host.memory.capacity_gb``, what each part needs and the capacity: a
+:class:`sim.config.memory.DoesNotFit` (``memory`` "host"), so that a comparison or a sweep shows it as a row, as it
+does a config that does not fit the GPU.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from sim.config.hardware import HardwareSpec
+from sim.config.memory import DoesNotFit
 from sim.config.model import ModelSpec
 from sim.config.units import GB
-from sim.errors import ConfigError
 
 FIELD = "hardware.host.memory.capacity_gb"
 
@@ -43,7 +45,7 @@ def host_memory_check(
     model: ModelSpec, hw: HardwareSpec, policy_class: Any, params: dict, all_resident: bool
 ) -> dict[str, int] | None:
     """Bytes the host holds (``experts``, ``reserved``) when the hardware states its host memory, else None;
-    ConfigError naming ``hardware.host.memory.capacity_gb`` when they exceed it. ``model`` carries the experts'
+    DoesNotFit naming ``hardware.host.memory.capacity_gb`` when they exceed it. ``model`` carries the experts'
     storage width (the system's format applied)."""
     memory = None if hw.host is None else hw.host.memory
     if memory is None or memory.capacity_gb is None:
@@ -56,13 +58,17 @@ def host_memory_check(
     capacity = memory.capacity_gb * GB
     if sum(need.values()) <= capacity:
         return need
-    raise ConfigError(
+    raise DoesNotFit(
         FIELD,
         f"{memory.capacity_gb:g} GB of host memory cannot hold the run: the experts in host memory need "
         f"{need['experts'] / GB:,.1f} GB ({model.num_experts} experts x {layers} MoE layers of {model.name}, "
         f"{model.expert_bytes / GB:.3g} GB each at {model.expert_bits_per_weight:g} bits per weight) beside "
         f"{need['reserved'] / GB:g} GB the host keeps (hardware.host.memory.reserved_gb): "
         f"{sum(need.values()) / GB:,.1f} GB in all",
+        sum(need.values()),
+        int(capacity),
+        need,
+        memory="host",
     )
 
 

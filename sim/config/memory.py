@@ -45,22 +45,27 @@ class DoesNotFit(ConfigError):
     """A config whose parts do not fit in the GPU's memory: a ConfigError (one line naming the field, exit status
     2) that also holds the numbers, so that a comparison or a sweep can show it as a row instead of failing.
 
-    ``need_bytes`` and ``gpu_bytes``: what the run needs in all and the GPU's memory; ``parts``: bytes per part
-    (``dense``, ``kv_cache``, ``reserved``, and ``tiers`` or ``experts``); ``config``: the config as loaded but for
-    this check (a :class:`sim.config.run_config.RunConfig`, set by ``config_from_dict``; None before), whose
-    ``resolved`` identifies the configuration."""
+    ``need_bytes`` and ``gpu_bytes``: what the run needs in all and the memory it must fit (the GPU's, or the
+    host's when ``memory`` is ``"host"``: :mod:`sim.config.host_memory`); ``parts``: bytes per part (``dense``,
+    ``kv_cache``, ``reserved``, and ``tiers`` or ``experts``); ``config``: the config as loaded but for this check
+    (a :class:`sim.config.run_config.RunConfig`, set by ``config_from_dict``; None before), whose ``resolved``
+    identifies the configuration."""
 
-    def __init__(self, field: str, problem: str, need_bytes: int, gpu_bytes: int, parts: dict[str, int]):
+    def __init__(
+        self, field: str, problem: str, need_bytes: int, gpu_bytes: int, parts: dict[str, int], memory: str = "GPU"
+    ):
         super().__init__(field, problem)
         self.need_bytes = int(need_bytes)
         self.gpu_bytes = int(gpu_bytes)
         self.parts = dict(parts)
+        self.memory = memory
         self.config: Any = None
 
     def short(self) -> str:
-        """``does not fit (71.3 GB > 24 GB)``: the words a table shows in place of a throughput."""
+        """``does not fit (71.3 GB > 24 GB)`` (``... GB of host memory)`` for the host's): the words a table shows
+        in place of a throughput."""
         need, gpu = gb_pair(self.need_bytes, self.gpu_bytes)
-        return f"does not fit ({need} GB > {gpu} GB)"
+        return f"does not fit ({need} GB > {gpu} GB{'' if self.memory == 'GPU' else ' of host memory'})"
 
 
 __all__ = ["DoesNotFit", "SIGNIFICANT", "gb", "gb_pair"]

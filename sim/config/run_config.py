@@ -609,7 +609,6 @@ def config_from_dict(
     for where, part in (("policy", policy), ("predictor", predictor)):
         _registry(where).get(part.name).check_with_cache(part.params, f"{where}.params", facts, cache)
     check_organization(policy.name, cache.organization)
-    host_memory_check(model, hardware, _registry("policy").get(policy.name), policy.params, all_resident)
     parts = {
         "model": model,
         "hardware": hardware,
@@ -639,8 +638,8 @@ def config_from_dict(
 
 def check_fits(config: RunConfig, summary: TraceSummary, all_resident: bool) -> None:
     """The run's KV cache, dense weights and experts fit in the GPU's memory (:func:`kv_cache_check`, then
-    :func:`memory_check`: the tiers, or every expert for a policy that keeps them all resident); DoesNotFit
-    otherwise."""
+    :func:`memory_check`: the tiers, or every expert for a policy that keeps them all resident), and the experts
+    the host holds in its memory where the machine states it (:func:`host_memory_check`); DoesNotFit otherwise."""
     model, hardware, workload = config.model, config.hardware, config.workload
     tokens = summary.max_request_tokens(workload.max_decode_tokens)
     dense = dense_bytes_of(model, config.system)
@@ -648,6 +647,8 @@ def check_fits(config: RunConfig, summary: TraceSummary, all_resident: bool) -> 
     kv_cache_check(model, hardware, workload.batch_size, tokens, longest, dense)
     resident = config.policy.name if all_resident else None
     memory_check(model, hardware, config.cache, workload.batch_size, tokens, dense, resident)
+    policy_class = _registry("policy").get(config.policy.name)
+    host_memory_check(model, hardware, policy_class, config.policy.params, all_resident)
 
 
 def load_run_config(

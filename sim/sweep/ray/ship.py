@@ -1,8 +1,10 @@
 """What a sweep sends to a Ray cluster, so that a worker node needs only Python, Ray and the simulator's
 dependencies: the code (a runtime environment), each point's resolved config, and the files those name.
 
-- The code: ``runtime_env()`` ships this checkout's ``sim`` and ``traces`` packages (``py_modules``, without
-  caches and without ``traces/data``) and passes the ``SIM_SWEEP_TEST_*`` test hooks on to the workers.
+- The code: ``runtime_env()`` ships this checkout's ``sim`` and ``traces`` packages and the ``configs`` folder (the
+  job's ``working_dir``, without caches, without ``traces/data`` and without the other top-level folders; a
+  resolved config may still name parts of ``configs/parts/``, which a worker looks up where ``sim`` sits) and
+  passes the ``SIM_SWEEP_TEST_*`` test hooks on to the workers.
 - The configs: a point is sent as its resolved config (``RunConfig.resolved``: model and hardware expanded), so
   no config file is needed on the node.
 - The files: every file a point's config names (``workload.trace``, a ``cache.hot_profile`` path, a policy's or
@@ -21,8 +23,8 @@ from typing import Any
 
 from sim.sweep.spec import Point, Sweep, resolve_config
 
-PACKAGES = ("sim", "traces")  # what a worker imports (validate is not needed)
-EXCLUDES = ["__pycache__/", "*.pyc", "data/"]  # data/: the bundled traces travel through the object store
+SHIPPED = ("sim", "traces", "configs")  # what a worker imports or reads (validate is not needed)
+EXCLUDES = ["__pycache__/", "*.pyc", "/traces/data/"]  # the bundled traces travel through the object store
 HOOK_PREFIX = "SIM_SWEEP_TEST_"
 NODE_CHECK_TIMEOUT_S = 60.0
 
@@ -31,7 +33,8 @@ def runtime_env(env=os.environ) -> dict:
     """The job's runtime environment: this checkout's packages, and the test hooks set here."""
     root = Path(__file__).resolve().parents[3]
     hooks = {k: v for k, v in env.items() if k.startswith(HOOK_PREFIX)}
-    out: dict[str, Any] = {"py_modules": [str(root / p) for p in PACKAGES], "excludes": list(EXCLUDES)}
+    others = sorted(f"/{p.name}" for p in root.iterdir() if p.name not in SHIPPED)
+    out: dict[str, Any] = {"working_dir": str(root), "excludes": others + EXCLUDES}
     if hooks:
         out["env_vars"] = hooks
     return out

@@ -1,12 +1,13 @@
 """What a Ray worker runs for one sweep point: the point's resolved config, with its trace files fetched from the
 object store, simulated as ``sim.sweep.worker.attempt`` does.
 
-The worker needs no copy of this project (Ray ships the ``sim`` and ``traces`` packages with the job), no config
-files (the config comes resolved: model and hardware expanded) and no traces: each file the config names (the
-workload trace, a profiling or training trace) comes as the SHA-256 of its bytes and a reference to them in the
-object store, and is written once per node to ``CACHE/SHA/NAME`` (``CACHE``: ``$SIM_SWEEP_TRACE_CACHE``, or
-``moe-sim-traces`` in the temporary folder), where the config then points. What it does need is Python and Ray, and
-the packages the simulator imports (``REQUIRED``): a node without them fails its points with one line saying so.
+The worker needs no copy of this project (Ray ships the ``sim`` and ``traces`` packages and ``configs/`` with the
+job), no config files of its own (the config comes resolved: model and hardware expanded) and no traces: each file
+the config names (the workload trace, a profiling or training trace) comes as the SHA-256 of its bytes and a
+reference to them in the object store, and is written once per node to ``CACHE/SHA/NAME`` (``CACHE``:
+``$SIM_SWEEP_TRACE_CACHE``, or ``moe-sim-traces`` in the temporary folder), where the config then points. What it
+does need is Python and Ray, and the packages the simulator imports (``REQUIRED``): a node without them fails its
+points with one line saying so.
 
 Module-level imports are the standard library only, so that a node lacking a package still gets this far.
 

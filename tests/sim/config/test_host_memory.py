@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from sim.config.hardware import load_hardware
 from sim.config.host_memory import FIELD, host_expert_layers, host_memory_check
+from sim.config.memory import DoesNotFit
 from sim.config.model import load_model
 from sim.config.run_config import load_run_config
 from sim.config.units import GB
@@ -26,6 +27,20 @@ def test_a_model_that_does_not_fit_the_hosts_memory_is_refused_naming_the_field(
     msg = str(exc.value)
     assert msg.startswith(f"{FIELD}: 128 GB of host memory cannot hold the run")
     assert "454.2 GB" in msg and "128 experts x 94 MoE layers" in msg and "\n" not in msg
+
+
+def test_a_host_misfit_is_a_does_not_fit_that_compare_keeps_as_a_row():
+    """Like a GPU misfit, the host's is a DoesNotFit: its short form names the host's memory, and a compared
+    variant that does not fit is a row saying so instead of a failed comparison."""
+    from sim.compare import load_variant, misfit_row
+
+    with pytest.raises(DoesNotFit) as exc:
+        load_run_config(QWEN, ["hardware.host.memory.capacity_gb=128"])
+    assert exc.value.memory == "host" and exc.value.gpu_bytes == 128 * GB
+    assert exc.value.short() == "does not fit (462 GB > 128 GB of host memory)"
+    cfg, misfit = load_variant(exc.value.config, "on-demand", None)
+    assert cfg.policy.name == "on-demand" and misfit is not None and misfit.memory == "host"
+    assert misfit_row("on-demand", "none", False, misfit)["status"] == misfit.short()
 
 
 def test_it_fits_with_more_memory_a_smaller_format_or_fewer_host_layers():

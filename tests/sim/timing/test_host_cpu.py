@@ -77,7 +77,7 @@ def test_defaults_hold_without_host_keys():
     d = {
         k: v
         for k, v in load_hardware("h200").to_dict().items()
-        if k not in CPU_FIELDS + ("d2h_bw_gb_s", "activation_latency_us", "name", "source")
+        if k not in CPU_FIELDS + ("d2h_bw_gb_s", "activation_latency_us", "name", "source", "gpu", "host", "link")
     }
     h = load_hardware({**d, "pcie_bw_gb_s": 30, "pcie_latency_us": 7})
     assert h.d2h_bw == 30e9 and h.activation_latency_s == pytest.approx(7e-6)
@@ -97,7 +97,6 @@ def test_defaults_hold_without_host_keys():
         ("cpu_mem_bw_gb_s", 0),
         ("cpu_mem_bw_gb_s", -5),
         ("cpu_mem_bw_gb_s", "fast"),
-        ("cpu_mem_bw_gb_s", None),
         ("cpu_bf16_tflops", 0),
         ("cpu_int8_tops", float("nan")),
         ("cpu_int4_tops", float("inf")),
@@ -118,6 +117,16 @@ def test_bad_host_values_name_the_field(key, value):
         load_hardware({"base": "h200", key: value})
     text = str(exc.value)
     assert text.startswith(f"hardware.{key}: ") and "\n" not in text and len(text) < 300
+
+
+def test_a_blank_host_figure_falls_back_to_the_machines_host_part():
+    """On a machine composed from parts, a host figure left blank is the part's derived figure (as a blank
+    d2h_bw_gb_s is the link's), not an error: h200 names two Xeon 8480C sockets of 8 x DDR5-4800."""
+    h = load_hardware({"base": "h200", "cpu_mem_bw_gb_s": None})
+    assert h.cpu_mem_bw != load_hardware("h200").cpu_mem_bw and h.cpu_mem_bw > 0
+    with pytest.raises(ConfigError, match=r"^hardware\.host: missing"):
+        d = {k: v for k, v in load_hardware("h200").to_dict().items() if k not in ("host", "tables", "source")}
+        load_hardware({**d, "cpu_mem_bw_gb_s": None})
 
 
 def test_bad_host_value_in_a_file_names_the_file(tmp_path):
