@@ -100,6 +100,8 @@ def load_training_trace(value, where: str, evaluated: Trace | None, evaluated_pa
 OTHER_REQUESTS = "other-requests"
 #: The folds of cross-fitting: request ``r`` is in fold ``r % FOLDS``.
 FOLDS = 2
+#: Trace rows whose guesses are scored together (``TransitionPredictor.learn_blocks``).
+BLOCK = 128
 
 
 def request_folds(trace: Trace) -> np.ndarray:
@@ -205,7 +207,11 @@ class TransitionPredictor(LayerPairPredictor):
             self.train = load_training_trace(self.params["train"], where, self.trace, self.ctx.trace_path)
             self.group, self.sources = None, [self.train.experts]
         self.start_tables()
+        #: (src, dst, source) -> a set of experts in src (sorted tuple) -> its guess of dst
         self.guesses: dict[tuple[int, int, int], dict[tuple[int, ...], frozenset[int]]] = {}
+        #: (src, dst, source) -> the blocks of rows whose sets are in ``guesses``
+        self.blocks_done: dict[tuple[int, int, int], set[int]] = {}
+        self.top_k_in = self.trace.top_k  # a token's experts per layer
 
     def ranking_keys(self, src: int, dst: int, source: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """([experts (of src), experts (of dst)] T, [experts of dst] a tie-breaker below 1 from dst's popularity),
@@ -228,49 +234,76 @@ class TransitionPredictor(LayerPairPredictor):
     def predict(self, iteration, layer, truth, current):
         assert self.kind is not None, "start_iteration comes first"
         src = self.previous[self.kind][layer]
-        if src is None or self.rows is None or self.rows.size == 0:
+        rows = self.rows
+        if src is None or rows is None or rows.size == 0:
             return frozenset()
-        # one token routed to top-k distinct experts in src: its set of them is ``current`` (src's active experts)
-        combos = {tuple(sorted(current))} if self.rows.size == 1 and len(current) == self.trace.top_k else None
         if self.group is None:
-            return self.guess(self.rows, src, layer, 0, combos)
+            return self.guess(rows, src, layer, 0, current)
         if self.fold is not None:
-            return self.guess(self.rows, src, layer, self.fold, combos)
-        groups = self.group[self.rows]
+            return self.guess(rows, src, layer, self.fold, current)
+        groups = self.group[rows]
         if (groups == groups[0]).all():
-            return self.guess(self.rows, src, layer, int(groups[0]), combos)
+            return self.guess(rows, src, layer, int(groups[0]))
         out: frozenset[int] = frozenset()
         for g in np.unique(groups):  # each fold's tokens with the tables of the other fold
-            out |= self.guess(self.rows[groups == g], src, layer, int(g))
+            out |= self.guess(rows[groups == g], src, layer, int(g))
         return out
 
-    def guess(self, rows: np.ndarray, src: int, dst: int, source: int, combos=None) -> frozenset[int]:
+    def guess(self, rows: np.ndarray, src: int, dst: int, source: int, current=None) -> frozenset[int]:
         """The union of the ``top`` best experts of ``dst`` over ``rows`` (trace rows), each scored from its
         routing in ``src`` with the tables of ``self.sources[source]``. A token's guess depends only on its set of
-        experts in ``src``, so each set is scored once per (src, dst, source) and remembered. ``combos``: the rows'
-        sets of experts in ``src`` (sorted tuples), when the caller knows them."""
-        memo = self.guesses.setdefault((src, dst, source), {})
-        if combos is None:  # of the layer whose gate ran
-            combos = {tuple(sorted(r)) for r in self.trace.experts[rows, src, :].tolist()}
-        new = [c for c in combos if c not in memo and c[-1] >= 0]  # sorted: c[-1] < 0 means no routing
-        if new:
-            table, tie = self.ranking_keys(src, dst, source)
-            ids = np.asarray(new, dtype=np.int64)
-            score = np.where(ids[:, :, None] >= 0, table[np.maximum(ids, 0)], 0.0).sum(axis=1) + tie  # [sets, E]
-            for c, row in zip(new, score):
-                memo[c] = self.best(row)
-        out: frozenset[int] = frozenset()
-        for c in combos:
-            out |= memo.get(c, frozenset())
-        return out
+        experts in ``src`` (a sorted tuple), so each set is scored once per (src, dst, source) and remembered in
+        ``self.guesses``; the sets of a whole block of rows are scored at once (:meth:`learn_blocks`).
+        ``current``: src's active experts, the one token's set when it has top-k distinct experts there."""
+        key = (src, dst, source)
+        known = self.guesses.get(key)
+        if known is None:
+            known = self.guesses[key] = {}
+        if rows.size == 1:  # one token: one set (``current`` itself when it has top-k distinct experts in src)
+            if current is not None and len(current) == self.top_k_in:
+                combo = tuple(sorted(current))
+            else:
+                combo = tuple(sorted(self.trace.experts[rows[0], src, :].tolist()))
+            guess = known.get(combo)
+            if guess is None:
+                self.learn_blocks(rows, src, dst, source)
+                guess = known[combo]
+            return guess
+        combos = {tuple(sorted(r)) for r in self.trace.experts[rows, src, :].tolist()}
+        if any(c not in known for c in combos):
+            self.learn_blocks(rows, src, dst, source)
+        return frozenset().union(*(known[c] for c in combos))
 
-    def best(self, score: np.ndarray) -> frozenset[int]:
-        """The ``top`` experts of highest score (ties to the lower id), those above 0: a partial sort finds the
-        ``top``-th score, and only the experts at or above it are ordered."""
-        if self.top < score.size:
-            cut = np.partition(score, score.size - self.top)[score.size - self.top]
-            ids = np.flatnonzero(score >= cut)  # ascending ids: the stable sort below keeps ties in id order
-        else:
-            ids = np.arange(score.size)
-        ids = ids[np.argsort(-score[ids], kind="stable")[: self.top]]
-        return frozenset(int(x) for x in ids[score[ids] > 0])
+    def learn_blocks(self, rows: np.ndarray, src: int, dst: int, source: int) -> None:
+        """Score the sets of experts in ``src`` of every row (of fold ``source``) in the blocks of ``BLOCK`` rows
+        that hold ``rows``, not yet scored for (src, dst, source), in one numpy call: numpy's per-call cost
+        outweighs one set's work, and nearby rows are asked for next. A row's guess depends on its own routing in
+        ``src`` alone (known at src's gate), so scoring it early changes no guess."""
+        key = (src, dst, source)
+        done = self.blocks_done.setdefault(key, set())
+        blocks = [b for b in dict.fromkeys((rows // BLOCK).tolist()) if b not in done]
+        done.update(blocks)
+        n = self.trace.experts.shape[0]
+        near = np.concatenate([np.arange(b * BLOCK, min((b + 1) * BLOCK, n)) for b in blocks])
+        if self.group is not None:
+            near = near[self.group[near] == source]
+        known = self.guesses[key]
+        sets = dict.fromkeys(map(tuple, np.sort(self.trace.experts[near, src, :], axis=1).tolist()))
+        new = [c for c in sets if c not in known]
+        routed = [c for c in new if c[-1] >= 0]  # sorted: c[-1] < 0 means no routing in src
+        known.update((c, frozenset()) for c in new if c[-1] < 0)
+        if routed:
+            table, tie = self.ranking_keys(src, dst, source)
+            ids = np.asarray(routed, dtype=np.int64)
+            score = np.where(ids[:, :, None] >= 0, table[np.maximum(ids, 0)], 0.0).sum(axis=1) + tie  # [sets, E]
+            known.update(zip(routed, self.best(score)))
+
+    def best(self, score: np.ndarray) -> list[frozenset[int]]:
+        """Per row of ``score`` [sets, experts], the ``top`` experts of highest score (ties to the lower id), those
+        above 0."""
+        order = np.argsort(-score, axis=1, kind="stable")[:, : self.top]  # stable: ties in id order
+        positive = np.take_along_axis(score, order, axis=1) > 0
+        out = []
+        for ids, ok in zip(order.tolist(), positive.tolist()):
+            out.append(frozenset(ids) if all(ok) else frozenset(e for e, keep in zip(ids, ok) if keep))
+        return out
