@@ -62,7 +62,8 @@ class LayerStep:
         "next_layer",
         "active",
         "counts",
-        "next_active",
+        "active_set",
+        "next_set",
         "plan",
         "resident",
         "copied",
@@ -70,13 +71,17 @@ class LayerStep:
         "prefetch",
     )
 
-    def __init__(self, iteration, layer, next_layer, active, counts, next_active):
+    def __init__(self, iteration, layer, next_layer, active, counts, active_set=None, next_set=None):
         self.iteration = iteration  # the Iteration
         self.layer = layer
         self.next_layer = next_layer  # None at the phase's last layer
         self.active = active  # sorted active experts
         self.counts = counts  # expert -> tokens routed to it
-        self.next_active = next_active  # the next layer's active experts (what a perfect predictor would say)
+        # with a predictor: the active experts as a set, and the next layer's (what a perfect predictor would say;
+        # None at the phase's last layer), each built once (the one the guess of a layer is scored against is the
+        # one its predictor reads at that layer's gate)
+        self.active_set: frozenset[int] | None = active_set
+        self.next_set: frozenset[int] | None = next_set
         # decided (DecisionProtocol.decide):
         self.plan: Any = None  # the policy's LayerPlan (sources, promote, unused_prefetch)
         self.resident: Sequence[int] = ()  # active experts served from the HPC/MPC, in active order
@@ -141,6 +146,7 @@ class DecisionProtocol:
             predictor.predicts or getattr(policy.plan_prefetch, "__func__", None) is not Policy.plan_prefetch
         )
         self._gives_counts = bool(getattr(policy, "wants_counts", False))
+        self._predicts = self._asks_prefetch and predictor.predicts  # the predictor is asked at every gate
         # what ``decide`` counts the accesses into, and reads the tiers from (the cache's lists, kept for the run)
         cache = policy.cache
         self._counters, self._hpc, self._lpc_of = cache.counters, cache.hpc, cache.lpc_of
@@ -165,9 +171,9 @@ class DecisionProtocol:
         index, finish, decide = it.index, policy.finish_layer, self.decide
         finish_cache = self._finish_cache
         nexts = layers[1:] + [None]
-        next_actives = [a for a, _ in actives[1:]] + [None]
-        for layer, (active, counts), nxt, next_active in zip(layers, actives, nexts, next_actives):
-            step = LayerStep(it, layer, nxt, active, counts, next_active)
+        sets: list = [frozenset(a) for a, _ in actives] if self._predicts else [None] * len(actives)
+        for layer, (active, counts), nxt, active_set, next_set in zip(layers, actives, nexts, sets, sets[1:] + [None]):
+            step = LayerStep(it, layer, nxt, active, counts, active_set, next_set)
             yield step
             if step.plan is None:
                 decide(step)
@@ -185,8 +191,9 @@ class DecisionProtocol:
             guess = _NO_GUESS
             predictor, nxt = self.predictor, step.next_layer
             if predictor.predicts:
-                truth = frozenset(step.next_active)
-                guess = predictor.predict(index, nxt, truth, frozenset(step.active))
+                truth = step.next_set
+                assert truth is not None and step.active_set is not None, "a predicting protocol builds the sets"
+                guess = predictor.predict(index, nxt, truth, step.active_set)
                 if self.score is not None:
                     self.score.add(nxt, guess, truth)
             step.prefetch = self.policy.plan_prefetch(index, nxt, guess)

@@ -209,24 +209,37 @@ class DiffMoE(Policy):
         """Steps 1 and 2 on a cached layer: the active experts gain, the others decay."""
         if layer not in self.ctx.cached_layers:
             return
-        p = self.params
         s = self._s[layer]
-        act = list(active)
         # 1. active experts gain 1, capped at max_val
         one, top = self._one, self._max
-        gained = [min(s[a] + one, top) for a in act]
+        gained = [min(s[a] + one, top) for a in active]
         # 2. inactive ones decay by whether they are cached (state before this step's replacements)
+        s = self._s[layer] = self._decayed(layer, s)
+        for a, g in zip(active, gained):
+            s[a] = g
+
+    def _decayed(self, layer: int, s: list) -> list:
+        """Every score of ``layer`` decayed: by ``dec_in_cache`` if its expert is held in the slot array (as
+        ``in_cache_check`` tests it), else by ``dec_out_cache``; floored at 0 with ``floor``."""
         d_in, d_out = self._dec_in, self._dec_out
-        if p["in_cache_check"] == "intended" or layer == self._first_cached:
+        by_held = self.params["in_cache_check"] == "intended" or layer == self._first_cached
+        if self._dtype is np.int64 and not self.params["floor"]:
+            # exact integers: v - d_in is (v - d_out) - (d_in - d_out), so only the few held experts take a second
+            # step (the held ones: the HPC and the slots, as ``held`` marks them)
+            s = [v - d_out for v in s]
+            if by_held and d_in != d_out:
+                extra = d_in - d_out
+                for x in {*self.cache.hpc[layer], *self.slots[layer]}:
+                    s[x] -= extra
+            return s
+        if by_held:
             s = [v - d_in if h else v - d_out for v, h in zip(s, self.held[layer])]
         else:
             s = [v - d_out for v in s]
-        if p["floor"]:
+        if self.params["floor"]:
             zero = self._zero
             s = [v if v > zero else zero for v in s]
-        for a, g in zip(act, gained):
-            s[a] = g
-        self._s[layer] = s
+        return s
 
     # ---------------------------------------------------------------------------------------------- replacement
     def choose(self, iteration, layer: int, active, plan: LayerPlan) -> list[tuple[int, int | None]]:

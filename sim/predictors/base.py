@@ -70,25 +70,32 @@ class Predictor(Parametrised):
         raise NotImplementedError
 
 
-@dataclass
 class PredictionScore:
-    """Running precision/recall of a predictor, overall and per predicted layer."""
+    """Running precision/recall of a predictor, overall and per predicted layer: per layer the experts guessed
+    right (``tp``), guessed (``predicted``) and active (``actual``), counted in Python ints (one ``add`` per
+    layer step) and read as int64 arrays."""
 
-    num_layers: int
-    # None until __post_init__ sizes them
-    tp: np.ndarray = None  # type: ignore[assignment]
-    predicted: np.ndarray = None  # type: ignore[assignment]
-    actual: np.ndarray = None  # type: ignore[assignment]
-
-    def __post_init__(self):
-        self.tp = np.zeros(self.num_layers, dtype=np.int64)
-        self.predicted = np.zeros(self.num_layers, dtype=np.int64)
-        self.actual = np.zeros(self.num_layers, dtype=np.int64)
+    def __init__(self, num_layers: int):
+        self.num_layers = num_layers
+        self._tp, self._predicted, self._actual = [0] * num_layers, [0] * num_layers, [0] * num_layers
 
     def add(self, layer: int, predicted: frozenset[int], truth: frozenset[int]) -> None:
-        self.tp[layer] += len(predicted & truth)
-        self.predicted[layer] += len(predicted)
-        self.actual[layer] += len(truth)
+        if predicted:
+            self._tp[layer] += len(predicted & truth)
+            self._predicted[layer] += len(predicted)
+        self._actual[layer] += len(truth)
+
+    @property
+    def tp(self) -> np.ndarray:
+        return np.array(self._tp, dtype=np.int64)
+
+    @property
+    def predicted(self) -> np.ndarray:
+        return np.array(self._predicted, dtype=np.int64)
+
+    @property
+    def actual(self) -> np.ndarray:
+        return np.array(self._actual, dtype=np.int64)
 
     @staticmethod
     def _ratio(a, b):
@@ -101,12 +108,13 @@ class PredictionScore:
         return self._ratio(self.tp.sum(), self.actual.sum())
 
     def per_layer(self) -> list[dict]:
+        tp, predicted, actual = self.tp, self.predicted, self.actual
         return [
             {
                 "layer": i,
-                "precision": self._ratio(self.tp[i], self.predicted[i]),
-                "recall": self._ratio(self.tp[i], self.actual[i]),
+                "precision": self._ratio(tp[i], predicted[i]),
+                "recall": self._ratio(tp[i], actual[i]),
             }
             for i in range(self.num_layers)
-            if self.actual[i] or self.predicted[i]
+            if actual[i] or predicted[i]
         ]
