@@ -72,15 +72,6 @@ class TierCache:
         """Every (layer, expert) in a working buffer (a snapshot)."""
         return frozenset((layer, e) for layer, held in enumerate(self.lpc_of) for e in held)
 
-    def tier_of(self, layer: int, expert: int) -> str | None:
-        if expert in self.hpc[layer]:
-            return HPC
-        if expert in self.mpc[layer]:
-            return MPC
-        if expert in self.lpc_of[layer]:
-            return LPC
-        return None
-
     def cached(self, layer: int, expert: int) -> bool:
         """Held in a slot of the layer (HPC or MPC), i.e. survives the iteration."""
         return expert in self.hpc[layer] or expert in self.mpc[layer]
@@ -155,12 +146,6 @@ class TierCache:
         mpc[expert] = None
         counters.promotions += 1
         counters.insertions += 1
-
-    def touch(self, layer: int, expert: int) -> None:
-        """Mark an MPC expert most recently used (moves it to the end of the layer's insertion order)."""
-        d = self.mpc[layer]
-        del d[expert]
-        d[expert] = None
 
     def finish_layer(self, layer: int) -> None:
         """A layer is done: its working buffers are dropped."""

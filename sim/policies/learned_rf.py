@@ -161,10 +161,10 @@ class LearnedRF(PerLayerCache):
     def shared_victim_keys(self, layer: int, active, newcomers: list[int]):
         """Shared cache: the score is ``log2`` of the predicted own-layer steps to the next use, ``2 ** score`` of
         them converted to whole-model layer steps (``Policy.global_distance``)."""
-        n, until, score = len(self.layer_pos), self.layers_until, self.score
+        score = self.score
 
-        def keys(lay, held):  # global_distance(2 ** score, lay, layer), inlined
-            t, d = self.last[lay], until(lay, layer)
-            return [((2.0 ** score(lay, v) - 1.0) * n + d, -t[v], -v) for v in held]
+        def keys(lay, held):
+            t, distance = self.last[lay], self.global_distance
+            return [(distance(2.0 ** score(lay, v), lay, layer), -t[v], -v) for v in held]
 
         return keys

@@ -71,9 +71,6 @@ class LeastStale(PerLayerCache):
                 est[e] = float(gap) if est[e] == 0.0 else KEEP * est[e] + (1.0 - KEEP) * gap
             last[e] = now
 
-    def predicted_next(self, layer: int, expert: int) -> float:
-        return self.last[layer][expert] + max(self.interval[layer][expert], 1.0)
-
     def victim_key(self, layer: int, active, newcomers: list[int]):
         """The furthest predicted next use; ties: the most recent last use, then the higher id."""
         last, est = self.last[layer], self.interval[layer]
@@ -81,10 +78,9 @@ class LeastStale(PerLayerCache):
 
     def shared_victim_keys(self, layer: int, active, newcomers: list[int]):
         """The furthest predicted next use in whole-model layer steps (``Policy.global_distance``)."""
-        n, until = len(self.layer_pos), self.layers_until
 
-        def keys(lay, held):  # global_distance(k, lay, layer), inlined
-            t, i, now, d = self.last[lay], self.interval[lay], self.step[lay], until(lay, layer)
-            return [((t[v] + max(i[v], 1.0) - now - 1.0) * n + d, t[v], v) for v in held]
+        def keys(lay, held):
+            t, i, now, distance = self.last[lay], self.interval[lay], self.step[lay], self.global_distance
+            return [(distance(t[v] + max(i[v], 1.0) - now, lay, layer), t[v], v) for v in held]
 
         return keys

@@ -91,10 +91,10 @@ class ReuseDistance(PerLayerCache):
 
     def shared_victim_keys(self, layer: int, active, newcomers: list[int]):
         """The furthest predicted next use in whole-model layer steps (``Policy.global_distance``)."""
-        n, until, pred = len(self.layer_pos), self.layers_until, self.prediction
+        pred = self.prediction
 
-        def keys(lay, held):  # global_distance(prediction, lay, layer), inlined
-            t, d = self.last[lay], until(lay, layer)
-            return [((pred(lay, v) - 1.0) * n + d, -t[v], -v) for v in held]
+        def keys(lay, held):
+            t, distance = self.last[lay], self.global_distance
+            return [(distance(pred(lay, v), lay, layer), -t[v], -v) for v in held]
 
         return keys
