@@ -8,6 +8,7 @@ or with ``capacity_gb: null``, is not checked). The host then holds:
   every MoE layer, since any of them may be copied or computed from there; for a policy that places whole layers on
   the host (``host_layers_param``, ``cpu_layers`` of ``ktransformers``: llama.cpp's ``--n-cpu-moe N``), only those
   N layers' experts; none for a policy that keeps every expert on the GPU (``all_resident``, e.g. ``gpu-only``);
+  times the copies the system keeps (``numa: replicated``: one per socket, :func:`sim.timing.host_costs.host_copies`);
 - **what the host keeps for itself**: ``hardware.host.memory.reserved_gb`` (the operating system, drivers, pinned
   staging buffers and the serving process; default in ``configs/parts/memory.yaml``).
 
@@ -42,26 +43,29 @@ def host_expert_layers(model: ModelSpec, policy_class: Any, params: dict, all_re
 
 
 def host_memory_check(
-    model: ModelSpec, hw: HardwareSpec, policy_class: Any, params: dict, all_resident: bool
+    model: ModelSpec, hw: HardwareSpec, policy_class: Any, params: dict, all_resident: bool, copies: int = 1
 ) -> dict[str, int] | None:
     """Bytes the host holds (``experts``, ``reserved``) when the hardware states its host memory, else None;
     DoesNotFit naming ``hardware.host.memory.capacity_gb`` when they exceed it. ``model`` carries the experts'
-    storage width (the system's format applied)."""
+    storage width (the system's format applied); ``copies``: each expert held that many times (one per socket under
+    ``numa: replicated``)."""
     memory = None if hw.host is None else hw.host.memory
     if memory is None or memory.capacity_gb is None:
         return None
     layers = host_expert_layers(model, policy_class, params, all_resident)
     need = {
-        "experts": model.num_experts * layers * model.expert_bytes,
+        "experts": copies * model.num_experts * layers * model.expert_bytes,
         "reserved": int(round((memory.reserved_gb or 0.0) * GB)),
     }
     capacity = memory.capacity_gb * GB
     if sum(need.values()) <= capacity:
         return need
+    copy_text = f"{copies} copies (numa: replicated) of " if copies > 1 else ""
     raise DoesNotFit(
         FIELD,
         f"{memory.capacity_gb:g} GB of host memory cannot hold the run: the experts in host memory need "
-        f"{need['experts'] / GB:,.1f} GB ({model.num_experts} experts x {layers} MoE layers of {model.name}, "
+        f"{need['experts'] / GB:,.1f} GB ({copy_text}{model.num_experts} experts x {layers} MoE layers of "
+        f"{model.name}, "
         f"{model.expert_bytes / GB:.3g} GB each at {model.expert_bits_per_weight:g} bits per weight) beside "
         f"{need['reserved'] / GB:g} GB the host keeps (hardware.host.memory.reserved_gb): "
         f"{sum(need.values()) / GB:,.1f} GB in all",

@@ -96,6 +96,13 @@ CPU_FIGURES: dict[str, FigureSpec] = {
     "pcie_gen": _i("", 3, 6, "the CPU's PCIe generation"),
     "isa": _t("the instruction set its expert kernels use: a key of configs/parts/host_kernels.yaml"),
     "memory_efficiency": _n("", 0.01, 1, "share of the peak memory bandwidth the expert kernels reach"),
+    "core_bw_gb_s": _n(
+        "GB/s",
+        0.1,
+        1000,
+        "memory bandwidth one core's thread reaches alone (host bandwidth grows with threads up to the channels')",
+        optional=True,
+    ),
 }
 LINK_FIGURES: dict[str, FigureSpec] = {
     "lane_gb_s": _n("GB/s", 0.01, 1000, "raw rate of one lane, per direction, after line encoding"),
@@ -109,15 +116,22 @@ MEMORY_TYPE_FIGURES: dict[str, FigureSpec] = {
 }
 MEMORY_PLATFORM_FIGURES: dict[str, FigureSpec] = {
     "reserved_gb": _n("GB", 0, 1e4, "host memory the system, drivers and the serving process keep for themselves"),
+    "remote_bw_fraction": _n(
+        "", 0.01, 1, "share of its local memory bandwidth a socket reaches reading another socket's memory"
+    ),
 }
 ISA_FIGURES: dict[str, FigureSpec] = {
     "bf16_flops_per_cycle": _i("FLOP/cycle", 1, 100_000, "per core, for 16-bit weights"),
     "int8_ops_per_cycle": _i("op/cycle", 1, 100_000, "per core, for 8-bit weights (a multiply-add is 2)"),
     "int4_ops_per_cycle": _i("op/cycle", 1, 100_000, "per core, for 4-bit weights"),
     "usable_fraction": _n("", 0.001, 1, "share of the peak the expert kernels sustain"),
+    "kernel_isas": _t("the instruction-set classes it runs, of avx2, avx512, amx (a kernel family needs one)"),
 }
 KERNEL_PLATFORM_FIGURES: dict[str, FigureSpec] = {
     "call_overhead_us": _n("us", 0, 1e6, "host cost of one expert call (thread-pool dispatch and join)"),
+    "cross_socket_sync_us": _n(
+        "us", 0, 1e6, "added to each host call whose threads span sockets (a barrier across the socket link)"
+    ),
 }
 
 

@@ -83,6 +83,7 @@ from sim.config.trace_summary import (
 from sim.config.units import GB
 from sim.errors import ConfigError
 from sim.timing.costs import check_tables
+from sim.timing.host_costs import HostCosts, host_copies, uses_host_model
 from traces.errors import TraceError, brief
 
 BATCHING = ("static", "continuous")
@@ -648,7 +649,10 @@ def check_fits(config: RunConfig, summary: TraceSummary, all_resident: bool) -> 
     resident = config.policy.name if all_resident else None
     memory_check(model, hardware, config.cache, workload.batch_size, tokens, dense, resident)
     policy_class = _registry("policy").get(config.policy.name)
-    host_memory_check(model, hardware, policy_class, config.policy.params, all_resident)
+    copies = host_copies(config.system, hardware)
+    host_memory_check(model, hardware, policy_class, config.policy.params, all_resident, copies)
+    if uses_host_model(config.system, hardware):  # a kernel family or ISA the host lacks: refused on loading
+        HostCosts(model, hardware, config.system)
 
 
 def load_run_config(

@@ -21,6 +21,12 @@ A profile holds (file keys; times in microseconds, converted to seconds in :clas
 - host expert kernels (Fiddler, kTransformers): ``host_threads`` (cores used; null = the hardware's ``cpu_cores``),
   ``host_bw_fraction`` (share of the hardware's ``cpu_mem_bw_gb_s`` the kernels reach), ``host_call_us`` (per host
   expert call; null = the hardware's ``cpu_expert_overhead_us``);
+- host as it behaves (:mod:`sim.timing.host_costs`; each null by default, which prices the host as before):
+  ``numa`` (``one_socket`` | ``interleaved`` | ``replicated`` | ``numa_tp``: how experts are placed across the
+  host's sockets and the bandwidth that gives), ``host_kernel`` (a kernel family of ``configs/kernels/``: its
+  rates by instruction set and weight format, and whether it calls once per layer or per expert), ``host_isa``
+  (``avx2`` | ``avx512`` | ``amx``: the class the family computes with; null: the widest the CPU and the family
+  share); ``host_threads`` is the kernels' threads (llama.cpp ``-t``, kTransformers ``cpu_infer``);
 - ``placement``: where the routed experts live by layer (:mod:`sim.config.placement`): ``{n_cpu_moe: N}`` is
   llama.cpp's ``--n-cpu-moe N``, from which the policy's ``cpu_layers`` and the GPU's shared cache follow;
 - host issue costs a calibration measured (``layer_roundtrip_us``, ``copy_issue_us``, ``expert_issue_us``,
@@ -41,6 +47,9 @@ from sim.config.profiles import load_profile
 from sim.errors import ConfigError
 
 COPY_STREAMS = ("overlapped", "serial")
+#: How a system places the host's experts across sockets (null: every socket's bandwidth in full, as profiles state
+#: it); sim/timing/host_costs.py prices each.
+NUMA_MODES = ("one_socket", "interleaved", "replicated", "numa_tp")
 DEQUANT_MODES = ("none", "roofline", "table", "measured")
 DEFAULT_SYSTEM = "ideal"
 #: Bits of the 16-bit weights a de-quantization kernel writes, per weight.
@@ -177,6 +186,21 @@ def _tables(value: Any, where: str) -> SystemTables | None:
     return None if t.dequant is None else t
 
 
+def _host_kernel(value: Any, where: str) -> str | None:
+    """A kernel family of ``configs/kernels/`` (checked by loading it), or null."""
+    if value is None:
+        return None
+    from sim.config.host_kernels import load_family
+
+    return load_family(value, where).name
+
+
+def _host_isa(value: Any, where: str) -> str | None:
+    from sim.config.host_kernels import ISA_CLASSES
+
+    return None if value is None else one_of(*ISA_CLASSES)(value, where)
+
+
 def _predictor(value: Any, where: str) -> dict | None:
     """A predictor as a run config names one: a name, or ``{name, params}``, a registered predictor and its params
     (checked when the profile loads, whether or not a run names its own predictor); None for none."""
@@ -236,8 +260,17 @@ class SystemSpec:
     host_threads: int | None = setting(None, integer(1, 100_000, allow_none=True), constructor_default=True)
     # host expert kernels: share of the hardware's cpu_mem_bw_gb_s they reach
     host_bw_fraction: float = setting(1.0, _fraction, constructor_default=True)
-    # host expert kernels: fixed cost per call (null: the hardware's cpu_expert_overhead_us)
+    # host expert kernels: fixed cost per call (null: the kernel family's call_us, else the hardware's
+    # cpu_expert_overhead_us); a call is one expert, or one MoE layer's experts for a family whose calls are per layer
     host_call_s: float | None = setting(None, _optional_time, key="host_call_us", divisor=1e6, constructor_default=True)
+    # how the experts are placed across the host's sockets (NUMA_MODES; null: every socket in full, as before)
+    numa: str | None = setting(
+        None, lambda v, w: None if v is None else one_of(*NUMA_MODES)(v, w), constructor_default=True
+    )
+    # the host expert kernels' family (configs/kernels/NAME.yaml; null: the hardware's cpu_* rates)
+    host_kernel: str | None = setting(None, lambda v, w: _host_kernel(v, w), constructor_default=True)
+    # the instruction-set class the family computes with (avx2 | avx512 | amx; null: the widest the CPU has)
+    host_isa: str | None = setting(None, lambda v, w: _host_isa(v, w), constructor_default=True)
     # host issue costs (null: the hardware profile's value, as calibrated)
     layer_roundtrip_s: float | None = setting(
         None, _optional_time, key="layer_roundtrip_us", divisor=1e6, constructor_default=True
@@ -275,8 +308,9 @@ class SystemSpec:
     def to_dict(self) -> dict:
         """The profile in the system-file schema (microseconds); loads back with :func:`load_system`."""
         d = to_plain(self)
-        if d["placement"] is None:  # left out, so that a profile without one reads (and hashes) as before
-            d.pop("placement")
+        for key in ("placement", "numa", "host_kernel", "host_isa"):
+            if d[key] is None:  # left out, so that a profile without one reads (and hashes) as before
+                d.pop(key)
         return {
             **{k: v for k, v in d.items() if k not in ("tables", "source")},
             "tables": d["tables"],
@@ -331,6 +365,9 @@ def is_ideal(system: SystemSpec) -> bool:
             "host_threads",
             "host_bw_fraction",
             "host_call_s",
+            "numa",
+            "host_kernel",
+            "host_isa",
             "layer_roundtrip_s",
             "copy_issue_s",
             "expert_issue_s",
@@ -351,6 +388,7 @@ __all__ = [
     "FORMATS",
     "HOST_ISSUE_FIELDS",
     "IDEAL",
+    "NUMA_MODES",
     "SYSTEM_FIELDS",
     "SYSTEM_KEYS",
     "SystemSpec",

@@ -39,6 +39,7 @@ from sim.config.hardware import HardwareSpec, cpu_format_rate
 from sim.config.model import ModelSpec
 from sim.config.system import DEQUANT_OUT_BITS, IDEAL, SystemSpec
 from sim.errors import ConfigError
+from sim.timing.host_costs import HostCosts, uses_host_model
 
 DIRECTIONS = ("h2d", "d2h")  # activation copies: host -> device, device -> host
 
@@ -173,6 +174,9 @@ class CostModel:
         self._dense_memo: dict[tuple, float] = {}
         self._cpu_expert_memo: dict[tuple, float] = {}
         self.cpu_format, self.cpu_rate = cpu_format_rate(hw, model.expert_bits_per_weight)
+        # the host as it behaves (NUMA, threads, kernel family: sim/timing/host_costs.py), when the system sets it
+        self.host = HostCosts(model, hw, sy) if uses_host_model(sy, hw) else None
+        self.cpu_layer_s = 0.0 if self.host is None else self.host.layer_s  # per MoE layer with host experts
 
     @property
     def expert_bytes(self) -> int:
@@ -355,14 +359,18 @@ class CostModel:
 
         ``cores`` (default: all ``cpu_cores``) gives the expert fewer cores: bandwidth and throughput both shrink in
         proportion (an approximation: a few cores of a server can draw more than their share of its bandwidth), and
-        a table's time grows in inverse proportion (its fixed part too)."""
+        a table's time grows in inverse proportion (its fixed part too).
+
+        A system that sets ``numa``, ``host_kernel``, ``host_isa`` (or ``host_threads`` on a CPU part stating
+        ``core_bw_gb_s``) is priced by :class:`~sim.timing.host_costs.HostCosts` instead (a table still wins);
+        :attr:`cpu_layer_s` is then its cost per MoE layer with host experts."""
         key = (tokens, cores)
         memo = self._cpu_expert_memo
         try:
             return memo[key]
         except KeyError:
             pass
-        hw = self.hw
+        hw, given = self.hw, cores
         if cores is None:
             cores = self.cpu_threads  # the system's host threads (None: all cores)
         if cores is None:
@@ -377,6 +385,8 @@ class CostModel:
             value = 0.0
         elif self._cpu_expert_table is not None:
             value = self._cpu_expert_table(n) / share
+        elif self.host is not None:
+            value = self.host.expert_s(n, given)
         else:
             m = self.model
             activations = 2 * n * m.d_model * m.dtype_bytes

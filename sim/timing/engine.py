@@ -143,6 +143,7 @@ class HostStream:
     def __init__(self, costs: CostModel, trace: Trace, timeline: Timeline | None):
         self.costs, self.trace, self.timeline = costs, trace, timeline
         self.expert_s = Memo(costs.cpu_expert_s)  # tokens -> one expert's compute on the host CPU
+        self.layer_s = costs.cpu_layer_s  # a kernel family's one call per MoE layer (0: its calls are per expert)
 
     def run(self, now: float, it: Iteration, layer: int, counts, cpu) -> tuple[float, float]:
         """The host side of ``layer`` whose decisions are taken at ``now``: (when the outputs are on the GPU, the
@@ -153,7 +154,7 @@ class HostStream:
         t = now + d2h
         if tl is not None:
             tl.host(layer, "activations d2h", now, d2h)
-        host = 0.0
+        host = self.layer_s
         for e in cpu:
             c = expert_s[counts[e]]
             if tl is not None:
