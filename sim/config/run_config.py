@@ -690,7 +690,6 @@ def load_run_config(
 
 # --------------------------------------------------------------------------------------------- --set
 SCHEMA: dict = schema_of(RunConfig)  # every key a config may hold (FREE below params)
-_SCHEMA = SCHEMA
 _WRAP = wrapped(RunConfig)  # a profile name there becomes {base: NAME}, a part's name {name: NAME}
 _SEE = {
     "model": "sim/config/model.py",

@@ -93,7 +93,7 @@ from sim.core.accounting import IterationTally, iteration_record
 from sim.core.protocol import DecisionProtocol, LayerDecision, LayerStep, cpu_tokens
 from sim.core.records import IterationRecord
 from sim.core.serving import RequestRecord, ServingBatches
-from sim.core.workload import Iteration, phase_layers
+from sim.core.workload import Iteration
 from sim.policies.base import Policy
 from sim.predictors.base import PredictionScore, Predictor
 from sim.timing.clock import NEVER, StreamClock
@@ -561,7 +561,6 @@ class Simulation:
         self.check_invariants = check_invariants  # full tier check after every layer (tests)
         self.record_decisions = record_decisions  # keep every step's LayerDecision (the validator compares them)
         self.roles = [x.role for x in trace.meta.model.layers]
-        self.phase_layers = phase_layers(trace)
         # built by setup(): the SimPy environment, the copy engine, the decision protocol, the compute stream
         self.env: simpy.Environment | None = None
         self.copy: CopyEngine | None = None
