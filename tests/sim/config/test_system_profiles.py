@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sim.config.hardware import load_hardware
 from sim.config.model import load_model
+from sim.config.parts import cpu_part
 from sim.config.run_config import load_run_config
 from sim.config.system import FORMATS, IDEAL, SystemSpec, load_system
 from sim.errors import ConfigError
@@ -130,12 +131,20 @@ def test_host_bandwidth_half_doubles_a_memory_bound_host_expert():
 
 
 def test_host_threads_and_call_cost():
-    model, hw = load_model("deepseek-v3"), load_hardware("h200")
+    # a host whose CPU part states no per-thread bandwidth: threads take their share of bandwidth and compute
+    model, hw = load_model("deepseek-v3"), load_hardware("gh200")
     ideal = CostModel(model, hw)
     sixteen = CostModel(model, hw, SystemSpec(host_threads=16, host_call_s=20e-6))
     assert sixteen.cpu_expert_s(4) == pytest.approx(
         ideal.cpu_expert_s(4, cores=16) - hw.cpu_expert_overhead_s + 20e-6, rel=1e-12
     )
+    # one whose CPU part states it (h200's Xeon 8480C: core_bw_gb_s): 16 threads draw 16 x that, not 16/112 of all
+    hw = load_hardware("h200")
+    sixteen = CostModel(model, hw, SystemSpec(host_threads=16, host_call_s=20e-6))
+    core_bw = cpu_part(hw.host.cpu).value("core_bw_gb_s") * 1e9
+    assert 16 * core_bw < hw.cpu_mem_bw
+    weights = model.expert_bytes + 2 * 4 * model.d_model * model.dtype_bytes
+    assert sixteen.cpu_expert_s(4) == pytest.approx(20e-6 + weights / (16 * core_bw), rel=1e-12)
 
 
 @given(frac=st.floats(0.05, 1.0))
