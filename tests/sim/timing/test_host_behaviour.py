@@ -165,12 +165,18 @@ def test_a_family_calling_per_layer_pays_its_call_once_per_layer():
 
     def host_s(call_us):
         sy = {"base": "ktransformers", "host_kernel": "kt-llamafile", "host_call_us": call_us}
-        r = simulate(config_from_dict({**base, "system": sy}, source="test"))
-        return r.engine.cpu_busy_s, r.summary["iterations"]
+        r = simulate(config_from_dict({**base, "system": sy}, source="test"), timeline=True)
+        first = [s for s in r.engine.timeline if s[0] == "cpu" and s[1].startswith("L0 ") and "call" not in s[1]][:2]
+        return r.engine.cpu_busy_s, r.summary["iterations"], first
 
-    (zero, iterations), (with_call, _) = host_s(0), host_s(100)
+    (zero, iterations, first0), (with_call, _, first1) = host_s(0), host_s(100)
     layers = load_model("deepseek-v3").moe_layers
     assert with_call - zero == pytest.approx(iterations * layers * 100e-6)
+    # on the timeline, the layer's first host expert starts one call after its activations land
+    (_, _, d2h_start0, d2h0), (_, _, expert0, _) = first0
+    (_, _, d2h_start1, d2h1), (_, _, expert1, _) = first1
+    assert expert0 == pytest.approx(d2h_start0 + d2h0)
+    assert expert1 == pytest.approx(d2h_start1 + d2h1 + 100e-6)
 
 
 # ------------------------------------------------------------------------------------------------ kernels and ISAs
