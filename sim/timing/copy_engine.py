@@ -26,9 +26,10 @@ and nothing but the stream waits on them), or SimPy timeouts with callbacks when
 clock (:class:`sim.timing.clock.EnvClock`, the default). At most one of them is pending at a time (the copy on the
 link, or the thread waking up to start one), due at ``due``; ``events`` counts the ones processed. A request of the
 compute stream happens at the stream's time (``clock.now``); an event lands at exactly that time plus its delay,
-and its callback happens at its own time. Copies that can only run back to back (:meth:`CopyEngine.back_to_back`)
-are timed by the engine without events and counted here (:meth:`CopyEngine.served`): a change to when a copy
-starts or how long it takes changes that path, or its conditions, too.
+and its callback happens at its own time. Copies that can only run back to back
+(:meth:`sim.timing.engine.ComputeStream.runs_back_to_back`) are timed by the engine without events and counted here
+(:meth:`CopyEngine.served`): a change to when a copy starts or how long it takes changes that path, or its
+conditions, too.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class CopyEngine(QueueCounters):
         self._on_land, self._on_woken = self._land, self._woken  # the callbacks, bound once
         self._submit, self._start, self._landed = q.submit, q.start_next, q.land  # the queue's, once per copy
         #: a copy's time on the link is ``copy_s`` whoever asks, and nothing but the queue decides when it starts
-        #: (no hand-off, gap, write-back, serial stream, slowdown or timeline): see :meth:`back_to_back`
+        #: (no hand-off, gap, write-back, serial stream, slowdown or timeline): see
+        #: :meth:`sim.timing.engine.ComputeStream.runs_back_to_back`
         self.plain = not (handoff or gap or writeback or serial or timeline is not None) and slowdown == 1.0
 
     @property
@@ -149,18 +151,11 @@ class CopyEngine(QueueCounters):
         if self.current is None and not self.waking and self.queue.has_next():
             self._ask()
 
-    def back_to_back(self, n: int) -> bool:
-        """Whether ``n`` demand copies asked for now would run back to back, each starting as the one before lands
-        (the first now), whatever the compute stream does meanwhile: the engine is plain (:attr:`plain`), the
-        link idle with nothing queued, and ``n`` working buffers free. The engine then times them without events
-        (:meth:`sim.timing.engine.ComputeStream.back_to_back`) and reports them with :meth:`served`."""
-        q = self.queue
-        return self.plain and self.current is None and not q.demand and not q.prefetch and len(q.free) >= n
-
     def served(self, n: int, in_use: int) -> None:
-        """``n`` copies were served back to back (:meth:`back_to_back`): their time on the link, summed copy by
-        copy as each started, their landings (events), and the queue's account of them (``in_use``: the most
-        working buffers in use as one started, or any figure between that and the queue's peak so far)."""
+        """``n`` copies were served back to back (:meth:`sim.timing.engine.ComputeStream.runs_back_to_back`): their
+        time on the link, summed copy by copy as each started, their landings (events), and the queue's account of
+        them (``in_use``: the most working buffers in use as one started, or any figure between that and the queue's
+        peak so far)."""
         copy_s = self.copy_s
         for _ in range(n):
             self.busy_s += copy_s

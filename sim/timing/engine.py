@@ -65,12 +65,13 @@ clock is at the stream's at the run's end. The host CPU's work on a layer's expe
 decisions are taken (nothing else uses the host), so its spans are computed then (:class:`HostStream`) and the
 compute stream waits for its end like for any compute.
 
-Copies served back to back (:meth:`ComputeStream.back_to_back`): when a layer asks for its demand copies with the
-link idle, nothing queued or prefetched, their working buffers free and the environment holding no event, on a
-machine where nothing but the queue decides when a copy starts and how long it takes (no hand-off, gap, write-back,
-serial stream, slowdown or timeline), the copies run one after another from now whatever the stream does, so
-their landings are known when they are asked for: the stream times them without the copy engine's events, and the
-engine counts them as if they had run (the same float sums, landings, and peak of working buffers in use).
+Copies served back to back (:meth:`ComputeStream.runs_back_to_back` says when, in one predicate;
+:meth:`ComputeStream.serve_back_to_back` times them): when a layer asks for its demand copies with the link idle,
+nothing queued or prefetched, their working buffers free and the environment holding no event, on a machine where
+nothing but the queue decides when a copy starts and how long it takes (no hand-off, gap, write-back, serial stream,
+slowdown or timeline), the copies run one after another from now whatever the stream does, so their landings are
+known when they are asked for: the stream times them without the copy engine's events, and the engine counts them
+as if they had run (the same float sums, landings, and peak of working buffers in use).
 
 Requests arriving in time (``workload.arrivals``): the iterations are a :class:`sim.core.serving.ServingBatches`,
 which makes each at the stream's time (:meth:`Simulation.serve_loop`); while no request is running and the next has
@@ -213,7 +214,7 @@ class ComputeStream(StreamClock):
         ] = {}  # (layer, expert) -> the CopyJob of a prefetch not yet used or dropped
         self.wasted = 0  # bytes of unused prefetches that crossed the link
         self.dense_of: Memo | None = None  # role -> the dense work of a layer of the iteration (start_iteration)
-        # copies may run back to back without events (``back_to_back``): a plain copy engine, and nothing that
+        # copies may run back to back without events (``runs_back_to_back``): a plain copy engine, and nothing that
         # reads the copy on the link while the stream computes (slowdowns stretch compute by it)
         self.plain = copy.plain and not self.slowed and not self.handoff
 
@@ -280,26 +281,12 @@ class ComputeStream(StreamClock):
             dense = self.stretch(dense, self.dense_slow)
         if tl is not None:
             tl.dense(layer, self.now, dense)
-        self.waits += 1  # wait(dense), inline (once per layer)
-        end = self.now + dense
-        if self.due <= end or self.env_next <= end:  # nothing but the clock runs the environment (env_next)
-            self.run_until(end)
-        self.now = end
+        self.work(dense)
         self.busy += dense
         if self.roundtrip:  # the gate's choice reaches the host before anything of the layer is issued
             self.wait(self.roundtrip)
-        if self.writeback:
-            self.decide(step)
-        else:  # decide, inline
-            self._decide(step)
-            if step.plan.unused_prefetch:
-                self.drop_unused(step)
-        if tl is None:  # resident_time, inline
-            resident_s, expert_of, counts, hit_d2d = 0.0, self.expert_of, step.counts, self.hit_d2d
-            for e in step.resident:
-                resident_s += expert_of[counts[e]] + hit_d2d
-        else:
-            resident_s = self.resident_time(step)
+        self.decide(step)
+        resident_s = self.resident_time(step)
         cpu = step.cpu
         if cpu:  # the host's side starts now, beside the GPU's
             cpu_done, host_s = self.host.run(self.now, step.iteration, layer, step.counts, cpu)
@@ -308,13 +295,7 @@ class ComputeStream(StreamClock):
         copied = step.copied
         asked = None  # when the layer's copies were asked for, if they run back to back (no event needed)
         if copied or step.prefetch:
-            if (
-                self.plain
-                and not step.prefetch
-                and not self.jobs
-                and self.env_next == NEVER
-                and self.copy.back_to_back(len(copied))
-            ):
+            if self.runs_back_to_back(step):
                 asked = self.now
                 new_copies = len(copied)
             else:
@@ -326,17 +307,13 @@ class ComputeStream(StreamClock):
                 resident_s = self.stretch(resident_s, self.slow)
             if self.hit_issue:
                 resident_s = max(resident_s, self.hit_issue * len(step.resident))
-            self.waits += 1  # wait(resident_s), inline (once per layer)
-            end = self.now + resident_s
-            if self.due <= end or self.env_next <= end:
-                self.run_until(end)
-            self.now = end
+            self.work(resident_s)
             self.busy += resident_s
         if copied:
             if asked is None:
                 self.copied_experts(step)
             else:
-                self.back_to_back(step, asked)
+                self.serve_back_to_back(step, asked)
         if cpu:
             self.wait_host(cpu_done)
 
@@ -346,10 +323,10 @@ class ComputeStream(StreamClock):
         if self.writeback:
             counters = self.policy.cache.counters
             evictions = counters.evictions
-            self.protocol.decide(step)
+            self._decide(step)
             self.copy.evicted(counters.evictions - evictions)
         else:
-            self.protocol.decide(step)
+            self._decide(step)
         if step.plan.unused_prefetch:
             self.drop_unused(step)
 
@@ -389,9 +366,28 @@ class ComputeStream(StreamClock):
         self.issued += len(prefetch)
         return new_copies
 
-    def back_to_back(self, step: LayerStep, asked: float) -> None:
-        """:meth:`copied_experts` for copies served back to back (:meth:`sim.timing.copy_engine.CopyEngine.
-        back_to_back`), asked for at ``asked``: each lands one copy time after the one before (the first after
+    def runs_back_to_back(self, step: LayerStep) -> bool:
+        """Whether the layer's demand copies, asked for now, run one after another from now whatever the stream
+        does (each starting as the one before lands), so that :meth:`serve_back_to_back` may time them without the
+        copy engine's events: a machine where nothing but the queue decides when a copy starts and how long it
+        takes (``plain``: no hand-off, gap, write-back, serial stream, slowdown or timeline), no prefetch asked now
+        or held from before, the environment holding no event, and the link idle with nothing queued and a
+        working buffer free for each copy."""
+        queue = self.copy.queue
+        return (
+            self.plain
+            and not step.prefetch
+            and not self.jobs
+            and self.env_next == NEVER
+            and self.copy.current is None
+            and not queue.demand
+            and not queue.prefetch
+            and len(queue.free) >= len(step.copied)
+        )
+
+    def serve_back_to_back(self, step: LayerStep, asked: float) -> None:
+        """:meth:`copied_experts` for copies served back to back (:meth:`runs_back_to_back`), asked for at
+        ``asked``: each lands one copy time after the one before (the first after
         ``asked``: the float sums its landing event would hold), in the order asked for. The same times, sums and
         counts as the copy engine's events give, without them (nothing else waits on them: no prefetch is queued
         or held, and the environment has nothing to come). The stream stalls for a copy that has not landed by its
@@ -479,7 +475,7 @@ class ComputeStream(StreamClock):
                 t = max(t, expert_issue)
             if tl is not None:
                 tl.expert(layer, e, "copied", self.now, t)
-            self.waits += 1  # wait(t), inline (once per copy)
+            self.waits += 1  # work(t), inline (once per copy)
             end = self.now + t
             if self.due <= end or self.env_next <= end:
                 self.run_until(end)

@@ -1,5 +1,6 @@
-"""Copies served back to back (``ComputeStream.back_to_back``): a layer's demand copies asked for with the link idle,
-nothing queued or prefetched and their buffers free are timed without the copy engine's events. Every figure of a
+"""Copies served back to back (``ComputeStream.runs_back_to_back``, ``serve_back_to_back``): a layer's demand copies
+asked for with the link idle, nothing queued or prefetched and their buffers free are timed without the copy engine's
+events. Every figure of a
 run must be the one the event path gives (the same float sums, counts and peak of working buffers)."""
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.run import simulate
-from sim.timing.copy_engine import CopyEngine
 from sim.timing.engine import ComputeStream
 from tests.support.engine import POLICY_NAMES, config_for
 from tests.support.traces import random_trace
@@ -33,17 +33,17 @@ def run_both(monkeypatch, cfg, trace) -> tuple[dict, dict, int]:
     """(figures with copies served back to back where they may be, figures with every copy an event, how many
     layers were served back to back)."""
     served = []
-    original = ComputeStream.back_to_back
+    original = ComputeStream.serve_back_to_back
 
     def counted(self, step, asked):
         served.append(asked)
         original(self, step, asked)
 
     with monkeypatch.context() as m:
-        m.setattr(ComputeStream, "back_to_back", counted)
+        m.setattr(ComputeStream, "serve_back_to_back", counted)
         fast = engine_figures(simulate(cfg, trace=trace).engine)
     with monkeypatch.context() as m:
-        m.setattr(CopyEngine, "back_to_back", lambda self, n: False)
+        m.setattr(ComputeStream, "runs_back_to_back", lambda self, step: False)
         events = engine_figures(simulate(cfg, trace=trace).engine)
     return fast, events, len(served)
 
@@ -95,7 +95,7 @@ def test_a_slowed_machine_or_a_timeline_keeps_every_copy_an_event(monkeypatch, t
     cfg = with_hardware(config_for(path, trace, "lru", "none", 1, 0, 2, 4), compute_slowdown=1.3)
     assert run_both(monkeypatch, cfg, trace)[2] == 0
     served = []
-    monkeypatch.setattr(ComputeStream, "back_to_back", lambda self, step, asked: served.append(step))
+    monkeypatch.setattr(ComputeStream, "serve_back_to_back", lambda self, step, asked: served.append(step))
     simulate(config_for(path, trace, "lru", "none", 1, 0, 2, 4), trace=trace, timeline=True)
     assert served == []
 
