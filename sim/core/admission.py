@@ -240,10 +240,7 @@ class AdmissionDriver:
     @staticmethod
     def _newcomers(active: Sequence[int], plan) -> list[int]:
         """The experts the layer copies now (misses and used prefetches), in active order."""
-        if plan.copied is not None:
-            return [e for e, _ in plan.copied]
-        sources = plan.sources
-        return [e for e in active if sources[e] == MISS or sources[e] == LPC]
+        return [e for e, _ in plan.split(active)[1]]
 
     def _rank_per_layer(self, layer: int, active: Sequence[int], plan) -> None:
         """Per-layer: the MPC hits become most recent (``touch_hits``, in active order); then each newcomer enters,
@@ -350,15 +347,13 @@ class AdmissionDriver:
     def _keeper_step(self, layer: int, active: Sequence[int], plan) -> None:
         """A replacement structure's step: hits in active order, then each newcomer offered in active order."""
         keeper = self.policy.keeper(layer)
-        sources, cache, promote = plan.sources, self.cache, plan.promote
+        cache, promote = self.cache, plan.promote
         mpc = cache.mpc[layer]
-        newcomers = []
+        newcomers = self._newcomers(active, plan)  # none of them is held: a held expert is a hit
         if self.shared:
             for e in active:
                 if e in mpc:
                     keeper.hit((layer, e))
-                elif sources[e] == MISS or sources[e] == LPC:
-                    newcomers.append(e)
             busy = {(layer, e) for e in active}
             for e in newcomers:
                 admitted, victim = keeper.admit((layer, e), busy)
@@ -372,8 +367,6 @@ class AdmissionDriver:
         for e in active:
             if e in mpc:
                 keeper.hit(e)
-            elif sources[e] == MISS or sources[e] == LPC:
-                newcomers.append(e)
         busy_set = set(active)
         for e in newcomers:
             admitted, victim = keeper.admit(e, busy_set)

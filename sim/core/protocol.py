@@ -201,28 +201,10 @@ class DecisionProtocol:
             self.policy.layer_counts = step.counts
         had_prefetch = bool(self._lpc_of[layer])  # else no active expert can come from a prefetch (LPC)
         plan = step.plan = self._plan_layer(index, layer, step.active)
-        resident = plan.resident
-        if resident is not None:  # split by the policy's classify already
-            copied = plan.copied
-            assert copied is not None, "a plan's classify gives resident and copied together"
-            step.resident, step.copied = resident, copied
-            cpu = plan.cpu
-            if cpu:
-                step.cpu = cpu
-        else:
-            sources = plan.sources
-            resident, copied, cpu = [], [], []
-            for e in step.active:
-                src = sources[e]
-                if src == HPC or src == MPC:
-                    resident.append(e)
-                elif src == CPU:
-                    cpu.append(e)
-                else:
-                    copied.append((e, src))
-            step.resident, step.copied = resident, copied
-            if cpu:
-                step.cpu = cpu
+        resident, copied, cpu = plan.split(step.active)
+        step.resident, step.copied = resident, copied
+        if cpu:
+            step.cpu = cpu
         # the step's accesses, counted from the plan's sources (policies count nothing): a resident expert is an
         # HPC hit when it is in the layer's HPC, else an MPC hit; a copied one an LPC hit (a used prefetch) or a miss
         hits = self._hits

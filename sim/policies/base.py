@@ -68,6 +68,24 @@ class LayerPlan:
     # ``sources``); they are in neither ``resident`` nor ``copied``
     cpu: list[int] | None = field(default=None, compare=False, repr=False)
 
+    def split(self, active: Sequence[int]) -> tuple[list[int], list[tuple[int, str]], list[int]]:
+        """(resident, copied, cpu): ``sources`` split as engines act on it, each in ``active`` order (the lists that
+        ``classify`` fills, or split here for a plan without them)."""
+        if self.resident is not None:
+            assert self.copied is not None, "a plan's classify gives resident and copied together"
+            return self.resident, self.copied, self.cpu or []
+        sources = self.sources
+        resident, copied, cpu = [], [], []
+        for e in active:
+            src = sources[e]
+            if src == HPC or src == MPC:
+                resident.append(e)
+            elif src == CPU:
+                cpu.append(e)
+            else:
+                copied.append((e, src))
+        return resident, copied, cpu
+
 
 @dataclass(frozen=True)
 class PolicyContext:

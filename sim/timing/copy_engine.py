@@ -83,7 +83,8 @@ class CopyEngine(QueueCounters):
         self.current: CopyJob | None = None  # the copy on the link
         self.due = NEVER  # the time of the landing or wake-up to come (at most one), NEVER when none is
         self.events = 0  # landings and wake-ups processed
-        # the idle copy thread (not already waking) is asked for a copy: it starts now, or after the hand-off
+        # ``_wake(now)``: the idle copy thread (not already waking) is asked for a copy at the stream's time ``now``:
+        # it starts it now, or after the hand-off
         self._wake = self._wake_later if handoff else self._start_next
         self._on_land, self._on_woken = self._land, self._woken  # the callbacks, bound once
         self._submit, self._start, self._landed = q.submit, q.start_next, q.land  # the queue's, once per copy
@@ -101,7 +102,7 @@ class CopyEngine(QueueCounters):
     def submit(self, layer: int, expert: int, prefetch: bool) -> CopyJob:
         job = self._submit(layer, expert, prefetch)
         if self.current is None and not self.waking:
-            self._wake(self.clock.now)  # _ask, inline
+            self._wake(self.clock.now)
         return job
 
     def submit_layer(self, layer: int, copied, jobs: dict, next_layer, prefetch) -> tuple[int, int]:
@@ -131,7 +132,7 @@ class CopyEngine(QueueCounters):
     def drop(self, job: CopyJob) -> None:
         """A prefetched expert went unused: cancel its copy, or free its buffer once it has landed."""
         if self.queue.drop(job) and self.current is None and not self.waking:
-            self._ask()
+            self._wake(self.clock.now)
 
     def release(self, job: CopyJob) -> None:
         """``job``'s working buffer is free again."""
@@ -139,7 +140,7 @@ class CopyEngine(QueueCounters):
         assert job.buffer is not None  # a landed copy holds a buffer
         q.release(job.buffer)
         if self.current is None and not self.waking and (self.handoff or q.demand or q.prefetch):
-            self._wake(self.clock.now)  # _ask, inline (once per copy)
+            self._wake(self.clock.now)
 
     def evicted(self, n: int) -> None:
         """``n`` experts were evicted: each is written back before the next copy (with ``writeback`` set)."""
@@ -149,7 +150,7 @@ class CopyEngine(QueueCounters):
     def kick(self) -> None:
         """The compute stream waits (serial): start the next queued copy if the link is idle."""
         if self.current is None and not self.waking and self.queue.has_next():
-            self._ask()
+            self._wake(self.clock.now)
 
     def served(self, n: int, in_use: int) -> None:
         """``n`` copies were served back to back (:meth:`sim.timing.engine.ComputeStream.runs_back_to_back`): their
@@ -163,11 +164,6 @@ class CopyEngine(QueueCounters):
         self.queue.served(n, in_use)
 
     # -------------------------------------------------------------------------------------------- the link
-    def _ask(self) -> None:
-        """The compute stream asks the idle copy thread for a copy, at the stream's time: the thread starts it, or
-        wakes up to."""
-        self._wake(self.clock.now)
-
     def _wake_later(self, now: float, delay: float | None = None) -> None:
         """The copy thread wakes up after the hand-off (or ``delay``) from ``now``, then starts the next copy."""
         self.waking = True
