@@ -173,13 +173,34 @@ def show_machine(ref: str) -> dict:
         else:
             origin = "the default (sim/config/hardware.py)"
         figures.append({"key": key, "value": value, "unit": unit_of(key), "origin": origin})
-    return {
+    out = {
         "kind": "machine",
         "name": hw.name,
         "source": hw.source,
         "parts": {k: plain[k] for k in ("gpu", "gpu_count", "host", "link") if k in plain},
         "tables": hw.tables is not None,
         "figures": figures,
+    }
+    if hw.host is not None and hw.host.sockets > 1:
+        out["numa"] = numa_figures(hw)
+    return out
+
+
+def numa_figures(hw: Any) -> dict:
+    """A multi-socket host's bandwidth (GB/s) under each NUMA mode a system may choose (``system.numa``; null: the
+    profile's figure) and the copies of each expert it keeps (sim/timing/host_costs.py)."""
+    from sim.config.parts import load_table
+    from sim.config.system import NUMA_MODES
+    from sim.timing.host_costs import numa_bandwidth
+
+    remote = float(load_table("memory").figures["remote_bw_fraction"].value)
+    s = hw.host.sockets
+    return {
+        "null" if mode is None else mode: {
+            "bw_gb_s": numa_bandwidth(hw.cpu_mem_bw, s, mode, remote) / 1e9,
+            "copies": s if mode == "replicated" else 1,
+        }
+        for mode in (None, *NUMA_MODES)
     }
 
 
@@ -246,6 +267,12 @@ def format_show(items: list[dict]) -> str:
                 ["figure", "value", "unit", "origin"],
                 [[f["key"], _value(f["value"]), f["unit"] or "-", f["origin"]] for f in item["figures"]],
             )
+            if "numa" in item:
+                shown = ", ".join(
+                    f"{m} {v['bw_gb_s']:.4g}" + (f" ({v['copies']} copies)" if v["copies"] > 1 else "")
+                    for m, v in item["numa"].items()
+                )
+                lines.append(f"  host GB/s by a system's numa (docs/hardware.md): {shown}")
         else:
             kind = "GPU" if item["kind"] == "gpu" else "CPU"
             lines = [f"{kind} part {item['name']}: {item['model']} ({item['category']}; {item['file']})"]

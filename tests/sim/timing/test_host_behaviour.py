@@ -256,3 +256,16 @@ def test_system_keys_round_trip():
     d = sy.to_dict()
     assert (d["numa"], d["host_kernel"], d["host_isa"]) == ("numa_tp", "kt-amx", "amx")
     assert load_system(d) == sy
+
+
+def test_hardware_show_gives_a_multi_socket_host_its_numa_figures():
+    from sim.hardware_cli import format_show, show
+
+    (two,) = show(TWO_SOCKETS)
+    hw = load_hardware(TWO_SOCKETS)
+    assert two["numa"]["null"]["bw_gb_s"] == pytest.approx(hw.cpu_mem_bw / 1e9)
+    assert two["numa"]["one_socket"]["bw_gb_s"] == pytest.approx(hw.cpu_mem_bw / 2e9)
+    assert two["numa"]["replicated"]["copies"] == 2 and two["numa"]["numa_tp"]["copies"] == 1
+    assert "interleaved 281.1" in format_show([two])
+    (one,) = show(ONE_SOCKET)
+    assert "numa" not in one
