@@ -25,6 +25,8 @@ from sim.config.system import NUMA_MODES, format_bits, load_system  # noqa: E402
 from sim.run import simulate  # noqa: E402
 from sim.timing.host_costs import HostCosts, host_copies  # noqa: E402
 
+THREADS = (1, 2, 4, 8, 16, 32, 48, 64)
+
 
 def model_for(name: str, fmt: str):
     m = load_model(name)
@@ -48,19 +50,24 @@ def numa_table() -> None:
 
 
 def threads_table() -> None:
-    print("## 2. Bandwidth (GB/s) and int4 compute (TOP/s) against threads\n")
-    print("| machine, kernel family | " + " | ".join(f"t={t}" for t in (1, 2, 4, 8, 16, 32, 64)) + " |")
-    print("| --- |" + " --- |" * 7)
-    m = model_for("deepseek-v3", "q4_0")
-    for hw_name, fam in (("rtx4090", "llama-cpp"), ("rtx4090d-1x6454s", "kt-llamafile")):
+    print("## 2. Bandwidth (GB/s) and compute (TOP/s) against threads\n")
+    print("| machine, kernel family (format) | " + " | ".join(f"t={t}" for t in THREADS) + " |")
+    print("| --- |" + " --- |" * len(THREADS))
+    for hw_name, fam, fmt in (
+        ("rtx4090", "llama-cpp", "q4_0"),
+        ("rtx4090d-1x6454s", "kt-llamafile", "q4_0"),
+        ("quadro-rtx6000-24gb", "fiddler", "bf16"),
+    ):
         hw = load_hardware(hw_name)
-        h = HostCosts(m, hw, load_system({"base": "ideal", "host_kernel": fam}))
+        h = HostCosts(
+            model_for("mixtral-8x7b", fmt), hw, load_system({"base": "ideal", "host_kernel": fam, "expert_format": fmt})
+        )
         isa = h.path(1)
         cells = [
             f"{h.bandwidth(h.threads(t), isa) / 1e9:.0f} / {h.compute_rate(h.threads(t), isa) / 1e12:.2f}"
-            for t in (1, 2, 4, 8, 16, 32, 64)
+            for t in THREADS
         ]
-        print(f"| {hw_name}, {fam} ({isa}) | " + " | ".join(cells) + " |")
+        print(f"| {hw_name}, {fam} ({isa}, {fmt}) | " + " | ".join(cells) + " |")
     print()
 
 
