@@ -177,7 +177,7 @@ class DecisionProtocol:
             yield step
             if step.plan is None:
                 decide(step)
-            if finish_cache is not None:  # Policy.finish_layer, inline
+            if finish_cache is not None:  # what Policy.finish_layer calls, without its frame
                 finish_cache(layer)
             else:
                 finish(index, layer)

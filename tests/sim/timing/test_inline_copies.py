@@ -1,0 +1,107 @@
+"""The hot path's inline copies that stay, each against the function it restates.
+
+They stay because they run once per copy and calling the function costs the predictors' path several per cent
+(measured with benchmarks/bench_decisions.py, lru with the transition predictor: every inline copy of the engine
+called instead ~9% slower, the per-copy ones alone ~7%). The others (the one-pass plan and the least-recent victim it
+inlines) are tested in tests/sim/core/test_plan_ranked.py.
+
+- ``ComputeStream.copied_experts`` restates ``ComputeStream.wait_copy`` (the stall until the next copy lands) and
+  ``StreamClock.work`` (the expert's compute): a run whose copied experts call both gives every figure the same.
+- ``CopyQueue.start_next`` restates ``CopyQueue._queue`` (which queue the next copy comes from): over random
+  queues, the one it takes from is the one ``_queue`` names (None: it starts nothing).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.core.copy_queue import CopyQueue
+from sim.run import simulate
+from sim.timing.engine import ComputeStream
+from tests.sim.timing.test_back_to_back import engine_figures
+from tests.support.engine import config_for
+from tests.support.traces import random_trace
+from tests.support.validate import with_hardware
+from traces.io import save_trace
+
+
+def copied_experts_by_the_functions(self, step) -> None:
+    """``ComputeStream.copied_experts`` with ``wait_copy`` and ``work`` called where it inlines them."""
+    copy, tl, layer = self.copy, self.timeline, step.layer
+    ready = copy.ready.get(layer)
+    if ready is None:
+        ready = copy.ready[layer] = deque()
+    for _ in step.copied:
+        if not ready or (self.serial and copy.busy):
+            self.wait_copy(ready)
+        job = ready.popleft()
+        e = job.expert
+        t = self.expert_of[step.counts[e]]
+        if e in step.plan.promote:
+            t += self.promote_d2d
+        if self.slowed:
+            t = self.stretch(t, self.slow)
+        if self.expert_issue:
+            t = max(t, self.expert_issue)
+        if tl is not None:
+            tl.expert(layer, e, "copied", self.now, t)
+        self.work(t)
+        self.busy += t
+        self._release(job)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 10**6),
+    policy=st.sampled_from(["lru", "diffmoe", "lfu", "arc"]),
+    predictor=st.sampled_from(["none", "oracle", "noisy"]),
+    batch=st.integers(1, 3),
+    buffers=st.integers(1, 4),
+    machine=st.sampled_from(
+        [{}, {"handoff_us": 7.0, "copy_gap_us": 3.0}, {"compute_slowdown": 1.3, "copy_slowdown": 1.2}]
+    ),
+)
+def test_copied_experts_equals_wait_copy_and_work(
+    monkeypatch, tmp_path, seed, policy, predictor, batch, buffers, machine
+):
+    rng = np.random.default_rng(seed)
+    trace = random_trace(rng, tokens=30, layers=3, experts=8, k=2, requests=3)
+    path = save_trace(trace, tmp_path / f"t{seed}.npz")
+    params = {"recall": 0.7, "precision": 0.5} if predictor == "noisy" else None
+    cfg = config_for(path, trace, policy, predictor, batch, 1, 2, buffers, seed=seed, predictor_params=params)
+    if machine:
+        cfg = with_hardware(cfg, **machine)
+    inline = engine_figures(simulate(cfg, trace=trace).engine)
+    with monkeypatch.context() as m:
+        m.setattr(ComputeStream, "copied_experts", copied_experts_by_the_functions)
+        called = engine_figures(simulate(cfg, trace=trace).engine)
+    assert inline["copies"] > 0
+    assert inline == called
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@given(
+    buffers=st.integers(1, 6),
+    reserve=st.integers(0, 3),
+    demand=st.integers(0, 3),
+    prefetch=st.integers(0, 3),
+    taken=st.integers(0, 6),
+)
+def test_start_next_takes_from_the_queue_named_by_queue(buffers, reserve, demand, prefetch, taken):
+    q = CopyQueue(buffers, reserve)
+    for _ in range(min(taken, buffers)):  # buffers held by copies in flight or computing
+        q.free.popleft()
+    for e in range(demand):
+        q.submit(0, e, False)
+    for e in range(prefetch):
+        q.submit(1, e, True)
+    named = q._queue()
+    head = named[0] if named else None
+    job = q.start_next()
+    assert job is head
+    if job is not None:
+        assert job.started and job.buffer is not None
