@@ -303,7 +303,9 @@ def belady_cache_hit_rate(cfg: RunConfig, trace) -> float | None:
     from sim.core.workload import build_iterations
 
     w = cfg.workload
-    iterations, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
+    iterations, _ = build_iterations(
+        trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests, w.context_tokens, cfg.system.ubatch
+    )
     cached = cached_layers(trace, cfg.cache.layers)
     if cfg.cache.organization == "shared":
         out = belady_bound_shared(trace, iterations, cfg.cache.total_slots(len(cached)), cached)

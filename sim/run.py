@@ -16,6 +16,7 @@ from sim.request_results import request_summary
 from sim.results import summarize
 from sim.timing.costs import CostModel
 from sim.timing.engine import EngineResult, Simulation
+from sim.timing.phase_costs import phase_costs_for
 from traces.format import Trace
 from traces.io import file_sha256, load_trace
 
@@ -57,7 +58,16 @@ def simulate(
         iterations: list[Iteration] | ServingBatches = batches
         policy, predictor = build_decisions(cfg, trace, None)
     else:
-        iterations, info = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
+        iterations, info = build_iterations(
+            trace,
+            w.batch_size,
+            w.batching,
+            w.max_decode_tokens,
+            w.prefill,
+            w.requests,
+            w.context_tokens,
+            cfg.system.ubatch,
+        )
         policy, predictor = build_decisions(cfg, trace, iterations)
     costs = policy.ctx.costs  # the policy's own, if it has one
     if costs is None or costs.system is not cfg.system:
@@ -74,6 +84,7 @@ def simulate(
         progress=progress,
         check_invariants=check_invariants,
         record_decisions=record_decisions,
+        phase=phase_costs_for(costs, w.context_tokens),
     )
     res = sim.run()
     if batches is not None:

@@ -141,6 +141,10 @@ class WorkloadConfig:
     arrivals: ArrivalsConfig | None = setting(None, check_arrivals, nested=ArrivalsConfig, constructor_default=True)
     max_batch_tokens: int | None = setting(None, integer(1, INT_MAX, allow_none=True), constructor_default=True)
     slo: SloConfig | None = setting(None, check_slo, nested=SloConfig, constructor_default=True)
+    # the KV depth at which each request starts (llama-bench -d): tokens already in its cache before its prompt,
+    # attended by its prompt and generated tokens and held in the KV cache (None: none, left out of the resolved
+    # config; docs/phases.md)
+    context_tokens: int | None = setting(None, integer(0, 1 << 24, allow_none=True), constructor_default=True)
 
 
 @dataclass(frozen=True)
@@ -623,6 +627,13 @@ def config_from_dict(
     resolved = {key_of(f): plain(parts[f.name]) for f in settings_of(RunConfig)}
     resolved["model"] = plain(given_model)  # the model as given: the system's formats apply again on loading
     drop_unset(resolved["workload"])  # the serving keys, when unset: a config reads as before they existed
+    if workload.context_tokens is None:
+        resolved["workload"].pop("context_tokens", None)
+    if workload.arrivals is not None and (workload.context_tokens or system.ubatch is not None):
+        raise ConfigError(
+            "workload.context_tokens" if workload.context_tokens else "system.ubatch",
+            "is not supported with workload.arrivals yet (docs/phases.md)",
+        )
     if is_ideal(system):  # the default: left out, so that a config (and its sweep point's hash) reads as before
         resolved.pop("system")  # systems existed; the run's config.resolved.yaml shows it (sim/run.py)
     if cache.organization == "per-layer":  # the default: left out, so that a per-layer config (and its sweep
@@ -645,6 +656,11 @@ def check_fits(config: RunConfig, summary: TraceSummary, all_resident: bool) -> 
     tokens = summary.max_request_tokens(workload.max_decode_tokens)
     dense = dense_bytes_of(model, config.system)
     longest = summary.longest_request(workload.max_decode_tokens)
+    if workload.context_tokens:  # the depth each request starts at is in its cache too
+        tokens += workload.context_tokens
+        longest = (longest[0] + workload.context_tokens, longest[1])
+    if config.system.kv_on_host:  # -nkvo: the KV cache is in host memory, none on the GPU
+        tokens = 0
     kv_cache_check(model, hardware, workload.batch_size, tokens, longest, dense)
     resident = config.policy.name if all_resident else None
     memory_check(model, hardware, config.cache, workload.batch_size, tokens, dense, resident)

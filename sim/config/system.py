@@ -29,6 +29,11 @@ A profile holds (file keys; times in microseconds, converted to seconds in :clas
   share); ``host_threads`` is the kernels' threads (llama.cpp ``-t``, kTransformers ``cpu_infer``);
 - ``placement``: where the routed experts live by layer (:mod:`sim.config.placement`): ``{n_cpu_moe: N}`` is
   llama.cpp's ``--n-cpu-moe N``, from which the policy's ``cpu_layers`` and the GPU's shared cache follow;
+- both phases (:mod:`sim.timing.phase_costs`, docs/phases.md; each default changes nothing): ``prefill_upload``
+  (llama.cpp's op offload: a micro-batch of at least ``upload_min_batch`` tokens, scaled by num_experts / top_k
+  with ``upload_moe_scaled`` as ik_llama.cpp does, copies the layer's host-held experts to the GPU, only the used
+  ones with ``upload_used_only``, and computes them there), ``ubatch`` (llama.cpp ``-ub``: a prefill runs in passes
+  of at most this many tokens) and ``kv_on_host`` (llama.cpp ``-nkvo``: attention over the context on the host);
 - host issue costs a calibration measured (``layer_roundtrip_us``, ``copy_issue_us``, ``expert_issue_us``,
   ``hit_issue_us``): null (the default) takes the hardware profile's value, so calibration files keep working.
 """
@@ -289,7 +294,29 @@ class SystemSpec:
     # where the routed experts live by layer (sim/config/placement.py): {n_cpu_moe: N} is llama.cpp's --n-cpu-moe N,
     # from which the policy's cpu_layers and the GPU's shared cache follow; null: the cache config decides
     placement: Placement | None = setting(None, placement_from, nested=Placement, constructor_default=True)
+    # both phases (sim/timing/phase_costs.py; docs/phases.md). Each default changes nothing.
+    # prompt processing of host-held experts: at or above upload_min_batch tokens in a micro-batch the layer's host
+    # experts' weights are copied to the GPU and computed there (llama.cpp's op offload; off: always on the host)
+    prefill_upload: bool = setting(False, _bool, constructor_default=True)
+    # the offload threshold in tokens of a micro-batch (llama.cpp ggml-cuda offload_op: min_batch_size = 32)
+    upload_min_batch: int = setting(32, integer(1, 1 << 24), constructor_default=True)
+    # ik_llama.cpp (PR 520): the threshold for an MoE op is upload_min_batch x num_experts / top_k
+    upload_moe_scaled: bool = setting(False, _bool, constructor_default=True)
+    # only the experts the micro-batch uses cross the link (llama.cpp PR 15346, ik_llama.cpp PR 698); false: the
+    # layer's whole host-held expert tensor does (llama.cpp before August 2025)
+    upload_used_only: bool = setting(True, _bool, constructor_default=True)
+    # the micro-batch (llama.cpp -ub, default 512): a prefill is run in passes of at most this many tokens;
+    # null: one pass per prefill iteration (as before)
+    ubatch: int | None = setting(None, integer(1, 1 << 24, allow_none=True), constructor_default=True)
+    # the KV cache in host memory (llama.cpp -nkvo): attention over the context is computed by the host CPU
+    kv_on_host: bool = setting(False, _bool, constructor_default=True)
     source: str = setting("inline", text(max_chars=4096), constructor_default=True)
+
+    @property
+    def phases_set(self) -> bool:
+        """Whether any setting of the two phases differs from its default (then
+        :class:`~sim.timing.phase_costs.PhaseCosts` prices the layers)."""
+        return any(getattr(self, f) != getattr(IDEAL, f) for f in PHASE_FIELDS)
 
     @property
     def expert_bits(self) -> float | None:
@@ -311,6 +338,9 @@ class SystemSpec:
         for key in ("placement", "numa", "host_kernel", "host_isa"):
             if d[key] is None:  # left out, so that a profile without one reads (and hashes) as before
                 d.pop(key)
+        for key in PHASE_FIELDS:  # the same for the phases' settings at their defaults
+            if d[key] == getattr(IDEAL, key):
+                d.pop(key)
         return {
             **{k: v for k, v in d.items() if k not in ("tables", "source")},
             "tables": d["tables"],
@@ -318,6 +348,8 @@ class SystemSpec:
         }
 
 
+#: The settings of the two phases (prompt processing and decode at a depth), each a no-op at its default.
+PHASE_FIELDS = ("prefill_upload", "upload_min_batch", "upload_moe_scaled", "upload_used_only", "ubatch", "kv_on_host")
 SYSTEM_FIELDS = keys_of(SystemSpec)
 SYSTEM_KEYS = SYSTEM_FIELDS + ("base",)
 #: The host issue costs a system may set instead of its hardware profile (file keys).
@@ -373,6 +405,7 @@ def is_ideal(system: SystemSpec) -> bool:
             "expert_issue_s",
             "hit_issue_s",
             "placement",
+            *PHASE_FIELDS,
         )
     )
 
@@ -389,6 +422,7 @@ __all__ = [
     "HOST_ISSUE_FIELDS",
     "IDEAL",
     "NUMA_MODES",
+    "PHASE_FIELDS",
     "SYSTEM_FIELDS",
     "SYSTEM_KEYS",
     "SystemSpec",

@@ -75,11 +75,17 @@ class _Iterations:
     """A workload's iterations as they are appended (``its``): a prefill iteration of some requests, a decode
     iteration of some running requests at their decode steps."""
 
-    def __init__(self, trace: Trace, max_decode_tokens: int | None, prefill: bool):
+    def __init__(
+        self, trace: Trace, max_decode_tokens: int | None, prefill: bool, depth: int = 0, ubatch: int | None = None
+    ):
         start, prompt, dstart, decode = _request_plan(trace, max_decode_tokens)
         self.start, self.prompt, self.decode, self.prefill = start, prompt, decode, prefill
+        self.depth, self.ubatch = depth, ubatch  # the KV depth each request starts at; the micro-batch (None: whole)
         # per request, as Python ints: a decode iteration's row and context are sums of a few of them
-        self.attended, self.first_decode = prompt_context(trace).tolist(), dstart.tolist()
+        attended = prompt_context(trace)
+        if depth:
+            attended = attended + depth
+        self.attended, self.first_decode = attended.tolist(), dstart.tolist()
         self.decode_of = decode.tolist()
         self.its: list[Iteration] = []
 
@@ -93,9 +99,29 @@ class _Iterations:
         if reqs.size == 0:
             return False
         rows = np.asarray(np.concatenate([np.arange(start[r], start[r] + prompt[r]) for r in reqs]), dtype=np.int64)
+        if self.ubatch is not None:
+            self._micro_batches(reqs, rows, batch, size, new_batch)
+            return True
         ctx = float(np.mean([(prompt[r] + 1) / 2 for r in reqs]))
+        if self.depth:
+            ctx += self.depth
         self.its.append(Iteration(len(self.its), batch, "prefill", rows, size, ctx, new_batch))
         return True
+
+    def _micro_batches(self, reqs: np.ndarray, rows: np.ndarray, batch: int, size: int, new_batch: bool) -> None:
+        """A prefill of ``rows`` in passes of at most ``ubatch`` tokens (llama.cpp's micro-batches), each attending
+        over the depth plus its tokens' mean position + 1 in their prompt; only the last pass runs the LM head (over
+        one token per request), the others emit nothing."""
+        ub = int(self.ubatch or 1)
+        pos = np.concatenate([np.arange(1, int(self.prompt[r]) + 1) for r in reqs]).astype(np.float64)
+        n = int(rows.size)
+        for i, lo in enumerate(range(0, n, ub)):
+            hi = min(n, lo + ub)
+            ctx = float(np.mean(pos[lo:hi])) + self.depth
+            emits = None if hi == n else 0
+            self.its.append(
+                Iteration(len(self.its), batch, "prefill", rows[lo:hi], size, ctx, new_batch and i == 0, emits=emits)
+            )
 
     def add_decode(self, reqs: list[int], steps: list[int], batch: int, new_batch: bool) -> None:
         """The decode iteration of ``reqs``, each at its decode step in ``steps``."""
@@ -174,16 +200,21 @@ def build_iterations(
     max_decode_tokens: int | None = None,
     prefill: bool = True,
     requests: int | None = None,
+    context_tokens: int | None = None,
+    ubatch: int | None = None,
 ) -> tuple[list[Iteration], WorkloadInfo]:
     """The iterations of a workload, and a summary of it.
 
     Requests with nothing to run (no prompt to prefill, no token to generate) still take their place in the order
     and in the batches, but cost no work per request: static batches of them only are skipped at once, and so are
     whole rounds of them while no request is running in continuous batching (they would change nothing but how far
-    the queue has gone), so that a trace of millions of empty requests costs time in its tokens, not its requests."""
+    the queue has gone), so that a trace of millions of empty requests costs time in its tokens, not its requests.
+
+    ``context_tokens``: the KV depth every request starts at (its prompt and generated tokens attend over it too);
+    ``ubatch``: prefills run in passes of at most that many tokens (docs/phases.md). None: as before."""
     if batching not in ("static", "continuous"):
         raise ValueError(f"unknown batching {batching!r}")
-    out = _Iterations(trace, max_decode_tokens, prefill)
+    out = _Iterations(trace, max_decode_tokens, prefill, int(context_tokens or 0), ubatch)
     n_trace = trace.num_requests
     served = requests_served(n_trace, batch_size, batching, requests)
     order = np.arange(served) % n_trace

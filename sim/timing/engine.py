@@ -100,6 +100,7 @@ from sim.predictors.base import PredictionScore, Predictor
 from sim.timing.clock import NEVER, StreamClock
 from sim.timing.copy_engine import CopyEngine, CopyJob
 from sim.timing.costs import CostModel, Memo
+from sim.timing.phase_costs import PhaseCosts
 from sim.timing.timeline import Timeline
 from traces.format import Trace
 
@@ -128,6 +129,8 @@ class EngineResult:
     cpu_busy_s: float = 0.0  # the host CPU computing experts (source CPU)
     cpu_wait_s: float = 0.0  # the compute stream waiting for the host's experts at the end of a layer
     cpu_experts: int = 0  # expert computations on the host
+    upload_bytes: int = 0  # prompt processing: host experts' weights uploaded to the GPU (docs/phases.md)
+    upload_s: float = 0.0  # the link's time on those uploads
 
 
 def host_cost(costs: CostModel, name: str) -> float:
@@ -183,8 +186,13 @@ class ComputeStream(StreamClock):
         protocol: DecisionProtocol,
         trace: Trace,
         timeline: Timeline | None,
+        phase: PhaseCosts | None = None,
     ):
         super().__init__(env)
+        self.phase = phase  # both phases (sim/timing/phase_costs.py): None prices every layer as before
+        self.upload_now = False  # the current pass uploads its host experts to the GPU
+        self.host_attention_of: Memo | None = None  # role -> host seconds of attention (kv_on_host)
+        self.upload_bytes, self.upload_s = 0, 0.0
         self.costs, self.policy, self.copy, self.protocol = costs, policy, copy, protocol
         copy.clock = self  # the copy engine's requests come at the stream's time
         # bound once: what each layer and each copy calls
@@ -268,8 +276,13 @@ class ComputeStream(StreamClock):
         """Reset the iteration's figures; the dense work of its layers, per role."""
         self.busy = self.stall = self.cpu_wait = self.cpu_s = 0.0
         self.cpu_n = self.issued = self.unused = self.used = 0
-        n_tok, costs = int(it.rows.size), self.costs
-        self.dense_of = Memo(lambda role: costs.dense_s(role, n_tok, it.context))
+        n_tok, costs, phase = int(it.rows.size), self.costs, self.phase
+        if phase is None:
+            self.dense_of = Memo(lambda role: costs.dense_s(role, n_tok, it.context))
+        else:
+            self.dense_of = Memo(lambda role: phase.dense_s(role, n_tok, it.context)[0])
+            self.host_attention_of = Memo(lambda role: phase.dense_s(role, n_tok, it.context)[1])
+            self.upload_now = phase.uploads(it)
 
     def layer(self, step: LayerStep) -> None:
         """One MoE layer: dense work and gate, the host's round trip, the decisions, then its experts."""
@@ -283,11 +296,16 @@ class ComputeStream(StreamClock):
             tl.dense(layer, self.now, dense)
         self.work(dense)
         self.busy += dense
+        if self.host_attention_of is not None:
+            self.host_attention(layer)
         if self.roundtrip:  # the gate's choice reaches the host before anything of the layer is issued
             self.wait(self.roundtrip)
         self.decide(step)
         resident_s = self.resident_time(step)
         cpu = step.cpu
+        if cpu and self.upload_now:  # prompt processing: the host experts' weights go to the GPU instead
+            self.upload(step)
+            cpu = ()
         if cpu:  # the host's side starts now, beside the GPU's
             cpu_done, host_s = self.host.run(self.now, step.iteration, layer, step.counts, cpu)
             self.cpu_s += host_s
@@ -316,6 +334,36 @@ class ComputeStream(StreamClock):
                 self.serve_back_to_back(step, asked)
         if cpu:
             self.wait_host(cpu_done)
+
+    def host_attention(self, layer: int) -> None:
+        """-nkvo: the layer's attention over the context on the host CPU, the stream waiting for it."""
+        assert self.host_attention_of is not None
+        h = self.host_attention_of[self.roles[layer]]
+        if h:
+            if self.timeline is not None:
+                self.timeline.host(layer, "attention", self.now, h)
+            self.wait(h)
+            self.cpu_s += h
+
+    def upload(self, step: LayerStep) -> None:
+        """A prompt pass at or above the threshold: the layer's host experts' weights cross the link as one copy,
+        then the GPU computes them (serial: docs/phases.md); the stream stalls for the copy."""
+        phase = self.phase
+        assert phase is not None
+        nbytes = phase.upload_bytes(len(step.cpu), len(step.resident) + len(step.copied))
+        t = phase.upload_copy_s(nbytes)
+        self.wait(t)
+        self.stall += t
+        self.upload_bytes += nbytes
+        self.upload_s += t
+        expert_of, counts = self.expert_of, step.counts
+        gpu = 0.0
+        for e in step.cpu:
+            gpu += expert_of[counts[e]]
+        if self.timeline is not None:
+            self.timeline.host(step.layer, "upload", self.now - t, t)
+        self.wait(gpu)
+        self.busy += gpu
 
     def decide(self, step: LayerStep) -> None:
         """The layer's decisions (evictions written back, with a system that does), and its unused prefetches
@@ -544,8 +592,10 @@ class Simulation:
         progress=None,
         check_invariants: bool = False,
         record_decisions: bool = False,
+        phase: PhaseCosts | None = None,
     ):
         self.trace = trace
+        self.phase = phase  # both phases (sim/timing/phase_costs.py); None: as before
         self.iterations = iterations
         self.policy = policy
         self.predictor = predictor
@@ -600,7 +650,7 @@ class Simulation:
             self.record_decisions,
             self._check if self.check_invariants else None,
         )
-        self.stream = ComputeStream(env, costs, self.policy, copy, protocol, self.trace, self.timeline)
+        self.stream = ComputeStream(env, costs, self.policy, copy, protocol, self.trace, self.timeline, self.phase)
         return env
 
     def layer_loop(self, records: list[IterationRecord], totals: RunTotals) -> None:
@@ -683,11 +733,11 @@ class Simulation:
             iterations=records,
             sim_time_s=stream.now,
             compute_busy_s=totals.busy,
-            link_busy_s=copy.busy_s,
+            link_busy_s=copy.busy_s + stream.upload_s if stream.upload_s else copy.busy_s,
             stall_s=totals.stall,
             copies=copy.copies,
             prefetch_copies=copy.prefetch_copies,
-            pcie_bytes=copy.pcie_bytes,
+            pcie_bytes=copy.pcie_bytes + stream.upload_bytes,
             prefetches_issued=totals.issued,
             prefetches_used=totals.used,
             unused_prefetches=totals.unused,
@@ -701,5 +751,7 @@ class Simulation:
             cpu_busy_s=totals.cpu_busy,
             cpu_wait_s=totals.cpu_wait,
             cpu_experts=totals.cpu_n,
+            upload_bytes=stream.upload_bytes,
+            upload_s=stream.upload_s,
             requests=self.iterations.records if isinstance(self.iterations, ServingBatches) else None,
         )
