@@ -1,12 +1,15 @@
-"""The simulator against published measurements of real offloading systems: fit each system's software constant on
-the rows whose role is ``fit`` (and only on those), predict every row, print simulated against published tokens/s
-with the error per row, fitted rows marked, and the median and max |error| over the predicted rows.
+"""The simulator against published measurements of real offloading systems (``benchmarks/published/rows.csv``, the
+columns of ``benchmarks/published/SCHEMA.md``): every column of a row is read and becomes a setting of its run config
+(``sim/config/row_settings.py``), or the capability the simulator lacks, by name; such a row is a miss, never
+approximated. Each system's software constant is fitted on the expressible ``fit`` rows only, every expressible row
+predicted blind. Prints the per-row table, the fitted constants, predict rows predicted / total, decode median and
+90th percentile |error|, prefill median |error|, and the misses grouped by capability.
 
     python benchmarks/published_systems.py [--rows ROWS.csv] [--json OUT.json]
 
-The rows file's columns, the systems and what each fits: ``sim/fit_system.py``; the results and what they assume:
-``docs/published_systems.md``. ``--json`` writes ``{"rows": [{"row", "role", "predicted_tok_s", "published_tok_s",
-...}], "fits": {...}, "predicted": {...}}``. A bad rows file exits 2 naming the file, the row and the problem.
+The results and what they assume: ``docs/published_systems.md``. ``--json`` writes ``{"rows": [{"row", "role",
+"predicted_tok_s", "published_tok_s", "error", "missing", ...}], "fits": {...}, "summary": {...}}``. A bad rows
+file exits 2 naming the file, the row and the problem.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.fit_system import fit_and_predict, format_fits, format_table, read_rows, summary_of  # noqa: E402
+from sim.published import evaluate, format_report, read_published  # noqa: E402
 from traces.cli import OneLineParser, run_main  # noqa: E402
 from traces.io import atomic_write_bytes, check_output_file  # noqa: E402
 from traces.outputs import check_not_input  # noqa: E402
@@ -31,37 +34,11 @@ def report(rows_path: str, json_out: str | None) -> int:
     if json_out is not None:
         check_output_file(json_out, "results file (--json)")
         check_not_input(json_out, [rows_path], "--json")
-    rows = read_rows(rows_path)
-    fits, results = fit_and_predict(rows)
-    print(format_table(results))
-    print()
-    print("Fitted constants:")
-    print(format_fits(fits))
-    s = summary_of(results, "predict")
-    if s["rows"]:
-        print(
-            f"\npredicted rows with a published value: {s['rows']}; median |error| "
-            f"{100 * s['median_abs_error']:.1f}%, max |error| {100 * s['max_abs_error']:.1f}%"
-        )
+    ev = evaluate(read_published(rows_path))
+    print(format_report(ev))
     if json_out is not None:
         out = {
-            "rows": [
-                {
-                    k: r[k]
-                    for k in (
-                        "row",
-                        "role",
-                        "system",
-                        "hardware",
-                        "predicted_tok_s",
-                        "published_tok_s",
-                        "error",
-                        "constants",
-                        "problem",
-                    )
-                }
-                for r in results
-            ],
+            "rows": ev["rows"],
             "fits": {
                 name: {
                     "key": f.key,
@@ -70,9 +47,9 @@ def report(rows_path: str, json_out: str | None) -> int:
                     "rows": list(f.rows),
                     "rows_by_gpu": {k: list(v) for k, v in f.rows_by_gpu.items()},
                 }
-                for name, f in fits.items()
+                for name, f in ev["fits"].items()
             },
-            "predicted": s,
+            "summary": ev["summary"],
         }
         atomic_write_bytes(json_out, (json.dumps(out, indent=1) + "\n").encode())
         print(f"wrote {json_out}")
@@ -84,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rows",
         default=str(DEFAULT_ROWS),
-        help="the rows file (CSV; default: benchmarks/published/rows.csv, the published rows with their sources)",
+        help="the rows file (CSV, schema v2; default: benchmarks/published/rows.csv, the published rows with sources)",
     )
     parser.add_argument("--json", help="also write the results as JSON here")
     parser.set_defaults(func=lambda a: report(a.rows, a.json))

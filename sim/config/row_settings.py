@@ -1,0 +1,250 @@
+"""What each cell of a published row (``benchmarks/published/SCHEMA.md``, schema v2) sets in a run config, or the
+capability the simulator lacks to express it: the one table to edit when a capability lands.
+
+Each column value maps to either a :class:`Setting` (keys laid over the run config that
+``sim.fit_system.run_config`` builds: ``system``, ``workload``, ``cache`` mappings, or the row's own fields:
+``variant``, ``slots``) or a :class:`Missing` capability, named as the report prints it
+(``prefill (metric=prefill) not modelled``). A row with any :class:`Missing` is not simulated and counts as a miss;
+nothing is approximated silently. To wire a capability once it lands, replace its ``missing(...)`` entry by the
+setting (one line): e.g. ``"nkvo": {"on": Setting(system={"kv_on_host": True})}``.
+
+:func:`plan_of` turns a row's cells into a :class:`RowPlan`: the row's machine (``row_machines.machine_of``), model,
+system, placement and options as settings, plus every missing capability.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim.config.system import format_bits
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Keys a cell sets: mappings laid over the run config's ``system``, ``workload`` and ``cache``, and the row's
+    fields the fit reads (``variant``: the system's mode; ``slots``: routed experts per layer on the GPU)."""
+
+    system: dict = field(default_factory=dict)
+    workload: dict = field(default_factory=dict)
+    cache: dict = field(default_factory=dict)
+    row: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A capability the simulator lacks, by name (the report groups misses by it)."""
+
+    capability: str
+
+
+NOTHING = Setting()  # a value that changes nothing in the simulation (stated, e.g. mmap=off: load time only)
+Rule = Setting | Missing | Callable[[str, dict], "Setting | Missing"]
+
+
+def missing(capability: str) -> Missing:
+    return Missing(capability)
+
+
+def _int(v: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,9}", v):
+        raise ValueError(f"must be a whole number, got {v[:20]!r}")
+    return int(v)
+
+
+def _decode_only(capability: str) -> Callable[[str, dict], Setting | Missing]:
+    """An option that acts on prompt processing only: nothing in a decode row (one token per step), else missing."""
+    return lambda v, cells: NOTHING if cells["metric"] == "decode" else Missing(capability)
+
+
+# ------------------------------------------------------------------------------------------------ the table
+#: system (schema) -> the fit's system name (sim/fit_system.py SYSTEMS); a system absent from SYSTEMS is missing.
+SYSTEM_NAMES = {
+    "mixtral-offloading": "mixtral-offloading",
+    "fiddler": "fiddler",
+    "ktransformers": "ktransformers",
+    "llama.cpp": "llama.cpp",
+    "deepspeed": "deepspeed",
+    "ik_llama.cpp": "ik_llama.cpp",
+    "kt-kernel": "kt-kernel",
+}
+#: (system, system_version pattern) -> Missing: builds whose behaviour no profile states yet (others: the system's).
+VERSIONS: dict[tuple[str, str], Missing] = {
+    ("ktransformers", r"sosp25-ae"): missing("ktransformers sosp25-ae build (AMX + deferral line) has no profile"),
+}
+#: metric -> setting.
+METRICS: dict[str, Rule] = {
+    "decode": NOTHING,
+    "prefill": missing("prefill (metric=prefill) not modelled"),
+    "mixed": missing("mixed metric (time including prompt processing) not modelled"),
+}
+
+
+def _depth(v: str, cells: dict) -> Setting | Missing:
+    """context_tokens: the KV depth at the start of the measured phase (0: an empty cache)."""
+    if v == "" or _int(v) == 0:
+        return NOTHING
+    return Missing("context depth (context_tokens > 0) not modelled")
+
+
+def _placement(v: str, cells: dict) -> Setting | Missing:
+    key, _, value = v.partition("=")
+    if v == "cpu_experts=all":
+        return Setting(row={"slots": 0})
+    if key == "gpu_experts_per_layer":
+        return Setting(row={"slots": _int(value)})
+    if key == "n_cpu_moe":
+        return Setting(row={"variant": f"n-cpu-moe={_int(value)}"}, system={"placement": {"n_cpu_moe": _int(value)}})
+    if key == "experts_on_gpu_layers":
+        return Missing("placement experts_on_gpu_layers (-ot layer ranges)")
+    if v == "unstated":  # the system's own rule (Fiddler's: as many popular experts as the GPU holds)
+        return NOTHING if cells["system"] == "fiddler" else Missing("placement unstated (system has no own rule)")
+    return Missing(f"placement {key}")
+
+
+#: options key -> {value: rule} or a rule of (value, cells).
+OPTIONS: dict[str, dict[str, Rule] | Callable[[str, dict], Setting | Missing]] = {
+    "threads": lambda v, c: Setting(system={"host_threads": _int(v)}),
+    "cpu_infer": lambda v, c: Setting(system={"host_threads": _int(v)}),
+    "threads_batch": _decode_only("threads_batch (prompt processing threads)"),
+    "ubatch": _decode_only("ubatch (micro-batch of prompt processing)"),
+    "nbatch": _decode_only("nbatch (logical batch of prompt processing)"),
+    "fa": {"on": NOTHING, "off": missing("fa=off (attention without flash attention)")},
+    "mla": lambda v, c: Missing(f"mla={v} (MLA mode)"),
+    "amb": lambda v, c: Missing("amb (attention max batch)"),
+    "fmoe": {"on": missing("fmoe=on (fused MoE kernel)"), "off": NOTHING},
+    "rtr": {"on": missing("rtr=on (run-time repacking)"), "off": NOTHING},
+    "kv_type": {"f16": NOTHING, "q8_0": missing("kv_type=q8_0 (quantized KV cache)")},
+    "nkvo": {"on": missing("nkvo=on (KV cache in host memory)")},
+    "mmap": {"off": NOTHING},  # load time only
+    "numa": {
+        "node1": Setting(system={"numa": "one_socket"}),
+        "replicate": Setting(system={"numa": "replicated"}),
+        "distribute": Setting(system={"numa": "interleaved"}),
+        "numactl": missing("numa=numactl (unstated numactl policy)"),
+    },
+    "numa_tp": {"on": Setting(system={"numa": "numa_tp"}), "off": NOTHING},
+    "dynamic_sched": {"on": missing("dynamic_sched=on (kTransformers dynamic scheduling)"), "off": NOTHING},
+    "cpu_backend": {
+        "amx_bf16": Setting(system={"host_kernel": "kt-amx"}),
+        "amx_int8": Setting(system={"host_kernel": "kt-amx"}),
+        "amx_int4": Setting(system={"host_kernel": "kt-amx"}),
+    },
+    "kernel": {
+        "auto": NOTHING,  # AMX from the family's min_tokens, AVX-512 below: the kernel family's own rule
+        "avx512": Setting(system={"host_isa": "avx512"}),
+        "amx": Setting(system={"host_isa": "amx"}),
+    },
+    "cuda_graph": {"on": missing("cuda_graph=on (CUDA graphs)"), "off": NOTHING},
+    "deferral": lambda v, c: NOTHING if _int(v) == 0 else Missing("deferral (expert deferral)"),
+    "experts_per_token": lambda v, c: Missing("experts_per_token (fewer experts than the model's top-k)"),
+    "experts_upload_for_prefill": {
+        "on": _decode_only("experts_upload_for_prefill=on (experts copied to the GPU for prompt processing)"),
+        "off": NOTHING,  # prompt processing of host experts on the host: the simulator's rule
+    },
+    "gpu_moe_layers": lambda v, c: Missing("gpu_moe_layers (expert layers on the GPU, ids unstated)"),
+    "expert_cache": {"lru": NOTHING, "none": Setting(row={"variant": "none"})},
+    "speculative_prefetch": {"on": Setting(row={"variant": "full"}), "off": NOTHING},
+    "offload_buffers": lambda v, c: Setting(cache={"lpc_buffers": _int(v)}),
+    "backend_type": lambda v, c: Missing(f"backend_type={v} (kTransformers server engine)"),
+    "kt_method": lambda v, c: Missing(f"kt_method={v} (kt-kernel method)"),
+}
+
+
+# ------------------------------------------------------------------------------------------------ a row's plan
+@dataclass
+class RowPlan:
+    """What a row runs as: the fit's row fields, the settings laid over its run config, and what is missing."""
+
+    system: str
+    variant: str
+    slots: int | None
+    expert_format: str | None
+    dense_format: str | None
+    settings: list[Setting]
+    missing: list[str]
+
+    def overlay(self, d: dict[str, Any]) -> dict[str, Any]:
+        """``d`` (a run config mapping) with every setting laid over it."""
+        out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
+        for s in self.settings:
+            for key in ("system", "workload", "cache"):
+                part = getattr(s, key)
+                if part:
+                    base = out.get(key)
+                    out[key] = {**(base if isinstance(base, dict) else {}), **part}
+        return out
+
+
+def apply(rule: Rule, value: str, cells: dict) -> Setting | Missing:
+    return rule(value, cells) if callable(rule) else rule
+
+
+def options_of(text: str) -> list[tuple[str, str]]:
+    """``key=value`` pairs of an options cell (``;``-joined); ValueError naming a malformed one."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise ValueError(f"options: {part[:40]!r} is not key=value")
+        out.append((key.strip(), value.strip()))
+    return out
+
+
+def _format(col: str, name: str, bpw: str) -> tuple[str | None, Missing | None]:
+    """A weight format cell: its name where the simulator knows its bits; else, with ``expert_bpw`` stated, that
+    width (``4.25bpw``: the source's bits, the format's kernel class unknown); else missing."""
+    if not name or name == "unstated":
+        return None, None
+    if format_bits(name) is not None:
+        return name, None
+    if bpw:
+        return f"{float(bpw):g}bpw", None
+    return None, Missing(f"{col} {name} (bits unknown)")
+
+
+def plan_of(cells: dict[str, str], systems: frozenset[str] | set[str]) -> RowPlan:
+    """The plan of a row's cells (stripped strings by column), ``systems`` being the systems the fit knows."""
+    miss: list[str] = []
+    settings: list[Setting] = []
+
+    def take(result: Setting | Missing) -> None:
+        if isinstance(result, Missing):
+            miss.append(result.capability)
+        else:
+            settings.append(result)
+
+    system = SYSTEM_NAMES.get(cells["system"], cells["system"])
+    if system not in systems:
+        miss.append(f"system {cells['system']} has no profile")
+    for (name, pattern), gap in VERSIONS.items():
+        if name == cells["system"] and re.fullmatch(pattern, cells["system_version"]):
+            miss.append(gap.capability)
+    take(apply(METRICS.get(cells["metric"], missing(f"metric {cells['metric']}")), cells["metric"], cells))
+    take(_depth(cells["context_tokens"], cells))
+    take(_placement(cells["placement"], cells))
+    for key, value in options_of(cells["options"]):
+        rule = OPTIONS.get(key)
+        if isinstance(rule, dict):
+            rule = rule.get(value, missing(f"option {key}={value}"))
+        take(apply(rule if rule is not None else missing(f"option {key}"), value, cells))
+    if cells["gpu_count"] not in ("", "1"):
+        miss.append(f"gpu_count={cells['gpu_count']} (several GPUs)")
+    expert, gap = _format("expert_format", cells["expert_format"], cells["expert_bpw"])
+    if gap:
+        miss.append(gap.capability)
+    dense, gap = _format("dense_format", cells["dense_format"], "")
+    if gap:
+        miss.append(gap.capability)
+    row: dict[str, Any] = {}
+    for s in settings:
+        row.update(s.row)
+    variant = row.get("variant", "")
+    if system == "mixtral-offloading" and not variant:
+        variant = "lru"  # expert_cache=lru without speculative loading
+    return RowPlan(system, variant, row.get("slots"), expert, dense, settings, miss)
+
+
+__all__ = ["METRICS", "Missing", "OPTIONS", "RowPlan", "Setting", "SYSTEM_NAMES", "VERSIONS", "missing", "plan_of"]
