@@ -4,6 +4,8 @@
 `python -m sim sweep SWEEP.yaml` (see ``sim/sweep/cli.py``; the sweep file: docs/sweeps.md),
 `python -m sim advise CONFIG` (the best policy, cache split and batch for a machine: ``sim/advise.py``),
 `python -m sim capacity CONFIG` (the request rate served within an SLO: ``sim/capacity.py``; docs/serving.md),
+`python -m sim bench CONFIG -p 512 -n 128 -d 0,32768` (pp and tg tokens/s at KV depths, as llama-bench prints them:
+``sim/bench.py``; docs/phases.md),
 `python -m sim policies [--json]`, the registered policies and predictors (see ``sim/listing.py``), and
 `python -m sim hardware list|show NAME`, the bundled machines and parts (see ``sim/hardware_cli.py``).
 
@@ -121,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", action="store_true", help="also write timeline.json (Chrome trace, opens in Perfetto)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.set_defaults(func=cmd_run)
-    from sim import advise, capacity, compare, fit_system, hardware_cli, listing
+    from sim import advise, bench, capacity, compare, fit_system, hardware_cli, listing
     from sim.sweep import cli as sweep
 
     compare.register(sub)
@@ -130,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit_system.register(sub)
     advise.register(sub)
     capacity.register(sub)
+    bench.register(sub)
     listing.register(sub)
     hardware_cli.register(sub)
     return parser
