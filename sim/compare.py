@@ -141,14 +141,19 @@ def parse_entries(text: str, shared: bool = False, own_predictors: bool = False)
     ``shared``: those that manage a cache shared by all layers, ``Policy.supports_shared``). An empty entry,
     ``lru@`` or ``@oracle``, an unknown name, or an entry given twice (``all`` counts as each of its entries) is a
     ConfigError naming ``--policies``, before anything runs."""
-    entries: list[tuple[str, str | None]] = []
+    return [entry for entry, _ in _parsed_entries(text, shared, own_predictors)]
+
+
+def _parsed_entries(text: str, shared: bool, own_predictors: bool) -> list[tuple[tuple[str, str | None], str]]:
+    """:func:`parse_entries`, each entry with the item of ``--policies`` it came from (``all`` for its own)."""
+    entries: list[tuple[tuple[str, str | None], str]] = []
     given: dict[tuple[str, str | None], str] = {}
 
     def add(entry: tuple[str, str | None], item: str) -> None:
         if entry in given:
             raise ConfigError("--policies", _twice(entry, item, given[entry]))
         given[entry] = item
-        entries.append(entry)
+        entries.append((entry, item))
 
     items = [x.strip() for x in str(text).split(",")]
     if not any(items):
@@ -165,6 +170,13 @@ def parse_entries(text: str, shared: bool = False, own_predictors: bool = False)
             continue
         add(_entry(item), item)
     return entries
+
+
+def _shared_only(parsed: list[tuple[tuple[str, str | None], str]]) -> list[tuple[str, str | None]]:
+    """The entries of a parse without ``shared`` that a shared cache keeps: those ``all`` brought in that manage a
+    cache shared by all layers, and every one named (the same as :func:`parse_entries` with ``shared``, once the
+    parse without it has passed its checks)."""
+    return [entry for entry, item in parsed if item != "all" or POLICIES.get(entry[0]).supports_shared]
 
 
 def _entry(item: str) -> tuple[str, str | None]:
@@ -318,11 +330,28 @@ def compare(
     base: RunConfig, entries: list[tuple[str, str | None]], baseline: str | None = None, log=None
 ) -> list[dict]:
     """One row per entry (see COLUMNS)."""
-    check_baseline(baseline, entries)  # before any policy runs
+    baseline = check_baseline(baseline, entries)  # before any policy runs
     trace = load_trace(base.workload.trace)
     bound = belady_cache_hit_rate(base, trace)
+    return compare_variants(base, load_variants(base, entries), baseline, trace, bound, log)
+
+
+#: A compared variant: its policy, its config (as loaded, for one that does not fit) and its DoesNotFit or None.
+Variant = tuple[str, RunConfig, DoesNotFit | None]
+
+
+def load_variants(base: RunConfig, entries: list[tuple[str, str | None]]) -> list[Variant]:
+    """Each entry's variant of ``base``, built and checked once (:func:`load_variant`)."""
+    return [(policy, *load_variant(base, policy, predictor)) for policy, predictor in entries]
+
+
+def compare_variants(
+    base: RunConfig, loaded: list[Variant], baseline: str, trace, bound: float | None, log=None
+) -> list[dict]:
+    """One row per variant (see COLUMNS), from variants already built (:func:`load_variants`): ``baseline`` a
+    checked policy among them (:func:`check_baseline`), ``trace`` the base config's, ``bound`` its Belady cache hit
+    rate (:func:`belady_cache_hit_rate`)."""
     rows = []
-    loaded = [(policy, *load_variant(base, policy, predictor)) for policy, predictor in entries]
     misfits = [m for _, _, m in loaded if m is not None]
     if misfits and len(misfits) == len(loaded):
         raise misfits[0]  # nothing to compare: the memory table of the first, exit 2
@@ -366,7 +395,7 @@ def compare(
             }
         )
     names = [r["policy"] for r in rows]
-    ref = rows[names.index(check_baseline(baseline, entries))]["throughput_tok_s"]
+    ref = rows[names.index(baseline)]["throughput_tok_s"]
     for r in rows:
         r["ratio_vs_baseline"] = r["throughput_tok_s"] / ref if ref and r["throughput_tok_s"] is not None else None
     return rows
@@ -485,12 +514,13 @@ def run(args) -> int:
     if args.out is not None:
         check_output_folder(args.out, "results folder (--out)")
     own = bool(getattr(args, "own_predictors", False))
-    entries_given = parse_entries(args.policies, own_predictors=own)  # the names, before the config is read
-    check_baseline(args.baseline, entries_given)
-    base = _base_config(args)
+    parsed = _parsed_entries(args.policies, False, own)  # the names, before the config is read
+    entries_given = [entry for entry, _ in parsed]
+    baseline = check_baseline(args.baseline, entries_given)
+    base = _base_config(args, parsed)
     shared = base.cache.organization == "shared"
-    entries = parse_entries(args.policies, shared, own)
-    with_all = "all" in [x.strip() for x in args.policies.split(",")]
+    entries = _shared_only(parsed) if shared else entries_given
+    with_all = any(item == "all" for _, item in parsed)
     if own and not with_all:
         raise ConfigError("--own-predictors", "applies to --policies all (give POLICY@PREDICTOR for one policy)")
     if shared and with_all:
@@ -499,16 +529,20 @@ def run(args) -> int:
             f"cache.organization: shared: leaving out the policies that manage per-layer slots only: {choices(left)}",
             file=sys.stderr,
         )
-    baseline = check_baseline(args.baseline, entries)
-    _check_variants(base, entries)
+    if entries != entries_given:  # a shared cache left some out: the baseline must be among the others
+        baseline = check_baseline(args.baseline, entries)
+    loaded = _check_variants(base, entries)
     out = Path(args.out) if args.out is not None else default_out(args.config)
     check_output_folder(out, "results folder (--out)")
     for name in OUTPUT_FILES:
         check_output_file(out / name, "comparison")
         check_not_input(out / name, [args.config])
-    rows = compare(base, entries, baseline, log=lambda m: print(m, file=sys.stderr))
     w = base.workload
-    n_cached = len(cached_layers(load_trace(w.trace), base.cache.layers))
+    trace = load_trace(w.trace)
+    rows = compare_variants(
+        base, loaded, baseline, trace, belady_cache_hit_rate(base, trace), log=lambda m: print(m, file=sys.stderr)
+    )
+    n_cached = len(cached_layers(trace, base.cache.layers))
     slots = (
         f"one cache of {base.cache.total_slots(n_cached)} experts shared by {n_cached} layers"
         if shared
@@ -544,9 +578,10 @@ def default_out(config: str) -> Path:
     return Path("runs") / f"compare-{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}"
 
 
-def _base_config(args) -> RunConfig:
-    """The config the policies are compared on (with ``--set``). A config whose own policy does not fit in the
-    GPU's memory still serves as the base: each compared variant is checked on its own."""
+def _base_config(args, parsed: list[tuple[tuple[str, str | None], str]]) -> RunConfig:
+    """The config the policies are compared on (with ``--set``; ``parsed``: the entries of ``--policies``,
+    :func:`_parsed_entries`). A config whose own policy does not fit in the GPU's memory still serves as the base:
+    each compared variant is checked on its own."""
     sets = list(args.set or [])
     try:
         return _loaded(args.config, sets)
@@ -554,7 +589,7 @@ def _base_config(args) -> RunConfig:
         if exc.field != "cache.organization":
             raise
         # the config's own policy manages per-layer slots only: the compared policies replace it anyway
-        first = next((p for p, _ in parse_entries(args.policies, shared=True) if POLICIES.get(p).supports_shared), None)
+        first = next((p for p, _ in _shared_only(parsed) if POLICIES.get(p).supports_shared), None)
         if first is None:
             raise
         return _loaded(args.config, sets + [f"policy.name={first}", "policy.params={}"])
@@ -568,12 +603,15 @@ def _loaded(config: str, sets: list[str]) -> RunConfig:
         return exc.config
 
 
-def _check_variants(base: RunConfig, entries: list[tuple[str, str | None]]) -> None:
-    """Every variant is a valid config, and no two run the same policy with the same predictor (``lru`` and
-    ``lru@oracle`` where the config's predictor is oracle), before anything runs or is written."""
+def _check_variants(base: RunConfig, entries: list[tuple[str, str | None]]) -> list[Variant]:
+    """The variants, each built once (:func:`load_variant`): every one a valid config, and no two running the same
+    policy with the same predictor (``lru`` and ``lru@oracle`` where the config's predictor is oracle), before
+    anything runs or is written."""
     seen: dict[tuple[str, str], str] = {}
+    loaded: list[Variant] = []
     for policy, predictor in entries:
-        cfg, _ = load_variant(base, policy, predictor)
+        cfg, misfit = load_variant(base, policy, predictor)
+        loaded.append((policy, cfg, misfit))
         key = (policy, cfg.predictor.name)
         given = policy if predictor is None else f"{policy}@{predictor}"
         if key in seen:
@@ -582,3 +620,4 @@ def _check_variants(base: RunConfig, entries: list[tuple[str, str | None]]) -> N
                 f"{seen[key]} and {given} run the same policy with the same predictor ({cfg.predictor.name})",
             )
         seen[key] = given
+    return loaded
