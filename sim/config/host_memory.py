@@ -35,6 +35,13 @@ def host_expert_layers(model: ModelSpec, policy_class: Any, params: dict, all_re
     a layer-placing policy puts on the host, else all."""
     if all_resident:
         return 0
+    gpu_param = getattr(policy_class, "gpu_layers_param", None)
+    ranges = params.get(gpu_param) if gpu_param is not None else None
+    if isinstance(ranges, str):  # llama.cpp's -ot by layer range: the layers not named stay on the host
+        from sim.config.placement import parse_ranges
+
+        on_gpu = {layer for layer in parse_ranges(ranges, f"policy.params.{gpu_param}") if layer < model.moe_layers}
+        return model.moe_layers - len(on_gpu)
     param = getattr(policy_class, "host_layers_param", None)
     n = params.get(param) if param is not None else None
     if isinstance(n, int) and not isinstance(n, bool) and n >= 0:

@@ -17,6 +17,7 @@ model and the workload trace are known (:class:`RunFacts`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ class Rule:
     required: bool = False
     hint: str = ""
     training: bool = False
+    #: a string must match this regular expression in full (with ``what``, the words that say what it is)
+    pattern: str | None = None
 
 
 def between(minimum: float | None, maximum: float | None, kind: type | None = None, above: bool = False) -> Rule:
@@ -59,6 +62,11 @@ def between(minimum: float | None, maximum: float | None, kind: type | None = No
 def one_of(*choices: str) -> Rule:
     """One of these words."""
     return Rule(choices=tuple(choices), kind=str)
+
+
+def matching(pattern: str, what: str) -> Rule:
+    """A string matching the regular expression ``pattern`` in full; ``what`` says what it is (in messages)."""
+    return Rule(kind=str, pattern=pattern, hint=what)
 
 
 def file_path(what: str = "file", required: bool = False, hint: str = "") -> Rule:
@@ -154,7 +162,7 @@ def _declaration_problem(default: Any, rule: Rule | None) -> str | None:
         return f"has a {kind.__name__} default: params are numbers, strings or true/false"
     if kind in (int, float) and (rule is None or rule.minimum is None or rule.maximum is None):
         return "is a number without a declared range (a rule with its minimum and maximum)"
-    if kind is str and (rule is None or (rule.choices is None and rule.file is None)):
+    if kind is str and (rule is None or (rule.choices is None and rule.file is None and rule.pattern is None)):
         return "is a string without declared choices or a file kind"
     if default is not None:
         try:
@@ -214,6 +222,7 @@ def check_param(value: Any, default: Any, rule: Rule | None, where: str) -> Any:
         ok = (value > lo if rule.above else value >= lo) and value <= hi
     if ok and kind is str:
         ok = 0 < len(value) <= MAX_TEXT and (rule.choices is None or rule.file is not None or value in rule.choices)
+        ok = ok and (rule.pattern is None or re.fullmatch(rule.pattern, value) is not None)
     if not ok:
         raise ConfigError(where, f"must be {_want(kind, rule)}, got {show(value)}")
     if rule.file is not None and names_file(rule, value):
@@ -239,6 +248,8 @@ def _want(kind: type | None, rule: Rule) -> str:
         return f"a path to a {rule.file}" + (f" or one of {', '.join(rule.choices)}" if rule.choices else "")
     if rule.choices is not None:
         return f"one of {', '.join(rule.choices)}"
+    if rule.pattern is not None:
+        return rule.hint or f"a string matching {rule.pattern}"
     if kind in (int, float):
         lo, hi = _range(kind, rule)
         if kind is int:
@@ -256,6 +267,7 @@ __all__ = [
     "between",
     "check_param",
     "file_path",
+    "matching",
     "names_file",
     "one_of",
     "resolve_params",

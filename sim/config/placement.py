@@ -17,13 +17,21 @@ A cache size or ``cpu_layers`` given as well must equal what follows (so a resol
 value is refused naming its key. N counts MoE layers, as ``cpu_layers`` does (llama.cpp counts blocks, dense ones
 included: for a model whose first blocks are dense, such as DeepSeek-V3's 3, N blocks are N - 3 MoE layers).
 
-The mapping is meant to grow (llama.cpp's ``-ot`` tensor overrides by layer range, say): each key is a field of
-:class:`Placement`, checked on its own, and :func:`host_layers` turns the placement into the set of MoE layers whose
-experts stay on the host.
+``placement: {experts_on_gpu_layers: "A-B[,C-D]"}`` is llama.cpp's ``-ot`` tensor overrides by layer range (e.g.
+``-ot "blk.(1[0-9]|2[0-9]).ffn_.*_exps=CPU"`` keeps layers 10-29 on the host, which is ``"0-9,30-47"`` here): every
+routed expert of the named MoE layers (0-based, ranges inclusive, in increasing order, not overlapping) is on the
+GPU, the experts of every other MoE layer stay on the host. It sets the policy's ``gpu_layers_param``
+(``gpu_layers`` of ``ktransformers``) to the canonical text of the ranges and sizes the shared cache from the GPU
+layers, as ``n_cpu_moe`` does; the two keys are one field, so giving both is refused. Layer ids count MoE layers, as
+``n_cpu_moe`` does: for a model whose first D blocks are dense, llama.cpp's block B is MoE layer B - D.
+
+Each key is a field of :class:`Placement`, checked on its own, and :func:`host_layers` turns the placement into the
+set of MoE layers whose experts stay on the host.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +43,49 @@ from sim.errors import ConfigError
 MAX_PLACED_LAYERS = 4096
 #: The cache keys a placement sets, and the value each takes (shared_slots: computed).
 PLACED_CACHE = {"hpc_slots": 0, "mpc_slots": 0, "organization": "shared"}
+#: Layer ranges as text: ``A`` or ``A-B``, joined by commas (spaces around them allowed).
+RANGES_PATTERN = r"\s*[0-9]{1,4}(\s*-\s*[0-9]{1,4})?(\s*,\s*[0-9]{1,4}(\s*-\s*[0-9]{1,4})?)*\s*"
+RANGES_WORDS = 'layer ranges "A-B[,C-D]" (0-based MoE layers, inclusive, increasing, not overlapping)'
+
+
+def parse_ranges(value, where: str) -> tuple[int, ...]:
+    """The layers of ``"A-B[,C-D]"`` (a single layer ``A`` is ``A-A``), in order; ConfigError naming ``where`` for
+    text that is not ranges, a range that runs backwards, or ranges out of order or overlapping."""
+    if not isinstance(value, str) or re.fullmatch(RANGES_PATTERN, value) is None:
+        raise ConfigError(where, f'must be {RANGES_WORDS}, e.g. "0-9,20-29", got {show(value)}')
+    layers: list[int] = []
+    for part in value.split(","):
+        a, _, b = part.partition("-")
+        lo, hi = int(a), int(b or a)
+        if hi < lo:
+            raise ConfigError(where, f"has the range {lo}-{hi}, which runs backwards (give {hi}-{lo})")
+        if layers and lo <= layers[-1]:
+            raise ConfigError(
+                where, f"has {part.strip()} after layer {layers[-1]}: ranges must increase and not overlap"
+            )
+        if hi >= MAX_PLACED_LAYERS:
+            raise ConfigError(where, f"names layer {hi}, beyond the {MAX_PLACED_LAYERS} layers a trace may have")
+        layers.extend(range(lo, hi + 1))
+    return tuple(layers)
+
+
+def ranges_text(layers) -> str:
+    """The canonical text of a set of layers: ``"0-9,20-29"`` (a lone layer as ``"5-5"``)."""
+    out: list[str] = []
+    ids = sorted(set(layers))
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _ranges(value, where: str) -> str | None:
+    """``experts_on_gpu_layers``: null, or layer ranges (kept in canonical text)."""
+    return None if value is None else ranges_text(parse_ranges(value, where))
 
 
 @dataclass(frozen=True)
@@ -43,13 +94,34 @@ class Placement:
 
     # llama.cpp's --n-cpu-moe N: the experts of the first N MoE layers on the host, the others on the GPU
     n_cpu_moe: int | None = setting(None, integer(0, MAX_PLACED_LAYERS, allow_none=True), constructor_default=True)
+    # llama.cpp's -ot by layer range: every routed expert of these MoE layers on the GPU, the others' on the host
+    experts_on_gpu_layers: str | None = setting(None, _ranges, constructor_default=True)
 
     def to_dict(self) -> dict:
-        return to_plain(self)
+        d = to_plain(self)
+        if d["experts_on_gpu_layers"] is None:  # left out, so that an n_cpu_moe placement reads as before
+            d.pop("experts_on_gpu_layers")
+        return d
 
     @property
     def is_set(self) -> bool:
-        return self.n_cpu_moe is not None
+        return self.n_cpu_moe is not None or self.experts_on_gpu_layers is not None
+
+    @property
+    def gpu_layers(self) -> tuple[int, ...] | None:
+        """The MoE layers named by ``experts_on_gpu_layers`` (None when it is not given)."""
+        if self.experts_on_gpu_layers is None:
+            return None
+        return parse_ranges(self.experts_on_gpu_layers, "system.placement.experts_on_gpu_layers")
+
+    @property
+    def key(self) -> str:
+        """The file key that places the experts."""
+        return "n_cpu_moe" if self.n_cpu_moe is not None else "experts_on_gpu_layers"
+
+    @property
+    def value(self):
+        return self.n_cpu_moe if self.n_cpu_moe is not None else self.experts_on_gpu_layers
 
 
 def placement_from(value: Any, where: str) -> Placement | None:
@@ -59,12 +131,21 @@ def placement_from(value: Any, where: str) -> Placement | None:
     d = check_mapping(value, where)
     check_keys(d, where, (), keys_of(Placement), see="sim/config/placement.py")
     p = Placement(**read_settings(Placement, d, where))
+    if p.n_cpu_moe is not None and p.experts_on_gpu_layers is not None:
+        raise ConfigError(
+            f"{where}.experts_on_gpu_layers",
+            f"and n_cpu_moe ({p.n_cpu_moe}) both place the experts by layer: give one of them",
+        )
     return p if p.is_set else None
 
 
-def host_layers(placement: Placement, moe_layers: int) -> range:
+def host_layers(placement: Placement, moe_layers: int) -> list[int]:
     """The MoE layers whose routed experts stay on the host."""
-    return range(min(placement.n_cpu_moe or 0, moe_layers))
+    gpu = placement.gpu_layers
+    if gpu is not None:
+        on_gpu = set(gpu)
+        return [layer for layer in range(moe_layers) if layer not in on_gpu]
+    return list(range(min(placement.n_cpu_moe or 0, moe_layers)))
 
 
 def apply_placement(d: dict, placement: Placement | None, model, policy_class) -> None:
@@ -75,30 +156,42 @@ def apply_placement(d: dict, placement: Placement | None, model, policy_class) -
     if placement is None or not placement.is_set:
         return
     n = placement.n_cpu_moe
-    where = "system.placement.n_cpu_moe"
+    where = f"system.placement.{placement.key}"
     if n is not None and n > model.moe_layers:
         raise ConfigError(where, f"is {n}, more than the {model.moe_layers} MoE layers of {show(model.name)}")
+    gpu = placement.gpu_layers
+    if gpu and gpu[-1] >= model.moe_layers:
+        raise ConfigError(
+            where,
+            f"names layer {gpu[-1]}, but {show(model.name)} has {model.moe_layers} MoE layers "
+            f"(0-{model.moe_layers - 1})",
+        )
     if policy_class is None or getattr(policy_class, "all_resident", False):
         return  # an unknown policy is refused by its own check; gpu-only (the ceiling) keeps every expert anyway
-    _set_policy(d, n, policy_class, where)
+    if gpu is not None:
+        _set_policy(d, placement.experts_on_gpu_layers, policy_class, where, "gpu_layers_param")
+    else:
+        _set_policy(d, n, policy_class, where)
     roles = ["encoder"] * model.encoder_moe_layers + ["decoder"] * model.decoder_moe_layers
     _set_cache(d, placement, model, roles, where)
 
 
-def _set_policy(d: dict, n: int | None, policy_class, where: str) -> None:
-    param = getattr(policy_class, "host_layers_param", None)
+def _set_policy(d: dict, n, policy_class, where: str, declared: str = "host_layers_param") -> None:
+    """Set the policy's parameter ``declared`` names (``host_layers_param``: N host layers; ``gpu_layers_param``:
+    the ranges of GPU layers) to ``n``."""
+    param = getattr(policy_class, declared, None)
     name = getattr(policy_class, "name", "?")
     if param is None:
         raise ConfigError(
             where,
             f"places experts by layer as llama.cpp does, which runs no cache policy; policy {show(name)} does "
-            "not (give policy.name: ktransformers, or system.placement.n_cpu_moe: null to run a cache policy)",
+            f"not (give policy.name: ktransformers, or {where}: null to run a cache policy)",
         )
     policy = d["policy"]
     policy = {"name": policy} if isinstance(policy, str) else dict(check_mapping(policy, "policy"))
     params = dict(check_mapping(policy.get("params") or {}, "policy.params"))
     given = params.get(param)
-    if given is not None and given != -1 and given != n:
+    if given is not None and given != -1 and given != n and not (isinstance(n, str) and _same_ranges(given, n)):
         raise ConfigError(
             f"policy.params.{param}",
             f"is {show(given)}, but {where} is {n}: give one of them (the placement sets it)",
@@ -106,6 +199,14 @@ def _set_policy(d: dict, n: int | None, policy_class, where: str) -> None:
     params[param] = n
     policy["params"] = params
     d["policy"] = policy
+
+
+def _same_ranges(given, text: str) -> bool:
+    """Whether ``given`` is layer-range text naming the same layers as ``text``."""
+    try:
+        return parse_ranges(given, "") == parse_ranges(text, "")
+    except ConfigError:
+        return False
 
 
 def _set_cache(d: dict, placement: Placement, model, layer_roles: list[str], where: str) -> None:
@@ -118,7 +219,7 @@ def _set_cache(d: dict, placement: Placement, model, layer_roles: list[str], whe
         **PLACED_CACHE,
         "shared_slots": model.num_experts * sum(1 for layer in cached if layer not in on_host),
     }
-    n = placement.n_cpu_moe
+    n = placement.value
     for key in ("gpu_memory_gb", "split"):
         if cache.get(key) is not None:
             raise ConfigError(
@@ -147,4 +248,13 @@ def policy_class(value: Any, registry) -> Any:
     return registry.get(name) if isinstance(name, str) and name in registry.names() else None
 
 
-__all__ = ["MAX_PLACED_LAYERS", "Placement", "apply_placement", "host_layers", "placement_from", "policy_class"]
+__all__ = [
+    "MAX_PLACED_LAYERS",
+    "Placement",
+    "apply_placement",
+    "host_layers",
+    "parse_ranges",
+    "placement_from",
+    "policy_class",
+    "ranges_text",
+]

@@ -28,7 +28,10 @@ A profile holds (file keys; times in microseconds, converted to seconds in :clas
   (``avx2`` | ``avx512`` | ``amx``: the class the family computes with; null: the widest the CPU and the family
   share); ``host_threads`` is the kernels' threads (llama.cpp ``-t``, kTransformers ``cpu_infer``);
 - ``placement``: where the routed experts live by layer (:mod:`sim.config.placement`): ``{n_cpu_moe: N}`` is
-  llama.cpp's ``--n-cpu-moe N``, from which the policy's ``cpu_layers`` and the GPU's shared cache follow;
+  llama.cpp's ``--n-cpu-moe N``, ``{experts_on_gpu_layers: "A-B[,C-D]"}`` its ``-ot`` by layer range, from which the
+  policy's layer parameter and the GPU's shared cache follow;
+- ``experts_per_token``: fewer routed experts per token than the model's top-k (each token keeps its N
+  highest-ranked, :mod:`sim.core.experts_per_token`); null: the model's;
 - both phases (:mod:`sim.timing.phase_costs`, docs/phases.md; each default changes nothing): ``prefill_upload``
   (llama.cpp's op offload: a micro-batch of at least ``upload_min_batch`` tokens, scaled by num_experts / top_k
   with ``upload_moe_scaled`` as ik_llama.cpp does, copies the layer's host-held experts to the GPU, only the used
@@ -310,6 +313,10 @@ class SystemSpec:
     ubatch: int | None = setting(None, integer(1, 1 << 24, allow_none=True), constructor_default=True)
     # the KV cache in host memory (llama.cpp -nkvo): attention over the context is computed by the host CPU
     kv_on_host: bool = setting(False, _bool, constructor_default=True)
+    # fewer routed experts per token than the model's top-k (llama.cpp --override-kv ARCH.expert_used_count=int:N):
+    # each token keeps the N highest-ranked of its routed experts per layer (sim/core/experts_per_token.py);
+    # null: the model's top-k
+    experts_per_token: int | None = setting(None, integer(1, 1 << 15, allow_none=True), constructor_default=True)
     source: str = setting("inline", text(max_chars=4096), constructor_default=True)
 
     @property
@@ -335,7 +342,7 @@ class SystemSpec:
     def to_dict(self) -> dict:
         """The profile in the system-file schema (microseconds); loads back with :func:`load_system`."""
         d = to_plain(self)
-        for key in ("placement", "numa", "host_kernel", "host_isa"):
+        for key in ("placement", "numa", "host_kernel", "host_isa", "experts_per_token"):
             if d[key] is None:  # left out, so that a profile without one reads (and hashes) as before
                 d.pop(key)
         for key in PHASE_FIELDS:  # the same for the phases' settings at their defaults
@@ -405,6 +412,7 @@ def is_ideal(system: SystemSpec) -> bool:
             "expert_issue_s",
             "hit_issue_s",
             "placement",
+            "experts_per_token",
             *PHASE_FIELDS,
         )
     )

@@ -15,7 +15,9 @@ The rule here:
   layers is on the GPU (placement that differs by layer); the GPU room (``(hpc_slots + mpc_slots) x cached
   layers``, or ``cache.shared_slots``) must hold them, so that the config's memory check counts them. N counts MoE
   layers: llama.cpp counts blocks, dense ones included (DeepSeek-V3's first 3 blocks are dense: N blocks are
-  N - 3 MoE layers). -1 (default): off.
+  N - 3 MoE layers). -1 (default): off. ``params.gpu_layers: "A-B[,C-D]"`` is llama.cpp's ``-ot`` by layer range
+  (``system.placement.experts_on_gpu_layers``): every expert of the named MoE layers on the GPU, the others' on the
+  host (null, the default: off; not with ``cpu_layers``).
 - **Run time**: every other active expert is computed on the host (source ``cpu``); nothing is copied, promoted or
   prefetched. Uncached layers compute all their routed experts on the host.
 - Not modelled (guess that they matter little here): expert deferral (overlapping a layer's host experts with
@@ -25,7 +27,8 @@ The rule here:
 from __future__ import annotations
 
 from sim.config.checks import show
-from sim.config.params import MAX_EXPERTS, between, one_of
+from sim.config.params import MAX_EXPERTS, between, matching, one_of
+from sim.config.placement import RANGES_PATTERN, RANGES_WORDS, parse_ranges
 from sim.core.cache import CPU, HPC
 from sim.errors import ConfigError
 from sim.policies.base import POLICIES, LayerPlan, PolicyContext
@@ -39,21 +42,53 @@ def check_cpu_layers(n: int, layers: int, model: str, where: str) -> None:
         raise ConfigError(where, f"is {n}, more than the {layers} MoE layers of {model}")
 
 
-def room_words(n: int, need: int, room: int) -> str:
-    """Why ``cpu_layers: n`` does not fit the cache's room, and the one key that makes it fit."""
+def room_words(n, need: int, room: int) -> str:
+    """Why ``cpu_layers: n`` (or ``gpu_layers: "A-B"``) does not fit the cache's room, and the one key that makes
+    it fit."""
+    key = "experts_on_gpu_layers" if isinstance(n, str) else "n_cpu_moe"
+    shown = f'"{n}"' if isinstance(n, str) else n
     return (
-        f"{n} leaves {need} experts on the GPU, but the cache holds {room} ((hpc_slots + mpc_slots) x cached "
-        f"layers, or cache.shared_slots): set system.placement.n_cpu_moe: {n} instead, which sizes the cache "
+        f"{shown} leaves {need} experts on the GPU, but the cache holds {room} ((hpc_slots + mpc_slots) x cached "
+        f"layers, or cache.shared_slots): set system.placement.{key}: {shown} instead, which sizes the cache "
         f"(sim/config/placement.py), or cache.organization: shared with cache.shared_slots: {need}"
     )
 
 
 @POLICIES.register("ktransformers")
 class KTransformers(Placed):
-    PARAMS = {"placement": "per-layer", "cpu_layers": -1}
+    PARAMS = {"placement": "per-layer", "cpu_layers": -1, "gpu_layers": None}
     #: the param a system's placement by layer (``system.placement.n_cpu_moe``, sim/config/placement.py) sets
     host_layers_param = "cpu_layers"
-    PARAM_RULES = {"placement": one_of(*PLACEMENTS), "cpu_layers": between(-1, MAX_EXPERTS, kind=int)}
+    #: the param ``system.placement.experts_on_gpu_layers`` sets (the ranges' text)
+    gpu_layers_param = "gpu_layers"
+    PARAM_RULES = {
+        "placement": one_of(*PLACEMENTS),
+        "cpu_layers": between(-1, MAX_EXPERTS, kind=int),
+        "gpu_layers": matching(RANGES_PATTERN, RANGES_WORDS),
+    }
+
+    @classmethod
+    def validate_params(cls, params: dict, where: str) -> None:
+        """``gpu_layers`` is layer ranges, and not given with ``cpu_layers`` (both place experts by layer)."""
+        if params.get("gpu_layers") is None:
+            return
+        parse_ranges(params["gpu_layers"], f"{where}.gpu_layers")
+        if params.get("cpu_layers", -1) >= 0:
+            raise ConfigError(
+                f"{where}.gpu_layers", f"and cpu_layers ({params['cpu_layers']}) both place experts by layer: give one"
+            )
+
+    @staticmethod
+    def on_gpu(params: dict, layer: int) -> bool:
+        """Whether every expert of MoE ``layer`` is on the GPU under the layer params (``cpu_layers`` or
+        ``gpu_layers``; one of them set)."""
+        if params.get("gpu_layers") is not None:
+            return layer in set(parse_ranges(params["gpu_layers"], "policy.params.gpu_layers"))
+        return layer >= params["cpu_layers"]
+
+    @staticmethod
+    def by_layer(params: dict) -> bool:
+        return params.get("cpu_layers", -1) >= 0 or params.get("gpu_layers") is not None
 
     @classmethod
     def check_for_run(cls, params: dict, where: str, run) -> None:
@@ -61,34 +96,47 @@ class KTransformers(Placed):
         super().check_for_run(params, where, run)
         n, model = params.get("cpu_layers", -1), run.model
         check_cpu_layers(n, model.moe_layers, show(model.name), f"{where}.cpu_layers")
+        gpu = params.get("gpu_layers")
+        if gpu is not None:
+            layers = parse_ranges(gpu, f"{where}.gpu_layers")
+            if layers and layers[-1] >= model.moe_layers:
+                raise ConfigError(
+                    f"{where}.gpu_layers", f"names layer {layers[-1]}, beyond the {model.moe_layers} MoE layers"
+                )
 
     @classmethod
     def check_with_cache(cls, params: dict, where: str, run, cache) -> None:
         """``cpu_layers: N`` keeps every expert of the cached layers from N on on the GPU: the room must hold them
         (refused when the config loads, as the placement would refuse it when the run starts)."""
-        n = params.get("cpu_layers", -1)
-        if n < 0:
+        if not cls.by_layer(params):
             return
         roles = [x.role for x in run.trace.meta.model.layers]
         cached = [i for i, r in enumerate(roles) if cache.layers in ("all", r)]
-        need = run.model.num_experts * sum(1 for layer in cached if layer >= n)
+        need = run.model.num_experts * sum(1 for layer in cached if cls.on_gpu(params, layer))
         room = cache.total_slots(len(cached))
         if need > room:
-            raise ConfigError(f"{where}.cpu_layers", room_words(n, need, room))
+            key = "gpu_layers" if params.get("gpu_layers") is not None else "cpu_layers"
+            raise ConfigError(f"{where}.{key}", room_words(params[key], need, room))
 
     def is_global(self, ctx: PolicyContext) -> bool:
-        return self.params["cpu_layers"] >= 0 or super().is_global(ctx)
+        return self.by_layer(self.params) or super().is_global(ctx)
 
     def placement(self):
-        n = self.params["cpu_layers"]
-        if n < 0:
+        params = self.params
+        if not self.by_layer(params):
             return super().placement()
         ctx = self.ctx
-        check_cpu_layers(n, ctx.num_layers, "the run's model", "policy.params.cpu_layers")
-        placed = {layer: (list(ctx.hot_ranking[layer]) if layer >= n else []) for layer in sorted(ctx.cached_layers)}
+        key = "gpu_layers" if params.get("gpu_layers") is not None else "cpu_layers"
+        n = params[key]
+        if key == "cpu_layers":
+            check_cpu_layers(n, ctx.num_layers, "the run's model", "policy.params.cpu_layers")
+        on_gpu = {layer for layer in ctx.cached_layers if self.on_gpu(params, layer)}
+        placed = {
+            layer: (list(ctx.hot_ranking[layer]) if layer in on_gpu else []) for layer in sorted(ctx.cached_layers)
+        }
         need, room = sum(len(v) for v in placed.values()), ctx.shared_total()
         if need > room:
-            raise ConfigError("policy.params.cpu_layers", room_words(n, need, room))
+            raise ConfigError(f"policy.params.{key}", room_words(n, need, room))
         return placed
 
     def configure(self) -> None:
