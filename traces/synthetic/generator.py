@@ -495,11 +495,14 @@ class _TableSampler:
         if follow is not None and balance:
             self.column = self._balancing_columns()
         self.row_flat: np.ndarray | None = None  # every row's tilted CDF, when small enough to keep
+        self.row_law: np.ndarray | None = None  # and its tilted law (the re-draws without replacement read it)
         if follow is not None and source.size * self.e <= self.CACHE_CELLS:
             chunks = [np.arange(s, min(s + self.CHUNK, source.size)) for s in range(0, source.size, self.CHUNK)]
+            tilted = [self._tilted(c) for c in chunks]
             self.row_flat = np.concatenate(
-                [self._flat_cdf(self._tilted(c), int(c[0])) for c in chunks] or [np.zeros(0)]
+                [self._flat_cdf(t, int(c[0])) for t, c in zip(tilted, chunks)] or [np.zeros(0)]
             )
+            self.row_law = np.concatenate(tilted) if tilted else np.zeros((0, self.e))
 
     @staticmethod
     def _flat_cdf(laws: np.ndarray, first: int = 0) -> np.ndarray:
@@ -571,7 +574,10 @@ class _TableSampler:
 
     def law_of(self, rows: np.ndarray) -> np.ndarray:
         """[len(rows), experts]: each row's law as drawn (tilted and balanced where it is pulled), normalized."""
-        law = self.laws[self.source[rows]] if self.follow is None else self._tilted(rows)
+        if self.follow is None:
+            law = self.laws[self.source[rows]]
+        else:  # a row's tilted law does not depend on the rows computed with it: the kept one is the same
+            law = self._tilted(rows) if self.row_law is None else self.row_law[rows]
         return law / law.sum(axis=1, keepdims=True)
 
     def draw_excluding(self, rows: np.ndarray, held: np.ndarray) -> np.ndarray:
