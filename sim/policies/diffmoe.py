@@ -225,12 +225,13 @@ class DiffMoE(Policy):
         by_held = self.params["in_cache_check"] == "intended" or layer == self._first_cached
         if self._dtype is np.int64 and not self.params["floor"]:
             # exact integers: v - d_in is (v - d_out) - (d_in - d_out), so only the few held experts take a second
-            # step (the held ones: the HPC and the slots, as ``held`` marks them)
+            # step: those ``held`` marks, the layer's HPC and MPC (the slots' experts; the two are disjoint)
             s = [v - d_out for v in s]
             if by_held and d_in != d_out:
                 extra = d_in - d_out
-                for x in {*self.cache.hpc[layer], *self.slots[layer]}:
-                    s[x] -= extra
+                for tier in (self.cache.hpc[layer], self.cache.mpc[layer]):
+                    for x in tier:
+                        s[x] -= extra
             return s
         if by_held:
             s = [v - d_in if h else v - d_out for v, h in zip(s, self.held[layer])]
