@@ -41,6 +41,16 @@ def gb_pair(larger: float, smaller: float) -> tuple[str, str]:
     return a, b
 
 
+def expert_slots(hpc_slots: int, mpc_slots: int, n_layers: int, shared_slots: int | None = None) -> int:
+    """Cached-expert slots on the GPU over ``n_layers`` cached layers (working buffers aside): a shared cache's
+    ``shared_slots`` when given, else ``(hpc_slots + mpc_slots) x n_layers`` (per-layer slots, or a shared cache of
+    the same GPU memory). The one place this total is computed: the config's memory check
+    (``CacheConfig.total_slots``) and the policies' shared cache (``PolicyContext.shared_total``) read it here."""
+    if shared_slots is not None:
+        return shared_slots
+    return (hpc_slots + mpc_slots) * n_layers
+
+
 class DoesNotFit(ConfigError):
     """A config whose parts do not fit in the GPU's memory: a ConfigError (one line naming the field, exit status
     2) that also holds the numbers, so that a comparison or a sweep can show it as a row instead of failing.
@@ -68,4 +78,4 @@ class DoesNotFit(ConfigError):
         return f"does not fit ({need} GB > {gpu} GB{'' if self.memory == 'GPU' else ' of host memory'})"
 
 
-__all__ = ["DoesNotFit", "SIGNIFICANT", "gb", "gb_pair"]
+__all__ = ["DoesNotFit", "SIGNIFICANT", "expert_slots", "gb", "gb_pair"]

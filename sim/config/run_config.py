@@ -64,7 +64,7 @@ from sim.config.fields import (
 from sim.config.files import PROJECT_ROOT, file_status, read_structured_file, resolve_path
 from sim.config.hardware import HardwareSpec, load_hardware
 from sim.config.host_memory import host_memory_check
-from sim.config.memory import DoesNotFit, gb, gb_pair
+from sim.config.memory import DoesNotFit, expert_slots, gb, gb_pair
 from sim.config.model import ModelSpec, load_model
 from sim.config.overrides import apply_set
 from sim.config.params import RunFacts
@@ -167,10 +167,9 @@ class CacheConfig:
 
     def total_slots(self, n_layers: int) -> int:
         """Cached-expert slots on the GPU over ``n_layers`` cached layers (working buffers aside): per-layer,
-        ``(hpc_slots + mpc_slots) x n_layers``; shared, ``shared_slots`` (by default the same)."""
-        if self.organization == "shared" and self.shared_slots is not None:
-            return self.shared_slots
-        return (self.hpc_slots + self.mpc_slots) * n_layers
+        ``(hpc_slots + mpc_slots) x n_layers``; shared, ``shared_slots`` (by default the same): :func:`expert_slots`."""
+        shared = self.shared_slots if self.organization == "shared" else None
+        return expert_slots(self.hpc_slots, self.mpc_slots, n_layers, shared)
 
 
 @dataclass(frozen=True)

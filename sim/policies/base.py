@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sim.config.memory import expert_slots
 from sim.config.params import Parametrised
 from sim.core.admission import AdmissionDriver
 from sim.core.cache import CPU, HPC, LPC, MISS, MPC, SharedTierCache, TierCache
@@ -131,10 +132,8 @@ class PolicyContext:
         return self.costs
 
     def shared_total(self) -> int:
-        """The experts a shared cache holds, HPC included."""
-        if self.shared_slots is not None:
-            return self.shared_slots
-        return (self.hpc_slots + self.mpc_slots) * len(self.cached_layers)
+        """The experts a shared cache holds, HPC included (:func:`~sim.config.memory.expert_slots`)."""
+        return expert_slots(self.hpc_slots, self.mpc_slots, len(self.cached_layers), self.shared_slots)
 
 
 class Policy(Parametrised):
