@@ -13,7 +13,8 @@ see the same machine state:
 - a bare Python per-layer LRU loop over the same token rows: a dict of last use per layer, each missing expert
   evicting the least recently used expert that is not in the step when the layer's slots are full: the floor any
   Python decision path pays;
-- the ratio sim run / bare, beside the target (0.33) and the ratio the code had before the decision path was sped
+- the ratio sim run / bare, beside its target (``TARGETS``: 0.33 for the first case; the predictors' path, issue 35:
+  0.2 for ``lru:1:transition`` and 0.15 for ``diffmoe:1:transition``) and the ratio the code had before it was sped
   up (``BEFORE``, measured with this benchmark on the same machine).
 
 A case is ``policy:batch``, or ``policy:batch:predictor`` to run with a predictor (``diffmoe:1:transition`` is the
@@ -21,6 +22,7 @@ config's own policy and predictor: its prefetches keep most copies on the copy e
 the same for every case.
 
 Run: .venv/bin/python benchmarks/bench_decisions.py [--requests 40] [--repeat 3] [--cases lru:1,diffmoe:16]
+(the transition cases alone: --cases lru:1,lru:1:transition,diffmoe:1:transition)
 """
 
 from __future__ import annotations
@@ -41,12 +43,15 @@ from sim.run import simulate  # noqa: E402
 from traces.io import load_trace  # noqa: E402
 
 CONFIG = "configs/gpt_oss_20b.yaml"
-TARGET = 0.33  # sim run / bare LRU on the first case
+TARGETS = {"lru:1": 0.33, "lru:1:transition": 0.2, "diffmoe:1:transition": 0.15}  # sim run / bare LRU
 SLOTS = 8  # the target case's slots per layer
-#: sim run / bare LRU on the first case (median of 3, 40 requests) at commit 4423dde, before the speed-up, on the
-#: 2-core machine this benchmark was written on: ``git worktree add /tmp/base 4423dde``, this file copied there,
-#: then ``cd /tmp/base && .venv/bin/python benchmarks/bench_decisions.py --cases lru:1``.
-BEFORE = {"lru:1": 0.22}
+#: sim run / bare LRU (median of 3, 40 requests) before each speed-up, on the 2-core machine this benchmark was
+#: written on: lru:1 at commit 4423dde (``git worktree add /tmp/base 4423dde``, this file copied there, then ``cd
+#: /tmp/base && .venv/bin/python benchmarks/bench_decisions.py --cases lru:1``); the transition cases at commit
+#: 5e6c4a2, before the predictors' path was sped up (``git archive 5e6c4a2 | tar -x -C /tmp/base``, then ``cd /tmp/base
+#: && .venv/bin/python benchmarks/bench_decisions.py --cases lru:1,lru:1:transition,diffmoe:1:transition``, the
+#: machine otherwise idle).
+BEFORE = {"lru:1": 0.22, "lru:1:transition": 0.13, "diffmoe:1:transition": 0.11}
 
 
 def bare_lru(trace, iterations, slots: int) -> tuple[int, float]:
@@ -115,11 +120,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--cases", default="lru:1,lru:16,diffmoe:1,diffmoe:16")
+    ap.add_argument("--cases", default="lru:1,lru:16,diffmoe:1,diffmoe:16,lru:1:transition,diffmoe:1:transition")
     args = ap.parse_args()
     print(
         f"{CONFIG}, first {args.requests} requests, no predictor unless a case names one; rates in layer-steps per "
-        f"second (median of {args.repeat} interleaved runs); target sim/bare >= {TARGET} on lru:1 ({SLOTS} slots)"
+        f"second (median of {args.repeat} interleaved runs); {SLOTS} slots; targets sim/bare: "
+        + ", ".join(f"{case} >= {t}" for case, t in TARGETS.items())
     )
     print(
         f"{'case':<21} {'slots':>5} {'layer-steps':>11} {'sim run':>9} {'engine':>9} {'replay':>9} "
@@ -132,7 +138,7 @@ def main() -> None:
             key=lambda r: r["sim"] / r["bare"],
         )
         r = runs[len(runs) // 2]
-        target = f"{TARGET:.2f}" if case == "lru:1" else "-"
+        target = f"{TARGETS[case]:.2f}" if case in TARGETS else "-"
         before = f"{BEFORE[case]:.2f}" if case in BEFORE else "-"
         print(
             f"{case:<21} {r['slots']:>5} {r['steps']:>11,} {r['sim']:>9,.0f} {r['engine']:>9,.0f} "
