@@ -14,7 +14,6 @@ from sim.core.workload import Iteration, WorkloadInfo, build_iterations
 from sim.policies import Policy
 from sim.request_results import request_summary
 from sim.results import summarize
-from sim.timing.costs import CostModel
 from sim.timing.engine import EngineResult, Simulation
 from sim.timing.phase_costs import phase_costs_for
 from traces.format import Trace
@@ -69,9 +68,7 @@ def simulate(
             cfg.system.ubatch,
         )
         policy, predictor = build_decisions(cfg, trace, iterations)
-    costs = policy.ctx.costs  # the policy's own, if it has one
-    if costs is None or costs.system is not cfg.system:
-        costs = CostModel(cfg.model, cfg.hardware, cfg.system)
+    costs = policy.ctx.cost_model(cfg.policy.name)  # the run's, built once by build_decisions
     sim = Simulation(
         trace,
         iterations,
