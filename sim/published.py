@@ -84,6 +84,7 @@ class PublishedRow:
     plan: RowPlan
     row: Row | None  # None: not expressible (plan.missing says why)
     line: int
+    hardware: str | None = None  # the machine its parts name (None: a part is not bundled)
 
     @property
     def id(self) -> str:
@@ -99,8 +100,9 @@ def _check(cells: dict[str, str], where: str) -> None:
             if not v.isprintable():
                 raise ConfigError(where, f"{col} holds a control character, line break or tab")
         elif col in INTEGER_COLUMNS:
-            if v and not (INTEGER.fullmatch(v) and len(v) <= 9 and int(v) >= 0):
-                raise ConfigError(where, f"{col} must be a whole number >= 0 or blank, got {brief(v)}")
+            least = 1 if col in ("gpu_count", "sockets", "batch") else 0
+            if v and not (INTEGER.fullmatch(v) and len(v) <= 9 and int(v) >= least):
+                raise ConfigError(where, f"{col} must be a whole number >= {least} or blank, got {brief(v)}")
         elif col in NUMBER_COLUMNS:
             _positive(v, col, where)
         elif col in ("row", "system", "role", "metric", "model", "gpu", "cpu"):
@@ -162,7 +164,7 @@ def row_of(cells: dict[str, str], line: int, path: str) -> PublishedRow:
     if gap:
         plan.missing.append(gap)
     if plan.missing:
-        return PublishedRow(cells, plan, None, line)
+        return PublishedRow(cells, plan, None, line, hw)
     assert hw is not None and trace is not None
     r = Row(
         row=cells["row"],
@@ -186,7 +188,7 @@ def row_of(cells: dict[str, str], line: int, path: str) -> PublishedRow:
         file=path,
         trace="" if model in TRACES else trace[0],
     )
-    return PublishedRow(cells, plan, r, line)
+    return PublishedRow(cells, plan, r, line, hw)
 
 
 def read_published(path: str | Path) -> list[PublishedRow]:
@@ -253,7 +255,7 @@ def evaluate(rows: list[PublishedRow], simulate: Callable[[Row, dict], float] | 
                 "role": p.cells["role"],
                 "system": p.cells["system"],
                 "metric": p.cells["metric"],
-                "hardware": None if p.row is None else p.row.hardware,
+                "hardware": p.hardware,
                 "published_tok_s": float(p.cells["published_tok_s"]) if p.cells["published_tok_s"] else None,
                 "predicted_tok_s": None if res is None else res["predicted_tok_s"],
                 "error": None if res is None else res["error"],

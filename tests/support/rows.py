@@ -51,3 +51,37 @@ def write_rows(path: Path, rows, columns=COLUMNS) -> Path:
         w.writeheader()
         w.writerows(rows)
     return path
+
+
+def row_v2(rid, role="fit", published="2.0", **kw) -> dict:
+    """A valid published row in the v2 columns (benchmarks/published/SCHEMA.md): mixtral-offloading on an A100 with
+    experts loaded on demand, a fit row unless told; ``kw`` sets other cells."""
+    d = {
+        "row": rid,
+        "source": "test",
+        "system": "mixtral-offloading",
+        "system_version": "",
+        "model": "mixtral-8x7b-instruct",
+        "expert_format": "hqq-2bit",
+        "expert_bpw": "3.11",
+        "dense_format": "hqq-4bit",
+        "gpu": "a100-sxm4-80gb",
+        "gpu_count": "1",
+        "cpu": "unspecified-server",
+        "sockets": "",
+        "memory": "",
+        "memory_gb": "",
+        "pcie": "gen4",
+        "batch": "1",
+        "metric": "decode",
+        "prompt_tokens": "",
+        "context_tokens": "",
+        "decode_tokens": "",
+        "placement": "gpu_experts_per_layer=0",
+        "options": "expert_cache=none;speculative_prefetch=off;offload_buffers=4",
+        "published_tok_s": published,
+        "role": role,
+        "notes": "",
+    }
+    d.update(kw)
+    return d

@@ -14,7 +14,9 @@ from sim.config.row_machines import host_of_words, machine_of
 from sim.errors import ConfigError
 from tests.support.paths import ROOT
 
-#: Each published row's machine, as the rows file's words map it (the same profiles as before parts existed).
+#: Each published row's machine, as its v2 columns (gpu, cpu, sockets, memory, memory_gb, pcie) map it: the bundled
+#: profile of the same parts (with the row's installed memory), else one composed from the parts, else (a host the
+#: row does not name) the GPU's own machine.
 PUBLISHED = {
     "a100-sxm4-80gb": "a100-sxm4-80gb",
     "rtx3080-mobile-16gb": "rtx3080-mobile-16gb",
@@ -22,20 +24,24 @@ PUBLISHED = {
     "t4-16gb": "t4-16gb",
     "fiddler-quadro-rtx6000": "quadro-rtx6000-24gb",
     "fiddler-l4": "l4-24gb",
-    "kt-v0.2-4090d-1x6454s": "rtx4090d-1x6454s",
-    "kt-v0.2-4090d-2x6454s": "rtx4090d-2x6454s",
-    "kt-v0.2.1-4090-2x6454s": "rtx4090-2x6454s",
+    "kt-v0.2-4090d-1x6454s": "rtx4090d-1x6454s+1024gb",
+    "kt-v0.2-4090d-2x6454s": "rtx4090d-2x6454s+1024gb",
+    "kt-v0.2.1-4090-2x6454s": "rtx4090-2x6454s+1024gb",
+    "kt-sosp": "rtx4080-16gb+2x-xeon-8452y+ddr5+1024gb+gen4",
+    "ik": "rtx4080-16gb+1x-ryzen9-7950x+2xddr5+gen4",
 }
 
 
 def test_the_published_rows_run_on_the_profiles_of_their_parts():
     with open(ROOT / "benchmarks" / "published" / "rows.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert len(rows) == 17
+    assert len(rows) == 33
     for r in rows:
-        cpu, sockets, memory = host_of_words(r["host"])
         want = next(v for k, v in PUBLISHED.items() if k in r["row"])
-        assert machine_of(r["gpu"], cpu, sockets, memory, None, r["pcie"]) == want, r["row"]
+        sockets = int(r["sockets"]) if r["sockets"] else None
+        memory_gb = float(r["memory_gb"]) if r["memory_gb"] else None
+        got = machine_of(r["gpu"], r["cpu"] or None, sockets, r["memory"] or None, memory_gb, r["pcie"])
+        assert got == want, r["row"]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,136 @@
+"""Published rows in the v2 columns (sim/published.py, sim/config/row_settings.py): every column value becomes a
+setting or a missing capability by name, a row with a missing capability is a miss (never simulated), the fit reads
+only the fit rows (predict rows' published values blanked or garbled give identical output), and a bad file is
+refused naming the file, the row and the problem. A stand-in simulation keeps these fast."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from sim.config.row_settings import OPTIONS, plan_of
+from sim.errors import ConfigError
+from sim.fit_system import SYSTEMS
+from sim.published import COLUMNS_V2, evaluate, read_published
+from tests.support.paths import ROOT
+from tests.support.rows import row_v2, write_rows
+
+PUBLISHED = ROOT / "benchmarks" / "published" / "rows.csv"
+SCHEMA = ROOT / "benchmarks" / "published" / "SCHEMA.md"
+
+
+def fake_sim(r, constants):
+    """A stand-in simulation monotone in each fitted constant, differing by row (its batch and GPU slots)."""
+    base = 3.0 + 0.1 * (r.gpu_experts_per_layer or 0) + r.batch
+    if "layer_overhead_us" in constants:
+        return base / (1.0 + constants["layer_overhead_us"] / 1e4)
+    return base * constants.get("host_bw_fraction", 1.0)
+
+
+def test_the_shipped_rows_are_read_in_every_column_and_each_miss_names_its_capability():
+    rows = read_published(PUBLISHED)
+    assert len(rows) == 33 and sum(p.cells["role"] == "fit" for p in rows) == 11
+    header = PUBLISHED.read_text().splitlines()[0].split(",")
+    assert tuple(header) == COLUMNS_V2
+    for p in rows:
+        assert (p.row is None) == bool(p.plan.missing), p.id
+        assert all(m and m.strip() == m for m in p.plan.missing)
+    by_id = {p.id: p for p in rows}
+    assert "prefill (metric=prefill) not modelled" in by_id["ik-ik490-q30b-pp2048-ub512"].plan.missing
+    assert by_id["mo-hqq-2bit-t4-16gb-full"].row.variant == "full"
+    assert by_id["mo-hqq-2bit-t4-16gb-none"].row.variant == "none"
+    assert by_id["mo-hqq-2bit-rtx3060-12gb-lru"].row.gpu_experts_per_layer == 2
+
+
+def test_every_option_key_and_placement_of_the_schema_has_a_rule():
+    text = SCHEMA.read_text()
+    section = text[text.index("## options keys") : text.index("## Reading the token columns")]
+    keys = re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
+    assert len(keys) > 20 and set(keys) <= set(OPTIONS), set(keys) - set(OPTIONS)
+
+
+@pytest.mark.parametrize(
+    "change, capability",
+    [
+        ({"metric": "prefill", "prompt_tokens": "512", "decode_tokens": "0"}, "prefill (metric=prefill) not modelled"),
+        ({"options": "kernel=amx;experts_per_token=6"}, "experts_per_token"),
+        ({"options": "foo=bar"}, "option foo"),
+        ({"options": "nkvo=on"}, "nkvo=on"),
+        ({"system": "ik_llama.cpp"}, "system ik_llama.cpp has no profile"),
+        ({"model": "gpt-5"}, "model gpt-5 has no profile"),
+        ({"gpu": "rtx4090-24gb", "cpu": "epyc-9999"}, "hardware part: cpu 'epyc-9999' has no part"),
+        ({"gpu_count": "2"}, "gpu_count=2 (several GPUs)"),
+        ({"expert_format": "iq9_zz", "expert_bpw": ""}, "expert_format iq9_zz (bits unknown)"),
+        ({"placement": "experts_on_gpu_layers=0-3"}, "placement experts_on_gpu_layers"),
+        ({"context_tokens": "4096"}, "context depth"),
+    ],
+)
+def test_a_row_the_simulator_cannot_express_is_a_miss_naming_the_capability(tmp_path, change, capability):
+    path = write_rows(tmp_path / "rows.csv", [row_v2("ok"), row_v2("x", role="predict", **change)], COLUMNS_V2)
+    rows = read_published(path)
+    assert rows[0].row is not None and rows[1].row is None
+    assert any(m.startswith(capability) for m in rows[1].plan.missing), rows[1].plan.missing
+    ev = evaluate(rows, simulate=fake_sim)
+    miss = ev["rows"][1]
+    assert miss["predicted_tok_s"] is None and miss["error"] is None
+    assert ev["summary"]["predicted"] == 0 and ev["summary"]["predict_rows"] == 1
+    assert any(c.startswith(capability) for c in ev["summary"]["misses"])
+
+
+def test_options_map_to_settings():
+    cells = {c: "" for c in COLUMNS_V2} | row_v2("a")
+    plan = plan_of(cells | {"system": "ktransformers", "options": "numa=replicate;cpu_infer=65"}, set(SYSTEMS))
+    d = plan.overlay({"system": {"base": "ktransformers"}, "cache": {"lpc_buffers": 1}})
+    assert d["system"] == {"base": "ktransformers", "numa": "replicated", "host_threads": 65}
+    plan = plan_of(cells | {"options": "expert_cache=lru;speculative_prefetch=on;offload_buffers=3"}, set(SYSTEMS))
+    assert plan.variant == "full" and plan.overlay({"cache": {"lpc_buffers": 4}})["cache"] == {"lpc_buffers": 3}
+
+
+def test_predict_rows_published_values_cannot_reach_the_fit(tmp_path):
+    """Blanking or garbling every predict row's published value leaves the fits and every prediction identical."""
+    base = [
+        row_v2("fit-a100", published="2.0"),
+        row_v2("fit-t4", gpu="t4-16gb", cpu="unspecified-cloud-vm", pcie="gen3", published="1.0"),
+        row_v2("p1", role="predict", published="2.5", placement="gpu_experts_per_layer=4", options="expert_cache=lru"),
+        row_v2("p2", role="predict", published="9.9", gpu="t4-16gb", cpu="unspecified-cloud-vm", batch="2"),
+    ]
+    outs = []
+    for value in (None, "", "0.001", "12345"):
+        rows = [dict(r, published_tok_s=value) if value is not None and r["role"] == "predict" else r for r in base]
+        ev = evaluate(read_published(write_rows(tmp_path / f"{value}.csv", rows, COLUMNS_V2)), simulate=fake_sim)
+        outs.append((ev["fits"], [(r["row"], r["predicted_tok_s"], r["constants"]) for r in ev["rows"]]))
+    assert all(o == outs[0] for o in outs[1:])
+    assert outs[0][0]["mixtral-offloading"].per_gpu["a100-sxm4-80gb"] > 0
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"batch": "two"}, "batch must be a whole number"),
+        ({"role": "train"}, "role must be fit or predict"),
+        ({"published_tok_s": ""}, "published_tok_s is blank but the row is a fit row"),
+        ({"options": "threads"}, "is not key=value"),
+        ({"placement": "cpu experts"}, "placement must be machine-readable"),
+    ],
+)
+def test_a_bad_row_names_the_file_the_row_and_the_problem(tmp_path, change, problem):
+    path = write_rows(tmp_path / "rows.csv", [row_v2("ok"), row_v2("bad", **change)], COLUMNS_V2)
+    with pytest.raises(ConfigError) as exc:
+        read_published(path)
+    assert str(path) in str(exc.value) and "row 3 (bad)" in str(exc.value) and problem in str(exc.value)
+
+
+def test_the_benchmark_exits_2_on_a_file_of_the_old_columns(tmp_path):
+    old = tmp_path / "old.csv"
+    old.write_text("row,source,system,variant\nx,y,fiddler,\n")
+    res = subprocess.run(
+        [sys.executable, "benchmarks/published_systems.py", "--rows", str(old)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and "old.csv" in res.stderr and "lacks the v2 columns" in res.stderr
