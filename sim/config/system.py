@@ -31,7 +31,8 @@ A profile holds (file keys; times in microseconds, converted to seconds in :clas
   llama.cpp's ``--n-cpu-moe N``, ``{experts_on_gpu_layers: "A-B[,C-D]"}`` its ``-ot`` by layer range, from which the
   policy's layer parameter and the GPU's shared cache follow;
 - ``experts_per_token``: fewer routed experts per token than the model's top-k (each token keeps its N
-  highest-ranked, :mod:`sim.core.experts_per_token`); null: the model's;
+  highest-ranked, :mod:`sim.core.experts_per_token`); null: the model's; ``deferral``: kTransformers' expert
+  deferral, each token's D lowest-ranked host experts computed beside the next layer (sim/timing/engine.py);
 - both phases (:mod:`sim.timing.phase_costs`, docs/phases.md; each default changes nothing): ``prefill_upload``
   (llama.cpp's op offload: a micro-batch of at least ``upload_min_batch`` tokens, scaled by num_experts / top_k
   with ``upload_moe_scaled`` as ik_llama.cpp does, copies the layer's host-held experts to the GPU, only the used
@@ -317,6 +318,10 @@ class SystemSpec:
     # each token keeps the N highest-ranked of its routed experts per layer (sim/core/experts_per_token.py);
     # null: the model's top-k
     experts_per_token: int | None = setting(None, integer(1, 1 << 15, allow_none=True), constructor_default=True)
+    # kTransformers' expert deferral (SOSP'25; SGLang --kt-max-deferred-experts-per-token): of each token's routed
+    # experts computed on the host, its `deferral` lowest-ranked run after the layer, beside the next layer's GPU
+    # work, and the GPU waits for the others only (sim/timing/engine.py HostStream); 0: none
+    deferral: int = setting(0, integer(0, 1 << 15), constructor_default=True)
     source: str = setting("inline", text(max_chars=4096), constructor_default=True)
 
     @property
@@ -345,6 +350,8 @@ class SystemSpec:
         for key in ("placement", "numa", "host_kernel", "host_isa", "experts_per_token"):
             if d[key] is None:  # left out, so that a profile without one reads (and hashes) as before
                 d.pop(key)
+        if d["deferral"] == 0:
+            d.pop("deferral")
         for key in PHASE_FIELDS:  # the same for the phases' settings at their defaults
             if d[key] == getattr(IDEAL, key):
                 d.pop(key)
@@ -413,6 +420,7 @@ def is_ideal(system: SystemSpec) -> bool:
             "hit_issue_s",
             "placement",
             "experts_per_token",
+            "deferral",
             *PHASE_FIELDS,
         )
     )

@@ -51,6 +51,10 @@ engine per direction, so device->host is separate; that the small host->device a
 a weight copy on the same direction is an assumption), they do not slow the weight copies, and the host's compute
 neither slows the GPU nor the weight copies (host memory bandwidth shared with the link's DMA is ignored), nor is
 it slowed by the host thread issuing copies. A run without host experts is timed exactly as before.
+Expert deferral (a system's ``deferral: D``, kTransformers SOSP'25): the host experts that every token of the layer
+ranks among its D lowest are computed after the others, beside the next layer's GPU work; the GPU waits for the
+others only, the next layer's host work starts after the deferred, and a layer without host experts (and the LM
+head) waits for them (:meth:`HostStream.run_deferring`). With D = 0 nothing changes.
 
 Processes and events (SimPy's public API only, so that other processes may share the environment): the compute
 stream (:class:`ComputeStream`) is the run's driver and keeps its own clock (``sim/timing/clock.py``). The copy
@@ -148,10 +152,14 @@ class HostStream:
         self.costs, self.trace, self.timeline = costs, trace, timeline
         self.expert_s = Memo(costs.cpu_expert_s)  # tokens -> one expert's compute on the host CPU
         self.layer_s = costs.cpu_layer_s  # a kernel family's one call per MoE layer (0: its calls are per expert)
+        self.deferral = costs.system.deferral  # experts per token deferred to the next layer (0: none)
+        self.free = 0.0  # with deferral: when the host ends the deferred experts it has been given
 
     def run(self, now: float, it: Iteration, layer: int, counts, cpu) -> tuple[float, float]:
         """The host side of ``layer`` whose decisions are taken at ``now``: (when the outputs are on the GPU, the
         host's busy seconds)."""
+        if self.deferral:
+            return self.run_deferring(now, it, layer, counts, cpu)
         costs, tl, expert_s = self.costs, self.timeline, self.expert_s
         n = cpu_tokens(self.trace, it, layer, cpu)
         d2h = costs.activation_copy_s(n, "d2h")
@@ -168,6 +176,48 @@ class HostStream:
         if tl is not None:
             tl.host(layer, "activations h2d", t + host, h2d)
         return t + host + h2d, host
+
+    def deferred(self, it: Iteration, layer: int, cpu) -> set:
+        """The layer's host experts that are deferred: those that every token routed to them ranks among its
+        ``deferral`` lowest (kTransformers' kt-kernel ``select_deferred_experts``: the top k - D by routing score
+        are protected, the rest deferred; the trace stores a token's experts highest first)."""
+        protected = max(self.trace.top_k - self.deferral, 0)
+        ids = self.trace.experts[it.rows, layer]  # [tokens, k]
+        kept = set(ids[:, :protected].ravel().tolist())
+        return {e for e in cpu if e not in kept}
+
+    def run_deferring(self, now: float, it: Iteration, layer: int, counts, cpu) -> tuple[float, float]:
+        """Expert deferral: the host starts the layer's immediate experts when the activations arrive and it has
+        ended the deferred experts it holds (those of the layer before, which ran beside this layer's GPU work);
+        the outputs the GPU waits for are the immediate ones; the deferred experts follow at once (their outputs
+        join the next layer's, whose immediate experts start after them; the LM head waits for the last:
+        :meth:`ComputeStream.lm_head`)."""
+        costs, tl, expert_s = self.costs, self.timeline, self.expert_s
+        n = cpu_tokens(self.trace, it, layer, cpu)
+        d2h = costs.activation_copy_s(n, "d2h")
+        t = max(now + d2h, self.free)
+        if tl is not None:
+            tl.host(layer, "activations d2h", now, d2h)
+        later = self.deferred(it, layer, cpu)
+        host = self.layer_s
+        for e in cpu:
+            if e not in later:
+                c = expert_s[counts[e]]
+                if tl is not None:
+                    tl.host(layer, f"E{e} cpu", t + host, c)
+                host += c
+        deferred_s = 0.0
+        for e in cpu:
+            if e in later:
+                c = expert_s[counts[e]]
+                if tl is not None:
+                    tl.host(layer, f"E{e} cpu deferred", t + host + deferred_s, c)
+                deferred_s += c
+        self.free = t + host + deferred_s
+        h2d = costs.activation_copy_s(n, "h2d")
+        if tl is not None:
+            tl.host(layer, "activations h2d", t + host, h2d)
+        return t + host + h2d, host + deferred_s
 
 
 class ComputeStream(StreamClock):
@@ -334,6 +384,8 @@ class ComputeStream(StreamClock):
                 self.serve_back_to_back(step, asked)
         if cpu:
             self.wait_host(cpu_done)
+        elif self.host.deferral:  # the layer before's deferred experts join this layer's output
+            self.wait_host(self.host.free)
 
     def host_attention(self, layer: int) -> None:
         """-nkvo: the layer's attention over the context on the host CPU, the stream waiting for it."""
@@ -533,6 +585,8 @@ class ComputeStream(StreamClock):
 
     def lm_head(self, it: Iteration) -> None:
         """The LM head closes the iteration: over every generated token, or each prefilled request's last."""
+        if self.host.deferral:  # the last layer's deferred experts join its output before the LM head
+            self.wait_host(self.host.free)
         n_tok = int(it.rows.size) if it.emits is None else it.emits
         lm = self.lm_head_of[n_tok if it.kind == "decode" or it.emits is not None else it.requests]
         if lm and self.slowed:

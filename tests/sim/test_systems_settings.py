@@ -163,3 +163,47 @@ def test_ranges_naming_the_last_layers_run_exactly_as_n_cpu_moe():
     assert a.cache == b.cache
     sa, sb = simulate(a).summary, simulate(b).summary
     assert sa["throughput_tok_s"] == sb["throughput_tok_s"] and sa["cpu_experts"] == sb["cpu_experts"] > 0
+
+
+# ------------------------------------------------------------------------------------------ expert deferral
+
+
+def _host_run(tmp_path, trace, deferral: int, batch: int):
+    """Every routed expert on the host (ktransformers, no GPU slots), with ``deferral``."""
+    path = tmp_path / "d.npz"
+    save_trace(trace, path)
+    d = {
+        "model": tiny_model(trace, d_model=1024, d_ff=2048),
+        "hardware": "rtx4090",
+        "system": {"base": "ideal", "deferral": deferral},
+        "workload": {"trace": str(path), "batch_size": batch, "prefill": False},
+        "cache": {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 1},
+        "policy": "ktransformers",
+        "predictor": "none",
+    }
+    return config_from_dict(d, "test", POLICY_NAMES, PREDICTOR_NAMES)
+
+
+@fuzz_settings(15)
+@given(seed=st.integers(0, 2**31), k=st.integers(2, 4), deferral=st.integers(1, 4), batch=st.sampled_from([1, 3]))
+def test_deferral_never_makes_a_host_bound_run_slower(tmp_path_factory, seed, k, deferral, batch):
+    rng = np.random.default_rng(seed)
+    ids = np.argsort(rng.random((24, 4, 8)), axis=2)[:, :, :k].astype(np.int16)
+    trace = make_trace(ids, lengths=[12, 12], num_experts=8)
+    tmp = tmp_path_factory.mktemp("defer")
+    base = simulate(_host_run(tmp, trace, 0, batch)).summary
+    out = simulate(_host_run(tmp, trace, deferral, batch)).summary
+    assert out["cpu_experts"] == base["cpu_experts"] > 0  # the same work on the host, only reordered
+    assert out["throughput_tok_s"] >= base["throughput_tok_s"] * (1 - 1e-12)
+
+
+def test_deferral_hides_host_work_behind_the_gpu_at_batch_one(tmp_path):
+    rng = np.random.default_rng(3)
+    ids = np.argsort(rng.random((24, 4, 8)), axis=2)[:, :, :4].astype(np.int16)
+    trace = make_trace(ids, lengths=[12, 12], num_experts=8)
+    base = simulate(_host_run(tmp_path, trace, 0, 1)).summary
+    out = simulate(_host_run(tmp_path, trace, 2, 1)).summary
+    assert out["throughput_tok_s"] > base["throughput_tok_s"]
+    cfg = _host_run(tmp_path, trace, 2, 1)
+    assert cfg.system.deferral == 2 and cfg.system.to_dict()["deferral"] == 2
+    assert "deferral" not in _host_run(tmp_path, trace, 0, 1).system.to_dict()  # a profile without it hashes as before
