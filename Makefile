@@ -21,9 +21,11 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(PY) -m sim run configs/switch_xxl.yaml
 
-# the lint runs first: CI (.ci/run) runs exactly this target, so a finding fails CI as a failing test does
+# the lint runs first: CI (.ci/run) runs exactly this target, so a finding fails CI as a failing test does.
+# Two pytest-xdist workers (CI has 2 cores); loadgroup keeps each test file on one worker and the tests that start
+# Ray on one worker (tests/conftest.py). A plain `pytest` runs everything in one process, as before.
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 $(LINT_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install -q $(LINT_TOOLS)
