@@ -227,14 +227,33 @@ def simulator(rows: list[PublishedRow]) -> Callable[[Row, dict], float]:
         from sim.config.run_config import config_from_dict
         from sim.run import simulate
 
-        d = plans[r.row].overlay(run_config(r, constants))
+        plan = plans[r.row]
+        d = plan.overlay(run_config(r, constants))
+        if plan.measure == "prefill":  # one static batch of prompts of prompt_tokens (the bench trace: no decode rows)
+            d["workload"] = {**d["workload"], "prefill": True, "max_decode_tokens": None, "requests": r.batch}
         try:
             cfg = config_from_dict(d, source=f"row {r.row}")
         except ConfigError as exc:
             raise ConfigError(f"{r.file}: row {r.line} ({r.row})", f"cannot be simulated: {exc}") from None
+        if plan.measure == "prefill":
+            return prefill_tok_s(cfg, r.prompt_tokens or 0, r.batch)
         return float(simulate(cfg).summary["throughput_tok_s"])
 
     return simulate_row
+
+
+def prefill_tok_s(cfg: Any, prompt_tokens: int, batch: int) -> float:
+    """Prompt processing tokens/s as ``sim bench`` measures pp: ``batch`` prompts of ``prompt_tokens`` (the trace's
+    prompt rows, else its decode rows: :func:`sim.core.prompt_rows.bench_trace`) over the prefill passes' time."""
+    from sim.core.prompt_rows import bench_trace
+    from sim.run import simulate
+    from traces.io import load_trace
+
+    if prompt_tokens < 1:
+        raise ConfigError("prompt_tokens", "a prefill row needs prompt_tokens >= 1")
+    out = simulate(cfg, trace=bench_trace(load_trace(cfg.workload.trace), prompt_tokens, 0, batch))
+    seconds = sum(it.end_s - it.start_s for it in out.engine.iterations if it.kind == "prefill")
+    return prompt_tokens * batch / seconds
 
 
 def evaluate(rows: list[PublishedRow], simulate: Callable[[Row, dict], float] | None = None) -> dict[str, Any]:
@@ -248,7 +267,9 @@ def evaluate(rows: list[PublishedRow], simulate: Callable[[Row, dict], float] | 
         res = results.get(p.id)
         missing = list(p.plan.missing)
         if res is not None and res["problem"]:
-            missing.append("does not run: " + res["problem"].split("cannot be simulated: ")[-1][:80])
+            why = res["problem"].split("cannot be simulated: ")[-1]
+            missing.append("does not run: " + ": ".join(why.split(": ")[:2])[:80])
+            p.plan.missing.append(missing[-1])
         out.append(
             {
                 "row": p.id,

@@ -31,6 +31,7 @@ class Setting:
     workload: dict = field(default_factory=dict)
     cache: dict = field(default_factory=dict)
     row: dict = field(default_factory=dict)
+    drop: tuple[str, ...] = ()  # run-config keys removed (a placement decides the cache)
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,8 @@ VERSIONS: dict[tuple[str, str], Missing] = {
 }
 #: metric -> setting.
 METRICS: dict[str, Rule] = {
-    "decode": NOTHING,
-    "prefill": missing("prefill (metric=prefill) not modelled"),
+    "decode": NOTHING,  # decode tokens/s over the trace's generated tokens
+    "prefill": Setting(row={"measure": "prefill"}),  # prompt_tokens x batch over the prefill passes' time
     "mixed": missing("mixed metric (time including prompt processing) not modelled"),
 }
 
@@ -86,7 +87,26 @@ def _depth(v: str, cells: dict) -> Setting | Missing:
     """context_tokens: the KV depth at the start of the measured phase (0: an empty cache)."""
     if v == "" or _int(v) == 0:
         return NOTHING
-    return Missing("context depth (context_tokens > 0) not modelled")
+    return Setting(workload={"context_tokens": _int(v)})
+
+
+def _dense_blocks(model: str) -> int:
+    """Blocks before the first MoE block (llama.cpp counts blocks, the placement MoE layers): DeepSeek-V3's 3."""
+    from sim.config.model import load_model
+
+    m = load_model(model)
+    return m.decoder_blocks - m.decoder_moe_layers
+
+
+def _moe_ranges(blocks: str, dense: int) -> str:
+    """Block ranges ``A-B[,C-D]`` as MoE-layer ranges (block B is MoE layer B - dense; dense blocks dropped)."""
+    out = []
+    for part in blocks.split(","):
+        a, _, b = part.partition("-")
+        lo, hi = _int(a) - dense, _int(b or a) - dense
+        if hi >= 0:
+            out.append(f"{max(lo, 0)}-{hi}")
+    return ",".join(out)
 
 
 def _placement(v: str, cells: dict) -> Setting | Missing:
@@ -95,10 +115,17 @@ def _placement(v: str, cells: dict) -> Setting | Missing:
         return Setting(row={"slots": 0})
     if key == "gpu_experts_per_layer":
         return Setting(row={"slots": _int(value)})
-    if key == "n_cpu_moe":
-        return Setting(row={"variant": f"n-cpu-moe={_int(value)}"}, system={"placement": {"n_cpu_moe": _int(value)}})
-    if key == "experts_on_gpu_layers":
-        return Missing("placement experts_on_gpu_layers (-ot layer ranges)")
+    if key in ("n_cpu_moe", "experts_on_gpu_layers"):
+        from sim.errors import ConfigError
+        from sim.fit_system import _model_of
+
+        try:
+            dense = _dense_blocks(_model_of(cells["model"]))
+        except ConfigError:
+            return Missing(f"placement {key} (model {cells['model']} has no profile)")
+        if key == "n_cpu_moe":
+            return Setting(system={"placement": {"n_cpu_moe": max(_int(value) - dense, 0)}}, drop=("cache",))
+        return Setting(system={"placement": {"experts_on_gpu_layers": _moe_ranges(value, dense)}}, drop=("cache",))
     if v == "unstated":  # the system's own rule (Fiddler's: as many popular experts as the GPU holds)
         return NOTHING if cells["system"] == "fiddler" else Missing("placement unstated (system has no own rule)")
     return Missing(f"placement {key}")
@@ -109,7 +136,7 @@ OPTIONS: dict[str, dict[str, Rule] | Callable[[str, dict], Setting | Missing]] =
     "threads": lambda v, c: Setting(system={"host_threads": _int(v)}),
     "cpu_infer": lambda v, c: Setting(system={"host_threads": _int(v)}),
     "threads_batch": _decode_only("threads_batch (prompt processing threads)"),
-    "ubatch": _decode_only("ubatch (micro-batch of prompt processing)"),
+    "ubatch": lambda v, c: Setting(system={"ubatch": _int(v)}),
     "nbatch": _decode_only("nbatch (logical batch of prompt processing)"),
     "fa": {"on": NOTHING, "off": missing("fa=off (attention without flash attention)")},
     "mla": lambda v, c: Missing(f"mla={v} (MLA mode)"),
@@ -117,7 +144,7 @@ OPTIONS: dict[str, dict[str, Rule] | Callable[[str, dict], Setting | Missing]] =
     "fmoe": {"on": missing("fmoe=on (fused MoE kernel)"), "off": NOTHING},
     "rtr": {"on": missing("rtr=on (run-time repacking)"), "off": NOTHING},
     "kv_type": {"f16": NOTHING, "q8_0": missing("kv_type=q8_0 (quantized KV cache)")},
-    "nkvo": {"on": missing("nkvo=on (KV cache in host memory)")},
+    "nkvo": {"on": Setting(system={"kv_on_host": True})},
     "mmap": {"off": NOTHING},  # load time only
     "numa": {
         "node1": Setting(system={"numa": "one_socket"}),
@@ -139,10 +166,10 @@ OPTIONS: dict[str, dict[str, Rule] | Callable[[str, dict], Setting | Missing]] =
     },
     "cuda_graph": {"on": missing("cuda_graph=on (CUDA graphs)"), "off": NOTHING},
     "deferral": lambda v, c: NOTHING if _int(v) == 0 else Missing("deferral (expert deferral)"),
-    "experts_per_token": lambda v, c: Missing("experts_per_token (fewer experts than the model's top-k)"),
+    "experts_per_token": lambda v, c: Setting(system={"experts_per_token": _int(v)}),
     "experts_upload_for_prefill": {
-        "on": _decode_only("experts_upload_for_prefill=on (experts copied to the GPU for prompt processing)"),
-        "off": NOTHING,  # prompt processing of host experts on the host: the simulator's rule
+        "on": Setting(system={"prefill_upload": True}),
+        "off": Setting(system={"prefill_upload": False}),
     },
     "gpu_moe_layers": lambda v, c: Missing("gpu_moe_layers (expert layers on the GPU, ids unstated)"),
     "expert_cache": {"lru": NOTHING, "none": Setting(row={"variant": "none"})},
@@ -161,6 +188,7 @@ class RowPlan:
     system: str
     variant: str
     slots: int | None
+    measure: str  # decode | prefill: what the published figure times
     expert_format: str | None
     dense_format: str | None
     settings: list[Setting]
@@ -170,6 +198,8 @@ class RowPlan:
         """``d`` (a run config mapping) with every setting laid over it."""
         out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
         for s in self.settings:
+            for key in s.drop:
+                out.pop(key, None)
             for key in ("system", "workload", "cache"):
                 part = getattr(s, key)
                 if part:
@@ -244,7 +274,7 @@ def plan_of(cells: dict[str, str], systems: frozenset[str] | set[str]) -> RowPla
     variant = row.get("variant", "")
     if system == "mixtral-offloading" and not variant:
         variant = "lru"  # expert_cache=lru without speculative loading
-    return RowPlan(system, variant, row.get("slots"), expert, dense, settings, miss)
+    return RowPlan(system, variant, row.get("slots"), row.get("measure", "decode"), expert, dense, settings, miss)
 
 
 __all__ = ["METRICS", "Missing", "OPTIONS", "RowPlan", "Setting", "SYSTEM_NAMES", "VERSIONS", "missing", "plan_of"]

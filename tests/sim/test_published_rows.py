@@ -39,7 +39,8 @@ def test_the_shipped_rows_are_read_in_every_column_and_each_miss_names_its_capab
         assert (p.row is None) == bool(p.plan.missing), p.id
         assert all(m and m.strip() == m for m in p.plan.missing)
     by_id = {p.id: p for p in rows}
-    assert "prefill (metric=prefill) not modelled" in by_id["ik-ik490-q30b-pp2048-ub512"].plan.missing
+    assert "system ik_llama.cpp has no profile" in by_id["ik-ik490-q30b-pp2048-ub512"].plan.missing
+    assert by_id["lcpp-ik357-q30b-pp-kv0"].plan.measure == "prefill"
     assert by_id["mo-hqq-2bit-t4-16gb-full"].row.variant == "full"
     assert by_id["mo-hqq-2bit-t4-16gb-none"].row.variant == "none"
     assert by_id["mo-hqq-2bit-rtx3060-12gb-lru"].row.gpu_experts_per_layer == 2
@@ -55,17 +56,18 @@ def test_every_option_key_and_placement_of_the_schema_has_a_rule():
 @pytest.mark.parametrize(
     "change, capability",
     [
-        ({"metric": "prefill", "prompt_tokens": "512", "decode_tokens": "0"}, "prefill (metric=prefill) not modelled"),
-        ({"options": "kernel=amx;experts_per_token=6"}, "experts_per_token"),
+        ({"metric": "mixed"}, "mixed metric"),
+        ({"options": "kernel=amx;deferral=6"}, "deferral (expert deferral)"),
         ({"options": "foo=bar"}, "option foo"),
-        ({"options": "nkvo=on"}, "nkvo=on"),
+        ({"options": "cuda_graph=on"}, "cuda_graph=on"),
+        ({"options": "mla=off"}, "mla=off"),
         ({"system": "ik_llama.cpp"}, "system ik_llama.cpp has no profile"),
         ({"model": "gpt-5"}, "model gpt-5 has no profile"),
         ({"gpu": "rtx4090-24gb", "cpu": "epyc-9999"}, "hardware part: cpu 'epyc-9999' has no part"),
         ({"gpu_count": "2"}, "gpu_count=2 (several GPUs)"),
         ({"expert_format": "iq9_zz", "expert_bpw": ""}, "expert_format iq9_zz (bits unknown)"),
-        ({"placement": "experts_on_gpu_layers=0-3"}, "placement experts_on_gpu_layers"),
-        ({"context_tokens": "4096"}, "context depth"),
+        ({"placement": "gpu_experts=all"}, "placement gpu_experts"),
+        ({"system_version": "sosp25-ae", "system": "ktransformers"}, "ktransformers sosp25-ae build"),
     ],
 )
 def test_a_row_the_simulator_cannot_express_is_a_miss_naming_the_capability(tmp_path, change, capability):
@@ -78,6 +80,26 @@ def test_a_row_the_simulator_cannot_express_is_a_miss_naming_the_capability(tmp_
     assert miss["predicted_tok_s"] is None and miss["error"] is None
     assert ev["summary"]["predicted"] == 0 and ev["summary"]["predict_rows"] == 1
     assert any(c.startswith(capability) for c in ev["summary"]["misses"])
+
+
+def test_the_columns_that_landed_map_to_their_settings():
+    """Prompt processing, KV depth, -ot ranges and --n-cpu-moe (blocks -> MoE layers: DeepSeek-V3's first 3 blocks
+    are dense), -nkvo, micro-batch, fewer experts per token, the prefill upload."""
+    cells = {c: "" for c in COLUMNS_V2} | row_v2("a")
+    ds3 = cells | {"system": "llama.cpp", "model": "deepseek-v3", "options": ""}
+
+    def overlay(**change):
+        plan = plan_of(ds3 | change, set(SYSTEMS))
+        assert not plan.missing, plan.missing
+        return plan, plan.overlay({"system": {}, "workload": {}, "cache": {"hpc_slots": 0}})
+
+    plan, d = overlay(metric="prefill", prompt_tokens="512", context_tokens="4096", options="ubatch=256;nkvo=on")
+    assert plan.measure == "prefill" and d["workload"] == {"context_tokens": 4096}
+    assert d["system"] == {"ubatch": 256, "kv_on_host": True}
+    _, d = overlay(placement="experts_on_gpu_layers=0-33,40-45")
+    assert d["system"]["placement"] == {"experts_on_gpu_layers": "0-30,37-42"} and "cache" not in d
+    _, d = overlay(placement="n_cpu_moe=10", options="experts_per_token=6;experts_upload_for_prefill=on")
+    assert d["system"] == {"placement": {"n_cpu_moe": 7}, "experts_per_token": 6, "prefill_upload": True}
 
 
 def test_options_map_to_settings():
