@@ -33,14 +33,19 @@ then lies above the saturation rate and the check may fail): hundreds of request
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sim.config.serving import MAX_CV, MAX_RATE
 from sim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sim.config.run_config import RunConfig
 
 DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_ATTAINMENT = 0.9
@@ -132,11 +137,15 @@ class Evaluator:
     """Runs the config at a rate, once per seed (each rate evaluated once)."""
 
     def __init__(
-        self, config: str, sets: list[str], slo: dict, target: float, requests: int | None, cv: float | None = None
+        self,
+        config: str | dict,
+        sets: list[str],
+        slo: dict,
+        target: float,
+        requests: int | None,
+        cv: float | None = None,
+        source: str = "capacity",
     ):
-        from sim.config.run_config import load_run_config
-        from sim.policies import POLICIES
-        from sim.predictors import PREDICTORS
         from traces.io import load_trace
 
         self.config, self.target, self.cv = config, target, cv
@@ -145,8 +154,7 @@ class Evaluator:
         self.sets = ["workload.batching=continuous", *sets, f"workload.slo={slo_text}"]
         if requests is not None:
             self.sets.append(f"workload.requests={requests}")
-        policies, predictors = POLICIES.names(), PREDICTORS.names()
-        self._load = lambda extra: load_run_config(config, [*self.sets, *extra], policies, predictors)
+        self._load = _loader(config, self.sets, source)
         self.base = self._load([self._arrivals(MAX_RATE, 0, cv)])  # bad input ends here, before any run
         self.trace = load_trace(self.base.workload.trace)
         self.points: dict[float, Point] = {}
@@ -186,6 +194,26 @@ class Evaluator:
         return p
 
 
+def _loader(config: str | dict, sets: list[str], source: str) -> Callable[[list[str]], RunConfig]:
+    """extra overrides -> the RunConfig of ``config`` (a run config's path, or a mapping of its fields: a sweep
+    point's resolved config on a Ray worker) with ``sets`` and then them (bad input -> ConfigError)."""
+    from sim.config.run_config import apply_override, config_from_dict, load_run_config
+    from sim.policies import POLICIES
+    from sim.predictors import PREDICTORS
+
+    policies, predictors = POLICIES.names(), PREDICTORS.names()
+    if not isinstance(config, dict):
+        return lambda extra: load_run_config(config, [*sets, *extra], policies, predictors)
+
+    def load(extra: list[str]) -> RunConfig:
+        raw = copy.deepcopy(config)
+        for o in [*sets, *extra]:
+            apply_override(raw, o)
+        return config_from_dict(raw, source, policies, predictors)
+
+    return load
+
+
 def _mean(values: list) -> float | None:
     xs = [v for v in values if v is not None]
     return sum(xs) / len(xs) if xs else None
@@ -223,7 +251,7 @@ def search(evaluate: Callable[[float], Point], start: float, tolerance: float) -
 
 
 def find_capacity(
-    config: str,
+    config: str | dict,
     sets: list[str],
     slo: dict,
     target: float = DEFAULT_ATTAINMENT,
@@ -232,11 +260,13 @@ def find_capacity(
     tolerance: float = DEFAULT_TOLERANCE,
     say: Callable[[str], None] | None = None,
     cv: float | None = None,
+    source: str = "capacity",
 ) -> dict:
-    """The capacity document (see the module docstring) of ``config`` with ``sets`` under ``slo``."""
+    """The capacity document (see the module docstring) of ``config`` (a run config's path, or a mapping of its
+    fields, named ``source`` in messages and in the document) with ``sets`` under ``slo``."""
     seeds = list(DEFAULT_SEEDS) if seeds is None else seeds
     say = say or (lambda text: None)
-    ev = Evaluator(config, sets, slo, target, requests, cv)
+    ev = Evaluator(config, sets, slo, target, requests, cv, source)
 
     def evaluate(rate: float) -> Point:
         known = rate in ev.points
@@ -257,7 +287,7 @@ def find_capacity(
     return {
         "max_rate_per_s": rate,
         "bounded": bounded,
-        "config": config,
+        "config": config if isinstance(config, str) else source,
         "set": list(sets),
         "model": cfg.model.name,
         "hardware": cfg.hardware.name,

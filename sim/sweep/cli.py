@@ -112,6 +112,10 @@ KEY_HELP = {
     f"sweep file's name without its suffix); the default results folder is runs/sweep-NAME.",
     "plots": f"optional list of swept fields (or {', '.join(EXTRA_PLOT_AXES)}) to plot throughput against "
     f"(default: every numeric swept field, the cache fields as cache_slots; []: no throughput plot).",
+    "capacity": "optional mapping {slo: {ttft_s: X, tpot_s: Y}, attainment: 0.9, requests: N, seeds: [0, 1, 2], "
+    "tolerance: 0.02, cv: X} (slo required): each point's task also runs `sim capacity`'s search on its config; "
+    "its row gets capacity_req_s (the highest Poisson rate meeting the SLO), capacity_bounded, "
+    "capacity_saturation_req_s, capacity_above_saturation and capacity_check_holds; plotted as capacity_vs_AXIS.png.",
 }
 
 
@@ -123,7 +127,7 @@ def schema_epilog(width: int = 100) -> str:
         "examples: configs/sweeps/*.yaml):",
     ]
     for key in SWEEP_KEYS:
-        lines.append(textwrap.fill(KEY_HELP[key], width, initial_indent=f"  {key:<8}", subsequent_indent=" " * 10))
+        lines.append(textwrap.fill(KEY_HELP[key], width, initial_indent=f"  {key:<9}", subsequent_indent=" " * 11))
     notes = (
         f"FIELD is a run-config path as --set takes it (policy.name, cache.hpc_slots, ...; at most "
         f"{MAX_FIELD_CHARS} characters, {MAX_FIELD_PARTS} parts). VALUE is plain data (numbers, strings, "

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sim.sweep.spec import Point, Sweep
 from sim.sweep.store import row_of, write_row
-from sim.sweep.worker import DONE, attempt, attempt_in_worker, exit_with_parent
+from sim.sweep.worker import DONE, attempt, attempt_in_worker, exit_with_parent, task_options
 
 MAX_ATTEMPTS = 2
 START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"  # the pool's; see the module docstring
@@ -85,9 +85,10 @@ def run_local(
     """Run points in a process pool (or in this process when workers == 1), storing each row as it finishes. The
     pool never has more processes than points to run."""
     rec = Recorder(sweep, out, progress)
+    options = task_options(sweep)
     if workers <= 1:
         for p in todo:
-            rec.finish(p, attempt(sweep.base, p.overrides, sweep.source), 1)
+            rec.finish(p, attempt(sweep.base, p.overrides, sweep.source, options=options), 1)
         return
     fresh: deque[Point] = deque(todo)
     suspects: deque[Point] = deque()
@@ -116,6 +117,7 @@ def _run_pool(queue: deque, width: int, sweep: Sweep, rec: Recorder, attempts: C
     point handed to the pool is running), storing each finished row. Returns ([], "") when the queue ran dry, or,
     when a worker died, the points that were in flight (each charged one attempt) and why the pool broke."""
     inflight: dict = {}
+    options = task_options(sweep)  # what each task does besides its run (a capacity search)
     width = max(1, min(width, len(queue)))  # a process per point at most: never idle workers
     pool = _new_pool(width)
     try:
@@ -124,7 +126,8 @@ def _run_pool(queue: deque, width: int, sweep: Sweep, rec: Recorder, attempts: C
                 p = queue.popleft()
                 attempts[p.id] += 1
                 try:
-                    inflight[pool.submit(attempt_in_worker, sweep.base, p.overrides, sweep.source)] = p
+                    fut = pool.submit(attempt_in_worker, sweep.base, p.overrides, sweep.source, None, options)
+                    inflight[fut] = p
                 except BrokenProcessPool as exc:  # broke while idle: this point was handed to a dead pool
                     return [p, *_harvest(inflight, rec, attempts)], str(exc)
             done, _ = wait(inflight, return_when=FIRST_COMPLETED)

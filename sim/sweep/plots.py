@@ -58,6 +58,16 @@ AXIS_LABELS = {
     "predictor.params.precision": "predictor precision (share of predictions that are used)",
 }
 THROUGHPUT = "throughput (tok/s)"
+#: the metrics plotted against the axes: row column -> (file prefix, y-axis label, words in the report)
+PLOTTED = {
+    "throughput_tok_s": ("throughput", THROUGHPUT, "throughput"),
+    "capacity_req_s": (
+        "capacity",
+        "capacity (requests/s within the SLO)",
+        "capacity (the highest request rate meeting the sweep's SLO)",
+    ),
+}
+THROUGHPUT_COLUMN, CAPACITY_COLUMN = "throughput_tok_s", "capacity_req_s"
 #: where an expert access was served, in the per-tier plot's order: (row column, legend words, colour)
 TIERS = (
     ("hit_rate_hpc", "HPC hit (pinned experts)", "#08306b"),
@@ -68,11 +78,17 @@ TIERS = (
 MISS = ("miss", "copied on demand (miss)", "#d9d9d9")
 
 
-def plot_file(axis: str) -> str:
-    """The file name of the throughput plot against ``axis``: a plain name whatever the axis is called."""
+def plot_file(axis: str, metric: str = THROUGHPUT_COLUMN) -> str:
+    """The file name of the plot of ``metric`` (throughput, or a capacity sweep's capacity) against ``axis``: a
+    plain name whatever the axis is called."""
     from sim.sweep.spec import safe_name
 
-    return f"throughput_vs_{safe_name(axis.replace('.', '_'), 'axis')}.png"
+    return f"{PLOTTED[metric][0]}_vs_{safe_name(axis.replace('.', '_'), 'axis')}.png"
+
+
+def plotted_metrics(sweep: Sweep) -> list[str]:
+    """The metrics plotted against each axis: throughput, and with the sweep's ``capacity`` option the capacity."""
+    return [THROUGHPUT_COLUMN] + ([CAPACITY_COLUMN] if getattr(sweep, "capacity", None) is not None else [])
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,7 @@ class PlotView:
     title: str
     log_scale: bool
     along: tuple[str, ...] = ()
+    metric: str = THROUGHPUT_COLUMN  # the row column on the y axis
 
 
 @dataclass(frozen=True)
@@ -131,7 +148,7 @@ def _determined_by(df, axis: str, keys: list[str]) -> bool:
     return bool(keys) and bool((df.groupby(keys)[axis].nunique() <= 1).all())
 
 
-def plot_view(sweep: Sweep, df, axis: str, series: str | None) -> PlotView:
+def plot_view(sweep: Sweep, df, axis: str, series: str | None, metric: str = THROUGHPUT_COLUMN) -> PlotView:
     """The rows, title and scale of the throughput plot against ``axis``: one line per ``series`` value, at the
     first value of every other swept axis, the cache's axes excepted (they are averaged, and the title says so),
     and so are the axes zipped with the series or with the x axis (they vary with the lines or along them: a
@@ -146,9 +163,9 @@ def plot_view(sweep: Sweep, df, axis: str, series: str | None) -> PlotView:
     fixed = [_fixed_words(a, sub[a].iloc[0]) for a in others]
     keys = [k for k in keys if k in sub]
     title = "; ".join(fixed + [w for w in [averaged_words(sweep, sub, keys)] if w])
-    lo, hi = sub["throughput_tok_s"].min(), sub["throughput_tok_s"].max()
+    lo, hi = sub[metric].min(), sub[metric].max()
     log = bool(lo > 0 and hi / lo > 20)  # gpu-only dwarfs the offloading policies
-    return PlotView(axis, sub, title, log, along)
+    return PlotView(axis, sub, title, log, along, metric)
 
 
 def _first_value(sweep: Sweep, rows, axis: str):
@@ -342,12 +359,14 @@ def throughput_figure(view: PlotView, series: str | None, header: str, single: s
     xs = sorted(rows[axis].dropna().unique())
     numeric = _numeric(pd.Series(xs, dtype=object))
     xlog = bool(numeric and len(xs) > 1 and min(xs) > 0 and max(xs) / min(xs) >= 16)
-    ys = (float(rows["throughput_tok_s"].min()), float(rows["throughput_tok_s"].max()))
+    metric = view.metric
+    ys = (float(rows[metric].min()), float(rows[metric].max()))
     for ax, (title, group) in zip(axes.flat, panels):
         for n in [r for r in refs if r not in group]:  # the ceiling and the baseline in every panel, in grey
-            _line(ax, rows, series, axis, n, Style("0.65", "", styles[n].linestyle), f"{n} (reference)", lw=1.0)
+            ref = Style("0.65", "", styles[n].linestyle)
+            _line(ax, rows, series, axis, n, ref, f"{n} (reference)", lw=1.0, metric=metric)
         for n in group:
-            _line(ax, rows, series, axis, n, styles[n], labels[n])
+            _line(ax, rows, series, axis, n, styles[n], labels[n], metric=metric)
         if title:
             ax.set_title(title, fontsize=8.5)
         _axes_format(ax, xs if numeric else [], xlog, view.log_scale, ys)  # text: one tick per value
@@ -357,20 +376,22 @@ def throughput_figure(view: PlotView, series: str | None, header: str, single: s
     for ax in axes[-1, :]:
         ax.set_xlabel(wrap(axis_label(axis, view.along, xlog), 5.5, 8.5), fontsize=8.5)
     for ax in axes[:, 0]:
-        ax.set_ylabel(THROUGHPUT + (", log scale" if view.log_scale else ""), fontsize=8.5)
+        ax.set_ylabel(PLOTTED[metric][1] + (", log scale" if view.log_scale else ""), fontsize=8.5)
     words = "; ".join(w for w in (view.title, "" if "mean over" in view.title else "each point one run") if w)
     fig.suptitle(wrap("\n".join(w for w in (header, words) if w), width, TITLE_FONT), fontsize=TITLE_FONT)
     fig.tight_layout()
     return fig
 
 
-def _line(ax, rows, series, axis: str, name, style: Style, label: str, lw: float = 1.6) -> None:
-    """One series' mean throughput against ``axis``."""
+def _line(
+    ax, rows, series, axis: str, name, style: Style, label: str, lw: float = 1.6, metric: str = THROUGHPUT_COLUMN
+) -> None:
+    """One series' mean ``metric`` (throughput) against ``axis``."""
     g = rows if series is None else rows[rows[series] == name]
-    g = g.groupby(axis, as_index=False)["throughput_tok_s"].mean().sort_values(axis)
+    g = g.groupby(axis, as_index=False)[metric].mean().sort_values(axis)
     ax.plot(
         g[axis],
-        g["throughput_tok_s"],
+        g[metric],
         color=style.color,
         marker=style.marker or None,
         linestyle=style.linestyle,
@@ -471,8 +492,11 @@ def plan_plots(out: Path, sweep: Sweep, df) -> list[Plot]:
 
     made = []
     series = series_axis(sweep, df)
-    for axis in numeric_axes(sweep, df, series):
-        made.append(_throughput_plot(out, sweep, df, axis, series))
+    for metric in plotted_metrics(sweep):
+        if metric not in df:
+            continue
+        for axis in numeric_axes(sweep, df, series):
+            made.append(_throughput_plot(out, sweep, df, axis, series, metric))
     if series:
         title = tier_title(sweep, df, series)
         fig = tier_figure(tier_shares(df, series), title, setting_words(sweep, df), series == POLICY)
@@ -481,10 +505,12 @@ def plan_plots(out: Path, sweep: Sweep, df) -> list[Plot]:
     return made
 
 
-def _throughput_plot(out: Path, sweep: Sweep, df, axis: str, series: str | None) -> Plot:
-    """The throughput plot against ``axis``, or why it is not drawn."""
-    path = out / plot_file(axis)
-    view = plot_view(sweep, df, axis, series)
+def _throughput_plot(
+    out: Path, sweep: Sweep, df, axis: str, series: str | None, metric: str = THROUGHPUT_COLUMN
+) -> Plot:
+    """The plot of ``metric`` (throughput, or capacity) against ``axis``, or why it is not drawn."""
+    path = out / plot_file(axis, metric)
+    view = plot_view(sweep, df, axis, series, metric)
     values = view.rows[axis].dropna().unique() if axis in view.rows else []
     if len(values) < 2:
         if path.is_file() and not path.is_symlink():
@@ -502,7 +528,7 @@ def _throughput_plot(out: Path, sweep: Sweep, df, axis: str, series: str | None)
         single = cfg.policy.name if cfg is not None else single
     fig = throughput_figure(view, series, setting_words(sweep, view.rows), single)
     scale = "log" if view.log_scale else "linear"
-    what = f"throughput against {axis}" + (f", one line per {series}" if series else "")
+    what = f"{PLOTTED[metric][2]} against {axis}" + (f", one line per {series}" if series else "")
     return Plot(save_png(fig, path), True, f"{what}; {view.title or 'every point'}; {scale} scale")
 
 
@@ -517,6 +543,7 @@ __all__ = [
     "plan_plots",
     "plot_file",
     "plot_view",
+    "plotted_metrics",
     "series_axis",
     "setting_words",
     "throughput_figure",

@@ -19,6 +19,7 @@ from sim.sweep.plots import (
     plan_plots,
     plot_file,
     plot_view,
+    plotted_metrics,
     tier_title,
 )
 from sim.sweep.worker import DOES_NOT_FIT, DONE, misfit_words
@@ -29,13 +30,15 @@ if TYPE_CHECKING:
 
 
 RESULTS, REPORT = "results.parquet", "report.md"
+CAPACITY_SHOWN = ("capacity_req_s", "capacity_above_saturation")  # the table's columns of a capacity sweep
 
 
 def report_files(sweep: Sweep) -> list[str]:
     """Every file name the report may write in the results folder (the plots the axes could make included), so
     that the places can be checked before the sweep runs."""
     axes = list(sweep.axes) + ["cache_slots"] + list(sweep.plots or [])
-    return [RESULTS, REPORT, TIER_PLOT, *dict.fromkeys(plot_file(a) for a in axes)]
+    plots = (plot_file(a, m) for m in plotted_metrics(sweep) for a in axes)
+    return [RESULTS, REPORT, TIER_PLOT, *dict.fromkeys(plots)]
 
 
 def write_report(out: Path, sweep: Sweep, df, checks: dict) -> list[Path]:
@@ -64,6 +67,8 @@ def write_report(out: Path, sweep: Sweep, df, checks: dict) -> list[Path]:
         "hit_rate_lpc",
         "pcie_gb",
     ]
+    if getattr(sweep, "capacity", None) is not None:  # the load each point holds within the SLO
+        cols += [c for c in CAPACITY_SHOWN if c in shown]
     table = _sorted(shown[cols], [a for a in sweep.axes if a in df]) if len(df) else pd.DataFrame(columns=cols)
     failed = ~df["status"].isin(DONE) if len(df) else pd.Series([], dtype=bool)
     lines = [

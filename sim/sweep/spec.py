@@ -27,9 +27,10 @@ from sim.config.checks import show
 from sim.config.files import PROJECT_ROOT, check_regular, file_status, read_structured_file
 from sim.config.memory import DoesNotFit
 from sim.errors import ConfigError
+from sim.sweep.capacity import parse_capacity
 from sim.sweep.checks import CHECKS
 
-SWEEP_KEYS = ("base", "set", "grid", "zip", "checks", "name", "plots")
+SWEEP_KEYS = ("base", "set", "grid", "zip", "checks", "name", "plots", "capacity")
 MAX_POINTS = 5_000  # points of one sweep: each is resolved and checked at load (3-5 ms each, mostly
 # parsing the model and hardware profiles again), so loading stays under ~30 s
 MAX_AXES = 32  # swept fields (grid and zip together)
@@ -69,6 +70,7 @@ class Sweep:
     checks: list[str]
     source: str
     plots: list[str] | None = None  # x axes of the throughput plots (None: every numeric swept axis)
+    capacity: dict | None = None  # the capacity search each point's task runs (sim.sweep.capacity), or None
 
 
 def _override(key: str, value) -> str:
@@ -398,16 +400,18 @@ def load_sweep(path: str | Path) -> Sweep:
     _check_overlaps(common, swept, where)
     checks = _checks(d.get("checks"), where)
     plots = _plots(d.get("plots"), axes, where)
+    capacity = parse_capacity(d.get("capacity"), where)
     n = count_points(grid, groups)
     if n > MAX_POINTS:
         raise where("grid", f"the axes make more than {MAX_POINTS} points: split the sweep")
-    points = _points(grid, groups, common, _resolver(base, str(path)), where)
-    return Sweep(name, base, common, axes, points, checks, str(path), plots)
+    points = _points(grid, groups, common, _resolver(base, str(path)), where, capacity)
+    return Sweep(name, base, common, axes, points, checks, str(path), plots, capacity)
 
 
-def _points(grid: dict, groups: list[dict], common: dict, resolve, where) -> list[Point]:
+def _points(grid: dict, groups: list[dict], common: dict, resolve, where, capacity: dict | None = None) -> list[Point]:
     """Every point: the grid crossed with each zip group (a group is one axis of tuples), resolved and checked;
-    points with the same resolved config are one point."""
+    points with the same resolved config are one point. With ``capacity``, a point's id covers the capacity
+    settings too (a row found under other settings is not this point's)."""
     base_overrides = [_override(k, v) for k, v in common.items()]
     keys = list(grid) + [k for g in groups for k in g]
     group_rows = [list(zip(*g.values())) for g in groups]
@@ -425,7 +429,8 @@ def _points(grid: dict, groups: list[dict], common: dict, resolve, where) -> lis
                     f"{where.path}: {exc.field}" if exc.field else str(where.path),
                     f"{exc.problem} (sweep point {_fields_text(fields)})",
                 ) from None
-            pid = hashlib.sha256(json.dumps(cfg.resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
+            ident = cfg.resolved if capacity is None else {"config": cfg.resolved, "capacity": capacity}
+            pid = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
             if pid not in seen:
                 seen.add(pid)
                 points.append(Point(pid, fields, overrides))

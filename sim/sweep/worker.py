@@ -79,8 +79,17 @@ def misfit_words(error) -> str:
     return str(error).split("): ", 1)[0] + ")" if "): " in str(error) else str(error)
 
 
-def run_point(base, overrides: tuple[str, ...], source: str = "sweep") -> dict:
-    """Simulate one point in this process; returns its metrics (raises on failure)."""
+def task_options(sweep) -> dict | None:
+    """What a point's task does besides its run, as plain data a worker or a Ray task receives (None: nothing):
+    ``capacity``, the sweep's capacity option (``sim.sweep.capacity``: its search runs in the task)."""
+    capacity = getattr(sweep, "capacity", None)
+    return None if capacity is None else {"capacity": capacity}
+
+
+def run_point(base, overrides: tuple[str, ...], source: str = "sweep", options: dict | None = None) -> dict:
+    """Simulate one point in this process; returns its metrics (raises on failure). ``options``
+    (:func:`task_options`): with ``capacity``, also the capacity columns, searched here, in the point's task."""
+    options = options or {}
     from sim.request_results import serving_metrics
     from sim.run import simulate
     from sim.sweep.spec import resolve_config
@@ -96,6 +105,10 @@ def run_point(base, overrides: tuple[str, ...], source: str = "sweep") -> dict:
         out[col] = v
     out["cache_slots"] = cache_slots(cfg, len(run.policy.ctx.cached_layers))
     out.update(serving_metrics(s))  # with workload.arrivals: TTFT, TPOT, E2E, SLO attainment, goodput
+    if options.get("capacity") is not None:
+        from sim.sweep.capacity import capacity_metrics
+
+        out.update(capacity_metrics(base, overrides, source, options["capacity"]))
     return out
 
 
@@ -108,17 +121,18 @@ def cache_slots(cfg, n_cached: int) -> float:
 
 
 def attempt(
-    base, overrides: tuple[str, ...], source: str, hooks: tuple[str, ...] | None = None
+    base, overrides: tuple[str, ...], source: str, hooks: tuple[str, ...] | None = None, options: dict | None = None
 ) -> tuple[str, dict | None, str | None, float]:
     """Run one point: (status "ok", "does not fit" or "failed", metrics or None, error or None, wall seconds).
-    ``hooks``: the overrides the test hooks match (default ``overrides``)."""
+    ``hooks``: the overrides the test hooks match (default ``overrides``); ``options``: what the task does besides
+    the run (:func:`task_options`)."""
     from sim.config.memory import DoesNotFit
 
     t0 = time.perf_counter()
     try:
         if _asked(FAIL_ENV, overrides if hooks is None else hooks):
             raise RuntimeError(f"failing on purpose ({FAIL_ENV} test hook)")
-        return OK, run_point(base, overrides, source), None, time.perf_counter() - t0
+        return OK, run_point(base, overrides, source, options), None, time.perf_counter() - t0
     except DoesNotFit as exc:  # not run: the row says by how much
         return DOES_NOT_FIT, None, f"{exc.short()}: {exc}"[:700], time.perf_counter() - t0
     except Exception as exc:  # a failing point is recorded, the sweep goes on
@@ -127,7 +141,7 @@ def attempt(
 
 
 def attempt_in_worker(
-    base, overrides: tuple[str, ...], source: str, hooks: tuple[str, ...] | None = None
+    base, overrides: tuple[str, ...], source: str, hooks: tuple[str, ...] | None = None, options: dict | None = None
 ) -> tuple[str, dict | None, str | None, float]:
     """``attempt`` as run by a pool or Ray worker (where the test hooks may delay it or kill the process first)."""
     hooks = overrides if hooks is None else hooks
@@ -135,7 +149,7 @@ def attempt_in_worker(
     if delay > 0:
         time.sleep(delay)
     _die_if_asked(hooks)
-    return attempt(base, overrides, source, hooks)
+    return attempt(base, overrides, source, hooks, options)
 
 
 def _die_if_asked(overrides: tuple[str, ...]) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.sweep.spec import Point, Sweep, resolve_config
+from sim.sweep.worker import task_options
 
 SHIPPED = ("sim", "traces", "configs")  # what a worker imports or reads (validate is not needed)
 EXCLUDES = ["__pycache__/", "*.pyc", "/traces/data/"]  # the bundled traces travel through the object store
@@ -93,11 +94,12 @@ class Shipment:
 
     def task_args(self, point: Point) -> tuple:
         """The arguments of ``sim.sweep.ray.task.run_shipped`` for ``point``: its resolved config, its files
-        ((key path, sha, name)), their references (only this point's), the sweep file and the overrides."""
+        ((key path, sha, name)), their references (only this point's), the sweep file, the overrides and what
+        the task does besides the run (``sim.sweep.worker.task_options``)."""
         resolved = resolve_config(self.sweep.base, point.overrides, self.sweep.source).resolved
         files = [(keys, self._ship(path), ship_name(path)) for keys, path in file_fields(resolved).items()]
         refs = {sha: self.refs[sha] for _, sha, _ in files}
-        return resolved, files, refs, self.sweep.source, point.overrides
+        return resolved, files, refs, self.sweep.source, point.overrides, task_options(self.sweep)
 
 
 def check_nodes(ray, timeout: float = NODE_CHECK_TIMEOUT_S) -> tuple[list[str], list[str]]:

@@ -155,10 +155,13 @@ def with_local_files(config: dict, files: list, refs: dict) -> dict:
     return config
 
 
-def run_shipped(config: dict, files: list, refs: dict, source: str, overrides: tuple[str, ...]) -> tuple:
+def run_shipped(
+    config: dict, files: list, refs: dict, source: str, overrides: tuple[str, ...], options: dict | None = None
+) -> tuple:
     """One point on a Ray worker: (status, metrics or None, error or None, wall seconds), as
-    ``sim.sweep.worker.attempt`` returns. A problem of the point, or a node lacking packages, is a failed result;
-    a shipped file that cannot be fetched or written raises ShipError (the node is likely going down: the sweep
+    ``sim.sweep.worker.attempt`` returns (``options``: what the task does besides the run,
+    ``sim.sweep.worker.task_options``). A problem of the point, or a node lacking packages, is a failed result; a
+    shipped file that cannot be fetched or written raises ShipError (the node is likely going down: the sweep
     submits the point again)."""
     missing = missing_packages()
     if missing:
@@ -177,7 +180,7 @@ def run_shipped(config: dict, files: list, refs: dict, source: str, overrides: t
     _mark_started()
     from sim.sweep.worker import attempt_in_worker
 
-    return attempt_in_worker(local, (), source, hooks=overrides)
+    return attempt_in_worker(local, (), source, hooks=overrides, options=options)
 
 
 def _mark_started() -> None:

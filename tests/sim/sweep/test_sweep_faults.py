@@ -155,7 +155,7 @@ def _fake_ray(deaths: dict[str, int]) -> types.ModuleType:
         if ref.fn is None:
             return ref.data
         fn, args = ref.fn, ref.args
-        overrides = args[-1]
+        overrides = args[4]  # run_shipped(config, files, refs, source, overrides, options)
         ray.started.append(overrides)
         for key, left in deaths.items():
             if key in overrides and left:
