@@ -165,7 +165,7 @@ OPTIONS: dict[str, dict[str, Rule] | Callable[[str, dict], Setting | Missing]] =
         "amx": Setting(system={"host_isa": "amx"}),
     },
     "cuda_graph": {"on": missing("cuda_graph=on (CUDA graphs)"), "off": NOTHING},
-    "deferral": lambda v, c: NOTHING if _int(v) == 0 else Missing("deferral (expert deferral)"),
+    "deferral": lambda v, c: Setting(system={"deferral": _int(v)}),
     "experts_per_token": lambda v, c: Setting(system={"experts_per_token": _int(v)}),
     "experts_upload_for_prefill": {
         "on": Setting(system={"prefill_upload": True}),

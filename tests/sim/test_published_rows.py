@@ -57,7 +57,7 @@ def test_every_option_key_and_placement_of_the_schema_has_a_rule():
     "change, capability",
     [
         ({"metric": "mixed"}, "mixed metric"),
-        ({"options": "kernel=amx;deferral=6"}, "deferral (expert deferral)"),
+        ({"options": "kernel=amx;dynamic_sched=on"}, "dynamic_sched=on"),
         ({"options": "foo=bar"}, "option foo"),
         ({"options": "cuda_graph=on"}, "cuda_graph=on"),
         ({"options": "mla=off"}, "mla=off"),
@@ -98,8 +98,13 @@ def test_the_columns_that_landed_map_to_their_settings():
     assert d["system"] == {"ubatch": 256, "kv_on_host": True}
     _, d = overlay(placement="experts_on_gpu_layers=0-33,40-45")
     assert d["system"]["placement"] == {"experts_on_gpu_layers": "0-30,37-42"} and "cache" not in d
-    _, d = overlay(placement="n_cpu_moe=10", options="experts_per_token=6;experts_upload_for_prefill=on")
-    assert d["system"] == {"placement": {"n_cpu_moe": 7}, "experts_per_token": 6, "prefill_upload": True}
+    _, d = overlay(placement="n_cpu_moe=10", options="experts_per_token=6;experts_upload_for_prefill=on;deferral=6")
+    assert d["system"] == {
+        "placement": {"n_cpu_moe": 7},
+        "experts_per_token": 6,
+        "prefill_upload": True,
+        "deferral": 6,
+    }
 
 
 def test_options_map_to_settings():
