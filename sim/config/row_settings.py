@@ -256,18 +256,20 @@ def plan_of(cells: dict[str, str], systems: frozenset[str] | set[str]) -> RowPla
     take(_depth(cells["context_tokens"], cells))
     take(_placement(cells["placement"], cells))
     for key, value in options_of(cells["options"]):
-        rule = OPTIONS.get(key)
-        if isinstance(rule, dict):
-            rule = rule.get(value, missing(f"option {key}={value}"))
-        take(apply(rule if rule is not None else missing(f"option {key}"), value, cells))
+        entry = OPTIONS.get(key)
+        rule: Rule
+        if entry is None:
+            rule = missing(f"option {key}")
+        elif isinstance(entry, dict):
+            rule = entry.get(value, missing(f"option {key}={value}"))
+        else:
+            rule = entry
+        take(apply(rule, value, cells))
     if cells["gpu_count"] not in ("", "1"):
         miss.append(f"gpu_count={cells['gpu_count']} (several GPUs)")
-    expert, gap = _format("expert_format", cells["expert_format"], cells["expert_bpw"])
-    if gap:
-        miss.append(gap.capability)
-    dense, gap = _format("dense_format", cells["dense_format"], "")
-    if gap:
-        miss.append(gap.capability)
+    expert, expert_gap = _format("expert_format", cells["expert_format"], cells["expert_bpw"])
+    dense, dense_gap = _format("dense_format", cells["dense_format"], "")
+    miss += [g.capability for g in (expert_gap, dense_gap) if g is not None]
     row: dict[str, Any] = {}
     for s in settings:
         row.update(s.row)
