@@ -71,9 +71,10 @@ SYSTEM_NAMES = {
     "ik_llama.cpp": "ik_llama.cpp",
     "kt-kernel": "kt-kernel",
 }
-#: (system, system_version pattern) -> Missing: builds whose behaviour no profile states yet (others: the system's).
-VERSIONS: dict[tuple[str, str], Missing] = {
-    ("ktransformers", r"sosp25-ae"): missing("ktransformers sosp25-ae build (AMX + deferral line) has no profile"),
+#: (system, system_version pattern) -> the fit's system of builds that have a profile of their own (others: the
+#: system's); a name absent from the fit's SYSTEMS is missing, named with the build.
+VERSIONS: dict[tuple[str, str], str] = {
+    ("ktransformers", r"sosp25-ae"): "ktransformers-sosp25",
 }
 #: metric -> setting.
 METRICS: dict[str, Rule] = {
@@ -247,11 +248,12 @@ def plan_of(cells: dict[str, str], systems: frozenset[str] | set[str]) -> RowPla
             settings.append(result)
 
     system = SYSTEM_NAMES.get(cells["system"], cells["system"])
-    if system not in systems:
-        miss.append(f"system {cells['system']} has no profile")
-    for (name, pattern), gap in VERSIONS.items():
+    build = ""
+    for (name, pattern), target in VERSIONS.items():
         if name == cells["system"] and re.fullmatch(pattern, cells["system_version"]):
-            miss.append(gap.capability)
+            system, build = target, f" {cells['system_version']} ({target})"
+    if system not in systems:
+        miss.append(f"system {cells['system']}{build} has no profile")
     take(apply(METRICS.get(cells["metric"], missing(f"metric {cells['metric']}")), cells["metric"], cells))
     take(_depth(cells["context_tokens"], cells))
     take(_placement(cells["placement"], cells))

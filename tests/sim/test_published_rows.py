@@ -39,7 +39,7 @@ def test_the_shipped_rows_are_read_in_every_column_and_each_miss_names_its_capab
         assert (p.row is None) == bool(p.plan.missing), p.id
         assert all(m and m.strip() == m for m in p.plan.missing)
     by_id = {p.id: p for p in rows}
-    assert "system ik_llama.cpp has no profile" in by_id["ik-ik490-q30b-pp2048-ub512"].plan.missing
+    assert by_id["kt-sosp-ds3-int4-8+0"].plan.system == "ktransformers-sosp25"  # its build's own profile
     assert by_id["lcpp-ik357-q30b-pp-kv0"].plan.measure == "prefill"
     assert by_id["mo-hqq-2bit-t4-16gb-full"].row.variant == "full"
     assert by_id["mo-hqq-2bit-t4-16gb-none"].row.variant == "none"
@@ -61,13 +61,12 @@ def test_every_option_key_and_placement_of_the_schema_has_a_rule():
         ({"options": "foo=bar"}, "option foo"),
         ({"options": "cuda_graph=on"}, "cuda_graph=on"),
         ({"options": "mla=off"}, "mla=off"),
-        ({"system": "ik_llama.cpp"}, "system ik_llama.cpp has no profile"),
+        ({"system": "other"}, "system other has no profile"),
         ({"model": "gpt-5"}, "model gpt-5 has no profile"),
         ({"gpu": "rtx4090-24gb", "cpu": "epyc-9999"}, "hardware part: cpu 'epyc-9999' has no part"),
         ({"gpu_count": "2"}, "gpu_count=2 (several GPUs)"),
         ({"expert_format": "iq9_zz", "expert_bpw": ""}, "expert_format iq9_zz (bits unknown)"),
         ({"placement": "gpu_experts=all"}, "placement gpu_experts"),
-        ({"system_version": "sosp25-ae", "system": "ktransformers"}, "ktransformers sosp25-ae build"),
     ],
 )
 def test_a_row_the_simulator_cannot_express_is_a_miss_naming_the_capability(tmp_path, change, capability):
@@ -105,6 +104,15 @@ def test_the_columns_that_landed_map_to_their_settings():
         "prefill_upload": True,
         "deferral": 6,
     }
+
+
+def test_a_build_runs_on_its_own_profile_or_is_a_miss_naming_it():
+    cells = {c: "" for c in COLUMNS_V2} | row_v2("a") | {"system": "ktransformers", "system_version": "sosp25-ae"}
+    assert plan_of(cells, {"ktransformers", "ktransformers-sosp25"}).system == "ktransformers-sosp25"
+    assert plan_of(cells, {"ktransformers"}).missing == [
+        "system ktransformers sosp25-ae (ktransformers-sosp25) has no profile"
+    ]
+    assert plan_of(cells | {"system_version": "v0.2.1"}, {"ktransformers"}).system == "ktransformers"
 
 
 def test_options_map_to_settings():
