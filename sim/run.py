@@ -46,9 +46,11 @@ def simulate(
     trace: Trace | None = None,
     check_invariants: bool = False,
     record_decisions: bool = False,
+    bound: bool = False,
 ) -> RunOutput:
     """Run the simulator for one config; returns the summary and everything behind it (``record_decisions``: the
-    engine keeps every step's decisions, ``engine.decisions``)."""
+    engine keeps every step's decisions, ``engine.decisions``; ``bound``: the summary also holds
+    ``throughput_bound_tok_s``, the most tokens/s the cost model allows the run, ``sim/timing/bound.py``)."""
     trace = trace if trace is not None else load_trace(cfg.workload.trace)
     w = cfg.workload
     batches = None
@@ -69,7 +71,12 @@ def simulate(
         )
         policy, predictor = build_decisions(cfg, trace, iterations)
     costs = policy.ctx.cost_model(cfg.policy.name)  # the run's, built once by build_decisions
-    sim = Simulation(
+    engine = Simulation
+    if bound:
+        from sim.timing.bound import BoundedSimulation
+
+        engine = BoundedSimulation
+    sim = engine(
         trace,
         iterations,
         policy,
@@ -99,6 +106,9 @@ def simulate(
     summary = summarize(res, policy.cache.counters, info, labels)
     if res.requests is not None:
         summary.update(request_summary(res.requests, w.slo, res.sim_time_s))
+    if bound:
+        least = getattr(sim, "bound_s", 0.0)
+        summary["throughput_bound_tok_s"] = float(info.decode_tokens / least) if least > 0 else None
     resolved = dict(cfg.resolved)
     if "system" not in resolved:  # the default system, left out of the config's id: shown after the hardware
         shown = {}

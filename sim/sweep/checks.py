@@ -12,12 +12,18 @@ a row whose policy computed experts on the host CPU (``cpu_expert_frac`` above 0
 hybrid-cache) is left out, and the check says so, since the host computes beside the GPU and may rightly beat a
 GPU that holds every expert. A point whose ceiling does not fit in the GPU's memory (status ``does not fit``) has
 no ceiling to compare with; the check says that too.
+
+``host_compute_bound`` gives every row, those that computed experts on the host included, a bound of its own that
+holds by construction of the cost model (``sim/timing/bound.py``): a run takes at least, per iteration, its dense
+work and LM head plus each layer's expert work split ideally between the GPU and the host running in parallel, so
+its throughput is at most ``throughput_bound_tok_s`` (recorded by each point's run when the sweep asks for this
+check).
 """
 
 from __future__ import annotations
 
 from sim.policies import is_ceiling
-from sim.sweep.worker import DOES_NOT_FIT
+from sim.sweep.worker import BOUND_CHECK, BOUND_COLUMN, DOES_NOT_FIT
 
 
 class Findings(list):
@@ -146,10 +152,39 @@ def _check_lru_monotone(df, axes):
     return bad
 
 
+def _check_host_compute_bound(df, axes):
+    """Every row's throughput <= its run's ``throughput_bound_tok_s`` (within a relative 1e-9); rows without the
+    figure (stored by a run of the sweep that did not ask for this check) are left out, said in the note."""
+    if not len(df) or "throughput_tok_s" not in df:
+        return None
+    if BOUND_COLUMN not in df:
+        df = df.assign(**{BOUND_COLUMN: None})
+    known = df[BOUND_COLUMN].map(_is_number).astype(bool) & df["throughput_tok_s"].map(_is_number).astype(bool)
+    rows = df[known]
+    others = [a for a in axes if a not in ("policy.name", "predictor.name") and a in df]
+    bad = []
+    for _, r in rows[rows["throughput_tok_s"] > rows[BOUND_COLUMN] * (1 + 1e-9)].iterrows():
+        name = r["policy.name"] if "policy.name" in r else "a point"
+        bad.append(
+            f"{name} at {where(others, tuple(r[a] for a in others))}: {r['throughput_tok_s']:.6g} tok/s above "
+            f"the bound {r[BOUND_COLUMN]:.6g}"
+        )
+    missing = int((~known).sum())
+    host = int(_on_host(rows).sum())
+    notes = [f"{host} of {len(rows)} row(s) computed experts on the host CPU"] if host else []
+    if missing:
+        notes.append(
+            f"{missing} row(s) without {BOUND_COLUMN} (stored by a run that did not ask for this check: run them "
+            f"again) are not compared"
+        )
+    return Findings(bad, "; ".join(notes) or None, applicable=bool(len(rows)))
+
+
 CHECKS = {
     "gpu_only_ceiling": _check_gpu_only_ceiling,
     "belady_bound": _check_belady_bound,
     "lru_monotone_in_cache": _check_lru_monotone,
+    BOUND_CHECK: _check_host_compute_bound,
 }
 
 

@@ -134,6 +134,12 @@ def schema_epilog(width: int = 100) -> str:
         f"booleans, null, lists, mappings), at most {MAX_VALUE_CHARS:,} characters as JSON in grid and zip. "
         f"A sweep varies 1 to {MAX_AXES} fields (grid and zip together) and has at most {MAX_POINTS:,} points, "
         f"counted before anything is expanded; points whose resolved configs are equal run once.",
+        "checks: gpu_only_ceiling: no policy serving its experts from the GPU above gpu-only (rows that computed "
+        "experts on the host are left out); belady_bound: no cache hit rate above belady's; lru_monotone_in_cache: "
+        "lru's hit rate never falls as its cache grows; host_compute_bound: no row's throughput above "
+        "throughput_bound_tok_s, the most its run's cost model allows (per layer its dense work plus its expert work "
+        "split ideally between the GPU and the host in parallel, W/(g+h); plus the LM head), the bound of the rows "
+        "that computed experts on the host.",
         "exit status: 0 every point ok and every check passed; 2 bad input, or another sweep writing in --out "
         "(nothing run; --wait waits for it); 3 a check broke; 4 points failed (--resume runs only them again); "
         "130 interrupted.",

@@ -71,6 +71,8 @@ METRICS = {  # row column -> path in summary.json
     "sim_wall_s": ("wall_s",),
 }
 METRIC_COLUMNS = [*METRICS, "cache_slots"]
+#: The check that needs each run's bound, and the row column holding it (the most tokens/s the cost model allows)
+BOUND_CHECK, BOUND_COLUMN = "host_compute_bound", "throughput_bound_tok_s"
 
 
 def misfit_words(error) -> str:
@@ -81,9 +83,14 @@ def misfit_words(error) -> str:
 
 def task_options(sweep) -> dict | None:
     """What a point's task does besides its run, as plain data a worker or a Ray task receives (None: nothing):
-    ``capacity``, the sweep's capacity option (``sim.sweep.capacity``: its search runs in the task)."""
+    ``capacity``, the sweep's capacity option (``sim.sweep.capacity``: its search runs in the task); ``bound``,
+    when the sweep checks ``host_compute_bound``: the run also adds up the least time the cost model allows it
+    (``sim/timing/bound.py``), recorded as ``throughput_bound_tok_s``."""
     capacity = getattr(sweep, "capacity", None)
-    return None if capacity is None else {"capacity": capacity}
+    bound = BOUND_CHECK in (getattr(sweep, "checks", None) or ())
+    if capacity is None and not bound:
+        return None
+    return {"capacity": capacity, "bound": bound}
 
 
 def run_point(base, overrides: tuple[str, ...], source: str = "sweep", options: dict | None = None) -> dict:
@@ -95,7 +102,7 @@ def run_point(base, overrides: tuple[str, ...], source: str = "sweep", options: 
     from sim.sweep.spec import resolve_config
 
     cfg = resolve_config(base, overrides, source)
-    run = simulate(cfg)
+    run = simulate(cfg, bound=bool(options.get("bound")))
     s = run.summary
     out: dict[str, Any] = {}
     for col, keys in METRICS.items():
@@ -105,6 +112,8 @@ def run_point(base, overrides: tuple[str, ...], source: str = "sweep", options: 
         out[col] = v
     out["cache_slots"] = cache_slots(cfg, len(run.policy.ctx.cached_layers))
     out.update(serving_metrics(s))  # with workload.arrivals: TTFT, TPOT, E2E, SLO attainment, goodput
+    if options.get("bound"):
+        out[BOUND_COLUMN] = s.get(BOUND_COLUMN)
     if options.get("capacity") is not None:
         from sim.sweep.capacity import capacity_metrics
 
