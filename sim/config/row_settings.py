@@ -224,12 +224,21 @@ def options_of(text: str) -> list[tuple[str, str]]:
     return out
 
 
+#: How far a stated ``expert_bpw`` may be from the named format's bits (FORMATS) before the row is a miss: the
+#: published Q4_K_M files average 4.8 against the table's 4.85, HQQ 2-bit 3.11 (paper sizes) against 3.016.
+BPW_TOLERANCE = 0.10
+
+
 def _format(col: str, name: str, bpw: str) -> tuple[str | None, Missing | None]:
-    """A weight format cell: its name where the simulator knows its bits; else, with ``expert_bpw`` stated, that
-    width (``4.25bpw``: the source's bits, the format's kernel class unknown); else missing."""
+    """A weight format cell: its name where the simulator knows its bits (a stated ``expert_bpw`` within
+    :data:`BPW_TOLERANCE` of them, else a miss naming both); an unknown name with ``expert_bpw`` stated runs at that
+    width (``4.25bpw``: the source's bits, the name's kernel class unknown); else missing."""
     if not name or name == "unstated":
         return None, None
-    if format_bits(name) is not None:
+    bits = format_bits(name)
+    if bits is not None:
+        if bpw and abs(float(bpw) - bits) > BPW_TOLERANCE * bits:
+            return None, Missing(f"{col} {name} at expert_bpw {bpw} (the format table says {bits:.3g})")
         return name, None
     if bpw:
         return f"{float(bpw):g}bpw", None

@@ -66,6 +66,7 @@ def test_every_option_key_and_placement_of_the_schema_has_a_rule():
         ({"gpu": "rtx4090-24gb", "cpu": "epyc-9999"}, "hardware part: cpu 'epyc-9999' has no part"),
         ({"gpu_count": "2"}, "gpu_count=2 (several GPUs)"),
         ({"expert_format": "iq9_zz", "expert_bpw": ""}, "expert_format iq9_zz (bits unknown)"),
+        ({"expert_format": "int4", "expert_bpw": "5.5"}, "expert_format int4 at expert_bpw 5.5"),
         ({"placement": "gpu_experts=all"}, "placement gpu_experts"),
     ],
 )
