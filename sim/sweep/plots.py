@@ -86,6 +86,16 @@ def plot_file(axis: str, metric: str = THROUGHPUT_COLUMN) -> str:
     return f"{PLOTTED[metric][0]}_vs_{safe_name(axis.replace('.', '_'), 'axis')}.png"
 
 
+def slo_words(capacity: dict | None) -> str:
+    """ "capacity: TTFT <= 0.5 s, TPOT <= 0.1 s for 90% of requests": what a capacity sweep's figure is found for
+    ("" without the option)."""
+    if not capacity:
+        return ""
+    slo = ", ".join(f"{k.removesuffix('_s').upper()} <= {v:g} s" for k, v in capacity["slo"].items() if v is not None)
+    requests = f" of {capacity['requests']:,}" if capacity.get("requests") else ""
+    return f"capacity: {slo} for {capacity['attainment']:.0%}{requests} requests"
+
+
 def plotted_metrics(sweep: Sweep) -> list[str]:
     """The metrics plotted against each axis: throughput, and with the sweep's ``capacity`` option the capacity."""
     return [THROUGHPUT_COLUMN] + ([CAPACITY_COLUMN] if getattr(sweep, "capacity", None) is not None else [])
@@ -377,7 +387,8 @@ def throughput_figure(view: PlotView, series: str | None, header: str, single: s
         ax.set_xlabel(wrap(axis_label(axis, view.along, xlog), 5.5, 8.5), fontsize=8.5)
     for ax in axes[:, 0]:
         ax.set_ylabel(PLOTTED[metric][1] + (", log scale" if view.log_scale else ""), fontsize=8.5)
-    words = "; ".join(w for w in (view.title, "" if "mean over" in view.title else "each point one run") if w)
+    one = "each point one capacity search" if view.metric == CAPACITY_COLUMN else "each point one run"
+    words = "; ".join(w for w in (view.title, "" if "mean over" in view.title else one) if w)
     fig.suptitle(wrap("\n".join(w for w in (header, words) if w), width, TITLE_FONT), fontsize=TITLE_FONT)
     fig.tight_layout()
     return fig
@@ -526,7 +537,10 @@ def _throughput_plot(
     if series is None:  # one line: named by the policy the points run
         cfg = _config(sweep, view.rows["point"].iloc[0] if "point" in view.rows else None)
         single = cfg.policy.name if cfg is not None else single
-    fig = throughput_figure(view, series, setting_words(sweep, view.rows), single)
+    header = setting_words(sweep, view.rows)
+    if metric == CAPACITY_COLUMN:  # the SLO the capacity is found for
+        header = "; ".join(w for w in (header, slo_words(getattr(sweep, "capacity", None))) if w)
+    fig = throughput_figure(view, series, header, single)
     scale = "log" if view.log_scale else "linear"
     what = f"{PLOTTED[metric][2]} against {axis}" + (f", one line per {series}" if series else "")
     return Plot(save_png(fig, path), True, f"{what}; {view.title or 'every point'}; {scale} scale")

@@ -112,6 +112,9 @@ def test_the_option_is_part_of_a_points_id(tmp_path, config):
     ids = [{p.id for p in s.points} for s in (a, b, c)]
     assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and c.capacity is None
     assert a.capacity == {**CAPACITY, "slo": {"ttft_s": 0.012, "tpot_s": None}, "cv": None}
+    from sim.sweep.plots import slo_words  # what the capacity plot's title says the figure is found for
+
+    assert slo_words(a.capacity) == "capacity: TTFT <= 0.012 s for 90% of 24 requests" and slo_words(None) == ""
 
 
 @pytest.mark.parametrize(
