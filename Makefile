@@ -22,10 +22,11 @@ run: $(STAMP)
 	$(PY) -m sim run configs/switch_xxl.yaml
 
 # the lint runs first: CI (.ci/run) runs exactly this target, so a finding fails CI as a failing test does.
-# Two pytest-xdist workers (CI has 2 cores); loadgroup keeps each test file on one worker and the tests that start
-# Ray on one worker (tests/conftest.py). A plain `pytest` runs everything in one process, as before.
+# Two pytest-xdist workers (CI has 2 cores), each test file on one worker (its module fixtures built once). Tests
+# in different files may meet: each uses its own temporary folders, and the Ray ones their own instances (the sweep
+# starts its local one with address="local", never joining the test cluster). A plain `pytest` runs in one process.
 test: lint
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 $(LINT_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install -q $(LINT_TOOLS)

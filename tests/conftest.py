@@ -12,19 +12,6 @@ from hypothesis import settings
 from tests.support.paths import SHARED_TRACES
 from tests.support.validate import tiny_files
 
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist's ``--dist loadgroup`` (the Makefile's test command runs two workers) each test file runs
-    on one worker, so its module fixtures are built once; a test marked ``xdist_group("ray")`` (one that starts a
-    Ray instance: ``ray.init()`` without an address joins the newest cluster on the machine, so two at once would
-    meet) runs on the worker that runs the other such tests, one after another. Without xdist the marks do nothing.
-    (tryfirst: xdist reads the marks in its own hook of this name.)"""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-
-
 # CI explores the same examples on every run (a new random counterexample is found by developers, not by CI)
 settings.register_profile("ci", derandomize=True, database=None, deadline=None)
 if os.environ.get("CI"):

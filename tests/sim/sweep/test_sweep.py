@@ -142,7 +142,6 @@ def test_bad_sweep_files_exit_2_naming_the_field(tmp_path, body, field):
     assert not out.exists()
 
 
-@pytest.mark.xdist_group("ray")  # starts a local Ray instance (tests/conftest.py)
 def test_the_ray_executor_gives_the_same_rows_as_the_local_one(tmp_path):
     pytest.importorskip("ray", reason="ray is part of the test extras; install with pip install -e '.[test]'")
     sweep = _write_sweep(

@@ -31,8 +31,6 @@ import yaml
 from tests.support.paths import ROOT
 from tests.support.traces import TINY_MODEL, random_trace
 
-pytestmark = pytest.mark.xdist_group("ray")  # one Ray instance on the machine at a time (tests/conftest.py)
-
 MB = 1024 * 1024
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 MARK = "SIM_TEST_RAY_CLUSTER"  # set in the environment of every process of the test cluster
