@@ -89,6 +89,11 @@ def test_each_rows_capacity_is_sim_capacitys_answer_and_is_tabled_and_plotted(tm
     assert "`capacity_vs_workload_batch_size.png`: capacity (the highest request rate" in report, report
     assert (out / "capacity_vs_workload_batch_size.png").stat().st_size > 1000
     assert (out / "throughput_vs_workload_batch_size.png").stat().st_size > 1000
+    # --resume keeps the rows, their capacity with them, and runs nothing again
+    assert main(["sweep", str(sweep), "--out", str(out), "--resume", "--workers", "1", "--quiet"]) == 0
+    again = pd.read_parquet(out / "results.parquet").set_index("point")
+    assert again["capacity_req_s"].to_dict() == df.set_index("point")["capacity_req_s"].to_dict()
+    assert again["wall_s"].to_dict() == df.set_index("point")["wall_s"].to_dict()
 
 
 def test_a_ray_task_finds_the_same_capacity_from_the_resolved_config(tmp_path, config):
