@@ -279,7 +279,8 @@ def plan_of(cells: dict[str, str], systems: frozenset[str] | set[str]) -> RowPla
     if cells["gpu_count"] not in ("", "1"):
         miss.append(f"gpu_count={cells['gpu_count']} (several GPUs)")
     expert, expert_gap = _format("expert_format", cells["expert_format"], cells["expert_bpw"])
-    dense, dense_gap = _format("dense_format", cells["dense_format"], "")
+    same = cells["dense_format"] == cells["expert_format"]  # the same format has the same bits per weight
+    dense, dense_gap = _format("dense_format", cells["dense_format"], cells["expert_bpw"] if same else "")
     miss += [g.capability for g in (expert_gap, dense_gap) if g is not None]
     row: dict[str, Any] = {}
     for s in settings:

@@ -96,6 +96,9 @@ def test_the_columns_that_landed_map_to_their_settings():
     plan, d = overlay(metric="prefill", prompt_tokens="512", context_tokens="4096", options="ubatch=256;nkvo=on")
     assert plan.measure == "prefill" and d["workload"] == {"context_tokens": 4096}
     assert d["system"] == {"ubatch": 256, "kv_on_host": True}
+    plan, _ = overlay(expert_format="iq4_nl", dense_format="iq4_nl", expert_bpw="4.5")
+    assert (plan.expert_format, plan.dense_format) == ("4.5bpw", "4.5bpw")  # the same unknown format: the same bits
+    assert plan_of(ds3 | {"dense_format": "iq4_nl"}, set(SYSTEMS)).missing == ["dense_format iq4_nl (bits unknown)"]
     _, d = overlay(placement="experts_on_gpu_layers=0-33,40-45")
     assert d["system"]["placement"] == {"experts_on_gpu_layers": "0-30,37-42"} and "cache" not in d
     _, d = overlay(placement="n_cpu_moe=10", options="experts_per_token=6;experts_upload_for_prefill=on;deferral=6")
