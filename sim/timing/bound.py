@@ -56,17 +56,26 @@ class IterationBound:
         self.gpu = Memo(costs.expert_s)
         self.host = Memo(costs.cpu_expert_s)
         self.lm_head = Memo(costs.lm_head_s)
+        self.splits: dict[tuple[int, ...], float] = {}  # tokens per active expert, sorted -> their split
+
+    def split(self, counts: dict[int, int]) -> float:
+        """:func:`split_s` of a layer's experts with ``counts`` tokens each (it depends only on those counts)."""
+        key = tuple(sorted(counts.values()))
+        value = self.splits.get(key)
+        if value is None:
+            gpu, host = self.gpu, self.host
+            value = self.splits[key] = split_s([gpu[n] for n in key], [host[n] for n in key])
+        return value
 
     def seconds(self, it: Iteration) -> float:
         """The least time of ``it``: per layer of its phase, its dense work and its experts split ideally between
         the GPU and the host; then its LM head (over the tokens the engine's runs over)."""
-        costs, gpu, host = self.costs, self.gpu, self.host
+        costs, split, roles = self.costs, self.split, self.roles
         layers = self.layers[it.kind]
         n_tok = int(it.rows.size)
         total = 0.0
-        for layer, (active, counts) in zip(layers, active_sets(self.trace, it.rows, layers)):
-            total += costs.dense_s(self.roles[layer], n_tok, it.context)
-            total += split_s([gpu[counts[e]] for e in active], [host[counts[e]] for e in active])
+        for layer, (_, counts) in zip(layers, active_sets(self.trace, it.rows, layers)):
+            total += costs.dense_s(roles[layer], n_tok, it.context) + split(counts)
         lm_tokens = n_tok if it.emits is None else it.emits
         return total + self.lm_head[lm_tokens if it.kind == "decode" or it.emits is not None else it.requests]
 
