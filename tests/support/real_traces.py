@@ -15,13 +15,18 @@ SWITCH_LOGS = [SHARED / "switch-base-pregated-logs" / f"experts_e128_{m}_b1.txt"
 SWITCH_DECODE_LAYERS, SWITCH_STEPS = 6, 256
 
 
-def gpt_oss() -> Trace:
-    """openai/gpt-oss-20b: 539 requests of decode steps, 24 layers, top-4 of 32 (expert_ids int8 [T, 24, 4])."""
+def gpt_oss(layers: int | None = None, requests: int | None = None) -> Trace:
+    """openai/gpt-oss-20b: 539 requests of decode steps, 24 layers, top-4 of 32 (expert_ids int8 [T, 24, 4]);
+    only the first ``layers`` MoE layers and the first ``requests`` requests when given (a smaller input for a slow
+    test)."""
     if not GPT_OSS.is_file():
         pytest.skip(f"real gpt-oss trace not found ({GPT_OSS}): ../shared is absent in this checkout")
     with np.load(GPT_OSS) as z:
         experts = z["expert_ids"].astype(np.int16)
         offsets = z["request_offsets"].astype(np.int64)
+    if requests is not None:
+        offsets = offsets[: requests + 1]
+    experts = np.ascontiguousarray(experts[: offsets[-1], :layers])
     meta = TraceMeta(
         ModelInfo.decoder_only("gpt-oss-20b", 32, 4, experts.shape[1]),
         Provenance("imported", "tests", "gpt-oss-20b", "gpt-oss-20b routing.npz", "2026-01-01"),

@@ -207,10 +207,11 @@ def test_cli_fit_needs_two_requests_for_the_check_and_tokens_need_fit(tmp_path):
 @pytest.mark.slow
 def test_real_gpt_oss_fit_on_half_matches_the_other_half():
     """The fit on one half against the other half's figures, within 0.03 (distinct experts as a share of the 32
-    experts)."""
-    rows, result = fit.held_out_check(gpt_oss(), seed=0)
+    experts), on the first 8 layers and 160 requests of the real routing (43936 tokens: 22k to fit, 22k held out;
+    worst miss 0.016, distinct experts at batch 16; all 24 layers and 539 requests missed by at most 0.016 too)."""
+    rows, result = fit.held_out_check(gpt_oss(layers=8, requests=160), seed=0)
     print(
-        "\ngpt-oss-20b, fit on the even-numbered requests, compared on the odd-numbered ones:\n"
+        "\ngpt-oss-20b layers 0-7, requests 0-159, fit on the even-numbered requests, compared on the odd ones:\n"
         + fit.format_table(rows, 32)
         + f"\n(opening positions {result.prefix_positions}, cross-layer power "
         f"{result.knobs.transition_power}, calibration rounds {result.rounds})"
