@@ -224,10 +224,12 @@ def test_real_gpt_oss_fit_on_half_matches_the_other_half():
 @pytest.mark.slow
 def test_real_switch_fit_on_one_prompt_compared_on_another():
     """Two distinct prompts only (the runs of one log repeat the same prompt): the check compares across prompts.
-    Asserted: the fit reproduces the prompt it was fitted to, and distinct experts per step on the other."""
+    Asserted: the fit reproduces the prompt it was fitted to, and distinct experts per step on the other.
+    Calibrated on 8000 tokens (the 256-token prompt 32 times; the default 20000 took 3x the time and missed the
+    overlap by 0.006 instead of 0.011)."""
     real = switch_decode()
     assert real.num_requests == 2 and real.top_k == 1
-    rows, result = fit.held_out_check(real, seed=0)
+    rows, result = fit.held_out_check(real, seed=0, min_tokens=8000)
     print("\nswitch-base-128 decode, fit on one prompt, compared on the other:\n" + fit.format_table(rows, 128))
     fit_half, _ = fit.split_halves(real)
     synth = generate(
