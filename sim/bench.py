@@ -29,8 +29,10 @@ def _counts(value: str, where: str, low: int) -> list[int]:
     return out
 
 
-def _config(args, depth: int, prefill: bool):
-    """The config with the benchmark's workload: ``batch`` requests at ``depth``, prompts processed or not."""
+def _config(args, depth: int, prefill: bool | None, trace: str | None = None):
+    """The config with the benchmark's workload: ``batch`` requests at ``depth``, prompts processed or not, replaying
+    the trace file ``trace`` (the benchmark's requests; None: the config's own trace); ``prefill`` None: prompts and
+    generation both."""
     from sim.config.run_config import load_run_config
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
@@ -40,12 +42,30 @@ def _config(args, depth: int, prefill: bool):
         "workload.batching=static",
         f"workload.requests={args.batch}",
         "workload.max_decode_tokens=0" if prefill else "workload.max_decode_tokens=null",
-        f"workload.prefill={'true' if prefill else 'false'}",
+        f"workload.prefill={'false' if prefill is False else 'true'}",
         f"workload.context_tokens={depth}",
     ]
+    if trace is not None:
+        sets.append(f"workload.trace={json.dumps(trace)}")
     if args.ubatch is not None:
         sets.append(f"system.ubatch={args.ubatch}")
     return load_run_config(args.config, sets, POLICIES.names(), PREDICTORS.names())
+
+
+def _source_trace(args):
+    """The config's trace, read through the config as the benchmark sets it (prompts and generation both on, no
+    depth: the check that the trace leaves something to run cannot fail on a trace of either kind of rows; a config
+    that does not fit the GPU at this point still names its trace)."""
+    from sim.config.memory import DoesNotFit
+    from traces.io import load_trace
+
+    try:
+        cfg = _config(args, 0, None)
+    except DoesNotFit as exc:
+        if exc.config is None:
+            raise
+        cfg = exc.config
+    return load_trace(cfg.workload.trace)
 
 
 def _phase_time(result, kind: str) -> float:
@@ -62,30 +82,38 @@ def model_size_bytes(cfg) -> int:
 
 def bench(args) -> list[dict]:
     """The rows of the table: per depth, pp then tg (each left out when its count is 0). Each run is the config's
-    with the benchmark's requests (:func:`sim.core.prompt_rows.bench_trace`) in place of its trace's; their KV cache
-    at the depth is checked against the GPU's memory (:func:`sim.config.run_config.kv_cache_check`)."""
-    from sim.config.run_config import dense_bytes_of, kv_cache_check
+    with the benchmark's requests (:func:`sim.core.prompt_rows.bench_trace`, written to a temporary trace file) as its
+    trace, so that the config's checks see the benchmark's requests: the KV cache at the depth, the prompt or the
+    generated tokens, beside the dense weights and the tiers in the GPU's memory (a config that does not fit is a
+    ConfigError naming the test); a trace without prompt rows replays its decode rows as prompts."""
+    import tempfile
+
+    from sim.config.memory import DoesNotFit
     from sim.core.prompt_rows import bench_trace
     from sim.run import simulate
-    from traces.io import load_trace
+    from traces.io import trace_bytes
 
-    trace = None
+    trace = _source_trace(args)
     rows = []
     tests = [("pp", p, 0, True) for p in args.p if p] + [("tg", n, n, False) for n in args.n if n]
-    for d in args.d:
+    with tempfile.TemporaryDirectory(prefix="sim-bench-") as tmp:
+        files = {}
         for kind, count, generated, prefill in tests:
-            cfg = _config(args, d, prefill)
-            if trace is None:
-                trace = load_trace(cfg.workload.trace)
-            if not cfg.system.kv_on_host:
-                held = d + (count if prefill else generated)
-                kv_cache_check(
-                    cfg.model, cfg.hardware, args.batch, held, (d, held - d), dense_bytes_of(cfg.model, cfg.system)
-                )
             bt = bench_trace(trace, count if prefill else 0, generated, args.batch)
-            out = simulate(cfg, trace=bt)
-            t = _phase_time(out, "prefill" if prefill else "decode")
-            rows.append(_row(cfg, f"{kind}{count}", d, count * args.batch, t, out))
+            path = Path(tmp) / f"{kind}{count}.npz"  # written now, not staged with the command's outputs
+            path.write_bytes(trace_bytes(bt))
+            files[kind, count] = bt, str(path)
+        for d in args.d:
+            for kind, count, _, prefill in tests:
+                bt, path = files[kind, count]
+                label = f"{kind}{count}" if d == 0 else f"{kind}{count} @ d{d}"
+                try:
+                    cfg = _config(args, d, prefill, path)
+                except DoesNotFit as exc:
+                    raise ConfigError(exc.field, f"{label} (-d {d}, --batch {args.batch}): {exc.problem}") from None
+                out = simulate(cfg, trace=bt)
+                t = _phase_time(out, "prefill" if prefill else "decode")
+                rows.append(_row(cfg, f"{kind}{count}", d, count * args.batch, t, out))
     return rows
 
 
