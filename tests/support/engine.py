@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from sim.config.run_config import config_from_dict
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
@@ -75,3 +77,13 @@ def config_for(
 def comparable(summary):
     """A run summary less its wall-clock figures (what two equal runs share)."""
     return {k: v for k, v in summary.items() if k not in ("wall_s", "events_per_s")}
+
+
+def engine_figures(result) -> dict:
+    """An engine result's every figure but the wall clock's and the events', as plain data (two runs that must
+    agree bit for bit compare these)."""
+    d = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    for name in ("wall_s", "prediction", "timeline", "decisions"):
+        d.pop(name)
+    d["prediction"] = result.prediction.per_layer()
+    return d

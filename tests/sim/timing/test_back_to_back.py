@@ -5,8 +5,6 @@ run must be the one the event path gives (the same float sums, counts and peak o
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,19 +12,10 @@ from hypothesis import strategies as st
 
 from sim.run import simulate
 from sim.timing.engine import ComputeStream
-from tests.support.engine import POLICY_NAMES, config_for
+from tests.support.engine import POLICY_NAMES, config_for, engine_figures
 from tests.support.traces import random_trace
 from tests.support.validate import with_hardware
 from traces.io import save_trace
-
-
-def engine_figures(result) -> dict:
-    """An engine result's every figure but the wall clock's and the events', as plain data."""
-    d = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
-    for name in ("wall_s", "prediction", "timeline", "decisions"):
-        d.pop(name)
-    d["prediction"] = result.prediction.per_layer()
-    return d
 
 
 def run_both(monkeypatch, cfg, trace) -> tuple[dict, dict, int]:

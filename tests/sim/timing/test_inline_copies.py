@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 from sim.core.copy_queue import CopyQueue
 from sim.run import simulate
 from sim.timing.engine import ComputeStream
-from tests.sim.timing.test_back_to_back import engine_figures
-from tests.support.engine import config_for
+from tests.support.engine import config_for, engine_figures
 from tests.support.traces import random_trace
 from tests.support.validate import with_hardware
 from traces.io import save_trace
