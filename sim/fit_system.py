@@ -157,11 +157,17 @@ SYSTEMS: dict[str, tuple[str, Fitted]] = {
     # share of the host memory bandwidth kTransformers' host expert kernels reach
     "ktransformers": ("ktransformers", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
     "llama.cpp": ("llama-cpp", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
+    # the same constant for ik_llama.cpp's, kTransformers' SOSP'25 build's and kt-kernel's host expert kernels
+    "ik_llama.cpp": ("ik-llama-cpp", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
+    "ktransformers-sosp25": ("ktransformers-sosp25", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
+    "kt-kernel": ("kt-kernel", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
     # framework time per MoE layer
     "deepspeed": ("deepspeed", Fitted("layer_overhead_us", 0.0, 100_000.0, True, False)),
 }
 SYSTEM_ALIASES = {
     "llama-cpp": "llama.cpp",
+    "ik-llama-cpp": "ik_llama.cpp",
+    "ik_llama": "ik_llama.cpp",
     "llamacpp": "llama.cpp",
     "accelerate": "deepspeed",
     "deepspeed-inference": "deepspeed",

@@ -9,6 +9,7 @@ from importlib import metadata
 
 from sim.config.run_config import RunConfig
 from sim.core.decisions import build_decisions, cached_layers, hot_ranking  # noqa: F401 (re-exported)
+from sim.core.experts_per_token import keep_top_experts
 from sim.core.serving import ServingBatches, serving_batches
 from sim.core.workload import Iteration, WorkloadInfo, build_iterations
 from sim.policies import Policy
@@ -52,6 +53,7 @@ def simulate(
     engine keeps every step's decisions, ``engine.decisions``; ``bound``: the summary also holds
     ``throughput_bound_tok_s``, the most tokens/s the cost model allows the run, ``sim/timing/bound.py``)."""
     trace = trace if trace is not None else load_trace(cfg.workload.trace)
+    trace = keep_top_experts(trace, cfg.system.experts_per_token)  # the trace as is unless the system reduces top-k
     w = cfg.workload
     batches = None
     if w.arrivals is not None:  # requests arriving in time: iterations made as the engine runs (no future to read)

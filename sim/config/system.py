@@ -33,6 +33,8 @@ A profile holds (file keys; times in microseconds, converted to seconds in :clas
 - ``experts_per_token``: fewer routed experts per token than the model's top-k (each token keeps its N
   highest-ranked, :mod:`sim.core.experts_per_token`); null: the model's; ``deferral``: kTransformers' expert
   deferral, each token's D lowest-ranked host experts computed beside the next layer (sim/timing/engine.py);
+- switches (:mod:`sim.config.switches`): ``rtr`` and ``fmoe``, ik_llama.cpp's ``-rtr`` and ``-fmoe``, each setting
+  what it implies (``host_kernel``, ``host_call_us``) when the profile loads;
 - both phases (:mod:`sim.timing.phase_costs`, docs/phases.md; each default changes nothing): ``prefill_upload``
   (llama.cpp's op offload: a micro-batch of at least ``upload_min_batch`` tokens, scaled by num_experts / top_k
   with ``upload_moe_scaled`` as ik_llama.cpp does, copies the layer's host-held experts to the GPU, only the used
@@ -53,6 +55,7 @@ from sim.config.checks import check_keys, check_mapping, check_str, integer, kno
 from sim.config.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
 from sim.config.placement import Placement, placement_from
 from sim.config.profiles import load_profile
+from sim.config.switches import apply_switches
 from sim.errors import ConfigError
 
 COPY_STREAMS = ("overlapped", "serial")
@@ -322,6 +325,11 @@ class SystemSpec:
     # experts computed on the host, its `deferral` lowest-ranked run after the layer, beside the next layer's GPU
     # work, and the GPU waits for the others only (sim/timing/engine.py HostStream); 0: none
     deferral: int = setting(0, integer(0, 1 << 15), constructor_default=True)
+    # ik_llama.cpp's switches (sim/config/switches.py: each sets what it implies when the profile loads; null: as
+    # the profile is): -rtr, run-time repacking of the host's rows (false: row-major rates, host_kernel llama-cpp);
+    # -fmoe, the fused MoE op (false: five host ops per MoE layer instead of two, host_call_us = call_us x 5/2)
+    rtr: bool | None = setting(None, lambda v, w: None if v is None else _bool(v, w), constructor_default=True)
+    fmoe: bool | None = setting(None, lambda v, w: None if v is None else _bool(v, w), constructor_default=True)
     source: str = setting("inline", text(max_chars=4096), constructor_default=True)
 
     @property
@@ -347,7 +355,7 @@ class SystemSpec:
     def to_dict(self) -> dict:
         """The profile in the system-file schema (microseconds); loads back with :func:`load_system`."""
         d = to_plain(self)
-        for key in ("placement", "numa", "host_kernel", "host_isa", "experts_per_token"):
+        for key in ("placement", "numa", "host_kernel", "host_isa", "experts_per_token", "rtr", "fmoe"):
             if d[key] is None:  # left out, so that a profile without one reads (and hashes) as before
                 d.pop(key)
         if d["deferral"] == 0:
@@ -375,6 +383,7 @@ def system_from_dict(d: Any, where: str = "system", suffix: str = "", source: st
     d = check_mapping(d, where)
     check_keys(d, where, required_keys(SystemSpec), SYSTEM_FIELDS, suffix, see="sim/config/system.py")
     values = read_settings(SystemSpec, d, where, suffix, defaults={"source": source})
+    values = apply_switches(values, where)
     return SystemSpec(**to_si(SystemSpec, values))
 
 
@@ -421,6 +430,8 @@ def is_ideal(system: SystemSpec) -> bool:
             "placement",
             "experts_per_token",
             "deferral",
+            "rtr",
+            "fmoe",
             *PHASE_FIELDS,
         )
     )

@@ -4,6 +4,8 @@ llama.cpp's ``-ot``, sim/config/placement.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -207,3 +209,71 @@ def test_deferral_hides_host_work_behind_the_gpu_at_batch_one(tmp_path):
     cfg = _host_run(tmp_path, trace, 2, 1)
     assert cfg.system.deferral == 2 and cfg.system.to_dict()["deferral"] == 2
     assert "deferral" not in _host_run(tmp_path, trace, 0, 1).system.to_dict()  # a profile without it hashes as before
+
+
+# ------------------------------------------------------------------------------------------ bundled profiles
+
+SYSTEM_FILES = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "configs" / "systems").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SYSTEM_FILES)
+def test_every_bundled_system_profile_loads_and_runs_on_a_tiny_model(tmp_path, name):
+    rng = np.random.default_rng(4)
+    ids = np.argsort(rng.random((12, 3, 8)), axis=2)[:, :, :2].astype(np.int16)
+    trace = make_trace(ids, lengths=[6, 6], num_experts=8)
+    path = tmp_path / "s.npz"
+    save_trace(trace, path)
+    d = {
+        "model": tiny_model(trace),
+        "hardware": "rtx4090-spr",  # a host with AMX, AVX-512 and AVX2: every kernel family runs there
+        "system": name,
+        "workload": {"trace": str(path), "batch_size": 1, "prefill": False},
+        "cache": {"hpc_slots": 2, "mpc_slots": 0, "lpc_buffers": 1},
+        "policy": "ktransformers",
+        "predictor": "none",
+    }
+    cfg = config_from_dict(d, "test", POLICY_NAMES, PREDICTOR_NAMES)
+    assert cfg.system.name == name or cfg.system.source.endswith(f"{name}.yaml")
+    out = simulate(cfg).summary
+    assert out["throughput_tok_s"] > 0 and out["decode_tokens"] == 12
+
+
+# ------------------------------------------------------------------------------------------ switches
+
+
+def test_switches_set_what_they_imply_and_load_back():
+    from sim.config.host_kernels import load_family
+    from sim.config.system import load_system
+
+    on = load_system("ik-llama-cpp")
+    assert (on.rtr, on.fmoe, on.host_kernel, on.host_call_s) == (True, True, "ik-llama-cpp", None)
+    off = load_system({"base": "ik-llama-cpp", "rtr": False, "fmoe": False})
+    assert off.host_kernel == "llama-cpp"  # row-major rows at mainline's rates
+    assert off.host_call_s == pytest.approx(load_family("ik-llama-cpp").call_us * 5 / 2 / 1e6)
+    assert load_system(off.to_dict()) == off  # applying a switch twice is applying it once
+    own = load_system({"base": "ik-llama-cpp", "fmoe": False, "host_call_us": 7})
+    assert own.host_call_s == pytest.approx(7e-6)  # a profile's own figure wins
+    with pytest.raises(ConfigError, match=r"^system\.rtr: switches ik_llama\.cpp's repacked kernels"):
+        load_system({"base": "ktransformers-v0.3", "rtr": True})
+
+
+def test_an_unfused_moe_is_not_faster_than_a_fused_one(tmp_path):
+    rng = np.random.default_rng(5)
+    ids = np.argsort(rng.random((16, 4, 8)), axis=2)[:, :, :2].astype(np.int16)
+    trace = make_trace(ids, lengths=[8, 8], num_experts=8)
+    path = tmp_path / "f.npz"
+    save_trace(trace, path)
+
+    def run(fmoe: bool) -> float:
+        d = {
+            "model": tiny_model(trace),
+            "hardware": "rtx4090",
+            "system": {"base": "ik-llama-cpp", "fmoe": fmoe, "expert_format": None, "dense_format": None},
+            "workload": {"trace": str(path), "batch_size": 1, "prefill": False},
+            "cache": {"hpc_slots": 0, "mpc_slots": 0, "lpc_buffers": 1},
+            "policy": "ktransformers",
+            "predictor": "none",
+        }
+        return simulate(config_from_dict(d, "test", POLICY_NAMES, PREDICTOR_NAMES)).summary["throughput_tok_s"]
+
+    assert run(False) < run(True)
