@@ -142,8 +142,9 @@ OPTIONS: dict[str, dict[str, Rule] | Callable[[str, dict], Setting | Missing]] =
     "fa": {"on": NOTHING, "off": missing("fa=off (attention without flash attention)")},
     "mla": lambda v, c: Missing(f"mla={v} (MLA mode)"),
     "amb": lambda v, c: Missing("amb (attention max batch)"),
-    "fmoe": {"on": missing("fmoe=on (fused MoE kernel)"), "off": NOTHING},
-    "rtr": {"on": missing("rtr=on (run-time repacking)"), "off": NOTHING},
+    # ik_llama.cpp switches (sim/config/switches.py): they set the host kernel family / per-layer call cost
+    "fmoe": {"on": Setting(system={"fmoe": True}), "off": Setting(system={"fmoe": False})},
+    "rtr": {"on": Setting(system={"rtr": True}), "off": Setting(system={"rtr": False})},
     "kv_type": {"f16": NOTHING, "q8_0": missing("kv_type=q8_0 (quantized KV cache)")},
     "nkvo": {"on": Setting(system={"kv_on_host": True})},
     "mmap": {"off": NOTHING},  # load time only
@@ -154,7 +155,9 @@ OPTIONS: dict[str, dict[str, Rule] | Callable[[str, dict], Setting | Missing]] =
         "numactl": missing("numa=numactl (unstated numactl policy)"),
     },
     "numa_tp": {"on": Setting(system={"numa": "numa_tp"}), "off": NOTHING},
-    "dynamic_sched": {"on": missing("dynamic_sched=on (kTransformers dynamic scheduling)"), "off": NOTHING},
+    # the host's experts run as one call per layer over all its threads, evenly split: what dynamic scheduling
+    # aims at (stated in configs/systems/ktransformers-sosp25.yaml); a static split's imbalance is not modelled
+    "dynamic_sched": {"on": NOTHING, "off": missing("dynamic_sched=off (static work split's imbalance)")},
     "cpu_backend": {
         "amx_bf16": Setting(system={"host_kernel": "kt-amx"}),
         "amx_int8": Setting(system={"host_kernel": "kt-amx"}),
@@ -165,7 +168,9 @@ OPTIONS: dict[str, dict[str, Rule] | Callable[[str, dict], Setting | Missing]] =
         "avx512": Setting(system={"host_isa": "avx512"}),
         "amx": Setting(system={"host_isa": "amx"}),
     },
-    "cuda_graph": {"on": missing("cuda_graph=on (CUDA graphs)"), "off": NOTHING},
+    # the GPU's work is priced without per-kernel launch costs, as one graph per decode step gives (stated in the
+    # ik-llama-cpp and ktransformers-sosp25 profiles); launch costs without graphs are not modelled
+    "cuda_graph": {"on": NOTHING, "off": missing("cuda_graph=off (kernel launch costs)")},
     "deferral": lambda v, c: Setting(system={"deferral": _int(v)}),
     "experts_per_token": lambda v, c: Setting(system={"experts_per_token": _int(v)}),
     "experts_upload_for_prefill": {

@@ -57,9 +57,9 @@ def test_every_option_key_and_placement_of_the_schema_has_a_rule():
     "change, capability",
     [
         ({"metric": "mixed"}, "mixed metric"),
-        ({"options": "kernel=amx;dynamic_sched=on"}, "dynamic_sched=on"),
+        ({"options": "kernel=amx;dynamic_sched=off"}, "dynamic_sched=off"),
         ({"options": "foo=bar"}, "option foo"),
-        ({"options": "cuda_graph=on"}, "cuda_graph=on"),
+        ({"options": "cuda_graph=off"}, "cuda_graph=off"),
         ({"options": "mla=off"}, "mla=off"),
         ({"system": "other"}, "system other has no profile"),
         ({"model": "gpt-5"}, "model gpt-5 has no profile"),
@@ -101,6 +101,8 @@ def test_the_columns_that_landed_map_to_their_settings():
     assert plan_of(ds3 | {"dense_format": "iq4_nl"}, set(SYSTEMS)).missing == ["dense_format iq4_nl (bits unknown)"]
     _, d = overlay(placement="experts_on_gpu_layers=0-33,40-45")
     assert d["system"]["placement"] == {"experts_on_gpu_layers": "0-30,37-42"} and "cache" not in d
+    _, d = overlay(options="rtr=on;fmoe=off;cuda_graph=on;dynamic_sched=on")
+    assert d["system"] == {"rtr": True, "fmoe": False}
     _, d = overlay(placement="n_cpu_moe=10", options="experts_per_token=6;experts_upload_for_prefill=on;deferral=6")
     assert d["system"] == {
         "placement": {"n_cpu_moe": 7},
