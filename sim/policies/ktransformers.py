@@ -20,8 +20,8 @@ The rule here:
   host (null, the default: off; not with ``cpu_layers``).
 - **Run time**: every other active expert is computed on the host (source ``cpu``); nothing is copied, promoted or
   prefetched. Uncached layers compute all their routed experts on the host.
-- Not modelled (guess that they matter little here): expert deferral (overlapping a layer's host experts with
-  the next layer's GPU work) and CUDA-graph capture of the GPU side.
+- Expert deferral (a system's ``deferral``) is the engine's (``HostStream.run_deferring``, sim/timing/engine.py);
+  CUDA-graph capture of the GPU side is how the GPU's work is priced anyway (no per-kernel launch cost).
 """
 
 from __future__ import annotations
