@@ -10,7 +10,8 @@ workload sets ``context_tokens``; otherwise nothing here runs and every result i
   128 rows, FlashAttention-2's and llama.cpp's CUDA kernels' order of size), so the bytes are
   ``ceil(n / QUERY_TILE) * ctx * kv_bytes_per_block_token``; at decode (n = 1) that is the whole KV once, as the
   engine's own roofline has it. With the system's ``kv_on_host`` (llama.cpp ``-nkvo``) that attention runs on the
-  host CPU instead: the same FLOPs at the host's 16-bit rate against the KV bytes at its memory bandwidth, plus the
+  host CPU instead: the same FLOPs at the host's 16-bit rate against the KV bytes at its memory bandwidth (both in
+  the share of the sockets and threads the system's host kernels use: ``numa``, ``host_threads``), plus the
   query activations to the host and the attention's output back over the link (two activation copies per
   attention block); the GPU keeps the rest of the dense work.
 - **Prompt processing with experts in host memory.** Below the threshold a layer's host experts are computed on
@@ -44,11 +45,28 @@ class PhaseCosts:
         m, sy = costs.model, costs.system
         self.system = sy
         self.kv_on_host = sy.kv_on_host
-        self.host_rate = cpu_format_rate(costs.hw, 16.0)[1]  # attention in 16 bits on the host
+        self.host_rate, self.host_bw = self._host_attention_rates()
         self._dense: dict[tuple, tuple[float, float]] = {}
         self.threshold = self.upload_threshold()
         self.expert_bytes = costs.expert_bytes
         self.num_experts = m.num_experts
+
+    def _host_attention_rates(self) -> tuple[float, float]:
+        """(FLOP/s, bytes/s) of the attention on the host (-nkvo): the host's 16-bit rate and its memory bandwidth
+        (times the system's ``host_bw_fraction``), in the share of the sockets and threads the system gives its host
+        kernels, as its experts see them: :class:`~sim.timing.host_costs.HostCosts` when the system sets ``numa``,
+        kernels or threads there (no kernel family's share: attention is not an expert kernel), else the threads'
+        share of the cores (:meth:`CostModel.cpu_expert_s`'s rule)."""
+        costs = self.costs
+        rate = cpu_format_rate(costs.hw, 16.0)[1]  # attention in 16 bits on the host
+        host = costs.host
+        if host is not None:
+            t = host.threads()
+            return rate * host.used_sockets / host.sockets * t / host.cores, host.bandwidth(t)
+        if costs.cpu_threads is None:
+            return rate, costs.cpu_mem_bw
+        share = min(int(costs.cpu_threads), costs.hw.cpu_cores) / costs.hw.cpu_cores
+        return rate * share, costs.cpu_mem_bw * share
 
     # ------------------------------------------------------------------ attention over the context
     def upload_threshold(self) -> int:
@@ -86,7 +104,7 @@ class PhaseCosts:
             if ctx <= 0:
                 value = (gpu, 0.0)
             elif self.kv_on_host:
-                host = max(flops / self.host_rate, nbytes / costs.cpu_mem_bw)
+                host = max(flops / self.host_rate, nbytes / self.host_bw)
                 host += blocks * sum(costs.activation_copy_s(n, d) for d in HOST_ATTENTION_COPIES)
                 value = (gpu, host)
             else:

@@ -12,6 +12,8 @@ from sim.core.prompt_rows import bench_trace
 from sim.core.workload import build_iterations
 from sim.errors import ConfigError
 from sim.run import simulate
+from sim.timing.costs import CostModel
+from sim.timing.phase_costs import PhaseCosts
 from tests.support.engine import POLICY_NAMES, PREDICTOR_NAMES, tiny_model
 from tests.support.traces import make_trace
 from traces.io import save_trace
@@ -121,3 +123,21 @@ def test_bench_trace_rule(trace_file):
     assert np.array_equal(c.experts, decode_only.experts[:5])  # no prompt rows: decode rows as prompt rows
     row = {"model": "m", "size_gib": 1.0, "system": "s", "label": "pp512 @ d32768", "tok_s": 2.0}
     assert "pp512 @ d32768 | 2.00" in format_table([row])
+
+
+def test_nkvo_attention_on_the_host_kernels_threads_and_sockets(trace_file):
+    """-nkvo's attention runs on the host the system gives its kernels: fewer threads or one socket of two read the
+    KV slower (h200's host: two Xeon 8480C sockets, a core's bandwidth stated), every core as fast as the default."""
+
+    def attention_s(system):
+        cfg, _ = run(trace_file, {"kv_on_host": True, **system}, max_decode_tokens=1)
+        costs = CostModel(cfg.model, cfg.hardware, cfg.system)
+        gpu, host = PhaseCosts(costs).dense_s("decoder", 1, 200_000)
+        assert gpu == costs.dense_s("decoder", 1, 0.0)
+        return host, cfg
+
+    every, cfg = attention_s({})
+    assert every > 0
+    assert attention_s({"host_threads": int(cfg.hardware.cpu_cores)})[0] == every
+    assert attention_s({"host_threads": 1})[0] > every
+    assert attention_s({"numa": "one_socket"})[0] > every
