@@ -62,14 +62,21 @@ from traces.outputs import check_not_input
 #: any other system (``ideal``, a user's own profile) may run every deployable policy.
 SYSTEM_POLICIES = {
     "llama-cpp": ("ktransformers",),  # --n-cpu-moe N: system.placement.n_cpu_moe (HOST_LAYER_SYSTEMS)
+    "ik-llama-cpp": ("ktransformers",),  # the same placement by layer
     "ktransformers": ("ktransformers",),
+    "ktransformers-v0.2": ("ktransformers",),
+    "ktransformers-v0.3": ("ktransformers",),
+    "ktransformers-sosp25": ("ktransformers",),
+    "kt-kernel": ("ktransformers",),
     "fiddler": ("fiddler",),
     "mixtral-offloading": ("lru", "on-demand"),
     "deepspeed": ("on-demand",),
 }
 #: Systems that place experts by whole layers (llama.cpp's --n-cpu-moe): the host-layer search, through
 #: ``system.placement.n_cpu_moe``.
-HOST_LAYER_SYSTEMS = ("llama-cpp",)
+HOST_LAYER_SYSTEMS = ("llama-cpp", "ik-llama-cpp")
+#: The placement by layer ranges (llama.cpp's -ot), cleared when the search sets n_cpu_moe (one field).
+RANGES_KEY = "system.placement.experts_on_gpu_layers"
 PLACEMENT_KEY = "system.placement.n_cpu_moe"
 TOP = 3  # policies whose cache tiers are searched (1 with --quick)
 HPC_SHARES = (0.0, 0.25, 0.5)  # shares of a layer's slots tried for the HPC
@@ -409,7 +416,8 @@ def host_layer_stage(search: Search, base: RunConfig, policy: str, batch: int | 
 
     def knobs(n: int) -> Knobs:
         if placed(base):  # the policy and the tiers follow from the system's placement
-            return Knobs(batch=batch, extra=((PLACEMENT_KEY, n),))
+            ranges = base.system.placement.experts_on_gpu_layers is not None  # -ot ranges give way to N
+            return Knobs(batch=batch, extra=(((RANGES_KEY, None),) if ranges else ()) + ((PLACEMENT_KEY, n),))
         if by_layer(base):  # the placement sets the tiers: the config's go (but its cached layers)
             layers = () if base.cache.layers == "all" else (("cache.layers", base.cache.layers),)
             return Knobs(policy, None, (), None, batch, extra=(("cache", None), *layers, (PLACEMENT_KEY, n)))

@@ -277,3 +277,14 @@ def test_an_unfused_moe_is_not_faster_than_a_fused_one(tmp_path):
         return simulate(config_from_dict(d, "test", POLICY_NAMES, PREDICTOR_NAMES)).summary["throughput_tok_s"]
 
     assert run(False) < run(True)
+
+
+def test_host_memory_counts_the_layers_ranges_leave_on_the_host():
+    from sim.config.host_memory import host_expert_layers
+    from sim.config.model import load_model
+    from sim.policies.ktransformers import KTransformers
+
+    m = load_model("qwen3-30b-a3b")  # 48 MoE layers
+    assert host_expert_layers(m, KTransformers, {"cpu_layers": -1, "gpu_layers": "0-33"}, False) == 14
+    assert host_expert_layers(m, KTransformers, {"cpu_layers": -1, "gpu_layers": "0-9,20-29"}, False) == 28
+    assert host_expert_layers(m, KTransformers, {"cpu_layers": 14, "gpu_layers": None}, False) == 14
