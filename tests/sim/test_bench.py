@@ -90,3 +90,12 @@ def test_decode_only_trace_benchmarks_prompts(tmp_path, capsys):
     table = capsys.readouterr().out
     for label in ("pp8", "tg4", "pp8 @ d1000", "tg4 @ d1000"):
         assert f"| {label} |" in table
+
+
+def test_host_memory_refusal_names_no_test(tmp_path, capsys):
+    """The host's memory does not depend on the test: its refusal is the config's own line, without a test's name."""
+    cfg = write_config(tmp_path, [5, 0])
+    full = ["--set", "hardware.host.memory.capacity_gb=8", "--set", "hardware.host.memory.reserved_gb=8"]
+    assert main(["bench", str(cfg), "-p", "4", "-n", "0", *full]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: hardware.host.memory.capacity_gb: 8 GB of host memory cannot hold the run")
