@@ -100,9 +100,9 @@ def bench(args) -> list[dict]:
         files = {}
         for kind, count, generated, prefill in tests:
             bt = bench_trace(trace, count if prefill else 0, generated, args.batch)
-            path = Path(tmp) / f"{kind}{count}.npz"  # written now, not staged with the command's outputs
-            path.write_bytes(trace_bytes(bt))
-            files[kind, count] = bt, str(path)
+            file = Path(tmp) / f"{kind}{count}.npz"  # written now, not staged with the command's outputs
+            file.write_bytes(trace_bytes(bt))
+            files[kind, count] = bt, str(file)
         for d in args.d:
             for kind, count, _, prefill in tests:
                 bt, path = files[kind, count]
