@@ -16,6 +16,11 @@ from pathlib import Path
 from sim.errors import ConfigError
 
 GIB = 1 << 30
+#: What to do when a policy or predictor learns from the workload's other requests: the benchmark's are --batch.
+TRAIN_HINT = (
+    "sim bench runs --batch requests: give --batch 2 or more, or a trace of the same model other than the "
+    "config's to learn from (--set {field}=FILE)"
+)
 
 
 def _counts(value: str, where: str, low: int) -> list[int]:
@@ -113,6 +118,10 @@ def bench(args) -> list[dict]:
                     if exc.memory != "GPU":
                         raise
                     raise ConfigError(exc.field, f"{label} (-d {d}, --batch {args.batch}): {exc.problem}") from None
+                except ConfigError as exc:  # a part that learns from the workload's other requests has only --batch
+                    if not exc.field.endswith(".params.train"):
+                        raise
+                    raise ConfigError(exc.field, f"{exc.problem}; {TRAIN_HINT.format(field=exc.field)}") from None
                 out = simulate(cfg, trace=bt)
                 t = _phase_time(out, "prefill" if prefill else "decode")
                 rows.append(_row(cfg, f"{kind}{count}", d, count * args.batch, t, out))

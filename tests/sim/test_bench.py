@@ -99,3 +99,19 @@ def test_host_memory_refusal_names_no_test(tmp_path, capsys):
     assert main(["bench", str(cfg), "-p", "4", "-n", "0", *full]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: hardware.host.memory.capacity_gb: 8 GB of host memory cannot hold the run")
+
+
+def test_a_predictor_learning_from_other_requests_needs_two(tmp_path, capsys):
+    """sim bench's workload is --batch requests: a predictor that learns from the other requests is refused at one,
+    with what to give instead, and runs at two."""
+    cfg = write_config(tmp_path, [5, 0])
+    learn = ["--set", "predictor.name=transition", "--set", "policy.name=lru", "--set", "policy.params={}"]
+    learn += ["--set", "cache.hpc_slots=2", "--set", "cache.mpc_slots=2", "--set", "cache.lpc_buffers=2"]
+    assert main(["bench", str(cfg), "-p", "4", "-n", "4", *learn]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: predictor.params.train: other-requests needs a trace of at least 2 requests")
+    assert err.endswith(
+        "give --batch 2 or more, or a trace of the same model other than the config's to learn from "
+        "(--set predictor.params.train=FILE)"
+    )
+    assert main(["bench", str(cfg), "-p", "4", "-n", "4", "--batch", "2", *learn]) == 0
