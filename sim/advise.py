@@ -416,7 +416,8 @@ def host_layer_stage(search: Search, base: RunConfig, policy: str, batch: int | 
 
     def knobs(n: int) -> Knobs:
         if placed(base):  # the policy and the tiers follow from the system's placement
-            ranges = base.system.placement.experts_on_gpu_layers is not None  # -ot ranges give way to N
+            placement = base.system.placement
+            ranges = placement is not None and placement.experts_on_gpu_layers is not None  # -ot ranges give way
             return Knobs(batch=batch, extra=(((RANGES_KEY, None),) if ranges else ()) + ((PLACEMENT_KEY, n),))
         if by_layer(base):  # the placement sets the tiers: the config's go (but its cached layers)
             layers = () if base.cache.layers == "all" else (("cache.layers", base.cache.layers),)
