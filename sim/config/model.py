@@ -79,6 +79,16 @@ class ModelSpec:
     qk_nope_head_dim: int = setting(0, integer(0), constructor_default=True)
     qk_rope_head_dim: int = setting(0, integer(0), constructor_default=True)
     v_head_dim: int = setting(0, integer(0), constructor_default=True)
+    # FLOPs of one block's attention per (query token, context token) pair, averaged over the blocks, where the plain
+    # ``4 x n_heads x head_dim`` does not hold (a hybrid model whose linear-attention blocks attend over no context:
+    # Qwen3.5); None keeps that rule. Read by the attention at a KV depth (sim/timing/phase_costs.py).
+    context_pair_flops: int | None = setting(None, integer(1, allow_none=True), constructor_default=True)
+
+    @property
+    def attention_pair_flops(self) -> int:
+        """FLOPs of one block's attention per (query token, context token) pair: ``context_pair_flops``, or
+        ``4 x n_heads x head_dim`` (QK^T and AV, a multiply-add each)."""
+        return self.context_pair_flops or 4 * self.n_heads * self.head_dim
 
     # -- per expert
     @property
@@ -212,12 +222,13 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         """The profile as a plain mapping (the model-file schema; loads back with :func:`load_model`).
-        ``expert_bits`` appears only when set, the latent-attention fields only with ``kv_lora_rank``."""
+        ``expert_bits`` and ``context_pair_flops`` appear only when set, the latent-attention fields only with
+        ``kv_lora_rank``."""
         return {f: getattr(self, f) for f in MODEL_FIELDS if self._stated(f)}
 
     def _stated(self, field: str) -> bool:
-        if field == "expert_bits":
-            return self.expert_bits is not None
+        if field in ("expert_bits", "context_pair_flops"):
+            return getattr(self, field) is not None
         return field not in MLA_FIELDS or self.latent_attention
 
     # -- parameter counts, as model cards state them

@@ -5,7 +5,8 @@ workload sets ``context_tokens``; otherwise nothing here runs and every result i
 
 - **Attention over the context.** A layer's dense work is :meth:`CostModel.dense_s` over no context (its weights,
   projections, FFN, gate, launches) plus the attention over ``ctx`` tokens of KV cache, a roofline of its FLOPs
-  (``4 * n * ctx * n_heads * head_dim`` per attention sublayer) against the KV bytes it reads. A flash-attention
+  (``n * ctx * attention_pair_flops``, i.e. ``4 * n * ctx * n_heads * head_dim`` unless the model states
+  ``context_pair_flops``, per attention sublayer) against the KV bytes it reads. A flash-attention
   kernel reads the KV once per tile of :data:`QUERY_TILE` query rows, not once per query token (assumption: a tile of
   128 rows, FlashAttention-2's and llama.cpp's CUDA kernels' order of size), so the bytes are
   ``ceil(n / QUERY_TILE) * ctx * kv_bytes_per_block_token``; at decode (n = 1) that is the whole KV once, as the
@@ -82,7 +83,7 @@ class PhaseCosts:
         m = self.costs.model
         blocks = m.blocks(role) / m.moe_layers_of(role)
         sublayers = 2 if (role == "decoder" and m.is_encoder_decoder) else 1
-        flops = blocks * sublayers * 4 * n * ctx * m.n_heads * m.head_dim
+        flops = blocks * sublayers * n * ctx * m.attention_pair_flops
         nbytes = blocks * sublayers * math.ceil(n / QUERY_TILE) * ctx * m.kv_bytes_per_block_token
         return flops, nbytes, math.ceil(blocks * sublayers)
 

@@ -141,3 +141,25 @@ def test_nkvo_attention_on_the_host_kernels_threads_and_sockets(trace_file):
     assert attention_s({"host_threads": int(cfg.hardware.cpu_cores)})[0] == every
     assert attention_s({"host_threads": 1})[0] > every
     assert attention_s({"numa": "one_socket"})[0] > every
+
+
+def test_a_model_stating_its_context_flops_pays_those_at_depth(trace_file):
+    """``model.context_pair_flops`` replaces ``4 x n_heads x head_dim`` in the attention over the context: a quarter
+    of the FLOPs per pair is a quarter of the FLOPs, the same KV read, never a slower prompt (a hybrid model whose
+    linear-attention blocks attend over nothing: Qwen3.5)."""
+    path, trace = trace_file
+    plain = tiny_model(trace)
+    cfg, _ = run(trace_file, None, context_tokens=100000)
+    full = cfg.model.attention_pair_flops
+    assert full == 4 * cfg.model.n_heads * cfg.model.head_dim
+    costs = PhaseCosts(CostModel(cfg.model, cfg.hardware, cfg.system))
+    quarter = config_from_dict(
+        {**cfg.resolved, "model": {**plain, "context_pair_flops": max(1, full // 4)}},
+        "test",
+        POLICY_NAMES,
+        PREDICTOR_NAMES,
+    )
+    cheap = PhaseCosts(CostModel(quarter.model, quarter.hardware, quarter.system))
+    assert cheap._context("decoder", PROMPT, 1e5)[0] * 4 == costs._context("decoder", PROMPT, 1e5)[0]
+    assert cheap._context("decoder", PROMPT, 1e5)[1] == costs._context("decoder", PROMPT, 1e5)[1]  # same KV read
+    assert cheap.dense_s("decoder", PROMPT, 1e5)[0] <= costs.dense_s("decoder", PROMPT, 1e5)[0]
