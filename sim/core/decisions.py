@@ -77,12 +77,6 @@ def build_decisions(cfg: RunConfig, trace: Trace, iterations=None) -> tuple[Poli
         trace_path=cfg.workload.trace,
         costs=costs,
     )
-    if cfg.cache.hpc_slots + cfg.cache.mpc_slots > trace.num_experts:
-        raise ConfigError(
-            "cache",
-            f"hpc_slots + mpc_slots ({cfg.cache.hpc_slots} + {cfg.cache.mpc_slots}) exceed "
-            f"the {trace.num_experts} experts of a layer",
-        )
     try:
         policy = POLICIES.get(cfg.policy.name)(cfg.policy.params, ctx)
         predictor = PREDICTORS.get(cfg.predictor.name)(
