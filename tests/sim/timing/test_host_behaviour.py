@@ -235,11 +235,18 @@ def test_format_classes(name, bits, cls):
 
 # ------------------------------------------------------------------------------------------------ as before
 def test_systems_setting_none_of_it_price_the_host_as_before():
+    """A bundled system that sets none of numa, host_kernel, host_isa prices the host as before (no HostCosts); one
+    that sets any of them (ik-llama-cpp's kernels, kTransformers' lines) does, and there are both kinds."""
+    plain, own = [], []
     for name in available("systems"):
         sy = load_system(name)
+        sets = any(k in sy.to_dict() for k in ("numa", "host_kernel", "host_isa"))
+        (own if sets else plain).append(name)
         for hw_name in ("rtx4090", TWO_SOCKETS, "gh200"):
-            assert CostModel(model(), load_hardware(hw_name), sy).host is None, (name, hw_name)
-        assert all(k not in sy.to_dict() for k in ("numa", "host_kernel", "host_isa"))
+            if sets and hw_name == "gh200":
+                continue  # gh200's host names no CPU part: a kernel family cannot be priced there
+            assert (CostModel(model(), load_hardware(hw_name), sy).host is None) is not sets, (name, hw_name)
+    assert {"ideal", "llama-cpp", "fiddler"} <= set(plain) and "ik-llama-cpp" in own
     # one socket: every mode is today's figure (no remote reads, no cross-socket barrier)
     hw, m = load_hardware(ONE_SOCKET), model()
     before = CostModel(m, hw, system())
