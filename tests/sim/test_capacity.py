@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,10 +16,8 @@ from sim.cli import main
 from sim.config.run_config import load_run_config
 from sim.errors import ConfigError
 from sim.run import simulate
-from tests.support.engine import tiny_model
+from tests.support.configs import serving_config
 from tests.support.fuzz import fuzz_settings
-from tests.support.traces import make_trace
-from traces.io import save_trace
 
 SLO = {"ttft_s": 0.012, "tpot_s": None}
 TARGET = 0.9
@@ -30,23 +26,8 @@ REQUESTS = 300  # enough for the queue to build near the capacity (with fewer, a
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> str:
-    """A small fast config: 24 requests of a 6-token prompt and 8 decode rows on a tiny model, batch 4, chunked
-    prefill of 8 tokens."""
-    folder = tmp_path_factory.mktemp("capacity")
-    rng = np.random.default_rng(0)
-    e = np.argsort(rng.random((24 * 14, 2, 8)), axis=2)[:, :, :2]
-    trace = make_trace(e, [14] * 24, [6] * 24, num_experts=8)
-    path = save_trace(trace, folder / "t.npz")
-    cfg = {
-        "model": tiny_model(trace),
-        "hardware": "h200",
-        "workload": {"trace": str(path), "batch_size": 4, "batching": "continuous", "max_batch_tokens": 8},
-        "cache": {"hpc_slots": 0, "mpc_slots": 2, "lpc_buffers": 4, "prefetch_reserve": 1},
-        "policy": "lru",
-        "predictor": "none",
-    }
-    (folder / "c.yaml").write_text(yaml.safe_dump(cfg))
-    return str(folder / "c.yaml")
+    """A small fast config (tests.support.configs.serving_config)."""
+    return serving_config(tmp_path_factory.mktemp("capacity"))
 
 
 def _attainment(config: str, rate: float, seed: int, requests: int) -> float:

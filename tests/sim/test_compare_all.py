@@ -7,16 +7,13 @@ import csv
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import yaml
 
 from sim.compare import ORIGINS, all_entries, default_predictor, origin_of, parse_entries
 from sim.policies import POLICIES, Policy
-from tests.support.engine import tiny_model
+from tests.support.configs import tiny_lru_config
 from tests.support.paths import ROOT
-from tests.support.traces import random_trace
-from traces.io import save_trace
 
 #: What each policy is: the gpu-only ceiling, a baseline, published, ours, or an offline bound (new policies
 #: declare it in their class).
@@ -87,20 +84,7 @@ def test_all_expands_to_every_policy_by_origin_with_one_predictor_or_their_own()
 
 @pytest.fixture()
 def tiny_config(tmp_path):
-    trace = random_trace(np.random.default_rng(4), tokens=36, layers=2, experts=8, k=2, requests=4)
-    path = save_trace(trace, tmp_path / "tiny.npz")
-    cfg = {
-        "model": tiny_model(trace),
-        "hardware": "h200",
-        "workload": {"trace": str(path), "batch_size": 2, "batching": "static"},
-        "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 4, "prefetch_reserve": 1, "layers": "all"},
-        "policy": {"name": "lru", "params": {}},
-        "predictor": {"name": "none", "params": {}},
-        "seed": 0,
-    }
-    out = tmp_path / "tiny.yaml"
-    out.write_text(yaml.safe_dump(cfg))
-    return out
+    return tiny_lru_config(tmp_path, tokens=36)
 
 
 def test_compare_all_runs_every_policy_and_writes_the_origin_column(tiny_config, tmp_path):

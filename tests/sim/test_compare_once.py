@@ -4,36 +4,19 @@ loaded once; and one run builds one cost model."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import yaml
 
 import sim.compare as compare_mod
 from sim.cli import main
 from sim.config.run_config import load_run_config
 from sim.run import simulate
 from sim.timing.costs import CostModel
-from tests.support.engine import tiny_model
-from tests.support.traces import random_trace
-from traces.io import save_trace
+from tests.support.configs import tiny_lru_config
 
 
 @pytest.fixture()
 def tiny_config(tmp_path):
-    trace = random_trace(np.random.default_rng(4), tokens=24, layers=2, experts=8, k=2, requests=4)
-    path = save_trace(trace, tmp_path / "tiny.npz")
-    cfg = {
-        "model": tiny_model(trace),
-        "hardware": "h200",
-        "workload": {"trace": str(path), "batch_size": 2, "batching": "static"},
-        "cache": {"hpc_slots": 1, "mpc_slots": 2, "lpc_buffers": 4, "prefetch_reserve": 1, "layers": "all"},
-        "policy": {"name": "lru", "params": {}},
-        "predictor": {"name": "none", "params": {}},
-        "seed": 0,
-    }
-    out = tmp_path / "tiny.yaml"
-    out.write_text(yaml.safe_dump(cfg))
-    return out
+    return tiny_lru_config(tmp_path, tokens=24)
 
 
 def counting(monkeypatch, module, name: str) -> list:

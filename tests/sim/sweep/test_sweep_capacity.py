@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -15,9 +14,7 @@ import yaml
 from sim.cli import main
 from sim.errors import ConfigError
 from sim.sweep.spec import load_sweep
-from tests.support.engine import tiny_model
-from tests.support.traces import make_trace
-from traces.io import save_trace
+from tests.support.configs import serving_config
 
 SLO = "ttft=0.012"
 ARRIVALS = {"process": "poisson", "rate_per_s": 50, "seed": 0}  # the points' own runs (the search sets its own)
@@ -26,23 +23,8 @@ CAPACITY = {"slo": {"ttft_s": 0.012}, "attainment": 0.9, "requests": 24, "seeds"
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> str:
-    """A small fast config (as tests/sim/test_capacity.py's): a tiny model, 6-token prompts and 8 decode rows,
-    continuous batching with chunked prefill."""
-    folder = tmp_path_factory.mktemp("sweep-capacity")
-    rng = np.random.default_rng(0)
-    e = np.argsort(rng.random((24 * 14, 2, 8)), axis=2)[:, :, :2]
-    trace = make_trace(e, [14] * 24, [6] * 24, num_experts=8)
-    path = save_trace(trace, folder / "t.npz")
-    cfg = {
-        "model": tiny_model(trace),
-        "hardware": "h200",
-        "workload": {"trace": str(path), "batch_size": 4, "batching": "continuous", "max_batch_tokens": 8},
-        "cache": {"hpc_slots": 0, "mpc_slots": 2, "lpc_buffers": 4, "prefetch_reserve": 1},
-        "policy": "lru",
-        "predictor": "none",
-    }
-    (folder / "c.yaml").write_text(yaml.safe_dump(cfg))
-    return str(folder / "c.yaml")
+    """A small fast config, as tests/sim/test_capacity.py's (tests.support.configs.serving_config)."""
+    return serving_config(tmp_path_factory.mktemp("sweep-capacity"))
 
 
 def _sweep_file(folder, config: str, capacity=CAPACITY, name: str = "s.yaml"):
