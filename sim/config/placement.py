@@ -84,7 +84,10 @@ def ranges_text(layers) -> str:
 
 
 def _ranges(value, where: str) -> str | None:
-    """``experts_on_gpu_layers``: null, or layer ranges (kept in canonical text)."""
+    """``experts_on_gpu_layers``: null, or layer ranges (kept in canonical text); a whole number is the one layer
+    (``--set ...experts_on_gpu_layers=3`` reads 3 as a number)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        value = str(value)
     return None if value is None else ranges_text(parse_ranges(value, where))
 
 

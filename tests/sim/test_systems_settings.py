@@ -118,6 +118,12 @@ def test_layer_ranges_round_trip_and_host_layers_are_the_rest(layers, total):
     assert set(host_layers(p, total)) == set(range(total)) - layers
 
 
+def test_a_whole_number_is_one_layer():
+    """``--set system.placement.experts_on_gpu_layers=3`` reads 3 as a number: it is layer 3, as "3" is."""
+    assert placement_from({"experts_on_gpu_layers": 3}, "p").experts_on_gpu_layers == "3-3"
+    assert placement_from({"experts_on_gpu_layers": "3"}, "p").experts_on_gpu_layers == "3-3"
+
+
 @pytest.mark.parametrize(
     "bad, words",
     [
@@ -127,7 +133,9 @@ def test_layer_ranges_round_trip_and_host_layers_are_the_rest(layers, total):
         ("x", "layer ranges"),
         ("", "layer ranges"),
         ("1--2", "layer ranges"),
-        (7, "layer ranges"),
+        (-1, "layer ranges"),
+        (True, "layer ranges"),
+        (1.5, "layer ranges"),
     ],  # fmt: skip
 )
 def test_bad_ranges_are_refused_naming_the_field(bad, words):
