@@ -51,10 +51,11 @@ engine per direction, so device->host is separate; that the small host->device a
 a weight copy on the same direction is an assumption), they do not slow the weight copies, and the host's compute
 neither slows the GPU nor the weight copies (host memory bandwidth shared with the link's DMA is ignored), nor is
 it slowed by the host thread issuing copies. A run without host experts is timed exactly as before.
-Expert deferral (a system's ``deferral: D``, kTransformers SOSP'25): the host experts that every token of the layer
-ranks among its D lowest are computed after the others, beside the next layer's GPU work; the GPU waits for the
-others only, the next layer's host work starts after the deferred, and a layer without host experts (and the LM
-head) waits for them (:meth:`HostStream.run_deferring`). With D = 0 nothing changes.
+Expert deferral (a system's ``deferral: D``, kTransformers SOSP'25; the rule: sim/core/deferral.py): the host
+experts that every token of the layer ranks among its D lowest are computed after the others, beside the next
+layer's GPU work; the GPU waits for the others only, the next layer's host work starts after the deferred, and a
+layer without host experts (and the LM head) waits for them (:meth:`HostStream.run_deferring`). With D = 0 nothing
+changes.
 
 Processes and events (SimPy's public API only, so that other processes may share the environment): the compute
 stream (:class:`ComputeStream`) is the run's driver and keeps its own clock (``sim/timing/clock.py``). The copy
@@ -95,6 +96,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from sim.core.accounting import IterationTally, iteration_record
+from sim.core.deferral import deferred_experts
 from sim.core.protocol import DecisionProtocol, LayerDecision, LayerStep, cpu_tokens
 from sim.core.records import IterationRecord
 from sim.core.serving import RequestRecord, ServingBatches
@@ -177,15 +179,6 @@ class HostStream:
             tl.host(layer, "activations h2d", t + host, h2d)
         return t + host + h2d, host
 
-    def deferred(self, it: Iteration, layer: int, cpu) -> set:
-        """The layer's host experts that are deferred: those that every token routed to them ranks among its
-        ``deferral`` lowest (kTransformers' kt-kernel ``select_deferred_experts``: the top k - D by routing score
-        are protected, the rest deferred; the trace stores a token's experts highest first)."""
-        protected = max(self.trace.top_k - self.deferral, 0)
-        ids = self.trace.experts[it.rows, layer]  # [tokens, k]
-        kept = set(ids[:, :protected].ravel().tolist())
-        return {e for e in cpu if e not in kept}
-
     def run_deferring(self, now: float, it: Iteration, layer: int, counts, cpu) -> tuple[float, float]:
         """Expert deferral: the host starts the layer's immediate experts when the activations arrive and it has
         ended the deferred experts it holds (those of the layer before, which ran beside this layer's GPU work);
@@ -198,7 +191,7 @@ class HostStream:
         t = max(now + d2h, self.free)
         if tl is not None:
             tl.host(layer, "activations d2h", now, d2h)
-        later = self.deferred(it, layer, cpu)
+        later = deferred_experts(self.trace, it.rows, layer, cpu, self.deferral)
         host = self.layer_s
         for e in cpu:
             if e not in later:
@@ -787,7 +780,7 @@ class Simulation:
             iterations=records,
             sim_time_s=stream.now,
             compute_busy_s=totals.busy,
-            link_busy_s=copy.busy_s + stream.upload_s if stream.upload_s else copy.busy_s,
+            link_busy_s=copy.busy_s + stream.upload_s,
             stall_s=totals.stall,
             copies=copy.copies,
             prefetch_copies=copy.prefetch_copies,
