@@ -33,25 +33,21 @@ then lies above the saturation rate and the check may fail): hundreds of request
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sim.config.serving import MAX_CV, MAX_RATE
 from sim.errors import ConfigError
-
-if TYPE_CHECKING:
-    from sim.config.run_config import RunConfig
 
 DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_ATTAINMENT = 0.9
 DEFAULT_TOLERANCE = 0.02
 MAX_SEEDS = 16
 MAX_SEED = 2**32 - 2  # the check's seed is one more than the largest
+MAX_SLO_S = 1e6  # the longest SLO time a search takes (seconds)
 MIN_RATE = 1e-4  # requests per second: below it, no rate meets the SLO
 MAX_STEPS = 60  # rates a search evaluates at most (bracketing and bisection together)
 #: An answer this much above the saturation rate is flagged: the probe's own figure is a little low (its last
@@ -94,7 +90,7 @@ def _seconds(text: str, where: str) -> float:
         v = float(t) * scale
     except ValueError:
         raise ConfigError(where, f"must be a time in seconds (0.5, 0.5s or 500ms), got {text!r}") from None
-    if not (math.isfinite(v) and 0 < v <= 1e6):
+    if not (math.isfinite(v) and 0 < v <= MAX_SLO_S):
         raise ConfigError(where, f"must be a time > 0 and at most 1e6 s, got {text!r}")
     return v
 
@@ -154,7 +150,9 @@ class Evaluator:
         self.sets = ["workload.batching=continuous", *sets, f"workload.slo={slo_text}"]
         if requests is not None:
             self.sets.append(f"workload.requests={requests}")
-        self._load = _loader(config, self.sets, source)
+        from sim.sweep.spec import resolve_config  # a path or a mapping (a sweep point's resolved config on Ray)
+
+        self._load = lambda extra: resolve_config(config, (*self.sets, *extra), source)
         self.base = self._load([self._arrivals(MAX_RATE, 0, cv)])  # bad input ends here, before any run
         self.trace = load_trace(self.base.workload.trace)
         self.points: dict[float, Point] = {}
@@ -192,26 +190,6 @@ class Evaluator:
         )
         self.points[rate] = p
         return p
-
-
-def _loader(config: str | dict, sets: list[str], source: str) -> Callable[[list[str]], RunConfig]:
-    """extra overrides -> the RunConfig of ``config`` (a run config's path, or a mapping of its fields: a sweep
-    point's resolved config on a Ray worker) with ``sets`` and then them (bad input -> ConfigError)."""
-    from sim.config.run_config import apply_override, config_from_dict, load_run_config
-    from sim.policies import POLICIES
-    from sim.predictors import PREDICTORS
-
-    policies, predictors = POLICIES.names(), PREDICTORS.names()
-    if not isinstance(config, dict):
-        return lambda extra: load_run_config(config, [*sets, *extra], policies, predictors)
-
-    def load(extra: list[str]) -> RunConfig:
-        raw = copy.deepcopy(config)
-        for o in [*sets, *extra]:
-            apply_override(raw, o)
-        return config_from_dict(raw, source, policies, predictors)
-
-    return load
 
 
 def _mean(values: list) -> float | None:

@@ -26,6 +26,7 @@ from sim.capacity import (
     DEFAULT_TOLERANCE,
     MAX_SEED,
     MAX_SEEDS,
+    MAX_SLO_S,
     find_capacity,
 )
 from sim.config.checks import show
@@ -34,7 +35,6 @@ from sim.config.serving import MAX_CV
 KEYS = ("slo", "attainment", "requests", "seeds", "tolerance", "cv")
 SLO_KEYS = ("ttft_s", "tpot_s")
 MAX_REQUESTS = 1 << 20
-MAX_SLO_S = 1e6
 #: row column -> key of the capacity document
 COLUMNS = {
     "capacity_req_s": "max_rate_per_s",
