@@ -73,7 +73,8 @@ def _source_trace(args):
     return load_trace(cfg.workload.trace)
 
 
-def _phase_time(result, kind: str) -> float:
+def phase_time(result, kind: str) -> float:
+    """Seconds of a run's iterations of ``kind`` ("prefill" or "decode"): the time pp or tg is measured over."""
     return sum(r.end_s - r.start_s for r in result.engine.iterations if r.kind == kind)
 
 
@@ -123,7 +124,7 @@ def bench(args) -> list[dict]:
                         raise
                     raise ConfigError(exc.field, f"{exc.problem}; {TRAIN_HINT.format(field=exc.field)}") from None
                 out = simulate(cfg, trace=bt)
-                t = _phase_time(out, "prefill" if prefill else "decode")
+                t = phase_time(out, "prefill" if prefill else "decode")
                 rows.append(_row(cfg, f"{kind}{count}", d, count * args.batch, t, out))
     return rows
 
@@ -195,4 +196,4 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-__all__ = ["bench", "cmd_bench", "format_table", "model_size_bytes", "register"]
+__all__ = ["bench", "cmd_bench", "format_table", "model_size_bytes", "phase_time", "register"]

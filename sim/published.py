@@ -31,8 +31,7 @@ from sim.fit_system import (
     _positive,
     _profile_exists,
     _read_bounded,
-    fit_rows,
-    predict_rows,
+    fit_and_predict,
     printed,
     run_config,
     table_cell,
@@ -245,6 +244,7 @@ def simulator(rows: list[PublishedRow]) -> Callable[[Row, dict], float]:
 def prefill_tok_s(cfg: Any, prompt_tokens: int, batch: int) -> float:
     """Prompt processing tokens/s as ``sim bench`` measures pp: ``batch`` prompts of ``prompt_tokens`` (the trace's
     prompt rows, else its decode rows: :func:`sim.core.prompt_rows.bench_trace`) over the prefill passes' time."""
+    from sim.bench import phase_time
     from sim.core.prompt_rows import bench_trace
     from sim.run import simulate
     from traces.io import load_trace
@@ -252,7 +252,7 @@ def prefill_tok_s(cfg: Any, prompt_tokens: int, batch: int) -> float:
     if prompt_tokens < 1:
         raise ConfigError("prompt_tokens", "a prefill row needs prompt_tokens >= 1")
     out = simulate(cfg, trace=bench_trace(load_trace(cfg.workload.trace), prompt_tokens, 0, batch))
-    seconds = sum(it.end_s - it.start_s for it in out.engine.iterations if it.kind == "prefill")
+    seconds = phase_time(out, "prefill")
     return prompt_tokens * batch / seconds
 
 
@@ -260,8 +260,8 @@ def evaluate(rows: list[PublishedRow], simulate: Callable[[Row, dict], float] | 
     """Fit on the expressible fit rows only, predict every expressible row (blind), and summarise."""
     sim = simulate or simulator(rows)
     runnable = [p.row for p in rows if p.row is not None]
-    fits = fit_rows([r for r in runnable if r.role == "fit"], sim)
-    results = {r["row"]: r for r in predict_rows(runnable, fits, sim)}
+    fits, predicted = fit_and_predict(runnable, sim)
+    results = {r["row"]: r for r in predicted}
     out = []
     for p in rows:
         res = results.get(p.id)

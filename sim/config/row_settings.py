@@ -61,16 +61,6 @@ def _decode_only(capability: str) -> Callable[[str, dict], Setting | Missing]:
 
 
 # ------------------------------------------------------------------------------------------------ the table
-#: system (schema) -> the fit's system name (sim/fit_system.py SYSTEMS); a system absent from SYSTEMS is missing.
-SYSTEM_NAMES = {
-    "mixtral-offloading": "mixtral-offloading",
-    "fiddler": "fiddler",
-    "ktransformers": "ktransformers",
-    "llama.cpp": "llama.cpp",
-    "deepspeed": "deepspeed",
-    "ik_llama.cpp": "ik_llama.cpp",
-    "kt-kernel": "kt-kernel",
-}
 #: (system, system_version pattern) -> the fit's system of builds that have a profile of their own (others: the
 #: system's); a name absent from the fit's SYSTEMS is missing, named with the build.
 VERSIONS: dict[tuple[str, str], str] = {
@@ -261,7 +251,7 @@ def plan_of(cells: dict[str, str], systems: frozenset[str] | set[str]) -> RowPla
         else:
             settings.append(result)
 
-    system = SYSTEM_NAMES.get(cells["system"], cells["system"])
+    system = cells["system"]  # the schema names systems as the fit does (sim/fit_system.py SYSTEMS)
     build = ""
     for (name, pattern), target in VERSIONS.items():
         if name == cells["system"] and re.fullmatch(pattern, cells["system_version"]):
@@ -296,4 +286,4 @@ def plan_of(cells: dict[str, str], systems: frozenset[str] | set[str]) -> RowPla
     return RowPlan(system, variant, row.get("slots"), row.get("measure", "decode"), expert, dense, settings, miss)
 
 
-__all__ = ["METRICS", "Missing", "OPTIONS", "RowPlan", "Setting", "SYSTEM_NAMES", "VERSIONS", "missing", "plan_of"]
+__all__ = ["METRICS", "Missing", "OPTIONS", "RowPlan", "Setting", "VERSIONS", "missing", "plan_of"]
