@@ -44,6 +44,14 @@ class Iteration:
     def decode_tokens(self) -> int:
         return int(self.rows.size) - self.prompt_rows if self.kind == "decode" else 0
 
+    @property
+    def lm_head_tokens(self) -> int:
+        """The tokens the LM head runs over: every row of a decode iteration (or ``emits``), each prefilled
+        request's last token."""
+        if self.emits is not None:
+            return self.emits
+        return int(self.rows.size) if self.kind == "decode" else self.requests
+
 
 @dataclass(frozen=True)
 class WorkloadInfo:

@@ -76,8 +76,7 @@ class IterationBound:
         total = 0.0
         for layer, (_, counts) in zip(layers, active_sets(self.trace, it.rows, layers)):
             total += costs.dense_s(roles[layer], n_tok, it.context) + split(counts)
-        lm_tokens = n_tok if it.emits is None else it.emits
-        return total + self.lm_head[lm_tokens if it.kind == "decode" or it.emits is not None else it.requests]
+        return total + self.lm_head[it.lm_head_tokens]
 
 
 class BoundedSimulation(Simulation):

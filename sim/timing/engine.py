@@ -580,8 +580,7 @@ class ComputeStream(StreamClock):
         """The LM head closes the iteration: over every generated token, or each prefilled request's last."""
         if self.host.deferral:  # the last layer's deferred experts join its output before the LM head
             self.wait_host(self.host.free)
-        n_tok = int(it.rows.size) if it.emits is None else it.emits
-        lm = self.lm_head_of[n_tok if it.kind == "decode" or it.emits is not None else it.requests]
+        lm = self.lm_head_of[it.lm_head_tokens]
         if lm and self.slowed:
             lm = self.stretch(lm, self.dense_slow)
         if lm:
