@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from base.model import load_model  # noqa: E402
 from sim.config.hardware import load_hardware  # noqa: E402
-from sim.config.model import load_model  # noqa: E402
 from sim.config.run_config import config_from_dict  # noqa: E402
 from sim.config.system import NUMA_MODES, format_bits, load_system  # noqa: E402
 from sim.run import simulate  # noqa: E402

@@ -189,9 +189,9 @@ def run_cell(
     """``sim compare CONFIG --policies ... --set ...`` in this process: its rows, wall seconds, why there are
     none (a config the GPU-memory check refuses: an extended batch whose KV cache does not fit), and, with
     ``shrink``, the ``workload.max_decode_tokens`` (64, 32, 16 or 8) it took to fit such a batch (None: as given)."""
+    from base.errors import ConfigError
     from sim.compare import compare
     from sim.config.run_config import load_run_config
-    from sim.errors import ConfigError
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 

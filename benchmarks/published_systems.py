@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from base.outputs import check_not_input  # noqa: E402
 from sim.published import evaluate, format_report, read_published  # noqa: E402
 from traces.cli import OneLineParser, run_main  # noqa: E402
 from traces.io import atomic_write_bytes, check_output_file  # noqa: E402
-from traces.outputs import check_not_input  # noqa: E402
 
 #: The published rows shipped with the project (their sources: benchmarks/published/README.md).
 DEFAULT_ROWS = Path(__file__).resolve().parent / "published" / "rows.csv"

@@ -41,6 +41,8 @@ from typing import Any
 
 import yaml
 
+from base.errors import ConfigError
+from base.outputs import check_not_input
 from sim.config.memory import DoesNotFit
 from sim.config.run_config import (
     MAX_BATCH,
@@ -52,11 +54,9 @@ from sim.config.run_config import (
     read_trace_summary,
 )
 from sim.config.units import GB
-from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from traces.io import atomic_write_bytes, check_output_file, load_trace
-from traces.outputs import check_not_input
 
 #: The policies a named serving system runs (``configs/systems/NAME.yaml``, each profile's "Policy:" line);
 #: any other system (``ideal``, a user's own profile) may run every deployable policy.

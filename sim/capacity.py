@@ -39,8 +39,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from base.errors import ConfigError
 from sim.config.serving import MAX_CV, MAX_RATE
-from sim.errors import ConfigError
 
 DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_ATTAINMENT = 0.9
@@ -336,9 +336,9 @@ def summary_text(doc: dict) -> str:
 
 
 def cmd_capacity(args) -> int:
+    from base.outputs import check_not_input
     from sim.capacity_plot import capacity_png
     from traces.io import atomic_write_bytes, check_output_file
-    from traces.outputs import check_not_input
 
     slo = parse_slo(args.slo)
     seeds = parse_seeds(args.seeds)

@@ -41,15 +41,15 @@ import math
 import sys
 from pathlib import Path
 
+from base.errors import ConfigError
+from base.outputs import check_not_input
 from sim.config.memory import DoesNotFit
 from sim.config.run_config import RunConfig, config_from_dict, load_run_config
-from sim.errors import ConfigError
 from sim.policies import POLICIES, is_ceiling
 from sim.predictors import PREDICTORS
 from sim.results import hardware_words
 from sim.run import cached_layers, simulate
 from traces.io import atomic_write_bytes, check_output_file, check_output_folder, load_trace
-from traces.outputs import check_not_input
 
 COLUMNS = [
     "policy",

@@ -44,9 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.config.files import PROJECT_ROOT
-from sim.errors import ConfigError
-from traces.errors import brief, one_line
+from base.errors import ConfigError, brief, one_line
+from base.files import PROJECT_ROOT
 
 COLUMNS = (
     "row",
@@ -307,7 +306,7 @@ def bundled_trace(model: str) -> tuple[str, int] | None:
         return TRACES[model]
     if not (model.lower().endswith((".yaml", ".yml", ".json")) or "/" in model):
         return None
-    from sim.config.model import load_model
+    from base.model import load_model
 
     return TRACES.get(load_model(model, "--model").name)
 
@@ -404,7 +403,7 @@ def check_row(
 
 def _check_cpu_layers(variant: str, model: str, where: str) -> None:
     """llama.cpp's ``n-cpu-moe=N`` keeps the experts of N MoE layers on the host: at most the model's."""
-    from sim.config.model import load_model
+    from base.model import load_model
 
     n = _n_cpu_moe(variant, where)
     layers = load_model(model).moe_layers
@@ -457,7 +456,7 @@ def read_rows(
 def _read_bounded(path: str | Path, shown: str) -> bytes:
     """At most MAX_FILE_BYTES bytes of the regular file ``path`` (a FIFO or device is refused, never waited on;
     at most the bound + 1 bytes are read, whatever the file's size)."""
-    from traces.errors import TraceError
+    from base.errors import TraceError
     from traces.io import open_regular_file
 
     try:
@@ -503,8 +502,8 @@ def _fits_on_gpu(cfg_dict: dict) -> int:
     is allocated being the dense weights, the KV cache and the working buffer (sourced: efeslab/fiddler
     src/fiddler/mixtral.py, ``calc_n_expert_on_gpu``), and never more than the config's memory check admits (the
     hardware profile's reserved memory aside)."""
+    from base.model import load_model
     from sim.config.hardware import load_hardware
-    from sim.config.model import load_model
     from sim.config.run_config import config_from_dict, dense_bytes_of, with_formats
     from sim.config.system import load_system
 
@@ -801,17 +800,17 @@ def fit_system(
     row's result and the profile."""
     import yaml
 
+    from base.outputs import check_not_input
     from sim.config.hardware import load_hardware
     from sim.config.system import load_system
     from traces.io import atomic_write_bytes, check_output_file
-    from traces.outputs import check_not_input
 
     name = system_of(system)
     if name not in SYSTEMS:
         raise ConfigError("--system", f"must be one of {', '.join(SYSTEMS)}, got {brief(system)}")
     load_hardware(hardware, "--hardware")
     if model is not None:
-        from sim.config.model import load_model
+        from base.model import load_model
 
         load_model(model, "--model")
     if trace is not None:
@@ -847,8 +846,8 @@ def fit_system(
 
 def _check_trace_file(trace: str) -> None:
     """``--trace``: a trace file the simulator reads (its header; ConfigError naming ``--trace``)."""
-    from sim.config.trace_summary import read_trace_summary
-    from traces.errors import TraceError
+    from base.errors import TraceError
+    from traces.summary import read_trace_summary
 
     try:
         read_trace_summary(trace)
@@ -858,8 +857,8 @@ def _check_trace_file(trace: str) -> None:
 
 def _check_trace_fits(trace: str, rows: list[Row]) -> None:
     """Every row's model is the trace's (its shape: experts, top-k, MoE layers), before anything is simulated."""
-    from sim.config.model import load_model
-    from sim.config.trace_summary import model_mismatch, read_trace_summary
+    from base.model import load_model
+    from traces.summary import model_mismatch, read_trace_summary
 
     summary = read_trace_summary(trace)
     for model in dict.fromkeys(r.model for r in rows):

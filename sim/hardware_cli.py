@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from base.errors import ConfigError
+from base.profiles import available, is_path, load_profile
 from sim.config.hardware import HARDWARE_KEYS, load_hardware
 from sim.config.machine import derived_figures, is_parts_name, merge_hardware, parse_parts_name, resolve
 from sim.config.parts import CPU_FIGURES, GPU_FIGURES, Part, closest_text, cpu_part, gpu_part, part_names
-from sim.config.profiles import available, is_path, load_profile
-from sim.errors import ConfigError
 
 #: The unit of a hardware file key, by how the key ends (docs/hardware.md has each key's).
 UNITS = (

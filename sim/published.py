@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from base.errors import ConfigError, brief
 from sim.config.row_settings import RowPlan, plan_of
-from sim.errors import ConfigError
 from sim.fit_system import (
     INTEGER,
     MAX_ROWS,
@@ -36,7 +36,6 @@ from sim.fit_system import (
     run_config,
     table_cell,
 )
-from traces.errors import brief
 
 #: The v2 columns, in the schema's order.
 COLUMNS_V2 = (
@@ -119,7 +118,7 @@ def _check(cells: dict[str, str], where: str) -> None:
 
 def trace_of(model: str) -> tuple[str, int] | None:
     """The trace a model replays and its requests: TRACES, else its synthetic trace if bundled."""
-    from sim.config.files import PROJECT_ROOT
+    from base.files import PROJECT_ROOT
 
     if model in TRACES:
         return TRACES[model]

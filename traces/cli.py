@@ -10,7 +10,7 @@ import argparse
 import contextlib
 import sys
 
-from traces.errors import InputError, one_line
+from base.errors import InputError, one_line
 
 COMMAND_MODULES = (
     "traces.importers.cli",
@@ -74,7 +74,7 @@ def escaped_terminal():
 
 def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse, run ``args.func(args)`` inside one output batch (its files appear together when it returns, none of
-    them when it fails: :func:`traces.outputs.output_batch`), and turn bad input, or a write the system refused (a
+    them when it fails: :func:`base.outputs.output_batch`), and turn bad input, or a write the system refused (a
     full disk, a read-only mount, a size or quota limit), into one line on stderr and exit status 2. What the
     command prints has its control characters escaped (:func:`escaped_terminal`)."""
     args = parser.parse_args(argv)
@@ -84,7 +84,7 @@ def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> 
 
 def _run(args) -> int:
     """``args.func(args)`` in one output batch, its errors as one line and an exit status."""
-    from traces.outputs import WRITE_FAULTS, output_batch
+    from base.outputs import WRITE_FAULTS, output_batch
 
     try:
         with output_batch():
@@ -107,5 +107,10 @@ def _run(args) -> int:
         return 130
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_main(build_parser(), argv)
+def main(argv: list[str] | None = None, make_run_config=None) -> int:
+    """The command line. ``make_run_config`` (a :data:`traces.run_setup.RunConfigMaker`) makes the run config that
+    ``import`` and ``record`` write beside a trace; without it (the trace tools alone) they write the trace and fail
+    in one line saying that no run config was made (``--no-run-config`` asks for the trace alone)."""
+    parser = build_parser()
+    parser.set_defaults(make_run_config=make_run_config)
+    return run_main(parser, argv)

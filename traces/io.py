@@ -28,13 +28,13 @@ from typing import IO, Any, cast
 
 import numpy as np
 
-from traces.errors import TraceError, brief, one_line
+from base.errors import TraceError, brief, one_line
+from base.outputs import atomic_write_bytes as atomic_write_bytes  # re-exported: writing lives in base.outputs
+from base.outputs import check_output_file as check_output_file
+from base.outputs import check_output_folder as check_output_folder
+from base.outputs import file_kind as file_kind
+from base.outputs import kind_name, note_input
 from traces.format import MAX_REQUESTS, Trace, TraceMeta
-from traces.outputs import atomic_write_bytes as atomic_write_bytes  # re-exported: writing lives in traces.outputs
-from traces.outputs import check_output_file as check_output_file
-from traces.outputs import check_output_folder as check_output_folder
-from traces.outputs import file_kind as file_kind
-from traces.outputs import kind_name, note_input
 
 ARRAYS_REQUIRED = ("experts", "request_offsets", "prefill_lengths")
 ARRAYS_OPTIONAL = ("weights",)

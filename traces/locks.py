@@ -15,8 +15,8 @@ import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from traces.errors import OutputError
-from traces.outputs import file_kind
+from base.errors import OutputError
+from base.outputs import file_kind
 
 
 @contextlib.contextmanager

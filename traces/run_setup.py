@@ -6,7 +6,7 @@ layer's experts (fewer when they would not fit beside the dense weights), batch 
 ``python -m sim run t.run.yaml``.
 
 Paths in the run config are absolute, so it loads from any folder (a relative path would be looked up in the
-current folder and then the project root: :func:`sim.config.files.resolve_path`). Both files are checked as output
+current folder and then the project root: :func:`base.files.resolve_path`). Both files are checked as output
 places before any work (:func:`check_sim_files`) and written atomically; the run config is checked by the simulator's
 own loader before it is written.
 """
@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import functools
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from traces.errors import InputError, OutputError, TraceError, brief, one_line
-from traces.outputs import keep_staged, staged_path
+from base.errors import InputError, OutputError, TraceError, brief, one_line
+from base.outputs import keep_staged, staged_path
 from traces.profile_from_config import DerivedProfile, comment_lines
 
-DEFAULT_HARDWARE = "h200"
-DEFAULT_POLICY = "lru"
-#: The share of a layer's experts the run config's LRU cache holds (when they fit on the GPU).
-CACHED_SHARE = 0.5
+#: Makes the run config of a trace: (model spec, the profile as the run config names it, trace path, trace
+#: summary) -> mapping; InputError when none loads. The simulator's is ``sim.config.trace_run.default_run_config``,
+#: handed in by the entry point (``traces/__main__.py``), so that the trace tools import nothing of the simulator.
+RunConfigMaker = Callable[[Any, Any, Path, Any], dict]
 
 
 @dataclass(frozen=True)
@@ -71,14 +73,20 @@ def bundled_profile(name: str) -> str | None:
     return matches[0][0] if matches else None
 
 
-def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedProfile | None, made_by: str) -> list[str]:
+def write_sim_files(
+    trace_path: str | Path,
+    files: SimFiles,
+    profile: DerivedProfile | None,
+    made_by: str,
+    make_run_config: RunConfigMaker | None,
+) -> list[str]:
     """Write the profile (when no bundled one matches the trace's model) and the run config for the trace saved at
     ``trace_path`` (its header is read, not its routing); returns the lines to print, the last one the command that
     simulates it. InputError when the derived profile does not fit the trace (another expert count, top-k or MoE
     layers) or the run config does not load (e.g. the dense weights alone exceed the GPU)."""
-    from sim.config.model import load_model
-    from sim.config.trace_summary import read_trace_summary
-    from traces.outputs import atomic_write_bytes
+    from base.model import load_model
+    from base.outputs import atomic_write_bytes
+    from traces.summary import read_trace_summary
 
     trace = read_trace_summary(staged_path(trace_path))
     name = trace.meta.model.name
@@ -91,7 +99,9 @@ def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedPro
     else:
         check_profile_fits(trace.meta, profile)
         spec, model_ref, model_value = profile.spec(), str(Path(files.model).resolve()), profile.fields
-    run = run_config(spec, model_value, trace_path, trace)
+    if make_run_config is None:
+        raise InputError("no run config: this command line was started without the simulator (python -m traces)")
+    run = make_run_config(spec, model_value, Path(trace_path), trace)
     lines = []
     if stem is None:
         assert profile is not None  # checked above: no bundled profile needs a derived one
@@ -104,7 +114,7 @@ def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedPro
     atomic_write_bytes(files.run, run_config_text(run, trace_path, stem, made_by).encode("utf-8"))
     lines.append(
         f"{files.run}: run config ({'bundled profile ' + stem if stem else 'that profile'}, "
-        f"{DEFAULT_HARDWARE}, {DEFAULT_POLICY} with {run['cache']['mpc_slots']} of {spec.num_experts} "
+        f"{run['hardware']}, {run['policy']['name']} with {run['cache']['mpc_slots']} of {spec.num_experts} "
         f"experts per layer cached)"
     )
     lines.append(f"simulate it: python -m sim run {shlex.quote(str(files.run))}")
@@ -114,8 +124,8 @@ def write_sim_files(trace_path: str | Path, files: SimFiles, profile: DerivedPro
 def check_profile_fits(meta, profile: DerivedProfile) -> None:
     """InputError when a trace (its :class:`~traces.format.TraceMeta`) is not of the derived profile's model (what
     differs, whole)."""
-    from sim.config.trace_summary import model_mismatch
     from traces.importers.common import meta_summary
+    from traces.summary import model_mismatch
 
     problem = model_mismatch(meta_summary(meta), profile.spec())
     if problem:
@@ -127,9 +137,9 @@ def check_profile_fits(meta, profile: DerivedProfile) -> None:
 def check_bundled_fits(profile: DerivedProfile, stem: str, where: str) -> None:
     """InputError naming ``where`` when the model a config describes (``profile``) is not of the shape of the bundled
     profile ``stem`` its name matches: checked before recording, which the simulator would refuse."""
-    from sim.config.model import load_model
-    from sim.config.trace_summary import model_mismatch
+    from base.model import load_model
     from traces.importers.common import meta_like, meta_summary
+    from traces.summary import model_mismatch
 
     problem = model_mismatch(
         meta_summary(meta_like(profile.name, profile.spec())),
@@ -144,59 +154,6 @@ def check_bundled_fits(profile: DerivedProfile, stem: str, where: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------- the run config
-def run_config(spec, model_value, trace_path: str | Path, trace) -> dict:
-    """A run config mapping for the trace, checked by :func:`sim.config.run_config.config_from_dict` (``model_value``:
-    the profile as the check reads it, a bundled name or the fields themselves; ``trace``: the trace's
-    :class:`~sim.config.trace_summary.TraceSummary`)."""
-    from sim.config.run_config import config_from_dict
-    from sim.errors import ConfigError
-
-    d = {
-        "model": model_value,
-        "hardware": DEFAULT_HARDWARE,
-        "workload": {
-            "trace": str(Path(trace_path).resolve()),
-            "batch_size": 1,
-            "batching": "static",
-            "max_decode_tokens": None,
-            "prefill": True,
-            "requests": None,
-        },
-        "cache": _cache(spec, trace),
-        "policy": {"name": DEFAULT_POLICY, "params": {}},
-        "predictor": {"name": "none", "params": {}},
-        "seed": 0,
-    }
-    checked = {**d, "workload": {**d["workload"], "trace": str(staged_path(trace_path).resolve())}}
-    try:
-        config_from_dict(checked)  # the trace as written now (its final name once the command's files appear)
-    except ConfigError as exc:
-        raise InputError(f"no run config for the trace on {DEFAULT_HARDWARE}: {exc}") from None
-    return d
-
-
-def _cache(spec, trace) -> dict:
-    """Cache tiers for LRU at batch 1: ``max(2, top_k)`` working buffers (a layer's experts of one token, one
-    more to prefetch into) and CACHED_SHARE of each layer's experts, fewer when that would not fit in the GPU's
-    memory beside the dense weights, the longest request's KV cache and the reserve."""
-    from sim.config.hardware import load_hardware
-    from sim.config.run_config import dense_bytes_of
-
-    hw = load_hardware(DEFAULT_HARDWARE)
-    lpc = max(2, spec.top_k)
-    longest = trace.max_request_tokens(None)
-    room = (
-        hw.gpu_memory_bytes
-        - hw.reserved_bytes
-        - dense_bytes_of(spec)
-        - longest * spec.kv_bytes_per_token
-        - lpc * spec.expert_bytes
-    )
-    fits = max(room, 0) // (spec.expert_bytes * spec.moe_layers)
-    mpc = int(min(int(spec.num_experts * CACHED_SHARE), fits))
-    return {"hpc_slots": 0, "mpc_slots": mpc, "lpc_buffers": lpc}
-
-
 def run_config_text(run: dict, trace_path: str | Path, stem: str | None, made_by: str) -> str:
     """The run config file: what it runs, in comments, then the mapping."""
     import yaml
@@ -293,7 +250,7 @@ def _import_profile(args) -> DerivedProfile | None:
 def _import_sim_files(args, files: SimFiles, profile: DerivedProfile | None) -> list[str]:
     """The lines to print after an import: what :func:`write_sim_files` wrote, or how to get a profile when the
     trace's model has none. The trace is kept (and the command fails in one line) when no run config loads."""
-    from sim.config.trace_summary import read_trace_summary
+    from traces.summary import read_trace_summary
 
     name = read_trace_summary(staged_path(args.out)).meta.model.name
     if profile is None and bundled_profile(name) is None:
@@ -301,10 +258,10 @@ def _import_sim_files(args, files: SimFiles, profile: DerivedProfile | None) -> 
             f"note: no model profile in configs/models/ is of {brief(name)}, so no run config: give --hf-config "
             f"CONFIG_JSON (the checkpoint's config.json) to write {files.model.name} and {files.run.name} beside the "
             f"trace, or write configs/models/{name.rsplit('/', 1)[-1]}.yaml by hand (fields: "
-            "sim/config/model.py)"
+            "base/model.py)"
         ]
     try:
-        return write_sim_files(args.out, files, profile, "python -m traces import")
+        return write_sim_files(args.out, files, profile, "python -m traces import", args.make_run_config)
     except OutputError:
         raise
     except InputError as exc:
@@ -317,16 +274,13 @@ def _import_sim_files(args, files: SimFiles, profile: DerivedProfile | None) -> 
 
 
 __all__ = [
-    "CACHED_SHARE",
-    "DEFAULT_HARDWARE",
-    "DEFAULT_POLICY",
+    "RunConfigMaker",
     "SimFiles",
     "add_hf_config_flag",
     "bundled_profile",
     "check_bundled_fits",
     "check_profile_fits",
     "check_sim_files",
-    "run_config",
     "run_config_text",
     "run_import",
     "write_sim_files",

@@ -21,9 +21,9 @@ from validate.steadiness import REMEASURE, TOLERANCE
 
 
 def cmd_microbench(args) -> int:
+    from base.errors import ConfigError
+    from base.model import load_model
     from sim.config.hardware import load_hardware
-    from sim.config.model import load_model
-    from sim.errors import ConfigError
     from traces.io import check_output_file
     from validate.backends import make_backend
     from validate.kernels import check_runnable

@@ -42,17 +42,16 @@ from typing import Any
 import numpy as np
 
 import sim.core.cache
-from sim.config.checks import kind_of, show
-from sim.config.files import PROJECT_ROOT, confined_to
+from base.checks import kind_of, show
+from base.errors import ConfigError, InputError, one_line
+from base.files import PROJECT_ROOT, confined_to
+from base.outputs import ensure_folder
 from sim.config.run_config import config_from_dict
 from sim.core.protocol import LayerDecision
-from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import RunOutput, simulate
-from traces.errors import InputError, one_line
 from traces.io import atomic_write_bytes, check_output_folder, file_kind, file_sha256, load_trace
-from traces.outputs import ensure_folder
 from validate.archive import (
     ARCHIVE_SUFFIXES,
     MAX_MEMBERS,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from base.errors import one_line
 from sim.plot_style import legend_outside, log_axis, plain_styles, save_png, wrap
-from traces.errors import one_line
 
 BAND = 0.15  # the band drawn around sim = real
 PLOT_LABEL_CHARS = 240  # a manifest string (suite, device, date) in the title, wrapped

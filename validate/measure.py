@@ -52,17 +52,17 @@ from typing import Any
 import numpy as np
 import yaml
 
-from sim.config.files import resolve_path
-from sim.config.profiles import is_path
+from base.errors import ConfigError
+from base.files import resolve_path
+from base.outputs import immediate_outputs
+from base.profiles import is_path
 from sim.config.run_config import config_from_dict
 from sim.config.units import GIB  # binary: 2**30 bytes
-from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.results import iterations_csv, stats_ms
 from traces.format import Trace
 from traces.io import atomic_write_bytes, check_output_folder, file_sha256, load_trace
-from traces.outputs import immediate_outputs
 from validate.kernels import check_runnable
 from validate.steadiness import REMEASURE, TOLERANCE, assess, remeasured, set_aside_record
 from validate.suites import SUITES

@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from sim.config.model import ModelSpec
+from base.model import ModelSpec
 from traces.io import atomic_write_bytes
 from validate.copier import Copier
 from validate.kernels import (

@@ -2,7 +2,7 @@
 calibration file, or an inline mapping that may name a ``base`` profile).
 
 Files use readable units, converted to SI in :class:`HardwareSpec` (GB = 1e9 bytes); each field of the dataclass
-declares its key and unit (see :mod:`sim.config.fields`). Every figure has a sane range, so that no value
+declares its key and unit (see :mod:`base.fields`). Every figure has a sane range, so that no value
 overflows later (``gpu_memory_gb`` up to 1e6, rates at least 1e-6 GB/s or TFLOP/s, host times at most 1e9 us,
 slowdowns in [1, 1000]). Optional measured ``tables`` override the roofline; see :class:`CalibrationTables`.
 
@@ -57,8 +57,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from sim.config.checks import NAME_CHARS, Check, check_keys, check_mapping, integer, join, number, real, show, text
-from sim.config.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
+from base.checks import NAME_CHARS, Check, check_keys, check_mapping, integer, join, number, real, show, text
+from base.errors import ConfigError
+from base.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
+from base.profiles import load_profile
 from sim.config.machine import (
     COMPOSITION_KEYS,
     HostParts,
@@ -70,9 +72,7 @@ from sim.config.machine import (
     merge_hardware,
     parse_parts_name,
 )
-from sim.config.profiles import load_profile
 from sim.config.units import GB
-from sim.errors import ConfigError
 
 
 def _rate() -> Check:

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.config.checks import check_mapping, kind_of, known_text, show
-from sim.config.files import CONFIG_DIR, read_structured_file
+from base.checks import check_mapping, kind_of, known_text, show
+from base.errors import ConfigError
+from base.files import CONFIG_DIR, read_structured_file
 from sim.config.parts import Figure, FigureSpec, _documents, _figures, _only, _stamp, _text
-from sim.errors import ConfigError
 
 KERNELS_DIR = CONFIG_DIR / "kernels"
 #: Instruction-set classes, narrowest first.

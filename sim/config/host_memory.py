@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from base.model import ModelSpec
 from sim.config.hardware import HardwareSpec
 from sim.config.memory import DoesNotFit
-from sim.config.model import ModelSpec
 from sim.config.units import GB
 
 FIELD = "hardware.host.memory.capacity_gb"

@@ -51,11 +51,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sim.config.checks import check_keys, check_mapping, integer, join, number, one_of, show, text
-from sim.config.fields import keys_of, read_settings, setting, to_plain
+from base.checks import check_keys, check_mapping, integer, join, number, one_of, show, text
+from base.errors import ConfigError
+from base.fields import keys_of, read_settings, setting, to_plain
+from base.profiles import available
 from sim.config.parts import Part, closest_text, cpu_part, gpu_part, load_table, part_names
-from sim.config.profiles import available
-from sim.errors import ConfigError
 
 COMPOSITION_KEYS = ("gpu", "gpu_count", "host", "link")
 MEMORY_TYPES = ("ddr4", "ddr5")

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from base.errors import ConfigError
 from sim.config.units import GB
-from sim.errors import ConfigError
 
 #: Significant figures of the sizes a memory message shows (0.0213 GB, 4.91 GB, 773 GB).
 SIGNIFICANT = 3

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.config.checks import INT_MAX, NUMBER_MAX, join, key_text, known_text, real, show
-from sim.config.files import resolve_path
-from sim.errors import ConfigError
+from base.checks import INT_MAX, NUMBER_MAX, join, key_text, known_text, real, show
+from base.errors import ConfigError
+from base.files import resolve_path
 
 MAX_TEXT = 4096  # the longest string a param takes
 MAX_EXPERTS = 1 << 15  # the most experts a layer has (trace ids are int16): a bound for counts of experts
@@ -70,13 +70,13 @@ def matching(pattern: str, what: str) -> Rule:
 
 
 def file_path(what: str = "file", required: bool = False, hint: str = "") -> Rule:
-    """A path to an existing regular file (resolved as :func:`sim.config.files.resolve_path` does)."""
+    """A path to an existing regular file (resolved as :func:`base.files.resolve_path` does)."""
     return Rule(kind=str, file=what, required=required, hint=hint)
 
 
 def training_trace(required: bool = False, hint: str = "", words: tuple[str, ...] = ()) -> Rule:
     """A path to a training trace: a trace file of the run's model, with routed tokens, other than the evaluated
-    trace (checked when the config loads, see :func:`sim.config.trace_summary.check_training_trace`); or one of
+    trace (checked when the config loads, see :func:`traces.summary.check_training_trace`); or one of
     ``words``, which the part itself gives a meaning (no file)."""
     return Rule(kind=str, file="trace file", required=required, hint=hint, training=True, choices=tuple(words) or None)
 
@@ -89,8 +89,8 @@ def names_file(rule: Rule | None, value: Any) -> bool:
 @dataclass(frozen=True)
 class RunFacts:
     """What the params of a part may be checked against when a config loads: the run's model (a
-    :class:`sim.config.model.ModelSpec`) and its workload trace (the path, and its
-    :class:`sim.config.trace_summary.TraceSummary`)."""
+    :class:`base.model.ModelSpec`) and its workload trace (the path, and its
+    :class:`traces.summary.TraceSummary`)."""
 
     model: Any
     trace_path: Path
@@ -126,7 +126,7 @@ class Parametrised:
         """Checks of the (already resolved) params against the run, when the config loads: every training trace
         is of the run's model, has routed tokens and is not the evaluated trace. A part whose params have other
         limits that depend on the model adds them here."""
-        from sim.config.trace_summary import check_training_trace
+        from traces.summary import check_training_trace
 
         for key, rule in cls.PARAM_RULES.items():
             if rule.training and names_file(rule, params.get(key)):

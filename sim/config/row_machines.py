@@ -24,12 +24,12 @@ import functools
 import re
 from pathlib import Path
 
-from sim.config.checks import show
-from sim.config.files import CONFIG_DIR
+from base.checks import show
+from base.errors import ConfigError
+from base.files import CONFIG_DIR
+from base.profiles import available
 from sim.config.machine import MEMORY_TOKEN, resolve
 from sim.config.parts import closest_text, part_names
-from sim.config.profiles import available
-from sim.errors import ConfigError
 
 #: How a host names its CPU in words -> the part's name (the model number lowercased).
 CPU_WORDS = (

@@ -13,11 +13,11 @@ Shape (``configs/switch_xxl.yaml`` is a commented example)::
     predictor: {name: none, params: {}}
     seed: 0
 
-The accepted keys, their defaults and checks are declared on the dataclasses below (:func:`sim.config.fields.setting`);
+The accepted keys, their defaults and checks are declared on the dataclasses below (:func:`base.fields.setting`);
 the ``--set`` schema and ``RunConfig.resolved`` are derived from them. Policy and predictor names and params are
 checked against the registries (``sim.policies.POLICIES``, ``sim.predictors.PREDICTORS``) when the config loads.
 
-Every problem raises :class:`~sim.errors.ConfigError` with one line that starts with the field's dotted path.
+Every problem raises :class:`~base.errors.ConfigError` with one line that starts with the field's dotted path.
 ``RunConfig.resolved`` is the whole config as plain data, defaults filled (policy and predictor params too), model
 and hardware expanded; it loads back with :func:`config_from_dict` to an equal config.
 """
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.config.checks import (
+from base.checks import (
     INT_MAX,
     check_bool,
     check_int,
@@ -49,7 +49,8 @@ from sim.config.checks import (
     one_of,
     show,
 )
-from sim.config.fields import (
+from base.errors import ConfigError, TraceError, brief
+from base.fields import (
     check_setting,
     key_of,
     keys_of,
@@ -61,18 +62,21 @@ from sim.config.fields import (
     settings_of,
     wrapped,
 )
-from sim.config.files import PROJECT_ROOT, file_status, read_structured_file, resolve_path
+from base.files import PROJECT_ROOT, file_status, read_structured_file, resolve_path
+from base.model import ModelSpec, load_model
+from base.profiles import PROFILE_SUFFIXES
 from sim.config.hardware import HardwareSpec, load_hardware
 from sim.config.host_memory import host_memory_check
 from sim.config.memory import DoesNotFit, expert_slots, gb, gb_pair
-from sim.config.model import ModelSpec, load_model
 from sim.config.overrides import apply_set
 from sim.config.params import RunFacts
 from sim.config.placement import apply_placement, policy_class
-from sim.config.profiles import PROFILE_SUFFIXES
 from sim.config.serving import ArrivalsConfig, SloConfig, check_arrivals, check_serving, check_slo, drop_unset
 from sim.config.system import DEFAULT_SYSTEM, SystemSpec, is_ideal, load_system
-from sim.config.trace_summary import (
+from sim.config.units import GB
+from sim.timing.costs import check_tables
+from sim.timing.host_costs import HostCosts, host_copies, uses_host_model
+from traces.summary import (
     TraceSummary,
     mismatch_message,
     model_mismatch,
@@ -80,11 +84,6 @@ from sim.config.trace_summary import (
     routed_tokens,
     trace_matches_model,
 )
-from sim.config.units import GB
-from sim.errors import ConfigError
-from sim.timing.costs import check_tables
-from sim.timing.host_costs import HostCosts, host_copies, uses_host_model
-from traces.errors import TraceError, brief
 
 BATCHING = ("static", "continuous")
 CACHE_LAYERS = ("all", "decoder", "encoder")
@@ -707,7 +706,7 @@ def load_run_config(
 SCHEMA: dict = schema_of(RunConfig)  # every key a config may hold (FREE below params)
 _WRAP = wrapped(RunConfig)  # a profile name there becomes {base: NAME}, a part's name {name: NAME}
 _SEE = {
-    "model": "sim/config/model.py",
+    "model": "base/model.py",
     "hardware": "sim/config/hardware.py",  # where their many keys are listed
     "system": "sim/config/system.py",
 }

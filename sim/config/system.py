@@ -51,12 +51,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sim.config.checks import check_keys, check_mapping, check_str, integer, known_text, number, one_of, show, text
-from sim.config.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
+from base.checks import check_keys, check_mapping, check_str, integer, known_text, number, one_of, show, text
+from base.errors import ConfigError
+from base.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
+from base.profiles import load_profile
 from sim.config.placement import Placement, placement_from
-from sim.config.profiles import load_profile
 from sim.config.switches import apply_switches
-from sim.errors import ConfigError
 
 COPY_STREAMS = ("overlapped", "serial")
 #: How a system places the host's experts across sockets (null: every socket's bandwidth in full, as profiles state

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from base.errors import ConfigError
 from sim.config.run_config import RunConfig
-from sim.errors import ConfigError
 from sim.policies import POLICIES, Policy, PolicyContext
 from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.predictors import PREDICTORS, Predictor, PredictorContext

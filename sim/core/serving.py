@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from base.errors import ConfigError
 from sim.config.serving import read_arrival_times
 from sim.core.arrivals import arrival_times
 from sim.core.workload import Iteration, WorkloadInfo, _Iterations, phase_layers, requests_served
-from sim.errors import ConfigError
 from traces.format import Trace
 
 if TYPE_CHECKING:

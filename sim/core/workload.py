@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.config.trace_summary import prompt_with_info
 from traces.format import Trace
+from traces.summary import prompt_with_info
 
 
 @dataclass(frozen=True)

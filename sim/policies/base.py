@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from base.errors import ConfigError
+from base.registry import Registry
 from sim.config.memory import expert_slots
 from sim.config.params import Parametrised
 from sim.core.admission import AdmissionDriver
 from sim.core.cache import CPU, HPC, LPC, MISS, MPC, SharedTierCache, TierCache
-from sim.core.registry import Registry
-from sim.errors import ConfigError
 
 if TYPE_CHECKING:
     from sim.core.workload import Iteration

@@ -51,9 +51,9 @@ from typing import TypeVar
 
 import numpy as np
 
+from base.errors import ConfigError
 from sim.core.cache import LPC, MISS
 from sim.core.workload import phase_layers
-from sim.errors import ConfigError
 from sim.policies.base import POLICIES, LayerPlan, Policy
 
 #: What min_step ranks: an expert id (per-layer MIN) or a (layer, expert) pair (the shared cache's MIN).

@@ -69,8 +69,8 @@ from typing import Any
 
 import numpy as np
 
+from base.errors import ConfigError
 from sim.config.params import between, one_of
-from sim.errors import ConfigError
 from sim.policies._libstdcxx import sort_by_key_descending
 from sim.policies.base import POLICIES, LayerPlan, Policy
 

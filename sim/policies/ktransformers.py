@@ -26,11 +26,11 @@ The rule here:
 
 from __future__ import annotations
 
-from sim.config.checks import show
+from base.checks import show
+from base.errors import ConfigError
 from sim.config.params import MAX_EXPERTS, between, matching, one_of
 from sim.config.placement import RANGES_PATTERN, RANGES_WORDS, parse_ranges
 from sim.core.cache import CPU, HPC
-from sim.errors import ConfigError
 from sim.policies.base import POLICIES, LayerPlan, PolicyContext
 from sim.policies.fiddler import PLACEMENTS, Placed
 

@@ -29,9 +29,9 @@ least recent use, a clock over all layers' steps, then lower id).
 
 from __future__ import annotations
 
+from base.errors import ConfigError
 from sim.config.params import one_of
 from sim.core.cache import LPC, MISS
-from sim.errors import ConfigError
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 
 COUNTS = ("perfect", "in_cache")

@@ -46,9 +46,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from base.errors import ConfigError
 from sim.config.params import between, one_of
 from sim.core.expert_activation import ActivationTracker
-from sim.errors import ConfigError
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 
 ACTIVATION = ("mix", "eam", "own")

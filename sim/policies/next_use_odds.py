@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from base.errors import ConfigError
 from sim.config.params import between, training_trace
-from sim.errors import ConfigError
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 from sim.policies.learned_rf import layer_steps as training_steps  # the training trace's steps, per layer
 

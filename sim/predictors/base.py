@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from base.errors import ConfigError
+from base.registry import Registry
 from sim.config.params import Parametrised
-from sim.core.registry import Registry
-from sim.errors import ConfigError
 from traces.format import Trace
 
 #: Every predictor, by the name a run config gives (``predictor.name``).

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from base.errors import ConfigError
 from sim.config.params import MAX_EXPERTS, between, training_trace
 from sim.core.expert_activation import ActivationTracker
-from sim.errors import ConfigError
 from sim.predictors.base import PREDICTORS, Predictor
 from sim.predictors.transition import load_training_trace
 

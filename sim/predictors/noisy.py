@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from base.errors import ConfigError
 from sim.config.params import between
-from sim.errors import ConfigError
 from sim.predictors.base import PREDICTORS, Predictor
 
 

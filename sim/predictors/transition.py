@@ -36,13 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from sim.config.checks import show
-from sim.config.files import resolve_path
+from base.checks import show
+from base.errors import ConfigError, TraceError
+from base.files import resolve_path
 from sim.config.params import MAX_EXPERTS, RunFacts, between, training_trace
 from sim.core.workload import phase_layers
-from sim.errors import ConfigError
 from sim.predictors.base import PREDICTORS, Predictor
-from traces.errors import TraceError
 from traces.format import Trace
 from traces.io import load_trace
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from base.checks import show
 from sim.capacity import (
     DEFAULT_ATTAINMENT,
     DEFAULT_SEEDS,
@@ -29,7 +30,6 @@ from sim.capacity import (
     MAX_SLO_S,
     find_capacity,
 )
-from sim.config.checks import show
 from sim.config.serving import MAX_CV
 
 KEYS = ("slo", "attainment", "requests", "seeds", "tolerance", "cv")

@@ -58,7 +58,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-from sim.errors import ConfigError
+from base.errors import ConfigError, OutputError, one_line
 from sim.sweep.checks import CHECKS, run_checks
 from sim.sweep.local import MAX_ATTEMPTS, Progress, run_local, run_ray
 from sim.sweep.ray.connect import check_address
@@ -83,7 +83,6 @@ from sim.sweep.spec import (
 )
 from sim.sweep.store import ROWS, check_rows, clean_orphans, done_points, has_rows, read_rows, row_of, write_row
 from sim.sweep.worker import DOES_NOT_FIT, DONE, METRICS, run_point
-from traces.errors import OutputError, one_line
 from traces.io import check_output_file, check_output_folder
 from traces.locks import held_lock
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import yaml
 
-from sim.config.checks import show
-from sim.config.files import PROJECT_ROOT, check_regular, file_status, read_structured_file
+from base.checks import show
+from base.errors import ConfigError
+from base.files import PROJECT_ROOT, check_regular, file_status, read_structured_file
 from sim.config.memory import DoesNotFit
-from sim.errors import ConfigError
 from sim.sweep.capacity import parse_capacity
 from sim.sweep.checks import CHECKS
 

@@ -12,7 +12,7 @@ A hardware profile's measured ``tables`` (from a calibration run) replace the ro
   extrapolated (never below the edge value) above it. One table serves both stacks of an encoder-decoder model.
 
 The expert and dense tables hold for one model's shapes: a :class:`CostModel` refuses tables measured for another
-model (:class:`~sim.errors.ConfigError` naming ``hardware.tables.model``).
+model (:class:`~base.errors.ConfigError` naming ``hardware.tables.model``).
 
 Experts computed on the host CPU (as Fiddler, kTransformers and llama.cpp ``--n-cpu-moe`` do): :meth:`CostModel.
 cpu_expert_s` is a roofline of the expert's weight bytes, at their storage width (``expert_bits``), read from host
@@ -35,10 +35,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+from base.errors import ConfigError
+from base.model import ModelSpec
 from sim.config.hardware import HardwareSpec, cpu_format_rate
-from sim.config.model import ModelSpec
 from sim.config.system import DEQUANT_OUT_BITS, IDEAL, SystemSpec
-from sim.errors import ConfigError
 from sim.timing.host_costs import HostCosts, uses_host_model
 
 DIRECTIONS = ("h2d", "d2h")  # activation copies: host -> device, device -> host

@@ -41,6 +41,8 @@ the layer's host work), not once per expert: a batch that touches more experts p
 
 from __future__ import annotations
 
+from base.errors import ConfigError
+from base.model import ModelSpec
 from sim.config.hardware import HardwareSpec, cpu_format_rate
 from sim.config.host_kernels import (
     KernelFamily,
@@ -51,10 +53,8 @@ from sim.config.host_kernels import (
     load_family,
     path_for,
 )
-from sim.config.model import ModelSpec
 from sim.config.parts import Part, cpu_part, load_table
 from sim.config.system import NUMA_MODES, SystemSpec
-from sim.errors import ConfigError
 
 #: Modes whose threads span sockets (a call pays the cross-socket barrier on a host of several sockets).
 SPANNING = ("interleaved", "replicated", "numa_tp")

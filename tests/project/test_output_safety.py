@@ -112,7 +112,7 @@ def _main(package: str):
     if package == "sim":
         from sim.cli import main
     elif package == "traces":
-        from traces.cli import main
+        from tests.support.cli import traces_main as main
     else:
         from validate.cli import main
     return main

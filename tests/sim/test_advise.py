@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from sim.advise import Candidate, Knobs, refine
 from sim.config.run_config import apply_override, cached_layer_count, dense_bytes_of, load_run_config
-from sim.config.trace_summary import read_trace_summary
 from sim.policies import POLICIES
 from tests.support.cli import run_module
 from tests.support.fuzz import fuzz_settings
+from traces.summary import read_trace_summary
 
 CONFIG = "configs/switch_base_real.yaml"
 BASE = ("--set", "hardware=rtx4090", "--requests", "8")

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import traces.io
-from sim.config.model import load_model
+from base.errors import CONFIG_FIELD_CHARS, CONFIG_PROBLEM_CHARS, ConfigError
+from base.model import load_model
 from sim.config.placement import Placement, apply_placement
-from sim.errors import MAX_FIELD_CHARS, MAX_PROBLEM_CHARS, ConfigError
 from sim.fit_system import (
     COLUMNS,
     MAX_FILE_BYTES,
@@ -35,7 +35,7 @@ from sim.policies import POLICIES
 from tests.support.messages import checked_message
 from tests.support.rows import row, write_rows
 
-MAX_LINE = MAX_FIELD_CHARS + 2 + MAX_PROBLEM_CHARS  # "FIELD: problem"
+MAX_LINE = CONFIG_FIELD_CHARS + 2 + CONFIG_PROBLEM_CHARS  # "FIELD: problem"
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 INT_COLUMNS = {"batch": 1, "prompt_tokens": 0, "decode_tokens": 1, "gpu_experts_per_layer": 0}  # -> minimum
 NUMBER_COLUMNS = (*INT_COLUMNS, "measured_tok_s")

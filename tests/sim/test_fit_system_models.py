@@ -11,8 +11,8 @@ import io
 import pytest
 import yaml
 
+from base.errors import ConfigError
 from sim.cli import build_parser, main
-from sim.errors import ConfigError
 from sim.fit_system import COLUMN_ALIASES, COLUMN_HELP, COLUMNS, TRACES, read_rows
 from tests.support.rows import row, write_rows
 
@@ -90,7 +90,7 @@ def test_a_blank_model_takes_the_model_flag_a_profile_path_too(tmp_path):
 
 
 def test_a_model_without_a_bundled_trace_needs_one_and_is_fitted_with_it(tmp_path):
-    from traces.cli import main as traces_main
+    from tests.support.cli import traces_main
 
     path = write_rows(
         tmp_path / "olmoe.csv",

@@ -12,8 +12,9 @@ import re
 import pytest
 from hypothesis import given
 
+from base.fields import keys_of
+from base.profiles import available
 from sim.cli import main
-from sim.config.fields import keys_of
 from sim.config.hardware import HARDWARE_KEYS
 from sim.config.machine import HostMemory, HostParts, LinkParts
 from sim.config.parts import (
@@ -27,7 +28,6 @@ from sim.config.parts import (
     MEMORY_TYPE_FIGURES,
     part_names,
 )
-from sim.config.profiles import available
 from tests.support.fuzz import fuzz_settings, names_near_the_rule
 from tests.support.paths import ROOT
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
+from base.errors import ConfigError
 from sim.config.row_settings import OPTIONS, plan_of
-from sim.errors import ConfigError
 from sim.fit_system import SYSTEMS
 from sim.published import COLUMNS_V2, evaluate, read_published
 from tests.support.paths import ROOT

@@ -10,8 +10,14 @@ import sys
 import threading
 import warnings
 
+from sim.config.trace_run import default_run_config
 from tests.support.paths import ROOT
-from traces.cli import main as traces_main
+from traces.cli import main
+
+
+def traces_main(argv: list[str] | None = None) -> int:
+    """``python -m traces ARGV`` in-process, as its entry point runs it (with the simulator's run-config maker)."""
+    return main(argv, make_run_config=default_run_config)
 
 
 def run_traces(*argv, timeout: float = 60.0) -> tuple[int, str, str, list]:

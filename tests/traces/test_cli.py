@@ -10,8 +10,9 @@ import io
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.cli import traces_main as main
 from tests.support.traces import make_trace
-from traces.cli import EscapingWriter, main
+from traces.cli import EscapingWriter
 from traces.io import save_trace
 
 CONTROLS = [chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if chr(c) not in "\t\n\r"]

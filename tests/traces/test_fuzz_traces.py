@@ -37,10 +37,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from base.errors import InputError
+from tests.support.cli import traces_main
 from tests.support.paths import ROOT
 from tests.support.traces import make_trace, patch_central
-from traces.cli import main as traces_main
-from traces.errors import InputError
 from traces.io import load_trace, load_trace_header, trace_bytes
 
 MAX_LINE = 500  # the longest error line a bad trace may give (TraceError: path <= 200, problem <= 300)

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import traces.profile_from_config as pfc
+from base.errors import InputError
 from tests.support.cli import run_traces
 from tests.support.messages import checked_message
-from traces.errors import InputError
 from traces.record.tiny_models import tiny_config
 
 HYP = settings(

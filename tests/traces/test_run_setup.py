@@ -10,8 +10,9 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support.cli import traces_main as main
 from tests.support.fuzz import fuzz_settings
-from traces.cli import build_parser, main
+from traces.cli import build_parser
 
 #: the arguments each format needs besides its file, --model and --out
 NEEDS = {"vllm": ["--num-experts", "8"], "ft-log": ["--batch", "1", "--num-experts", "8"]}

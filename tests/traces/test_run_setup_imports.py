@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from sim.config.run_config import load_run_config
-from traces.cli import main
+from tests.support.cli import traces_main as main
 from traces.importers.cli import FORMATS
 
 

@@ -29,10 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import validate.archive as archive_mod
-from sim.errors import ConfigError
+from base.errors import ConfigError, one_line
 from tests.support.messages import checked_message
 from tests.support.paths import ROOT
-from traces.errors import one_line
 from validate.cli import main
 
 SOURCE_ARCHIVE = ROOT / "docs" / "validation" / "h200-2026-11-30-s4-base" / "gpu-check.tar.gz"

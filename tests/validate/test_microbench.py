@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
+from base.model import load_model
 from sim.config.hardware import load_hardware
-from sim.config.model import load_model
 from sim.timing.costs import CostModel
 from tests.support.paths import ROOT
 from tests.support.traces import TINY_MODEL, random_trace

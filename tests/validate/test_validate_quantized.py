@@ -11,11 +11,11 @@ import math
 import pytest
 import yaml
 
+from base.errors import ConfigError
+from base.model import load_model
 from sim.config.hardware import load_hardware
-from sim.config.model import load_model
 from sim.config.run_config import config_from_dict
 from sim.core.replay import replay
-from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import build_decisions

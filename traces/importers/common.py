@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import InputError, TraceError, brief, one_line
+from base.errors import InputError, TraceError, brief, one_line
+from base.outputs import check_not_input
 from traces.format import MAX_CONTEXT, MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
 from traces.io import check_output_file, metadata_problem, open_regular_file
-from traces.outputs import check_not_input
 
 #: The tool named in an imported trace's provenance.
 TOOL = "traces import"
@@ -62,7 +62,7 @@ def with_short_paths(exc: InputError, paths: Iterable[Any]) -> InputError:
     """``exc`` with every long path of ``paths`` (the files, folders and outputs a command was given) shown as a
     TraceError shows a path, cut to MAX_PATH_CHARS, so that a message naming a file deep in long folders stays
     within its bound instead of being cut at its end (where it says what is wrong)."""
-    from traces.errors import MAX_PATH_CHARS
+    from base.errors import MAX_PATH_CHARS
 
     text = str(exc.args[0]) if exc.args else ""
     forms = {form for p in paths if p is not None for form in (str(p), str(Path(p)))}
@@ -77,7 +77,7 @@ def with_short_paths(exc: InputError, paths: Iterable[Any]) -> InputError:
 def check_out(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """``--out`` as a place for a trace file, checked before any input is read: not empty, not a folder, FIFO,
     device or socket (:func:`traces.io.check_output_file`), and not one of the ``inputs`` (which the trace
-    would replace: :func:`traces.outputs.check_not_input`). Raises InputError naming ``--out``."""
+    would replace: :func:`base.outputs.check_not_input`). Raises InputError naming ``--out``."""
     try:
         out = check_output_file(path, "trace file")
     except TraceError as exc:
@@ -132,9 +132,9 @@ def plain_model_name(text: str, fallback: str = "model") -> str:
 def bundled_profiles() -> tuple[tuple[str, Any], ...]:
     """(file stem, ModelSpec) of every model profile in ``configs/models/`` that loads (a broken profile is the
     simulator's to report, not an import's)."""
-    from sim.config.model import load_model
-    from sim.config.profiles import available
-    from sim.errors import ConfigError
+    from base.errors import ConfigError
+    from base.model import load_model
+    from base.profiles import available
 
     out = []
     for stem in available("models"):
@@ -146,9 +146,9 @@ def bundled_profiles() -> tuple[tuple[str, Any], ...]:
 
 
 def meta_summary(meta: TraceMeta):
-    """A trace summary of ``meta`` without request lengths: what :func:`sim.config.trace_summary.trace_matches_model`
+    """A trace summary of ``meta`` without request lengths: what :func:`traces.summary.trace_matches_model`
     reads."""
-    from sim.config.trace_summary import TraceSummary
+    from traces.summary import TraceSummary
 
     empty = np.zeros(0, dtype=np.int64)
     return TraceSummary(Path(""), meta, empty, empty)
@@ -168,10 +168,10 @@ def meta_like(name: str, spec) -> TraceMeta:
 
 def profiles_for(name: str) -> list[tuple[str, Any]]:
     """The bundled model profiles a trace called ``name`` would be simulated with: those whose name the
-    simulator's own rule (:func:`sim.config.trace_summary.trace_matches_model`) takes as this trace's model (the same
+    simulator's own rule (:func:`traces.summary.trace_matches_model`) takes as this trace's model (the same
     name, or it with an organisation prefix or a variant suffix), the most specific only (the longest name: a
     "deepseek-v2-lite" trace is DeepSeek-V2-Lite's, not a variant of DeepSeek-V2)."""
-    from sim.config.trace_summary import trace_matches_model
+    from traces.summary import trace_matches_model
 
     matches = [
         (stem, spec)
@@ -186,11 +186,11 @@ def check_model_fit(
     trace: Trace, where: str, num_experts_from: str | None = None, hint: str = "is --model the model that produced it?"
 ) -> None:
     """Refuse a trace that ``sim run`` would refuse with the model profile its name matches (a different expert
-    count, top-k, or number of encoder or decoder MoE layers): :func:`sim.config.trace_summary.model_mismatch`, the
+    count, top-k, or number of encoder or decoder MoE layers): :func:`traces.summary.model_mismatch`, the
     check a run config makes, applied when the trace is written rather than at every run, its message leading with what
     differs. A name that matches no profile is a model of the user's own (e.g. a small test model) and is not
     checked."""
-    from sim.config.trace_summary import model_mismatch
+    from traces.summary import model_mismatch
 
     m = trace.meta.model
     summary = meta_summary(trace.meta)
@@ -336,7 +336,7 @@ def read_json_file(path: str | os.PathLike, limit: int, what: str = "JSON file")
     simulator's bounded parser (no nesting deeper than Python's stack, no key twice, no integer of thousands of
     digits). Anything else raises InputError naming the file: a folder, FIFO or device says what it is and is
     never read."""
-    from sim.config.files import parse_text
+    from base.files import parse_text
 
     path = Path(path)
     data = read_bounded(path, limit, what)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError, brief
+from base.errors import InputError, brief
 from traces.format import MAX_CONTEXT, ModelInfo, Provenance, Trace, TraceMeta, today
 from traces.importers.common import (
     FLOAT16_MAX,

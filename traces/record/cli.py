@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from traces.errors import InputError, OutputError, brief
+from base.errors import InputError, OutputError, brief
+from base.outputs import keep_staged
 from traces.importers.common import (
     check_dataset_name,
     check_model_fit,
@@ -20,7 +21,6 @@ from traces.importers.common import (
     plain_model_name,
 )
 from traces.io import file_kind
-from traces.outputs import keep_staged
 from traces.record.routers import find_moe_layers
 from traces.run_setup import bundled_profile, check_bundled_fits, check_profile_fits, check_sim_files, write_sim_files
 
@@ -42,7 +42,7 @@ MAX_PROMPTS_BYTES = 64 << 20
 def read_prompts(path: str | Path) -> list[Prompt]:
     """Prompts from a text file (one per non-blank line) or a ``.jsonl`` file (objects with a ``prompt`` string
     and optionally an ``id``). Raises InputError naming the file (and line) on bad input."""
-    from sim.config.files import read_text
+    from base.files import read_text
     from traces.io import file_kind
 
     path = Path(path)
@@ -334,7 +334,7 @@ def run(args) -> int:
     )
     if files is not None:
         try:
-            lines = write_sim_files(out, files, profile, "python -m traces record")
+            lines = write_sim_files(out, files, profile, "python -m traces record", args.make_run_config)
         except OutputError:
             raise
         except InputError as exc:

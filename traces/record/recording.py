@@ -75,7 +75,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.errors import InputError, brief
+from base.errors import InputError, brief
 from traces.format import LayerInfo, ModelInfo, Provenance, Trace, TraceMeta, today
 from traces.importers.common import check_model_name, plain_model_name
 from traces.record.cli import DTYPES, Prompt, load_checkpoint, read_prompts, register, run

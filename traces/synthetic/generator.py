@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.errors import InputError, brief
+from base.errors import InputError, brief
 from traces.format import MAX_CONTEXT, MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
 from traces.importers.ktparquet import MAX_LAYERS
 from traces.io import MAX_ARRAY_BYTES

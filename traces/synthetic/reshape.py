@@ -34,7 +34,7 @@ import hashlib
 
 import numpy as np
 
-from traces.errors import InputError
+from base.errors import InputError
 from traces.synthetic.generator import SynthKnobs
 
 RELABEL_SEED = 0x5EED  # the per-layer id permutations: np.random.default_rng([RELABEL_SEED, layer])

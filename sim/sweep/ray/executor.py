@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.errors import ConfigError
+from base.errors import ConfigError
 from sim.sweep.local import MAX_ATTEMPTS, Progress, Recorder
 from sim.sweep.ray.connect import WHERE, Cluster, connect
 from sim.sweep.ray.ship import Shipment, check_nodes, runtime_env

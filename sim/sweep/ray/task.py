@@ -133,7 +133,7 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def _check_place(path: Path) -> None:
-    from traces.errors import InputError
+    from base.errors import InputError
     from traces.io import check_output_file  # here, not at the top: a node without numpy still reports so
 
     try:

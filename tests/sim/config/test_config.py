@@ -9,15 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from base.errors import ConfigError, InputError
+from base.model import load_model
+from base.profiles import available
 from sim.config.hardware import load_hardware
-from sim.config.model import load_model
-from sim.config.profiles import available
 from sim.config.run_config import apply_override, config_from_dict, load_run_config, read_trace_summary
-from sim.errors import ConfigError
 from sim.policies import POLICIES as POLICY_CLASSES
 from sim.predictors import PREDICTORS as PREDICTORS_REGISTRY
 from tests.support.paths import ROOT
-from traces.errors import InputError
 
 SWITCH = ROOT / "configs" / "switch_xxl.yaml"
 MIXTRAL = ROOT / "configs" / "mixtral.yaml"
@@ -583,8 +582,8 @@ def test_profile_file_errors_name_the_file(tmp_path):
 def test_keys_schema_and_resolved_come_from_the_dataclasses():
     import dataclasses
 
+    from base.model import ModelSpec
     from sim.config.hardware import HardwareSpec
-    from sim.config.model import ModelSpec
     from sim.config.run_config import SCHEMA, CacheConfig, MemorySizing, NamedConfig, RunConfig, WorkloadConfig
 
     def names(cls):

@@ -30,20 +30,19 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from base.errors import ConfigError, InputError
+from base.model import load_model
+from base.registry import Registry
 from sim.config.hardware import load_hardware
-from sim.config.model import load_model
 from sim.config.params import Parametrised, Rule, between, one_of
 from sim.config.run_config import config_from_dict, load_run_config, read_trace_summary
-from sim.core.registry import Registry
 from sim.core.workload import build_iterations, prompt_context
-from sim.errors import ConfigError
 from sim.policies import POLICIES, Policy
 from sim.predictors import PREDICTORS, Predictor
 from sim.run import simulate
 from tests.support.messages import checked_message
 from tests.support.paths import ROOT
 from tests.support.traces import TINY_MODEL, make_trace, random_trace
-from traces.errors import InputError
 from traces.format import MAX_CONTEXT, MAX_REQUESTS
 from traces.io import load_trace, save_trace
 

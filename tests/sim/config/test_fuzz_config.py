@@ -25,19 +25,18 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from base.errors import CONFIG_FIELD_CHARS, CONFIG_PROBLEM_CHARS, ConfigError, InputError
 from sim.config.run_config import SCHEMA, apply_override, config_from_dict, load_run_config
 from sim.core.decisions import build_decisions
 from sim.core.workload import build_iterations
-from sim.errors import MAX_FIELD_CHARS, MAX_PROBLEM_CHARS, ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from tests.support.messages import checked_message
 from tests.support.paths import ROOT
 from tests.support.traces import TINY_MODEL, make_trace, random_trace
-from traces.errors import InputError
 from traces.io import load_trace, save_trace
 
-MAX_LINE = MAX_FIELD_CHARS + 2 + MAX_PROBLEM_CHARS  # "FIELD: problem"
+MAX_LINE = CONFIG_FIELD_CHARS + 2 + CONFIG_PROBLEM_CHARS  # "FIELD: problem"
 EXAMPLES = int(os.environ.get("CONFIG_FUZZ_EXAMPLES", 200))
 FUZZ = settings(
     max_examples=EXAMPLES,

@@ -17,8 +17,8 @@ import re
 import pytest
 import yaml
 
+from base.profiles import available
 from sim.config.hardware import load_hardware
-from sim.config.profiles import available
 from tests.support.paths import ROOT
 
 HARDWARE = ROOT / "configs" / "hardware"

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
+from base.model import load_model
 from sim.config.hardware import load_hardware
 from sim.config.host_memory import FIELD, host_expert_layers, host_memory_check
 from sim.config.memory import DoesNotFit
-from sim.config.model import load_model
 from sim.config.run_config import load_run_config
 from sim.config.units import GB
-from sim.errors import ConfigError
 from sim.policies import POLICIES
 from tests.support.fuzz import fuzz_settings
 

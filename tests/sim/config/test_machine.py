@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
+from base.profiles import available
 from sim.config.hardware import HardwareSpec, load_hardware
 from sim.config.machine import derived_figures, parse_parts_name, parts_name, resolve
 from sim.config.parts import cpu_part, gpu_part, part_names
-from sim.config.profiles import available
 from sim.config.run_config import config_from_dict, load_run_config
 from sim.config.units import GB
-from sim.errors import ConfigError
 from tests.support.fuzz import fuzz_settings
 
 COMPOSED = [n for n in available("hardware") if load_hardware(n).gpu is not None]

@@ -12,10 +12,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
 from sim.config.memory import DoesNotFit, gb, gb_pair
 from sim.config.run_config import config_from_dict, load_run_config
 from sim.config.units import GB
-from sim.errors import ConfigError
 from tests.support.cli import run_module
 from tests.support.engine import tiny_model
 from tests.support.fuzz import fuzz_settings

@@ -116,7 +116,7 @@ def test_synthetic_trace_is_small_and_regenerated_by_its_readme_command(name, tm
     argv = shlex.split(cmd)[3:]
     out = tmp_path / "again.npz"
     argv[argv.index("--out") + 1] = str(out)
-    from traces.cli import main
+    from tests.support.cli import traces_main as main
 
     if "--from-fit" in argv:
         from traces.io import load_trace_header

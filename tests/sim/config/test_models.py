@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.config.model import load_model, model_from_dict
-from sim.config.profiles import available
+from base.errors import ConfigError
+from base.model import load_model, model_from_dict
+from base.profiles import available
 from sim.config.run_config import config_from_dict
-from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import simulate

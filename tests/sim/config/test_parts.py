@@ -12,6 +12,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
 from sim.config.parts import (
     CPU_FIGURES,
     GPU_FIGURES,
@@ -22,7 +23,6 @@ from sim.config.parts import (
     load_table,
     part_names,
 )
-from sim.errors import ConfigError
 from tests.support.fuzz import fuzz_settings, names_near_the_rule
 
 FILES = sorted(PARTS_DIR.rglob("*.yaml"))

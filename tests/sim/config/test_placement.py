@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
 from sim.config.run_config import config_from_dict, load_run_config
 from sim.config.system import load_system
-from sim.errors import ConfigError
 from sim.run import simulate
 from tests.support.fuzz import fuzz_settings
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.config.profiles import load_profile
-from sim.errors import ConfigError
+from base.errors import ConfigError
+from base.profiles import load_profile
 
 
 @settings(max_examples=30, deadline=None)

@@ -8,10 +8,10 @@ import csv
 
 import pytest
 
+from base.errors import ConfigError
+from base.profiles import available
 from sim.config.hardware import load_hardware
-from sim.config.profiles import available
 from sim.config.row_machines import host_of_words, machine_of
-from sim.errors import ConfigError
 from tests.support.paths import ROOT
 
 #: Each published row's machine, as its v2 columns (gpu, cpu, sockets, memory, memory_gb, pcie) map it: the bundled

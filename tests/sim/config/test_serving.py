@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from base.errors import ConfigError
 from sim.config.run_config import load_run_config
 from sim.config.serving import MAX_REQUESTS, read_arrival_times
-from sim.errors import ConfigError
 
 CONFIG = "configs/gpt_oss_20b.yaml"
 CONTINUOUS = ["workload.batching=continuous", "workload.batch_size=4"]

@@ -11,13 +11,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from base.errors import CONFIG_FIELD_CHARS, CONFIG_PROBLEM_CHARS, ConfigError
 from sim.config.run_config import load_run_config
 from sim.config.system import COPY_STREAMS, DEQUANT_MODES, format_bits, load_system
-from sim.errors import MAX_FIELD_CHARS, MAX_PROBLEM_CHARS, ConfigError
 from sim.predictors import PREDICTORS
 from tests.support.messages import checked_message
 
-MAX_LINE = MAX_FIELD_CHARS + 2 + MAX_PROBLEM_CHARS
+MAX_LINE = CONFIG_FIELD_CHARS + 2 + CONFIG_PROBLEM_CHARS
 #: Field -> whether a name is one the field knows.
 KNOWN = {
     "copy_stream": lambda n: n in COPY_STREAMS,

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
 from sim.config.run_config import load_run_config
 from sim.core.admission import KEEPER, MODES, RANK, RULE
 from sim.core.cache import CPU, HPC, LPC, MISS, MPC
 from sim.core.protocol import DecisionProtocol
 from sim.core.workload import build_iterations
-from sim.errors import ConfigError
 from sim.policies import POLICIES, Policy
 from sim.policies.base import PerLayerCache
 from sim.timing.costs import CostModel

@@ -209,7 +209,7 @@ def test_belady_bound_on_a_hand_made_trace():
 
 
 def test_belady_needs_the_workload():
-    from sim.errors import ConfigError
+    from base.errors import ConfigError
 
     trace = random_trace(np.random.default_rng(0), tokens=10, layers=2, experts=4, k=1)
     with pytest.raises(ConfigError, match="iterations"):

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
 from sim.core.cache import HPC, MISS, MPC
 from sim.core.replay import replay
 from sim.core.workload import build_iterations
-from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.policies._libstdcxx import cxx_sort, sort_by_key_descending
 from sim.predictors import PREDICTORS, PredictorContext

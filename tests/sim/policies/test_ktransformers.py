@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.config.model import load_model
+from base.errors import ConfigError
+from base.model import load_model
 from sim.config.params import MAX_EXPERTS, RunFacts
 from sim.config.run_config import load_run_config
-from sim.errors import ConfigError
 from sim.policies.base import PolicyContext
 from sim.policies.ktransformers import KTransformers
 from tests.support.paths import ROOT

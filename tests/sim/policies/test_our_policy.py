@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
 from sim.core.cache import LPC, MISS
 from sim.core.workload import build_iterations
-from sim.errors import ConfigError
 from sim.policies import next_use_odds as nuo
 from sim.policies.base import selection_counts
 from sim.predictors import PREDICTORS, PredictorContext

@@ -206,7 +206,7 @@ def test_noisy_predictor_reaches_its_recall_and_precision_on_average():
     ],
 )
 def test_bad_predictor_params_name_the_field(name, params, field):
-    from sim.errors import ConfigError
+    from base.errors import ConfigError
 
     trace = random_trace(np.random.default_rng(0), tokens=10, layers=2, experts=8, k=2)
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -214,7 +214,7 @@ def test_bad_predictor_params_name_the_field(name, params, field):
 
 
 def test_bad_policy_params_name_the_field():
-    from sim.errors import ConfigError
+    from base.errors import ConfigError
 
     trace = random_trace(np.random.default_rng(0), tokens=10, layers=2, experts=8, k=2)
     with pytest.raises(ConfigError, match=r"policy\.params\.threshold"):

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
 from sim.core.cache import LPC, MISS, MPC
 from sim.core.workload import build_iterations
-from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.run import simulate
 from tests.reference.lru import plain_lru

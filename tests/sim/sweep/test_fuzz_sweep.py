@@ -16,12 +16,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.errors import ConfigError
+from base.errors import ConfigError, InputError
 from tests.support.paths import ROOT
-from traces.errors import InputError
 
 BASE = str(ROOT / "configs" / "switch_xxl.yaml")
-MAX_LINE = 200 + 2 + 500  # "FIELD: problem", each part bounded (sim.errors)
+MAX_LINE = 200 + 2 + 500  # "FIELD: problem", each part bounded (base.errors)
 EXAMPLES = int(os.environ.get("SWEEP_FUZZ_EXAMPLES", 80))
 FUZZ = settings(
     max_examples=EXAMPLES,

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from base.errors import ConfigError
 from sim.cli import main
-from sim.errors import ConfigError
 from sim.sweep.spec import load_sweep
 from tests.support.configs import serving_config
 

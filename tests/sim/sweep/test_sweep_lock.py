@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from base.errors import ConfigError
 from sim.cli import main
-from sim.errors import ConfigError
 from tests.support.cli import sweep_process
 from tests.support.paths import ROOT
 

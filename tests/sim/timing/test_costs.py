@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
+from base.model import load_model
 from sim.config.hardware import CalibrationTables, hardware_from_dict, load_hardware
-from sim.config.model import load_model
-from sim.errors import ConfigError
 from sim.timing.costs import CostModel
 
 H200 = load_hardware("h200")

@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
+from base.model import load_model
+from base.profiles import available
 from sim.config.hardware import load_hardware
 from sim.config.host_kernels import FORMAT_CLASSES, family_names, format_class, load_family
 from sim.config.host_memory import host_memory_check
-from sim.config.model import load_model
 from sim.config.parts import load_table
-from sim.config.profiles import available
 from sim.config.run_config import config_from_dict
 from sim.config.system import NUMA_MODES, format_bits, load_system
-from sim.errors import ConfigError
 from sim.policies import POLICIES
 from sim.run import simulate
 from sim.timing.costs import CostModel

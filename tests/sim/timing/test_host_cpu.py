@@ -10,10 +10,10 @@ import json
 
 import pytest
 
+from base.errors import ConfigError
+from base.model import load_model
+from base.profiles import available
 from sim.config.hardware import CPU_FIELDS, CalibrationTables, cpu_format_rate, load_hardware
-from sim.config.model import load_model
-from sim.config.profiles import available
-from sim.errors import ConfigError
 from sim.timing.costs import CostModel
 
 NEW_PROFILES = {"rtx4090", "rtx4090-spr", "h200-granite-rapids", "h200-epyc-genoa", "h200-epyc-turin"}

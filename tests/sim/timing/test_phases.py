@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from base.errors import ConfigError
 from sim.bench import format_table
 from sim.config.run_config import config_from_dict
 from sim.core.prompt_rows import bench_trace
 from sim.core.workload import build_iterations
-from sim.errors import ConfigError
 from sim.run import simulate
 from sim.timing.costs import CostModel
 from sim.timing.phase_costs import PhaseCosts

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from base.errors import InputError, TraceError
 from tests.support.cli import run_module
 from tests.support.paths import ROOT
 from tests.support.traces import make_trace
-from traces.errors import InputError, TraceError
 from traces.format import TraceMeta
 from traces.importers.arrays import import_expert_arrays
 from traces.importers.common import rows_of_requests

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from base.errors import InputError
 from sim.config.run_config import config_from_dict
 from sim.core.workload import active_sets, build_iterations, phase_layers
 from sim.policies import POLICIES
@@ -17,7 +18,6 @@ from sim.predictors import PREDICTORS
 from sim.run import simulate
 from tests.support.cli import run_module
 from tests.support.paths import ROOT
-from traces.errors import InputError
 from traces.importers.ftlog import LogShape, import_ft_log
 from traces.io import load_trace, save_trace
 

@@ -17,13 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from base.errors import InputError
 from sim.core.replay import replay
 from sim.core.workload import active_sets, build_iterations, phase_layers
 from sim.predictors import PREDICTORS, PredictorContext
 from tests.support.cli import run_traces as run
 from tests.support.paths import ROOT
 from tests.support.policies import policy_for
-from traces.errors import InputError
 from traces.importers.ktparquet import import_kt_parquet
 from traces.io import load_trace
 

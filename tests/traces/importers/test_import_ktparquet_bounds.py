@@ -17,10 +17,10 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import traces.importers.ktparquet as kt
+from base.errors import InputError
 from tests.support.cli import run_traces
 from tests.support.fuzz import PLAIN_NAME_CHARS, fuzz_settings
 from tests.support.messages import checked_message
-from traces.errors import InputError
 from traces.importers.ktparquet import import_kt_parquet
 from traces.io import load_trace
 

@@ -401,8 +401,8 @@ def _profile_source(folder, spec, layers=None, k=None, experts=None):
 def test_expert_arrays_refuse_a_shape_their_model_profile_would_refuse(tmp_path, stem):
     """Wrong top-k, layer count or expert count for a profiled model: refused at import, naming the profile;
     the right shape: written, and the simulator's own check accepts it."""
-    from sim.config.model import load_model
-    from sim.config.trace_summary import read_trace_summary, trace_matches_model
+    from base.model import load_model
+    from traces.summary import read_trace_summary, trace_matches_model
 
     spec = load_model(stem)
     out = tmp_path / "out.npz"
@@ -426,7 +426,7 @@ def test_expert_arrays_refuse_a_shape_their_model_profile_would_refuse(tmp_path,
 def test_import_and_run_agree_on_every_shape(tmp_path_factory, data):
     """The class: for any profiled model name (with an organisation prefix or a variant suffix) and any routing
     shape, the import writes the trace exactly when the simulator's check would take it for that model."""
-    from sim.config.trace_summary import read_trace_summary, trace_matches_model
+    from traces.summary import read_trace_summary, trace_matches_model
 
     stem, spec = data.draw(st.sampled_from(DECODER_ONLY))
     name = data.draw(st.sampled_from([stem, f"org/{stem}", f"{stem}-instruct", stem.upper()]))
@@ -569,7 +569,7 @@ def test_millions_of_empty_requests_are_refused_quickly(tmp_path):
 
 
 def test_the_trace_reader_refuses_absurd_request_counts_and_prompt_lengths(tmp_path):
-    from traces.errors import TraceError
+    from base.errors import TraceError
 
     code, _, err, _ = run(*arrays_cmd(source(tmp_path / "src", entries=[{"prompt_len": 5}, {}]), tmp_path / "ok.npz"))
     assert code == 0, err
@@ -711,7 +711,7 @@ def test_ft_log_memory_is_a_small_multiple_of_the_longest_line(tmp_path):
     if not Path("/proc/self/status").is_file():
         pytest.skip("needs /proc/self/status (Linux) to read the peak memory")
     code = (
-        "import re, sys; from traces.cli import main; rc = main(sys.argv[1:]); "
+        "import re, sys; from tests.support.cli import traces_main as main; rc = main(sys.argv[1:]); "
         "print(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1)); sys.exit(rc)"
     )
     line = b"permuted_experts_ " + b"1 " * 6_000_000 + b"\n"

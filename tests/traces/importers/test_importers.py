@@ -8,8 +8,8 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from base.errors import InputError
 from tests.support.cli import run_module
-from traces.errors import InputError
 from traces.importers.mixtral_jsonl import import_mixtral_jsonl
 from traces.importers.vllm import import_vllm
 from traces.io import load_trace

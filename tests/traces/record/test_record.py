@@ -21,8 +21,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from base.errors import InputError  # noqa: E402
 from traces.cli import run_main  # noqa: E402
-from traces.errors import InputError  # noqa: E402
 from traces.io import load_trace, save_trace  # noqa: E402
 from traces.record.recording import (  # noqa: E402
     RoutingCapture,

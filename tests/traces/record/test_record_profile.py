@@ -22,13 +22,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 
+from base.errors import ConfigError, InputError  # noqa: E402
+from base.model import load_model  # noqa: E402
 from sim.cli import main as sim_main  # noqa: E402
-from sim.config.model import load_model  # noqa: E402
 from sim.config.run_config import config_from_dict, load_run_config  # noqa: E402
-from sim.errors import ConfigError  # noqa: E402
 from tests.support.cli import run_traces  # noqa: E402
 from tests.support.traces import make_trace  # noqa: E402
-from traces.errors import InputError  # noqa: E402
 from traces.importers.common import check_model_fit, plain_model_name  # noqa: E402
 from traces.io import load_trace, save_trace  # noqa: E402
 from traces.profile_from_config import derive_profile  # noqa: E402
@@ -512,8 +511,8 @@ def test_import_with_a_config_of_another_shape_says_what_differs(tmp_path):
 
 # --------------------------------------------------------------------------------------------- the run config
 def test_the_run_config_caches_what_fits_beside_the_dense_weights(tmp_path):
-    from sim.config.trace_summary import read_trace_summary
-    from traces.run_setup import run_config
+    from sim.config.trace_run import default_run_config as run_config
+    from traces.summary import read_trace_summary
 
     spec = load_model("deepseek-v3")  # half its experts (128 x 58 layers x 44 MB) would need 327 GB
     experts = np.zeros((4, spec.decoder_moe_layers, spec.top_k), dtype=np.int16) + np.arange(spec.top_k)
@@ -530,8 +529,8 @@ def test_the_run_config_caches_what_fits_beside_the_dense_weights(tmp_path):
 
 
 def test_no_run_config_when_the_dense_weights_alone_exceed_the_gpu(tmp_path):
-    from sim.config.trace_summary import read_trace_summary
-    from traces.run_setup import run_config
+    from sim.config.trace_run import default_run_config as run_config
+    from traces.summary import read_trace_summary
 
     # embedding and LM head of 2e9 x 32 at 2 bytes: 256 GB, beyond the H200's 141
     fields = {**derive_profile(tiny_config("mixtral").to_dict(), "huge", "tiny", 2).fields, "vocab_size": 2 * 10**9}

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from base.errors import InputError
 from tests.support.paths import ROOT, SHARED_TRACES
 from traces.analysis import stats
-from traces.errors import InputError
 from traces.format import Trace
 from traces.io import load_trace, trace_bytes
 from traces.synthetic import fit

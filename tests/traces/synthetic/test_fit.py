@@ -8,10 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from base.errors import InputError
 from tests.support.cli import run_module
 from tests.support.real_traces import gpt_oss, switch_decode
 from traces.analysis import stats
-from traces.errors import InputError
 from traces.io import load_trace, save_trace, trace_bytes
 from traces.synthetic import fit
 from traces.synthetic.generator import SynthKnobs, _balance, generate

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from base.errors import InputError
 from tests.support.cli import run_module
 from tests.support.paths import ROOT
 from traces.analysis import stats
-from traces.errors import InputError
 from traces.io import load_trace, save_trace
 from traces.synthetic import reshape
 from traces.synthetic.fit import stretch_layers

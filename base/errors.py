@@ -1,4 +1,5 @@
-"""Errors that mean "the user's input is wrong" (exit status 2), as opposed to bugs (exit status 1).
+"""Errors that mean "the user's input is wrong" (exit status 2), as opposed to bugs (exit status 1): a trace
+(TraceError), an output that cannot be written (OutputError), a config field, profile or file (ConfigError).
 
 The command lines print such an error as ONE line, so an error never spans lines or grows with the input:
 :func:`one_line` and :func:`brief` bound what a message echoes back.
@@ -13,6 +14,9 @@ MAX_MESSAGE_CHARS = 2000
 #: TraceError: the longest file path and problem text it prints (so ``PATH: problem`` stays under ~500 chars).
 MAX_PATH_CHARS = 200
 MAX_PROBLEM_CHARS = 300
+#: ConfigError: the longest field name and problem a message holds (a user's value can be anything).
+CONFIG_FIELD_CHARS = 200
+CONFIG_PROBLEM_CHARS = 500
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 60, 60, 40
@@ -26,7 +30,7 @@ def one_line(text: object, limit: int = MAX_MESSAGE_CHARS) -> str:
     escape code, a NUL, a lone surrogate) is shown escaped (``\\x1b``), so a terminal never interprets it. A longer
     result is cut and ends in "...". Only the first 4 x ``limit`` characters of ``text`` are read (a megabyte of
     input costs no more than a short one); when that drops some, the result ends in "..." too. This is the one
-    implementation: ``sim.errors.ConfigError`` and every caller in sim, traces and validate use it."""
+    implementation: ``base.errors.ConfigError`` and every caller in sim, traces and validate use it."""
     limit = max(limit, 0)
     raw = str(text)
     line = " ".join(raw[: 4 * limit].split())
@@ -74,3 +78,21 @@ class OutputError(InputError):
         self.path = str(path)
         self.problem = one_line(problem, MAX_PROBLEM_CHARS)
         super().__init__(f"{one_line(self.path, MAX_PATH_CHARS)}: {self.problem}")
+
+
+class ConfigError(InputError):
+    """A config value is wrong. The message is one line, ``FIELD: problem``, where FIELD is the dotted path of the
+    field (``workload.batch_size``) or a file path; both are cut to a bounded length.
+
+    ``ConfigError("workload.batch_size", "must be an integer >= 1, got 0")`` and
+    ``ConfigError("workload.batch_size: must be an integer >= 1, got 0")`` are the same error.
+    """
+
+    def __init__(self, field: str, problem: str | None = None):
+        if problem is None:
+            field, sep, problem = str(field).partition(": ")
+            if not sep:
+                field, problem = "", field
+        self.field = one_line(field, CONFIG_FIELD_CHARS)
+        self.problem = one_line(problem, CONFIG_PROBLEM_CHARS)
+        super().__init__(f"{self.field}: {self.problem}" if self.field else self.problem)

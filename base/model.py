@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from sim.config.checks import check_keys, check_mapping, check_number, integer, join, show, text
-from sim.config.fields import keys_of, read_settings, required_keys, setting, to_si
-from sim.config.profiles import load_profile
-from sim.errors import ConfigError
+from base.checks import check_keys, check_mapping, check_number, integer, join, show, text
+from base.errors import ConfigError
+from base.fields import keys_of, read_settings, required_keys, setting, to_si
+from base.profiles import load_profile
 
 ROLES = ("encoder", "decoder")
 DTYPE_BYTES = (1, 2, 4, 8)
@@ -260,7 +260,7 @@ def model_from_dict(d: Any, where: str = "model", suffix: str = "") -> ModelSpec
     """Validate a model mapping (no ``base``) into a :class:`ModelSpec`. ``suffix`` ends every message
     (e.g. `` (in configs/models/x.yaml)``)."""
     d = check_mapping(d, where)
-    check_keys(d, where, required_keys(ModelSpec), MODEL_FIELDS, suffix, see="sim/config/model.py")
+    check_keys(d, where, required_keys(ModelSpec), MODEL_FIELDS, suffix, see="base/model.py")
     spec = ModelSpec(**to_si(ModelSpec, read_settings(ModelSpec, d, where, suffix)))
 
     def fail(key, problem):

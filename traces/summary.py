@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.config.model import ModelSpec
-from sim.errors import MAX_PROBLEM_CHARS, ConfigError
-from traces.errors import TraceError, brief, one_line
+from base.errors import CONFIG_PROBLEM_CHARS, ConfigError, TraceError, brief, one_line
+from base.model import ModelSpec
 from traces.format import TraceMeta
 from traces.io import load_trace, load_trace_header
 
@@ -192,7 +191,7 @@ def model_mismatch(summary: TraceSummary, model: ModelSpec, subject: str = "trac
     return None
 
 
-def mismatch_message(problem: str, summary: TraceSummary, model: ModelSpec, limit: int = MAX_PROBLEM_CHARS) -> str:
+def mismatch_message(problem: str, summary: TraceSummary, model: ModelSpec, limit: int = CONFIG_PROBLEM_CHARS) -> str:
     """A run's message for a trace not of its model, within ``limit`` characters and never cut: ``problem`` (what
     differs, whole: :func:`model_mismatch`), then both shapes with the names and the file; when long names leave no
     room for that, the file alone, its path shortened to the room left (the names are in ``problem`` already)."""
@@ -240,7 +239,7 @@ def check_training_trace(value, where: str, model: ModelSpec, evaluated_path: Pa
     ``where`` when it cannot be read, is of another model than the run's, has no routed tokens (nothing to learn:
     a part would silently fall back to its defaults) or is the evaluated trace (the same file, or the same routing
     and request boundaries)."""
-    from sim.config.files import resolve_path
+    from base.files import resolve_path
 
     path = resolve_path(value, where, "trace file").resolve()
     try:

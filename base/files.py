@@ -15,11 +15,11 @@ from typing import Any
 
 import yaml
 
-from sim.config.checks import MAX_DEPTH, check_size, show
-from sim.errors import ConfigError
-from traces.outputs import note_input
+from base.checks import MAX_DEPTH, check_size, show
+from base.errors import ConfigError
+from base.outputs import note_input
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = PROJECT_ROOT / "configs"
 MAX_FILE_BYTES = 4 << 20  # the largest config or profile file read (a config is a few KB)
 _MERGE_TAG = "tag:yaml.org,2002:merge"
