@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sim.config.run_config import load_run_config  # noqa: E402
-from sim.core.decisions import build_decisions  # noqa: E402
-from sim.core.replay import replay  # noqa: E402
 from sim.core.workload import build_iterations, phase_layers  # noqa: E402
+from sim.decisions.build import build_decisions  # noqa: E402
+from sim.decisions.replay import replay  # noqa: E402
 from sim.run import simulate  # noqa: E402
 from traces.io import load_trace  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The host as it behaves (sim/timing/host_costs.py): the figures docs/hardware.md quotes, printed as tables.
+"""The host as it behaves (sim/costs/host_costs.py): the figures docs/hardware.md quotes, printed as tables.
 
 1. Effective host bandwidth of two-socket machines under each NUMA mode (and the expert copies each keeps).
 2. Bandwidth and compute against threads (llama.cpp ``-t``, kTransformers ``cpu_infer``).
@@ -18,12 +18,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from base.model import load_model  # noqa: E402
+from moebase.model import load_model  # noqa: E402
 from sim.config.hardware import load_hardware  # noqa: E402
+from sim.config.host_choice import host_copies  # noqa: E402
 from sim.config.run_config import config_from_dict  # noqa: E402
 from sim.config.system import NUMA_MODES, format_bits, load_system  # noqa: E402
+from sim.costs.host_costs import HostCosts  # noqa: E402
 from sim.run import simulate  # noqa: E402
-from sim.timing.host_costs import HostCosts, host_copies  # noqa: E402
 
 THREADS = (1, 2, 4, 8, 16, 32, 48, 64)
 

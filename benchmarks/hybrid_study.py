@@ -189,7 +189,7 @@ def run_cell(
     """``sim compare CONFIG --policies ... --set ...`` in this process: its rows, wall seconds, why there are
     none (a config the GPU-memory check refuses: an extended batch whose KV cache does not fit), and, with
     ``shrink``, the ``workload.max_decode_tokens`` (64, 32, 16 or 8) it took to fit such a batch (None: as given)."""
-    from base.errors import ConfigError
+    from moebase.errors import ConfigError
     from sim.compare import compare
     from sim.config.run_config import load_run_config
     from sim.policies import POLICIES
@@ -263,13 +263,13 @@ def crossover(batches: list[int], ratio: dict[int, float]) -> str:
 
 
 def break_even(config: str) -> tuple[int | None, float | None]:
-    """From the cost model alone (``sim.timing.costs.CostModel``): the fewest tokens n for which computing an expert on
+    """From the cost model alone (``sim.costs.costs.CostModel``): the fewest tokens n for which computing an expert on
     the host CPU (``cpu_expert_s(n)`` + its activations both ways) is no faster than copying it and computing it on the
     GPU (``copy_s(expert_bytes) + expert_s(n)``): Fiddler's own rule. And the batch at which an average expert of
     a layer gets n tokens, when every expert is active: n * experts / top_k. (None, None) when the host stays
     faster up to 2^20 tokens."""
     from sim.config.run_config import load_run_config
-    from sim.timing.costs import CostModel
+    from sim.costs.costs import CostModel
 
     cfg = load_run_config(ROOT / config)
     c = CostModel(cfg.model, cfg.hardware)
@@ -703,7 +703,7 @@ own memory faster than the link can copy them to the GPU: on the H200 server 460
 52 GB/s of PCIe Gen5, ~9x; on the desktop 62 GB/s against 25 GB/s of PCIe Gen4, ~2.5x. The host loses once an
 expert's tokens make it compute-bound on the CPU for longer than the copy takes: the break-even column above.
 
-The costs come from the hardware profiles (`sim/timing/costs.py`: `cpu_expert_s`, `activation_copy_s`); no calibration
+The costs come from the hardware profiles (`sim/costs/costs.py`: `cpu_expert_s`, `activation_copy_s`); no calibration
 file is used. **Assumptions** (no measured source; the profiles' comments say so):
 
 - H200 host (`h200.yaml`): usable memory bandwidth 460 GB/s = ~75% of the two sockets' DDR5-4800 peak (614 GB/s),

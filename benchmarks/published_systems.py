@@ -1,6 +1,6 @@
 """The simulator against published measurements of real offloading systems (``benchmarks/published/rows.csv``, the
 columns of ``benchmarks/published/SCHEMA.md``): every column of a row is read and becomes a setting of its run config
-(``sim/config/row_settings.py``), or the capability the simulator lacks, by name; such a row is a miss, never
+(``sim/row_settings.py``), or the capability the simulator lacks, by name; such a row is a miss, never
 approximated. Each system's software constant is fitted on the expressible ``fit`` rows only, every expressible row
 predicted blind. Prints the per-row table, the fitted constants, predict rows predicted / total, decode median and
 90th percentile |error|, prefill median |error|, and the misses grouped by capability.
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from base.outputs import check_not_input  # noqa: E402
+from moebase.outputs import check_not_input  # noqa: E402
 from sim.published import evaluate, format_report, read_published  # noqa: E402
 from traces.cli import OneLineParser, run_main  # noqa: E402
 from traces.io import atomic_write_bytes, check_output_file  # noqa: E402

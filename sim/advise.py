@@ -41,8 +41,8 @@ from typing import Any
 
 import yaml
 
-from base.errors import ConfigError
-from base.outputs import check_not_input
+from moebase.errors import ConfigError
+from moebase.outputs import check_not_input
 from sim.config.memory import DoesNotFit
 from sim.config.run_config import (
     MAX_BATCH,

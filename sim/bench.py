@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 
 GIB = 1 << 30
 #: What to do when a policy or predictor learns from the workload's other requests: the benchmark's are --batch.
@@ -158,7 +158,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def cmd_bench(args) -> int:
-    from base.outputs import atomic_write_bytes
+    from moebase.outputs import atomic_write_bytes
 
     args.p = _counts(args.p, "-p", 0)
     args.n = _counts(args.n, "-n", 0)

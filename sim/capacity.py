@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.serving import MAX_CV, MAX_RATE
 
 DEFAULT_SEEDS = (0, 1, 2)
@@ -150,7 +150,7 @@ class Evaluator:
         self.sets = ["workload.batching=continuous", *sets, f"workload.slo={slo_text}"]
         if requests is not None:
             self.sets.append(f"workload.requests={requests}")
-        from sim.sweep.spec import resolve_config  # a path or a mapping (a sweep point's resolved config on Ray)
+        from sim.config.run_config import resolve_config  # a path or a mapping (a sweep point's resolved config on Ray)
 
         self._load = lambda extra: resolve_config(config, (*self.sets, *extra), source)
         self.base = self._load([self._arrivals(MAX_RATE, 0, cv)])  # bad input ends here, before any run
@@ -336,7 +336,7 @@ def summary_text(doc: dict) -> str:
 
 
 def cmd_capacity(args) -> int:
-    from base.outputs import check_not_input
+    from moebase.outputs import check_not_input
     from sim.capacity_plot import capacity_png
     from traces.io import atomic_write_bytes, check_output_file
 

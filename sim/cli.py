@@ -83,7 +83,7 @@ def check_outputs(out: Path, timeline: bool, inputs: Iterable[str] = (), request
     """The results folder and each file a run writes there, checked before the run: a FIFO, a device, a file
     where the folder goes or a folder where a file goes, or a file the run reads (its config, a profile, the
     trace), is refused (exit 2), and nothing is written."""
-    from base.outputs import check_not_input
+    from moebase.outputs import check_not_input
     from sim.results import output_files
 
     check_output_folder(out, "results folder (--out)")

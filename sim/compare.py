@@ -41,8 +41,8 @@ import math
 import sys
 from pathlib import Path
 
-from base.errors import ConfigError
-from base.outputs import check_not_input
+from moebase.errors import ConfigError
+from moebase.outputs import check_not_input
 from sim.config.memory import DoesNotFit
 from sim.config.run_config import RunConfig, config_from_dict, load_run_config
 from sim.policies import POLICIES, is_ceiling

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.errors import ConfigError, brief, one_line
-from base.files import PROJECT_ROOT
+from moebase.errors import ConfigError, brief, one_line
+from moebase.files import PROJECT_ROOT
 
 COLUMNS = (
     "row",
@@ -276,12 +276,12 @@ def _profile_exists(kind: str, name: str) -> bool:
 
 
 def hardware_of(gpu: str, host: str, pcie: str = "") -> str:
-    """The machine a row ran on (``sim/config/row_machines.py``): the bundled profile of the same GPU, CPU and
+    """The machine a row ran on (``sim/row_machines.py``): the bundled profile of the same GPU, CPU and
     sockets (``rtx4090d-24gb`` with ``2x Xeon Gold 6454S`` -> ``rtx4090d-2x6454s``; no count is one socket), else a
     machine composed from those parts (``rtx4090-24gb+2x-epyc-9654+gen4``); a host that names no CPU runs on the
     GPU's own profile (``a100-sxm4-80gb``; ``rtx4090-24gb`` -> ``rtx4090``). A GPU or CPU without a bundled part is
     refused with the closest names (ConfigError), never replaced by another."""
-    from sim.config.row_machines import host_of_words, machine_of
+    from sim.row_machines import host_of_words, machine_of
 
     cpu, sockets, memory = host_of_words(host)
     return machine_of(gpu, cpu, sockets, memory, None, pcie)
@@ -306,7 +306,7 @@ def bundled_trace(model: str) -> tuple[str, int] | None:
         return TRACES[model]
     if not (model.lower().endswith((".yaml", ".yml", ".json")) or "/" in model):
         return None
-    from base.model import load_model
+    from moebase.model import load_model
 
     return TRACES.get(load_model(model, "--model").name)
 
@@ -403,7 +403,7 @@ def check_row(
 
 def _check_cpu_layers(variant: str, model: str, where: str) -> None:
     """llama.cpp's ``n-cpu-moe=N`` keeps the experts of N MoE layers on the host: at most the model's."""
-    from base.model import load_model
+    from moebase.model import load_model
 
     n = _n_cpu_moe(variant, where)
     layers = load_model(model).moe_layers
@@ -456,7 +456,7 @@ def read_rows(
 def _read_bounded(path: str | Path, shown: str) -> bytes:
     """At most MAX_FILE_BYTES bytes of the regular file ``path`` (a FIFO or device is refused, never waited on;
     at most the bound + 1 bytes are read, whatever the file's size)."""
-    from base.errors import TraceError
+    from moebase.errors import TraceError
     from traces.io import open_regular_file
 
     try:
@@ -502,7 +502,7 @@ def _fits_on_gpu(cfg_dict: dict) -> int:
     is allocated being the dense weights, the KV cache and the working buffer (sourced: efeslab/fiddler
     src/fiddler/mixtral.py, ``calc_n_expert_on_gpu``), and never more than the config's memory check admits (the
     hardware profile's reserved memory aside)."""
-    from base.model import load_model
+    from moebase.model import load_model
     from sim.config.hardware import load_hardware
     from sim.config.run_config import config_from_dict, dense_bytes_of, with_formats
     from sim.config.system import load_system
@@ -800,7 +800,7 @@ def fit_system(
     row's result and the profile."""
     import yaml
 
-    from base.outputs import check_not_input
+    from moebase.outputs import check_not_input
     from sim.config.hardware import load_hardware
     from sim.config.system import load_system
     from traces.io import atomic_write_bytes, check_output_file
@@ -810,7 +810,7 @@ def fit_system(
         raise ConfigError("--system", f"must be one of {', '.join(SYSTEMS)}, got {brief(system)}")
     load_hardware(hardware, "--hardware")
     if model is not None:
-        from base.model import load_model
+        from moebase.model import load_model
 
         load_model(model, "--model")
     if trace is not None:
@@ -846,7 +846,7 @@ def fit_system(
 
 def _check_trace_file(trace: str) -> None:
     """``--trace``: a trace file the simulator reads (its header; ConfigError naming ``--trace``)."""
-    from base.errors import TraceError
+    from moebase.errors import TraceError
     from traces.summary import read_trace_summary
 
     try:
@@ -857,7 +857,7 @@ def _check_trace_file(trace: str) -> None:
 
 def _check_trace_fits(trace: str, rows: list[Row]) -> None:
     """Every row's model is the trace's (its shape: experts, top-k, MoE layers), before anything is simulated."""
-    from base.model import load_model
+    from moebase.model import load_model
     from traces.summary import model_mismatch, read_trace_summary
 
     summary = read_trace_summary(trace)

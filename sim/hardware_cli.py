@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from base.errors import ConfigError
-from base.profiles import available, is_path, load_profile
+from moebase.errors import ConfigError
+from moebase.profiles import available, is_path, load_profile
 from sim.config.hardware import HARDWARE_KEYS, load_hardware
 from sim.config.machine import derived_figures, is_parts_name, merge_hardware, parse_parts_name, resolve
 from sim.config.parts import CPU_FIGURES, GPU_FIGURES, Part, closest_text, cpu_part, gpu_part, part_names
@@ -188,10 +188,10 @@ def show_machine(ref: str) -> dict:
 
 def numa_figures(hw: Any) -> dict:
     """A multi-socket host's bandwidth (GB/s) under each NUMA mode a system may choose (``system.numa``; null: the
-    profile's figure) and the copies of each expert it keeps (sim/timing/host_costs.py)."""
+    profile's figure) and the copies of each expert it keeps (sim/costs/host_costs.py)."""
     from sim.config.parts import load_table
     from sim.config.system import NUMA_MODES
-    from sim.timing.host_costs import numa_bandwidth
+    from sim.costs.host_costs import numa_bandwidth
 
     remote = float(load_table("memory").figures["remote_bw_fraction"].value)
     s = hw.host.sockets

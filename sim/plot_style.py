@@ -12,7 +12,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from base.errors import one_line
+from moebase.errors import one_line
 from traces.io import atomic_write_bytes
 
 #: 20 colours, handed to the registered policies in their order by kind (``origin_rank``), so that the policies

@@ -1,5 +1,5 @@
 """Published rows in the v2 columns (``benchmarks/published/SCHEMA.md``) against the simulator: each row read,
-checked and turned into a run config (``sim/config/row_settings.py``: every column value's setting, or the capability
+checked and turned into a run config (``sim/row_settings.py``: every column value's setting, or the capability
 the simulator lacks, by name); the system constants fitted on the expressible ``fit`` rows only
 (``sim.fit_system.fit_rows``), every expressible row predicted blind, the others reported as misses grouped by
 capability.
@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.errors import ConfigError, brief
-from sim.config.row_settings import RowPlan, plan_of
+from moebase.errors import ConfigError, brief
 from sim.fit_system import (
     INTEGER,
     MAX_ROWS,
@@ -36,6 +35,7 @@ from sim.fit_system import (
     run_config,
     table_cell,
 )
+from sim.row_settings import RowPlan, plan_of
 
 #: The v2 columns, in the schema's order.
 COLUMNS_V2 = (
@@ -118,7 +118,7 @@ def _check(cells: dict[str, str], where: str) -> None:
 
 def trace_of(model: str) -> tuple[str, int] | None:
     """The trace a model replays and its requests: TRACES, else its synthetic trace if bundled."""
-    from base.files import PROJECT_ROOT
+    from moebase.files import PROJECT_ROOT
 
     if model in TRACES:
         return TRACES[model]
@@ -128,7 +128,7 @@ def trace_of(model: str) -> tuple[str, int] | None:
 
 def _machine(cells: dict[str, str], where: str) -> tuple[str | None, str | None]:
     """(hardware reference, None) or (None, the missing part's capability name)."""
-    from sim.config.row_machines import machine_of
+    from sim.row_machines import machine_of
 
     try:
         hw = machine_of(

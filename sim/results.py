@@ -219,7 +219,7 @@ def write_outputs(
     file."""
     import yaml
 
-    from base.outputs import ensure_folder
+    from moebase.outputs import ensure_folder
     from traces.io import check_output_file, check_output_folder
 
     out = check_output_folder(out, "results folder (--out)")
@@ -242,7 +242,7 @@ def write_outputs(
     return written
 
 
-INLINE = " (modified inline)"  # how base.profiles marks a file's profile changed by inline settings
+INLINE = " (modified inline)"  # how moebase.profiles marks a file's profile changed by inline settings
 
 
 def hardware_words(s: dict) -> str:
@@ -272,7 +272,7 @@ def hardware_words(s: dict) -> str:
 def _own_name_and_base(file: str) -> tuple[str | None, str | None]:
     """The ``name`` and ``base`` a profile file gives itself (None for each it does not give, or when it cannot be
     read now)."""
-    from base.files import PROJECT_ROOT, read_structured_file
+    from moebase.files import PROJECT_ROOT, read_structured_file
 
     path = Path(file) if Path(file).is_absolute() else PROJECT_ROOT / file
     try:
@@ -316,7 +316,7 @@ def system_words(cfg: RunConfig) -> str:
 def _modified(system) -> str:
     """ ", modified" when ``system`` differs from the bundled profile it is named after (settings laid over it in the
     config or with ``--set system.KEY=...``), "" otherwise or when its name is no bundled profile."""
-    from base.profiles import available
+    from moebase.profiles import available
     from sim.config.system import load_system
 
     if system.name not in available("systems"):

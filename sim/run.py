@@ -8,15 +8,15 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from sim.config.run_config import RunConfig
-from sim.core.decisions import build_decisions, cached_layers, hot_ranking  # noqa: F401 (re-exported)
 from sim.core.experts_per_token import keep_top_experts
 from sim.core.serving import ServingBatches, serving_batches
 from sim.core.workload import Iteration, WorkloadInfo, build_iterations
+from sim.costs.phase_costs import phase_costs_for
+from sim.decisions.build import build_decisions, cached_layers, hot_ranking  # noqa: F401 (re-exported)
 from sim.policies import Policy
 from sim.request_results import request_summary
 from sim.results import summarize
 from sim.timing.engine import EngineResult, Simulation
-from sim.timing.phase_costs import phase_costs_for
 from traces.format import Trace
 from traces.io import file_sha256, load_trace
 

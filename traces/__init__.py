@@ -1,6 +1,6 @@
 """Expert-activation traces: one file format for recorded, imported and synthetic routing, and tools on it."""
 
-from base.errors import InputError, TraceError
+from moebase.errors import InputError, TraceError
 from traces.format import FORMAT_VERSION, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
 from traces.io import load_trace, save_trace
 

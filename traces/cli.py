@@ -10,12 +10,12 @@ import argparse
 import contextlib
 import sys
 
-from base.errors import InputError, one_line
+from moebase.errors import InputError, one_line
 
 COMMAND_MODULES = (
     "traces.importers.cli",
-    "traces.record.recording",
-    "traces.synthetic.generator",
+    "traces.record.cli",
+    "traces.synthetic.cli",
     "traces.analysis.stats",
     "traces.check",
 )
@@ -74,7 +74,7 @@ def escaped_terminal():
 
 def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse, run ``args.func(args)`` inside one output batch (its files appear together when it returns, none of
-    them when it fails: :func:`base.outputs.output_batch`), and turn bad input, or a write the system refused (a
+    them when it fails: :func:`moebase.outputs.output_batch`), and turn bad input, or a write the system refused (a
     full disk, a read-only mount, a size or quota limit), into one line on stderr and exit status 2. What the
     command prints has its control characters escaped (:func:`escaped_terminal`)."""
     args = parser.parse_args(argv)
@@ -84,7 +84,7 @@ def run_main(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> 
 
 def _run(args) -> int:
     """``args.func(args)`` in one output batch, its errors as one line and an exit status."""
-    from base.outputs import WRITE_FAULTS, output_batch
+    from moebase.outputs import WRITE_FAULTS, output_batch
 
     try:
         with output_batch():

@@ -26,7 +26,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from base.errors import brief, one_line
+from moebase.errors import brief, one_line
 
 FORMAT_VERSION = 1
 LAYER_ROLES = ("encoder", "decoder")

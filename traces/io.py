@@ -28,12 +28,12 @@ from typing import IO, Any, cast
 
 import numpy as np
 
-from base.errors import TraceError, brief, one_line
-from base.outputs import atomic_write_bytes as atomic_write_bytes  # re-exported: writing lives in base.outputs
-from base.outputs import check_output_file as check_output_file
-from base.outputs import check_output_folder as check_output_folder
-from base.outputs import file_kind as file_kind
-from base.outputs import kind_name, note_input
+from moebase.errors import TraceError, brief, one_line
+from moebase.outputs import atomic_write_bytes as atomic_write_bytes  # re-exported: writing lives in moebase.outputs
+from moebase.outputs import check_output_file as check_output_file
+from moebase.outputs import check_output_folder as check_output_folder
+from moebase.outputs import file_kind as file_kind
+from moebase.outputs import kind_name, note_input
 from traces.format import MAX_REQUESTS, Trace, TraceMeta
 
 ARRAYS_REQUIRED = ("experts", "request_offsets", "prefill_lengths")

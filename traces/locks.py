@@ -15,8 +15,8 @@ import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from base.errors import OutputError
-from base.outputs import file_kind
+from moebase.errors import OutputError
+from moebase.outputs import file_kind
 
 
 @contextlib.contextmanager

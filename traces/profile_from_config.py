@@ -1,4 +1,4 @@
-"""A model profile (the fields of :class:`base.model.ModelSpec`, as in ``configs/models/*.yaml``) derived from a
+"""A model profile (the fields of :class:`moebase.model.ModelSpec`, as in ``configs/models/*.yaml``) derived from a
 Hugging Face checkpoint's ``config.json``, for simulating a recorded or imported trace of a model that has no
 bundled profile.
 
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from base.errors import InputError, brief
+from moebase.errors import InputError, brief
 from traces.importers.common import INT16_MAX
 from traces.importers.ktparquet import MAX_LAYERS
 
@@ -178,10 +178,10 @@ class DerivedProfile:
         return "\n".join(lines) + "\n" + body
 
     def spec(self):
-        """The profile checked as the simulator loads it (:func:`base.model.model_from_dict`); InputError
+        """The profile checked as the simulator loads it (:func:`moebase.model.model_from_dict`); InputError
         naming the config when a derived figure breaks a profile's rule (e.g. top-k above the experts)."""
-        from base.errors import ConfigError
-        from base.model import model_from_dict
+        from moebase.errors import ConfigError
+        from moebase.model import model_from_dict
 
         try:
             return model_from_dict(self.fields, "model")
@@ -192,7 +192,7 @@ class DerivedProfile:
 def comment_lines(texts: list[str], bullet: str = "", width: int = 116) -> list[str]:
     """YAML comment lines holding ``texts`` (one line each, no line break kept), wrapped at ``width``; with a
     ``bullet``, each text starts with it and its later lines are indented under it."""
-    from base.errors import one_line
+    from moebase.errors import one_line
 
     out = []
     for text in texts:
@@ -351,7 +351,7 @@ def derive_profile(
 
 
 def _ordered(fields: dict) -> dict:
-    from base.model import MODEL_FIELDS
+    from moebase.model import MODEL_FIELDS
 
     return {k: fields[k] for k in MODEL_FIELDS if k in fields}
 
@@ -494,7 +494,7 @@ def _attention(r: _Reader, d_model: int, switch: bool, blocks: int) -> dict:
 
 def _latent_attention(r: _Reader, heads: int) -> dict:
     """Multi-head latent attention, stated with its own widths (its weights and its compressed KV cache are counted
-    from them: :class:`base.model.ModelSpec`), plus the plain shape that prices its attention over the context
+    from them: :class:`moebase.model.ModelSpec`), plus the plain shape that prices its attention over the context
     as the bundled DeepSeek profiles do: kv_lora_rank + qk_rope_head_dim values as 2 KV heads (1 when that is not
     whole)."""
     rank = r.int("kv_lora_rank", why="the compressed KV width")

@@ -6,7 +6,7 @@ layer's experts (fewer when they would not fit beside the dense weights), batch 
 ``python -m sim run t.run.yaml``.
 
 Paths in the run config are absolute, so it loads from any folder (a relative path would be looked up in the
-current folder and then the project root: :func:`base.files.resolve_path`). Both files are checked as output
+current folder and then the project root: :func:`moebase.files.resolve_path`). Both files are checked as output
 places before any work (:func:`check_sim_files`) and written atomically; the run config is checked by the simulator's
 own loader before it is written.
 """
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.errors import InputError, OutputError, TraceError, brief, one_line
-from base.outputs import keep_staged, staged_path
+from moebase.errors import InputError, OutputError, TraceError, brief, one_line
+from moebase.outputs import keep_staged, staged_path
 from traces.profile_from_config import DerivedProfile, comment_lines
 
 #: Makes the run config of a trace: (model spec, the profile as the run config names it, trace path, trace
@@ -84,8 +84,8 @@ def write_sim_files(
     ``trace_path`` (its header is read, not its routing); returns the lines to print, the last one the command that
     simulates it. InputError when the derived profile does not fit the trace (another expert count, top-k or MoE
     layers) or the run config does not load (e.g. the dense weights alone exceed the GPU)."""
-    from base.model import load_model
-    from base.outputs import atomic_write_bytes
+    from moebase.model import load_model
+    from moebase.outputs import atomic_write_bytes
     from traces.summary import read_trace_summary
 
     trace = read_trace_summary(staged_path(trace_path))
@@ -137,7 +137,7 @@ def check_profile_fits(meta, profile: DerivedProfile) -> None:
 def check_bundled_fits(profile: DerivedProfile, stem: str, where: str) -> None:
     """InputError naming ``where`` when the model a config describes (``profile``) is not of the shape of the bundled
     profile ``stem`` its name matches: checked before recording, which the simulator would refuse."""
-    from base.model import load_model
+    from moebase.model import load_model
     from traces.importers.common import meta_like, meta_summary
     from traces.summary import model_mismatch
 
@@ -258,10 +258,12 @@ def _import_sim_files(args, files: SimFiles, profile: DerivedProfile | None) -> 
             f"note: no model profile in configs/models/ is of {brief(name)}, so no run config: give --hf-config "
             f"CONFIG_JSON (the checkpoint's config.json) to write {files.model.name} and {files.run.name} beside the "
             f"trace, or write configs/models/{name.rsplit('/', 1)[-1]}.yaml by hand (fields: "
-            "base/model.py)"
+            "moebase/model.py)"
         ]
     try:
-        return write_sim_files(args.out, files, profile, "python -m traces import", args.make_run_config)
+        return write_sim_files(
+            args.out, files, profile, "python -m traces import", getattr(args, "make_run_config", None)
+        )
     except OutputError:
         raise
     except InputError as exc:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from base.errors import CONFIG_PROBLEM_CHARS, ConfigError, TraceError, brief, one_line
-from base.model import ModelSpec
+from moebase.errors import CONFIG_PROBLEM_CHARS, ConfigError, TraceError, brief, one_line
+from moebase.model import ModelSpec
 from traces.format import TraceMeta
 from traces.io import load_trace, load_trace_header
 
@@ -239,7 +239,7 @@ def check_training_trace(value, where: str, model: ModelSpec, evaluated_path: Pa
     ``where`` when it cannot be read, is of another model than the run's, has no routed tokens (nothing to learn:
     a part would silently fall back to its defaults) or is the evaluated trace (the same file, or the same routing
     and request boundaries)."""
-    from base.files import resolve_path
+    from moebase.files import resolve_path
 
     path = resolve_path(value, where, "trace file").resolve()
     try:

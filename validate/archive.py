@@ -34,9 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from base.checks import show
-from base.errors import ConfigError
-from base.files import read_structured_file
+from moebase.checks import show
+from moebase.errors import ConfigError
+from moebase.files import read_structured_file
 from traces.io import file_kind
 from traces.locks import held_lock
 

@@ -21,8 +21,8 @@ from validate.steadiness import REMEASURE, TOLERANCE
 
 
 def cmd_microbench(args) -> int:
-    from base.errors import ConfigError
-    from base.model import load_model
+    from moebase.errors import ConfigError
+    from moebase.model import load_model
     from sim.config.hardware import load_hardware
     from traces.io import check_output_file
     from validate.backends import make_backend

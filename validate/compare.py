@@ -42,12 +42,12 @@ from typing import Any
 import numpy as np
 
 import sim.core.cache
-from base.checks import kind_of, show
-from base.errors import ConfigError, InputError, one_line
-from base.files import PROJECT_ROOT, confined_to
-from base.outputs import ensure_folder
+from moebase.checks import kind_of, show
+from moebase.errors import ConfigError, InputError, one_line
+from moebase.files import PROJECT_ROOT, confined_to
+from moebase.outputs import ensure_folder
 from sim.config.run_config import config_from_dict
-from sim.core.protocol import LayerDecision
+from sim.decisions.protocol import LayerDecision
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import RunOutput, simulate

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from base.errors import one_line
+from moebase.errors import one_line
 from sim.plot_style import legend_outside, log_axis, plain_styles, save_png, wrap
 
 BAND = 0.15  # the band drawn around sim = real

@@ -1,6 +1,6 @@
 """The executor: runs a workload for real, with the very policy and predictor objects the simulator uses
-(``sim.run.build_decisions``), asked through the simulator's decision protocol (``sim/core/protocol.py``), and measures
-each iteration's latency.
+(``sim.run.build_decisions``), asked through the simulator's decision protocol (``sim/decisions/protocol.py``), and
+measures each iteration's latency.
 
 Memory, as an offloading server lays it out:
 
@@ -34,8 +34,8 @@ work before the wait to the moment it could go on: the copy's landing plus the h
 
 Experts the policy computes on the host CPU (Fiddler / kTransformers style: the plan's source ``"cpu"``,
 ``LayerStep.cpu``) are computed there for real, beside their weights: at the layer's decision point the tokens
-routed to any of them (``sim.core.protocol.cpu_tokens``) are copied device -> host on the compute stream (one copy for
-the layer; each host expert reads its tokens' rows from it),
+routed to any of them (``sim.decisions.protocol.cpu_tokens``) are copied device -> host on the compute stream (one
+copy for the layer; each host expert reads its tokens' rows from it),
 a host pool (``validate.kernels.HostExperts``: worker threads standing for the host's cores, each computing a block
 of every expert, the experts one after another) computes them from the expert's host buffer, while the compute
 thread issues the device's own experts (cached and copied) as above; then it waits for the host, the outputs of
@@ -61,15 +61,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import sim.core.cache
-import sim.core.protocol
+import sim.decisions.protocol
 from sim.config.run_config import RunConfig
 from sim.config.units import GIB  # binary: 2**30 bytes
 from sim.core.accounting import IterationTally, iteration_record
 from sim.core.cache import LPC
-from sim.core.decisions import build_decisions
-from sim.core.protocol import DecisionProtocol, LayerDecision
 from sim.core.records import IterationRecord
 from sim.core.workload import build_iterations, phase_layers
+from sim.decisions.build import build_decisions
+from sim.decisions.protocol import DecisionProtocol, LayerDecision
 from traces.format import Trace
 from validate.copier import Copier
 from validate.kernels import (
@@ -105,7 +105,7 @@ HOST_PHASES = (
 
 def _cpu_tokens(trace: Trace, iteration, layer: int, experts) -> int:
     """The tokens of ``iteration`` routed to at least one of ``experts`` at ``layer`` (the simulator's
-    ``sim.core.protocol.cpu_tokens`` where it has one)."""
+    ``sim.decisions.protocol.cpu_tokens`` where it has one)."""
     if not experts:
         return 0
     rows = iteration.rows
@@ -115,7 +115,7 @@ def _cpu_tokens(trace: Trace, iteration, layer: int, experts) -> int:
     return int(np.isin(ids, np.fromiter(experts, dtype=ids.dtype)).any(axis=1).sum())
 
 
-cpu_tokens = getattr(sim.core.protocol, "cpu_tokens", _cpu_tokens)
+cpu_tokens = getattr(sim.decisions.protocol, "cpu_tokens", _cpu_tokens)
 
 
 def cpu_experts_of(step) -> list[int]:
@@ -263,7 +263,7 @@ class Executor:
     def _uses_cpu(self) -> bool:
         """Whether the policy puts any expert on the host CPU in this workload: its decisions replayed without time
         on throwaway decision objects."""
-        from sim.core.replay import replay
+        from sim.decisions.replay import replay
 
         decisions = replay(self.trace, self.iterations, *build_decisions(self.cfg, self.trace, self.iterations))
         return any(src == CPU for d in decisions for _, src in d.sources)

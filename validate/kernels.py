@@ -28,7 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from base.model import ModelSpec
+from moebase.model import ModelSpec
 
 DTYPES = {2: "bfloat16", 4: "float32"}
 
@@ -62,7 +62,7 @@ def expert_format(model: ModelSpec) -> str | None:
 def check_runnable(model: ModelSpec, where: str) -> None:
     """Raise a ConfigError naming ``WHERE.expert_bits`` when the validator cannot hold ``model``'s experts in any
     format it runs (:func:`expert_format`)."""
-    from base.errors import ConfigError
+    from moebase.errors import ConfigError
 
     try:
         expert_format(model)

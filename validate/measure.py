@@ -52,10 +52,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from base.errors import ConfigError
-from base.files import resolve_path
-from base.outputs import immediate_outputs
-from base.profiles import is_path
+from moebase.errors import ConfigError
+from moebase.files import resolve_path
+from moebase.outputs import immediate_outputs
+from moebase.profiles import is_path
 from sim.config.run_config import config_from_dict
 from sim.config.units import GIB  # binary: 2**30 bytes
 from sim.policies import POLICIES

@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from base.model import ModelSpec
+from moebase.model import ModelSpec
 from traces.io import atomic_write_bytes
 from validate.copier import Copier
 from validate.kernels import (
@@ -346,11 +346,11 @@ def measure_dense_issue(backend, model: ModelSpec, srcs: list, dsts: list, sampl
 
 def measure_decisions(configs: list, traces: dict, iterations: int = 24) -> dict:
     """Host microseconds per MoE layer that each policy's decisions take on this machine: the decision protocol
-    replayed without time (``sim.core.replay``) over the first ``iterations`` iterations of each run config (a policy
-    with several configurations: their mean). ``configs``: RunConfigs; ``traces``: path -> Trace."""
-    from sim.core.decisions import build_decisions
-    from sim.core.replay import replay
+    replayed without time (``sim.decisions.replay``) over the first ``iterations`` iterations of each run config (a
+    policy with several configurations: their mean). ``configs``: RunConfigs; ``traces``: path -> Trace."""
     from sim.core.workload import build_iterations
+    from sim.decisions.build import build_decisions
+    from sim.decisions.replay import replay
 
     per: dict[str, list[float]] = {}
     for cfg in configs:

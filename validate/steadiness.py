@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from base.checks import kind_of, show
-from base.errors import ConfigError
+from moebase.checks import kind_of, show
+from moebase.errors import ConfigError
 from validate.archive import find_file, read_inside
 
 #: The largest drift (|a pass's table total / the median of the passes' totals - 1|) of a steady machine.

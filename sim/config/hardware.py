@@ -2,7 +2,7 @@
 calibration file, or an inline mapping that may name a ``base`` profile).
 
 Files use readable units, converted to SI in :class:`HardwareSpec` (GB = 1e9 bytes); each field of the dataclass
-declares its key and unit (see :mod:`base.fields`). Every figure has a sane range, so that no value
+declares its key and unit (see :mod:`moebase.fields`). Every figure has a sane range, so that no value
 overflows later (``gpu_memory_gb`` up to 1e6, rates at least 1e-6 GB/s or TFLOP/s, host times at most 1e9 us,
 slowdowns in [1, 1000]). Optional measured ``tables`` override the roofline; see :class:`CalibrationTables`.
 
@@ -57,10 +57,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from base.checks import NAME_CHARS, Check, check_keys, check_mapping, integer, join, number, real, show, text
-from base.errors import ConfigError
-from base.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
-from base.profiles import load_profile
+from moebase.checks import NAME_CHARS, Check, check_keys, check_mapping, integer, join, number, real, show, text
+from moebase.errors import ConfigError
+from moebase.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
+from moebase.model import ModelSpec
+from moebase.profiles import load_profile
 from sim.config.machine import (
     COMPOSITION_KEYS,
     HostParts,
@@ -385,6 +386,18 @@ def _points(value: Any, where: str, arity: int, suffix: str):
                         where, f"points must form a full grid over (tokens, context): missing [{t:g}, {c:g}]{suffix}"
                     )
     return tuple(pts)
+
+
+def check_tables(model: ModelSpec, hw: HardwareSpec, where: str = "hardware") -> None:
+    """Raise ConfigError when ``hw`` carries expert/dense tables measured for a model other than ``model``."""
+    t = hw.tables
+    if t is not None and t.has_model_tables and t.model != model.name:
+        raise ConfigError(
+            f"{where}.tables.model",
+            f"the expert/dense/lm_head/cpu_expert tables in {hw.source} were measured for model "
+            f"{t.model!r}, but the run's model is {model.name!r} (calibrate for it, or drop those "
+            f"tables)",
+        )
 
 
 def load_hardware(spec_or_name: Any, where: str = "hardware") -> HardwareSpec:

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.checks import check_mapping, kind_of, known_text, show
-from base.errors import ConfigError
-from base.files import CONFIG_DIR, read_structured_file
+from moebase.checks import check_mapping, kind_of, known_text, show
+from moebase.errors import ConfigError
+from moebase.files import CONFIG_DIR, read_structured_file
 from sim.config.parts import Figure, FigureSpec, _documents, _figures, _only, _stamp, _text
 
 KERNELS_DIR = CONFIG_DIR / "kernels"

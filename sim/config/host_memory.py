@@ -8,7 +8,7 @@ or with ``capacity_gb: null``, is not checked). The host then holds:
   every MoE layer, since any of them may be copied or computed from there; for a policy that places whole layers on
   the host (``host_layers_param``, ``cpu_layers`` of ``ktransformers``: llama.cpp's ``--n-cpu-moe N``), only those
   N layers' experts; none for a policy that keeps every expert on the GPU (``all_resident``, e.g. ``gpu-only``);
-  times the copies the system keeps (``numa: replicated``: one per socket, :func:`sim.timing.host_costs.host_copies`);
+  times the copies the system keeps (``numa: replicated``: one per socket, :func:`sim.config.host_choice.host_copies`);
 - **what the host keeps for itself**: ``hardware.host.memory.reserved_gb`` (the operating system, drivers, pinned
   staging buffers and the serving process; default in ``configs/parts/memory.yaml``).
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from base.model import ModelSpec
+from moebase.model import ModelSpec
 from sim.config.hardware import HardwareSpec
 from sim.config.memory import DoesNotFit
 from sim.config.units import GB

@@ -51,10 +51,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from base.checks import check_keys, check_mapping, integer, join, number, one_of, show, text
-from base.errors import ConfigError
-from base.fields import keys_of, read_settings, setting, to_plain
-from base.profiles import available
+from moebase.checks import check_keys, check_mapping, integer, join, number, one_of, show, text
+from moebase.errors import ConfigError
+from moebase.fields import keys_of, read_settings, setting, to_plain
+from moebase.profiles import available
 from sim.config.parts import Part, closest_text, cpu_part, gpu_part, load_table, part_names
 
 COMPOSITION_KEYS = ("gpu", "gpu_count", "host", "link")

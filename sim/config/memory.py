@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.units import GB
 
 #: Significant figures of the sizes a memory message shows (0.0213 GB, 4.91 GB, 773 GB).

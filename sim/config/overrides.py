@@ -1,13 +1,13 @@
 """``--set KEY.PATH=VALUE``: one override applied to a raw config mapping, checked against a schema of the keys a
-config may hold (see :func:`base.fields.schema_of`). The value is YAML, parsed like a config file (no key twice,
+config may hold (see :func:`moebase.fields.schema_of`). The value is YAML, parsed like a config file (no key twice,
 bounded nesting and size)."""
 
 from __future__ import annotations
 
-from base.checks import check_size, key_text, known_text, show
-from base.errors import ConfigError
-from base.fields import FREE
-from base.files import parse_text
+from moebase.checks import check_size, key_text, known_text, show
+from moebase.errors import ConfigError
+from moebase.fields import FREE
+from moebase.files import parse_text
 
 MAX_SET_PARTS = 32  # dotted parts of a key path
 MAX_SET_CHARS = 1 << 20  # characters of a value

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.checks import INT_MAX, NUMBER_MAX, join, key_text, known_text, real, show
-from base.errors import ConfigError
-from base.files import resolve_path
+from moebase.checks import INT_MAX, NUMBER_MAX, join, key_text, known_text, real, show
+from moebase.errors import ConfigError
+from moebase.files import resolve_path
 
 MAX_TEXT = 4096  # the longest string a param takes
 MAX_EXPERTS = 1 << 15  # the most experts a layer has (trace ids are int16): a bound for counts of experts
@@ -70,7 +70,7 @@ def matching(pattern: str, what: str) -> Rule:
 
 
 def file_path(what: str = "file", required: bool = False, hint: str = "") -> Rule:
-    """A path to an existing regular file (resolved as :func:`base.files.resolve_path` does)."""
+    """A path to an existing regular file (resolved as :func:`moebase.files.resolve_path` does)."""
     return Rule(kind=str, file=what, required=required, hint=hint)
 
 
@@ -89,7 +89,7 @@ def names_file(rule: Rule | None, value: Any) -> bool:
 @dataclass(frozen=True)
 class RunFacts:
     """What the params of a part may be checked against when a config loads: the run's model (a
-    :class:`base.model.ModelSpec`) and its workload trace (the path, and its
+    :class:`moebase.model.ModelSpec`) and its workload trace (the path, and its
     :class:`traces.summary.TraceSummary`)."""
 
     model: Any

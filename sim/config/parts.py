@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.checks import check_mapping, join, kind_of, real, show
-from base.errors import ConfigError
-from base.files import CONFIG_DIR, file_status, read_structured_file
+from moebase.checks import check_mapping, join, kind_of, real, show
+from moebase.errors import ConfigError
+from moebase.files import CONFIG_DIR, file_status, read_structured_file
 
 PARTS_DIR = CONFIG_DIR / "parts"
 #: A part's name: lowercase letters, digits, ``.`` and ``-`` (the file's stem), at most 64 characters.

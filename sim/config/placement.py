@@ -35,9 +35,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from base.checks import check_keys, check_mapping, integer, show
-from base.errors import ConfigError
-from base.fields import keys_of, read_settings, setting, to_plain
+from moebase.checks import check_keys, check_mapping, integer, show
+from moebase.errors import ConfigError
+from moebase.fields import keys_of, read_settings, setting, to_plain
 
 #: The most MoE layers a placement may name (the trace format's bound on layers).
 MAX_PLACED_LAYERS = 4096
@@ -153,7 +153,7 @@ def host_layers(placement: Placement, moe_layers: int) -> list[int]:
 
 def apply_placement(d: dict, placement: Placement | None, model, policy_class) -> None:
     """Fill the raw run config ``d`` (in place) with what ``placement`` implies: the policy's layer parameter and the
-    cache's tiers. ``model``: the run's :class:`~base.model.ModelSpec` (its encoder MoE layers first, as in a
+    cache's tiers. ``model``: the run's :class:`~moebase.model.ModelSpec` (its encoder MoE layers first, as in a
     trace); ``policy_class``: the class the config's policy names (None when it names none a registry knows: its own
     check reports that). ConfigError naming the key that disagrees."""
     if placement is None or not placement.is_set:

@@ -13,11 +13,11 @@ Shape (``configs/switch_xxl.yaml`` is a commented example)::
     predictor: {name: none, params: {}}
     seed: 0
 
-The accepted keys, their defaults and checks are declared on the dataclasses below (:func:`base.fields.setting`);
+The accepted keys, their defaults and checks are declared on the dataclasses below (:func:`moebase.fields.setting`);
 the ``--set`` schema and ``RunConfig.resolved`` are derived from them. Policy and predictor names and params are
 checked against the registries (``sim.policies.POLICIES``, ``sim.predictors.PREDICTORS``) when the config loads.
 
-Every problem raises :class:`~base.errors.ConfigError` with one line that starts with the field's dotted path.
+Every problem raises :class:`~moebase.errors.ConfigError` with one line that starts with the field's dotted path.
 ``RunConfig.resolved`` is the whole config as plain data, defaults filled (policy and predictor params too), model
 and hardware expanded; it loads back with :func:`config_from_dict` to an equal config.
 """
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from base.checks import (
+from moebase.checks import (
     INT_MAX,
     check_bool,
     check_int,
@@ -49,8 +49,8 @@ from base.checks import (
     one_of,
     show,
 )
-from base.errors import ConfigError, TraceError, brief
-from base.fields import (
+from moebase.errors import ConfigError, TraceError, brief
+from moebase.fields import (
     check_setting,
     key_of,
     keys_of,
@@ -62,20 +62,22 @@ from base.fields import (
     settings_of,
     wrapped,
 )
-from base.files import PROJECT_ROOT, file_status, read_structured_file, resolve_path
-from base.model import ModelSpec, load_model
-from base.profiles import PROFILE_SUFFIXES
-from sim.config.hardware import HardwareSpec, load_hardware
+from moebase.files import PROJECT_ROOT, file_status, read_structured_file, resolve_path
+from moebase.model import ModelSpec, load_model
+from moebase.profiles import PROFILE_SUFFIXES
+from moebase.registry import Registry
+from sim.config.hardware import HardwareSpec, check_tables, load_hardware
+from sim.config.host_choice import choose_kernels, host_copies
+from sim.config.host_kernels import format_class
 from sim.config.host_memory import host_memory_check
 from sim.config.memory import DoesNotFit, expert_slots, gb, gb_pair
 from sim.config.overrides import apply_set
 from sim.config.params import RunFacts
 from sim.config.placement import apply_placement, policy_class
+from sim.config.registries import POLICIES, PREDICTORS
 from sim.config.serving import ArrivalsConfig, SloConfig, check_arrivals, check_serving, check_slo, drop_unset
 from sim.config.system import DEFAULT_SYSTEM, SystemSpec, is_ideal, load_system
 from sim.config.units import GB
-from sim.timing.costs import check_tables
-from sim.timing.host_costs import HostCosts, host_copies, uses_host_model
 from traces.summary import (
     TraceSummary,
     mismatch_message,
@@ -389,16 +391,9 @@ def _slots_from_split(d: dict, model: ModelSpec, n_layers: int) -> tuple[int, in
     return hpc, mpc, lpc, {"gpu_memory_gb": d["gpu_memory_gb"], "split": dict(frac)}
 
 
-def _registry(section: str):
-    """The registry of the parts ``section`` ("policy" or "predictor") names (imported when first needed: it
-    imports every part's module)."""
-    if section == "policy":
-        from sim.policies import POLICIES
-
-        return POLICIES
-    from sim.predictors import PREDICTORS
-
-    return PREDICTORS
+def _registry(section: str) -> Registry:
+    """The registry of the parts ``section`` ("policy" or "predictor") names."""
+    return POLICIES if section == "policy" else PREDICTORS
 
 
 def _load_named(d: Any, where: str, names: Iterable[str] | None, default: str | None = None) -> NamedConfig:
@@ -665,8 +660,20 @@ def check_fits(config: RunConfig, summary: TraceSummary, all_resident: bool) -> 
     policy_class = _registry("policy").get(config.policy.name)
     copies = host_copies(config.system, hardware)
     host_memory_check(model, hardware, policy_class, config.policy.params, all_resident, copies)
-    if uses_host_model(config.system, hardware):  # a kernel family or ISA the host lacks: refused on loading
-        HostCosts(model, hardware, config.system)
+    system = config.system
+    if system.host_kernel is not None or system.host_isa is not None:  # a family or ISA the host lacks: refused
+        choose_kernels(system, hardware, format_class(system.expert_format, model.expert_bits_per_weight))
+
+
+def resolve_config(base: str | Path | dict, overrides: Iterable[str], source: str) -> RunConfig:
+    """The run config ``base`` (a path, or an inline mapping such as a sweep point's resolved config, named
+    ``source`` in errors) with ``--set`` ``overrides`` applied in order, checked."""
+    if isinstance(base, dict):
+        raw = copy.deepcopy(base)
+        for o in overrides:
+            apply_override(raw, o)
+        return config_from_dict(raw, source)
+    return load_run_config(base, overrides)
 
 
 def load_run_config(
@@ -706,7 +713,7 @@ def load_run_config(
 SCHEMA: dict = schema_of(RunConfig)  # every key a config may hold (FREE below params)
 _WRAP = wrapped(RunConfig)  # a profile name there becomes {base: NAME}, a part's name {name: NAME}
 _SEE = {
-    "model": "base/model.py",
+    "model": "moebase/model.py",
     "hardware": "sim/config/hardware.py",  # where their many keys are listed
     "system": "sim/config/system.py",
 }

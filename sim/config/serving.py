@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.checks import check_keys, check_mapping, check_number, integer, one_of, show, text
-from base.errors import ConfigError
-from base.fields import keys_of, read_settings, required_keys, setting
-from base.files import file_status, read_text, resolve_path
+from moebase.checks import check_keys, check_mapping, check_number, integer, one_of, show, text
+from moebase.errors import ConfigError
+from moebase.fields import keys_of, read_settings, required_keys, setting
+from moebase.files import file_status, read_text, resolve_path
 
 PROCESSES = ("poisson", "gamma", "trace")
 MAX_RATE = 1e6  # requests per second

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 
 #: The ops of an MoE layer without ``-fmoe`` (up, gate, act, par, down) and with it (fused up+gate+act(+par), down).
 FMOE_OPS = (5, 2)

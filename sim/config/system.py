@@ -21,7 +21,7 @@ A profile holds (file keys; times in microseconds, converted to seconds in :clas
 - host expert kernels (Fiddler, kTransformers): ``host_threads`` (cores used; null = the hardware's ``cpu_cores``),
   ``host_bw_fraction`` (share of the hardware's ``cpu_mem_bw_gb_s`` the kernels reach), ``host_call_us`` (per host
   expert call; null = the hardware's ``cpu_expert_overhead_us``);
-- host as it behaves (:mod:`sim.timing.host_costs`; each null by default, which prices the host as before):
+- host as it behaves (:mod:`sim.costs.host_costs`; each null by default, which prices the host as before):
   ``numa`` (``one_socket`` | ``interleaved`` | ``replicated`` | ``numa_tp``: how experts are placed across the
   host's sockets and the bandwidth that gives), ``host_kernel`` (a kernel family of ``configs/kernels/``: its
   rates by instruction set and weight format, and whether it calls once per layer or per expert), ``host_isa``
@@ -35,7 +35,7 @@ A profile holds (file keys; times in microseconds, converted to seconds in :clas
   deferral, each token's D lowest-ranked host experts computed beside the next layer (sim/timing/engine.py);
 - switches (:mod:`sim.config.switches`): ``rtr`` and ``fmoe``, ik_llama.cpp's ``-rtr`` and ``-fmoe``, each setting
   what it implies (``host_kernel``, ``host_call_us``) when the profile loads;
-- both phases (:mod:`sim.timing.phase_costs`, docs/phases.md; each default changes nothing): ``prefill_upload``
+- both phases (:mod:`sim.costs.phase_costs`, docs/phases.md; each default changes nothing): ``prefill_upload``
   (llama.cpp's op offload: a micro-batch of at least ``upload_min_batch`` tokens, scaled by num_experts / top_k
   with ``upload_moe_scaled`` as ik_llama.cpp does, copies the layer's host-held experts to the GPU, only the used
   ones with ``upload_used_only``, and computes them there), ``ubatch`` (llama.cpp ``-ub``: a prefill runs in passes
@@ -51,16 +51,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from base.checks import check_keys, check_mapping, check_str, integer, known_text, number, one_of, show, text
-from base.errors import ConfigError
-from base.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
-from base.profiles import load_profile
+from moebase.checks import check_keys, check_mapping, check_str, integer, known_text, number, one_of, show, text
+from moebase.errors import ConfigError
+from moebase.fields import keys_of, read_settings, required_keys, setting, to_plain, to_si
+from moebase.profiles import load_profile
 from sim.config.placement import Placement, placement_from
+from sim.config.registries import PREDICTORS
 from sim.config.switches import apply_switches
 
 COPY_STREAMS = ("overlapped", "serial")
 #: How a system places the host's experts across sockets (null: every socket's bandwidth in full, as profiles state
-#: it); sim/timing/host_costs.py prices each.
+#: it); sim/costs/host_costs.py prices each.
 NUMA_MODES = ("one_socket", "interleaved", "replicated", "numa_tp")
 DEQUANT_MODES = ("none", "roofline", "table", "measured")
 DEFAULT_SYSTEM = "ideal"
@@ -231,9 +232,7 @@ def _predictor(value: Any, where: str) -> dict | None:
 
 
 def _check_predictor(name: str, params: dict, where: str) -> None:
-    """``name`` is a registered predictor and ``params`` are its (the registry is imported when first needed)."""
-    from sim.predictors import PREDICTORS
-
+    """``name`` is a registered predictor and ``params`` are its."""
     known = PREDICTORS.names()
     if name not in known:
         raise ConfigError(
@@ -301,7 +300,7 @@ class SystemSpec:
     # where the routed experts live by layer (sim/config/placement.py): {n_cpu_moe: N} is llama.cpp's --n-cpu-moe N,
     # from which the policy's cpu_layers and the GPU's shared cache follow; null: the cache config decides
     placement: Placement | None = setting(None, placement_from, nested=Placement, constructor_default=True)
-    # both phases (sim/timing/phase_costs.py; docs/phases.md). Each default changes nothing.
+    # both phases (sim/costs/phase_costs.py; docs/phases.md). Each default changes nothing.
     # prompt processing of host-held experts: at or above upload_min_batch tokens in a micro-batch the layer's host
     # experts' weights are copied to the GPU and computed there (llama.cpp's op offload; off: always on the host)
     prefill_upload: bool = setting(False, _bool, constructor_default=True)
@@ -335,7 +334,7 @@ class SystemSpec:
     @property
     def phases_set(self) -> bool:
         """Whether any setting of the two phases differs from its default (then
-        :class:`~sim.timing.phase_costs.PhaseCosts` prices the layers)."""
+        :class:`~sim.costs.phase_costs.PhaseCosts` prices the layers)."""
         return any(getattr(self, f) != getattr(IDEAL, f) for f in PHASE_FIELDS)
 
     @property

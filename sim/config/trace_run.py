@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from base.errors import ConfigError, InputError
-from base.model import ModelSpec
-from base.outputs import staged_path
+from moebase.errors import ConfigError, InputError
+from moebase.model import ModelSpec
+from moebase.outputs import staged_path
 from sim.config.hardware import load_hardware
 from sim.config.run_config import config_from_dict, dense_bytes_of
 from traces.summary import TraceSummary

@@ -35,7 +35,7 @@ class CacheInvariantError(AssertionError):
 @dataclass
 class CacheCounters:
     """What happened to the tiers over a run: hits, misses and host experts as the decision protocol counts them from
-    each plan's sources (``sim.core.protocol``), insertions, evictions and promotions as the tiers change."""
+    each plan's sources (``sim.decisions.protocol``), insertions, evictions and promotions as the tiers change."""
 
     hits: dict = field(default_factory=lambda: {t: 0 for t in TIERS})
     misses: int = 0

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.serving import read_arrival_times
 from sim.core.arrivals import arrival_times
 from sim.core.workload import Iteration, WorkloadInfo, _Iterations, phase_layers, requests_served

@@ -1,7 +1,7 @@
 """Cache policies, one module each, registered by name in ``POLICIES`` (the protocol is in ``base.py``).
 Every module here is imported, so a new policy is one new module."""
 
-from base.registry import import_submodules
+from moebase.registry import import_submodules
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 
 import_submodules(__name__, __path__)

@@ -11,7 +11,7 @@ Protocol, per layer of an iteration (the simulator and the validator call exactl
    per active expert, whether it is served from the HPC, the MPC, a working buffer it was prefetched into
    (LPC), or is a miss to copy now; which experts move from their working buffer into the MPC after they
    compute (and whom they evict); and which prefetched experts went unused. The base class classifies the sources
-   and hands the step to the admission driver (``sim.core.admission``), which runs the policy's MPC from what it
+   and hands the step to the admission driver (``sim.policies.admission``), which runs the policy's MPC from what it
    declares (``admits``: a victim key, a keeper or a rule; ``observe`` for its own bookkeeping). A hybrid policy
    may instead have an active expert computed on the host CPU (source ``CPU``): it is not copied, never enters a
    working buffer and is never promoted. Such a policy sets ``wants_counts`` and reads the layer's tokens per
@@ -32,67 +32,31 @@ expert of another layer: ``LayerPlan.promote`` then maps the expert to ``(victim
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from base.errors import ConfigError
-from base.registry import Registry
+from moebase.errors import ConfigError
 from sim.config.memory import expert_slots
 from sim.config.params import Parametrised
-from sim.core.admission import AdmissionDriver
+from sim.config.registries import POLICIES
 from sim.core.cache import CPU, HPC, LPC, MISS, MPC, SharedTierCache, TierCache
+from sim.policies.admission import AdmissionDriver
+from sim.policies.layer_plan import LayerPlan
 
 if TYPE_CHECKING:
     from sim.core.workload import Iteration
-    from sim.timing.costs import CostModel
+    from sim.costs.costs import CostModel
     from traces.format import Trace
-
-#: Every policy, by the name a run config gives (``policy.name``).
-POLICIES: Registry = Registry("policy")
-
-
-@dataclass(slots=True)
-class LayerPlan:
-    """A policy's decisions for one MoE layer in one iteration."""
-
-    sources: dict[int, str]  # active expert -> HPC | MPC | LPC | MISS | CPU
-    promote: dict = field(default_factory=dict)  # expert -> evicted MPC expert (or None); in a shared cache
-    #                                                     expert -> (victim's layer, victim) or None
-    unused_prefetch: list[int] = field(default_factory=list)  # prefetched for this layer, not active
-    # ``sources`` split as engines act on it (``classify`` fills them; None: the protocol splits ``sources``):
-    resident: list[int] | None = field(default=None, compare=False, repr=False)  # HPC/MPC, in active order
-    copied: list[tuple[int, str]] | None = field(default=None, compare=False, repr=False)  # (expert, LPC | MISS)
-    # the experts computed on the host CPU (source CPU), in active order (None: none, or the protocol splits
-    # ``sources``); they are in neither ``resident`` nor ``copied``
-    cpu: list[int] | None = field(default=None, compare=False, repr=False)
-
-    def split(self, active: Sequence[int]) -> tuple[list[int], list[tuple[int, str]], list[int]]:
-        """(resident, copied, cpu): ``sources`` split as engines act on it, each in ``active`` order (the lists that
-        ``classify`` fills, or split here for a plan without them)."""
-        if self.resident is not None:
-            assert self.copied is not None, "a plan's classify gives resident and copied together"
-            return self.resident, self.copied, self.cpu or []
-        sources = self.sources
-        resident, copied, cpu = [], [], []
-        for e in active:
-            src = sources[e]
-            if src == HPC or src == MPC:
-                resident.append(e)
-            elif src == CPU:
-                cpu.append(e)
-            else:
-                copied.append((e, src))
-        return resident, copied, cpu
 
 
 @dataclass(frozen=True)
 class PolicyContext:
     """What a policy may know besides its params: the model's shape, which layers are cached, tier sizes,
     the hot-expert ranking per layer (most selected first), a seed, the cache's organization, and what
-    ``sim.core.decisions.build_decisions`` passes from the run (each None where a caller has none): the evaluated
+    ``sim.decisions.build.build_decisions`` passes from the run (each None where a caller has none): the evaluated
     trace, the whole workload (the future, which only offline policies may read: :meth:`future`), the trace's
     path and the run's cost model (:meth:`cost_model`)."""
 
@@ -121,7 +85,7 @@ class PolicyContext:
         if self.trace is None or self.iterations is None:
             raise ConfigError(
                 f"{who}: needs the workload's future: PolicyContext.trace and PolicyContext.iterations "
-                "(sim.core.decisions.build_decisions passes them)"
+                "(sim.decisions.build.build_decisions passes them)"
             )
         return self.trace, self.iterations
 
@@ -165,7 +129,7 @@ class Policy(Parametrised):
     #: which the decision protocol then sets before each ``plan_layer`` (hybrid CPU/GPU policies).
     wants_counts = False
     layer_counts: dict | None = None
-    #: How the admission driver (``sim.core.admission``) runs the policy's MPC after each layer's gate: ``"rank"``
+    #: How the admission driver (``sim.policies.admission``) runs the policy's MPC after each layer's gate: ``"rank"``
     #: (newcomers evict by ``victim_key`` / ``shared_victim_keys``, least recent use by default), ``"keeper"`` (a
     #: replacement structure's hit/admit, ``keeper``), ``"rule"`` (``choose`` gives the promotions) or None (no
     #: admission: the MPC changes only by the policy's own fills).
@@ -200,7 +164,7 @@ class Policy(Parametrised):
         self.shared_layers = sorted(ctx.cached_layers)  # ascending: the run order of the cached layers
         self.layer_pos = {layer: i for i, layer in enumerate(self.shared_layers)}
         self.configure()
-        self.driver = AdmissionDriver(self)  # runs every layer step's admission from what the policy declares
+        self.driver = AdmissionDriver(self, Policy)  # runs every layer step's admission from what the policy declares
 
     # Tier sizes the policy uses (a policy that keeps nothing ignores the configured slots).
     def hpc_capacity(self, ctx: PolicyContext) -> int:
@@ -292,7 +256,7 @@ class Policy(Parametrised):
         return LayerPlan(sources, {}, unused, resident, copied)
 
     # ------------------------------------------------------------------------------- what the driver asks
-    # (sim.core.admission.AdmissionDriver runs every layer step from these; see ``admits``)
+    # (sim.policies.admission.AdmissionDriver runs every layer step from these; see ``admits``)
     def observe(self, iteration: int, layer: int, active: Sequence[int], plan: LayerPlan) -> None:
         """The policy's own bookkeeping of a layer step (use counts, last uses, scores), before admission; called
         on a cached layer with MPC slots (on every layer with ``observes_every_layer``). Base: none."""
@@ -339,7 +303,7 @@ class PerLayerCache(Policy):
     as MPC hits), so that policies compared at equal slots per layer get equal room whatever the HPC/MPC split.
     With ``pin_hot: true`` the HPC pins each layer's ``hpc_slots`` hottest experts (``cache.hot_profile``) and
     the policy manages the ``mpc_slots`` others. With ``cache.organization: shared`` the same room (by default) is one
-    cache for all cached layers (``Policy.shared_victim_keys``, run by ``sim.core.admission``), for the
+    cache for all cached layers (``Policy.shared_victim_keys``, run by ``sim.policies.admission``), for the
     subclasses that set ``supports_shared``."""
 
     PARAMS = {"pin_hot": False}

@@ -1,7 +1,7 @@
 """`belady`: offline optimal replacement for the MPC (Belady's MIN with bypass), reading the workload's future.
 
 It needs the future: ``ctx.iterations`` (the run's list of ``sim.core.workload.Iteration``, in run order) and
-``ctx.trace`` (``PolicyContext.future``), which ``sim.core.decisions.build_decisions`` passes. From them, once, per
+``ctx.trace`` (``PolicyContext.future``), which ``sim.decisions.build.build_decisions`` passes. From them, once, per
 cached layer, it tabulates every (iteration, active expert) pair and each pair's *next use* (the next iteration in
 which that expert is active in that layer), with numpy.
 
@@ -51,7 +51,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.core.cache import LPC, MISS
 from sim.core.workload import phase_layers
 from sim.policies.base import POLICIES, LayerPlan, Policy

@@ -10,7 +10,7 @@ artifact's ``expert_in_cache`` row: the first ``hpc_slots`` are the HPC (never r
 in ranking order) and those start at ``max_val``; with ``fill: expert0`` every slot holds expert 0 (what the
 artifact does when the model has no hot-expert list, as for the base switch-base-128: its scripts then pass a list
 of zeros), and only expert 0 starts at ``max_val``. Every other expert starts at 0. (The ranking is
-``ctx.hot_ranking``, built by ``sim.core.decisions.hot_ranking`` from ``cache.hot_profile``: the run's own trace by
+``ctx.hot_ranking``, built by ``sim.decisions.build.hot_ranking`` from ``cache.hot_profile``: the run's own trace by
 default, a profiling trace, or explicit per-layer lists, which are padded with the other experts by id and so
 cannot say "expert 0 everywhere": that is what ``fill: expert0`` is for.)
 
@@ -69,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.params import between, one_of
 from sim.policies._libstdcxx import sort_by_key_descending
 from sim.policies.base import POLICIES, LayerPlan, Policy

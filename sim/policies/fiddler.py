@@ -87,7 +87,7 @@ class Placed(PinnedOnly):
 
 
 def cost_model(policy: Policy):
-    """The run's cost model (``PolicyContext.costs``, which ``sim.core.decisions.build_decisions`` passes)."""
+    """The run's cost model (``PolicyContext.costs``, which ``sim.decisions.build.build_decisions`` passes)."""
     return policy.ctx.cost_model(policy.name)
 
 

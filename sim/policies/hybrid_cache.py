@@ -47,9 +47,9 @@ import numpy as np
 
 from sim.config.params import MAX_EXPERTS, between
 from sim.core.cache import CPU, LPC, MISS, MPC
+from sim.costs.costs import Memo
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 from sim.policies.fiddler import cost_model
-from sim.timing.costs import Memo
 
 
 @POLICIES.register("hybrid-cache")

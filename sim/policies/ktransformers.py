@@ -26,8 +26,8 @@ The rule here:
 
 from __future__ import annotations
 
-from base.checks import show
-from base.errors import ConfigError
+from moebase.checks import show
+from moebase.errors import ConfigError
 from sim.config.params import MAX_EXPERTS, between, matching, one_of
 from sim.config.placement import RANGES_PATTERN, RANGES_WORDS, parse_ranges
 from sim.core.cache import CPU, HPC

@@ -43,7 +43,7 @@ import math
 
 import numpy as np
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.params import between, training_trace
 from sim.core.workload import active_sets, build_iterations, phase_layers
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache

@@ -29,7 +29,7 @@ least recent use, a clock over all layers' steps, then lower id).
 
 from __future__ import annotations
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.params import one_of
 from sim.core.cache import LPC, MISS
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache

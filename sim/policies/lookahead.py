@@ -21,7 +21,7 @@ With ``horizon: 0`` nothing ahead is seen: every next use is unknown, no newcome
 
 from __future__ import annotations
 
-from base.checks import INT_MAX
+from moebase.checks import INT_MAX
 from sim.config.params import between
 from sim.policies.base import POLICIES, LayerPlan, PerLayerCache
 from sim.policies.belady import NEVER, FutureUses, record_next_uses

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.params import between, one_of
 from sim.core.expert_activation import ActivationTracker
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext

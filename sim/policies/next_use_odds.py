@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.params import between, training_trace
 from sim.policies.base import POLICIES, LayerPlan, Policy, PolicyContext
 from sim.policies.learned_rf import layer_steps as training_steps  # the training trace's steps, per layer

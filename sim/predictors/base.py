@@ -13,18 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from base.errors import ConfigError
-from base.registry import Registry
+from moebase.errors import ConfigError
 from sim.config.params import Parametrised
+from sim.config.registries import PREDICTORS as PREDICTORS  # the registry every predictor registers in
 from traces.format import Trace
-
-#: Every predictor, by the name a run config gives (``predictor.name``).
-PREDICTORS: Registry = Registry("predictor")
 
 
 @dataclass(frozen=True)
 class PredictorContext:
-    """What a predictor is set up with (``sim.core.decisions.build_decisions`` fills every field)."""
+    """What a predictor is set up with (``sim.decisions.build.build_decisions`` fills every field)."""
 
     #: MoE layers and experts per layer of the evaluated model
     num_layers: int
@@ -42,7 +39,7 @@ class PredictorContext:
             raise ConfigError(
                 "predictor.name",
                 f"{who}: needs the workload's trace (PredictorContext.trace; "
-                "sim.core.decisions.build_decisions passes it)",
+                "sim.decisions.build.build_decisions passes it)",
             )
         return self.trace
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.params import MAX_EXPERTS, between, training_trace
 from sim.core.expert_activation import ActivationTracker
 from sim.predictors.base import PREDICTORS, Predictor

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.params import between
 from sim.predictors.base import PREDICTORS, Predictor
 

@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from base.checks import show
-from base.errors import ConfigError, TraceError
-from base.files import resolve_path
+from moebase.checks import show
+from moebase.errors import ConfigError, TraceError
+from moebase.files import resolve_path
 from sim.config.params import MAX_EXPERTS, RunFacts, between, training_trace
 from sim.core.workload import phase_layers
 from sim.predictors.base import PREDICTORS, Predictor

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from base.checks import show
+from moebase.checks import show
 from sim.capacity import (
     DEFAULT_ATTAINMENT,
     DEFAULT_SEEDS,

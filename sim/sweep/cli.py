@@ -58,11 +58,12 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-from base.errors import ConfigError, OutputError, one_line
+from moebase.errors import ConfigError, OutputError, one_line
 from sim.sweep.checks import CHECKS, run_checks
-from sim.sweep.local import MAX_ATTEMPTS, Progress, run_local, run_ray
+from sim.sweep.local import run_local
 from sim.sweep.ray.connect import check_address
-from sim.sweep.ray.executor import describe, start_ray
+from sim.sweep.ray.executor import describe, run_ray, start_ray
+from sim.sweep.recorder import MAX_ATTEMPTS, Progress
 from sim.sweep.report import make_plots, report_files, write_report
 from sim.sweep.spec import (
     CONFIG_SUFFIXES,

@@ -1,5 +1,5 @@
 """Running a sweep's points and storing each row as it finishes: in this process (``workers == 1``), in a process
-pool that survives dying workers, or as Ray tasks.
+pool that survives dying workers (Ray tasks: ``sim.sweep.ray.executor``).
 
 A worker that dies (kill -9, the out-of-memory killer) takes the points it was running with it. An attempt is
 one start of a point; a point is started at most ``max_attempts`` times (default 2) before it is recorded as
@@ -20,63 +20,16 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from sim.sweep.recorder import MAX_ATTEMPTS, Progress, Recorder, Result
 from sim.sweep.spec import Point, Sweep
-from sim.sweep.store import row_of, write_row
-from sim.sweep.worker import DONE, attempt, attempt_in_worker, exit_with_parent, task_options
+from sim.sweep.worker import attempt, attempt_in_worker, exit_with_parent, task_options
 
-MAX_ATTEMPTS = 2
 START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"  # the pool's; see the module docstring
-Result = tuple  # (status, metrics or None, error or None, wall seconds), as returned by sim.sweep.worker.attempt
-
-
-class Progress:
-    """points done / failed / left and time left, on one stderr line."""
-
-    def __init__(self, total: int, quiet: bool = False):
-        self.total, self.done, self.failed, self.t0 = total, 0, 0, time.perf_counter()
-        self.quiet = quiet or not sys.stderr.isatty()
-
-    def update(self, status: str) -> None:
-        self.done += 1
-        self.failed += status not in DONE  # a point that does not fit in the GPU's memory is a result
-        if self.quiet:
-            return
-        elapsed = time.perf_counter() - self.t0
-        left = (self.total - self.done) * elapsed / self.done if self.done else 0.0
-        print(
-            f"\r  sweep: {self.done}/{self.total} points, {self.failed} failed, ~{left:.0f} s left   ",
-            end="" if self.done < self.total else "\n",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def note(self, message: str) -> None:
-        """A line on stderr about the run (a dead worker, a retry), shown even when the progress line is not."""
-        lead = "\n" if not self.quiet and 0 < self.done < self.total else ""
-        print(f"{lead}  sweep: {message}", file=sys.stderr, flush=True)
-
-
-class Recorder:
-    """Stores the row of each point as it finishes, counting it in the progress line."""
-
-    def __init__(self, sweep: Sweep, out: Path, progress: Progress):
-        self.sweep, self.out, self.progress = sweep, Path(out), progress
-
-    def finish(self, point: Point, result: Result, attempts: int) -> None:
-        status, metrics, error, wall = result
-        write_row(self.out, row_of(self.sweep, point, status, metrics, error, wall, attempts))
-        self.progress.update(status)
-
-    def died(self, point: Point, attempts: int, why: str) -> None:
-        """The point's worker died in each of its ``attempts``: a failed row."""
-        why = why.splitlines()[0][:300] if why else "no detail"
-        self.finish(point, ("failed", None, f"worker died in {attempts} attempt(s): {why}", 0.0), attempts)
 
 
 def run_local(
@@ -173,20 +126,3 @@ def _result(fut) -> Result:
     if not isinstance(exc, Exception):  # KeyboardInterrupt in a worker: the user stops the sweep
         raise exc
     return "failed", None, f"{type(exc).__name__}: {exc}".splitlines()[0][:500], 0.0
-
-
-def run_ray(
-    sweep: Sweep,
-    todo: list[Point],
-    out: Path,
-    workers: int | None,
-    progress: Progress,
-    address: str | None = None,
-    max_attempts: int = MAX_ATTEMPTS,
-    session=None,
-) -> None:
-    """Run points as Ray tasks (``sim.sweep.ray.executor.run_ray``: a local Ray instance, or the cluster at ``address``,
-    with the code and the traces shipped to it)."""
-    from sim.sweep.ray.executor import run_ray as run
-
-    run(sweep, todo, out, workers, progress, address, max_attempts, session)

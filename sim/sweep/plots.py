@@ -265,7 +265,7 @@ def _config(sweep: Sweep, point_id):
     point = next((p for p in points if p.id == point_id), points[0] if points else None)
     if point is None:
         return None
-    from sim.sweep.spec import resolve_config
+    from sim.config.run_config import resolve_config
 
     try:
         return resolve_config(sweep.base, point.overrides, sweep.source)

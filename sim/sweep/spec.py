@@ -23,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from base.checks import show
-from base.errors import ConfigError
-from base.files import PROJECT_ROOT, check_regular, file_status, read_structured_file
+from moebase.checks import show
+from moebase.errors import ConfigError
+from moebase.files import PROJECT_ROOT, check_regular, file_status, read_structured_file
 from sim.config.memory import DoesNotFit
 from sim.sweep.capacity import parse_capacity
 from sim.sweep.checks import CHECKS
@@ -75,20 +75,6 @@ class Sweep:
 
 def _override(key: str, value) -> str:
     return f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
-
-
-def resolve_config(base, overrides: tuple[str, ...], source: str):
-    """The run config of a point: ``base`` (a path or an inline mapping) with ``overrides`` (bad -> ConfigError)."""
-    from sim.config.run_config import apply_override, config_from_dict, load_run_config
-    from sim.policies import POLICIES
-    from sim.predictors import PREDICTORS
-
-    if isinstance(base, dict):
-        raw = copy.deepcopy(base)
-        for o in overrides:
-            apply_override(raw, o)
-        return config_from_dict(raw, source, POLICIES.names(), PREDICTORS.names())
-    return load_run_config(base, overrides, POLICIES.names(), PREDICTORS.names())
 
 
 # --------------------------------------------------------------------------------------------- names
@@ -332,7 +318,7 @@ def _base(raw, path: Path, where):
 
 def _resolver(base, source: str):
     """overrides -> RunConfig for this sweep's points, reading a base config file once (a config resolved this
-    way equals ``resolve_config(base, overrides, source)``, which workers call)."""
+    way equals ``sim.config.run_config.resolve_config(base, overrides, source)``, which workers call)."""
     from sim.config.run_config import apply_override, config_from_dict
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
@@ -450,6 +436,5 @@ __all__ = [
     "count_points",
     "is_safe_name",
     "load_sweep",
-    "resolve_config",
     "safe_name",
 ]

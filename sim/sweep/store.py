@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.sweep.worker import DONE, METRIC_COLUMNS
 from traces.io import atomic_write_bytes
 

@@ -97,9 +97,9 @@ def run_point(base, overrides: tuple[str, ...], source: str = "sweep", options: 
     """Simulate one point in this process; returns its metrics (raises on failure). ``options``
     (:func:`task_options`): with ``capacity``, also the capacity columns, searched here, in the point's task."""
     options = options or {}
+    from sim.config.run_config import resolve_config
     from sim.request_results import serving_metrics
     from sim.run import simulate
-    from sim.sweep.spec import resolve_config
 
     cfg = resolve_config(base, overrides, source)
     run = simulate(cfg, bound=bool(options.get("bound")))

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.core.workload import Iteration, active_sets, phase_layers
-from sim.timing.costs import CostModel, Memo
+from sim.costs.costs import CostModel, Memo
 from sim.timing.engine import Simulation
 from traces.format import Trace
 

@@ -1,6 +1,6 @@
 """The SimPy engine: replays a workload's iterations through the compute stream and the copy engine, asking the
-policy and the predictor for every decision through the decision protocol (``sim/core/protocol.py``, shared with the
-validator). It owns time and nothing else.
+policy and the predictor for every decision through the decision protocol (``sim/decisions/protocol.py``, shared
+with the validator). It owns time and nothing else.
 
 Per iteration, for each MoE layer of the iteration's phase, on the compute stream:
 
@@ -36,12 +36,13 @@ gate, beside the round trip (nothing of the layer is issued before it); a system
 hardware's; each eviction is written back over the link with ``writeback_evicted`` (the copy engine's
 ``evicted``); with ``copy_stream: serial`` the copy engine starts copies only while the compute stream waits for
 one, and the stream resumes when the link is idle again, so that a copy and compute never overlap. Per-expert and
-per-copy costs, formats, de-quantization and pageable copies are in the durations (``sim/timing/costs.py``).
+per-copy costs, formats, de-quantization and pageable copies are in the durations (``sim/costs/costs.py``).
 
 Host CPU experts (Fiddler, kTransformers): a policy may have an active expert computed on the host CPU
 from its weights in host memory (source ``CPU``, ``LayerStep.cpu``). When the layer's decisions are taken (after
 its gate and round trip), the input activations of the tokens routed to at least one of the layer's host experts
-(:func:`sim.core.protocol.cpu_tokens`) cross the link device->host (``CostModel.activation_copy_s(tokens, "d2h")``);
+(:func:`sim.decisions.protocol.cpu_tokens`) cross the link device->host
+(``CostModel.activation_copy_s(tokens, "d2h")``);
 the host then computes its experts one after another, each with all its cores (``cpu_expert_s`` of the expert's
 tokens), and the outputs cross back host->device (``activation_copy_s(tokens, "h2d")``). Meanwhile the GPU computes
 the layer's cached and copied experts; the layer ends when both are done, the GPU's wait for the host counted as
@@ -97,16 +98,16 @@ import simpy
 
 from sim.core.accounting import IterationTally, iteration_record
 from sim.core.deferral import deferred_experts
-from sim.core.protocol import DecisionProtocol, LayerDecision, LayerStep, cpu_tokens
 from sim.core.records import IterationRecord
 from sim.core.serving import RequestRecord, ServingBatches
 from sim.core.workload import Iteration
+from sim.costs.costs import CostModel, Memo
+from sim.costs.phase_costs import PhaseCosts
+from sim.decisions.protocol import DecisionProtocol, LayerDecision, LayerStep, cpu_tokens
 from sim.policies.base import Policy
 from sim.predictors.base import PredictionScore, Predictor
 from sim.timing.clock import NEVER, StreamClock
 from sim.timing.copy_engine import CopyEngine, CopyJob
-from sim.timing.costs import CostModel, Memo
-from sim.timing.phase_costs import PhaseCosts
 from sim.timing.timeline import Timeline
 from traces.format import Trace
 
@@ -232,7 +233,7 @@ class ComputeStream(StreamClock):
         phase: PhaseCosts | None = None,
     ):
         super().__init__(env)
-        self.phase = phase  # both phases (sim/timing/phase_costs.py): None prices every layer as before
+        self.phase = phase  # both phases (sim/costs/phase_costs.py): None prices every layer as before
         self.upload_now = False  # the current pass uploads its host experts to the GPU
         self.host_attention_of: Memo | None = None  # role -> host seconds of attention (kv_on_host)
         self.upload_bytes, self.upload_s = 0, 0.0
@@ -641,7 +642,7 @@ class Simulation:
         phase: PhaseCosts | None = None,
     ):
         self.trace = trace
-        self.phase = phase  # both phases (sim/timing/phase_costs.py); None: as before
+        self.phase = phase  # both phases (sim/costs/phase_costs.py); None: as before
         self.iterations = iterations
         self.policy = policy
         self.predictor = predictor

@@ -1,6 +1,7 @@
-"""The layout keeps its promises (docs/architecture.md, section 3a): the decision code imports neither SimPy nor
-torch, `traces` takes from `sim` only its config and errors, imports at module level form no cycle, engines touch no
-private SimPy attribute, and no test module imports another."""
+"""The layout keeps its promises (docs/architecture.md, section 3a): every import, at module level or inside a
+function (``if TYPE_CHECKING:`` blocks aside), goes to its own floor or one below; no imports form a cycle; the
+decision code imports neither SimPy nor torch; engines touch no private SimPy attribute; no test module imports
+another."""
 
 from __future__ import annotations
 
@@ -12,7 +13,30 @@ import pytest
 
 from tests.support.paths import ROOT
 
-PACKAGES = ("sim", "traces", "validate")
+PACKAGES = ("moebase", "sim", "traces", "validate")
+
+#: The floors, lowest first, each the module prefixes it holds (the longest prefix names a module's floor). A
+#: module imports its own floor and the floors below, never one above.
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("moebase: errors, file safety, checks, model profiles, registries", ("moebase",)),
+    ("traces: trace formats, importers, recording, statistics", ("traces",)),
+    ("config: run configs, hardware, systems, the part registries", ("sim.config",)),
+    ("state: cache tiers, workloads, copy queue, records", ("sim.core",)),
+    ("costs: the cost model", ("sim.costs",)),
+    ("predictors", ("sim.predictors",)),
+    ("policies and their admission driver", ("sim.policies",)),
+    ("decisions: the protocol, building and replaying a run's decisions", ("sim.decisions",)),
+    ("engine: SimPy time", ("sim.timing",)),
+    (
+        "runs: one simulation and its results",
+        ("sim.run", "sim.results", "sim.request_results", "sim.plot_style", "sim.capacity", "sim.capacity_plot"),
+    ),
+    ("sweeps", ("sim.sweep",)),
+    # the simulator's commands and package root (which loads the parts), and the trace tools' entry point (it hands
+    # them the simulator's run-config maker: the one place they meet)
+    ("commands", ("sim", "traces.__main__")),
+    ("validator", ("validate",)),
+)
 
 
 def _modules(*folders: str) -> dict[str, Path]:
@@ -26,12 +50,25 @@ def _modules(*folders: str) -> dict[str, Path]:
     return out
 
 
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """The ids of the nodes under ``if TYPE_CHECKING:`` (imports for annotations only, never run)."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            inside.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return inside
+
+
 def _imports(path: Path, module_level_only: bool = False) -> set[str]:
-    """The absolute module names ``path`` imports (``from a import b`` gives ``a`` and ``a.b``)."""
+    """The absolute module names ``path`` imports (``from a import b`` gives ``a`` and ``a.b``), in functions too
+    unless ``module_level_only``; imports under ``if TYPE_CHECKING:`` are not counted."""
     tree = ast.parse(path.read_text())
     nodes = tree.body if module_level_only else list(ast.walk(tree))
+    skip = _type_checking_nodes(tree)
     names = set()
     for node in nodes:
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -44,38 +81,104 @@ def _roots(names: set[str]) -> set[str]:
     return {n.split(".")[0] for n in names}
 
 
+def floor_of(module: str) -> int:
+    """The index in FLOORS of the floor holding ``module`` (its longest matching prefix)."""
+    best, length = -1, -1
+    for i, (_, prefixes) in enumerate(FLOORS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > length:
+                best, length = i, len(prefix)
+    assert best >= 0, f"{module} is on no floor of FLOORS"
+    return best
+
+
+def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the project's modules it imports, anywhere in it."""
+    return {name: {n for n in _imports(path) if n in mods and n != name} for name, path in mods.items()}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for each import of a module on a higher floor than the importer's."""
+    return sorted(
+        f"{a} ({FLOORS[floor_of(a)][0]}) -> {b} ({FLOORS[floor_of(b)][0]})"
+        for a, deps in graph.items()
+        for b in deps
+        if floor_of(b) > floor_of(a)
+    )
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (its modules in order, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        state[name] = 1
+        for dep in sorted(graph[name]):
+            if state.get(dep) == 1:
+                return path[path.index(dep) :] + [dep]
+            if dep not in state:
+                found = visit(dep, path + [dep])
+                if found:
+                    return found
+        state[name] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state:
+            found = visit(name, [name])
+            if found:
+                return found
+    return None
+
+
+def test_every_import_goes_to_its_floor_or_below():
+    graph = import_graph(_modules(*PACKAGES))
+    wrong = upward_imports(graph)
+    assert not wrong, f"{len(wrong)} imports go up a floor:\n" + "\n".join(wrong)
+
+
+def test_imports_form_no_cycle():
+    """Not even through an import inside a function (which only postpones the cycle to the call)."""
+    cycle = find_cycle(import_graph(_modules(*PACKAGES)))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_checks_catch_a_cycle_planted_inside_a_function(tmp_path):
+    """An import inside a function is seen, a planted pair of them is a cycle, and a planted import of a higher
+    floor is named."""
+    mods = _modules(*PACKAGES)
+    graph = import_graph(mods)
+    a, b = "sim.core.cache", "sim.core.copy_queue"
+    planted = {**graph, a: graph[a] | {b}, b: graph[b] | {a}}
+    plant = tmp_path / "planted.py"
+    plant.write_text("def later():\n    from sim.core.copy_queue import CopyQueue\n    return CopyQueue\n")
+    assert "sim.core.copy_queue" in _imports(plant), "an import inside a function is seen"
+    assert find_cycle(planted) is not None
+    up = {**graph, "sim.core.cache": graph["sim.core.cache"] | {"sim.policies.base"}}
+    assert sorted(set(upward_imports(up)) - set(upward_imports(graph))) == [
+        "sim.core.cache (state: cache tiers, workloads, copy queue, records) -> sim.policies.base (policies and their "
+        "admission driver)"
+    ]
+
+
+def test_an_import_for_annotations_only_is_not_counted(tmp_path):
+    plant = tmp_path / "annotated.py"
+    plant.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from sim.policies.base import Policy\n")
+    assert "sim.policies.base" not in _imports(plant)
+
+
+def test_traces_imports_nothing_of_sim_but_at_its_entry_point():
+    for name, path in _modules("traces", "moebase").items():
+        if name == "traces.__main__":
+            continue
+        assert "sim" not in _roots(_imports(path)), f"{name} imports sim"
+
+
 @pytest.mark.parametrize("folder", ["sim/core", "sim/policies", "sim/predictors"])
 def test_the_decision_code_imports_neither_simpy_nor_torch(folder):
     """The validator runs the same decisions on a machine with torch only, and the simulator without torch."""
     for name, path in _modules(folder).items():
         assert not _roots(_imports(path)) & {"simpy", "torch"}, f"{name} imports SimPy or torch"
-
-
-def test_traces_takes_from_sim_only_its_config_and_errors():
-    for name, path in _modules("traces").items():
-        from_sim = {n for n in _imports(path) if n == "sim" or n.startswith("sim.")}
-        stray = {n for n in from_sim if not re.match(r"sim\.(config(\.|$)|errors(\.|$))", n)}
-        assert not stray, f"{name} imports {sorted(stray)}"
-
-
-def test_module_level_imports_form_no_cycle():
-    mods = _modules(*PACKAGES)
-    graph = {name: {n for n in _imports(path, module_level_only=True) if n in mods} for name, path in mods.items()}
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(name: str, path: list[str]) -> None:
-        state[name] = 1
-        for dep in sorted(graph[name]):
-            if state.get(dep) == 1:
-                cycle = path[path.index(dep) :] + [dep]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if dep not in state:
-                visit(dep, path + [dep])
-        state[name] = 2
-
-    for name in sorted(graph):
-        if name not in state:
-            visit(name, [name])
 
 
 def test_no_code_touches_private_simpy_state():

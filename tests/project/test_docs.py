@@ -135,7 +135,7 @@ def _check_help(p, args: list[str]) -> str | None:
 
 def _check_sim_values(ns) -> str | None:
     """What argparse leaves unchecked in a ``sim`` command: ``--set`` paths and ``--policies`` names."""
-    from base.errors import ConfigError
+    from moebase.errors import ConfigError
     from sim.config.run_config import apply_override
 
     for text in getattr(ns, "set", None) or []:

@@ -3,7 +3,7 @@ through the main entry points (`sim run`, `compare`, `sweep`, `fit-system`, `adv
 `synth`, `stats`, `validate`; `validate compare`), a model, policy, predictor, system or hardware name, a key, a value,
 or a file name of hundreds or thousands of characters ends in exit status 2 and ONE line on stderr:
 
-- at most MAX_ERROR_LINE characters (``error: `` and the message, at most ``base.errors.MAX_MESSAGE_CHARS``);
+- at most MAX_ERROR_LINE characters (``error: `` and the message, at most ``moebase.errors.MAX_MESSAGE_CHARS``);
 - never cut: the line ends with its own words, not with the "..." of a message cut at its bound (a message that
   needed cutting lost its end: the file, the shapes, what to do);
 - of a length that does not grow with the name: a name shown is abbreviated past its bound (a name whole up to 60
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from base.errors import MAX_MESSAGE_CHARS
+from moebase.errors import MAX_MESSAGE_CHARS
 from sim.cli import main as sim_main
 from tests.support.cli import traces_main
 from validate.cli import main as validate_main

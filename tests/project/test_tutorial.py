@@ -430,7 +430,7 @@ def test_step8_host_cpu(runs):
     assert tok["ktransformers"] == pytest.approx(tok["fiddler"], rel=0.01)
     assert f"about {ratio:.1f}x faster than LRU ({tok['fiddler']:.0f} against {tok['lru']:.0f} tokens/s" in words
     from sim.config.run_config import load_run_config
-    from sim.timing.costs import CostModel
+    from sim.costs.costs import CostModel
 
     cfg = load_run_config(ROOT / "configs/gpt_oss_20b.yaml")
     assert f"at batch {cfg.workload.batch_size})" in words

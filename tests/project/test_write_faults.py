@@ -293,11 +293,11 @@ def _setup(name: str, tmp_path: Path, monkeypatch) -> tuple[str, list, Path, Pat
 # --------------------------------------------------------------------------------------------- write faults
 def _writes(name: str, tmp_path: Path, monkeypatch) -> int:
     """How many files the command writes (a clean run in a scratch copy of the set-up)."""
-    import base.outputs
+    import moebase.outputs
 
     package, args, _, _ = _setup(name, tmp_path / "count", monkeypatch)
     fault = _Fault(None)
-    monkeypatch.setattr(base.outputs, "_write_all", fault)
+    monkeypatch.setattr(moebase.outputs, "_write_all", fault)
     code, err = _run(package, args)
     assert code == 0, err
     return fault.calls
@@ -305,7 +305,7 @@ def _writes(name: str, tmp_path: Path, monkeypatch) -> int:
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_a_write_fault_at_any_write_leaves_nothing_and_a_rerun_then_works(tmp_path, monkeypatch, name):
-    import base.outputs
+    import moebase.outputs
 
     n = _writes(name, tmp_path, monkeypatch)
     assert n >= 1
@@ -316,14 +316,14 @@ def test_a_write_fault_at_any_write_leaves_nothing_and_a_rerun_then_works(tmp_pa
         package, args, outputs, watched = _setup(name, case, monkeypatch)
         before = _state(watched, keep)
         fault = _Fault(at, FAULTS[at % len(FAULTS)])
-        monkeypatch.setattr(base.outputs, "_write_all", fault)
+        monkeypatch.setattr(moebase.outputs, "_write_all", fault)
         code, err = _run(package, args)
         last = err.strip().splitlines()[-1]  # progress lines may come before it
         assert code == 2, (at, err)
         assert err.count("error: ") == 1 and last.startswith("error: ") and len(last) <= 800, err
         assert "cannot be written" in last and os.strerror(fault.code) in last, last
         assert _state(watched, keep) == before, (at, last)  # nothing new, no temporary, no folder made
-        monkeypatch.setattr(base.outputs, "_write_all", _Fault(None))
+        monkeypatch.setattr(moebase.outputs, "_write_all", _Fault(None))
         code, err = _run(package, [*args, "--resume"] if name == "sim sweep" else args)
         assert code == 0, err
         assert outputs.exists()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.capacity import MAX_RATE, MIN_RATE, Point, find_capacity, parse_seeds, parse_slo, search, summary_text
 from sim.cli import main
 from sim.config.run_config import load_run_config

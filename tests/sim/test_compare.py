@@ -190,8 +190,8 @@ def _arc_consistent(policy):
 def test_diffmoe_arc_keeps_its_lists_and_the_tiers_consistent(seed, hpc, mpc, k, batch):
     trace = random_trace(np.random.default_rng(seed), tokens=80, layers=2, experts=10, k=k, requests=3)
     policy = policy_for("diffmoe-arc", trace, hpc=hpc, mpc=mpc)
-    from sim.core.replay import replay
     from sim.core.workload import build_iterations
+    from sim.decisions.replay import replay
     from sim.predictors import PREDICTORS, PredictorContext
 
     its, _ = build_iterations(trace, batch, "static", None, True, None)

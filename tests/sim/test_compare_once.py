@@ -9,8 +9,8 @@ import pytest
 import sim.compare as compare_mod
 from sim.cli import main
 from sim.config.run_config import load_run_config
+from sim.costs.costs import CostModel
 from sim.run import simulate
-from sim.timing.costs import CostModel
 from tests.support.configs import tiny_lru_config
 
 

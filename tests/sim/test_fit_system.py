@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import traces.io
-from base.errors import CONFIG_FIELD_CHARS, CONFIG_PROBLEM_CHARS, ConfigError
-from base.model import load_model
+from moebase.errors import CONFIG_FIELD_CHARS, CONFIG_PROBLEM_CHARS, ConfigError
+from moebase.model import load_model
 from sim.config.placement import Placement, apply_placement
 from sim.fit_system import (
     COLUMNS,

@@ -11,7 +11,7 @@ import io
 import pytest
 import yaml
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.cli import build_parser, main
 from sim.fit_system import COLUMN_ALIASES, COLUMN_HELP, COLUMNS, TRACES, read_rows
 from tests.support.rows import row, write_rows

@@ -12,8 +12,8 @@ import re
 import pytest
 from hypothesis import given
 
-from base.fields import keys_of
-from base.profiles import available
+from moebase.fields import keys_of
+from moebase.profiles import available
 from sim.cli import main
 from sim.config.hardware import HARDWARE_KEYS
 from sim.config.machine import HostMemory, HostParts, LinkParts

@@ -1,4 +1,4 @@
-"""Published rows in the v2 columns (sim/published.py, sim/config/row_settings.py): every column value becomes a
+"""Published rows in the v2 columns (sim/published.py, sim/row_settings.py): every column value becomes a
 setting or a missing capability by name, a row with a missing capability is a miss (never simulated), the fit reads
 only the fit rows (predict rows' published values blanked or garbled give identical output), and a bad file is
 refused naming the file, the row and the problem. A stand-in simulation keeps these fast."""
@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from base.errors import ConfigError
-from sim.config.row_settings import OPTIONS, plan_of
+from moebase.errors import ConfigError
 from sim.fit_system import SYSTEMS
 from sim.published import COLUMNS_V2, evaluate, read_published
+from sim.row_settings import OPTIONS, plan_of
 from tests.support.paths import ROOT
 from tests.support.rows import row_v2, write_rows
 

@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.system import load_system
 from sim.fit_system import COLUMNS, fit_and_predict, fit_rows, hardware_of, read_rows, run_config
 from sim.published import COLUMNS_V2, read_published

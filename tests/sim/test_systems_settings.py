@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.placement import host_layers, parse_ranges, placement_from, ranges_text
 from sim.config.run_config import config_from_dict
 from sim.core.experts_per_token import keep_top_experts
@@ -288,7 +288,7 @@ def test_an_unfused_moe_is_not_faster_than_a_fused_one(tmp_path):
 
 
 def test_host_memory_counts_the_layers_ranges_leave_on_the_host():
-    from base.model import load_model
+    from moebase.model import load_model
     from sim.config.host_memory import host_expert_layers
     from sim.policies.ktransformers import KTransformers
 

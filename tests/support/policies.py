@@ -4,8 +4,8 @@ context, the replay with a cache check after every step, the steps each layer se
 from __future__ import annotations
 
 from sim.core.cache import HPC, MPC
-from sim.core.replay import replay
 from sim.core.workload import active_sets, build_iterations, phase_layers
+from sim.decisions.replay import replay
 from sim.policies import POLICIES, PolicyContext
 from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.predictors import PREDICTORS, PredictorContext

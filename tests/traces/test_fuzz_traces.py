@@ -37,7 +37,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from base.errors import InputError
+from moebase.errors import InputError
 from tests.support.cli import traces_main
 from tests.support.paths import ROOT
 from tests.support.traces import make_trace, patch_central

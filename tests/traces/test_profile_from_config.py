@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import traces.profile_from_config as pfc
-from base.errors import InputError
+from moebase.errors import InputError
 from tests.support.cli import run_traces
 from tests.support.messages import checked_message
 from traces.record.tiny_models import tiny_config

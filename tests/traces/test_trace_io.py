@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from base.errors import OutputError, TraceError
+from moebase.errors import OutputError, TraceError
 from tests.support.paths import ROOT
 from tests.support.traces import make_trace
 from traces.io import load_trace, save_trace, trace_bytes
@@ -264,7 +264,7 @@ def test_truncated_or_corrupted_files_never_load_silently_wrong(good_file, tmp_p
 
 def test_trace_error_is_one_bounded_line():
     """Whatever a problem echoes (line breaks, escape codes, megabytes), the error is one line of <= 502 chars."""
-    from base.errors import brief
+    from moebase.errors import brief
 
     exc = TraceError("/data/t.npz", "bad value " + brief("x" * 5_000_000) + " and\nmore\r\n\x1b[31m" * 10_000)
     text = str(exc)
@@ -308,21 +308,21 @@ def test_trace_helpers_tell_prefill_from_decode():
 
 # ------------------------------------------------------------------------------------------ one_line
 def test_one_line_joins_every_kind_of_line_break_and_whitespace_run_into_one_space():
-    from base.errors import one_line
+    from moebase.errors import one_line
 
     text = "  a\r\nb\n\nc\rd\te\x0bf\x0cg\x1ch\x85i\u2028j\u2029k\xa0l   m \t "
     assert one_line(text, 100) == "a b c d e f g h i j k l m"
 
 
 def test_one_line_escapes_control_characters_instead_of_passing_them_to_a_terminal():
-    from base.errors import one_line
+    from moebase.errors import one_line
 
     assert one_line("red \x1b[31mX\x00 \x7f \ud800", 100) == "red \\x1b[31mX\\x00 \\x7f \\ud800"
     assert one_line("caf\xe9 \u6f22", 100) == "caf\xe9 \u6f22"  # printable non-ASCII is kept as it is
 
 
 def test_one_line_cuts_to_the_limit_with_an_ellipsis():
-    from base.errors import one_line
+    from moebase.errors import one_line
 
     assert one_line("x" * 10, 10) == "x" * 10
     assert one_line("x" * 11, 10) == "x" * 7 + "..."
@@ -337,7 +337,7 @@ def test_one_line_cuts_to_the_limit_with_an_ellipsis():
 @settings(max_examples=300, deadline=None)
 @given(st.text(), st.integers(min_value=0, max_value=300))
 def test_one_line_is_one_bounded_printable_line(text, limit):
-    from base.errors import one_line
+    from moebase.errors import one_line
 
     line = one_line(text, limit)
     assert len(line) <= limit and line.isprintable() and len(line.splitlines()) <= 1
@@ -349,16 +349,17 @@ def test_one_line_is_one_bounded_printable_line(text, limit):
 
 
 def test_config_errors_are_input_errors_of_one_line():
-    import base.errors
-    from base.errors import ConfigError
+    import moebase.errors
+    from moebase.errors import ConfigError
 
-    assert issubclass(ConfigError, base.errors.InputError)
+    assert issubclass(ConfigError, moebase.errors.InputError)
     exc = ConfigError("workload.\tbatch_size\n", "must be\r\nan integer \x1b[1m" + "!" * 1000)
     assert exc.field == "workload. batch_size"
     assert (
-        exc.problem.startswith("must be an integer \\x1b[1m!") and len(exc.problem) == base.errors.CONFIG_PROBLEM_CHARS
+        exc.problem.startswith("must be an integer \\x1b[1m!")
+        and len(exc.problem) == moebase.errors.CONFIG_PROBLEM_CHARS
     )
-    assert str(base.errors.InputError("a\tb\n\nc")) == "a b c"
+    assert str(moebase.errors.InputError("a\tb\n\nc")) == "a b c"
 
 
 @settings(max_examples=60, deadline=None)

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import validate.archive as archive_mod
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from tests.support.messages import checked_message
 
 FUZZ = dict(

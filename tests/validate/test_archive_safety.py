@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import validate.archive as archive_mod
-from base.errors import ConfigError, one_line
+from moebase.errors import ConfigError, one_line
 from tests.support.messages import checked_message
 from tests.support.paths import ROOT
 from validate.cli import main

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.run import simulate
 from tests.support.paths import ROOT
 from tests.support.validate import FakeBackend, tiny_config, with_hardware

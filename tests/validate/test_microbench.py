@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from base.model import load_model
+from moebase.model import load_model
 from sim.config.hardware import load_hardware
-from sim.timing.costs import CostModel
+from sim.costs.costs import CostModel
 from tests.support.paths import ROOT
 from tests.support.traces import TINY_MODEL, random_trace
 from traces.io import save_trace

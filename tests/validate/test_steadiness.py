@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import validate.measure as measure_mod
 import validate.microbench as microbench
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from tests.support.fuzz import fuzz_settings
 from tests.support.paths import ROOT
 from tests.support.validate import tiny_suite

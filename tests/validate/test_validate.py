@@ -16,7 +16,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.core.replay import replay
+from sim.decisions.replay import replay
 from sim.policies import POLICIES
 from sim.run import build_decisions, simulate
 from tests.support.paths import ROOT

@@ -16,7 +16,7 @@ import yaml
 
 from sim.config.run_config import config_from_dict
 from sim.core.cache import HPC, LPC
-from sim.core.replay import replay
+from sim.decisions.replay import replay
 from sim.policies import POLICIES
 from sim.policies.base import LayerPlan, Policy
 from sim.predictors import PREDICTORS
@@ -120,7 +120,7 @@ def _count_cpu(decisions) -> int:
 # ------------------------------------------------------------------------------------------------ the host pool
 @pytest.mark.parametrize("gated,threads", [(False, 1), (False, 3), (True, 2)])
 def test_the_host_pool_computes_what_expert_forward_computes(gated, threads):
-    from base.model import load_model
+    from moebase.model import load_model
 
     model = load_model({**TINY, "expert_matrices": 3 if gated else 2}, "m")
     dtype = torch_dtype(torch, model)
@@ -144,7 +144,7 @@ def test_the_host_pool_computes_what_expert_forward_computes(gated, threads):
 
 
 def test_the_host_pool_raises_what_a_worker_raised_and_restores_torch_threads():
-    from base.model import load_model
+    from moebase.model import load_model
 
     model = load_model(TINY, "m")
     before = torch.get_num_threads()
@@ -234,9 +234,9 @@ def test_the_simulator_agrees_where_it_has_host_experts(tiny, host_policies):
 
 # ------------------------------------------------------------------------------- the microbenchmark and suites
 def test_microbench_measures_the_host_expert_table(tmp_path):
-    from base.model import load_model
+    from moebase.model import load_model
     from sim.config.hardware import load_hardware
-    from sim.timing.costs import CostModel
+    from sim.costs.costs import CostModel
 
     model_path = tmp_path / "tiny-moe.yaml"
     model_path.write_text(yaml.safe_dump(TINY_MODEL))

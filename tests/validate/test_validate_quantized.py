@@ -11,11 +11,11 @@ import math
 import pytest
 import yaml
 
-from base.errors import ConfigError
-from base.model import load_model
+from moebase.errors import ConfigError
+from moebase.model import load_model
 from sim.config.hardware import load_hardware
 from sim.config.run_config import config_from_dict
-from sim.core.replay import replay
+from sim.decisions.replay import replay
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from sim.run import build_decisions
@@ -218,7 +218,7 @@ def test_a_table_system_prices_each_expert_with_the_calibrations_dequant_table_f
     """The simulator side of the quantized configurations: ``dequant: measured`` takes the calibration's measured
     table for the experts' width (int4 up to 4.5 bits, int8 up to 8.5); without one, the roofline."""
     from sim.config.system import load_system
-    from sim.timing.costs import CostModel
+    from sim.costs.costs import CostModel
 
     table = {"int8": [[1, 1e-3], [1e12, 2.0]], "int4": [[1, 5e-3], [1e12, 7.0]]}
     cal = {

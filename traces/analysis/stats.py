@@ -385,7 +385,7 @@ def register(sub) -> None:
 
 
 def parse_int_list(text: str, name: str) -> list[int]:
-    from base.errors import InputError
+    from moebase.errors import InputError
 
     try:
         values = [int(x) for x in text.split(",") if x.strip()]

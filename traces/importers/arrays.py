@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from base.errors import InputError, brief
+from moebase.errors import InputError, brief
 from traces.format import INT_MAX, MAX_CONTEXT, MAX_REQUESTS, ModelInfo, Provenance, Trace, TraceMeta, today
 from traces.importers.common import (
     check_content,

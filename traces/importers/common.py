@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from base.errors import InputError, TraceError, brief, one_line
-from base.outputs import check_not_input
+from moebase.errors import InputError, TraceError, brief, one_line
+from moebase.outputs import check_not_input
 from traces.format import MAX_CONTEXT, MAX_REQUESTS, LayerInfo, ModelInfo, Provenance, Trace, TraceMeta
 from traces.io import check_output_file, metadata_problem, open_regular_file
 
@@ -62,7 +62,7 @@ def with_short_paths(exc: InputError, paths: Iterable[Any]) -> InputError:
     """``exc`` with every long path of ``paths`` (the files, folders and outputs a command was given) shown as a
     TraceError shows a path, cut to MAX_PATH_CHARS, so that a message naming a file deep in long folders stays
     within its bound instead of being cut at its end (where it says what is wrong)."""
-    from base.errors import MAX_PATH_CHARS
+    from moebase.errors import MAX_PATH_CHARS
 
     text = str(exc.args[0]) if exc.args else ""
     forms = {form for p in paths if p is not None for form in (str(p), str(Path(p)))}
@@ -77,7 +77,7 @@ def with_short_paths(exc: InputError, paths: Iterable[Any]) -> InputError:
 def check_out(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """``--out`` as a place for a trace file, checked before any input is read: not empty, not a folder, FIFO,
     device or socket (:func:`traces.io.check_output_file`), and not one of the ``inputs`` (which the trace
-    would replace: :func:`base.outputs.check_not_input`). Raises InputError naming ``--out``."""
+    would replace: :func:`moebase.outputs.check_not_input`). Raises InputError naming ``--out``."""
     try:
         out = check_output_file(path, "trace file")
     except TraceError as exc:
@@ -132,9 +132,9 @@ def plain_model_name(text: str, fallback: str = "model") -> str:
 def bundled_profiles() -> tuple[tuple[str, Any], ...]:
     """(file stem, ModelSpec) of every model profile in ``configs/models/`` that loads (a broken profile is the
     simulator's to report, not an import's)."""
-    from base.errors import ConfigError
-    from base.model import load_model
-    from base.profiles import available
+    from moebase.errors import ConfigError
+    from moebase.model import load_model
+    from moebase.profiles import available
 
     out = []
     for stem in available("models"):
@@ -336,7 +336,7 @@ def read_json_file(path: str | os.PathLike, limit: int, what: str = "JSON file")
     simulator's bounded parser (no nesting deeper than Python's stack, no key twice, no integer of thousands of
     digits). Anything else raises InputError naming the file: a folder, FIFO or device says what it is and is
     never read."""
-    from base.files import parse_text
+    from moebase.files import parse_text
 
     path = Path(path)
     data = read_bounded(path, limit, what)

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from base.errors import InputError, brief
+from moebase.errors import InputError, brief
 from traces.format import MAX_CONTEXT, MAX_REQUESTS, ModelInfo, Provenance, Trace, TraceMeta, today
 from traces.importers.common import (
     check_content,

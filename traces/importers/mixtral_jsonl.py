@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from base.errors import InputError, brief
+from moebase.errors import InputError, brief
 from traces.format import MAX_CONTEXT, ModelInfo, Provenance, Trace, TraceMeta, today
 from traces.importers.common import (
     FLOAT16_MAX,

@@ -1,4 +1,4 @@
-"""`python -m traces record` (registered through :mod:`traces.record.recording`): its arguments, prompts files and local
+"""`python -m traces record`: its arguments, prompts files and local
 checkpoints, the trace's model name (``--name``), and the model profile and run config written beside the trace
 (:mod:`traces.run_setup`); the recording itself is :func:`traces.record.recording.record_routing`.
 """
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.errors import InputError, OutputError, brief
-from base.outputs import keep_staged
+from moebase.errors import InputError, OutputError, brief
+from moebase.outputs import keep_staged
 from traces.importers.common import (
     check_dataset_name,
     check_model_fit,
@@ -42,7 +42,7 @@ MAX_PROMPTS_BYTES = 64 << 20
 def read_prompts(path: str | Path) -> list[Prompt]:
     """Prompts from a text file (one per non-blank line) or a ``.jsonl`` file (objects with a ``prompt`` string
     and optionally an ``id``). Raises InputError naming the file (and line) on bad input."""
-    from base.files import read_text
+    from moebase.files import read_text
     from traces.io import file_kind
 
     path = Path(path)
@@ -334,7 +334,9 @@ def run(args) -> int:
     )
     if files is not None:
         try:
-            lines = write_sim_files(out, files, profile, "python -m traces record", args.make_run_config)
+            lines = write_sim_files(
+                out, files, profile, "python -m traces record", getattr(args, "make_run_config", None)
+            )
         except OutputError:
             raise
         except InputError as exc:

@@ -75,10 +75,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from base.errors import InputError, brief
+from moebase.errors import InputError, brief
 from traces.format import LayerInfo, ModelInfo, Provenance, Trace, TraceMeta, today
 from traces.importers.common import check_model_name, plain_model_name
-from traces.record.cli import DTYPES, Prompt, load_checkpoint, read_prompts, register, run
 from traces.record.decode import (
     RequestRows,
     assemble,
@@ -93,19 +92,13 @@ from traces.record.routers import MoELayer, RoutingCapture, find_moe_layers
 
 __all__ = [
     "DECODE_ROW_CONVENTION",
-    "DTYPES",
     "MoELayer",
-    "Prompt",
     "Recording",
     "RoutingCapture",
     "find_moe_layers",
     "is_encoder_decoder",
-    "load_checkpoint",
-    "read_prompts",
     "record_routing",
     "record_trace",
-    "register",
-    "run",
     "teacher_forced_routing",
 ]
 

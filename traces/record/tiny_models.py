@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from base.errors import InputError
+from moebase.errors import InputError
 
 TINY_ARCHS = ("mixtral", "qwen2-moe", "olmoe", "deepseek-v3", "switch")
 TINY_VOCAB = 320

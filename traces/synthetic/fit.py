@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from base.errors import InputError
+from moebase.errors import InputError
 from traces.analysis import stats
 from traces.format import Trace
 from traces.synthetic.generator import SynthKnobs, generate, knobs_like

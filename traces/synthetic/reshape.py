@@ -30,15 +30,13 @@ fitted knobs and the new shape only.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 import numpy as np
 
-from base.errors import InputError
-from traces.synthetic.generator import SynthKnobs
+from moebase.errors import InputError
+from traces.synthetic.generator import KNOB_DECIMALS, SynthKnobs
 
 RELABEL_SEED = 0x5EED  # the per-layer id permutations: np.random.default_rng([RELABEL_SEED, layer])
-DECIMALS = 6  # knobs are stored (and so used) rounded to this many decimals, as traces.synthetic.fit stores them
 
 MAPPING = (
     "popularity: each layer's Lorenz curve (cumulative share against rank fraction) resampled at the new "
@@ -115,7 +113,7 @@ def reshape_experts(knobs: SynthKnobs, num_experts: int, top_k: int) -> Reshaped
         perm = relabel(layer, num_experts)
         weights[layer, perm] = by_rank
         sources[layer, perm] = src
-    weights = np.round(weights, DECIMALS)
+    weights = np.round(weights, KNOB_DECIMALS)
     transition = None
     if knobs.layer_transition is not None:
         table = np.asarray(knobs.layer_transition, dtype=float)
@@ -147,16 +145,7 @@ def _split_prefix(prefix: np.ndarray, old: np.ndarray, new: np.ndarray, sources:
     scale = new / np.maximum(old_norm[layers, sources], 1e-300)  # [layers, new]: a new expert's part of its source
     out = prefix[:, layers, sources] * scale[None]
     out /= np.maximum(out.sum(2, keepdims=True), 1e-300)
-    out = np.round(out, DECIMALS)
+    out = np.round(out, KNOB_DECIMALS)
     bad = out.sum(2) <= 0  # all of a position's mass rounded away: fall back to the layer's law
     out[bad] = np.broadcast_to(new[None], out.shape)[bad]
     return tuple(tuple(tuple(row) for row in pos) for pos in out.tolist())
-
-
-def knobs_sha256(value) -> str:
-    """Digest of a knob table as stored: its values rounded to DECIMALS, as little-endian float64, C order,
-    preceded by its shape (so a table can be named in metadata without being stored)."""
-    a = np.round(np.asarray(value, dtype=float), DECIMALS).astype("<f8")
-    h = hashlib.sha256(repr(list(a.shape)).encode())
-    h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 
 CONNECT_TIMEOUT_S = 30.0  # the whole connection, probes and ray.init together
 PROBE_TIMEOUT_S = 5.0  # one TCP connection or handshake

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from base.errors import ConfigError
-from sim.sweep.local import MAX_ATTEMPTS, Progress, Recorder
+from moebase.errors import ConfigError
 from sim.sweep.ray.connect import WHERE, Cluster, connect
 from sim.sweep.ray.ship import Shipment, check_nodes, runtime_env
+from sim.sweep.recorder import MAX_ATTEMPTS, Progress, Recorder
 from sim.sweep.spec import Point, Sweep
 
 

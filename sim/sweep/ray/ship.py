@@ -1,7 +1,7 @@
 """What a sweep sends to a Ray cluster, so that a worker node needs only Python, Ray and the simulator's
 dependencies: the code (a runtime environment), each point's resolved config, and the files those name.
 
-- The code: ``runtime_env()`` ships this checkout's ``base``, ``sim`` and ``traces`` packages and the ``configs``
+- The code: ``runtime_env()`` ships this checkout's ``moebase``, ``sim`` and ``traces`` packages and the ``configs``
   folder (the job's ``working_dir``, without caches, without ``traces/data`` and without the other top-level folders; a
   resolved config may still name parts of ``configs/parts/``, which a worker looks up where ``sim`` sits) and
   passes the ``SIM_SWEEP_TEST_*`` test hooks on to the workers.
@@ -21,10 +21,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sim.sweep.spec import Point, Sweep, resolve_config
+from sim.config.run_config import resolve_config
+from sim.sweep.spec import Point, Sweep
 from sim.sweep.worker import task_options
 
-SHIPPED = ("base", "sim", "traces", "configs")  # what a worker imports or reads (validate is not needed)
+SHIPPED = ("moebase", "sim", "traces", "configs")  # what a worker imports or reads (validate is not needed)
 EXCLUDES = ["__pycache__/", "*.pyc", "/traces/data/"]  # the bundled traces travel through the object store
 HOOK_PREFIX = "SIM_SWEEP_TEST_"
 NODE_CHECK_TIMEOUT_S = 60.0
@@ -43,7 +44,7 @@ def runtime_env(env=os.environ) -> dict:
 
 def file_fields(resolved: dict) -> dict[tuple, Path]:
     """The fields of a resolved config that name files (key path -> the file here)."""
-    from base.files import resolve_path
+    from moebase.files import resolve_path
     from sim.config.params import names_file
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS

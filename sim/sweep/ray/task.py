@@ -63,13 +63,11 @@ def missing_packages() -> list[str]:
 
 def node_report() -> dict:
     """This node as a sweep sees it: its address, Python, the missing packages, where ``sim`` comes from."""
-    import sim
-
     return {
         "host": platform.node(),
         "python": platform.python_version(),
         "missing": missing_packages(),
-        "sim": str(Path(sim.__file__).parent),
+        "sim": str(Path(__file__).resolve().parents[2]),  # sim/sweep/ray/task.py
     }
 
 
@@ -133,7 +131,7 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def _check_place(path: Path) -> None:
-    from base.errors import InputError
+    from moebase.errors import InputError
     from traces.io import check_output_file  # here, not at the top: a node without numpy still reports so
 
     try:

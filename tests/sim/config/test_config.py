@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from base.errors import ConfigError, InputError
-from base.model import load_model
-from base.profiles import available
+from moebase.errors import ConfigError, InputError
+from moebase.model import load_model
+from moebase.profiles import available
 from sim.config.hardware import load_hardware
 from sim.config.run_config import apply_override, config_from_dict, load_run_config, read_trace_summary
 from sim.policies import POLICIES as POLICY_CLASSES
@@ -582,7 +582,7 @@ def test_profile_file_errors_name_the_file(tmp_path):
 def test_keys_schema_and_resolved_come_from_the_dataclasses():
     import dataclasses
 
-    from base.model import ModelSpec
+    from moebase.model import ModelSpec
     from sim.config.hardware import HardwareSpec
     from sim.config.run_config import SCHEMA, CacheConfig, MemorySizing, NamedConfig, RunConfig, WorkloadConfig
 

@@ -30,9 +30,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError, InputError
-from base.model import load_model
-from base.registry import Registry
+from moebase.errors import ConfigError, InputError
+from moebase.model import load_model
+from moebase.registry import Registry
 from sim.config.hardware import load_hardware
 from sim.config.params import Parametrised, Rule, between, one_of
 from sim.config.run_config import config_from_dict, load_run_config, read_trace_summary

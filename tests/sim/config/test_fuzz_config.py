@@ -25,10 +25,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from base.errors import CONFIG_FIELD_CHARS, CONFIG_PROBLEM_CHARS, ConfigError, InputError
+from moebase.errors import CONFIG_FIELD_CHARS, CONFIG_PROBLEM_CHARS, ConfigError, InputError
 from sim.config.run_config import SCHEMA, apply_override, config_from_dict, load_run_config
-from sim.core.decisions import build_decisions
 from sim.core.workload import build_iterations
+from sim.decisions.build import build_decisions
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS
 from tests.support.messages import checked_message

@@ -17,7 +17,7 @@ import re
 import pytest
 import yaml
 
-from base.profiles import available
+from moebase.profiles import available
 from sim.config.hardware import load_hardware
 from tests.support.paths import ROOT
 

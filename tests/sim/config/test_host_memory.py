@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
-from base.model import load_model
+from moebase.errors import ConfigError
+from moebase.model import load_model
 from sim.config.hardware import load_hardware
 from sim.config.host_memory import FIELD, host_expert_layers, host_memory_check
 from sim.config.memory import DoesNotFit

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
-from base.profiles import available
+from moebase.errors import ConfigError
+from moebase.profiles import available
 from sim.config.hardware import HardwareSpec, load_hardware
 from sim.config.machine import derived_figures, parse_parts_name, parts_name, resolve
 from sim.config.parts import cpu_part, gpu_part, part_names

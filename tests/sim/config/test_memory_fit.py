@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.memory import DoesNotFit, gb, gb_pair
 from sim.config.run_config import config_from_dict, load_run_config
 from sim.config.units import GB

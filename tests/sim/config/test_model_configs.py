@@ -173,7 +173,7 @@ def test_crossover_is_read_from_the_ratios():
 def test_break_even_follows_the_cost_model():
     """Fiddler's rule, from the cost model alone: the host CPU is faster below n tokens per expert, not at n."""
     from sim.config.run_config import load_run_config
-    from sim.timing.costs import CostModel
+    from sim.costs.costs import CostModel
 
     study = _study()
     n, batch = study.break_even("configs/mixtral_rtx4090.yaml")

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
-from base.model import MLA_FIELDS, load_model, model_from_dict
-from base.profiles import available
+from moebase.errors import ConfigError
+from moebase.model import MLA_FIELDS, load_model, model_from_dict
+from moebase.profiles import available
 from tests.support.paths import ROOT
 from traces.profile_from_config import derive_profile
 
@@ -63,7 +63,7 @@ def tolerance(published: str) -> float:
 
 
 #: Checkpoints whose embedding and LM head are one matrix (Switch, as T5: tie_word_embeddings true); the profiles
-#: count both (base/model.py dense_params), so their published size is compared with one of them left out.
+#: count both (moebase/model.py dense_params), so their published size is compared with one of them left out.
 TIED = {"switch-base-8", "switch-base-64", "switch-base-128", "switch-large-128", "switch-xxl-128"}
 
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
-from base.model import load_model, model_from_dict
-from base.profiles import available
+from moebase.errors import ConfigError
+from moebase.model import load_model, model_from_dict
+from moebase.profiles import available
 from sim.config.run_config import config_from_dict
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.parts import (
     CPU_FIGURES,
     GPU_FIGURES,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.run_config import config_from_dict, load_run_config
 from sim.config.system import load_system
 from sim.run import simulate

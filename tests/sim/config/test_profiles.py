@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
-from base.profiles import load_profile
+from moebase.errors import ConfigError
+from moebase.profiles import load_profile
 
 
 @settings(max_examples=30, deadline=None)

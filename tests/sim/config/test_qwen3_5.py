@@ -25,7 +25,7 @@ CONFIGS = {"qwen3_5_35b_a3b": "h200", "qwen3_5_35b_a3b_rtx4090": "rtx4090"}
 
 
 def test_profile_has_the_published_shapes():
-    from base.model import load_model
+    from moebase.model import load_model
 
     m = load_model("qwen3.5-35b-a3b")
     assert (m.d_model, m.d_ff, m.num_experts, m.top_k, m.decoder_moe_layers, m.shared_expert_d_ff) == (
@@ -44,7 +44,7 @@ def test_profile_has_the_published_shapes():
 
 
 def test_bundled_trace_holds_the_12_requests():
-    from base.model import load_model
+    from moebase.model import load_model
     from traces.io import load_trace
 
     trace = load_trace(TRACE)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.run_config import load_run_config
 from sim.config.serving import MAX_REQUESTS, read_arrival_times
 

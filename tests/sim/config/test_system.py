@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import CONFIG_FIELD_CHARS, CONFIG_PROBLEM_CHARS, ConfigError
+from moebase.errors import CONFIG_FIELD_CHARS, CONFIG_PROBLEM_CHARS, ConfigError
 from sim.config.run_config import load_run_config
 from sim.config.system import COPY_STREAMS, DEQUANT_MODES, format_bits, load_system
 from sim.predictors import PREDICTORS

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
-from base.model import load_model
+from moebase.errors import ConfigError
+from moebase.model import load_model
 from sim.config.hardware import load_hardware
 from sim.config.parts import cpu_part
 from sim.config.run_config import load_run_config
 from sim.config.system import FORMATS, IDEAL, SystemSpec, load_system
+from sim.costs.costs import CostModel
 from sim.run import simulate
-from sim.timing.costs import CostModel
 from tests.support.paths import ROOT
 
 SMALL = ("workload.requests=2", "workload.max_decode_tokens=8")
@@ -305,12 +305,12 @@ def test_a_systems_own_predictor_applies_when_the_run_config_names_none():
 def test_a_resolved_config_loads_where_the_projects_configs_are_not(tmp_path, monkeypatch, system):
     """What a sweep ships to a Ray node: the resolved config (model, hardware and system expanded), without the
     project's configs/ folder beside it."""
-    import base.profiles
+    import moebase.profiles
     from sim.config.run_config import config_from_dict
     from sim.policies import POLICIES
     from sim.predictors import PREDICTORS
 
     cfg = _cfg("configs/mixtral.yaml", *([] if system is None else [f"system={system}"]))
-    monkeypatch.setattr(base.profiles, "CONFIG_DIR", tmp_path / "no-configs")
+    monkeypatch.setattr(moebase.profiles, "CONFIG_DIR", tmp_path / "no-configs")
     again = config_from_dict(copy.deepcopy(cfg.resolved), "node", POLICIES.names(), PREDICTORS.names())
     assert again.resolved == cfg.resolved

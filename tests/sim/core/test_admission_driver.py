@@ -1,4 +1,4 @@
-"""The admission driver (``sim.core.admission``): properties that hold for every registered policy on random traces,
+"""The admission driver (``sim.policies.admission``): properties that hold for every registered policy on random traces,
 in both cache organizations (the HPC never loses an expert, no victim of a ranked or keeper policy is an expert its
 layer uses now, no tier exceeds its slots, the protocol's counters add up to the accesses, by source), no policy
 swaps a method on its instance, and a new policy is one class declaring a victim key."""
@@ -13,15 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.run_config import load_run_config
-from sim.core.admission import KEEPER, MODES, RANK, RULE
 from sim.core.cache import CPU, HPC, LPC, MISS, MPC
-from sim.core.protocol import DecisionProtocol
 from sim.core.workload import build_iterations
+from sim.costs.costs import CostModel
+from sim.decisions.protocol import DecisionProtocol
 from sim.policies import POLICIES, Policy
+from sim.policies.admission import KEEPER, MODES, RANK, RULE
 from sim.policies.base import PerLayerCache
-from sim.timing.costs import CostModel
 from tests.support.policies import BOUNDED, policy_context, predictor_for
 from tests.support.traces import make_trace, random_trace
 

@@ -1,4 +1,4 @@
-"""The one decision protocol (``sim/core/protocol.py``) and the one set of copy-queue rules
+"""The one decision protocol (``sim/decisions/protocol.py``) and the one set of copy-queue rules
 (``sim/core/copy_queue.py``):
 the SimPy engine makes exactly the decisions ``replay`` records, and the copy queue keeps its rules under any
 sequence of requests."""
@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.core.copy_queue import CopyQueue
-from sim.core.decisions import build_decisions
-from sim.core.replay import replay
 from sim.core.workload import build_iterations
+from sim.decisions.build import build_decisions
+from sim.decisions.replay import replay
 from sim.run import simulate
 from tests.support.engine import config_for
 from tests.support.traces import random_trace

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
-from base.files import PROJECT_ROOT
+from moebase.errors import ConfigError
+from moebase.files import PROJECT_ROOT
 from sim.config.run_config import config_from_dict, load_run_config, memory_check
 from sim.core.cache import LPC, MISS, MPC, CacheInvariantError, SharedTierCache, TierCache
-from sim.core.replay import replay
 from sim.core.workload import build_iterations
+from sim.decisions.replay import replay
 from sim.policies import POLICIES
 from sim.policies.belady import belady_bound, belady_bound_shared
 from sim.predictors import PREDICTORS, PredictorContext

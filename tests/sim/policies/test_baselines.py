@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.core.cache import HPC, LPC, MISS, MPC
-from sim.core.replay import replay
 from sim.core.workload import build_iterations
+from sim.decisions.replay import replay
 from sim.policies.belady import belady_bound
 from tests.reference.belady import plain_min
 from tests.reference.lfu import plain_lfu_pinned
@@ -209,7 +209,7 @@ def test_belady_bound_on_a_hand_made_trace():
 
 
 def test_belady_needs_the_workload():
-    from base.errors import ConfigError
+    from moebase.errors import ConfigError
 
     trace = random_trace(np.random.default_rng(0), tokens=10, layers=2, experts=4, k=1)
     with pytest.raises(ConfigError, match="iterations"):

@@ -1,5 +1,5 @@
 """`diffmoe` exactly as the Diff-MoE artifact runs it: the policy, driven through the engine's protocol
-(``sim.core.replay.replay``), against ``FetcherCC``, a plain transliteration of the artifact's cache code
+(``sim.decisions.replay.replay``), against ``FetcherCC``, a plain transliteration of the artifact's cache code
 (``ceciliawinter/Diff-MoE``: ``src/fastertransformer/utils/fetcher.cc``, ``FetcherContext::fetch``, cache policy
 0, and the cache set-up of ``models/t5/T5Decoding.cc``), hit for hit and promotion for promotion, on generated
 skewed traces and on the authors' own Switch routing logs (skipped when ../shared is absent). Also: the rules
@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.core.cache import HPC, MISS, MPC
-from sim.core.replay import replay
 from sim.core.workload import build_iterations
+from sim.decisions.replay import replay
 from sim.policies import POLICIES
 from sim.policies._libstdcxx import cxx_sort, sort_by_key_descending
 from sim.predictors import PREDICTORS, PredictorContext
@@ -177,7 +177,7 @@ def assert_same(got, want):
 def test_policy_equals_fetcher_cc_on_generated_skewed_traces(
     seed, hpc, mpc, k, batch, experts, fill, arithmetic, check, dec, thr
 ):
-    mpc = min(mpc, experts - hpc)  # sim.core.decisions.build_decisions refuses more slots than experts
+    mpc = min(mpc, experts - hpc)  # sim.decisions.build.build_decisions refuses more slots than experts
     trace = skewed_trace(seed, experts=experts, k=k)
     its = workload(trace, batch)
     params = {

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.core.replay import replay
 from sim.core.workload import build_iterations
+from sim.decisions.replay import replay
 from tests.support.policies import policy_for, predictor_for
 from tests.support.traces import random_trace
 

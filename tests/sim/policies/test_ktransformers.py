@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
-from base.model import load_model
+from moebase.errors import ConfigError
+from moebase.model import load_model
 from sim.config.params import MAX_EXPERTS, RunFacts
 from sim.config.run_config import load_run_config
 from sim.policies.base import PolicyContext

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.run_config import load_run_config
 from sim.core.cache import LPC, MISS
 from sim.core.workload import build_iterations

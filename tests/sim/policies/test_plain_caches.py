@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.core.cache import HPC, LPC, MISS, MPC
-from sim.core.replay import replay
 from sim.core.workload import build_iterations
+from sim.decisions.replay import replay
 from sim.predictors import PREDICTORS, PredictorContext
 from tests.reference.lfu import plain_lfu
 from tests.reference.lru import plain_lru

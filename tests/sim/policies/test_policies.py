@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.core.cache import HPC, LPC, MISS, MPC
-from sim.core.replay import replay
 from sim.core.workload import build_iterations
+from sim.decisions.replay import replay
 from sim.policies import POLICIES
 from tests.reference.diffmoe import LEGACY, plain_diffmoe
 from tests.reference.lru import plain_lru_hits
@@ -206,7 +206,7 @@ def test_noisy_predictor_reaches_its_recall_and_precision_on_average():
     ],
 )
 def test_bad_predictor_params_name_the_field(name, params, field):
-    from base.errors import ConfigError
+    from moebase.errors import ConfigError
 
     trace = random_trace(np.random.default_rng(0), tokens=10, layers=2, experts=8, k=2)
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -214,7 +214,7 @@ def test_bad_predictor_params_name_the_field(name, params, field):
 
 
 def test_bad_policy_params_name_the_field():
-    from base.errors import ConfigError
+    from moebase.errors import ConfigError
 
     trace = random_trace(np.random.default_rng(0), tokens=10, layers=2, experts=8, k=2)
     with pytest.raises(ConfigError, match=r"policy\.params\.threshold"):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.core.cache import LPC, MISS, MPC
 from sim.core.workload import build_iterations
 from sim.policies import POLICIES

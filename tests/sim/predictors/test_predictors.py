@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.core.cache import LPC, MISS
 from sim.core.expert_activation import ActivationTracker, EAMCollection
-from sim.core.replay import replay
 from sim.core.workload import active_sets, build_iterations, phase_layers
+from sim.decisions.replay import replay
 from sim.policies import POLICIES
 from sim.predictors import PREDICTORS, PredictionScore, PredictorContext
 from sim.run import simulate

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.core.workload import build_iterations
 from sim.predictors import PREDICTORS, PredictorContext
 from sim.predictors.transition import OTHER_REQUESTS, request_folds

@@ -16,11 +16,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError, InputError
+from moebase.errors import ConfigError, InputError
 from tests.support.paths import ROOT
 
 BASE = str(ROOT / "configs" / "switch_xxl.yaml")
-MAX_LINE = 200 + 2 + 500  # "FIELD: problem", each part bounded (base.errors)
+MAX_LINE = 200 + 2 + 500  # "FIELD: problem", each part bounded (moebase.errors)
 EXAMPLES = int(os.environ.get("SWEEP_FUZZ_EXAMPLES", 80))
 FUZZ = settings(
     max_examples=EXAMPLES,

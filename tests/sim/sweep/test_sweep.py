@@ -196,7 +196,7 @@ zip:
 
 @pytest.mark.parametrize("name", ["ci", "cache_size", "predictor_accuracy", "diffmoe_paper", "diffmoe_paper_mixtral"])
 def test_shipped_sweeps_load(name):
-    from base.errors import ConfigError
+    from moebase.errors import ConfigError
     from sim.sweep.cli import load_sweep
 
     try:

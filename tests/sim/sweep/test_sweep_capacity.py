@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.cli import main
 from sim.sweep.spec import load_sweep
 from tests.support.configs import serving_config
@@ -79,8 +79,8 @@ def test_each_rows_capacity_is_sim_capacitys_answer_and_is_tabled_and_plotted(tm
 
 
 def test_a_ray_task_finds_the_same_capacity_from_the_resolved_config(tmp_path, config):
+    from sim.config.run_config import resolve_config
     from sim.sweep.ray.task import run_shipped
-    from sim.sweep.spec import resolve_config
     from sim.sweep.worker import attempt, task_options
 
     sw = load_sweep(_sweep_file(tmp_path, config))

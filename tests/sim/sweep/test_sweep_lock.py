@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.cli import main
 from tests.support.cli import sweep_process
 from tests.support.paths import ROOT

@@ -33,7 +33,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.cli import main
 from tests.support.fuzz import fuzz_settings
 from tests.support.paths import ROOT
@@ -298,7 +298,7 @@ def test_the_node_cache_never_replaces_a_fifo_or_a_folder(tmp_path, monkeypatch)
 
 
 def test_a_run_writes_nothing_when_one_of_its_files_cannot_be_written(tmp_path):
-    from base.errors import InputError
+    from moebase.errors import InputError
     from sim.results import write_outputs
 
     out = tmp_path / "out"

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
-from base.model import load_model
+from moebase.errors import ConfigError
+from moebase.model import load_model
 from sim.config.hardware import CalibrationTables, hardware_from_dict, load_hardware
-from sim.timing.costs import CostModel
+from sim.costs.costs import CostModel
 
 H200 = load_hardware("h200")
 XXL = load_model("switch-xxl-128")

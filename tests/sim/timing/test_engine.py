@@ -259,9 +259,9 @@ def test_missing_config_and_bad_yaml_exit_2(tmp_path):
 
 def engine_for(cfg, trace, **kw):
     """The engine of one run, built as ``sim.run.simulate`` builds it (so that a test can hand it an environment)."""
-    from sim.core.decisions import build_decisions
     from sim.core.workload import build_iterations
-    from sim.timing.costs import CostModel
+    from sim.costs.costs import CostModel
+    from sim.decisions.build import build_decisions
     from sim.timing.engine import Simulation
 
     w = cfg.workload

@@ -1,4 +1,4 @@
-"""The host as it behaves (sim/timing/host_costs.py): NUMA modes order their bandwidth, threads raise bandwidth until
+"""The host as it behaves (sim/costs/host_costs.py): NUMA modes order their bandwidth, threads raise bandwidth until
 the channels are full and compute up to the cores, an expert costs the same per call until it turns compute-bound,
 a kernel family or instruction set the CPU lacks is refused naming the field, replicated experts count per socket
 in host memory, and systems that set none of it are priced as before."""
@@ -11,19 +11,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
-from base.model import load_model
-from base.profiles import available
+from moebase.errors import ConfigError
+from moebase.model import load_model
+from moebase.profiles import available
 from sim.config.hardware import load_hardware
+from sim.config.host_choice import host_copies, uses_host_model
 from sim.config.host_kernels import FORMAT_CLASSES, family_names, format_class, load_family
 from sim.config.host_memory import host_memory_check
 from sim.config.parts import load_table
 from sim.config.run_config import config_from_dict
 from sim.config.system import NUMA_MODES, format_bits, load_system
+from sim.costs.costs import CostModel
+from sim.costs.host_costs import HostCosts, numa_bandwidth
 from sim.policies import POLICIES
 from sim.run import simulate
-from sim.timing.costs import CostModel
-from sim.timing.host_costs import HostCosts, host_copies, numa_bandwidth, uses_host_model
 
 TWO_SOCKETS = "rtx4090d-2x6454s"
 ONE_SOCKET = "rtx4090d-1x6454s"

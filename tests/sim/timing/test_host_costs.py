@@ -47,7 +47,7 @@ def test_an_expert_issue_below_the_expert_compute_changes_nothing(tiny):
 
 
 def test_a_negative_host_cost_is_refused_naming_the_field(tiny):
-    from base.errors import ConfigError
+    from moebase.errors import ConfigError
 
     with pytest.raises(ConfigError) as exc:
         with_hardware(tiny_config(tiny, "lru"), layer_roundtrip_us=-1)

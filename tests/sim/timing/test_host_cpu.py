@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from base.errors import ConfigError
-from base.model import load_model
-from base.profiles import available
+from moebase.errors import ConfigError
+from moebase.model import load_model
+from moebase.profiles import available
 from sim.config.hardware import CPU_FIELDS, CalibrationTables, cpu_format_rate, load_hardware
-from sim.timing.costs import CostModel
+from sim.costs.costs import CostModel
 
 NEW_PROFILES = {"rtx4090", "rtx4090-spr", "h200-granite-rapids", "h200-epyc-genoa", "h200-epyc-turin"}
 MODELS = (

@@ -14,10 +14,10 @@ import pytest
 
 from sim.compare import COLUMNS, compare, table_csv, table_markdown
 from sim.core.cache import CPU, HPC
-from sim.core.protocol import cpu_tokens
+from sim.costs.costs import CostModel
+from sim.decisions.protocol import cpu_tokens
 from sim.results import ITERATION_COLUMNS, iterations_csv
 from sim.run import simulate
-from sim.timing.costs import CostModel
 from tests.reference.fiddler import fiddler_restated
 from tests.support.engine import comparable, config_for
 from tests.support.paths import ROOT
@@ -67,9 +67,9 @@ def test_accesses_capacity_and_host_experts_never_in_a_buffer(skewed, policy, ba
             if src == CPU:
                 assert e not in promoted
     # a host expert never enters a working buffer: replay the steps and look at the LPC at each plan
-    from sim.core.decisions import build_decisions
-    from sim.core.protocol import DecisionProtocol
     from sim.core.workload import build_iterations
+    from sim.decisions.build import build_decisions
+    from sim.decisions.protocol import DecisionProtocol
 
     w = cfg.workload
     its, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
@@ -130,8 +130,8 @@ def test_fiddler_is_its_rule(tmp_path, overhead_us, batch):
         cpu_expert_overhead_us=overhead_us,
     )
     out = simulate(cfg, trace=trace, record_decisions=True, check_invariants=True)
-    from sim.core.decisions import hot_ranking
     from sim.core.workload import build_iterations
+    from sim.decisions.build import hot_ranking
 
     w = cfg.workload
     its, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)

@@ -1,4 +1,4 @@
-"""Both phases (sim/timing/phase_costs.py, docs/phases.md): prompt processing of host-held experts in micro-batches,
+"""Both phases (sim/costs/phase_costs.py, docs/phases.md): prompt processing of host-held experts in micro-batches,
 uploaded to the GPU at or above the threshold, and decode at a KV depth, with the KV on the GPU or on the host."""
 
 from __future__ import annotations
@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.bench import format_table
 from sim.config.run_config import config_from_dict
 from sim.core.prompt_rows import bench_trace
 from sim.core.workload import build_iterations
+from sim.costs.costs import CostModel
+from sim.costs.phase_costs import PhaseCosts
 from sim.run import simulate
-from sim.timing.costs import CostModel
-from sim.timing.phase_costs import PhaseCosts
 from tests.support.engine import POLICY_NAMES, PREDICTOR_NAMES, tiny_model
 from tests.support.traces import make_trace
 from traces.io import save_trace

@@ -89,8 +89,8 @@ def test_long_traces_cross_table_chunks_and_chain_blocks(monkeypatch):
 @given(seed=st.integers(0, 10**6), capacity=st.integers(1, 7), k=st.integers(1, 3))
 def test_step_lru_is_what_the_simulators_lru_policy_hits(seed, capacity, k):
     from sim.core.cache import MPC
-    from sim.core.replay import replay
     from sim.core.workload import build_iterations
+    from sim.decisions.replay import replay
     from sim.predictors import PREDICTORS, PredictorContext
 
     trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=8, k=k, requests=2)

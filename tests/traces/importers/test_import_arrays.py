@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from base.errors import InputError, TraceError
+from moebase.errors import InputError, TraceError
 from tests.support.cli import run_module
 from tests.support.paths import ROOT
 from tests.support.traces import make_trace

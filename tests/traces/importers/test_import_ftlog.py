@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from base.errors import InputError
+from moebase.errors import InputError
 from sim.config.run_config import config_from_dict
 from sim.core.workload import active_sets, build_iterations, phase_layers
 from sim.policies import POLICIES

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from base.errors import InputError
-from sim.core.replay import replay
+from moebase.errors import InputError
 from sim.core.workload import active_sets, build_iterations, phase_layers
+from sim.decisions.replay import replay
 from sim.predictors import PREDICTORS, PredictorContext
 from tests.support.cli import run_traces as run
 from tests.support.paths import ROOT
@@ -140,7 +140,7 @@ def raw_sets_in_step_order(paths):
 
 def replay_sets(trace):
     """Active sets of every (iteration, layer) of a batch-1 static replay: the workload's, and the decisions'
-    of the simulator's LRU policy driven by sim.core.replay."""
+    of the simulator's LRU policy driven by sim.decisions.replay."""
     its, _ = build_iterations(trace, 1, "static", None, True, None)
     layers = phase_layers(trace)
     workload = [frozenset(a) for it in its for a, _ in active_sets(trace, it.rows, layers[it.kind])]

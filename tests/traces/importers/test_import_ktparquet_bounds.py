@@ -17,7 +17,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import traces.importers.ktparquet as kt
-from base.errors import InputError
+from moebase.errors import InputError
 from tests.support.cli import run_traces
 from tests.support.fuzz import PLAIN_NAME_CHARS, fuzz_settings
 from tests.support.messages import checked_message

@@ -401,7 +401,7 @@ def _profile_source(folder, spec, layers=None, k=None, experts=None):
 def test_expert_arrays_refuse_a_shape_their_model_profile_would_refuse(tmp_path, stem):
     """Wrong top-k, layer count or expert count for a profiled model: refused at import, naming the profile;
     the right shape: written, and the simulator's own check accepts it."""
-    from base.model import load_model
+    from moebase.model import load_model
     from traces.summary import read_trace_summary, trace_matches_model
 
     spec = load_model(stem)
@@ -569,7 +569,7 @@ def test_millions_of_empty_requests_are_refused_quickly(tmp_path):
 
 
 def test_the_trace_reader_refuses_absurd_request_counts_and_prompt_lengths(tmp_path):
-    from base.errors import TraceError
+    from moebase.errors import TraceError
 
     code, _, err, _ = run(*arrays_cmd(source(tmp_path / "src", entries=[{"prompt_len": 5}, {}]), tmp_path / "ok.npz"))
     assert code == 0, err

@@ -8,7 +8,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from base.errors import InputError
+from moebase.errors import InputError
 from tests.support.cli import run_module
 from traces.importers.mixtral_jsonl import import_mixtral_jsonl
 from traces.importers.vllm import import_vllm

@@ -21,15 +21,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from base.errors import InputError  # noqa: E402
+from moebase.errors import InputError  # noqa: E402
+from sim.config.trace_run import default_run_config  # noqa: E402
 from traces.cli import run_main  # noqa: E402
 from traces.io import load_trace, save_trace  # noqa: E402
+from traces.record.cli import read_prompts, register  # noqa: E402
 from traces.record.recording import (  # noqa: E402
     RoutingCapture,
     find_moe_layers,
-    read_prompts,
     record_routing,
-    register,
     teacher_forced_routing,
 )
 from traces.record.tiny_models import EOS_ID, TINY_ARCHS, build_tiny_model, encode_bytes  # noqa: E402
@@ -268,6 +268,7 @@ def test_read_prompts(tmp_path):
 def _record_cli(argv, capsys):
     parser = argparse.ArgumentParser(prog="python -m traces")
     register(parser.add_subparsers(dest="command", required=True))
+    parser.set_defaults(make_run_config=default_run_config)  # as the entry point hands it (traces/__main__.py)
     capsys.readouterr()  # drop what the test printed before (e.g. progress bars of save_pretrained)
     code = run_main(parser, ["record", *argv])
     return code, capsys.readouterr()

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import traces.profile_from_config as pfc
 import traces.record.tiny_models as tiny
-from base.errors import InputError
+from moebase.errors import InputError
 from tests.support.cli import run_traces
 from tests.support.fuzz import PLAIN_NAME_CHARS, fuzz_settings, names_near_the_rule
 from traces.record.cli import MAX_UNSTORED_WEIGHT_BYTES, MAX_WEIGHTS_PER_FILE_BYTE

@@ -22,8 +22,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 
-from base.errors import ConfigError, InputError  # noqa: E402
-from base.model import load_model  # noqa: E402
+from moebase.errors import ConfigError, InputError  # noqa: E402
+from moebase.model import load_model  # noqa: E402
 from sim.cli import main as sim_main  # noqa: E402
 from sim.config.run_config import config_from_dict, load_run_config  # noqa: E402
 from tests.support.cli import run_traces  # noqa: E402

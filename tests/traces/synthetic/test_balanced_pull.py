@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import InputError
+from moebase.errors import InputError
 from tests.support.paths import ROOT, SHARED_TRACES
 from traces.analysis import stats
 from traces.format import Trace

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from base.errors import InputError
+from moebase.errors import InputError
 from tests.support.cli import run_module
 from tests.support.real_traces import gpt_oss, switch_decode
 from traces.analysis import stats

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from base.errors import InputError
+from moebase.errors import InputError
 from tests.support.cli import run_module
 from tests.support.paths import ROOT
 from traces.analysis import stats
 from traces.io import load_trace, save_trace
 from traces.synthetic import reshape
 from traces.synthetic.fit import stretch_layers
-from traces.synthetic.generator import SynthKnobs, generate
+from traces.synthetic.generator import SynthKnobs, generate, knobs_sha256
 
 
 def fitted(e=16, k=4, layers=3, seed=0, prefix=2, requests=6) -> SynthKnobs:
@@ -169,9 +169,9 @@ def test_reshape_refuses_unfitted_knobs_and_impossible_top_k():
 
 def test_digest_names_the_stored_values():
     a = np.arange(12.0).reshape(3, 4) / 7
-    assert reshape.knobs_sha256(a) == reshape.knobs_sha256(np.round(a, 6).tolist())
-    assert reshape.knobs_sha256(a) != reshape.knobs_sha256(a.reshape(4, 3))
-    assert reshape.knobs_sha256(a) != reshape.knobs_sha256(a + 1e-5)
+    assert knobs_sha256(a) == knobs_sha256(np.round(a, 6).tolist())
+    assert knobs_sha256(a) != knobs_sha256(a.reshape(4, 3))
+    assert knobs_sha256(a) != knobs_sha256(a + 1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ --from-fit
@@ -213,8 +213,8 @@ def test_from_fit_writes_the_asked_shape_deterministically(fit_file, tmp_path):
     # the tables not stored are the ones the mapping gives (stretch, then reshape)
     stretched, _ = stretch_layers(fitted(), 0, 5)
     shaped = reshape.reshape_experts(stretched, 24, 2).knobs
-    assert k["layer_transition"] == {"shape": [4, 24, 24], "sha256": reshape.knobs_sha256(shaped.layer_transition)}
-    assert k["layer_popularity"] == {"shape": [5, 24], "sha256": reshape.knobs_sha256(shaped.layer_popularity)}
+    assert k["layer_transition"] == {"shape": [4, 24, 24], "sha256": knobs_sha256(shaped.layer_transition)}
+    assert k["layer_popularity"] == {"shape": [5, 24], "sha256": knobs_sha256(shaped.layer_popularity)}
     assert k["layer_stickiness"] == list(stretched.layer_stickiness)
 
 

@@ -160,7 +160,7 @@ def test_knobs_are_refused_unless_the_largest_trace_they_can_make_is_one_a_reade
     requests, lo, span, layers, top_k
 ):
     """Checked before anything is drawn: a typo costs one line, never the machine's memory."""
-    from base.errors import InputError
+    from moebase.errors import InputError
     from traces.format import MAX_CONTEXT, MAX_REQUESTS
     from traces.io import MAX_ARRAY_BYTES
 

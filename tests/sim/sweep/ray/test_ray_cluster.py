@@ -412,7 +412,7 @@ def test_a_ray_init_that_hangs_is_cut_at_the_time_limit_with_one_line():
 def test_address_without_the_ray_executor_and_bad_addresses_exit_2(sweep_file, tmp_path):
     res = _sweep(sweep_file, "--address", "127.0.0.1:6379", "--out", tmp_path / "o")
     assert res.returncode == 2 and "--address: needs --executor ray" in res.stderr
-    from base.errors import ConfigError
+    from moebase.errors import ConfigError
     from sim.sweep.ray.connect import parse_address
 
     assert str(parse_address("10.0.0.1:6379")) == "10.0.0.1:6379"
@@ -424,7 +424,7 @@ def test_address_without_the_ray_executor_and_bad_addresses_exit_2(sweep_file, t
 
 
 def test_token_detection(tmp_path, monkeypatch):
-    from base.errors import ConfigError
+    from moebase.errors import ConfigError
     from sim.sweep.ray.connect import prepare_auth, token_source
 
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -456,7 +456,7 @@ def test_token_detection(tmp_path, monkeypatch):
 )
 def test_the_driver_matches_the_clusters_authentication(tmp_path, monkeypatch, cluster_wants, token, expect):
     import sim.sweep.ray.connect as conn
-    from base.errors import ConfigError
+    from moebase.errors import ConfigError
 
     monkeypatch.setattr(conn, "_have_gcs_client", lambda: True)
     env = {"HOME": str(tmp_path)}

@@ -1,6 +1,6 @@
 """The host CPU computing routed experts, as it behaves: sockets and NUMA placement, the threads given to the kernels,
 the kernel family's rates by instruction set and weight format, and what one call costs. :class:`CostModel
-<sim.timing.costs.CostModel>` asks :class:`HostCosts` for a host expert's time when the system sets any of
+<sim.costs.costs.CostModel>` asks :class:`HostCosts` for a host expert's time when the system sets any of
 ``numa``, ``host_kernel``, ``host_isa``, or sets ``host_threads`` on a CPU part that states ``core_bw_gb_s``;
 otherwise it prices the host exactly as before (the hardware's ``cpu_*`` figures, in proportion to threads).
 
@@ -41,28 +41,15 @@ the layer's host work), not once per expert: a batch that touches more experts p
 
 from __future__ import annotations
 
-from base.errors import ConfigError
-from base.model import ModelSpec
+from moebase.model import ModelSpec
 from sim.config.hardware import HardwareSpec, cpu_format_rate
-from sim.config.host_kernels import (
-    KernelFamily,
-    choose_isa,
-    cpu_isa_classes,
-    format_class,
-    kernel_for,
-    load_family,
-    path_for,
-)
-from sim.config.parts import Part, cpu_part, load_table
+from sim.config.host_choice import choose_kernels, host_cpu, host_sockets
+from sim.config.host_kernels import KernelFamily, format_class, path_for
+from sim.config.parts import load_table
 from sim.config.system import NUMA_MODES, SystemSpec
 
 #: Modes whose threads span sockets (a call pays the cross-socket barrier on a host of several sockets).
 SPANNING = ("interleaved", "replicated", "numa_tp")
-
-
-def host_sockets(hw: HardwareSpec) -> int:
-    """The host's sockets: ``hardware.host.sockets`` of a machine that names its parts, else 1."""
-    return hw.host.sockets if hw.host is not None else 1
 
 
 def numa_bandwidth(total: float, sockets: int, mode: str | None, remote: float) -> float:
@@ -81,25 +68,6 @@ def numa_bandwidth(total: float, sockets: int, mode: str | None, remote: float) 
     raise ValueError(f"unknown NUMA mode {mode!r}")
 
 
-def host_copies(system: SystemSpec, hw: HardwareSpec) -> int:
-    """How many copies of each expert the host holds: one per socket under ``numa: replicated``, else one."""
-    return host_sockets(hw) if system.numa == "replicated" else 1
-
-
-def _cpu(hw: HardwareSpec) -> Part | None:
-    return None if hw.host is None else cpu_part(hw.host.cpu, "hardware.host.cpu")
-
-
-def uses_host_model(system: SystemSpec, hw: HardwareSpec) -> bool:
-    """Whether the system sets anything this module prices (else the host is priced as before)."""
-    if system.numa is not None or system.host_kernel is not None or system.host_isa is not None:
-        return True
-    if system.host_threads is None:
-        return False
-    cpu = _cpu(hw)
-    return cpu is not None and cpu.value("core_bw_gb_s") is not None
-
-
 class HostCosts:
     """One routed expert's time on the host for one model, machine and system (see the module's docstring)."""
 
@@ -111,7 +79,7 @@ class HostCosts:
         self.cores = hw.cpu_cores * self.used_sockets / self.sockets  # cores of the sockets used
         remote = float(load_table("memory").figures["remote_bw_fraction"].value)
         self.numa_bw = numa_bandwidth(hw.cpu_mem_bw, self.sockets, sy.numa, remote)
-        cpu = _cpu(hw)
+        cpu = host_cpu(hw)
         self.cpu = cpu
         core_bw = None if cpu is None else cpu.value("core_bw_gb_s")
         self.core_bw = None if core_bw is None else float(core_bw) * 1e9
@@ -120,7 +88,8 @@ class HostCosts:
         self.family: KernelFamily | None = None
         self.isa: str | None = None
         if sy.host_kernel is not None or sy.host_isa is not None:
-            self._choose_kernels(cpu)
+            choice = choose_kernels(sy, hw, self.format)
+            self.cpu_classes, self.family, self.isa = choice.cpu_classes, choice.family, choice.isa
         kernels = load_table("host_kernels")
         if sy.host_call_s is not None:
             call = sy.host_call_s
@@ -134,29 +103,6 @@ class HostCosts:
         self.layer_s = call if per_layer else 0.0  # once per MoE layer with host experts
         self.call_s = 0.0 if per_layer else call  # once per host expert
         self._hw_rate = cpu_format_rate(hw, bits)[1]
-
-    def _choose_kernels(self, cpu: Part | None) -> None:
-        sy = self.system
-        if cpu is None:
-            field = "system.host_kernel" if sy.host_kernel is not None else "system.host_isa"
-            raise ConfigError(
-                field,
-                f"needs a machine whose host names its CPU part (hardware.host.cpu), to know its instruction sets; "
-                f"{self.hw.name} names none",
-            )
-        entry = load_table("host_kernels").entry(cpu.value("isa"), f"{cpu.file}: figures.isa", "instruction set")
-        self.cpu_classes = cpu_isa_classes(entry, f"{cpu.file}: figures.isa")
-        if sy.host_kernel is None:  # host_isa alone: checked against the CPU; the hardware's rates hold
-            if sy.host_isa not in self.cpu_classes:
-                raise ConfigError(
-                    "system.host_isa",
-                    f"{sy.host_isa} is not an instruction set of the host's CPU {cpu.name} (it has "
-                    f"{' '.join(self.cpu_classes)}: {cpu.file} figures.isa)",
-                )
-            return
-        self.family = load_family(sy.host_kernel)
-        self.isa = choose_isa(self.family, self.cpu_classes, cpu.name, sy.host_isa)
-        kernel_for(self.family, self.isa, self.format, self.cpu_classes)  # refused now, not at the first expert
 
     # ------------------------------------------------------------------ rates
     def threads(self, cores: int | None = None) -> float:
@@ -225,8 +171,5 @@ __all__ = [
     "NUMA_MODES",
     "SPANNING",
     "HostCosts",
-    "host_copies",
-    "host_sockets",
     "numa_bandwidth",
-    "uses_host_model",
 ]

@@ -1,10 +1,10 @@
-"""The decision protocol without time (``sim.core.protocol``): every decision of a run, recorded. Tests use it to check
-policies against plain re-statements of their rules."""
+"""The decision protocol without time (``sim.decisions.protocol``): every decision of a run, recorded. Tests use it
+to check policies against plain re-statements of their rules."""
 
 from __future__ import annotations
 
-from sim.core.protocol import DecisionProtocol, LayerDecision
 from sim.core.workload import Iteration
+from sim.decisions.protocol import DecisionProtocol, LayerDecision
 from sim.policies.base import Policy
 from sim.predictors.base import Predictor
 from traces.format import Trace

@@ -1,6 +1,6 @@
 """The decision protocol: the one piece of plain Python that asks a policy and a predictor for every decision, in
 one order, for every engine. The SimPy engine (``sim/timing/engine.py``) times each step, the validator's executor
-(``validate/executor.py``) runs it with torch, and :func:`sim.core.replay.replay` records it without time.
+(``validate/executor.py``) runs it with torch, and :func:`sim.decisions.replay.replay` records it without time.
 
 Per iteration (:meth:`DecisionProtocol.steps`): ``start_batch`` when a static batch begins, ``start_iteration``
 on the policy and the predictor, then per MoE layer of the iteration's phase, a :class:`LayerStep` is handed to

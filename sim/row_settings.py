@@ -83,7 +83,7 @@ def _depth(v: str, cells: dict) -> Setting | Missing:
 
 def _dense_blocks(model: str) -> int:
     """Blocks before the first MoE block (llama.cpp counts blocks, the placement MoE layers): DeepSeek-V3's 3."""
-    from base.model import load_model
+    from moebase.model import load_model
 
     m = load_model(model)
     return m.decoder_blocks - m.decoder_moe_layers
@@ -107,7 +107,7 @@ def _placement(v: str, cells: dict) -> Setting | Missing:
     if key == "gpu_experts_per_layer":
         return Setting(row={"slots": _int(value)})
     if key in ("n_cpu_moe", "experts_on_gpu_layers"):
-        from base.errors import ConfigError
+        from moebase.errors import ConfigError
         from sim.fit_system import _model_of
 
         try:

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from base.checks import Check, join
-from base.errors import ConfigError
+from moebase.checks import Check, join
+from moebase.errors import ConfigError
 
 #: The default of a key that must be given.
 REQUIRED = dataclasses.MISSING
@@ -89,7 +89,7 @@ def read_settings(
 ) -> dict[str, Any]:
     """Each setting of ``cls`` (but those in ``skip``) from the mapping ``d``, checked, in file units, by field
     name: the given value, else its default (``defaults`` overrides the declared ones by key). ``suffix`` ends
-    every error message (`` (in FILE)``). Keys are not checked here (see :func:`base.checks.check_keys`)."""
+    every error message (`` (in FILE)``). Keys are not checked here (see :func:`moebase.checks.check_keys`)."""
     values: dict[str, Any] = {}
     defaults = defaults or {}
     for f in settings_of(cls):

@@ -1,5 +1,5 @@
 """Field checks for run configs and profiles: each takes a user's value and the field's dotted name, and returns the
-clean value or raises :class:`~base.errors.ConfigError` naming the field, on one bounded line.
+clean value or raises :class:`~moebase.errors.ConfigError` naming the field, on one bounded line.
 
 Every integer and real field has an upper bound (``INT_MAX``, ``NUMBER_MAX`` unless the field states a tighter
 one), so that no value the user writes can overflow a float, an int64 or an allocation later on.
@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Literal, overload
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 
 INT_MAX = 2**31 - 1  # the largest integer a field accepts unless it states its own bound
 NUMBER_MAX = 1e12  # the largest real number a field accepts unless it states its own bound

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from base.checks import check_keys, check_mapping, check_number, integer, join, show, text
-from base.errors import ConfigError
-from base.fields import keys_of, read_settings, required_keys, setting, to_si
-from base.profiles import load_profile
+from moebase.checks import check_keys, check_mapping, check_number, integer, join, show, text
+from moebase.errors import ConfigError
+from moebase.fields import keys_of, read_settings, required_keys, setting, to_si
+from moebase.profiles import load_profile
 
 ROLES = ("encoder", "decoder")
 DTYPE_BYTES = (1, 2, 4, 8)
@@ -81,7 +81,7 @@ class ModelSpec:
     v_head_dim: int = setting(0, integer(0), constructor_default=True)
     # FLOPs of one block's attention per (query token, context token) pair, averaged over the blocks, where the plain
     # ``4 x n_heads x head_dim`` does not hold (a hybrid model whose linear-attention blocks attend over no context:
-    # Qwen3.5); None keeps that rule. Read by the attention at a KV depth (sim/timing/phase_costs.py).
+    # Qwen3.5); None keeps that rule. Read by the attention at a KV depth (sim/costs/phase_costs.py).
     context_pair_flops: int | None = setting(None, integer(1, allow_none=True), constructor_default=True)
 
     @property
@@ -260,7 +260,7 @@ def model_from_dict(d: Any, where: str = "model", suffix: str = "") -> ModelSpec
     """Validate a model mapping (no ``base``) into a :class:`ModelSpec`. ``suffix`` ends every message
     (e.g. `` (in configs/models/x.yaml)``)."""
     d = check_mapping(d, where)
-    check_keys(d, where, required_keys(ModelSpec), MODEL_FIELDS, suffix, see="base/model.py")
+    check_keys(d, where, required_keys(ModelSpec), MODEL_FIELDS, suffix, see="moebase/model.py")
     spec = ModelSpec(**to_si(ModelSpec, read_settings(ModelSpec, d, where, suffix)))
 
     def fail(key, problem):

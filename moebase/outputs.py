@@ -7,7 +7,7 @@ device, a socket or the wrong kind of entry is refused, as is a place that is on
 Inside an :func:`output_batch` (every command line runs in one: ``traces.cli.run_main``) the renames wait until the
 command has finished: its files appear together when it succeeds, and none of them when anything fails on the way
 (bad input found late, a full disk, a read-only mount, a file-size or quota limit), so a rerun after the cause is
-fixed just works. A write that fails is an :class:`~base.errors.OutputError` naming the file (exit status 2).
+fixed just works. A write that fails is an :class:`~moebase.errors.OutputError` naming the file (exit status 2).
 Progress that a later run resumes from (a sweep's rows, a measurement's runs) is written ``at_once``.
 """
 
@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from base.errors import OutputError, TraceError, brief
+from moebase.errors import OutputError, TraceError, brief
 
 #: The errors of a write that a user fixes outside the program (space, a mount, a size or quota limit): exit 2.
 WRITE_FAULTS = frozenset(e for e in (errno.ENOSPC, errno.EROFS, errno.EFBIG, getattr(errno, "EDQUOT", None)) if e)

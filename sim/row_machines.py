@@ -24,10 +24,10 @@ import functools
 import re
 from pathlib import Path
 
-from base.checks import show
-from base.errors import ConfigError
-from base.files import CONFIG_DIR
-from base.profiles import available
+from moebase.checks import show
+from moebase.errors import ConfigError
+from moebase.files import CONFIG_DIR
+from moebase.profiles import available
 from sim.config.machine import MEMORY_TOKEN, resolve
 from sim.config.parts import closest_text, part_names
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from base.errors import ConfigError
-from sim.core.admission import AdmissionDriver
+from moebase.errors import ConfigError
 from sim.policies import POLICIES, PolicyContext
+from sim.policies.admission import AdmissionDriver
 from sim.policies.base import PerLayerCache, Policy
 from sim.policies.lru import LRU
 from tests.support.fuzz import fuzz_settings

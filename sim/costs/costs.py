@@ -12,7 +12,7 @@ A hardware profile's measured ``tables`` (from a calibration run) replace the ro
   extrapolated (never below the edge value) above it. One table serves both stacks of an encoder-decoder model.
 
 The expert and dense tables hold for one model's shapes: a :class:`CostModel` refuses tables measured for another
-model (:class:`~base.errors.ConfigError` naming ``hardware.tables.model``).
+model (:class:`~moebase.errors.ConfigError` naming ``hardware.tables.model``).
 
 Experts computed on the host CPU (as Fiddler, kTransformers and llama.cpp ``--n-cpu-moe`` do): :meth:`CostModel.
 cpu_expert_s` is a roofline of the expert's weight bytes, at their storage width (``expert_bits``), read from host
@@ -35,11 +35,11 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from base.errors import ConfigError
-from base.model import ModelSpec
-from sim.config.hardware import HardwareSpec, cpu_format_rate
+from moebase.model import ModelSpec
+from sim.config.hardware import HardwareSpec, check_tables, cpu_format_rate
+from sim.config.host_choice import uses_host_model
 from sim.config.system import DEQUANT_OUT_BITS, IDEAL, SystemSpec
-from sim.timing.host_costs import HostCosts, uses_host_model
+from sim.costs.host_costs import HostCosts
 
 DIRECTIONS = ("h2d", "d2h")  # activation copies: host -> device, device -> host
 
@@ -48,18 +48,6 @@ FFN_EXTRA_KERNELS = 2  # around a dense FFN block, beside one GEMM per weight ma
 GATE_KERNELS = 2  # the router GEMM, then softmax + top-k
 MOE_EXTRA_KERNELS = 1  # the norm in front of an MoE layer
 _CACHE_LIMIT = 1 << 17  # memo entries kept per method before the memo is cleared
-
-
-def check_tables(model: ModelSpec, hw: HardwareSpec, where: str = "hardware") -> None:
-    """Raise ConfigError when ``hw`` carries expert/dense tables measured for a model other than ``model``."""
-    t = hw.tables
-    if t is not None and t.has_model_tables and t.model != model.name:
-        raise ConfigError(
-            f"{where}.tables.model",
-            f"the expert/dense/lm_head/cpu_expert tables in {hw.source} were measured for model "
-            f"{t.model!r}, but the run's model is {model.name!r} (calibrate for it, or drop those "
-            f"tables)",
-        )
 
 
 class _Table1D:
@@ -174,7 +162,7 @@ class CostModel:
         self._dense_memo: dict[tuple, float] = {}
         self._cpu_expert_memo: dict[tuple, float] = {}
         self.cpu_format, self.cpu_rate = cpu_format_rate(hw, model.expert_bits_per_weight)
-        # the host as it behaves (NUMA, threads, kernel family: sim/timing/host_costs.py), when the system sets it
+        # the host as it behaves (NUMA, threads, kernel family: sim/costs/host_costs.py), when the system sets it
         self.host = HostCosts(model, hw, sy) if uses_host_model(sy, hw) else None
         self.cpu_layer_s = 0.0 if self.host is None else self.host.layer_s  # per MoE layer with host experts
 
@@ -362,7 +350,7 @@ class CostModel:
         a table's time grows in inverse proportion (its fixed part too).
 
         A system that sets ``numa``, ``host_kernel``, ``host_isa`` (or ``host_threads`` on a CPU part stating
-        ``core_bw_gb_s``) is priced by :class:`~sim.timing.host_costs.HostCosts` instead (a table still wins);
+        ``core_bw_gb_s``) is priced by :class:`~sim.costs.host_costs.HostCosts` instead (a table still wins);
         :attr:`cpu_layer_s` is then its cost per MoE layer with host experts."""
         key = (tokens, cores)
         memo = self._cpu_expert_memo

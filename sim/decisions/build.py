@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from base.errors import ConfigError
+from moebase.errors import ConfigError
 from sim.config.run_config import RunConfig
+from sim.costs.costs import CostModel
 from sim.policies import POLICIES, Policy, PolicyContext
 from sim.policies.base import hot_ranking_from_counts, selection_counts
 from sim.predictors import PREDICTORS, Predictor, PredictorContext
-from sim.timing.costs import CostModel
 from traces.format import Trace
 from traces.io import load_trace
 

@@ -33,7 +33,7 @@ A policy declares how it admits (``Policy.admits``) and the driver does the rest
 
 Every promotion goes through the cache (which checks its invariants) and into ``plan.promote``: expert -> victim
 (an expert, or ``(victim's layer, victim)`` in a shared cache, or None). Hits and misses are not counted here: the
-decision protocol (``sim.core.protocol``) derives them from the plan.
+decision protocol (``sim.decisions.protocol``) derives them from the plan.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sim.core.cache import HPC, LPC, MISS, MPC, TierCache
+from sim.policies.layer_plan import LayerPlan
 
 RANK, KEEPER, RULE = "rank", "keeper", "rule"
 MODES = (None, RANK, KEEPER, RULE)
@@ -64,11 +65,10 @@ def _ranked_victim(mpc: dict, busy, key: Callable[[int], Any] | None) -> Any:
     return max(free, key=key) if free else FULL_OF_ACTIVE
 
 
-def _overrides(policy: Any, name: str) -> bool:
-    """Whether the policy's class overrides the base class's ``name`` (a hook the driver then calls)."""
-    from sim.policies.base import Policy
-
-    return getattr(type(policy), name) is not getattr(Policy, name)
+def _overrides(policy: Any, policy_base: type, name: str) -> bool:
+    """Whether the policy's class overrides ``name`` of ``policy_base``, the class every policy derives from (a hook the
+    driver then calls)."""
+    return getattr(type(policy), name) is not getattr(policy_base, name)
 
 
 class AdmissionDriver:
@@ -94,7 +94,7 @@ class AdmissionDriver:
         "num_experts",
     )
 
-    def __init__(self, policy: Any):
+    def __init__(self, policy: Any, policy_base: type):
         mode = policy.admits
         if mode not in MODES:
             raise TypeError(f"policy {policy.name!r}: admits must be one of {MODES}, got {mode!r}")
@@ -105,17 +105,15 @@ class AdmissionDriver:
         self.mode = mode
         self.shared = bool(self.cache.shared)
         self.touch = bool(policy.touch_hits)
-        self.observe = policy.observe if mode is not None and _overrides(policy, "observe") else None
+        self.observe = policy.observe if mode is not None and _overrides(policy, policy_base, "observe") else None
         self.observe_all = bool(policy.observes_every_layer)
-        self.bypass = policy.keeps_out if _overrides(policy, "keeps_out") else None
-        self.after = policy.after_admission if _overrides(policy, "after_admission") else None
+        self.bypass = policy.keeps_out if _overrides(policy, policy_base, "keeps_out") else None
+        self.after = policy.after_admission if _overrides(policy, policy_base, "after_admission") else None
         #: the per-layer victim key (None: least recent use, without asking)
-        self.key_of = policy.victim_key if _overrides(policy, "victim_key") else None
+        self.key_of = policy.victim_key if _overrides(policy, policy_base, "victim_key") else None
         self.layers = sorted(policy.ctx.cached_layers)  # ascending: the run order of the cached layers
         #: the shared cache's recency order ((layer, expert), least recent first), for a ranking of None
         self.order: dict[tuple[int, int], None] = {}
-        from sim.policies.base import LayerPlan
-
         self.layer_plan = LayerPlan
         self.num_experts = self.cache.num_experts
         self.classify = policy.classify
@@ -126,7 +124,7 @@ class AdmissionDriver:
             mode == RANK
             and type(self.cache) is TierCache
             and self.observe is None
-            and not _overrides(policy, "classify")
+            and not _overrides(policy, policy_base, "classify")
         )
         self.plan = self._plan_ranked if fused else self._plan_general
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from base.checks import MAX_DEPTH, check_size, show
-from base.errors import ConfigError
-from base.outputs import note_input
+from moebase.checks import MAX_DEPTH, check_size, show
+from moebase.errors import ConfigError
+from moebase.outputs import note_input
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = PROJECT_ROOT / "configs"

@@ -44,8 +44,8 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except (KeyError, TypeError):
-            from base.checks import known_text
-            from base.errors import brief
+            from moebase.checks import known_text
+            from moebase.errors import brief
 
             raise KeyError(
                 f"unknown {self.kind} {brief(name)} ({known_text(name, self.names(), self.folder)})"

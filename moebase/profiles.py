@@ -1,7 +1,7 @@
 """Profile references: a model or hardware profile given by name (``configs/KIND/NAME.yaml``), by path (a YAML or
 JSON file), or inline as a mapping, any of which may name a ``base`` profile whose fields it inherits and
 overrides (``hardware: {base: h200, pcie_bw_gb_s: 25}``). This module turns a reference into the merged mapping;
-:mod:`base.model` and :mod:`sim.config.hardware` check it."""
+:mod:`moebase.model` and :mod:`sim.config.hardware` check it."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from base.checks import NAME_CHARS, check_mapping, join, kind_of, known_text, show
-from base.errors import ConfigError, brief
-from base.files import CONFIG_DIR, PROJECT_ROOT, file_status, read_structured_file, resolve_path
+from moebase.checks import NAME_CHARS, check_mapping, join, kind_of, known_text, show
+from moebase.errors import ConfigError, brief
+from moebase.files import CONFIG_DIR, PROJECT_ROOT, file_status, read_structured_file, resolve_path
 
 PROFILE_SUFFIXES = (".yaml", ".yml", ".json")
 #: ``merge(base, child, where)``: a profile's mapping laid over its base's.

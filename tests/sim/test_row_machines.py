@@ -1,4 +1,4 @@
-"""The machine a measured row ran on (sim/config/row_machines.py): the bundled profile of the same parts, else one
+"""The machine a measured row ran on (sim/row_machines.py): the bundled profile of the same parts, else one
 composed from the row's parts, never another machine's host; a part that is not bundled is refused with the closest
 names."""
 
@@ -8,10 +8,10 @@ import csv
 
 import pytest
 
-from base.errors import ConfigError
-from base.profiles import available
+from moebase.errors import ConfigError
+from moebase.profiles import available
 from sim.config.hardware import load_hardware
-from sim.config.row_machines import host_of_words, machine_of
+from sim.row_machines import host_of_words, machine_of
 from tests.support.paths import ROOT
 
 #: Each published row's machine, as its v2 columns (gpu, cpu, sockets, memory, memory_gb, pcie) map it: the bundled

@@ -30,7 +30,7 @@ def one_line(text: object, limit: int = MAX_MESSAGE_CHARS) -> str:
     escape code, a NUL, a lone surrogate) is shown escaped (``\\x1b``), so a terminal never interprets it. A longer
     result is cut and ends in "...". Only the first 4 x ``limit`` characters of ``text`` are read (a megabyte of
     input costs no more than a short one); when that drops some, the result ends in "..." too. This is the one
-    implementation: ``base.errors.ConfigError`` and every caller in sim, traces and validate use it."""
+    implementation: ``moebase.errors.ConfigError`` and every caller in sim, traces and validate use it."""
     limit = max(limit, 0)
     raw = str(text)
     line = " ".join(raw[: 4 * limit].split())

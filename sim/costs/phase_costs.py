@@ -30,7 +30,7 @@ import math
 
 from sim.config.hardware import cpu_format_rate
 from sim.core.workload import Iteration
-from sim.timing.costs import CostModel
+from sim.costs.costs import CostModel
 
 #: Query rows per flash-attention tile: the KV is read once per tile (assumption, see the module's docstring).
 QUERY_TILE = 128
@@ -55,7 +55,7 @@ class PhaseCosts:
     def _host_attention_rates(self) -> tuple[float, float]:
         """(FLOP/s, bytes/s) of the attention on the host (-nkvo): the host's 16-bit rate and its memory bandwidth
         (times the system's ``host_bw_fraction``), in the share of the sockets and threads the system gives its host
-        kernels, as its experts see them: :class:`~sim.timing.host_costs.HostCosts` when the system sets ``numa``,
+        kernels, as its experts see them: :class:`~sim.costs.host_costs.HostCosts` when the system sets ``numa``,
         kernels or threads there (no kernel family's share: attention is not an expert kernel), else the threads'
         share of the cores (:meth:`CostModel.cpu_expert_s`'s rule)."""
         costs = self.costs
