@@ -175,3 +175,36 @@ def test_the_benchmark_exits_2_on_a_file_of_the_old_columns(tmp_path):
         timeout=120,
     )
     assert res.returncode == 2 and "old.csv" in res.stderr and "lacks the v2 columns" in res.stderr
+
+
+def test_a_system_fits_its_decode_constant_on_decode_rows_and_its_prefill_one_on_prefill_rows(tmp_path):
+    """llama.cpp: host_bw_fraction on its decode fit rows only, then pageable_fraction on its prefill fit rows only,
+    with the decode constant fixed at its fitted value; predictions carry both; without a prefill fit row the
+    profile keeps its own prefill constant."""
+    import csv
+
+    with open(PUBLISHED, newline="") as fh:
+        shipped = {r["row"]: r for r in csv.DictReader(fh)}
+    tg, pp = dict(shipped["lcpp-ik357-q30b-tg-kv0"]), dict(shipped["lcpp-ik357-q30b-pp-kv0"])
+    pred = dict(pp, row="pp-predict", role="predict", published_tok_s="")
+    calls = []
+
+    def sim(r, c):  # decode moves with the bandwidth share only; prefill with both
+        calls.append((r.measure, dict(c)))
+        bw = c.get("host_bw_fraction", 0.5)
+        return 100 * bw if r.measure == "decode" else 1000 * c.get("pageable_fraction", 0.5) * (0.5 + bw)
+
+    rows = [dict(tg, published_tok_s="40"), dict(pp, published_tok_s="270"), pred]
+    ev = evaluate(read_published(write_rows(tmp_path / "r.csv", rows, COLUMNS_V2)), simulate=sim)
+    fit = ev["fits"]["llama.cpp"]
+    assert fit.key == "host_bw_fraction" and fit.rows == ("lcpp-ik357-q30b-tg-kv0",)
+    assert fit.value == pytest.approx(0.4, rel=1e-3)  # 100 x 0.4 = 40
+    assert fit.extra_rows == {"pageable_fraction": ("lcpp-ik357-q30b-pp-kv0",)}
+    assert fit.extra["pageable_fraction"] == pytest.approx(0.3, rel=1e-3)  # 1000 x 0.3 x 0.9 = 270
+    fitting = calls[: next(i for i, (m, c) in enumerate(calls) if set(c) == {"host_bw_fraction", "pageable_fraction"})]
+    assert {m for m, _ in fitting} == {"decode"}  # the decode constant saw no prefill row
+    assert all(c["host_bw_fraction"] == fit.value for m, c in calls if m == "prefill")
+    by_row = {r["row"]: r for r in ev["rows"]}
+    assert by_row["pp-predict"]["constants"] == {"host_bw_fraction": fit.value, "pageable_fraction": 0.3}
+    only_decode = evaluate(read_published(write_rows(tmp_path / "d.csv", rows[:1], COLUMNS_V2)), simulate=sim)
+    assert only_decode["fits"]["llama.cpp"].extra == {}
