@@ -60,7 +60,7 @@ def test_every_option_key_and_placement_of_the_schema_has_a_rule():
         ({"options": "kernel=amx;dynamic_sched=off"}, "dynamic_sched=off"),
         ({"options": "foo=bar"}, "option foo"),
         ({"options": "cuda_graph=off"}, "cuda_graph=off"),
-        ({"options": "mla=off"}, "mla=off"),
+        ({"options": "mla=2"}, "mla=2"),
         ({"system": "other"}, "system other has no profile"),
         ({"model": "gpt-5"}, "model gpt-5 has no profile"),
         ({"gpu": "rtx4090-24gb", "cpu": "epyc-9999"}, "hardware part: cpu 'epyc-9999' has no part"),
@@ -208,3 +208,15 @@ def test_a_system_fits_its_decode_constant_on_decode_rows_and_its_prefill_one_on
     assert by_row["pp-predict"]["constants"] == {"host_bw_fraction": fit.value, "pageable_fraction": 0.3}
     only_decode = evaluate(read_published(write_rows(tmp_path / "d.csv", rows[:1], COLUMNS_V2)), simulate=sim)
     assert only_decode["fits"]["llama.cpp"].extra == {}
+
+
+def test_mla_off_runs_the_row_s_model_with_its_keys_and_values_decompressed():
+    """``mla=off`` (ik_llama.cpp -mla 0) lays ``latent_cache: false`` over the row's model profile."""
+    from sim.config.model import load_model
+
+    rows = {p.id: p for p in read_published(PUBLISHED)}
+    p = rows["ik-ik232-dslite-iq4nl-tg-breakdown"]
+    assert p.row is not None and p.plan.missing == []
+    d = p.plan.overlay({"model": "deepseek-v2-lite", "system": {}})
+    assert d["model"] == {"base": "deepseek-v2-lite", "latent_cache": False}
+    assert load_model(d["model"]).kv_bytes_per_block_token > load_model("deepseek-v2-lite").kv_bytes_per_block_token
