@@ -409,7 +409,8 @@ def check_row(
         line=line,
         file=path,
         trace=trace or "",
-        **formats,
+        expert_format=formats["expert_format"],
+        dense_format=formats["dense_format"],
     )
 
 
@@ -648,9 +649,13 @@ def fit_rows(
         spec = SYSTEMS[system][1]
         mine = [r for r in fit_rows if r.system == system]
         rows = [r for r in mine if spec.measure is None or r.measure == spec.measure]
-        value, bound = _fit_one(rows, spec, sim, iterations) if rows else (None, False)
-        per_gpu, by_gpu = {}, {}
-        if spec.per_gpu and rows:
+        value: float | None = None
+        bound = False
+        per_gpu: dict[str, float] = {}
+        by_gpu: dict[str, tuple[str, ...]] = {}
+        if rows:
+            value, bound = _fit_one(rows, spec, sim, iterations)
+        if spec.per_gpu and value is not None:
             gpus = list(dict.fromkeys(r.hardware for r in rows))
             for hw in gpus:
                 group = [r for r in rows if r.hardware == hw]
