@@ -46,6 +46,7 @@ def report(rows_path: str, json_out: str | None) -> int:
                     "per_gpu": f.per_gpu,
                     "rows": list(f.rows),
                     "rows_by_gpu": {k: list(v) for k, v in f.rows_by_gpu.items()},
+                    "extra": {k: {"value": v, "rows": list(f.extra_rows[k])} for k, v in f.extra.items()},
                 }
                 for name, f in ev["fits"].items()
             },

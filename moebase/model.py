@@ -32,6 +32,12 @@ def _dtype_bytes(value: Any, where: str) -> int:
     return int(value)
 
 
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(where, f"must be true or false, got {show(value)}")
+    return value
+
+
 def _expert_bits(value: Any, where: str) -> float | None:
     """``expert_bits``: None (absent: 8 * dtype_bytes), or a number of bits per weight in (0, 64]."""
     if value is None:
@@ -79,6 +85,10 @@ class ModelSpec:
     qk_nope_head_dim: int = setting(0, integer(0), constructor_default=True)
     qk_rope_head_dim: int = setting(0, integer(0), constructor_default=True)
     v_head_dim: int = setting(0, integer(0), constructor_default=True)
+    # With latent attention: whether the KV cache holds the compressed latent (true, as vLLM, SGLang and llama.cpp's
+    # MLA mode cache it) or the decompressed per-head keys and values (false: ik_llama.cpp -mla 0, the HF reference
+    # code), which sets the cache's bytes per token and the attention's FLOPs over the context
+    latent_cache: bool = setting(True, lambda v, where: _bool(v, where), constructor_default=True)
     # FLOPs of one block's attention per (query token, context token) pair, averaged over the blocks, where the plain
     # ``4 x n_heads x head_dim`` does not hold (a hybrid model whose linear-attention blocks attend over no context:
     # Qwen3.5); None keeps that rule. Read by the attention at a KV depth (sim/costs/phase_costs.py).
@@ -87,8 +97,13 @@ class ModelSpec:
     @property
     def attention_pair_flops(self) -> int:
         """FLOPs of one block's attention per (query token, context token) pair: ``context_pair_flops``, or
-        ``4 x n_heads x head_dim`` (QK^T and AV, a multiply-add each)."""
-        return self.context_pair_flops or 4 * self.n_heads * self.head_dim
+        ``4 x n_heads x head_dim`` (QK^T and AV, a multiply-add each); latent attention with its keys and values
+        decompressed (``latent_cache`` false): ``2 x n_heads x (qk_nope + qk_rope + v_head_dim)``."""
+        if self.context_pair_flops:
+            return self.context_pair_flops
+        if self.latent_attention and not self.latent_cache:
+            return 2 * self.n_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim)
+        return 4 * self.n_heads * self.head_dim
 
     # -- per expert
     @property
@@ -168,7 +183,11 @@ class ModelSpec:
     def kv_bytes_per_block_token(self) -> int:
         """KV-cache bytes of one token in one decoder block: its K and V, or with latent attention the compressed
         latent and the shared rotary key (``kv_lora_rank + qk_rope_head_dim`` values, as vLLM and SGLang cache
-        them)."""
+        them), or with ``latent_cache`` false every head's decompressed key and value (``n_heads x (qk_nope +
+        qk_rope + v_head_dim)`` values)."""
+        if self.latent_attention and not self.latent_cache:
+            heads = self.n_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim)
+            return heads * self.dtype_bytes
         if self.latent_attention:
             return ((self.kv_lora_rank or 0) + self.qk_rope_head_dim) * self.dtype_bytes
         return 2 * self.n_kv_heads * self.head_dim * self.dtype_bytes
@@ -229,6 +248,8 @@ class ModelSpec:
     def _stated(self, field: str) -> bool:
         if field in ("expert_bits", "context_pair_flops"):
             return getattr(self, field) is not None
+        if field == "latent_cache":  # stated only when false, so that every other profile reads (and hashes) as before
+            return not self.latent_cache
         return field not in MLA_FIELDS or self.latent_attention
 
     # -- parameter counts, as model cards state them
@@ -294,6 +315,8 @@ def _check_latent_attention(spec: ModelSpec, fail) -> None:
         for key in MLA_FIELDS[1:]:
             if getattr(spec, key):
                 fail(key, "is a width of multi-head latent attention: it needs kv_lora_rank")
+        if not spec.latent_cache:
+            fail("latent_cache", "false decompresses multi-head latent attention's cache: it needs kv_lora_rank")
         return
     if spec.qk_nope_head_dim + spec.qk_rope_head_dim == 0:
         fail("qk_nope_head_dim", "and qk_rope_head_dim are both 0: latent attention needs a query/key head width")

@@ -145,6 +145,7 @@ class Fitted:
     per_gpu: bool  # one value per GPU (the software's cost depends on it), else one for the system
     increasing: bool  # tokens/s grows with the constant
     log_scale: bool = False  # bisect on log(value)
+    measure: str | None = None  # fitted on the fit rows of this measure only (decode | prefill); None: every one
 
 
 #: System name -> (system profile, the constant it fits).
@@ -155,13 +156,22 @@ SYSTEMS: dict[str, tuple[str, Fitted]] = {
     "fiddler": ("fiddler", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
     # share of the host memory bandwidth kTransformers' host expert kernels reach
     "ktransformers": ("ktransformers", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
-    "llama.cpp": ("llama-cpp", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
+    # llama.cpp and ik_llama.cpp: on their decode rows (their prompt rows fit PREFILL_CONSTANTS' constant)
+    "llama.cpp": ("llama-cpp", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True, "decode")),
     # the same constant for ik_llama.cpp's, kTransformers' SOSP'25 build's and kt-kernel's host expert kernels
-    "ik_llama.cpp": ("ik-llama-cpp", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
+    "ik_llama.cpp": ("ik-llama-cpp", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True, "decode")),
     "ktransformers-sosp25": ("ktransformers-sosp25", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
     "kt-kernel": ("kt-kernel", Fitted("host_bw_fraction", 0.01, 1.0, False, True, True)),
     # framework time per MoE layer
     "deepspeed": ("deepspeed", Fitted("layer_overhead_us", 0.0, 100_000.0, True, False)),
+}
+#: System name -> the second constant it fits, on its prompt-processing (prefill) fit rows, after SYSTEMS' constant
+#: (on its decode rows) is fitted: what sets a prompt batch's time where the decode constant does not. llama.cpp:
+#: the share of the link's bandwidth its uploads of host-held experts reach from pageable (mmap'd) host memory;
+#: ik_llama.cpp: the share of its host kernels' compute rate (prompt batches on the host are compute-bound).
+PREFILL_CONSTANTS: dict[str, Fitted] = {
+    "llama.cpp": Fitted("pageable_fraction", 0.02, 1.0, False, True, True, "prefill"),
+    "ik_llama.cpp": Fitted("host_compute_fraction", 0.02, 1.0, False, True, True, "prefill"),
 }
 SYSTEM_ALIASES = {
     "llama-cpp": "llama.cpp",
@@ -198,6 +208,7 @@ class Row:
     line: int = 0  # the file's line number
     file: str = ""  # the file it was read from
     trace: str = ""  # the trace it replays (blank: its model's in TRACES)
+    measure: str = "decode"  # what the measured figure times: decode | prefill (a published row's metric)
 
     @property
     def published_tok_s(self) -> float | None:
@@ -397,7 +408,8 @@ def check_row(
         line=line,
         file=path,
         trace=trace or "",
-        **formats,
+        expert_format=formats["expert_format"],
+        dense_format=formats["dense_format"],
     )
 
 
@@ -604,19 +616,22 @@ def simulate_row(row: Row, constants: dict[str, float], system_profile: str | No
 # ------------------------------------------------------------------------------------------------ fitting
 @dataclass(frozen=True)
 class SystemFit:
-    """A system's fitted constant: its value over all fit rows, and per GPU where it depends on the GPU."""
+    """A system's fitted constant: its value over all fit rows, and per GPU where it depends on the GPU; and the
+    second constant it fits on its prefill rows (:data:`PREFILL_CONSTANTS`), when it has such rows."""
 
     system: str
     key: str
-    value: float | None  # over all the system's fit rows (None: no fit row)
+    value: float | None  # over the system's fit rows of its measure (None: no such row)
     per_gpu: dict[str, float]  # hardware profile -> value
     rows: tuple[str, ...]  # the fit rows' ids
     rows_by_gpu: dict[str, tuple[str, ...]]
     at_bound: bool = False  # the search range's end was reached (the rows want more)
+    extra: dict[str, float] = dataclasses.field(default_factory=dict)  # second constants: key -> value
+    extra_rows: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # key -> its fit rows
 
     def constants_for(self, hardware: str) -> dict[str, float]:
         v = self.per_gpu.get(hardware, self.value)
-        return {} if v is None else {self.key: v}
+        return {**({} if v is None else {self.key: v}), **self.extra}
 
 
 def fit_rows(
@@ -631,10 +646,15 @@ def fit_rows(
             raise ValueError(f"row {r.row}: only fit rows with a measured value may be fitted on")
     for system in dict.fromkeys(r.system for r in fit_rows):
         spec = SYSTEMS[system][1]
-        rows = [r for r in fit_rows if r.system == system]
-        value, bound = _fit_one(rows, spec, sim, iterations)
-        per_gpu, by_gpu = {}, {}
-        if spec.per_gpu:
+        mine = [r for r in fit_rows if r.system == system]
+        rows = [r for r in mine if spec.measure is None or r.measure == spec.measure]
+        value: float | None = None
+        bound = False
+        per_gpu: dict[str, float] = {}
+        by_gpu: dict[str, tuple[str, ...]] = {}
+        if rows:
+            value, bound = _fit_one(rows, spec, sim, iterations)
+        if spec.per_gpu and value is not None:
             gpus = list(dict.fromkeys(r.hardware for r in rows))
             for hw in gpus:
                 group = [r for r in rows if r.hardware == hw]
@@ -644,18 +664,29 @@ def fit_rows(
                     continue
                 per_gpu[hw], b = _fit_one(group, spec, sim, iterations)
                 bound = bound or b
-        out[system] = SystemFit(system, spec.key, value, per_gpu, tuple(r.row for r in rows), by_gpu, bound)
+        extra, extra_rows = {}, {}
+        second = PREFILL_CONSTANTS.get(system)
+        prefill = [r for r in mine if second is not None and r.measure == second.measure]
+        if second is not None and prefill:  # fitted with the first constant fixed at its fitted value
+            fixed = {} if value is None or spec.per_gpu else {spec.key: value}
+            extra[second.key], b = _fit_one(prefill, second, sim, iterations, fixed)
+            extra_rows[second.key] = tuple(r.row for r in prefill)
+            bound = bound or b
+        out[system] = SystemFit(
+            system, spec.key, value, per_gpu, tuple(r.row for r in rows), by_gpu, bound, extra, extra_rows
+        )
     return out
 
 
-def _fit_one(rows: list[Row], spec: Fitted, sim, iterations: int) -> tuple[float, bool]:
+def _fit_one(rows: list[Row], spec: Fitted, sim, iterations: int, fixed: dict | None = None) -> tuple[float, bool]:
     """The constant at which the mean log error of the rows' simulated tokens/s is zero (bisection, at most
-    ``iterations`` halvings), and whether the search range's end was reached. The answer is rounded
+    ``iterations`` halvings; the constants ``fixed`` set beside it), and whether the search range's end was
+    reached. The answer is rounded
     (:func:`_round`), so the bisection stops once both ends of its bracket round alike: every later midpoint lies
     between them and rounding is monotone, so it would round alike too (the same answer, fewer simulations)."""
 
     def err(x: float) -> float:
-        return sum(math.log(sim(r, {spec.key: x}) / r.measured_tok_s) for r in rows) / len(rows)
+        return sum(math.log(sim(r, {**(fixed or {}), spec.key: x}) / r.measured_tok_s) for r in rows) / len(rows)
 
     lo, hi = spec.low, spec.high
     to = math.log if spec.log_scale else float
@@ -787,6 +818,8 @@ def format_fits(fits: dict[str, SystemFit]) -> str:
         )
         for hw, v in f.per_gpu.items():
             lines.append(f"  - on {printed(hw)}: {f.key} = {v:g} (fitted on {printed_ids(f.rows_by_gpu[hw])})")
+        for key, v in f.extra.items():
+            lines.append(f"  - {key} = {v:g} (fitted on the prefill rows {printed_ids(f.extra_rows[key])})")
     return "\n".join(lines)
 
 
@@ -834,6 +867,7 @@ def fit_system(
     profile = {
         "base": SYSTEMS[name][0],
         spec.key: fit.value,
+        **fit.extra,  # a second constant, where prefill rows fitted one
         "source": f"fitted by python -m sim fit-system on the fit rows of {printed(Path(measured).name)} "
         f"({printed_ids(fit.rows)}) on hardware {printed(hardware)}",
     }

@@ -185,6 +185,7 @@ def row_of(cells: dict[str, str], line: int, path: str) -> PublishedRow:
         line=line,
         file=path,
         trace="" if model in TRACES else trace[0],
+        measure=plan.measure,
     )
     return PublishedRow(cells, plan, r, line, hw)
 
@@ -338,7 +339,10 @@ def format_report(ev: dict[str, Any]) -> str:
     lines += ["", "Fitted constants (on the expressible fit rows only):"]
     for f in ev["fits"].values():
         per = "".join(f"; on {printed(hw)} {v:g}" for hw, v in f.per_gpu.items() if len(f.per_gpu) > 1)
-        lines.append(f"- {printed(f.system)}: {f.key} = {f.value:g} (fitted on {', '.join(f.rows)}){per}")
+        value = "none (no fit row of its measure)" if f.value is None else f"{f.value:g}"
+        lines.append(f"- {printed(f.system)}: {f.key} = {value} (fitted on {', '.join(f.rows)}){per}")
+        for key, v in f.extra.items():
+            lines.append(f"- {printed(f.system)}: {key} = {v:g} (fitted on {', '.join(f.extra_rows[key])})")
     s = ev["summary"]
     lines += [
         "",

@@ -24,10 +24,12 @@ from sim.config.system import format_bits
 
 @dataclass(frozen=True)
 class Setting:
-    """Keys a cell sets: mappings laid over the run config's ``system``, ``workload`` and ``cache``, and the row's
-    fields the fit reads (``variant``: the system's mode; ``slots``: routed experts per layer on the GPU)."""
+    """Keys a cell sets: mappings laid over the run config's ``system``, ``workload`` and ``cache``, over its model
+    (``model``: keys of the model profile, the row's model its ``base``), and the row's fields the fit reads
+    (``variant``: the system's mode; ``slots``: routed experts per layer on the GPU)."""
 
     system: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)
     workload: dict = field(default_factory=dict)
     cache: dict = field(default_factory=dict)
     row: dict = field(default_factory=dict)
@@ -130,7 +132,9 @@ OPTIONS: dict[str, dict[str, Rule] | Callable[[str, dict], Setting | Missing]] =
     "ubatch": lambda v, c: Setting(system={"ubatch": _int(v)}),
     "nbatch": _decode_only("nbatch (logical batch of prompt processing)"),
     "fa": {"on": NOTHING, "off": missing("fa=off (attention without flash attention)")},
-    "mla": lambda v, c: Missing(f"mla={v} (MLA mode)"),
+    # ik_llama.cpp -mla 0: the KV cache holds every head's decompressed keys and values (the model's latent_cache);
+    # the other MLA modes (1-3: which kernels compute the attention over the latent cache) are not modelled
+    "mla": lambda v, c: Setting(model={"latent_cache": False}) if v == "off" else Missing(f"mla={v} (MLA mode)"),
     "amb": lambda v, c: Missing("amb (attention max batch)"),
     # ik_llama.cpp switches (sim/config/switches.py): they set the host kernel family / per-layer call cost
     "fmoe": {"on": Setting(system={"fmoe": True}), "off": Setting(system={"fmoe": False})},
@@ -196,6 +200,9 @@ class RowPlan:
         for s in self.settings:
             for key in s.drop:
                 out.pop(key, None)
+            if s.model:  # the row's model profile as the base of these keys
+                base = out.get("model")
+                out["model"] = {**base, **s.model} if isinstance(base, dict) else {"base": base, **s.model}
             for key in ("system", "workload", "cache"):
                 part = getattr(s, key)
                 if part:

@@ -19,8 +19,9 @@ A profile holds (file keys; times in microseconds, converted to seconds in :clas
   exists; ``measured``: the calibration's table where one was measured, else the roofline: what the validator's
   configurations use, written before their calibration exists);
 - host expert kernels (Fiddler, kTransformers): ``host_threads`` (cores used; null = the hardware's ``cpu_cores``),
-  ``host_bw_fraction`` (share of the hardware's ``cpu_mem_bw_gb_s`` the kernels reach), ``host_call_us`` (per host
-  expert call; null = the hardware's ``cpu_expert_overhead_us``);
+  ``host_bw_fraction`` (share of the hardware's ``cpu_mem_bw_gb_s`` the kernels reach), ``host_compute_fraction``
+  (share of the host's compute rate they reach: what prices prompt batches, many tokens per expert),
+  ``host_call_us`` (per host expert call; null = the hardware's ``cpu_expert_overhead_us``);
 - host as it behaves (:mod:`sim.costs.host_costs`; each null by default, which prices the host as before):
   ``numa`` (``one_socket`` | ``interleaved`` | ``replicated`` | ``numa_tp``: how experts are placed across the
   host's sockets and the bandwidth that gives), ``host_kernel`` (a kernel family of ``configs/kernels/``: its
@@ -271,6 +272,9 @@ class SystemSpec:
     host_threads: int | None = setting(None, integer(1, 100_000, allow_none=True), constructor_default=True)
     # host expert kernels: share of the hardware's cpu_mem_bw_gb_s they reach
     host_bw_fraction: float = setting(1.0, _fraction, constructor_default=True)
+    # host expert kernels: share of the host's compute rate they reach (the kernel family's ops per cycle, else the
+    # hardware's cpu_* rates), which prices many tokens per expert (prompt batches); 1.0: the rate as stated
+    host_compute_fraction: float = setting(1.0, _fraction, constructor_default=True)
     # host expert kernels: fixed cost per call (null: the kernel family's call_us, else the hardware's
     # cpu_expert_overhead_us); a call is one expert, or one MoE layer's experts for a family whose calls are per layer
     host_call_s: float | None = setting(None, _optional_time, key="host_call_us", divisor=1e6, constructor_default=True)
@@ -359,6 +363,8 @@ class SystemSpec:
                 d.pop(key)
         if d["deferral"] == 0:
             d.pop("deferral")
+        if d["host_compute_fraction"] == 1.0:  # left out at its default, so that a profile hashes as before
+            d.pop("host_compute_fraction")
         for key in PHASE_FIELDS:  # the same for the phases' settings at their defaults
             if d[key] == getattr(IDEAL, key):
                 d.pop(key)
@@ -418,6 +424,7 @@ def is_ideal(system: SystemSpec) -> bool:
             "dequant",
             "host_threads",
             "host_bw_fraction",
+            "host_compute_fraction",
             "host_call_s",
             "numa",
             "host_kernel",

@@ -162,6 +162,8 @@ class CostModel:
         self._dense_memo: dict[tuple, float] = {}
         self._cpu_expert_memo: dict[tuple, float] = {}
         self.cpu_format, self.cpu_rate = cpu_format_rate(hw, model.expert_bits_per_weight)
+        if sy.host_compute_fraction != 1.0:  # the system's share of the host's compute (prompt batches)
+            self.cpu_rate *= sy.host_compute_fraction
         # the host as it behaves (NUMA, threads, kernel family: sim/costs/host_costs.py), when the system sets it
         self.host = HostCosts(model, hw, sy) if uses_host_model(sy, hw) else None
         self.cpu_layer_s = 0.0 if self.host is None else self.host.layer_s  # per MoE layer with host experts

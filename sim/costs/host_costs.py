@@ -128,12 +128,14 @@ class HostCosts:
         return bw
 
     def compute_rate(self, threads: float, isa: str | None = None) -> float:
-        """Multiply-add ops/s (a multiply-add is 2) the kernels sustain with ``threads`` threads on class ``isa``."""
+        """Multiply-add ops/s (a multiply-add is 2) the kernels sustain with ``threads`` threads on class ``isa``,
+        times the system's ``host_compute_fraction``."""
         if self.family is not None and isa is not None and self.cpu is not None:
             clock = float(self.cpu.value("vector_clock_ghz")) * 1e9
-            return threads * clock * self.family.ops_per_cycle(isa, self.format)
-        share = self.used_sockets / self.sockets * threads / self.cores
-        return self._hw_rate * share
+            rate = threads * clock * self.family.ops_per_cycle(isa, self.format)
+        else:
+            rate = self._hw_rate * self.used_sockets / self.sockets * threads / self.cores
+        return rate if self.system.host_compute_fraction == 1.0 else rate * self.system.host_compute_fraction
 
     def path(self, tokens: int) -> str | None:
         """The instruction-set class an expert of ``tokens`` tokens computes on (None without a family)."""

@@ -60,7 +60,7 @@ def test_every_option_key_and_placement_of_the_schema_has_a_rule():
         ({"options": "kernel=amx;dynamic_sched=off"}, "dynamic_sched=off"),
         ({"options": "foo=bar"}, "option foo"),
         ({"options": "cuda_graph=off"}, "cuda_graph=off"),
-        ({"options": "mla=off"}, "mla=off"),
+        ({"options": "mla=2"}, "mla=2"),
         ({"system": "other"}, "system other has no profile"),
         ({"model": "gpt-5"}, "model gpt-5 has no profile"),
         ({"gpu": "rtx4090-24gb", "cpu": "epyc-9999"}, "hardware part: cpu 'epyc-9999' has no part"),
@@ -175,3 +175,48 @@ def test_the_benchmark_exits_2_on_a_file_of_the_old_columns(tmp_path):
         timeout=120,
     )
     assert res.returncode == 2 and "old.csv" in res.stderr and "lacks the v2 columns" in res.stderr
+
+
+def test_a_system_fits_its_decode_constant_on_decode_rows_and_its_prefill_one_on_prefill_rows(tmp_path):
+    """llama.cpp: host_bw_fraction on its decode fit rows only, then pageable_fraction on its prefill fit rows only,
+    with the decode constant fixed at its fitted value; predictions carry both; without a prefill fit row the
+    profile keeps its own prefill constant."""
+    import csv
+
+    with open(PUBLISHED, newline="") as fh:
+        shipped = {r["row"]: r for r in csv.DictReader(fh)}
+    tg, pp = dict(shipped["lcpp-ik357-q30b-tg-kv0"]), dict(shipped["lcpp-ik357-q30b-pp-kv0"])
+    pred = dict(pp, row="pp-predict", role="predict", published_tok_s="")
+    calls = []
+
+    def sim(r, c):  # decode moves with the bandwidth share only; prefill with both
+        calls.append((r.measure, dict(c)))
+        bw = c.get("host_bw_fraction", 0.5)
+        return 100 * bw if r.measure == "decode" else 1000 * c.get("pageable_fraction", 0.5) * (0.5 + bw)
+
+    rows = [dict(tg, published_tok_s="40"), dict(pp, published_tok_s="270"), pred]
+    ev = evaluate(read_published(write_rows(tmp_path / "r.csv", rows, COLUMNS_V2)), simulate=sim)
+    fit = ev["fits"]["llama.cpp"]
+    assert fit.key == "host_bw_fraction" and fit.rows == ("lcpp-ik357-q30b-tg-kv0",)
+    assert fit.value == pytest.approx(0.4, rel=1e-3)  # 100 x 0.4 = 40
+    assert fit.extra_rows == {"pageable_fraction": ("lcpp-ik357-q30b-pp-kv0",)}
+    assert fit.extra["pageable_fraction"] == pytest.approx(0.3, rel=1e-3)  # 1000 x 0.3 x 0.9 = 270
+    fitting = calls[: next(i for i, (m, c) in enumerate(calls) if set(c) == {"host_bw_fraction", "pageable_fraction"})]
+    assert {m for m, _ in fitting} == {"decode"}  # the decode constant saw no prefill row
+    assert all(c["host_bw_fraction"] == fit.value for m, c in calls if m == "prefill")
+    by_row = {r["row"]: r for r in ev["rows"]}
+    assert by_row["pp-predict"]["constants"] == {"host_bw_fraction": fit.value, "pageable_fraction": 0.3}
+    only_decode = evaluate(read_published(write_rows(tmp_path / "d.csv", rows[:1], COLUMNS_V2)), simulate=sim)
+    assert only_decode["fits"]["llama.cpp"].extra == {}
+
+
+def test_mla_off_runs_the_row_s_model_with_its_keys_and_values_decompressed():
+    """``mla=off`` (ik_llama.cpp -mla 0) lays ``latent_cache: false`` over the row's model profile."""
+    from moebase.model import load_model
+
+    rows = {p.id: p for p in read_published(PUBLISHED)}
+    p = rows["ik-ik232-dslite-iq4nl-tg-breakdown"]
+    assert p.row is not None and p.plan.missing == []
+    d = p.plan.overlay({"model": "deepseek-v2-lite", "system": {}})
+    assert d["model"] == {"base": "deepseek-v2-lite", "latent_cache": False}
+    assert load_model(d["model"]).kv_bytes_per_block_token > load_model("deepseek-v2-lite").kv_bytes_per_block_token

@@ -299,6 +299,23 @@ def test_mla_models_cache_the_compressed_latent_exactly():
         assert m.decoder_blocks - m.decoder_moe_layers == {"deepseek-v3": 3, "kimi-k2": 1}[name]  # dense first
 
 
+@pytest.mark.parametrize("name", ["deepseek-v2-lite", "deepseek-v3", "kimi-k2"])
+def test_an_mla_model_without_its_latent_cache_caches_every_head_s_key_and_value(name):
+    """``latent_cache: false`` (ik_llama.cpp -mla 0): each head's decompressed key (nope + rope) and value in the
+    cache and in the attention's FLOPs over it; the weights are the same; a model without MLA refuses it."""
+    m = load_model(name)
+    mha = load_model({"base": name, "latent_cache": False})
+    per_head = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim
+    assert mha.kv_bytes_per_block_token == m.n_heads * per_head * m.dtype_bytes > m.kv_bytes_per_block_token
+    assert mha.attention_pair_flops == 2 * m.n_heads * per_head
+    assert (mha.dense_params, mha.expert_bytes) == (m.dense_params, m.expert_bytes)
+    assert "latent_cache" not in m.to_dict() and load_model(mha.to_dict()) == mha
+    if name == "deepseek-v2-lite":  # 16 heads x (128 + 64 + 128) against 512 + 64 latent values: ~9x (its profile)
+        assert mha.kv_bytes_per_block_token == 10240 and m.kv_bytes_per_block_token == 1152
+    with pytest.raises(ConfigError, match="latent_cache"):
+        load_model({"base": "mixtral-8x7b", "latent_cache": False})
+
+
 def test_fp8_experts_are_one_byte_per_weight():
     m = load_model("deepseek-v3")
     assert m.expert_bytes == m.expert_params == 3 * 7168 * 2048

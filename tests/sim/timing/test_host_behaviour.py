@@ -141,6 +141,33 @@ def test_time_per_token_falls_until_compute_bound(family, tokens):
             assert b > a
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    family=st.sampled_from(["kt-llamafile", "llama-cpp", "ik-llama-cpp", None]),
+    share=st.floats(0.02, 1.0),
+    tokens=st.integers(1, 4096),
+)
+def test_the_compute_share_prices_prompt_batches_and_leaves_decode_alone(family, share, tokens):
+    """``host_compute_fraction``: the kernels' compute rate times the share, so an expert's compute-bound time (many
+    tokens) grows as 1 / share, while a bandwidth-bound one (a decode token, below the crossover) is unchanged."""
+    kernel = {} if family is None else {"host_kernel": family}
+    hw, m = load_hardware(ONE_SOCKET), model("q4_k_m")
+    full = HostCosts(m, hw, system(expert_format="q4_k_m", host_threads=16, **kernel))
+    part = HostCosts(m, hw, system(expert_format="q4_k_m", host_threads=16, host_compute_fraction=share, **kernel))
+    t = full.threads()
+    assert part.compute_rate(t, part.path(tokens)) == pytest.approx(share * full.compute_rate(t, full.path(tokens)))
+    assert part.crossover_tokens() == pytest.approx(share * full.crossover_tokens())
+    if tokens <= part.crossover_tokens():  # bandwidth-bound under both
+        assert part.expert_s(tokens) == pytest.approx(full.expert_s(tokens))
+    if tokens >= full.crossover_tokens():  # compute-bound under both
+        assert part.expert_s(tokens) - part.call_s == pytest.approx((full.expert_s(tokens) - full.call_s) / share)
+    # the hardware's own rates (no family, no host model): the same rule in CostModel
+    plain = CostModel(m, hw, system(expert_format="q4_k_m"))
+    less = CostModel(m, hw, system(expert_format="q4_k_m", host_compute_fraction=share))
+    assert less.cpu_rate == pytest.approx(share * plain.cpu_rate)
+    assert less.cpu_expert_s(tokens) >= plain.cpu_expert_s(tokens)
+
+
 def test_amx_takes_its_matrix_path_from_min_tokens():
     h = HostCosts(model("int4"), load_hardware(ONE_SOCKET), system(host_kernel="kt-amx", expert_format="int4"))
     least = load_family("kt-amx").min_tokens("amx")

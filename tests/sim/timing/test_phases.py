@@ -163,3 +163,17 @@ def test_a_model_stating_its_context_flops_pays_those_at_depth(trace_file):
     assert cheap._context("decoder", PROMPT, 1e5)[0] * 4 == costs._context("decoder", PROMPT, 1e5)[0]
     assert cheap._context("decoder", PROMPT, 1e5)[1] == costs._context("decoder", PROMPT, 1e5)[1]  # same KV read
     assert cheap.dense_s("decoder", PROMPT, 1e5)[0] <= costs.dense_s("decoder", PROMPT, 1e5)[0]
+
+
+def test_uploads_from_pageable_memory_take_the_pageable_share_of_the_link(trace_file):
+    """llama.cpp's prompt uploads from mmap'd host memory (``pageable_copies``): the same bytes, each copy's
+    bandwidth term over ``pageable_fraction``; decode (nothing uploaded) is unchanged."""
+    up = {"prefill_upload": True, "ubatch": 64, "upload_used_only": False}
+    cfg, pinned = run(trace_file, up)
+    _, pageable = run(trace_file, {**up, "pageable_copies": True, "pageable_fraction": 0.25})
+    assert pageable.engine.upload_bytes == pinned.engine.upload_bytes > 0
+    copies = (PROMPT // 64) * LAYERS  # one copy per layer and pass
+    fixed = copies * cfg.hardware.pcie_latency_s
+    assert pageable.engine.upload_s - fixed == pytest.approx(4 * (pinned.engine.upload_s - fixed), rel=1e-9)
+    assert prefill_s(pageable) > prefill_s(pinned)
+    assert decode_s(pageable) == pytest.approx(decode_s(pinned), rel=1e-12)  # the same steps, later in time
