@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from moebase.errors import ConfigError
 from sim.config.hardware import HardwareSpec
-from sim.config.host_kernels import KernelFamily, choose_isa, cpu_isa_classes, kernel_for, load_family
+from sim.config.host_kernels import KernelFamily, check_cpu_isa, choose_isa, cpu_isa_classes, kernel_for, load_family
 from sim.config.parts import Part, cpu_part, load_table
 from sim.config.system import SystemSpec
 
@@ -64,12 +64,7 @@ def choose_kernels(system: SystemSpec, hw: HardwareSpec, fmt: str) -> KernelChoi
     entry = load_table("host_kernels").entry(cpu.value("isa"), f"{cpu.file}: figures.isa", "instruction set")
     classes = cpu_isa_classes(entry, f"{cpu.file}: figures.isa")
     if system.host_kernel is None:  # host_isa alone: checked against the CPU; the hardware's rates hold
-        if system.host_isa not in classes:
-            raise ConfigError(
-                "system.host_isa",
-                f"{system.host_isa} is not an instruction set of the host's CPU {cpu.name} (it has "
-                f"{' '.join(classes)}: {cpu.file} figures.isa)",
-            )
+        check_cpu_isa(str(system.host_isa), classes, cpu.name)
         return KernelChoice(classes)
     family = load_family(system.host_kernel)
     isa = choose_isa(family, classes, cpu.name, system.host_isa)

@@ -179,16 +179,21 @@ def cpu_isa_classes(isa_entry: dict, where: str) -> tuple[str, ...]:
     return tuple(c for c in ISA_CLASSES if c in words)
 
 
+def check_cpu_isa(wanted: str, cpu_classes: tuple[str, ...], cpu_name: str) -> None:
+    """ConfigError naming ``system.host_isa`` when the host's CPU lacks the instruction set ``wanted``."""
+    if wanted not in cpu_classes:
+        raise ConfigError(
+            "system.host_isa",
+            f"{wanted} is not an instruction set of the host's CPU {cpu_name} (it has {' '.join(cpu_classes)}: "
+            f"configs/parts/cpus/{cpu_name}.yaml figures.isa)",
+        )
+
+
 def choose_isa(family: KernelFamily, cpu_classes: tuple[str, ...], cpu_name: str, wanted: str | None) -> str:
     """The ISA class the family computes with on this CPU: ``wanted`` (the system's ``host_isa``) when given, else
     the widest class both have. ConfigError naming ``system.host_isa`` or ``system.host_kernel`` when there is none."""
     if wanted is not None:
-        if wanted not in cpu_classes:
-            raise ConfigError(
-                "system.host_isa",
-                f"{wanted} is not an instruction set of the host's CPU {cpu_name} (it has {' '.join(cpu_classes)}: "
-                f"configs/parts/cpus/{cpu_name}.yaml figures.isa)",
-            )
+        check_cpu_isa(wanted, cpu_classes, cpu_name)
         if wanted not in family.classes:
             raise ConfigError(
                 "system.host_isa",
@@ -239,6 +244,7 @@ __all__ = [
     "ISA_CLASSES",
     "KERNELS_DIR",
     "KernelFamily",
+    "check_cpu_isa",
     "choose_isa",
     "cpu_isa_classes",
     "family_names",

@@ -25,6 +25,7 @@ from typing import Any
 from moebase.model import ModelSpec
 from sim.config.hardware import HardwareSpec
 from sim.config.memory import DoesNotFit
+from sim.config.placement import on_host, parse_ranges
 from sim.config.units import GB
 
 FIELD = "hardware.host.memory.capacity_gb"
@@ -37,16 +38,12 @@ def host_expert_layers(model: ModelSpec, policy_class: Any, params: dict, all_re
         return 0
     gpu_param = getattr(policy_class, "gpu_layers_param", None)
     ranges = params.get(gpu_param) if gpu_param is not None else None
-    if isinstance(ranges, str):  # llama.cpp's -ot by layer range: the layers not named stay on the host
-        from sim.config.placement import parse_ranges
-
-        on_gpu = {layer for layer in parse_ranges(ranges, f"policy.params.{gpu_param}") if layer < model.moe_layers}
-        return model.moe_layers - len(on_gpu)
+    gpu = set(parse_ranges(ranges, f"policy.params.{gpu_param}")) if isinstance(ranges, str) else None
     param = getattr(policy_class, "host_layers_param", None)
     n = params.get(param) if param is not None else None
-    if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
-        return min(n, model.moe_layers)
-    return model.moe_layers
+    if gpu is None and not (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
+        return model.moe_layers  # no layer placement: every layer's experts are on the host
+    return sum(on_host(layer, n, gpu) for layer in range(model.moe_layers))
 
 
 def host_memory_check(

@@ -32,6 +32,7 @@ set of MoE layers whose experts stay on the host.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,13 +143,19 @@ def placement_from(value: Any, where: str) -> Placement | None:
     return p if p.is_set else None
 
 
+def on_host(layer: int, n_cpu_moe: int | None, gpu_layers: Collection[int] | None) -> bool:
+    """Whether MoE ``layer``'s routed experts stay on the host: the layers ``gpu_layers`` does not name when it is
+    given (llama.cpp's ``-ot`` by layer range), else the first ``n_cpu_moe`` (``--n-cpu-moe``; None: none). The one
+    rule the placement, the host memory check and the layer-placing policies read."""
+    if gpu_layers is not None:
+        return layer not in gpu_layers
+    return layer < (n_cpu_moe or 0)
+
+
 def host_layers(placement: Placement, moe_layers: int) -> list[int]:
     """The MoE layers whose routed experts stay on the host."""
-    gpu = placement.gpu_layers
-    if gpu is not None:
-        on_gpu = set(gpu)
-        return [layer for layer in range(moe_layers) if layer not in on_gpu]
-    return list(range(min(placement.n_cpu_moe or 0, moe_layers)))
+    gpu = None if placement.gpu_layers is None else set(placement.gpu_layers)
+    return [layer for layer in range(moe_layers) if on_host(layer, placement.n_cpu_moe, gpu)]
 
 
 def apply_placement(d: dict, placement: Placement | None, model, policy_class) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from moebase.checks import show
 from moebase.errors import ConfigError
 from sim.config.params import MAX_EXPERTS, between, matching, one_of
-from sim.config.placement import RANGES_PATTERN, RANGES_WORDS, parse_ranges
+from sim.config.placement import RANGES_PATTERN, RANGES_WORDS, on_host, parse_ranges
 from sim.core.cache import CPU, HPC
 from sim.policies.base import POLICIES, LayerPlan, PolicyContext
 from sim.policies.fiddler import PLACEMENTS, Placed
@@ -82,9 +82,9 @@ class KTransformers(Placed):
     def on_gpu(params: dict, layer: int) -> bool:
         """Whether every expert of MoE ``layer`` is on the GPU under the layer params (``cpu_layers`` or
         ``gpu_layers``; one of them set)."""
-        if params.get("gpu_layers") is not None:
-            return layer in set(parse_ranges(params["gpu_layers"], "policy.params.gpu_layers"))
-        return layer >= params["cpu_layers"]
+        ranges = params.get("gpu_layers")
+        gpu = None if ranges is None else set(parse_ranges(ranges, "policy.params.gpu_layers"))
+        return not on_host(layer, params["cpu_layers"], gpu)
 
     @staticmethod
     def by_layer(params: dict) -> bool:
