@@ -1,5 +1,5 @@
-"""The baseline policies (pregated, prefetch-all, lfu, belady) against plain re-statements of their rules, the
-optimality of belady (against an exact search and against the online policies), belady_bound, and tier
+"""The baseline policies (sim/policies/pregated.py, prefetch_all.py, lfu.py, belady.py) against plain re-statements of
+their rules, the optimality of belady (against an exact search and against the online policies), belady_bound, and tier
 invariants under random traces (hypothesis)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Policies and predictors (plain Python, no engine): checked against independent re-statements of their rules,
-and tier invariants under random traces and sizes."""
+"""Policies and predictors (plain Python, no engine; sim/policies/lru.py, diffmoe.py, base.py's params): checked against
+independent re-statements of their rules, and tier invariants under random traces and sizes."""
 
 from __future__ import annotations
 

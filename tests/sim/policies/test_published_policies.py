@@ -1,6 +1,7 @@
 """Published caching policies beyond LRU/LFU/MoE-Infinity/Diff-MoE (`least-stale`, `arc`, `s3fifo`, `learned-rf`,
-`reuse-distance`): each against a plain restatement of its rule (tests/reference/published.py, independent, with lists),
-hand-traced examples, invariants through the SimPy engine, and the Belady bound at equal slots."""
+`reuse-distance`; sim/policies/least_stale.py, arc.py, s3fifo.py, learned_rf.py, reuse_distance.py): each against a
+plain restatement of its rule (tests/reference/published.py, independent, with lists), hand-traced examples, invariants
+through the SimPy engine, and the Belady bound at equal slots."""
 
 from __future__ import annotations
 

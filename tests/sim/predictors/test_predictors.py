@@ -1,5 +1,6 @@
-"""Realistic predictors (transition, history, moe-infinity), the EAM machinery of sim/core/expert_activation.py, the
-moe-infinity policy, and how prediction quality moves throughput through the engine."""
+"""Realistic predictors (sim/predictors/transition.py, history.py, moe_infinity.py), the EAM machinery of
+sim/core/expert_activation.py, the moe-infinity policy, and how prediction quality moves throughput through the
+engine."""
 
 from __future__ import annotations
 
