@@ -65,10 +65,15 @@ PREFETCH_UNGUESSED = {"prefetch-all": "copies every expert of the next layer"}
 
 
 def slots_hold(pol, hpc: int, mpc: int) -> None:
-    """A policy with ``pin_hot`` pins the HPC only when asked, its MPC taking the HPC's slots otherwise."""
+    """A policy with ``pin_hot`` pins ``hpc`` experts of each cached layer only when asked, its MPC taking the HPC's
+    slots otherwise."""
     if "pin_hot" in pol.params:
-        assert pol.cache.mpc_slots == mpc + (0 if pol.params["pin_hot"] else hpc)
-        assert pol.cache.hpc_slots == (hpc if pol.params["pin_hot"] else 0)
+        pinned = pol.params["pin_hot"]
+        assert pol.cache.mpc_slots == mpc + (0 if pinned else hpc)
+        assert pol.cache.hpc_slots == (hpc if pinned else 0)
+        want = min(hpc, pol.ctx.num_experts) if pinned else 0
+        assert [len(s) for s in pol.cache.hpc] == [want if i in pol.ctx.cached_layers else 0
+                                                   for i in range(pol.ctx.num_layers)]  # fmt: skip
 
 
 def drawn_params(name: str):
@@ -111,7 +116,7 @@ def per_policy(names, skip: dict[str, str]):
     "policy",
     per_policy(NAMES, {n: "plans with the run's cost model: checked through the engine below" for n in COST_PLANNED}),
 )
-@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), seed=st.integers(0, 10**6), hpc=st.integers(0, 3), mpc=st.integers(0, 4),
        batch=st.integers(1, 4), batching=st.sampled_from(["static", "continuous"]), enc_dec=st.booleans(),
        cached=st.sampled_from(["all", "decoder"]))  # fmt: skip
