@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.config.registries import POLICIES
-from sim.core.cache import CPU, HPC, LPC, MISS, MPC
+from sim.config.run_config import config_from_dict
+from sim.core.cache import CPU, HPC, LPC, MISS, MPC, SharedTierCache
 from sim.core.workload import build_iterations
 from sim.decisions.replay import replay
 from sim.policies.base import KeepNothing
@@ -231,5 +232,62 @@ def test_the_engine_keeps_the_invariants(tmp_path, policy, data, seed, batch, hp
             if policy not in MAY_EVICT_IN_USE:
                 assert victim is None or victim not in d.active, d
     slots_hold(out.policy, hpc, mpc)
+    if cache.mpc_slots == 0:
+        assert hits["mpc"] == 0
+
+
+#: Policies that manage one cache shared by all cached layers and keep an MPC in it.
+SHARED_MPC = [n for n in NAMES if POLICIES.get(n).supports_shared and POLICIES.get(n).keeps_mpc]
+NOT_SHARED = {n: "keeps no shared MPC (per-layer slots only, or no MPC)" for n in NAMES if n not in SHARED_MPC}
+
+
+@pytest.mark.parametrize(
+    "policy",
+    per_policy(
+        NAMES, {n: "keeps no shared MPC (per-layer slots only, or no MPC)" for n in NAMES if n not in SHARED_MPC}
+    ),
+)
+@settings(max_examples=20, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), seed=st.integers(0, 10**6), batch=st.integers(1, 4), hpc=st.integers(0, 2),
+       mpc=st.integers(0, 3), extra=st.integers(-2, 4), k=st.integers(1, 3), buffers=st.integers(1, 5),
+       batching=st.sampled_from(["static", "continuous"]))  # fmt: skip
+def test_the_engine_keeps_the_invariants_in_a_shared_cache(
+    tmp_path, policy, data, seed, batch, hpc, mpc, extra, k, buffers, batching
+):
+    """``cache.organization: shared`` (``extra`` slots more or fewer than the per-layer total, or that total):
+    every access is a hit or a miss, the shared MPC never exceeds its slots (the pinned HPC's taken out), a
+    promotion admits only an expert copied now and never evicts a pinned one, nor one the layer uses now."""
+    trace = random_trace(np.random.default_rng(seed), tokens=40, layers=3, experts=8, k=k, requests=4)
+    path = save_trace(trace, tmp_path / f"t{seed}.npz")
+    params = made_params(data.draw(drawn_params(policy)), trace, tmp_path, seed)
+    predictor = data.draw(predictors_of(policy))
+    pinned = params.get("pin_hot", False)
+    slots = max(0, (hpc + mpc) * 3 + extra) if extra else None
+    if pinned and slots is not None:
+        slots = max(slots, hpc * 3)
+    cfg = config_for(path, trace, policy, predictor, batch, hpc, mpc, buffers, batching, seed=seed,
+                     policy_params=params, predictor_params=predictor_params(predictor, params))  # fmt: skip
+    d = dict(cfg.resolved)
+    d["cache"] = {**d["cache"], "organization": "shared", "shared_slots": slots}
+    out = simulate(config_from_dict(d), trace=trace, check_invariants=True, record_decisions=True)
+    s, decisions, cache = out.summary, out.engine.decisions, out.policy.cache
+    hits = s["hits"]
+    assert hits["hpc"] + hits["mpc"] + hits["lpc"] + s["misses"] == s["accesses"]
+    assert s["accesses"] == sum(len(d.active) for d in decisions)
+    assert isinstance(cache, SharedTierCache)
+    total = (hpc + mpc) * 3 if slots is None else slots
+    assert cache.mpc_slots == total - (hpc * 3 if pinned else 0)
+    assert cache.mpc_size() <= cache.mpc_slots  # capacity never exceeded (checked after every layer too)
+    hpc_sets = list(cache.hpc)
+    for dec in decisions:
+        sources = dict(dec.sources)
+        for e, victim in dec.promote:
+            assert sources[e] in (MISS, LPC)  # only newcomers are admitted
+            if victim is None:
+                continue
+            layer, v = victim
+            assert v not in hpc_sets[layer]  # the HPC is never evicted
+            if policy not in MAY_EVICT_IN_USE:
+                assert not (layer == dec.layer and v in dec.active), dec
     if cache.mpc_slots == 0:
         assert hits["mpc"] == 0
