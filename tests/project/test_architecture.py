@@ -232,10 +232,12 @@ def names_a_module(test_file: Path, package: str, modules: list[str]) -> bool:
 
 def layout_problems(root: Path) -> list[str]:
     """Where ``root/tests`` fails to mirror the code: a package without a test folder (holding test files), a test
-    folder of no package, a test file that names no module of the package whose folder holds it."""
+    file in no folder, a test folder of no package, a test file that names no module of the package whose folder
+    holds it."""
     packages = code_packages(root)
     tests = root / "tests"
     problems = [f"{pkg}/ has no tests/{pkg}/test_*.py" for pkg in packages if not list((tests / pkg).glob("test_*.py"))]
+    problems += [f"tests/{p.name} is in no package's test folder" for p in sorted(tests.glob("test_*.py"))]
     for folder in sorted(d for d in tests.rglob("*") if d.is_dir() and "__pycache__" not in d.parts):
         rel = folder.relative_to(tests)
         if rel.parts[0] in NOT_MIRRORS:
@@ -261,8 +263,9 @@ def test_tests_mirror_the_code():
 
 
 def test_the_layout_check_catches_a_misplaced_test(tmp_path):
-    """A planted tree: a test file of another package's module, a package without tests and a test folder of no
-    package are each named; a test named by its module, or by the module in its docstring, passes."""
+    """A planted tree: a test file of another package's module, a package without tests, a test file in no folder
+    and a test folder of no package are each named; a test named by its module, or by the module in its docstring,
+    passes."""
     for path, text in {
         "moebase/errors.py": "",
         "sim/core/cache.py": "",
@@ -273,12 +276,14 @@ def test_the_layout_check_catches_a_misplaced_test(tmp_path):
         "tests/sim/core/test_batches.py": '"""Batches into iterations\n(sim/core/workload.py)."""\n',
         "tests/sim/core/test_engine.py": '"""The engine (sim/timing/engine.py), not sim/core/cache.pyc."""\n',
         "tests/sim/nowhere/test_x.py": "",
+        "tests/test_loose.py": "",
     }.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
     problems = layout_problems(tmp_path)
     assert [p.split(" ")[0] for p in problems] == [
         "sim/timing/",
+        "tests/test_loose.py",
         "tests/sim/core/test_engine.py",
         "tests/sim/nowhere/",
     ], problems
