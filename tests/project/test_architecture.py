@@ -198,9 +198,92 @@ def test_no_test_module_imports_another():
         assert not wrong, f"{name} imports test modules {sorted(wrong)}"
 
 
-def test_every_code_folder_has_a_test_folder():
-    """tests/ mirrors the code: each package of sim/ and traces/ with modules of its own has a test folder."""
-    for folder in ("sim/core", "sim/timing", "sim/config", "sim/sweep", "sim/policies", "sim/predictors"):
-        assert list((ROOT / "tests" / folder).glob("test_*.py")), f"no tests/{folder}/test_*.py"
-    for folder in ("traces/importers", "traces/record", "traces/synthetic", "traces/analysis"):
-        assert list((ROOT / "tests" / folder).glob("test_*.py")), f"no tests/{folder}/test_*.py"
+#: Test folders that mirror no code package: project-wide checks, restated reference rules, shared helpers.
+NOT_MIRRORS = ("project", "reference", "support")
+
+
+def code_packages(root: Path) -> dict[str, list[str]]:
+    """Each package of PACKAGES (a folder with modules besides ``__init__.py``), relative to ``root``, -> the
+    names of its modules."""
+    out = {}
+    for top in PACKAGES:
+        for folder in sorted([root / top, *(d for d in (root / top).rglob("*") if d.is_dir())]):
+            mods = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+            if mods and "__pycache__" not in folder.parts:
+                out[folder.relative_to(root).as_posix()] = mods
+    return out
+
+
+def names_a_module(test_file: Path, package: str, modules: list[str]) -> bool:
+    """Whether ``test_file`` names a module ``m`` of ``package``: its name is ``test_m.py`` or ``test_m_*.py``,
+    or its docstring's first paragraph names ``package/m.py`` or ``package.m`` (dotted)."""
+    stem = test_file.stem.removeprefix("test_")
+    if any(stem == m or stem.startswith(m + "_") for m in modules):
+        return True
+    doc = ast.get_docstring(ast.parse(test_file.read_text())) or ""
+    first = doc.split("\n\n")[0]
+    dotted = package.replace("/", ".")
+    return any(
+        re.search(rf"(?<![\w/.]){re.escape(package)}/{m}\.py\b", first)
+        or re.search(rf"(?<![\w.]){re.escape(dotted)}\.{m}(?![\w])", first)
+        for m in modules
+    )
+
+
+def layout_problems(root: Path) -> list[str]:
+    """Where ``root/tests`` fails to mirror the code: a package without a test folder (holding test files), a test
+    file in no folder, a test folder of no package, a test file that names no module of the package whose folder
+    holds it."""
+    packages = code_packages(root)
+    tests = root / "tests"
+    problems = [f"{pkg}/ has no tests/{pkg}/test_*.py" for pkg in packages if not list((tests / pkg).glob("test_*.py"))]
+    problems += [f"tests/{p.name} is in no package's test folder" for p in sorted(tests.glob("test_*.py"))]
+    for folder in sorted(d for d in tests.rglob("*") if d.is_dir() and "__pycache__" not in d.parts):
+        rel = folder.relative_to(tests)
+        if rel.parts[0] in NOT_MIRRORS:
+            continue
+        pkg = rel.as_posix()
+        if rel.parts[0] not in PACKAGES or not (root / pkg).is_dir():
+            problems.append(f"tests/{pkg}/ mirrors no folder of {', '.join(PACKAGES)}")
+            continue
+        for test_file in sorted(folder.glob("test_*.py")):
+            if not names_a_module(test_file, pkg, packages.get(pkg, [])):
+                problems.append(
+                    f"tests/{pkg}/{test_file.name} names no module of {pkg}/ (in its name, test_MODULE[_*].py, or "
+                    f"its docstring's first paragraph, {pkg}/MODULE.py or {pkg.replace('/', '.')}.MODULE)"
+                )
+    return problems
+
+
+def test_tests_mirror_the_code():
+    """tests/ mirrors the code: each package has a test folder at the same path, every test folder is a package's,
+    and every test file in it names a module of that package (so a reader finds a module's tests by its name)."""
+    problems = layout_problems(ROOT)
+    assert not problems, f"{len(problems)} test layout problems:\n" + "\n".join(problems)
+
+
+def test_the_layout_check_catches_a_misplaced_test(tmp_path):
+    """A planted tree: a test file of another package's module, a package without tests, a test file in no folder
+    and a test folder of no package are each named; a test named by its module, or by the module in its docstring,
+    passes."""
+    for path, text in {
+        "moebase/errors.py": "",
+        "sim/core/cache.py": "",
+        "sim/core/workload.py": "",
+        "sim/timing/engine.py": "",
+        "tests/moebase/test_errors.py": "",
+        "tests/sim/core/test_cache_tiers.py": "",
+        "tests/sim/core/test_batches.py": '"""Batches into iterations\n(sim/core/workload.py)."""\n',
+        "tests/sim/core/test_engine.py": '"""The engine (sim/timing/engine.py), not sim/core/cache.pyc."""\n',
+        "tests/sim/nowhere/test_x.py": "",
+        "tests/test_loose.py": "",
+    }.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    problems = layout_problems(tmp_path)
+    assert [p.split(" ")[0] for p in problems] == [
+        "sim/timing/",
+        "tests/test_loose.py",
+        "tests/sim/core/test_engine.py",
+        "tests/sim/nowhere/",
+    ], problems

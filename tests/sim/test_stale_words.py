@@ -1,6 +1,6 @@
-"""Words the simulator prints about what it read stay true: `sim policies` shows every description whole (wrapped,
-never cut, no "None" standing for a missing value), and a hardware file is said to be "based on" a profile only
-when it names one as its base, never "based on" its own name."""
+"""Words the simulator prints about what it read stay true (sim/listing.py, sim/results.py): `sim policies` shows every
+description whole (wrapped, never cut, no "None" standing for a missing value), and a hardware file is said to be "based
+on" a profile only when it names one as its base, never "based on" its own name."""
 
 from __future__ import annotations
 

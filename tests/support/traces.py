@@ -1,5 +1,6 @@
-"""Small hand-made traces: a valid trace around an expert array, uniformly random routing, a tiny model profile,
-and a zip with its central directory edited (for the reader's bad-file tests)."""
+"""Small hand-made traces: a valid trace around an expert array, uniformly random routing (decoder-only or
+encoder-decoder), a tiny model profile, and a zip with its central directory edited (for the reader's bad-file
+tests)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,18 @@ def random_trace(rng: np.random.Generator, tokens=200, layers=3, experts=8, k=2,
     cuts = np.sort(rng.choice(np.arange(1, tokens), size=requests - 1, replace=False)) if requests > 1 else []
     lengths = np.diff(np.concatenate([[0], cuts, [tokens]]))
     return make_trace(e, lengths, num_experts=experts)
+
+
+def enc_dec_trace(rng: np.random.Generator, tokens=40, experts=6, k=2, requests=4) -> Trace:
+    """Random routing over two encoder layers (prompt rows, the first three of each request) and two decoder
+    layers (generated rows)."""
+    t = random_trace(rng, tokens=tokens, layers=4, experts=experts, k=k, requests=requests)
+    e = t.experts.copy()
+    prefill = np.minimum(t.request_lengths, 3)
+    decode = t.position_in_request() >= np.repeat(prefill, t.request_lengths)
+    e[decode, :2] = -1
+    e[~decode, 2:] = -1
+    return make_trace(e, t.request_lengths, prefill, experts, ["encoder", "encoder", "decoder", "decoder"])
 
 
 def patch_central(data: bytes, name: str, **fields) -> bytes:

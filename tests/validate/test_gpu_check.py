@@ -1,6 +1,7 @@
-"""What the GPU check depends on, checked on the CPU path: copies timed apart from the hand-offs between them, the
-simulator's copy gap, the host pool kept within the host's memory, every GEMM shape warmed before timing, loads
-that run on the compute stream and are running before a loaded timing starts, and progress that reaches a pipe."""
+"""What the GPU check (validate/executor.py, copier.py, microbench.py) depends on, checked on the CPU path: copies timed
+apart from the hand-offs between them, the simulator's copy gap, the host pool kept within the host's memory, every GEMM
+shape warmed before timing, loads that run on the compute stream and are running before a loaded timing starts, and
+progress that reaches a pipe."""
 
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ def test_progress_lines_reach_a_pipe_at_once():
 
 
 def test_the_validator_refuses_an_expert_width_it_cannot_run_naming_the_field(tmp_path):
-    # int4 and int8 run (test_validate_quantized)
+    # int4 and int8 run (test_executor_quantized)
     (tmp_path / "m.yaml").write_text("base: gpt-oss-20b\nexpert_bits: 6\n")
     res = subprocess.run(
         [

@@ -1,6 +1,6 @@
-"""The baseline policies (pregated, prefetch-all, lfu, belady) against plain re-statements of their rules, the
-optimality of belady (against an exact search and against the online policies), belady_bound, and tier
-invariants under random traces (hypothesis)."""
+"""The baseline policies (sim/policies/pregated.py, prefetch_all.py, lfu.py, belady.py) against plain re-statements of
+their rules, the optimality of belady (against an exact search and against the online policies), belady_bound (the tiers
+every policy keeps and Belady's bound over the online policies: tests/sim/policies/test_policy_properties.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.core.cache import HPC, LPC, MISS, MPC
@@ -19,7 +19,7 @@ from tests.reference.belady import plain_min
 from tests.reference.lfu import plain_lfu_pinned
 from tests.reference.lru import plain_lru
 from tests.support.policies import cache_hits, policy_for, predictor_for
-from tests.support.traces import make_trace, random_trace
+from tests.support.traces import enc_dec_trace, make_trace, random_trace
 
 # ----------------------------------------------------------------------------------------------------- helpers
 
@@ -56,17 +56,6 @@ def layer_steps(trace, its):
             out[layer].append((pending[layer], act))
             pending[layer] = False
     return out
-
-
-def enc_dec_trace(rng, tokens=40, experts=6, k=2, requests=4):
-    """Two encoder layers (prompt rows) and two decoder layers (generated rows)."""
-    t = random_trace(rng, tokens=tokens, layers=4, experts=experts, k=k, requests=requests)
-    e = t.experts.copy()
-    prefill = np.minimum(t.request_lengths, 3)
-    decode = t.position_in_request() >= np.repeat(prefill, t.request_lengths)
-    e[decode, :2] = -1
-    e[~decode, 2:] = -1
-    return make_trace(e, t.request_lengths, prefill, experts, ["encoder", "encoder", "decoder", "decoder"])
 
 
 # ---------------------------------------------------------------------------------- plain re-statements (lists)
@@ -139,37 +128,6 @@ def test_never_evicting_an_active_expert_is_not_optimal_for_sets():
     bel = policy_for("belady", trace, its, hpc=0, mpc=2, params={"warm": False})
     run(trace, its, bel)
     assert cache_hits(bel) == exact_optimum(steps, 2, 4, warm=False) == 8
-
-
-@settings(max_examples=50, deadline=None)
-@given(
-    seed=st.integers(0, 10**6),
-    total=st.integers(1, 6),
-    hpc=st.integers(0, 3),
-    batch=st.integers(1, 4),
-    k=st.integers(1, 3),
-    batching=st.sampled_from(["static", "continuous"]),
-    predictor=st.sampled_from(["none", "oracle", "noisy"]),
-)
-def test_belady_hits_at_least_every_online_policy_at_equal_capacity(seed, total, hpc, batch, k, batching, predictor):
-    """At equal slots per layer (online: hpc + mpc = total; belady: all of it MIN, warm), belady's HPC+MPC hits
-    are >= lru's, lfu's and diffmoe's, at every batch size and top-k, whatever the online policy prefetches. This
-    holds because belady is the optimum over demand policies with a free fill at batch starts (the exact-search
-    test above), which those policies are: they admit only experts active in the step (missed or prefetched
-    alike, so prefetching does not change what they cache), and their only other entries are the free HPC pin and
-    diffmoe's start-of-batch fill. A policy that cached experts it prefetched but did not use would be outside
-    this bound; none does."""
-    hpc = min(hpc, total)
-    trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=10, k=k, requests=4)
-    its = workload(trace, batch, batching)
-    bel = policy_for("belady", trace, its, hpc=0, mpc=total)
-    run(trace, its, bel, check=False)
-    for name in ("lru", "lfu", "diffmoe"):
-        pol = policy_for(name, trace, its, hpc=hpc, mpc=total - hpc)
-        run(
-            trace, its, pol, predictor, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None, check=False
-        )
-        assert cache_hits(bel) >= cache_hits(pol), name
 
 
 @settings(max_examples=25, deadline=None)
@@ -325,51 +283,3 @@ def test_prefetch_all_skips_experts_already_cached_or_in_flight():
     pol.cache.mpc[1] = {3: None}
     pol.cache.add_lpc(1, 4)
     assert PrefetchAll.plan_prefetch(pol, 0, 1, frozenset()) == [0, 1, 2, 5]
-
-
-# ------------------------------------------------------------------------------------------- tier invariants
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    seed=st.integers(0, 10**6),
-    policy=st.sampled_from(["pregated", "prefetch-all", "lfu", "belady"]),
-    hpc=st.integers(0, 3),
-    mpc=st.integers(0, 4),
-    batch=st.integers(1, 4),
-    predictor=st.sampled_from(["none", "oracle", "noisy"]),
-    enc_dec=st.booleans(),
-    pin_hot=st.booleans(),
-    cached=st.sampled_from(["all", "decoder"]),
-)
-def test_tier_invariants_hold_for_the_baselines(seed, policy, hpc, mpc, batch, predictor, enc_dec, pin_hot, cached):
-    rng = np.random.default_rng(seed)
-    trace = (
-        enc_dec_trace(rng, tokens=40, experts=8)
-        if enc_dec
-        else random_trace(rng, tokens=40, layers=3, experts=8, k=2, requests=4)
-    )
-    its = workload(trace, batch)
-    roles = [x.role for x in trace.meta.model.layers]
-    layers = None if cached == "all" else [i for i, r in enumerate(roles) if r == "decoder"]
-    params = {"pin_hot": pin_hot} if policy in ("lfu", "belady") else None
-    pol = policy_for(policy, trace, its, hpc=hpc, mpc=mpc, params=params, cached=layers)
-    hpc_sets = list(pol.cache.hpc)
-
-    def check(p):
-        assert list(p.cache.hpc) == hpc_sets  # high-priority experts are never evicted
-        # working buffers are dropped when their layer finishes: only the next layer's prefetches remain
-        assert len({layer for layer, _ in p.cache.lpc}) <= 1
-
-    decisions = run(
-        trace, its, pol, predictor, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None, after=check
-    )
-    c = pol.cache.counters
-    assert c.accesses == sum(len(d.active) for d in decisions)
-    assert c.misses == sum(1 for d in decisions for _, s in d.sources if s == MISS)
-    uncached = set(range(trace.num_layers)) - set(pol.ctx.cached_layers)
-    assert all(s == MISS or s == LPC for d in decisions if d.layer in uncached for _, s in d.sources)
-    if policy in ("pregated", "prefetch-all"):
-        assert c.hits[HPC] == c.hits[MPC] == 0
-    if predictor == "none" and policy != "prefetch-all":
-        assert c.hits[LPC] == 0 and not any(d.prefetched for d in decisions)

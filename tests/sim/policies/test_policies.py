@@ -1,5 +1,6 @@
-"""Policies and predictors (plain Python, no engine): checked against independent re-statements of their rules,
-and tier invariants under random traces and sizes."""
+"""Policies and predictors (plain Python, no engine; sim/policies/lru.py, diffmoe.py, base.py's params): checked against
+independent re-statements of their rules (the tiers every policy keeps:
+tests/sim/policies/test_policy_properties.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from hypothesis import strategies as st
 from sim.core.cache import HPC, LPC, MISS, MPC
 from sim.core.workload import build_iterations
 from sim.decisions.replay import replay
-from sim.policies import POLICIES
 from tests.reference.diffmoe import LEGACY, plain_diffmoe
 from tests.reference.lru import plain_lru_hits
 from tests.support.policies import ONE_LAYER_HAND_MADE, policy_for, predictor_for, run_decisions
@@ -118,55 +118,6 @@ def test_uncached_layers_fetch_on_demand():
     enc = [d for d in decisions if d.layer == 0]
     assert enc and all(src == MISS for d in enc for _, src in d.sources)
     assert not policy.cache.hpc[0] and not policy.cache.mpc[0]
-
-
-# --------------------------------------------------------------------------------------- every policy, invariants
-
-
-#: Every registered policy but those that split experts between CPU and GPU by token counts (``wants_counts``): they
-#: plan with the run's cost model, so they are driven through the engine in tests/sim/timing/test_hybrid.py.
-WITHOUT_COSTS = [n for n in POLICIES.names() if not POLICIES.get(n).wants_counts]
-
-
-@pytest.mark.parametrize("policy", WITHOUT_COSTS)
-@settings(max_examples=10, deadline=None)
-@given(
-    seed=st.integers(0, 10**6),
-    hpc=st.integers(0, 3),
-    mpc=st.integers(0, 4),
-    batch=st.integers(1, 4),
-    predictor=st.sampled_from(["none", "oracle", "noisy"]),
-)
-def test_tier_invariants_hold_for_every_policy(seed, policy, hpc, mpc, batch, predictor):
-    rng = np.random.default_rng(seed)
-    trace = random_trace(rng, tokens=50, layers=3, experts=8, k=2, requests=4)
-    its, _ = build_iterations(trace, batch, "static", None, True, None)
-    pol = policy_for(policy, trace, its, hpc=hpc, mpc=mpc)  # the workload in its context, for the offline ones
-    hpc_sets = None
-
-    def check(p):
-        nonlocal hpc_sets
-        p.cache.check()  # capacities, no expert in two slots
-        if hpc_sets is None:
-            hpc_sets = list(p.cache.hpc)
-        assert list(p.cache.hpc) == hpc_sets  # high-priority experts are never evicted
-        for layer in range(trace.num_layers):
-            assert len(p.cache.mpc[layer]) <= p.cache.mpc_slots
-
-    decisions = replay(
-        trace,
-        its,
-        pol,
-        predictor_for(predictor, trace, {"recall": 0.7, "precision": 0.6} if predictor == "noisy" else None, seed),
-        after_step=check,
-    )
-    c = pol.cache.counters
-    assert c.accesses == sum(len(d.active) for d in decisions)  # hits + misses = accesses
-    assert c.misses == sum(1 for d in decisions for _, s in d.sources if s == MISS)
-    if POLICIES.get(policy).all_resident:  # every expert resident: all hits, from the HPC
-        assert c.misses == 0 and c.hits[HPC] == c.accesses
-    if policy == "on-demand":  # the one policy that serves every expert from a copy
-        assert c.accesses == c.misses + c.hits[LPC]
 
 
 # ------------------------------------------------------------------------------------------------ predictors

@@ -1,6 +1,7 @@
 """Published caching policies beyond LRU/LFU/MoE-Infinity/Diff-MoE (`least-stale`, `arc`, `s3fifo`, `learned-rf`,
-`reuse-distance`): each against a plain restatement of its rule (tests/reference/published.py, independent, with lists),
-hand-traced examples, invariants through the SimPy engine, and the Belady bound at equal slots."""
+`reuse-distance`; sim/policies/least_stale.py, arc.py, s3fifo.py, learned_rf.py, reuse_distance.py): each against a
+plain restatement of its rule (tests/reference/published.py, independent, with lists), and hand-traced examples (engine
+invariants and the Belady bound, as for every policy: tests/sim/policies/test_policy_properties.py)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,15 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moebase.errors import ConfigError
-from sim.core.cache import LPC, MISS, MPC
+from sim.core.cache import MPC
 from sim.core.workload import build_iterations
 from sim.policies import POLICIES
-from sim.run import simulate
 from tests.reference.lru import plain_lru
 from tests.reference.published import PLAIN, plain_learned_rf, plain_reuse_distance, plain_s3fifo
-from tests.support.engine import config_for
 from tests.support.policies import BOUNDED, TWO_LAYER_HAND_MADE, cache_hits, drive, policy_for, steps_of
 from tests.support.traces import make_trace, random_trace
 from traces.io import save_trace
@@ -273,85 +272,6 @@ def test_origin_is_published_and_the_default_cache_is_plain(name):
     pinned = policy_for(name, trace, its, 2, 3, {"pin_hot": True})
     assert (pinned.cache.hpc_slots, pinned.cache.mpc_slots) == (2, 3)
     assert list(pinned.cache.hpc) == [frozenset(pinned.ctx.hot_ranking[layer][:2]) for layer in range(2)]
-
-
-# ---------------------------------------------------------------------------------------- through the engine
-
-
-@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture], **BOUNDED)
-@given(
-    seed=st.integers(0, 10**6),
-    batch=st.integers(1, 4),
-    hpc=st.integers(0, 2),
-    mpc=st.integers(0, 3),
-    k=st.integers(1, 3),
-    buffers=st.integers(1, 5),
-    predictor=st.sampled_from(["none", "oracle", "noisy"]),
-    batching=st.sampled_from(["static", "continuous"]),
-    pin_hot=st.booleans(),
-)
-def test_engine_invariants_for_every_new_policy(
-    tmp_path, seed, batch, hpc, mpc, k, buffers, predictor, batching, pin_hot
-):
-    trace = random_trace(np.random.default_rng(seed), tokens=48, layers=3, experts=8, k=k, requests=4)
-    path = save_trace(trace, tmp_path / f"t{seed}.npz")
-    pred_params = {"recall": 0.7, "precision": 0.5} if predictor == "noisy" else None
-    for name in NEW:
-        cfg = config_for(
-            path,
-            trace,
-            name,
-            predictor,
-            batch,
-            hpc,
-            mpc,
-            buffers,
-            batching,
-            seed=seed,
-            policy_params={"pin_hot": pin_hot},
-            predictor_params=pred_params,
-        )
-        out = simulate(cfg, trace=trace, check_invariants=True, record_decisions=True)  # tiers after each layer
-        s, decisions = out.summary, out.engine.decisions
-        hits = s["hits"]
-        assert hits["hpc"] + hits["mpc"] + hits["lpc"] + s["misses"] == s["accesses"]  # hits + misses = accesses
-        assert s["accesses"] == sum(len(d.active) for d in decisions)
-        assert s["max_buffers_in_use"] <= buffers
-        room = mpc if pin_hot else hpc + mpc
-        assert out.policy.cache.mpc_slots == room
-        assert max(len(m) for m in out.policy.cache.mpc) <= room  # capacity never exceeded
-        for d in decisions:  # never evicts an expert the layer uses now; only newcomers are admitted
-            sources = dict(d.sources)
-            for e, victim in d.promote:
-                assert victim is None or victim not in d.active, (name, d)
-                assert sources[e] in (MISS, LPC)
-        if room == 0:
-            assert hits["mpc"] == 0
-
-
-# --------------------------------------------------------------------------------------------- Belady bound
-
-
-@settings(max_examples=60, **BOUNDED)
-@given(
-    seed=st.integers(0, 10**6),
-    total=st.integers(1, 5),
-    hpc=st.integers(0, 3),
-    batch=st.integers(1, 4),
-    k=st.integers(1, 3),
-    pin_hot=st.booleans(),
-    predictor=st.sampled_from(["none", "oracle", "noisy"]),
-)
-def test_belady_bounds_every_new_policy_at_equal_slots(seed, total, hpc, batch, k, pin_hot, predictor):
-    hpc = min(hpc, total)
-    trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=10, k=k, requests=4)
-    its, _ = build_iterations(trace, batch, "static", None, True, None)
-    bel = policy_for("belady", trace, its, 0, total)
-    drive(trace, its, bel)
-    for name in NEW:
-        pol = policy_for(name, trace, its, hpc, total - hpc, {"pin_hot": pin_hot})
-        drive(trace, its, pol, predictor, seed)
-        assert cache_hits(bel) >= cache_hits(pol), name
 
 
 def test_at_one_slot_every_new_policy_is_lru():

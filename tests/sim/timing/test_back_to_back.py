@@ -1,7 +1,7 @@
-"""Copies served back to back (``ComputeStream.runs_back_to_back``, ``serve_back_to_back``): a layer's demand copies
-asked for with the link idle, nothing queued or prefetched and their buffers free are timed without the copy engine's
-events. Every figure of a
-run must be the one the event path gives (the same float sums, counts and peak of working buffers)."""
+"""Copies served back to back (sim/timing/engine.py: ``ComputeStream.runs_back_to_back``, ``serve_back_to_back``): a
+layer's demand copies asked for with the link idle, nothing queued or prefetched and their buffers free are timed
+without the copy engine's events. Every figure of a run must be the one the event path gives (the same float sums,
+counts and peak of working buffers)."""
 
 from __future__ import annotations
 

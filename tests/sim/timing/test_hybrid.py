@@ -1,5 +1,5 @@
-"""Experts computed on the host CPU: the ``cpu`` source through the engine, the host stream's timing,
-the reporting, and the three hybrid policies (fiddler, ktransformers, hybrid-cache)."""
+"""Experts computed on the host CPU: the ``cpu`` source through the engine (sim/timing/engine.py), the host stream's
+timing, the reporting, and the three hybrid policies (fiddler, ktransformers, hybrid-cache)."""
 
 from __future__ import annotations
 

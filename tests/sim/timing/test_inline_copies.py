@@ -1,9 +1,9 @@
-"""The hot path's inline copies that stay, each against the function it restates.
+"""The hot path's inline copies that stay (sim/timing/engine.py), each against the function it restates.
 
 They stay because they run once per copy and calling the function costs the predictors' path several per cent
 (measured with benchmarks/bench_decisions.py, lru with the transition predictor: every inline copy of the engine
 called instead ~9% slower, the per-copy ones alone ~7%). The others (the one-pass plan and the least-recent victim it
-inlines) are tested in tests/sim/core/test_plan_ranked.py.
+inlines) are tested in tests/sim/policies/test_admission_plan_ranked.py.
 
 - ``ComputeStream.copied_experts`` restates ``ComputeStream.wait_copy`` (the stall until the next copy lands) and
   ``StreamClock.work`` (the expert's compute): a run whose copied experts call both gives every figure the same.

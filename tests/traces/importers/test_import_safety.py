@@ -1,5 +1,6 @@
-"""The trace importers and writers as untrusted-input surfaces: every bad input ends in exit status 2 with ONE
-bounded line naming the file (and entry, field or line), nothing written, no RuntimeWarning, no hang.
+"""The trace importers (traces/importers/cli.py and the formats it registers) and writers as untrusted-input surfaces:
+every bad input ends in exit status 2 with ONE bounded line naming the file (and entry, field or line), nothing written,
+no RuntimeWarning, no hang.
 
 One class per class of problem: hostile expert-arrays archives and requests.json files, traces that contradict
 their model's profile, inputs with nothing to simulate (or absurdly many requests), ft-log numbers that are not

@@ -1,8 +1,8 @@
-"""`traces synth --from-fit` with an untrusted fitted trace and any shape asked of it: every size (experts, top-k,
-layers, requests, the fitted tables a shape would build) is checked before anything is stretched, reshaped or drawn;
-every fitted knob of the wrong type or value is refused with one line naming the file and the knob; the names copied
-from the fitted trace follow the model-name rule. The stretching and reshaping are watched, to fail the test when
-asked for a shape beyond the bounds."""
+"""`traces synth --from-fit` (traces/synthetic/reshape.py, fit.py) with an untrusted fitted trace and any shape asked of
+it: every size (experts, top-k, layers, requests, the fitted tables a shape would build) is checked before anything is
+stretched, reshaped or drawn; every fitted knob of the wrong type or value is refused with one line naming the file and
+the knob; the names copied from the fitted trace follow the model-name rule. The stretching and reshaping are watched,
+to fail the test when asked for a shape beyond the bounds."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""One expert cache shared by all cached layers (``cache.organization: shared``): the config
-option and its errors, the shared tier cache's invariants, each shared policy against a plain restatement of its
-rule (tests/reference/shared.py, with lists), invariants through the SimPy engine, Belady's bound in both
-organizations (random traces, a brute-force optimum, the bundled gpt-oss trace), and per-layer runs unchanged."""
+"""One expert cache shared by all cached layers (``cache.organization: shared``): the config option and its errors, the
+shared tier cache's invariants, each shared policy against a plain restatement of its rule (tests/reference/shared.py,
+with lists), Belady's bound in both organizations (random traces, a brute-force optimum, the bundled gpt-oss trace), and
+per-layer runs unchanged (invariants through the SimPy engine, as for every policy:
+tests/sim/policies/test_policy_properties.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moebase.errors import ConfigError
 from moebase.files import PROJECT_ROOT
 from sim.config.run_config import config_from_dict, load_run_config, memory_check
-from sim.core.cache import LPC, MISS, MPC, CacheInvariantError, SharedTierCache, TierCache
+from sim.core.cache import MISS, MPC, CacheInvariantError, SharedTierCache, TierCache
 from sim.core.workload import build_iterations
 from sim.decisions.replay import replay
 from sim.policies import POLICIES
@@ -316,74 +317,6 @@ def test_moe_infinity_shared_victim_is_the_lowest_priority_times_proximity():
             cache.append((layer, e))
             since[(layer, e)] = next(clock)
         assert snap == sorted(cache)
-
-
-# ------------------------------------------------------------------------------------- through the engine
-
-
-@settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture], **BOUNDED)
-@given(
-    seed=st.integers(0, 10**6),
-    batch=st.integers(1, 4),
-    hpc=st.integers(0, 2),
-    mpc=st.integers(0, 3),
-    extra=st.integers(-2, 4),
-    k=st.integers(1, 3),
-    buffers=st.integers(1, 5),
-    predictor=st.sampled_from(["none", "oracle", "noisy"]),
-    batching=st.sampled_from(["static", "continuous"]),
-    pin_hot=st.booleans(),
-    decoder_only=st.booleans(),
-)
-def test_engine_invariants_in_a_shared_cache(
-    tmp_path, seed, batch, hpc, mpc, extra, k, buffers, predictor, batching, pin_hot, decoder_only
-):
-    trace = random_trace(np.random.default_rng(seed), tokens=40, layers=3, experts=8, k=k, requests=4)
-    path = save_trace(trace, tmp_path / f"t{seed}.npz")
-    pred_params = {"recall": 0.7, "precision": 0.5} if predictor == "noisy" else None
-    slots = max(0, (hpc + mpc) * 3 + extra) if extra else None
-    if pin_hot and slots is not None and slots < hpc * 3:
-        slots = hpc * 3
-    for name in SHARED_MPC:
-        cfg = config_for(
-            path,
-            trace,
-            name,
-            predictor,
-            batch,
-            hpc,
-            mpc,
-            buffers,
-            batching,
-            seed=seed,
-            policy_params={"pin_hot": pin_hot},
-            predictor_params=pred_params,
-        )
-        d = dict(cfg.resolved)
-        d["cache"] = {**d["cache"], "organization": "shared", "shared_slots": slots}
-        cfg = config_from_dict(d)
-        out = simulate(cfg, trace=trace, check_invariants=True, record_decisions=True)  # tiers after each layer
-        s, decisions, cache = out.summary, out.engine.decisions, out.policy.cache
-        hits = s["hits"]
-        assert hits["hpc"] + hits["mpc"] + hits["lpc"] + s["misses"] == s["accesses"]  # hits + misses = accesses
-        assert s["accesses"] == sum(len(d.active) for d in decisions)
-        total = (hpc + mpc) * 3 if slots is None else slots
-        assert isinstance(cache, SharedTierCache)
-        assert cache.mpc_slots == total - (hpc * 3 if pin_hot else 0)
-        assert cache.mpc_size() <= cache.mpc_slots  # capacity never exceeded (checked after every layer too)
-        hpc_sets = list(cache.hpc)
-        for dec in decisions:
-            sources = dict(dec.sources)
-            for e, victim in dec.promote:
-                assert sources[e] in (MISS, LPC)  # only newcomers are admitted
-                if victim is None:
-                    continue
-                vl, v = victim
-                assert v not in hpc_sets[vl]  # the HPC is never evicted
-                if name != "belady":  # belady may evict after the expert computed
-                    assert not (vl == dec.layer and v in dec.active), (name, dec)
-        if cache.mpc_slots == 0:
-            assert hits["mpc"] == 0
 
 
 def test_uncached_layers_keep_nothing_in_a_shared_cache(tmp_path):

@@ -1,6 +1,6 @@
-"""Our policy `next-use-odds` (and its causal `cross-layer` predictor): invariants through the SimPy engine, the
-rule against a plain restatement on hand-made and random traces, the Belady bound at equal slots, determinism, and
-the train/evaluate split (training never reads the evaluated requests)."""
+"""Our policy `next-use-odds` (and its causal `cross-layer` predictor): the rule against a plain restatement on
+hand-made and random traces, determinism, and the train/evaluate split (training never reads the evaluated requests).
+Engine invariants and the Belady bound, as for every policy: tests/sim/policies/test_policy_properties.py."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moebase.errors import ConfigError
-from sim.core.cache import LPC, MISS
 from sim.core.workload import build_iterations
 from sim.policies import next_use_odds as nuo
 from sim.policies.base import selection_counts
@@ -91,65 +90,6 @@ def test_bypass_keeps_a_frequent_set_through_a_one_time_scan():
     assert cache_hits(pol) == 2 * 9 + 30  # from the second step on, 0 and 1 always hit
 
 
-# ---------------------------------------------------------------------------------------- through the engine
-
-
-@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture], **BOUNDED)
-@given(
-    seed=st.integers(0, 10**6),
-    batch=st.integers(1, 4),
-    hpc=st.integers(0, 2),
-    mpc=st.integers(0, 3),
-    k=st.integers(1, 3),
-    buffers=st.integers(1, 5),
-    predictor=st.sampled_from(["none", "oracle", "noisy", "cross-layer"]),
-    batching=st.sampled_from(["static", "continuous"]),
-    trained=st.booleans(),
-)
-def test_engine_invariants(tmp_path, seed, batch, hpc, mpc, k, buffers, predictor, batching, trained):
-    rng = np.random.default_rng(seed)
-    trace = random_trace(rng, tokens=48, layers=3, experts=8, k=k, requests=4)
-    path = save_trace(trace, tmp_path / f"t{seed}.npz")
-    train = str(
-        save_trace(random_trace(rng, tokens=60, layers=3, experts=8, k=k, requests=3), tmp_path / f"train{seed}.npz")
-    )
-    pred_params = (
-        {"recall": 0.7, "precision": 0.5}
-        if predictor == "noisy"
-        else ({"train": train} if predictor == "cross-layer" and trained else None)
-    )
-    cfg = config_for(
-        path,
-        trace,
-        NAME,
-        predictor,
-        batch,
-        hpc,
-        mpc,
-        buffers,
-        batching,
-        seed=seed,
-        policy_params={"train": train} if trained else None,
-        predictor_params=pred_params,
-    )
-    out = simulate(cfg, trace=trace, check_invariants=True, record_decisions=True)
-    s, decisions = out.summary, out.engine.decisions
-    hits = s["hits"]
-    assert hits["hpc"] + hits["mpc"] + hits["lpc"] + s["misses"] == s["accesses"]  # hits + misses = accesses
-    assert s["accesses"] == sum(len(d.active) for d in decisions)
-    assert s["max_buffers_in_use"] <= buffers
-    room = hpc + mpc
-    assert out.policy.cache.mpc_slots == room and out.policy.cache.hpc_slots == 0
-    assert max(len(m) for m in out.policy.cache.mpc) <= room  # capacity never exceeded
-    for d in decisions:  # never evicts an expert the layer uses now; only newcomers are admitted
-        sources = dict(d.sources)
-        for e, victim in d.promote:
-            assert victim is None or victim not in d.active, d
-            assert sources[e] in (MISS, LPC)
-    if room == 0:
-        assert hits["mpc"] == 0
-
-
 def test_same_seed_same_results(tmp_path):
     rng = np.random.default_rng(5)
     trace = random_trace(rng, tokens=80, layers=3, experts=8, k=2, requests=4)
@@ -172,36 +112,6 @@ def test_same_seed_same_results(tmp_path):
         )
         runs.append(comparable(simulate(cfg, trace=trace).summary))
     assert runs[0] == runs[1]
-
-
-# --------------------------------------------------------------------------------------------- Belady bound
-
-
-@settings(max_examples=40, **BOUNDED)
-@given(
-    seed=st.integers(0, 10**6),
-    total=st.integers(1, 5),
-    batch=st.integers(1, 4),
-    k=st.integers(1, 3),
-    predictor=st.sampled_from(["none", "oracle", "noisy"]),
-    warm=st.booleans(),
-)
-def test_belady_bounds_it_at_equal_slots(tmp_path_factory, seed, total, batch, k, predictor, warm):
-    rng = np.random.default_rng(seed)
-    trace = random_trace(rng, tokens=60, layers=2, experts=10, k=k, requests=4)
-    its, _ = build_iterations(trace, batch, "static", None, True, None)
-    bel = policy_for("belady", trace, its, 0, total)
-    drive(trace, its, bel)
-    params = None
-    if warm:  # trained (and so warm-started) on another trace of the same model
-        train = save_trace(
-            random_trace(rng, tokens=60, layers=2, experts=10, k=k, requests=3),
-            tmp_path_factory.mktemp("tr") / "train.npz",
-        )
-        params = {"train": str(train)}
-    pol = odds_policy(trace, its, 1 if total > 1 else 0, total - (1 if total > 1 else 0), params)
-    drive(trace, its, pol, predictor, seed)
-    assert cache_hits(bel) >= cache_hits(pol)
 
 
 # ---------------------------------------------------------------------------------------- train / evaluate

@@ -1,5 +1,5 @@
 """`python -m sim sweep`: the CI sweep's checks, resuming after SIGKILL, failing points, bad sweep files.
-(Dying workers, retries and orphan temporary files: tests/test_sweep_faults.py.)"""
+(Dying workers, retries and orphan temporary files: tests/sim/sweep/test_local_faults.py.)"""
 
 from __future__ import annotations
 

@@ -472,7 +472,8 @@ DOCUMENTED_BYTES_PER_EXPERT = {  # docs/architecture.md 5.2, bf16
     "deepseek-v2-lite": 17.3e6,
     "olmoe-1b-7b": 12.6e6,
 }
-ADDED_BYTES_PER_EXPERT = {  # beyond those (tests/sim/config/test_models.py has details); gpt-oss-20b: MXFP4 experts
+# beyond those (tests/moebase/test_model_profiles.py has details); gpt-oss-20b: MXFP4 experts
+ADDED_BYTES_PER_EXPERT = {
     "switch-base-64": 9.4e6,
     "switch-base-8": 9.4e6,
     "gpt-oss-20b": 13.2e6,

@@ -4,8 +4,6 @@ llama.cpp's ``-ot``, sim/config/placement.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given
@@ -20,6 +18,7 @@ from sim.predictors import PREDICTORS
 from sim.run import simulate
 from tests.support.engine import tiny_model
 from tests.support.fuzz import fuzz_settings
+from tests.support.paths import ROOT
 from tests.support.traces import make_trace
 from traces.io import save_trace
 
@@ -221,7 +220,7 @@ def test_deferral_hides_host_work_behind_the_gpu_at_batch_one(tmp_path):
 
 # ------------------------------------------------------------------------------------------ bundled profiles
 
-SYSTEM_FILES = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "configs" / "systems").glob("*.yaml"))
+SYSTEM_FILES = sorted(p.stem for p in (ROOT / "configs" / "systems").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("name", SYSTEM_FILES)

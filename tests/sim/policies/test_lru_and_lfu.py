@@ -16,7 +16,7 @@ from sim.decisions.replay import replay
 from sim.predictors import PREDICTORS, PredictorContext
 from tests.reference.lfu import plain_lfu
 from tests.reference.lru import plain_lru
-from tests.support.policies import cache_hits, indexed_steps_of, policy_for
+from tests.support.policies import indexed_steps_of, policy_for
 from tests.support.traces import random_trace
 
 
@@ -91,30 +91,6 @@ def test_an_unpinned_cache_is_the_same_for_any_split_of_its_slots(seed, hpc, mpc
         a = policy_for(name, trace, its, hpc, mpc)
         b = policy_for(name, trace, its, 0, hpc + mpc)
         assert [d.sources for d in run(trace, its, a)] == [d.sources for d in run(trace, its, b)]
-
-
-@settings(max_examples=30, deadline=None)
-@given(
-    seed=st.integers(0, 10**6),
-    total=st.integers(1, 5),
-    hpc=st.integers(0, 3),
-    batch=st.integers(1, 4),
-    k=st.integers(1, 3),
-    pin_hot=st.booleans(),
-    counts=st.sampled_from(["perfect", "in_cache"]),
-    predictor=st.sampled_from(["none", "oracle", "noisy"]),
-)
-def test_belady_bounds_lru_and_lfu_at_equal_slots(seed, total, hpc, batch, k, pin_hot, counts, predictor):
-    hpc = min(hpc, total)
-    trace = random_trace(np.random.default_rng(seed), tokens=60, layers=2, experts=10, k=k, requests=4)
-    its, _ = build_iterations(trace, batch, "static", None, True, None)
-    bel = policy_for("belady", trace, its, 0, total)
-    run(trace, its, bel)
-    for name, params in (("lru", {"pin_hot": pin_hot}), ("lfu", {"pin_hot": pin_hot, "counts": counts})):
-        pol = policy_for(name, trace, its, hpc, total - hpc, params)
-        run(trace, its, pol, predictor)
-        assert cache_hits(bel) >= cache_hits(pol), name
-        assert max(len(m) for m in pol.cache.mpc) <= pol.cache.mpc_slots
 
 
 # ---------------------------------------------------------------------------------------------------- LFU
