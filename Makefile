@@ -1,5 +1,5 @@
 # `make run`: set up .venv and run the main job.  `make test`: set up .venv, run `make lint`, then the test suite.
-# `make lint`: ruff (lint rules and format check) over the tree and mypy over sim/, traces/ and validate/
+# `make lint`: ruff (lint rules and format check) over the tree and mypy over moebase/, sim/, traces/ and validate/
 # (pyproject.toml's [tool.ruff] and [tool.mypy]).  `make format`: rewrite the tree in ruff's format and import order.
 PYTHON ?= python3
 VENV   := .venv

@@ -665,7 +665,7 @@ def check_fits(config: RunConfig, summary: TraceSummary, all_resident: bool) -> 
         choose_kernels(system, hardware, format_class(system.expert_format, model.expert_bits_per_weight))
 
 
-def resolve_config(base: str | Path | dict, overrides: Iterable[str], source: str) -> RunConfig:
+def resolve_config(base: Any, overrides: Iterable[str], source: str) -> RunConfig:
     """The run config ``base`` (a path, or an inline mapping such as a sweep point's resolved config, named
     ``source`` in errors) with ``--set`` ``overrides`` applied in order, checked."""
     if isinstance(base, dict):
