@@ -253,8 +253,10 @@ class Policy(Parametrised):
         cache = self.cache
         hpc, mpc, lpc = cache.hpc[layer], cache.mpc[layer], cache.lpc_of[layer]
         out = [e for e in sorted(predicted) if e not in hpc and e not in mpc and e not in lpc]
-        for e in out:
-            cache.add_lpc(layer, e)
+        if out and (out[0] < 0 or out[-1] >= cache.num_experts):  # cache.add_lpc's check (the others hold)
+            for e in out:
+                cache.add_lpc(layer, e)
+        lpc.update(out)  # add_lpc of each, inline: none is cached or in flight, and ``out`` is sorted
         return out
 
     def plan_layer(self, iteration: int, layer: int, active: Sequence[int]) -> LayerPlan:

@@ -207,8 +207,9 @@ class TransitionPredictor(LayerPairPredictor):
             self.train = load_training_trace(self.params["train"], where, self.trace, self.ctx.trace_path)
             self.group, self.sources = None, [self.train.experts]
         self.start_tables()
-        #: (src, dst, source) -> a set of experts in src (sorted tuple) -> its guess of dst
-        self.guesses: dict[tuple[int, int, int], dict[tuple[int, ...], frozenset[int]]] = {}
+        #: (src, dst, source) -> a set of experts in src (sorted tuple; a one-token step's active set also as that
+        #: frozenset) -> its guess of dst
+        self.guesses: dict[tuple[int, int, int], dict[tuple[int, ...] | frozenset[int], frozenset[int]]] = {}
         #: (src, dst, source) -> the blocks of rows whose sets are in ``guesses``
         self.blocks_done: dict[tuple[int, int, int], set[int]] = {}
         self.top_k_in = self.trace.top_k  # a token's experts per layer
@@ -260,7 +261,11 @@ class TransitionPredictor(LayerPairPredictor):
         if known is None:
             known = self.guesses[key] = {}
         if rows.size == 1:  # one token: one set (``current`` itself when it has top-k distinct experts in src)
-            if current is not None and len(current) == self.top_k_in:
+            whole = current is not None and len(current) == self.top_k_in
+            if whole:  # the guess of that set, also kept under the frozenset itself (no tuple ever equals it)
+                guess = known.get(current)
+                if guess is not None:
+                    return guess
                 combo = tuple(sorted(current))
             else:
                 combo = tuple(sorted(self.trace.experts[rows[0], src, :].tolist()))
@@ -268,6 +273,8 @@ class TransitionPredictor(LayerPairPredictor):
             if guess is None:
                 self.learn_blocks(rows, src, dst, source)
                 guess = known[combo]
+            if whole:
+                known[current] = guess
             return guess
         combos = {tuple(sorted(r)) for r in self.trace.experts[rows, src, :].tolist()}
         if any(c not in known for c in combos):

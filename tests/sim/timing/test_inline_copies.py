@@ -9,10 +9,13 @@ inlines) are tested in tests/sim/core/test_plan_ranked.py.
   ``StreamClock.work`` (the expert's compute): a run whose copied experts call both gives every figure the same.
 - ``CopyQueue.start_next`` restates ``CopyQueue._queue`` (which queue the next copy comes from): over random
   queues, the one it takes from is the one ``_queue`` names (None: it starts nothing).
+- ``CopyEngine._land_plain`` (a landing on a plain machine) restates ``CopyEngine._land`` with the queue's ``land``
+  and ``start_next``: a run whose landings call ``_land`` gives every figure, and the events, the same.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 import numpy as np
@@ -21,6 +24,7 @@ from hypothesis import strategies as st
 
 from sim.core.copy_queue import CopyQueue
 from sim.run import simulate
+from sim.timing.copy_engine import CopyEngine
 from sim.timing.engine import ComputeStream
 from tests.support.engine import config_for, engine_figures
 from tests.support.traces import random_trace
@@ -80,6 +84,40 @@ def test_copied_experts_equals_wait_copy_and_work(
         called = engine_figures(simulate(cfg, trace=trace).engine)
     assert inline["copies"] > 0
     assert inline == called
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 10**6),
+    policy=st.sampled_from(["lru", "diffmoe", "lfu", "arc"]),
+    predictor=st.sampled_from(["oracle", "noisy", "transition"]),
+    batch=st.integers(1, 3),
+    buffers=st.integers(1, 4),
+    reserve=st.integers(0, 2),
+)
+def test_land_plain_equals_land(monkeypatch, tmp_path, seed, policy, predictor, batch, buffers, reserve):
+    rng = np.random.default_rng(seed)
+    trace = random_trace(rng, tokens=30, layers=3, experts=8, k=2, requests=3)
+    path = save_trace(trace, tmp_path / f"t{seed}.npz")
+    params = {"recall": 0.7, "precision": 0.5} if predictor == "noisy" else None
+    cfg = config_for(path, trace, policy, predictor, batch, 1, 2, buffers, seed=seed, predictor_params=params)
+    cfg = dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, prefetch_reserve=min(reserve, buffers)))
+    landed: list[int] = []
+    plain = CopyEngine._land_plain
+
+    def counted(self) -> None:
+        landed.append(1)
+        plain(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(CopyEngine, "_land_plain", counted)
+        fused = simulate(cfg, trace=trace).engine
+    with monkeypatch.context() as m:
+        m.setattr(CopyEngine, "_land_plain", CopyEngine._land)
+        called = simulate(cfg, trace=trace).engine
+    assert landed  # landings took the plain path (copies served back to back land without one)
+    assert engine_figures(fused) == engine_figures(called)
+    assert fused.events == called.events
 
 
 @settings(max_examples=80, deadline=None, derandomize=True, database=None)
