@@ -163,6 +163,11 @@ class DiffMoE(Policy):
         self.hit_d2d = bool(p["hit_d2d"])
         n, e = self.ctx.num_layers, self.ctx.num_experts
         self._s: list[list] = [[self._zero] * e for _ in range(n)]
+        #: exact integers without a floor: every expert's decay by ``dec_out_cache`` is one step of the layer's
+        #: offset, ``_off[layer]``, and a score is ``_s[layer][x] - _off[layer]`` (the few held experts take the
+        #: rest of their decay in ``_s``); else the offsets stay 0 and ``_s`` holds the scores
+        self._lazy = self._dtype is np.int64 and not p["floor"]
+        self._off: list[int] = [0] * n
         self.held: list[list[bool]] = [[False] * e for _ in range(n)]  # in the layer's slot array (HPC or MPC)
         self.slots: list[list[int]] = [[] for _ in range(n)]  # the MPC part of the slot array, in array order
         self._first_cached = min(self.ctx.cached_layers) if self.ctx.cached_layers else -1
@@ -177,7 +182,8 @@ class DiffMoE(Policy):
     def scores(self) -> np.ndarray:
         """Scores per (layer, expert), in score units (a float copy)."""
         if self._dtype is np.int64:
-            return np.array(self._s, dtype=np.int64) / EXACT_SCALE
+            s = np.array(self._s, dtype=np.int64) - np.array(self._off, dtype=np.int64)[:, None]
+            return s / EXACT_SCALE
         return np.array(self._s, dtype=self._dtype).astype(np.float64)
 
     def start_batch(self) -> None:
@@ -188,6 +194,7 @@ class DiffMoE(Policy):
         h, m = cache.hpc_slots, cache.mpc_slots
         n, e = self.ctx.num_layers, self.ctx.num_experts
         self._s = [[self._zero] * e for _ in range(n)]
+        self._off = [0] * n
         self.held = [[False] * e for _ in range(n)]
         for layer in self.ctx.cached_layers:
             hpc = cache.hpc[layer]
@@ -210,8 +217,16 @@ class DiffMoE(Policy):
         if layer not in self.ctx.cached_layers:
             return
         s = self._s[layer]
-        # 1. active experts gain 1, capped at max_val
         one, top = self._one, self._max
+        if self._lazy:  # the scores less the layer's offset: the same steps, the common decay in the offset
+            off = self._off[layer]
+            gained = [min(s[a] - off + one, top) for a in active]
+            off = self._off[layer] = off + self._dec_out
+            self._decay_held(layer, s)
+            for a, g in zip(active, gained):
+                s[a] = g + off
+            return
+        # 1. active experts gain 1, capped at max_val
         gained = [min(s[a] + one, top) for a in active]
         # 2. inactive ones decay by whether they are cached (state before this step's replacements)
         s = self._s[layer] = self._decayed(layer, s)
@@ -227,11 +242,7 @@ class DiffMoE(Policy):
             # exact integers: v - d_in is (v - d_out) - (d_in - d_out), so only the few held experts take a second
             # step: those ``held`` marks, the layer's HPC and MPC (the slots' experts; the two are disjoint)
             s = [v - d_out for v in s]
-            if by_held and d_in != d_out:
-                extra = d_in - d_out
-                for tier in (self.cache.hpc[layer], self.cache.mpc[layer]):
-                    for x in tier:
-                        s[x] -= extra
+            self._decay_held(layer, s)
             return s
         if by_held:
             s = [v - d_in if h else v - d_out for v, h in zip(s, self.held[layer])]
@@ -241,6 +252,20 @@ class DiffMoE(Policy):
             zero = self._zero
             s = [v if v > zero else zero for v in s]
         return s
+
+    def _decay_held(self, layer: int, s: list) -> None:
+        """Exact integers: the held experts' decay beyond ``dec_out_cache`` (by ``in_cache_check``), in place: those
+        of the layer's HPC and MPC (the slots' experts; the two are disjoint)."""
+        d_in, d_out = self._dec_in, self._dec_out
+        if d_in != d_out and (self.params["in_cache_check"] == "intended" or layer == self._first_cached):
+            extra = d_in - d_out
+            for tier in (self.cache.hpc[layer], self.cache.mpc[layer]):
+                for x in tier:
+                    s[x] -= extra
+
+    def _threshold(self, layer: int):
+        """``threshold`` in the units of ``_s[layer]`` (the layer's offset added)."""
+        return self._thr + self._off[layer] if self._lazy else self._thr
 
     # ---------------------------------------------------------------------------------------------- replacement
     def choose(self, iteration, layer: int, active, plan: LayerPlan) -> list[tuple[int, int | None]]:
@@ -256,7 +281,7 @@ class DiffMoE(Policy):
         if m == 0:
             return out
         sc = self._s[layer]
-        thr = self._thr
+        thr = self._threshold(layer)
         candidates = list(active)  # ascending ids: std::unique over the sorted permuted experts
         sort_by_key_descending(candidates, sc)  # std::sort(expert_pairs_using, priority >)
         sort_by_key_descending(slots, sc)  # std::sort(MPC part of expert_in_cache, priority >), in place
@@ -290,7 +315,7 @@ class DiffMoE(Policy):
         if not newcomers:
             return out
         sc = self._s[layer]
-        thr = self._thr
+        thr = self._threshold(layer)
         candidates = sorted(newcomers, key=sc.__getitem__, reverse=True)  # stable: ties keep lower id first
         active_set = set(active)
         held = sorted((e for e in mpc if e not in active_set), key=sc.__getitem__)  # ties: longest held first
