@@ -68,6 +68,9 @@ class LayerPlan:
     # the experts computed on the host CPU (source CPU), in active order (None: none, or the protocol splits
     # ``sources``); they are in neither ``resident`` nor ``copied``
     cpu: list[int] | None = field(default=None, compare=False, repr=False)
+    # the copied experts that come from a prefetch (source LPC), counted as ``classify`` meets them (None: the
+    # protocol counts ``copied``)
+    prefetch_hits: int | None = field(default=None, compare=False, repr=False)
 
     def split(self, active: Sequence[int]) -> tuple[list[int], list[tuple[int, str]], list[int]]:
         """(resident, copied, cpu): ``sources`` split as engines act on it, each in ``active`` order (the lists that
@@ -291,7 +294,7 @@ class Policy(Parametrised):
                 copied.append((e, MISS))
         # prefetches this layer did not use: in a buffer before, not active now
         unused = sorted(e for e in lpc if e not in sources) if prefetched > n_lpc else []
-        return LayerPlan(sources, {}, unused, resident, copied)
+        return LayerPlan(sources, {}, unused, resident, copied, prefetch_hits=n_lpc)
 
     # ------------------------------------------------------------------------------- what the driver asks
     # (sim.core.admission.AdmissionDriver runs every layer step from these; see ``admits``)
