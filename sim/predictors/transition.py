@@ -327,9 +327,7 @@ class TransitionPredictor(LayerPairPredictor):
     def best(self, score: np.ndarray) -> list[frozenset[int]]:
         """Per row of ``score`` [sets, experts], the ``top`` experts of highest score (ties to the lower id), those
         above 0."""
-        order = np.argsort(-score, axis=1, kind="stable")[:, : self.top]  # stable: ties in id order
-        positive = np.take_along_axis(score, order, axis=1) > 0
-        out = []
-        for ids, ok in zip(order.tolist(), positive.tolist()):
-            out.append(frozenset(ids) if all(ok) else frozenset(e for e, keep in zip(ids, ok) if keep))
-        return out
+        order = np.argsort(-score, axis=1, kind="stable")[:, : self.top].tolist()  # stable: ties in id order
+        # highest first, so those above 0 are the first ones: as many as the row has, at most ``top``
+        kept = np.minimum((score > 0).sum(axis=1), self.top).tolist()
+        return [frozenset(ids[:n]) for ids, n in zip(order, kept)]
