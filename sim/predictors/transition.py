@@ -213,10 +213,6 @@ class TransitionPredictor(LayerPairPredictor):
         #: (src, dst, source) -> the blocks of rows whose sets are in ``guesses``
         self.blocks_done: dict[tuple[int, int, int], set[int]] = {}
         self.top_k_in = self.trace.top_k  # a token's experts per layer
-        #: the place values that read a sorted set of experts as one int64 (distinct_sets), None where too large
-        experts = self.trace.experts
-        base, k = max(self.ctx.num_experts, int(experts.max(initial=0)) + 1) + 1, experts.shape[2]
-        self.set_digits = np.array([base**j for j in range(k)], dtype=np.int64) if base**k < 2**62 else None
 
     def ranking_keys(self, src: int, dst: int, source: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """([experts (of src), experts (of dst)] T, [experts of dst] a tie-breaker below 1 from dst's popularity),
@@ -299,7 +295,8 @@ class TransitionPredictor(LayerPairPredictor):
         if self.group is not None:
             near = near[self.group[near] == source]
         known = self.guesses[key]
-        new = [c for c in self.distinct_sets(near, src) if c not in known]
+        sets = dict.fromkeys(map(tuple, np.sort(self.trace.experts[near, src, :], axis=1).tolist()))
+        new = [c for c in sets if c not in known]
         routed = [c for c in new if c[-1] >= 0]  # sorted: c[-1] < 0 means no routing in src
         known.update((c, frozenset()) for c in new if c[-1] < 0)
         if routed:
@@ -307,22 +304,6 @@ class TransitionPredictor(LayerPairPredictor):
             ids = np.asarray(routed, dtype=np.int64)
             score = np.where(ids[:, :, None] >= 0, table[np.maximum(ids, 0)], 0.0).sum(axis=1) + tie  # [sets, E]
             known.update(zip(routed, self.best(score)))
-
-    def distinct_sets(self, rows: np.ndarray, src: int) -> list[tuple[int, ...]]:
-        """The distinct sets of experts in ``src`` of trace ``rows``, each a sorted tuple (-1 first where a token
-        has fewer experts), in no particular order: each sorted row read as a number (digits ``expert + 1`` in
-        base ``experts + 1``, ``set_digits``), one ``np.unique``, then one tuple per distinct set. The same sets
-        as :meth:`distinct_sets_by_rows`; that one where the numbers would not fit in int64."""
-        digits = self.set_digits
-        if digits is None:
-            return self.distinct_sets_by_rows(rows, src)
-        sets = np.sort(self.trace.experts[rows, src, :], axis=1).astype(np.int64)
-        _, first = np.unique((sets + 1) @ digits, return_index=True)
-        return list(map(tuple, sets[first].tolist()))
-
-    def distinct_sets_by_rows(self, rows: np.ndarray, src: int) -> list[tuple[int, ...]]:
-        """:meth:`distinct_sets`, a tuple per row, in the order of their first rows."""
-        return list(dict.fromkeys(map(tuple, np.sort(self.trace.experts[rows, src, :], axis=1).tolist())))
 
     def best(self, score: np.ndarray) -> list[frozenset[int]]:
         """Per row of ``score`` [sets, experts], the ``top`` experts of highest score (ties to the lower id), those
