@@ -171,6 +171,11 @@ class DiffMoE(Policy):
         self.held: list[list[bool]] = [[False] * e for _ in range(n)]  # in the layer's slot array (HPC or MPC)
         self.slots: list[list[int]] = [[] for _ in range(n)]  # the MPC part of the slot array, in array order
         self._first_cached = min(self.ctx.cached_layers) if self.ctx.cached_layers else -1
+        #: per layer, the held experts' decay beyond the offset's step (``_decay_held``'s rule)
+        extra = self._dec_in - self._dec_out
+        self._held_extra = [
+            extra if p["in_cache_check"] == "intended" or layer == self._first_cached else 0 for layer in range(n)
+        ]
         if p["fill"] == "expert0":
             for layer in self.ctx.cached_layers:
                 self.cache.pin_hpc(layer, [0] if self.cache.hpc_slots else [])
@@ -218,13 +223,8 @@ class DiffMoE(Policy):
             return
         s = self._s[layer]
         one, top = self._one, self._max
-        if self._lazy:  # the scores less the layer's offset: the same steps, the common decay in the offset
-            off = self._off[layer]
-            gained = [min(s[a] - off + one, top) for a in active]
-            off = self._off[layer] = off + self._dec_out
-            self._decay_held(layer, s)
-            for a, g in zip(active, gained):
-                s[a] = g + off
+        if self._lazy:
+            self._observe_lazy(layer, s, active, plan.sources)
             return
         # 1. active experts gain 1, capped at max_val
         gained = [min(s[a] + one, top) for a in active]
@@ -232,6 +232,25 @@ class DiffMoE(Policy):
         s = self._s[layer] = self._decayed(layer, s)
         for a, g in zip(active, gained):
             s[a] = g
+
+    def _observe_lazy(self, layer: int, s: list, active, sources: dict) -> None:
+        """Steps 1 and 2 with the common decay in the layer's offset (``_lazy``): each active expert's gain (from
+        its score before the step), the offset's step, then the rest of the decay of the held experts not active
+        (``sources``: the active ones), whose scores the gain does not replace."""
+        off = self._off[layer]
+        new_off = self._off[layer] = off + self._dec_out
+        one, top = self._one, self._max
+        for a in active:
+            s[a] = min(s[a] - off + one, top) + new_off
+        extra = self._held_extra[layer]
+        if extra:
+            cache = self.cache
+            for x in cache.hpc[layer]:
+                if x not in sources:
+                    s[x] -= extra
+            for x in cache.mpc[layer]:
+                if x not in sources:
+                    s[x] -= extra
 
     def _decayed(self, layer: int, s: list) -> list:
         """Every score of ``layer`` decayed: by ``dec_in_cache`` if its expert is held in the slot array (as
