@@ -114,9 +114,9 @@ class CopyEngine(QueueCounters):
         prefetch moving up to demand, its job taken from ``jobs``), then the next layer's prefetches (their jobs
         put in ``jobs``); then the idle link is asked once. The same as asking at each request: no time passes
         in between, and the link starts the head of the same queues. Returns (copies submitted, prefetches
-        used)."""
+        used). Each copy joins its queue as :meth:`CopyQueue.submit` does it (inline: once per copy)."""
         q = self.queue
-        submit, upgrade = self._submit, q.upgrade
+        upgrade, demand, queued = q.upgrade, q.demand, q.prefetch
         submitted = used = 0
         asked = False
         for e, src in copied:
@@ -124,10 +124,11 @@ class CopyEngine(QueueCounters):
                 asked = upgrade(jobs.pop((layer, e))) or asked
                 used += 1
             else:
-                submit(layer, e, False)
+                demand.append(CopyJob(layer, e, False))
                 submitted += 1
         for e in prefetch:
-            jobs[(next_layer, e)] = submit(next_layer, e, True)
+            job = jobs[(next_layer, e)] = CopyJob(next_layer, e, True)
+            queued.append(job)
         submitted += len(prefetch)
         if (submitted or asked) and self.current is None and not self.waking:
             self._wake(self.clock.now)

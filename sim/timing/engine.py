@@ -536,8 +536,8 @@ class ComputeStream(StreamClock):
             ready = copy.ready[layer] = deque()
         promote, counts, expert_of = step.plan.promote, step.counts, self.expert_of
         serial, slowed, expert_issue, promote_d2d = self.serial, self.slowed, self.expert_issue, self.promote_d2d
-        release, wait_copy = self._release, self._wait_copy
-        handoff = self.handoff
+        wait_copy, queue = self._wait_copy, copy.queue
+        handoff, free, capacity = self.handoff, queue.free, queue.capacity
         for _ in step.copied:
             if serial:
                 if not ready or copy.busy:
@@ -549,8 +549,10 @@ class ComputeStream(StreamClock):
                     t = self.due
                     if self.env_next <= t:  # (or none is pending: run_next names the deadlock)
                         t = self.run_next()
-                    else:
-                        self.run_own()
+                    else:  # run_own, inline (once per copy)
+                        callback = self._callback
+                        self._callback, self.due = None, NEVER
+                        callback()
                 self.now = t
                 self.waits += 1
                 if handoff:
@@ -574,7 +576,12 @@ class ComputeStream(StreamClock):
                 self.run_until(end)
             self.now = end
             self.busy += t
-            release(job)
+            # the copy engine's release of the job's buffer, inline (once per copy)
+            if len(free) >= capacity:
+                raise AssertionError("working buffer released twice")
+            free.append((job.buffer, None))
+            if copy.current is None and not copy.waking and (handoff or queue.demand or queue.prefetch):
+                copy._wake(end)
 
     def lm_head(self, it: Iteration) -> None:
         """The LM head closes the iteration: over every generated token, or each prefilled request's last."""
