@@ -255,7 +255,7 @@ class Policy(Parametrised):
             return []
         cache = self.cache
         hpc, mpc, lpc = cache.hpc[layer], cache.mpc[layer], cache.lpc_of[layer]
-        out = [e for e in sorted(predicted) if e not in hpc and e not in mpc and e not in lpc]
+        out = sorted(frozenset(predicted).difference(hpc, mpc, lpc))  # neither cached nor in flight, by id
         if out and (out[0] < 0 or out[-1] >= cache.num_experts):  # cache.add_lpc's check (the others hold)
             for e in out:
                 cache.add_lpc(layer, e)

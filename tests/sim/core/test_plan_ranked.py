@@ -8,8 +8,8 @@ and classifies as the base class does: ``lru``, plain and with ``pin_hot``), and
 other branches (a victim key, a bypass, an after-admission hook, no touched hits).
 
 Both plans count the prefetches used (``LayerPlan.prefetch_hits``) as the protocol would count them from ``copied``;
-the base ``plan_prefetch`` (its working buffers taken in one update) leaves the cache as ``TierCache.add_lpc`` of
-each prefetch does."""
+the base ``plan_prefetch`` (one set difference, its working buffers taken in one update) picks the prefetches that
+filtering its sorted guess picks and leaves the cache as ``TierCache.add_lpc`` of each prefetch does."""
 
 from __future__ import annotations
 
@@ -111,7 +111,8 @@ def state(policy) -> tuple:
 
 
 def plan_prefetch_by_add_lpc(policy, layer: int, predicted) -> list[int]:
-    """``Policy.plan_prefetch`` as it was written, each prefetch entering its working buffer by ``add_lpc``."""
+    """``Policy.plan_prefetch`` as it was written: the sorted guess filtered, each prefetch entering its working
+    buffer by ``add_lpc``."""
     if not predicted:
         return []
     cache = policy.cache
