@@ -259,6 +259,13 @@ class ComputeStream(StreamClock):
         self.copy_issue, self.expert_issue = host_cost(costs, "copy_issue_s"), host_cost(costs, "expert_issue_s")
         self.hit_issue = host_cost(costs, "hit_issue_s")
         self.expert_of = Memo(costs.expert_s)  # tokens -> one expert's compute
+        #: a one-token iteration (``one_token``, set by start_iteration) whose step has top-k active experts routes
+        #: one token to each: the compute of n cached ones, one after another, is ``one_each[n]`` (resident_time's
+        #: sum of n equal terms)
+        self.one_token, self.top_k = False, trace.top_k
+        self.one_each = [0.0]
+        for _ in range(trace.top_k):
+            self.one_each.append(self.one_each[-1] + (self.expert_of[1] + self.hit_d2d))
         self.lm_head_of = Memo(costs.lm_head_s)  # tokens -> the LM head over them
         self.jobs: dict[
             tuple[int, int], CopyJob
@@ -320,6 +327,7 @@ class ComputeStream(StreamClock):
         self.busy = self.stall = self.cpu_wait = self.cpu_s = 0.0
         self.cpu_n = self.issued = self.unused = self.used = 0
         n_tok, costs, phase = int(it.rows.size), self.costs, self.phase
+        self.one_token = n_tok == 1
         if phase is None:
             self.dense_of = Memo(lambda role: costs.dense_s(role, n_tok, it.context))
         else:
@@ -440,6 +448,8 @@ class ComputeStream(StreamClock):
         resident_s, tl = 0.0, self.timeline
         expert_of, counts, hit_d2d = self.expert_of, step.counts, self.hit_d2d
         if tl is None:
+            if self.one_token and len(counts) == self.top_k:  # one token on top-k experts: one each
+                return self.one_each[len(step.resident)]
             for e in step.resident:
                 resident_s += expert_of[counts[e]] + hit_d2d
             return resident_s

@@ -8,6 +8,8 @@ inlines) are tested in tests/sim/core/test_plan_ranked.py.
 - ``ComputeStream.copied_experts`` restates ``ComputeStream.wait_copy`` (the stall until the next copy lands, with
   ``StreamClock.run_own``), ``StreamClock.work`` (the expert's compute) and ``CopyEngine.release`` (the buffer freed):
   a run whose copied experts call them gives every figure the same.
+- ``ComputeStream.resident_time`` reads a one-token step's cached experts' compute from a table (``one_each``): a
+  run whose steps sum it expert by expert gives every figure the same.
 - ``CopyEngine.submit_layer`` restates ``CopyQueue.submit`` (a copy joins its queue): a run whose layers submit
   each copy by it gives every figure, and the events, the same.
 - ``CopyQueue.start_next`` restates ``CopyQueue._queue`` (which queue the next copy comes from): over random
@@ -88,6 +90,35 @@ def test_copied_experts_equals_wait_copy_and_work(
         called = engine_figures(simulate(cfg, trace=trace).engine)
     assert inline["copies"] > 0
     assert inline == called
+
+
+def resident_time_by_the_sum(self, step) -> float:
+    """``ComputeStream.resident_time`` without a timeline, summed expert by expert."""
+    resident_s = 0.0
+    for e in step.resident:
+        resident_s += self.expert_of[step.counts[e]] + self.hit_d2d
+    return resident_s
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 10**6),
+    policy=st.sampled_from(["lru", "diffmoe", "lfu"]),
+    batch=st.integers(1, 2),
+    k=st.integers(1, 3),
+    unrouted=st.sampled_from([0.0, 0.3]),
+)
+def test_resident_time_equals_the_sum(monkeypatch, tmp_path, seed, policy, batch, k, unrouted):
+    rng = np.random.default_rng(seed)
+    trace = random_trace(rng, tokens=30, layers=3, experts=6, k=k, requests=3)
+    trace.experts[rng.random(trace.experts.shape) < unrouted] = -1  # tokens of fewer experts
+    path = save_trace(trace, tmp_path / f"t{seed}.npz")
+    cfg = config_for(path, trace, policy, "none", batch, 1, 2, 3, seed=seed)
+    table = engine_figures(simulate(cfg, trace=trace).engine)
+    with monkeypatch.context() as m:
+        m.setattr(ComputeStream, "resident_time", resident_time_by_the_sum)
+        summed = engine_figures(simulate(cfg, trace=trace).engine)
+    assert table == summed
 
 
 def submit_layer_by_the_function(self, layer, copied, jobs, next_layer, prefetch):
