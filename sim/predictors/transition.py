@@ -213,6 +213,9 @@ class TransitionPredictor(LayerPairPredictor):
         #: (src, dst, source) -> the blocks of rows whose sets are in ``guesses``
         self.blocks_done: dict[tuple[int, int, int], set[int]] = {}
         self.top_k_in = self.trace.top_k  # a token's experts per layer
+        #: (phase, source) -> the layer predicted -> ``guesses[(src, layer, source)]``, src the layer before it in
+        #: the phase: what a one-token iteration of that phase and fold reads first (``predict``)
+        self.one_token_guesses: dict[tuple[str, int], dict[int, dict]] = {}
 
     def ranking_keys(self, src: int, dst: int, source: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """([experts (of src), experts (of dst)] T, [experts of dst] a tie-breaker below 1 from dst's popularity),
@@ -231,17 +234,31 @@ class TransitionPredictor(LayerPairPredictor):
         rows = iteration.rows
         #: the fold of a one-token iteration's token (other-requests), else None
         self.fold = int(self.group[rows[0]]) if self.group is not None and rows.size == 1 else None
+        #: a one-token iteration's guesses by the layer predicted (``one_token_guesses``), else None
+        self.one_memo = None
+        if rows.size == 1:
+            source = self.fold if self.fold is not None else 0
+            self.one_memo = self.one_token_guesses.setdefault((iteration.kind, source), {})
 
     def predict(self, iteration, layer, truth, current):
+        memo = self.one_memo
+        if memo is not None:  # one token: its guess as :meth:`guess` kept it, under ``current`` (a frozenset)
+            known = memo.get(layer)
+            if known is not None:
+                guess = known.get(current)
+                if guess is not None:
+                    return guess
         assert self.kind is not None, "start_iteration comes first"
         src = self.previous[self.kind][layer]
         rows = self.rows
         if src is None or rows is None or rows.size == 0:
             return frozenset()
-        if self.group is None:
-            return self.guess(rows, src, layer, 0, current)
-        if self.fold is not None:
-            return self.guess(rows, src, layer, self.fold, current)
+        if self.group is None or self.fold is not None:
+            source = self.fold if self.fold is not None else 0
+            guess = self.guess(rows, src, layer, source, current)
+            if memo is not None:  # the guesses of (src, layer, source), for the next one-token iterations
+                memo[layer] = self.guesses[(src, layer, source)]
+            return guess
         groups = self.group[rows]
         if (groups == groups[0]).all():
             return self.guess(rows, src, layer, int(groups[0]))
