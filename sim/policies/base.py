@@ -293,7 +293,7 @@ class Policy(Parametrised):
                 sources[e] = MISS
                 copied.append((e, MISS))
         # prefetches this layer did not use: in a buffer before, not active now
-        unused = sorted(e for e in lpc if e not in sources) if prefetched > n_lpc else []
+        unused = sorted(lpc.difference(sources)) if prefetched > n_lpc else []
         return LayerPlan(sources, {}, unused, resident, copied, prefetch_hits=n_lpc)
 
     # ------------------------------------------------------------------------------- what the driver asks
