@@ -241,6 +241,7 @@ class CopyEngine(QueueCounters):
         if job.was_prefetch:
             q.prefetch_copies += 1
         free = q.free
+        assert job.buffer is not None  # a started copy holds a buffer
         if job.dropped:
             free.append((job.buffer, None))
         else:

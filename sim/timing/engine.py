@@ -561,6 +561,7 @@ class ComputeStream(StreamClock):
                         t = self.run_next()
                     else:  # run_own, inline (once per copy)
                         callback = self._callback
+                        assert callback is not None, "an own event is pending"
                         self._callback, self.due = None, NEVER
                         callback()
                 self.now = t
@@ -589,6 +590,7 @@ class ComputeStream(StreamClock):
             # the copy engine's release of the job's buffer, inline (once per copy)
             if len(free) >= capacity:
                 raise AssertionError("working buffer released twice")
+            assert job.buffer is not None  # a landed copy holds a buffer
             free.append((job.buffer, None))
             if copy.current is None and not copy.waking and (handoff or queue.demand or queue.prefetch):
                 copy._wake(end)
