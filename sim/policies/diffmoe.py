@@ -254,7 +254,9 @@ class DiffMoE(Policy):
 
     def _decayed(self, layer: int, s: list) -> list:
         """Every score of ``layer`` decayed: by ``dec_in_cache`` if its expert is held in the slot array (as
-        ``in_cache_check`` tests it), else by ``dec_out_cache``; floored at 0 with ``floor``."""
+        ``in_cache_check`` tests it), else by ``dec_out_cache``; floored at 0 with ``floor``. (With exact integers
+        and no floor, ``observe`` keeps the decay in the layer's offset instead, ``_observe_lazy``; this eager form
+        is what tests/sim/policies/test_diffmoe_lazy_decay.py compares it with.)"""
         d_in, d_out = self._dec_in, self._dec_out
         by_held = self.params["in_cache_check"] == "intended" or layer == self._first_cached
         if self._dtype is np.int64 and not self.params["floor"]:

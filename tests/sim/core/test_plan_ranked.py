@@ -7,7 +7,8 @@ The policies: every registered one whose driver takes the one-pass plan (a per-l
 and classifies as the base class does: ``lru``, plain and with ``pin_hot``), and test rankings that reach the plan's
 other branches (a victim key, a bypass, an after-admission hook, no touched hits).
 
-Both plans count the prefetches used (``LayerPlan.prefetch_hits``) as the protocol would count them from ``copied``;
+Both plans count the prefetches used (``LayerPlan.prefetch_hits``) as the protocol would count them from ``copied``,
+and their unused prefetches (one set difference) are the held ones not active, sorted;
 the base ``plan_prefetch`` (one set difference, its working buffers taken in one update) picks the prefetches that
 filtering its sorted guess picks and leaves the cache as ``TierCache.add_lpc`` of each prefetch does."""
 
@@ -174,9 +175,11 @@ def test_the_one_pass_plan_is_the_general_plan(run, name, pin_hot):
             general, layer, frozenset(predicted)
         )
         assert state(fused) == state(general)
+        held = set(fused.cache.lpc_of[layer])  # the prefetches in working buffers as the layer starts
         a, b = fused.driver.plan(index, layer, active), general_plan(index, layer, active)
         assert plan_of(a) == plan_of(b)
         assert a.prefetch_hits == b.prefetch_hits == sum(1 for _, src in a.copied if src == LPC)
+        assert a.unused_prefetch == sorted(e for e in held if e not in a.sources)  # as the plans wrote it before
         assert state(fused) == state(general)
         fused.cache.check()  # the one-pass plan skips the promotions' own checks: the tiers still hold
         fused.finish_layer(index, layer)
