@@ -364,7 +364,7 @@ class ComputeStream(StreamClock):
         copied = step.copied
         asked = None  # when the layer's copies were asked for, if they run back to back (no event needed)
         if copied or step.prefetch:
-            if self.runs_back_to_back(step):
+            if not step.prefetch and self.runs_back_to_back(step):  # (a step that prefetches never does)
                 asked = self.now
                 new_copies = len(copied)
             else:
