@@ -215,7 +215,9 @@ class DecisionProtocol:
                 hits[HPC] += n_hpc
             hits[MPC] += len(resident) - n_hpc
         if copied:
-            n_lpc = sum(1 for _, src in copied if src == LPC) if had_prefetch else 0
+            n_lpc = plan.prefetch_hits  # as classify counted them, or counted here
+            if n_lpc is None:
+                n_lpc = sum(1 for _, src in copied if src == LPC) if had_prefetch else 0
             if n_lpc:
                 hits[LPC] += n_lpc
             self._counters.misses += len(copied) - n_lpc

@@ -173,9 +173,9 @@ class AdmissionDriver:
                 copied.append((e, MISS))
                 newcomers.append(e)
         # prefetches this layer did not use: in a buffer before, not active now
-        unused = sorted(e for e in lpc if e not in sources) if prefetched > n_lpc else []
+        unused = sorted(lpc.difference(sources)) if prefetched > n_lpc else []
         promote: dict = {}
-        plan = self.layer_plan(sources, promote, unused, resident, copied)
+        plan = self.layer_plan(sources, promote, unused, resident, copied, prefetch_hits=n_lpc)
         if not newcomers or not live:
             return plan
         key_of = self.key_of

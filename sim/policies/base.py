@@ -216,9 +216,11 @@ class Policy(Parametrised):
             return []
         cache = self.cache
         hpc, mpc, lpc = cache.hpc[layer], cache.mpc[layer], cache.lpc_of[layer]
-        out = [e for e in sorted(predicted) if e not in hpc and e not in mpc and e not in lpc]
-        for e in out:
-            cache.add_lpc(layer, e)
+        out = sorted(frozenset(predicted).difference(hpc, mpc, lpc))  # neither cached nor in flight, by id
+        if out and (out[0] < 0 or out[-1] >= cache.num_experts):  # cache.add_lpc's check (the others hold)
+            for e in out:
+                cache.add_lpc(layer, e)
+        lpc.update(out)  # add_lpc of each, inline: none is cached or in flight, and ``out`` is sorted
         return out
 
     def plan_layer(self, iteration: int, layer: int, active: Sequence[int]) -> LayerPlan:
@@ -252,8 +254,8 @@ class Policy(Parametrised):
                 sources[e] = MISS
                 copied.append((e, MISS))
         # prefetches this layer did not use: in a buffer before, not active now
-        unused = sorted(e for e in lpc if e not in sources) if prefetched > n_lpc else []
-        return LayerPlan(sources, {}, unused, resident, copied)
+        unused = sorted(lpc.difference(sources)) if prefetched > n_lpc else []
+        return LayerPlan(sources, {}, unused, resident, copied, prefetch_hits=n_lpc)
 
     # ------------------------------------------------------------------------------- what the driver asks
     # (sim.policies.admission.AdmissionDriver runs every layer step from these; see ``admits``)

@@ -163,9 +163,19 @@ class DiffMoE(Policy):
         self.hit_d2d = bool(p["hit_d2d"])
         n, e = self.ctx.num_layers, self.ctx.num_experts
         self._s: list[list] = [[self._zero] * e for _ in range(n)]
+        #: exact integers without a floor: every expert's decay by ``dec_out_cache`` is one step of the layer's
+        #: offset, ``_off[layer]``, and a score is ``_s[layer][x] - _off[layer]`` (the few held experts take the
+        #: rest of their decay in ``_s``); else the offsets stay 0 and ``_s`` holds the scores
+        self._lazy = self._dtype is np.int64 and not p["floor"]
+        self._off: list[int] = [0] * n
         self.held: list[list[bool]] = [[False] * e for _ in range(n)]  # in the layer's slot array (HPC or MPC)
         self.slots: list[list[int]] = [[] for _ in range(n)]  # the MPC part of the slot array, in array order
         self._first_cached = min(self.ctx.cached_layers) if self.ctx.cached_layers else -1
+        #: per layer, the held experts' decay beyond the offset's step (``_decay_held``'s rule)
+        extra = self._dec_in - self._dec_out
+        self._held_extra = [
+            extra if p["in_cache_check"] == "intended" or layer == self._first_cached else 0 for layer in range(n)
+        ]
         if p["fill"] == "expert0":
             for layer in self.ctx.cached_layers:
                 self.cache.pin_hpc(layer, [0] if self.cache.hpc_slots else [])
@@ -177,7 +187,8 @@ class DiffMoE(Policy):
     def scores(self) -> np.ndarray:
         """Scores per (layer, expert), in score units (a float copy)."""
         if self._dtype is np.int64:
-            return np.array(self._s, dtype=np.int64) / EXACT_SCALE
+            s = np.array(self._s, dtype=np.int64) - np.array(self._off, dtype=np.int64)[:, None]
+            return s / EXACT_SCALE
         return np.array(self._s, dtype=self._dtype).astype(np.float64)
 
     def start_batch(self) -> None:
@@ -188,6 +199,7 @@ class DiffMoE(Policy):
         h, m = cache.hpc_slots, cache.mpc_slots
         n, e = self.ctx.num_layers, self.ctx.num_experts
         self._s = [[self._zero] * e for _ in range(n)]
+        self._off = [0] * n
         self.held = [[False] * e for _ in range(n)]
         for layer in self.ctx.cached_layers:
             hpc = cache.hpc[layer]
@@ -210,28 +222,48 @@ class DiffMoE(Policy):
         if layer not in self.ctx.cached_layers:
             return
         s = self._s[layer]
-        # 1. active experts gain 1, capped at max_val
         one, top = self._one, self._max
+        if self._lazy:
+            self._observe_lazy(layer, s, active, plan.sources)
+            return
+        # 1. active experts gain 1, capped at max_val
         gained = [min(s[a] + one, top) for a in active]
         # 2. inactive ones decay by whether they are cached (state before this step's replacements)
         s = self._s[layer] = self._decayed(layer, s)
         for a, g in zip(active, gained):
             s[a] = g
 
+    def _observe_lazy(self, layer: int, s: list, active, sources: dict) -> None:
+        """Steps 1 and 2 with the common decay in the layer's offset (``_lazy``): each active expert's gain (from
+        its score before the step), the offset's step, then the rest of the decay of the held experts not active
+        (``sources``: the active ones), whose scores the gain does not replace."""
+        off = self._off[layer]
+        new_off = self._off[layer] = off + self._dec_out
+        one, top = self._one, self._max
+        for a in active:
+            s[a] = min(s[a] - off + one, top) + new_off
+        extra = self._held_extra[layer]
+        if extra:
+            cache = self.cache
+            for x in cache.hpc[layer]:
+                if x not in sources:
+                    s[x] -= extra
+            for x in cache.mpc[layer]:
+                if x not in sources:
+                    s[x] -= extra
+
     def _decayed(self, layer: int, s: list) -> list:
         """Every score of ``layer`` decayed: by ``dec_in_cache`` if its expert is held in the slot array (as
-        ``in_cache_check`` tests it), else by ``dec_out_cache``; floored at 0 with ``floor``."""
+        ``in_cache_check`` tests it), else by ``dec_out_cache``; floored at 0 with ``floor``. (With exact integers
+        and no floor, ``observe`` keeps the decay in the layer's offset instead, ``_observe_lazy``; this eager form
+        is what tests/sim/policies/test_diffmoe_lazy_decay.py compares it with.)"""
         d_in, d_out = self._dec_in, self._dec_out
         by_held = self.params["in_cache_check"] == "intended" or layer == self._first_cached
         if self._dtype is np.int64 and not self.params["floor"]:
             # exact integers: v - d_in is (v - d_out) - (d_in - d_out), so only the few held experts take a second
             # step: those ``held`` marks, the layer's HPC and MPC (the slots' experts; the two are disjoint)
             s = [v - d_out for v in s]
-            if by_held and d_in != d_out:
-                extra = d_in - d_out
-                for tier in (self.cache.hpc[layer], self.cache.mpc[layer]):
-                    for x in tier:
-                        s[x] -= extra
+            self._decay_held(layer, s)
             return s
         if by_held:
             s = [v - d_in if h else v - d_out for v, h in zip(s, self.held[layer])]
@@ -241,6 +273,20 @@ class DiffMoE(Policy):
             zero = self._zero
             s = [v if v > zero else zero for v in s]
         return s
+
+    def _decay_held(self, layer: int, s: list) -> None:
+        """Exact integers: the held experts' decay beyond ``dec_out_cache`` (by ``in_cache_check``), in place: those
+        of the layer's HPC and MPC (the slots' experts; the two are disjoint)."""
+        d_in, d_out = self._dec_in, self._dec_out
+        if d_in != d_out and (self.params["in_cache_check"] == "intended" or layer == self._first_cached):
+            extra = d_in - d_out
+            for tier in (self.cache.hpc[layer], self.cache.mpc[layer]):
+                for x in tier:
+                    s[x] -= extra
+
+    def _threshold(self, layer: int):
+        """``threshold`` in the units of ``_s[layer]`` (the layer's offset added)."""
+        return self._thr + self._off[layer] if self._lazy else self._thr
 
     # ---------------------------------------------------------------------------------------------- replacement
     def choose(self, iteration, layer: int, active, plan: LayerPlan) -> list[tuple[int, int | None]]:
@@ -256,7 +302,7 @@ class DiffMoE(Policy):
         if m == 0:
             return out
         sc = self._s[layer]
-        thr = self._thr
+        thr = self._threshold(layer)
         candidates = list(active)  # ascending ids: std::unique over the sorted permuted experts
         sort_by_key_descending(candidates, sc)  # std::sort(expert_pairs_using, priority >)
         sort_by_key_descending(slots, sc)  # std::sort(MPC part of expert_in_cache, priority >), in place
@@ -290,7 +336,7 @@ class DiffMoE(Policy):
         if not newcomers:
             return out
         sc = self._s[layer]
-        thr = self._thr
+        thr = self._threshold(layer)
         candidates = sorted(newcomers, key=sc.__getitem__, reverse=True)  # stable: ties keep lower id first
         active_set = set(active)
         held = sorted((e for e in mpc if e not in active_set), key=sc.__getitem__)  # ties: longest held first

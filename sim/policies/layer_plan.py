@@ -23,6 +23,9 @@ class LayerPlan:
     # the experts computed on the host CPU (source CPU), in active order (None: none, or the protocol splits
     # ``sources``); they are in neither ``resident`` nor ``copied``
     cpu: list[int] | None = field(default=None, compare=False, repr=False)
+    # the copied experts that come from a prefetch (source LPC), counted as ``classify`` meets them (None: the
+    # protocol counts ``copied``)
+    prefetch_hits: int | None = field(default=None, compare=False, repr=False)
 
     def split(self, active: Sequence[int]) -> tuple[list[int], list[tuple[int, str]], list[int]]:
         """(resident, copied, cpu): ``sources`` split as engines act on it, each in ``active`` order (the lists that

@@ -206,11 +206,15 @@ class TransitionPredictor(LayerPairPredictor):
             self.train = load_training_trace(self.params["train"], where, self.trace, self.ctx.trace_path)
             self.group, self.sources = None, [self.train.experts]
         self.start_tables()
-        #: (src, dst, source) -> a set of experts in src (sorted tuple) -> its guess of dst
-        self.guesses: dict[tuple[int, int, int], dict[tuple[int, ...], frozenset[int]]] = {}
+        #: (src, dst, source) -> a set of experts in src (sorted tuple; a one-token step's active set also as that
+        #: frozenset) -> its guess of dst
+        self.guesses: dict[tuple[int, int, int], dict[tuple[int, ...] | frozenset[int], frozenset[int]]] = {}
         #: (src, dst, source) -> the blocks of rows whose sets are in ``guesses``
         self.blocks_done: dict[tuple[int, int, int], set[int]] = {}
         self.top_k_in = self.trace.top_k  # a token's experts per layer
+        #: (phase, source) -> the layer predicted -> ``guesses[(src, layer, source)]``, src the layer before it in
+        #: the phase: what a one-token iteration of that phase and fold reads first (``predict``)
+        self.one_token_guesses: dict[tuple[str, int], dict[int, dict]] = {}
 
     def ranking_keys(self, src: int, dst: int, source: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """([experts (of src), experts (of dst)] T, [experts of dst] a tie-breaker below 1 from dst's popularity),
@@ -229,17 +233,31 @@ class TransitionPredictor(LayerPairPredictor):
         rows = iteration.rows
         #: the fold of a one-token iteration's token (other-requests), else None
         self.fold = int(self.group[rows[0]]) if self.group is not None and rows.size == 1 else None
+        #: a one-token iteration's guesses by the layer predicted (``one_token_guesses``), else None
+        self.one_memo = None
+        if rows.size == 1:
+            source = self.fold if self.fold is not None else 0
+            self.one_memo = self.one_token_guesses.setdefault((iteration.kind, source), {})
 
     def predict(self, iteration, layer, truth, current):
+        memo = self.one_memo
+        if memo is not None:  # one token: its guess as :meth:`guess` kept it, under ``current`` (a frozenset)
+            known = memo.get(layer)
+            if known is not None:
+                guess = known.get(current)
+                if guess is not None:
+                    return guess
         assert self.kind is not None, "start_iteration comes first"
         src = self.previous[self.kind][layer]
         rows = self.rows
         if src is None or rows is None or rows.size == 0:
             return frozenset()
-        if self.group is None:
-            return self.guess(rows, src, layer, 0, current)
-        if self.fold is not None:
-            return self.guess(rows, src, layer, self.fold, current)
+        if self.group is None or self.fold is not None:
+            source = self.fold if self.fold is not None else 0
+            guess = self.guess(rows, src, layer, source, current)
+            if memo is not None:  # the guesses of (src, layer, source), for the next one-token iterations
+                memo[layer] = self.guesses[(src, layer, source)]
+            return guess
         groups = self.group[rows]
         if (groups == groups[0]).all():
             return self.guess(rows, src, layer, int(groups[0]))
@@ -259,7 +277,11 @@ class TransitionPredictor(LayerPairPredictor):
         if known is None:
             known = self.guesses[key] = {}
         if rows.size == 1:  # one token: one set (``current`` itself when it has top-k distinct experts in src)
-            if current is not None and len(current) == self.top_k_in:
+            whole = current is not None and len(current) == self.top_k_in
+            if whole:  # the guess of that set, also kept under the frozenset itself (no tuple ever equals it)
+                guess = known.get(current)
+                if guess is not None:
+                    return guess
                 combo = tuple(sorted(current))
             else:
                 combo = tuple(sorted(self.trace.experts[rows[0], src, :].tolist()))
@@ -267,6 +289,8 @@ class TransitionPredictor(LayerPairPredictor):
             if guess is None:
                 self.learn_blocks(rows, src, dst, source)
                 guess = known[combo]
+            if whole:
+                known[current] = guess
             return guess
         combos = {tuple(sorted(r)) for r in self.trace.experts[rows, src, :].tolist()}
         if any(c not in known for c in combos):
@@ -300,9 +324,7 @@ class TransitionPredictor(LayerPairPredictor):
     def best(self, score: np.ndarray) -> list[frozenset[int]]:
         """Per row of ``score`` [sets, experts], the ``top`` experts of highest score (ties to the lower id), those
         above 0."""
-        order = np.argsort(-score, axis=1, kind="stable")[:, : self.top]  # stable: ties in id order
-        positive = np.take_along_axis(score, order, axis=1) > 0
-        out = []
-        for ids, ok in zip(order.tolist(), positive.tolist()):
-            out.append(frozenset(ids) if all(ok) else frozenset(e for e, keep in zip(ids, ok) if keep))
-        return out
+        order = np.argsort(-score, axis=1, kind="stable")[:, : self.top].tolist()  # stable: ties in id order
+        # highest first, so those above 0 are the first ones: as many as the row has, at most ``top``
+        kept = np.minimum((score > 0).sum(axis=1), self.top).tolist()
+        return [frozenset(ids[:n]) for ids, n in zip(order, kept)]

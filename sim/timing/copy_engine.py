@@ -34,6 +34,8 @@ conditions, too.
 
 from __future__ import annotations
 
+from collections import deque
+
 import simpy
 
 from sim.core.cache import LPC
@@ -86,12 +88,14 @@ class CopyEngine(QueueCounters):
         # ``_wake(now)``: the idle copy thread (not already waking) is asked for a copy at the stream's time ``now``:
         # it starts it now, or after the hand-off
         self._wake = self._wake_later if handoff else self._start_next
-        self._on_land, self._on_woken = self._land, self._woken  # the callbacks, bound once
         self._submit, self._start, self._landed = q.submit, q.start_next, q.land  # the queue's, once per copy
         #: a copy's time on the link is ``copy_s`` whoever asks, and nothing but the queue decides when it starts
         #: (no hand-off, gap, write-back, serial stream, slowdown or timeline): see
         #: :meth:`sim.timing.engine.ComputeStream.runs_back_to_back`
         self.plain = not (handoff or gap or writeback or serial or timeline is not None) and slowdown == 1.0
+        # the callbacks, bound once: a landing on a plain machine starts the next copy at once (``_land_plain``)
+        self._on_land = self._land_plain if self.plain else self._land
+        self._on_woken = self._woken
 
     @property
     def busy(self) -> bool:
@@ -110,9 +114,9 @@ class CopyEngine(QueueCounters):
         prefetch moving up to demand, its job taken from ``jobs``), then the next layer's prefetches (their jobs
         put in ``jobs``); then the idle link is asked once. The same as asking at each request: no time passes
         in between, and the link starts the head of the same queues. Returns (copies submitted, prefetches
-        used)."""
+        used). Each copy joins its queue as :meth:`CopyQueue.submit` does it (inline: once per copy)."""
         q = self.queue
-        submit, upgrade = self._submit, q.upgrade
+        upgrade, demand, queued = q.upgrade, q.demand, q.prefetch
         submitted = used = 0
         asked = False
         for e, src in copied:
@@ -120,10 +124,11 @@ class CopyEngine(QueueCounters):
                 asked = upgrade(jobs.pop((layer, e))) or asked
                 used += 1
             else:
-                submit(layer, e, False)
+                demand.append(CopyJob(layer, e, False))
                 submitted += 1
         for e in prefetch:
-            jobs[(next_layer, e)] = submit(next_layer, e, True)
+            job = jobs[(next_layer, e)] = CopyJob(next_layer, e, True)
+            queued.append(job)
         submitted += len(prefetch)
         if (submitted or asked) and self.current is None and not self.waking:
             self._wake(self.clock.now)
@@ -222,6 +227,44 @@ class CopyEngine(QueueCounters):
             self._wake_later(now, self.gap)
             return
         self._start_next(now)
+
+    def _land_plain(self) -> None:
+        """:meth:`_land` on a plain machine (``plain``: the time on the link is ``copy_s``, and the next copy starts
+        as one lands), with the queue's :meth:`~CopyQueue.land` and :meth:`~CopyQueue.start_next` and
+        :meth:`_start_next` inline (once per copy, the predictors' path: ``tests/sim/timing/test_inline_copies.py``
+        compares it with them): the copy on the link lands, then the next one that may start starts now."""
+        self.events += 1
+        now, job, q = self.due, self.current, self.queue
+        assert job is not None  # the copy on the link
+        job.finished = True  # CopyQueue.land
+        q.copies += 1
+        if job.was_prefetch:
+            q.prefetch_copies += 1
+        free = q.free
+        assert job.buffer is not None  # a started copy holds a buffer
+        if job.dropped:
+            free.append((job.buffer, None))
+        else:
+            ready = q.ready.get(job.layer)
+            if ready is None:
+                ready = q.ready[job.layer] = deque()
+            ready.append(job)
+        if q.demand and free:  # CopyQueue.start_next
+            job = q.demand.popleft()
+        elif q.prefetch and len(free) > q.reserve:
+            job = q.prefetch.popleft()
+        else:
+            self.current, self.due = None, NEVER
+            return
+        job.buffer, job.after = free.popleft()
+        job.started = True
+        in_use = q.capacity - len(free)
+        if in_use > q.max_in_use:
+            q.max_in_use = in_use
+        job.start = now  # _start_next
+        self.busy_s += self.copy_s
+        self.current = job
+        job.end = self.due = self.clock.call_at(now, self.copy_s, self._on_land)
 
     # ---------------------------------------------------------------------------------------------- counters
     @property

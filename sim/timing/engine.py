@@ -260,6 +260,13 @@ class ComputeStream(StreamClock):
         self.copy_issue, self.expert_issue = host_cost(costs, "copy_issue_s"), host_cost(costs, "expert_issue_s")
         self.hit_issue = host_cost(costs, "hit_issue_s")
         self.expert_of = Memo(costs.expert_s)  # tokens -> one expert's compute
+        #: a one-token iteration (``one_token``, set by start_iteration) whose step has top-k active experts routes
+        #: one token to each: the compute of n cached ones, one after another, is ``one_each[n]`` (resident_time's
+        #: sum of n equal terms)
+        self.one_token, self.top_k = False, trace.top_k
+        self.one_each = [0.0]
+        for _ in range(trace.top_k):
+            self.one_each.append(self.one_each[-1] + (self.expert_of[1] + self.hit_d2d))
         self.lm_head_of = Memo(costs.lm_head_s)  # tokens -> the LM head over them
         self.jobs: dict[
             tuple[int, int], CopyJob
@@ -321,6 +328,7 @@ class ComputeStream(StreamClock):
         self.busy = self.stall = self.cpu_wait = self.cpu_s = 0.0
         self.cpu_n = self.issued = self.unused = self.used = 0
         n_tok, costs, phase = int(it.rows.size), self.costs, self.phase
+        self.one_token = n_tok == 1
         if phase is None:
             self.dense_of = Memo(lambda role: costs.dense_s(role, n_tok, it.context))
         else:
@@ -357,7 +365,7 @@ class ComputeStream(StreamClock):
         copied = step.copied
         asked = None  # when the layer's copies were asked for, if they run back to back (no event needed)
         if copied or step.prefetch:
-            if self.runs_back_to_back(step):
+            if not step.prefetch and self.runs_back_to_back(step):  # (a step that prefetches never does)
                 asked = self.now
                 new_copies = len(copied)
             else:
@@ -441,6 +449,8 @@ class ComputeStream(StreamClock):
         resident_s, tl = 0.0, self.timeline
         expert_of, counts, hit_d2d = self.expert_of, step.counts, self.hit_d2d
         if tl is None:
+            if self.one_token and len(counts) == self.top_k:  # one token on top-k experts: one each
+                return self.one_each[len(step.resident)]
             for e in step.resident:
                 resident_s += expert_of[counts[e]] + hit_d2d
             return resident_s
@@ -537,8 +547,8 @@ class ComputeStream(StreamClock):
             ready = copy.ready[layer] = deque()
         promote, counts, expert_of = step.plan.promote, step.counts, self.expert_of
         serial, slowed, expert_issue, promote_d2d = self.serial, self.slowed, self.expert_issue, self.promote_d2d
-        release, wait_copy = self._release, self._wait_copy
-        handoff = self.handoff
+        wait_copy, queue = self._wait_copy, copy.queue
+        handoff, free, capacity = self.handoff, queue.free, queue.capacity
         for _ in step.copied:
             if serial:
                 if not ready or copy.busy:
@@ -550,8 +560,11 @@ class ComputeStream(StreamClock):
                     t = self.due
                     if self.env_next <= t:  # (or none is pending: run_next names the deadlock)
                         t = self.run_next()
-                    else:
-                        self.run_own()
+                    else:  # run_own, inline (once per copy)
+                        callback = self._callback
+                        assert callback is not None, "an own event is pending"
+                        self._callback, self.due = None, NEVER
+                        callback()
                 self.now = t
                 self.waits += 1
                 if handoff:
@@ -575,7 +588,13 @@ class ComputeStream(StreamClock):
                 self.run_until(end)
             self.now = end
             self.busy += t
-            release(job)
+            # the copy engine's release of the job's buffer, inline (once per copy)
+            if len(free) >= capacity:
+                raise AssertionError("working buffer released twice")
+            assert job.buffer is not None  # a landed copy holds a buffer
+            free.append((job.buffer, None))
+            if copy.current is None and not copy.waking and (handoff or queue.demand or queue.prefetch):
+                copy._wake(end)
 
     def lm_head(self, it: Iteration) -> None:
         """The LM head closes the iteration: over every generated token, or each prefilled request's last."""

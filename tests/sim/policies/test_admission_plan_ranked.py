@@ -5,7 +5,12 @@ buffers, counters), and the one-pass plan keeps the tiers' invariants it does no
 
 The policies: every registered one whose driver takes the one-pass plan (a per-layer ranking that observes nothing
 and classifies as the base class does: ``lru``, plain and with ``pin_hot``), and test rankings that reach the plan's
-other branches (a victim key, a bypass, an after-admission hook, no touched hits)."""
+other branches (a victim key, a bypass, an after-admission hook, no touched hits).
+
+Both plans count the prefetches used (``LayerPlan.prefetch_hits``) as the protocol would count them from ``copied``,
+and their unused prefetches (one set difference) are the held ones not active, sorted;
+the base ``plan_prefetch`` (one set difference, its working buffers taken in one update) picks the prefetches that
+filtering its sorted guess picks and leaves the cache as ``TierCache.add_lpc`` of each prefetch does."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moebase.errors import ConfigError
+from sim.core.cache import LPC
 from sim.policies import POLICIES, PolicyContext
 from sim.policies.admission import AdmissionDriver
 from sim.policies.base import PerLayerCache, Policy
@@ -105,6 +111,19 @@ def state(policy) -> tuple:
     )
 
 
+def plan_prefetch_by_add_lpc(policy, layer: int, predicted) -> list[int]:
+    """``Policy.plan_prefetch`` as it was written: the sorted guess filtered, each prefetch entering its working
+    buffer by ``add_lpc``."""
+    if not predicted:
+        return []
+    cache = policy.cache
+    hpc, mpc, lpc = cache.hpc[layer], cache.mpc[layer], cache.lpc_of[layer]
+    out = [e for e in sorted(predicted) if e not in hpc and e not in mpc and e not in lpc]
+    for e in out:
+        cache.add_lpc(layer, e)
+    return out
+
+
 def plan_of(plan) -> tuple:
     return (
         list(plan.sources.items()),
@@ -152,11 +171,15 @@ def test_the_one_pass_plan_is_the_general_plan(run, name, pin_hot):
     for index, (layer, active, predicted) in enumerate(steps):
         active = sorted(active)  # as the protocol hands a layer's active experts
         # the gate of the layer before predicted some of this layer's experts: their copies are in working buffers
-        assert fused.plan_prefetch(index, layer, frozenset(predicted)) == general.plan_prefetch(
-            index, layer, frozenset(predicted)
+        assert fused.plan_prefetch(index, layer, frozenset(predicted)) == plan_prefetch_by_add_lpc(
+            general, layer, frozenset(predicted)
         )
+        assert state(fused) == state(general)
+        held = set(fused.cache.lpc_of[layer])  # the prefetches in working buffers as the layer starts
         a, b = fused.driver.plan(index, layer, active), general_plan(index, layer, active)
         assert plan_of(a) == plan_of(b)
+        assert a.prefetch_hits == b.prefetch_hits == sum(1 for _, src in a.copied if src == LPC)
+        assert a.unused_prefetch == sorted(e for e in held if e not in a.sources)  # as the plans wrote it before
         assert state(fused) == state(general)
         fused.cache.check()  # the one-pass plan skips the promotions' own checks: the tiers still hold
         fused.finish_layer(index, layer)
