@@ -13,7 +13,9 @@ from sim.core.serving import ServingBatches, serving_batches
 from sim.core.workload import Iteration, WorkloadInfo, build_iterations
 from sim.costs.phase_costs import phase_costs_for
 from sim.decisions.build import build_decisions, cached_layers, hot_ranking  # noqa: F401 (re-exported)
+from sim.decisions.protocol import DecisionProtocol
 from sim.policies import Policy
+from sim.predictors.base import PredictionScore
 from sim.request_results import request_summary
 from sim.results import summarize
 from sim.timing.engine import EngineResult, Simulation
@@ -78,18 +80,18 @@ def simulate(
         from sim.timing.bound import BoundedSimulation
 
         engine = BoundedSimulation
+    score = PredictionScore(len(trace.meta.model.layers))
+    protocol = DecisionProtocol(trace, policy, predictor, score, record_decisions)
     sim = engine(
         trace,
         iterations,
-        policy,
-        predictor,
+        protocol,
         costs,
         cfg.cache.lpc_buffers,
         cfg.cache.prefetch_reserve,
         timeline=timeline,
         progress=progress,
         check_invariants=check_invariants,
-        record_decisions=record_decisions,
         phase=phase_costs_for(costs, w.context_tokens),
     )
     res = sim.run()

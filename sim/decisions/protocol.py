@@ -158,6 +158,26 @@ class DecisionProtocol:
         own_finish = getattr(policy.finish_layer, "__func__", None) is not Policy.finish_layer
         self._finish_cache = None if own_finish else cache.finish_layer
 
+    # What an engine reads of the policy, through the protocol (an engine talks to nothing else of the decisions)
+    @property
+    def hit_d2d(self) -> bool:
+        """Whether a hit in the HPC or MPC is copied device-to-device into the working arena before it computes."""
+        return bool(self.policy.hit_d2d)
+
+    @property
+    def promotion_is_free(self) -> bool:
+        """Whether a promotion into the MPC costs no device-to-device copy (the policy copies into its slots)."""
+        return bool(self.policy.promotion_is_free)
+
+    @property
+    def counters(self):
+        """The cache's access counters (hits per tier, misses, evictions, promotions) the run reports."""
+        return self._counters
+
+    def check_tiers(self) -> None:
+        """The policy's cache's full invariant check (tests run it after every layer)."""
+        self.policy.cache.check()
+
     def steps(self, it: Iteration) -> Iterator[LayerStep]:
         """The iteration's layer steps, in order; a step not decided by its engine is decided when the next step
         is asked for, and then its layer finishes."""

@@ -93,6 +93,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import simpy
 
@@ -104,12 +105,13 @@ from sim.core.workload import Iteration
 from sim.costs.costs import CostModel, Memo
 from sim.costs.phase_costs import PhaseCosts
 from sim.decisions.protocol import DecisionProtocol, LayerDecision, LayerStep, cpu_tokens
-from sim.policies.base import Policy
-from sim.predictors.base import PredictionScore, Predictor
 from sim.timing.clock import NEVER, StreamClock
 from sim.timing.copy_engine import CopyEngine, CopyJob
 from sim.timing.timeline import Timeline
 from traces.format import Trace
+
+if TYPE_CHECKING:
+    from sim.predictors.base import PredictionScore  # the protocol's score, read from it
 
 
 @dataclass
@@ -131,7 +133,7 @@ class EngineResult:
     wall_s: float
     prediction: PredictionScore
     timeline: list | None = field(default=None)
-    decisions: list[LayerDecision] | None = field(default=None)  # with record_decisions
+    decisions: list[LayerDecision] | None = field(default=None)  # when the protocol records them
     requests: list[RequestRecord] | None = field(default=None)  # per request served, with arrivals
     cpu_busy_s: float = 0.0  # the host CPU computing experts (source CPU)
     cpu_wait_s: float = 0.0  # the compute stream waiting for the host's experts at the end of a layer
@@ -225,7 +227,6 @@ class ComputeStream(StreamClock):
         self,
         env: simpy.Environment,
         costs: CostModel,
-        policy: Policy,
         copy: CopyEngine,
         protocol: DecisionProtocol,
         trace: Trace,
@@ -237,7 +238,7 @@ class ComputeStream(StreamClock):
         self.upload_now = False  # the current pass uploads its host experts to the GPU
         self.host_attention_of: Memo | None = None  # role -> host seconds of attention (kv_on_host)
         self.upload_bytes, self.upload_s = 0, 0.0
-        self.costs, self.policy, self.copy, self.protocol = costs, policy, copy, protocol
+        self.costs, self.copy, self.protocol = costs, copy, protocol
         copy.clock = self  # the copy engine's requests come at the stream's time
         # bound once: what each layer and each copy calls
         self._decide, self._release, self._wait_copy = protocol.decide, copy.release, self.wait_copy
@@ -247,8 +248,8 @@ class ComputeStream(StreamClock):
         hw, system = costs.hw, costs.system
         expert_bytes = self.expert_bytes = costs.expert_bytes
         d2d = costs.d2d_s(expert_bytes)
-        self.hit_d2d = d2d if policy.hit_d2d else 0.0
-        self.promote_d2d = 0.0 if policy.promotion_is_free else d2d
+        self.hit_d2d = d2d if protocol.hit_d2d else 0.0
+        self.promote_d2d = 0.0 if protocol.promotion_is_free else d2d
         self.slow, self.dense_slow = hw.compute_slowdown, hw.dense_slowdown
         self.slowed = self.slow != 1.0 or self.dense_slow != 1.0
         self.handoff = hw.handoff_s
@@ -423,7 +424,7 @@ class ComputeStream(StreamClock):
         """The layer's decisions (evictions written back, with a system that does), and its unused prefetches
         dropped."""
         if self.writeback:
-            counters = self.policy.cache.counters
+            counters = self.protocol.counters
             evictions = counters.evictions
             self._decide(step)
             self.copy.evicted(counters.evictions - evictions)
@@ -643,53 +644,50 @@ class RunTotals:
 
 
 class Simulation:
-    """One run: a trace, its iterations, a policy, a predictor and a cost model."""
+    """One run: a trace, its iterations, the decision protocol that asks its policy and predictor, and a cost model.
+
+    ``check_invariants``: the protocol's full tier check after every layer, and the working buffers within their
+    number (tests)."""
 
     def __init__(
         self,
         trace: Trace,
         iterations: list[Iteration] | ServingBatches,
-        policy: Policy,
-        predictor: Predictor,
+        protocol: DecisionProtocol,
         costs: CostModel,
         lpc_buffers: int,
         prefetch_reserve: int = 1,
         timeline: bool = False,
         progress=None,
         check_invariants: bool = False,
-        record_decisions: bool = False,
         phase: PhaseCosts | None = None,
     ):
         self.trace = trace
         self.phase = phase  # both phases (sim/costs/phase_costs.py); None: as before
         self.iterations = iterations
-        self.policy = policy
-        self.predictor = predictor
+        self.protocol = protocol
         self.costs = costs
         self.lpc_buffers = lpc_buffers
         self.prefetch_reserve = prefetch_reserve
         self.timeline = Timeline() if timeline else None
         self.progress = progress
-        self.check_invariants = check_invariants  # full tier check after every layer (tests)
-        self.record_decisions = record_decisions  # keep every step's LayerDecision (the validator compares them)
+        self.check_invariants = check_invariants
         self.roles = [x.role for x in trace.meta.model.layers]
-        # built by setup(): the SimPy environment, the copy engine, the decision protocol, the compute stream
+        # built by setup(): the SimPy environment, the copy engine, the compute stream
         self.env: simpy.Environment | None = None
         self.copy: CopyEngine | None = None
-        self.protocol: DecisionProtocol | None = None
         self.stream: ComputeStream | None = None
-        self.score: PredictionScore | None = None
 
-    def _check(self, policy: Policy) -> None:
+    def _check(self, _policy=None) -> None:
         """The full invariant check after a layer: the tiers, and the working buffers within their number."""
-        policy.cache.check()
+        self.protocol.check_tiers()
         assert self.copy is not None, "setup() comes first"
         if not 0 <= self.copy.queue.in_use <= self.copy.queue.capacity:
             raise AssertionError("working buffers over capacity")
 
     def setup(self, env: simpy.Environment | None = None) -> simpy.Environment:
-        """The run's environment (a new one, or ``env`` with other processes of its own), its copy engine, decision
-        protocol and compute stream."""
+        """The run's environment (a new one, or ``env`` with other processes of its own), its copy engine and
+        compute stream, and the protocol's check after each layer (with ``check_invariants``)."""
         env = self.env = env if env is not None else simpy.Environment()
         costs, system, hw = self.costs, self.costs.system, self.costs.hw
         nbytes = costs.expert_bytes
@@ -707,16 +705,9 @@ class Simulation:
             writeback,
             system.serial,
         )
-        score = self.score = PredictionScore(len(self.roles))
-        protocol = self.protocol = DecisionProtocol(
-            self.trace,
-            self.policy,
-            self.predictor,
-            score,
-            self.record_decisions,
-            self._check if self.check_invariants else None,
-        )
-        self.stream = ComputeStream(env, costs, self.policy, copy, protocol, self.trace, self.timeline, self.phase)
+        if self.check_invariants:
+            self.protocol.after_step = self._check
+        self.stream = ComputeStream(env, costs, copy, self.protocol, self.trace, self.timeline, self.phase)
         return env
 
     def layer_loop(self, records: list[IterationRecord], totals: RunTotals) -> None:
@@ -724,7 +715,7 @@ class Simulation:
         iteration."""
         stream, protocol, progress = self.stream, self.protocol, self.progress
         assert stream is not None and protocol is not None and self.copy is not None, "setup() comes first"
-        tally = IterationTally(self.policy.cache.counters, self.copy)
+        tally = IterationTally(self.protocol.counters, self.copy)
         stream.sync()  # the environment's next event as the run starts; only the stream's clock runs it from here
         iterations = self.iterations
         if isinstance(iterations, ServingBatches):
@@ -794,7 +785,7 @@ class Simulation:
         totals = RunTotals()
         self.layer_loop(records, totals)
         copy, stream, protocol = self.copy, self.stream, self.protocol
-        assert copy is not None and stream is not None and protocol is not None and self.score is not None
+        assert copy is not None and stream is not None and protocol.score is not None, "a protocol that scores"
         return EngineResult(
             iterations=records,
             sim_time_s=stream.now,
@@ -811,7 +802,7 @@ class Simulation:
             max_buffers_in_use=copy.max_in_use,
             events=1 + stream.waits + copy.events,
             wall_s=time.perf_counter() - wall0,
-            prediction=self.score,
+            prediction=protocol.score,
             timeline=None if self.timeline is None else self.timeline.spans,
             decisions=protocol.decisions,
             cpu_busy_s=totals.cpu_busy,

@@ -167,6 +167,15 @@ def test_an_import_for_annotations_only_is_not_counted(tmp_path):
     assert "sim.policies.base" not in _imports(plant)
 
 
+def test_the_engine_talks_only_to_the_protocol():
+    """The engine (and the runs' bound) take the decision side through ``sim.decisions.protocol``: no policy or
+    predictor module, at run time."""
+    for name, path in _modules("sim/timing").items():
+        parts = {n for n in _imports(path) if n.startswith(("sim.policies", "sim.predictors", "sim.decisions"))}
+        stray = {n for n in parts if not n.startswith("sim.decisions.protocol")}
+        assert not stray, f"{name} imports {sorted(stray)}"
+
+
 def test_traces_imports_nothing_of_sim_but_at_its_entry_point():
     for name, path in _modules("traces", "moebase").items():
         if name == "traces.__main__":

@@ -262,20 +262,21 @@ def engine_for(cfg, trace, **kw):
     from sim.core.workload import build_iterations
     from sim.costs.costs import CostModel
     from sim.decisions.build import build_decisions
+    from sim.decisions.protocol import DecisionProtocol
+    from sim.predictors.base import PredictionScore
     from sim.timing.engine import Simulation
 
     w = cfg.workload
     iterations, _ = build_iterations(trace, w.batch_size, w.batching, w.max_decode_tokens, w.prefill, w.requests)
     policy, predictor = build_decisions(cfg, trace, iterations)
+    protocol = DecisionProtocol(trace, policy, predictor, PredictionScore(len(trace.meta.model.layers)), record=True)
     return Simulation(
         trace,
         iterations,
-        policy,
-        predictor,
+        protocol,
         CostModel(cfg.model, cfg.hardware, cfg.system),
         cfg.cache.lpc_buffers,
         cfg.cache.prefetch_reserve,
-        record_decisions=True,
         **kw,
     )
 
