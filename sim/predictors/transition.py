@@ -101,6 +101,8 @@ OTHER_REQUESTS = "other-requests"
 FOLDS = 2
 #: Trace rows whose guesses are scored together (``TransitionPredictor.learn_blocks``).
 BLOCK = 128
+#: At most this many scores (set x expert in the source layer's top-k x expert) gathered in one numpy call.
+SCORE_CELLS = 1 << 21
 
 
 def request_folds(trace: Trace) -> np.ndarray:
@@ -215,6 +217,16 @@ class TransitionPredictor(LayerPairPredictor):
         #: (phase, source) -> the layer predicted -> ``guesses[(src, layer, source)]``, src the layer before it in
         #: the phase: what a one-token iteration of that phase and fold reads first (``predict``)
         self.one_token_guesses: dict[tuple[str, int], dict[int, dict]] = {}
+        #: (src, dst) -> every (previous layer, layer) pair of its phase, learned together (``learn_blocks``)
+        self.pair_groups: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
+        for kind, layers in self.phase_layers.items():
+            pairs = tuple((self.previous[kind][d], d) for d in layers[1:])
+            for pair in pairs:
+                self.pair_groups.setdefault(pair, pairs)  # type: ignore[arg-type]
+        #: the guesses made, by their experts best first (``best``)
+        self.made: dict[tuple[int, ...], frozenset[int]] = {}
+        #: (pairs, source) -> their tables stacked (``pair_tables``)
+        self.stacked: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     def ranking_keys(self, src: int, dst: int, source: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """([experts (of src), experts (of dst)] T, [experts of dst] a tie-breaker below 1 from dst's popularity),
@@ -298,28 +310,56 @@ class TransitionPredictor(LayerPairPredictor):
         return frozenset().union(*(known[c] for c in combos))
 
     def learn_blocks(self, rows: np.ndarray, src: int, dst: int, source: int) -> None:
-        """Score the sets of experts in ``src`` of every row (of fold ``source``) in the blocks of ``BLOCK`` rows
-        that hold ``rows``, not yet scored for (src, dst, source), in one numpy call: numpy's per-call cost
-        outweighs one set's work, and nearby rows are asked for next. A row's guess depends on its own routing in
-        ``src`` alone (known at src's gate), so scoring it early changes no guess."""
-        key = (src, dst, source)
-        done = self.blocks_done.setdefault(key, set())
+        """Score the sets of experts of every row (of fold ``source``) in the blocks of ``BLOCK`` rows that hold
+        ``rows``, not yet scored for (src, dst, source), for every pair of layers of the phase of (src, dst) at
+        once (``pair_groups``): numpy's per-call cost outweighs one set's work, nearby rows are asked for next, and
+        every layer of an iteration is predicted from the same rows. A row's guess depends on its own routing in
+        the source layer alone (known at that layer's gate), so scoring it early changes no guess (the per-pair
+        scoring it restates: ``tests/sim/predictors/test_transition_blocks.py``)."""
+        pairs = self.pair_groups.get((src, dst), ((src, dst),))
+        done = self.blocks_done.setdefault((src, dst, source), set())
         blocks = [b for b in dict.fromkeys((rows // BLOCK).tolist()) if b not in done]
-        done.update(blocks)
+        for s, d in pairs:
+            self.blocks_done.setdefault((s, d, source), set()).update(blocks)
         n = self.trace.experts.shape[0]
         near = np.concatenate([np.arange(b * BLOCK, min((b + 1) * BLOCK, n)) for b in blocks])
         if self.group is not None:
             near = near[self.group[near] == source]
-        known = self.guesses[key]
-        sets = dict.fromkeys(map(tuple, np.sort(self.trace.experts[near, src, :], axis=1).tolist()))
-        new = [c for c in sets if c not in known]
-        routed = [c for c in new if c[-1] >= 0]  # sorted: c[-1] < 0 means no routing in src
-        known.update((c, frozenset()) for c in new if c[-1] < 0)
-        if routed:
-            table, tie = self.ranking_keys(src, dst, source)
-            ids = np.asarray(routed, dtype=np.int64)
-            score = np.where(ids[:, :, None] >= 0, table[np.maximum(ids, 0)], 0.0).sum(axis=1) + tie  # [sets, E]
-            known.update(zip(routed, self.best(score)))
+        # per pair, the rows' sorted sets of experts in its source layer: [pairs, rows, k]
+        sets = np.sort(self.trace.experts[near][:, [s for s, _ in pairs], :], axis=2).transpose(1, 0, 2).tolist()
+        routed: list[tuple[int, ...]] = []  # the sets to score, of every pair
+        owner: list[int] = []  # each one's pair (its index in ``pairs``)
+        for i, (s, d) in enumerate(pairs):
+            known = self.guesses.setdefault((s, d, source), {})
+            for c in dict.fromkeys(map(tuple, sets[i])):
+                if c not in known:
+                    if c[-1] < 0:  # sorted: no routing in the source layer
+                        known[c] = frozenset()
+                    else:
+                        routed.append(c)
+                        owner.append(i)
+        if not routed:
+            return
+        tables, ties = self.pair_tables(pairs, source)
+        width = self.trace.experts.shape[2] * self.ctx.num_experts
+        step = max(1, SCORE_CELLS // width)
+        for lo in range(0, len(routed), step):  # at most SCORE_CELLS scores at once
+            ids = np.asarray(routed[lo : lo + step], dtype=np.int64)
+            which = np.asarray(owner[lo : lo + step], dtype=np.int64)
+            gathered = tables[which[:, None], np.maximum(ids, 0)]  # [sets, k, E]: each set's rows of its T
+            score = np.where(ids[:, :, None] >= 0, gathered, 0.0).sum(axis=1) + ties[which]  # [sets, E]
+            for c, i, guess in zip(routed[lo : lo + step], owner[lo : lo + step], self.best(score)):
+                self.guesses[(pairs[i][0], pairs[i][1], source)][c] = guess
+
+    def pair_tables(self, pairs: tuple[tuple[int, int], ...], source: int) -> tuple[np.ndarray, np.ndarray]:
+        """([pairs, E, E], [pairs, E]): :meth:`ranking_keys` of each pair of ``pairs``, stacked."""
+        key = (pairs, source)
+        if key not in self.stacked:
+            keys = [self.ranking_keys(s, d, source) for s, d in pairs]
+            tables, ties = self.stacked[key] = (np.stack([t for t, _ in keys]), np.stack([tie for _, tie in keys]))
+            for i, (s, d) in enumerate(pairs):  # each pair's tables: views of the stack (no second copy kept)
+                self.tables[(s, d, source)] = (tables[i], ties[i])
+        return self.stacked[key]
 
     def best(self, score: np.ndarray) -> list[frozenset[int]]:
         """Per row of ``score`` [sets, experts], the ``top`` experts of highest score (ties to the lower id), those
@@ -327,4 +367,14 @@ class TransitionPredictor(LayerPairPredictor):
         order = np.argsort(-score, axis=1, kind="stable")[:, : self.top].tolist()  # stable: ties in id order
         # highest first, so those above 0 are the first ones: as many as the row has, at most ``top``
         kept = np.minimum((score > 0).sum(axis=1), self.top).tolist()
-        return [frozenset(ids[:n]) for ids, n in zip(order, kept)]
+        # one frozenset per guess (a few thousand guesses over tens of thousands of sets: fewer objects kept for
+        # the garbage collector to walk), built from the same experts in the same order as without it
+        made = self.made
+        out = []
+        for ids, n in zip(order, kept):
+            ranked = tuple(ids[:n])
+            guess = made.get(ranked)
+            if guess is None:
+                guess = made[ranked] = frozenset(ranked)
+            out.append(guess)
+        return out
