@@ -230,9 +230,9 @@ class CopyEngine(QueueCounters):
 
     def _land_plain(self) -> None:
         """:meth:`_land` on a plain machine (``plain``: the time on the link is ``copy_s``, and the next copy starts
-        as one lands), with the queue's :meth:`~CopyQueue.land` and :meth:`~CopyQueue.start_next` and
-        :meth:`_start_next` inline (once per copy, the predictors' path: ``tests/sim/timing/test_inline_copies.py``
-        compares it with them): the copy on the link lands, then the next one that may start starts now."""
+        as one lands), with the queue's :meth:`~CopyQueue.land` and :meth:`_start_next` inline (once per copy, the
+        predictors' path: ``tests/sim/timing/test_inline_copies.py`` compares it with them); which copy starts next
+        is the queue's rule (:meth:`~CopyQueue.start_next`, called)."""
         self.events += 1
         now, job, q = self.due, self.current, self.queue
         assert job is not None  # the copy on the link
@@ -240,27 +240,19 @@ class CopyEngine(QueueCounters):
         q.copies += 1
         if job.was_prefetch:
             q.prefetch_copies += 1
-        free = q.free
         assert job.buffer is not None  # a started copy holds a buffer
         if job.dropped:
-            free.append((job.buffer, None))
+            q.free.append((job.buffer, None))
         else:
             ready = q.ready.get(job.layer)
             if ready is None:
                 ready = q.ready[job.layer] = deque()
             ready.append(job)
-        if q.demand and free:  # CopyQueue.start_next
-            job = q.demand.popleft()
-        elif q.prefetch and len(free) > q.reserve:
-            job = q.prefetch.popleft()
-        else:
+        nxt = self._start()  # the queue's rule picks the next copy (demand first, the reserve kept from prefetches)
+        if nxt is None:
             self.current, self.due = None, NEVER
             return
-        job.buffer, job.after = free.popleft()
-        job.started = True
-        in_use = q.capacity - len(free)
-        if in_use > q.max_in_use:
-            q.max_in_use = in_use
+        job = nxt
         job.start = now  # _start_next
         self.busy_s += self.copy_s
         self.current = job
